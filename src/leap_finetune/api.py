@@ -1,0 +1,207 @@
+"""What the CLI and Python users call: load_config, validate_config, inspect_config, run_config.
+
+The driver decides everything (config, data, run folder, resume point) before the worker starts;
+user mistakes surface as LeapError before anything is written to the output folder.
+"""
+
+from __future__ import annotations
+
+import json
+import math
+import os
+import shutil
+from pathlib import Path
+
+from rich.console import Console
+
+from leap_finetune.config.loader import load_config
+from leap_finetune.config.resolved import ResolvedConfig
+from leap_finetune.config.yaml_io import dump_yaml
+from leap_finetune.data.prepare import PreparedData, prepare_sft_data
+from leap_finetune.errors import LeapError
+from leap_finetune.launch.plan import plan_run
+from leap_finetune.launch.report import config_table, data_report
+
+__all__ = ["load_config", "validate_config", "inspect_config", "run_config"]
+
+
+def _console(console: Console | None) -> Console:
+    return console or Console(stderr=True)
+
+
+def _config(source) -> ResolvedConfig:
+    return source if isinstance(source, ResolvedConfig) else load_config(source)
+
+
+def _prepare(resolved: ResolvedConfig):
+    from leap_finetune.data.chat_templates import load_chat_template
+    from leap_finetune.data.render import Renderer
+    from leap_finetune.models.loading import load_tokenizer
+
+    tokenizer = load_tokenizer(resolved.model_id)
+    template = load_chat_template(resolved.chat_template, tokenizer)
+    renderer = Renderer(
+        tokenizer, template, resolved.loss_on, resolved.training.get("max_length"),
+        resolved.training.get("truncation_mode", "keep_start"),
+    )
+    return tokenizer, renderer, prepare_sft_data(resolved, tokenizer, renderer)
+
+
+def _check_training_arguments(resolved: ResolvedConfig, has_eval: bool) -> None:
+    """Build the trainer's config once, so a bad value fails now, not after the model loads."""
+    from leap_finetune.recipes.sft import build_sft_config, training_arguments
+
+    try:
+        build_sft_config(training_arguments(resolved, run_dir=os.devnull, has_eval=has_eval))
+    except (ValueError, TypeError) as err:
+        raise LeapError(f"training_config is not valid for TRL: {err}", where="training_config",
+                        fix="see docs/config.md and TRL's SFTConfig documentation") from None
+
+
+def validate_config(source, *, console: Console | None = None) -> PreparedData:
+    """Validate the config and EVERY dataset row (rendered and tokenized); no model is loaded."""
+    console = _console(console)
+    resolved = _config(source)
+    _, _, prepared = _prepare(resolved)
+    _check_training_arguments(resolved, has_eval=bool(prepared.eval))
+    console.print(config_table(resolved))
+    data_report(console, prepared)
+    return prepared
+
+
+def inspect_config(source, *, rows: int = 5) -> list[dict]:
+    """The first `rows` training rows exactly as the model sees them, with the character spans
+    whose tokens carry loss."""
+    resolved = _config(source)
+    _, _, prepared = _prepare(resolved)
+    out = []
+    for index, row in enumerate(prepared.train[:rows]):
+        item = {"row": index, "text": row.text, "trained_spans": [list(span) for span in row.trained_spans]}
+        item["source"] = row.meta
+        item["tokens"] = len(row.input_ids)
+        item["trained_tokens"] = row.trained_tokens
+        if row.truncated_at is not None:
+            item["truncated_at"] = row.truncated_at
+        out.append(item)
+    return out
+
+
+def run_config(source, *, console: Console | None = None, callbacks: list | None = None,
+               outputs_root: str | Path | None = None) -> dict:
+    """Validate, plan and train. Returns the run summary (run folder, losses, model folder)."""
+    console = _console(console)
+    resolved = _config(source)
+    console.print(config_table(resolved))
+    tokenizer, renderer, prepared = _prepare(resolved)
+    data_report(console, prepared)
+    _check_training_arguments(resolved, has_eval=bool(prepared.eval))
+
+    plan = plan_run(resolved, outputs_root=Path(outputs_root) if outputs_root else None)
+    resolved = resolved.model_copy(update={
+        "run_dir": str(plan.run_dir), "run_name": plan.run_name,
+        "resume_checkpoint_path": str(plan.resume_checkpoint) if plan.resume_checkpoint else None,
+    })
+    _write_run_folder(resolved, prepared, renderer, plan.new_run)
+    _print_plan(console, resolved, prepared, plan)
+
+    from leap_finetune.recipes.sft import train
+
+    summary = train(json.loads(json.dumps(resolved.to_json_dict())), callbacks=callbacks)
+    summary["run_dir"] = str(plan.run_dir)
+    _print_end(console, summary)
+    return summary
+
+
+def _write_run_folder(resolved: ResolvedConfig, prepared: PreparedData, renderer, new_run: bool) -> None:
+    """Everything the worker needs, written to a temporary folder and renamed into place, so a
+    failure here leaves no half-written run folder."""
+    from datasets import Dataset
+
+    from leap_finetune.recipes.sft import quiet_libraries
+
+    quiet_libraries()
+    from leap_finetune.recipes.sft import PREPARED_DIR
+
+    run_dir = Path(resolved.run_dir)
+    staging = run_dir.with_name(f".{run_dir.name}.staging")
+    if staging.exists():
+        shutil.rmtree(staging)
+    staging.mkdir(parents=True)
+    (staging / "resolved_config.yaml").write_text(dump_yaml(resolved.to_json_dict()), encoding="utf-8")
+    if resolved.config_path:
+        shutil.copy(resolved.config_path, staging / "config.yaml")
+    data = staging / PREPARED_DIR
+    for name, rows in (("train", prepared.train), ("eval", prepared.eval)):
+        if rows:
+            Dataset.from_dict({"input_ids": [r.input_ids for r in rows], "labels": [r.labels for r in rows]}).save_to_disk(str(data / name))
+    (data / "samples.json").write_text(json.dumps(_samples(resolved, renderer)), encoding="utf-8")
+    if prepared.dropped:
+        with (staging / "dropped_rows.jsonl").open("w", encoding="utf-8") as handle:
+            for row in prepared.dropped:
+                handle.write(json.dumps(row.to_json()) + "\n")
+    if new_run:
+        if run_dir.exists() and any(run_dir.iterdir()):
+            shutil.rmtree(staging)
+            raise LeapError("the output folder exists and is not empty", where=str(run_dir),
+                            fix="choose another output_dir, remove the folder, or resume with resume_from_checkpoint: latest")
+        run_dir.parent.mkdir(parents=True, exist_ok=True)
+        if run_dir.exists():
+            run_dir.rmdir()
+        staging.rename(run_dir)
+    else:  # resuming: refresh the driver's files, keep checkpoints and metrics
+        for item in staging.iterdir():
+            target = run_dir / item.name
+            if target.is_dir():
+                shutil.rmtree(target)
+            os.replace(item, target)
+        shutil.rmtree(staging)
+
+
+def _samples(resolved: ResolvedConfig, renderer) -> list[dict]:
+    """Held-out prompts (eval rows, else training rows) whose answers are printed before and after training."""
+    if not resolved.samples:
+        return []
+    from leap_finetune.data.prepare import validate_rows
+
+    source = resolved.dataset.val_path or resolved.dataset.path
+    rows, _, _ = validate_rows(source, resolved, limit=None)
+    if not resolved.dataset.val_path and resolved.dataset.test_size:
+        from leap_finetune.data.prepare import _split
+
+        rows = _split(rows, resolved.dataset.test_size, resolved.training.get("seed", 42))[1]
+    samples = []
+    for row in rows[: resolved.samples]:
+        messages = row.messages
+        last = max(i for i, m in enumerate(messages) if m["role"] == "assistant")
+        prompt_messages = messages[:last]
+        samples.append({
+            "prompt": renderer.prompt_text(prompt_messages),
+            "question": prompt_messages[-1]["content"] if prompt_messages else "",
+            "reference": messages[last]["content"],
+        })
+    return samples
+
+
+def _print_plan(console: Console, resolved: ResolvedConfig, prepared: PreparedData, plan) -> None:
+    t = resolved.training
+    per_step = t.get("per_device_train_batch_size", 8) * t.get("gradient_accumulation_steps", 1)
+    steps = t.get("max_steps", -1)
+    if steps is None or steps <= 0:
+        steps = math.ceil(len(prepared.train) / per_step) * math.ceil(t.get("num_train_epochs", 1))
+        if t.get("packing"):
+            steps = f"<= {steps} (packing merges rows)"
+    action = f"resuming from {plan.resume_checkpoint}" if plan.resume_checkpoint else "new run"
+    console.print(f"run: {plan.run_dir} ({action}); {len(prepared.train)} rows, {prepared.train_tokens:,} tokens, {steps} steps")
+
+
+def _print_end(console: Console, summary: dict) -> None:
+    if summary.get("stopped_early"):
+        console.print(f"[yellow]stopped at step {summary['global_step']}; resume with resume_from_checkpoint: latest[/yellow]")
+        return
+    parts = [f"done: {summary['global_step']} steps", f"train loss {summary['train_loss']:.4f}"]
+    if summary.get("eval_loss") is not None:
+        before = summary.get("initial_eval_loss")
+        parts.append(f"eval loss {before:.4f} -> {summary['eval_loss']:.4f}" if before is not None
+                     else f"eval loss {summary['eval_loss']:.4f}")
+    console.print(", ".join(parts))
+    console.print(f"model: {summary['model_dir']}" + (f"  adapter: {summary['adapter_dir']}" if summary.get("adapter_dir") else ""))

@@ -1,0 +1,116 @@
+"""The `leap-finetune` command: thin. Parses arguments, calls the API, maps user errors to exit 2."""
+
+from __future__ import annotations
+
+import json
+import os
+import sys
+from pathlib import Path
+
+import typer
+from rich.console import Console
+
+from leap_finetune.errors import LeapError
+
+app = typer.Typer(
+    add_completion=False,
+    pretty_exceptions_enable=False,
+    no_args_is_help=True,
+    help="Fine-tune LFM2 / LFM2.5 (and any Hugging Face causal LM) from one YAML file.\n\n"
+    "`leap-finetune CONFIG.yaml` is the same as `leap-finetune run CONFIG.yaml`.",
+)
+SUBCOMMANDS = {"run", "validate", "inspect"}
+_state = {"debug": False}
+
+
+@app.callback()
+def _main(debug: bool = typer.Option(False, "--debug", help="Show full tracebacks for errors.")) -> None:
+    _state["debug"] = debug
+
+
+def _config_arg():
+    return typer.Argument(..., help="The YAML config file.", show_default=False)
+
+
+@app.command()
+def run(config: Path = _config_arg()) -> None:
+    """Validate the config and every dataset row, plan the run, and train."""
+    from leap_finetune.api import run_config
+
+    run_config(config)
+
+
+@app.command()
+def validate(config: Path = _config_arg()) -> None:
+    """Check the config and EVERY dataset row; no model is loaded, nothing is trained.
+
+    Exit code 0 when everything is valid, 2 when not."""
+    from leap_finetune.api import validate_config
+
+    validate_config(config)
+    Console(stderr=True).print("[green]valid[/green]")
+
+
+@app.command()
+def inspect(
+    config: Path = _config_arg(),
+    rows: int = typer.Option(3, "--rows", "-n", min=1, help="How many training rows to show."),
+    as_json: bool = typer.Option(False, "--json", help="Print a JSON array to stdout instead of coloured text."),
+) -> None:
+    """Show the first training rows exactly as the model sees them, with the tokens that carry
+    loss highlighted (or, with --json, their character spans)."""
+    from leap_finetune.api import inspect_config
+
+    items = inspect_config(config, rows=rows)
+    if as_json:
+        sys.stdout.write(json.dumps(items, ensure_ascii=False, indent=2) + "\n")
+        return
+    from rich.text import Text
+
+    console = Console()
+    for item in items:
+        console.rule(f"row {item['row']}  ({item['source']['file']}, {item['source']['location']}; "
+                     f"{item['tokens']} tokens, {item['trained_tokens']} trained)")
+        text = Text(item["text"])
+        for start, end in item["trained_spans"]:
+            text.stylize("bold green on grey15", start, end)
+        if item.get("truncated_at") is not None:
+            text.stylize("strike dim", item["truncated_at"], len(item["text"]))
+        console.print(text)
+    console.print("[bold green on grey15]highlighted[/] text carries loss" + (
+        "; [strike dim]struck-through[/] text is cut by max_length" if any("truncated_at" in i for i in items) else ""))
+
+
+def main(argv: list[str] | None = None) -> None:
+    args = list(sys.argv[1:] if argv is None else argv)
+    # `leap-finetune CONFIG.yaml` means `leap-finetune run CONFIG.yaml`.
+    positional = [a for a in args if not a.startswith("-")]
+    if positional and positional[0] not in SUBCOMMANDS:
+        args.insert(args.index(positional[0]), "run")
+    debug = "--debug" in args
+    os.environ.setdefault("TOKENIZERS_PARALLELISM", "false")
+    try:
+        app(args=args, prog_name="leap-finetune", standalone_mode=False)
+    except LeapError as err:
+        if debug:
+            raise
+        print(f"error: {err.format()}", file=sys.stderr)
+        sys.exit(2)
+    except KeyboardInterrupt:
+        print("interrupted", file=sys.stderr)
+        sys.exit(130)
+    except Exception as err:  # click's own usage errors
+        import click
+
+        if isinstance(err, click.exceptions.ClickException):
+            err.show()
+            sys.exit(2)
+        if isinstance(err, click.exceptions.Exit):
+            sys.exit(err.exit_code)
+        if isinstance(err, click.exceptions.Abort):
+            sys.exit(130)
+        raise
+
+
+if __name__ == "__main__":
+    main()

@@ -1,0 +1,248 @@
+"""YAML (or a dict) -> validated, resolved config.
+
+Order: read YAML -> check top-level keys -> pydantic types -> profiles (`extends`) -> check every
+training / LoRA key against the library that will receive it -> resolve names and paths.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+from pathlib import Path
+
+from pydantic import ValidationError
+
+from leap_finetune.config import profiles
+from leap_finetune.config.resolved import ResolvedConfig
+from leap_finetune.config.schema import (
+    SUPPORTED_TRAINING_TYPES,
+    TRAINING_TYPES,
+    DatasetConfig,
+    LeapConfigModel,
+)
+from leap_finetune.config.suggest import did_you_mean, unknown_key_fix
+from leap_finetune.config.yaml_io import read_yaml
+from leap_finetune.errors import LeapError
+
+LOSS_ON = ("assistant", "all", "final_assistant")
+
+# Training arguments that leap-finetune decides itself; setting them would be silently ignored, so
+# they are rejected with the key to use instead.
+MANAGED_TRAINING_KEYS = {
+    "output_dir": "set the top-level `output_dir` (runs go to outputs/{project_name}/{run_name} by default)",
+    "completion_only_loss": "use `loss_on: assistant | all | final_assistant`",
+    "chat_template_path": "set the top-level `chat_template` (a name or a .jinja file)",
+    "dataset_text_field": "leap-finetune renders `messages` with the chat template itself",
+    "dataset_kwargs": "leap-finetune prepares the dataset itself",
+    "eos_token": "the chat template's end-of-turn token is used",
+}
+
+
+def load_config(source: str | Path | dict, *, base_dir: Path | None = None) -> ResolvedConfig:
+    """Read and validate a config from a YAML path or a dict; relative paths resolve against the
+    YAML file's folder (or `base_dir`, default the current folder, for a dict)."""
+    if isinstance(source, dict):
+        raw, config_path = dict(source), None
+        base = (base_dir or Path.cwd()).resolve()
+    else:
+        config_path = Path(source).expanduser().resolve()
+        raw = read_yaml(config_path)
+        base = config_path.parent
+    where = str(config_path) if config_path else "config"
+
+    _check_keys(raw, LeapConfigModel.model_fields, where, "the top level")
+    if isinstance(raw.get("dataset"), dict):
+        _check_keys(raw["dataset"], DatasetConfig.model_fields, where, "dataset")
+    _check_training_type(raw.get("training_type", "sft"), where)
+    try:
+        model = LeapConfigModel.model_validate(raw)
+    except ValidationError as err:
+        raise _pydantic_error(err, where) from None
+
+    training, loss_on, resume = _resolve_training(model, where)
+    peft = _resolve_peft(model.peft_config, where)
+
+    from leap_finetune.data.chat_templates import resolve_chat_template
+    from leap_finetune.models.registry import model_family, resolve_model_id
+
+    model_id = resolve_model_id(model.model_name, base)
+    family = model_family(model.model_name, model_id)
+    chat_template = resolve_chat_template(model.chat_template, family, base, where)
+
+    dataset = model.dataset.model_copy()
+    dataset_type = dataset.type or model.training_type
+    if dataset_type != model.training_type:
+        raise LeapError(
+            f"dataset.type is '{dataset_type}' but training_type is '{model.training_type}'",
+            where=f"{where}: dataset.type",
+            fix=f"set dataset.type: {model.training_type} (or remove it: it defaults to the training type)",
+        )
+    dataset.type = dataset_type
+    dataset.path = _resolve_data_path(dataset.path, base)
+    if dataset.val_path:
+        dataset.val_path = _resolve_data_path(dataset.val_path, base)
+
+    output_dir = str((base / model.output_dir).resolve()) if model.output_dir else None
+    return ResolvedConfig(
+        config_path=str(config_path) if config_path else None,
+        project_name=model.project_name,
+        training_type=model.training_type,
+        model_name=model.model_name,
+        model_id=model_id,
+        model_family=family,
+        chat_template=chat_template,
+        loss_on=loss_on,
+        dataset=dataset,
+        training=training,
+        peft=peft,
+        output_dir=output_dir,
+        samples=model.samples,
+        resume_from_checkpoint=resume if resume in (None, "latest") else str((base / resume).resolve()),
+    )
+
+
+def _check_keys(data: dict, allowed, where: str, block: str) -> None:
+    for key in data:
+        if key not in allowed:
+            raise LeapError(
+                f"unknown key '{key}' in {block}",
+                where=where,
+                fix=unknown_key_fix(str(key), allowed),
+            )
+
+
+def _check_training_type(value, where: str) -> None:
+    if value in SUPPORTED_TRAINING_TYPES:
+        return
+    if value in TRAINING_TYPES:
+        raise LeapError(
+            f"training_type '{value}' is not supported yet in leap-finetune {_version()}",
+            where=f"{where}: training_type",
+            fix=f"supported now: {', '.join(SUPPORTED_TRAINING_TYPES)}; {value} is planned",
+        )
+    hint = did_you_mean(str(value), TRAINING_TYPES)
+    raise LeapError(
+        f"unknown training_type '{value}'",
+        where=f"{where}: training_type",
+        fix=(hint + " " if hint else "") + f"expected one of: {', '.join(TRAINING_TYPES)}",
+    )
+
+
+def _version() -> str:
+    from leap_finetune import __version__
+
+    return __version__
+
+
+def _pydantic_error(err: ValidationError, where: str) -> LeapError:
+    first = err.errors()[0]
+    loc = ".".join(str(p) for p in first["loc"])
+    got = first.get("input")
+    got_text = f" (got {got!r})" if not isinstance(got, dict) else ""
+    more = f" [and {err.error_count() - 1} more problem(s)]" if err.error_count() > 1 else ""
+    fix = "see docs/config.md for every key, its type and default"
+    if first["type"] == "missing":
+        return LeapError(f"required key '{loc}' is missing{more}", where=where, fix=fix)
+    return LeapError(f"{loc}: {first['msg']}{got_text}{more}", where=where, fix=fix)
+
+
+def trainer_arg_fields(training_type: str) -> set[str]:
+    """The keyword arguments the training type's TRL config class accepts."""
+    from trl import SFTConfig
+
+    config_class = {"sft": SFTConfig}[training_type]
+    return {f.name for f in dataclasses.fields(config_class) if f.init}
+
+
+def _resolve_training(model: LeapConfigModel, where: str) -> tuple[dict, str, str | None]:
+    user = dict(model.training_config)
+    profile_name = user.pop("extends", None) or profiles.DEFAULT_TRAINING_PROFILE[model.training_type]
+    if profile_name not in profiles.TRAINING_PROFILES:
+        raise LeapError(
+            f"unknown profile '{profile_name}' in training_config.extends",
+            where=where,
+            fix=unknown_key_fix(str(profile_name), profiles.TRAINING_PROFILES),
+        )
+    allowed = trainer_arg_fields(model.training_type) | {"loss_on"}
+    for key in user:
+        if key in MANAGED_TRAINING_KEYS:
+            raise LeapError(
+                f"training_config.{key} is decided by leap-finetune", where=where, fix=MANAGED_TRAINING_KEYS[key]
+            )
+        if key not in allowed and key != "assistant_only_loss":
+            raise LeapError(
+                f"unknown key '{key}' in training_config (not a leap-finetune key, nor an argument of TRL's "
+                f"{model.training_type.upper()}Config)",
+                where=where,
+                fix=unknown_key_fix(key, allowed),
+            )
+    if "assistant_only_loss" in user:
+        value = user.pop("assistant_only_loss")
+        mapped = "assistant" if value else "all"
+        if "loss_on" in user and user["loss_on"] != mapped:
+            raise LeapError(
+                f"training_config sets assistant_only_loss: {value} and loss_on: {user['loss_on']}",
+                where=where,
+                fix="keep only `loss_on`",
+            )
+        user["loss_on"] = mapped
+    merged = profiles.training_profile(profile_name)
+    merged.update(user)
+    loss_on = merged.pop("loss_on", "assistant")
+    if loss_on not in LOSS_ON:
+        raise LeapError(
+            f"training_config.loss_on is '{loss_on}'",
+            where=where,
+            fix=(did_you_mean(str(loss_on), LOSS_ON) + " " if did_you_mean(str(loss_on), LOSS_ON) else "")
+            + f"expected one of: {', '.join(LOSS_ON)}",
+        )
+    resume = merged.pop("resume_from_checkpoint", None)
+    if resume is not None and not isinstance(resume, str):
+        raise LeapError(
+            "training_config.resume_from_checkpoint must be 'latest' or a checkpoint folder",
+            where=where,
+            fix="resume_from_checkpoint: latest",
+        )
+    return merged, loss_on, resume
+
+
+def _resolve_peft(peft_config: dict | None, where: str) -> dict | None:
+    if peft_config is None:
+        return None
+    user = dict(peft_config)
+    profile_name = user.pop("extends", None) or "DEFAULT_LORA"
+    if profile_name not in profiles.PEFT_PROFILES:
+        raise LeapError(
+            f"unknown profile '{profile_name}' in peft_config.extends",
+            where=where,
+            fix=unknown_key_fix(str(profile_name), profiles.PEFT_PROFILES),
+        )
+    from peft import LoraConfig
+
+    allowed = {f.name for f in dataclasses.fields(LoraConfig) if f.init} | {"use_peft"}
+    for key in user:
+        if key not in allowed:
+            raise LeapError(
+                f"unknown key '{key}' in peft_config (not an option of peft's LoraConfig)",
+                where=where,
+                fix=unknown_key_fix(key, allowed),
+            )
+    merged = profiles.peft_profile(profile_name)
+    merged.update(user)
+    use_peft = merged.pop("use_peft", True)
+    if not isinstance(use_peft, bool):
+        raise LeapError("peft_config.use_peft must be true or false", where=where)
+    return merged if use_peft else None
+
+
+DATA_SUFFIXES = (".jsonl", ".json", ".parquet", ".csv")
+
+
+def _resolve_data_path(path: str, base: Path) -> str:
+    """A local path (made absolute) or a Hub dataset id (kept as written)."""
+    candidate = (base / path).expanduser()
+    looks_local = (
+        path.startswith((".", "/", "~")) or path.endswith(DATA_SUFFIXES) or path.count("/") != 1
+    )
+    if candidate.exists() or looks_local:
+        return str(candidate.resolve())
+    return path

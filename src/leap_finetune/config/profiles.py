@@ -1,0 +1,58 @@
+"""Built-in profiles that `extends:` inherits from.
+
+A profile is the starting point; the user's keys override it. Without `extends`, the training
+type's default profile applies (DEFAULT_SFT for sft). Values here are chosen for real LFM2 models
+on a GPU; the CPU quickstart overrides what it needs in its own YAML.
+"""
+
+from __future__ import annotations
+
+import copy
+
+TRAINING_PROFILES: dict[str, dict] = {
+    "DEFAULT_SFT": {
+        "num_train_epochs": 1,
+        "per_device_train_batch_size": 4,
+        "per_device_eval_batch_size": 4,
+        "gradient_accumulation_steps": 1,
+        "learning_rate": 2e-5,
+        "lr_scheduler_type": "cosine",
+        "warmup_steps": 0.03,  # a float in [0, 1) is a ratio of the total steps
+        "weight_decay": 0.0,
+        "max_length": 2048,
+        "packing": False,
+        # Small LFM2 models fit without activation checkpointing, and it costs ~20% speed.
+        "activation_checkpointing": False,
+        "logging_steps": 10,
+        "save_strategy": "steps",
+        "save_steps": 500,
+        "save_total_limit": 3,
+        "eval_steps": 100,
+        "report_to": "none",
+        "seed": 42,
+        # leap-finetune keys (not TRL's): which tokens carry the loss.
+        "loss_on": "assistant",
+    },
+}
+
+PEFT_PROFILES: dict[str, dict] = {
+    "DEFAULT_LORA": {
+        "use_peft": True,
+        "r": 16,
+        "lora_alpha": 32,
+        "lora_dropout": 0.05,
+        "bias": "none",
+        # LFM2: attention (q/k/v/out_proj), short convolution (in_proj/out_proj) and the SwiGLU MLP (w1/w2/w3).
+        "target_modules": ["q_proj", "k_proj", "v_proj", "out_proj", "in_proj", "w1", "w2", "w3"],
+    },
+}
+
+DEFAULT_TRAINING_PROFILE = {"sft": "DEFAULT_SFT"}
+
+
+def training_profile(name: str) -> dict:
+    return copy.deepcopy(TRAINING_PROFILES[name])
+
+
+def peft_profile(name: str) -> dict:
+    return copy.deepcopy(PEFT_PROFILES[name])

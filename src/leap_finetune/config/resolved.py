@@ -1,0 +1,36 @@
+"""The resolved config: everything the driver decided, in one serialisable object.
+
+A worker (in-process today; Ray or torchrun later) receives exactly this, as JSON, and only trains.
+"""
+
+from __future__ import annotations
+
+from pydantic import BaseModel, ConfigDict
+
+from leap_finetune.config.schema import DatasetConfig
+
+
+class ResolvedConfig(BaseModel):
+    model_config = ConfigDict(extra="forbid")
+
+    config_path: str | None
+    project_name: str
+    training_type: str
+    model_name: str  # as the user wrote it
+    model_id: str  # what is loaded: a Hub id, a local folder, or a built-in tiny model name
+    model_family: str  # "lfm2", "lfm2.5" or "other"
+    chat_template: str  # a built-in template name, "model", or an absolute .jinja path
+    loss_on: str  # "assistant", "all" or "final_assistant"
+    dataset: DatasetConfig  # local paths made absolute
+    training: dict  # TRL / transformers training arguments (profile merged with the user's keys)
+    peft: dict | None  # LoRA options, None for a full fine-tune
+    output_dir: str | None  # the user's output_dir, absolute
+    resume_from_checkpoint: str | None  # "latest", a path, or None
+    samples: int = 0
+    # Decided by the driver's plan (None until then):
+    run_dir: str | None = None
+    run_name: str | None = None
+    resume_checkpoint_path: str | None = None  # the checkpoint folder "latest" (or a path) resolved to
+
+    def to_json_dict(self) -> dict:
+        return self.model_dump(mode="json")

@@ -1,0 +1,76 @@
+"""The YAML contract: one pydantic model per block.
+
+`training_config` and `peft_config` are open-ended on purpose (any TRL / transformers training
+argument and any peft LoRA option can be set), so they are checked against the fields of the
+underlying library classes in `loader.py` rather than copied here.
+"""
+
+from __future__ import annotations
+
+from typing import Literal
+
+from pydantic import BaseModel, ConfigDict, Field, field_validator
+
+TRAINING_TYPES = ("sft", "dpo", "kto", "grpo", "embedding", "colbert")
+SUPPORTED_TRAINING_TYPES = ("sft",)
+
+
+class StrictModel(BaseModel):
+    model_config = ConfigDict(extra="forbid", validate_assignment=True)
+
+
+class DatasetConfig(StrictModel):
+    """Where the training rows come from and how they are split."""
+
+    path: str = Field(description="A local file (.jsonl, .json, .parquet, .csv), a folder of such files, or a Hub dataset id.")
+    type: str | None = Field(
+        default=None,
+        description="Row format; defaults to the training type (`sft`: rows with a `messages` list).",
+    )
+    limit: int | None = Field(default=None, gt=0, description="Use only the first N rows (all of them are validated).")
+    test_size: float | None = Field(
+        default=None,
+        gt=0,
+        description="Hold out this fraction (0-1) or this many rows (>= 1) for evaluation. Ignored when `val_path` is set.",
+    )
+    split: str = Field(default="train", description="Split to read from a Hub dataset.")
+    subset: str | None = Field(default=None, description="Configuration (subset) of a Hub dataset.")
+    val_path: str | None = Field(default=None, description="A separate evaluation dataset (same formats as `path`).")
+    on_invalid: Literal["error", "skip"] = Field(
+        default="error",
+        description="`error`: stop and list invalid rows. `skip`: drop them, print why, and save them to dropped_rows.jsonl.",
+    )
+
+    @field_validator("test_size")
+    @classmethod
+    def check_test_size(cls, value: float | None) -> float | None:
+        if value is not None and value >= 1 and value != int(value):
+            raise ValueError("a test_size >= 1 is a row count and must be a whole number (or use a fraction below 1)")
+        return value
+
+
+class LeapConfigModel(StrictModel):
+    """The top level of a leap-finetune YAML file."""
+
+    project_name: str = Field(
+        default="leap-finetune",
+        pattern=r"^[A-Za-z0-9][A-Za-z0-9._-]*$",
+        description="Groups runs under outputs/{project_name}/.",
+    )
+    model_name: str = Field(
+        description="A Hub id, an LFM short name (LFM2-1.2B), a local folder, or a built-in tiny model (tiny-lfm2, tiny-lfm2.5)."
+    )
+    training_type: str = Field(default="sft", description="One of: " + ", ".join(TRAINING_TYPES) + ".")
+    chat_template: str | None = Field(
+        default=None,
+        description="`lfm2`, `lfm2.5`, `lfm2-v1`, `model` (the tokenizer's own) or a .jinja file; default: chosen from the model family.",
+    )
+    dataset: DatasetConfig
+    training_config: dict = Field(default_factory=dict, description="Any TRL / transformers training argument, plus `extends` and `loss_on`.")
+    peft_config: dict | None = Field(default=None, description="LoRA options (any peft LoraConfig field), plus `extends` and `use_peft`.")
+    output_dir: str | None = Field(default=None, description="Run folder; default outputs/{project_name}/{run_name}.")
+    samples: int = Field(
+        default=0,
+        ge=0,
+        description="Print the model's answers to this many held-out prompts before and after training.",
+    )

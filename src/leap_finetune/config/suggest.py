@@ -1,0 +1,16 @@
+"""'Did you mean' suggestions for misspelled keys and values."""
+
+from __future__ import annotations
+
+import difflib
+from collections.abc import Iterable
+
+
+def did_you_mean(word: str, choices: Iterable[str]) -> str:
+    matches = difflib.get_close_matches(word, sorted(set(choices)), n=1, cutoff=0.6)
+    return f"did you mean '{matches[0]}'?" if matches else ""
+
+
+def unknown_key_fix(key: str, choices: Iterable[str]) -> str:
+    hint = did_you_mean(key, choices)
+    return hint or "remove it, or check the spelling against the config reference (docs/config.md)"

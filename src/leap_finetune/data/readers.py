@@ -1,0 +1,153 @@
+"""Reading dataset files into rows that remember where they came from.
+
+We read JSONL, JSON, CSV and Parquet ourselves instead of through `datasets.load_dataset`
+because (1) every problem must name the file and line, and Arrow's errors do not; (2) Arrow
+infers one schema per file and fails on rows that mix shapes the spec allows (content as a
+string in one message, a list of parts in the next). Hub datasets go through `datasets`.
+"""
+
+from __future__ import annotations
+
+import csv
+import json
+import sys
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any
+
+from leap_finetune.errors import LeapError, RowProblem
+
+SUFFIXES = (".jsonl", ".json", ".parquet", ".csv")
+
+
+@dataclass
+class SourceRow:
+    file: str
+    location: str  # "line 12" (JSONL), "row 3" (1-based for JSON arrays, Parquet, CSV, Hub)
+    data: Any
+    from_text_table: bool = False  # CSV: structured fields arrive as JSON text
+
+
+@dataclass
+class ReadResult:
+    rows: list[SourceRow]
+    problems: list[RowProblem]  # lines that could not even be parsed
+
+
+def read_dataset(path: str, *, split: str = "train", subset: str | None = None, limit: int | None = None) -> ReadResult:
+    local = Path(path)
+    if local.is_dir():
+        files = sorted(p for p in local.iterdir() if p.suffix.lower() in SUFFIXES and p.is_file())
+        if not files:
+            raise LeapError(
+                f"the folder holds no {', '.join(SUFFIXES)} files", where=path, fix="point dataset.path at your data"
+            )
+        result = ReadResult([], [])
+        for file in files:
+            part = _read_file(file)
+            result.rows.extend(part.rows)
+            result.problems.extend(part.problems)
+    elif local.is_absolute() or local.exists():
+        if not local.exists():
+            raise LeapError("dataset file not found", where=path, fix="check dataset.path (relative paths start at the config file's folder)")
+        result = _read_file(local)
+    else:
+        result = _read_hub(path, split=split, subset=subset)
+    if limit is not None:
+        result.rows = result.rows[:limit]
+    if not result.rows and not result.problems:
+        raise LeapError("the dataset has no rows", where=path, fix="add rows, or check dataset.path / split")
+    return result
+
+
+def _read_file(path: Path) -> ReadResult:
+    suffix = path.suffix.lower()
+    if suffix not in SUFFIXES:
+        raise LeapError(
+            f"unsupported file type '{suffix}'", where=str(path), fix=f"use one of {', '.join(SUFFIXES)}"
+        )
+    if path.stat().st_size == 0:
+        raise LeapError("the file is empty", where=str(path), fix="add rows or remove the file")
+    reader = {".jsonl": _read_jsonl, ".json": _read_json, ".parquet": _read_parquet, ".csv": _read_csv}[suffix]
+    return reader(path)
+
+
+def _read_jsonl(path: Path) -> ReadResult:
+    rows, problems = [], []
+    with path.open(encoding="utf-8", errors="strict") as handle:
+        try:
+            for number, line in enumerate(handle, start=1):
+                if not line.strip():
+                    continue
+                try:
+                    rows.append(SourceRow(str(path), f"line {number}", json.loads(line)))
+                except json.JSONDecodeError as err:
+                    problems.append(
+                        RowProblem(str(path), f"line {number}", "<line>", f"not valid JSON ({err.msg} at column {err.colno})")
+                    )
+        except UnicodeDecodeError as err:
+            raise LeapError(f"the file is not UTF-8 text ({err.reason})", where=str(path)) from None
+    return ReadResult(rows, problems)
+
+
+def _read_json(path: Path) -> ReadResult:
+    try:
+        text = path.read_text(encoding="utf-8")
+    except UnicodeDecodeError as err:
+        raise LeapError(f"the file is not UTF-8 text ({err.reason})", where=str(path)) from None
+    if not text.lstrip().startswith("["):
+        # Many ".json" files are really JSON Lines.
+        return _read_jsonl(path)
+    try:
+        data = json.loads(text)
+    except json.JSONDecodeError as err:
+        raise LeapError(
+            f"not valid JSON: {err.msg} at line {err.lineno}, column {err.colno}",
+            where=str(path),
+            fix="a .json dataset must be one JSON array of row objects (or use .jsonl, one object per line)",
+        ) from None
+    return ReadResult([SourceRow(str(path), f"row {i}", row) for i, row in enumerate(data, start=1)], [])
+
+
+def _read_parquet(path: Path) -> ReadResult:
+    import pyarrow.parquet as pq
+
+    try:
+        table = pq.read_table(path)
+    except Exception as err:  # noqa: BLE001 - pyarrow raises many types for a broken file
+        raise LeapError(f"cannot read the Parquet file: {err}", where=str(path), fix="re-export the file") from None
+    return ReadResult([SourceRow(str(path), f"row {i}", row) for i, row in enumerate(table.to_pylist(), start=1)], [])
+
+
+def _read_csv(path: Path) -> ReadResult:
+    csv.field_size_limit(min(sys.maxsize, 2**31 - 1))
+    rows = []
+    try:
+        with path.open(encoding="utf-8", newline="") as handle:
+            reader = csv.DictReader(handle)
+            if not reader.fieldnames:
+                raise LeapError("the CSV file has no header row", where=str(path))
+            for number, row in enumerate(reader, start=1):
+                rows.append(SourceRow(str(path), f"row {number} (line {reader.line_num})", dict(row), from_text_table=True))
+    except csv.Error as err:
+        raise LeapError(f"malformed CSV: {err}", where=str(path)) from None
+    except UnicodeDecodeError as err:
+        raise LeapError(f"the file is not UTF-8 text ({err.reason})", where=str(path)) from None
+    return ReadResult(rows, [])
+
+
+def _read_hub(name: str, *, split: str, subset: str | None) -> ReadResult:
+    import datasets
+
+    try:
+        data = datasets.load_dataset(name, subset, split=split)
+    except Exception as err:  # noqa: BLE001 - offline, missing, gated: all user-fixable
+        raise LeapError(
+            f"cannot load the Hugging Face dataset '{name}' (split '{split}'"
+            + (f", subset '{subset}'" if subset else "")
+            + f"): {type(err).__name__}: {str(err).splitlines()[0] if str(err) else ''}",
+            where="dataset.path",
+            fix="check the dataset id, split and subset; offline, use a local file or a dataset already in the HF cache",
+        ) from None
+    source = f"{name}[{split}]"
+    return ReadResult([SourceRow(source, f"row {i}", row) for i, row in enumerate(data, start=1)], [])

@@ -1,0 +1,127 @@
+"""Chat rendering and loss masks.
+
+A conversation is rendered with the chat template; the `{% generation %}` markers of the training
+variant give the character spans the assistant produces (content + `<|im_end|>`). Tokens are
+trained when they overlap such a span. Working in characters keeps `inspect` exact: it shows the
+rendered text and the spans that carry loss, with no decode round-trip.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+
+from transformers.utils.chat_template_utils import render_jinja_template
+
+from leap_finetune.data.chat_templates import ChatTemplate
+from leap_finetune.errors import LeapError
+
+IGNORE_INDEX = -100
+
+
+@dataclass
+class TokenizedRow:
+    text: str  # the full rendered string, special tokens included
+    input_ids: list[int]  # after truncation to max_length
+    labels: list[int]  # IGNORE_INDEX where no loss
+    trained_spans: list[tuple[int, int]]  # character spans of `text` whose tokens carry loss (after truncation)
+    truncated_at: int | None = None  # character offset where max_length cut the text, if it did
+    trained_tokens_lost: int = 0  # trained tokens removed by truncation
+    meta: dict = field(default_factory=dict)
+
+    @property
+    def trained_tokens(self) -> int:
+        return sum(label != IGNORE_INDEX for label in self.labels)
+
+
+class Renderer:
+    """Renders, masks and tokenizes one conversation at a time."""
+
+    def __init__(self, tokenizer, template: ChatTemplate, loss_on: str, max_length: int | None,
+                 truncation_mode: str = "keep_start"):
+        if loss_on != "all" and template.training is None:
+            raise LeapError(
+                f"the chat template '{template.name}' has no {{% generation %}} markers, so the assistant's "
+                "tokens cannot be found for the loss mask",
+                where="chat_template",
+                fix="wrap the assistant output in {% generation %}...{% endgeneration %} in your template, "
+                "or set training_config.loss_on: all",
+            )
+        self.tokenizer = tokenizer
+        self.template = template
+        self.loss_on = loss_on
+        self.max_length = max_length
+        self.truncation_mode = truncation_mode
+        self._special = {
+            "bos_token": tokenizer.bos_token or "",
+            "eos_token": tokenizer.eos_token or "",
+            "pad_token": tokenizer.pad_token or "",
+        }
+
+    def render(self, messages: list[dict], add_generation_prompt: bool = False) -> tuple[str, list[tuple[int, int]]]:
+        """The rendered text and the character spans the assistant produces."""
+        if self.loss_on == "all" or add_generation_prompt:
+            rendered, _ = render_jinja_template(
+                conversations=[messages], chat_template=self.template.text,
+                add_generation_prompt=add_generation_prompt, **self._special,
+            )
+            text = rendered[0]
+            return text, ([(0, len(text))] if self.loss_on == "all" else [])
+        rendered, indices = render_jinja_template(
+            conversations=[messages], chat_template=self.template.training,
+            return_assistant_tokens_mask=True, **self._special,
+        )
+        text = rendered[0]
+        spans = [self._end_at_eos(text, start, end) for start, end in indices[0] if end > start]
+        if self.loss_on == "final_assistant":
+            spans = spans[-1:]
+        return text, spans
+
+    def _end_at_eos(self, text: str, start: int, end: int) -> tuple[int, int]:
+        # The templates put the newline that separates turns inside the generation block; the model
+        # stops at <|im_end|> and never generates it, so it carries no loss.
+        eos = self._special["eos_token"]
+        if eos and text[start:end].endswith(eos + "\n"):
+            end -= 1
+        return start, end
+
+    def prompt_text(self, messages: list[dict]) -> str:
+        """The conversation up to the generation prompt, as the model sees it at inference."""
+        rendered, _ = render_jinja_template(
+            conversations=[messages], chat_template=self.template.text, add_generation_prompt=True, **self._special
+        )
+        return rendered[0]
+
+    def tokenize(self, messages: list[dict]) -> TokenizedRow:
+        text, spans = self.render(messages)
+        encoding = self.tokenizer(text, add_special_tokens=False, return_offsets_mapping=True)
+        ids, offsets = encoding["input_ids"], encoding["offset_mapping"]
+        trained = [_overlaps(start, end, spans) for start, end in offsets]
+        truncated_at, lost = None, 0
+        if self.max_length is not None and len(ids) > self.max_length:
+            keep = slice(None, self.max_length) if self.truncation_mode == "keep_start" else slice(-self.max_length, None)
+            lost = sum(trained) - sum(trained[keep])
+            truncated_at = offsets[self.max_length][0] if self.truncation_mode == "keep_start" else offsets[-self.max_length][0]
+            ids, offsets, trained = ids[keep], offsets[keep], trained[keep]
+        labels = [token if on else IGNORE_INDEX for token, on in zip(ids, trained, strict=True)]
+        return TokenizedRow(
+            text=text,
+            input_ids=list(ids),
+            labels=labels,
+            trained_spans=_merge(offset for offset, on in zip(offsets, trained, strict=True) if on),
+            truncated_at=truncated_at,
+            trained_tokens_lost=lost,
+        )
+
+
+def _overlaps(start: int, end: int, spans: list[tuple[int, int]]) -> bool:
+    return end > start and any(start < span_end and end > span_start for span_start, span_end in spans)
+
+
+def _merge(offsets) -> list[tuple[int, int]]:
+    merged: list[list[int]] = []
+    for start, end in offsets:
+        if merged and start <= merged[-1][1]:
+            merged[-1][1] = max(merged[-1][1], end)
+        else:
+            merged.append([start, end])
+    return [(start, end) for start, end in merged]

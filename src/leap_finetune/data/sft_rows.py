@@ -1,0 +1,158 @@
+"""The SFT row contract: a `messages` list of {"role", "content"} turns.
+
+Every row is checked; each problem names the field (`messages[2].content`) and what was expected.
+A valid row is normalised: aliases resolved (`conversations`, ShareGPT `from`/`value`), typed text
+parts joined into one string (what LFM2.5's template does itself, and what LFM2's would otherwise
+JSON-dump verbatim into the prompt).
+"""
+
+from __future__ import annotations
+
+import json
+from typing import Any
+
+from leap_finetune.config.suggest import did_you_mean
+from leap_finetune.data.readers import SourceRow
+from leap_finetune.errors import RowProblem
+
+MESSAGE_COLUMNS = ("messages", "conversations", "conversation", "chat")
+ROLES = ("system", "user", "assistant", "tool")
+SHAREGPT_ROLES = {"human": "user", "gpt": "assistant", "system": "system", "tool": "tool", "user": "user", "assistant": "assistant"}
+# Passed through to the chat template: LFM2.5 reads `thinking`; structured tool calls are rendered
+# by both LFM templates.
+EXTRA_MESSAGE_KEYS = ("tool_calls", "name", "tool_call_id", "thinking", "reasoning", "reasoning_content")
+
+
+def check_sft_row(row: SourceRow, *, needs_assistant: bool = True) -> tuple[list[dict] | None, list[RowProblem]]:
+    """Return (normalised messages, []) for a valid row, or (None, problems)."""
+    problems: list[RowProblem] = []
+
+    def problem(field: str, text: str) -> None:
+        problems.append(RowProblem(row.file, row.location, field, text))
+
+    data = row.data
+    if not isinstance(data, dict):
+        problem("<row>", f"expected an object with a 'messages' list, got {_kind(data)}")
+        return None, problems
+    present = [c for c in MESSAGE_COLUMNS if c in data]
+    if not present:
+        columns = ", ".join(map(str, data)) or "none"
+        hint = did_you_mean(next(iter(data), ""), MESSAGE_COLUMNS) if len(data) == 1 else ""
+        problem("messages", f"missing: the row has no 'messages' list (columns found: {columns}) {hint}".rstrip())
+        return None, problems
+    if len(present) > 1:
+        problem(present[1], f"the row has both '{present[0]}' and '{present[1]}'; keep one")
+        return None, problems
+    column = present[0]
+    messages = data[column]
+    if row.from_text_table and isinstance(messages, str):
+        try:
+            messages = json.loads(messages)
+        except json.JSONDecodeError as err:
+            problem(column, f"expected JSON text holding a list of messages ({err.msg} at column {err.colno})")
+            return None, problems
+    if not isinstance(messages, list):
+        problem(column, f"expected a list of messages, got {_kind(messages)}")
+        return None, problems
+    if not messages:
+        problem(column, "the list of messages is empty")
+        return None, problems
+
+    normalised = []
+    for index, message in enumerate(messages):
+        field = f"{column}[{index}]"
+        turn = _check_message(message, field, problem)
+        if turn is not None:
+            normalised.append(turn)
+    if problems:
+        return None, problems
+    if needs_assistant and not any(m["role"] == "assistant" for m in normalised):
+        problem(column, "no assistant message: with loss on assistant tokens this row would train on nothing "
+                "(add the assistant's answer, or set training_config.loss_on: all)")
+        return None, problems
+    return normalised, []
+
+
+def _check_message(message: Any, field: str, problem) -> dict | None:
+    if not isinstance(message, dict):
+        problem(field, f"expected an object with 'role' and 'content', got {_kind(message)}")
+        return None
+    message = dict(message)
+    if "role" not in message and "from" in message:  # ShareGPT
+        sharegpt_role = message.pop("from")
+        message["role"] = SHAREGPT_ROLES.get(sharegpt_role, sharegpt_role)
+        if "value" in message and "content" not in message:
+            message["content"] = message.pop("value")
+    known = ("role", "content", *EXTRA_MESSAGE_KEYS)
+    for key in message:
+        if key not in known:
+            hint = did_you_mean(str(key), known)
+            problem(f"{field}.{key}", f"unknown message key '{key}' ({hint or 'expected role, content'})")
+            return None
+    role = message.get("role")
+    if role is None:
+        problem(f"{field}.role", "missing: every message needs a role (system, user, assistant or tool)")
+        return None
+    if role not in ROLES:
+        hint = did_you_mean(str(role), ROLES)
+        problem(f"{field}.role", f"'{role}' is not a role; expected one of {', '.join(ROLES)}" + (f" ({hint})" if hint else ""))
+        return None
+    if "content" not in message:
+        if role == "assistant" and message.get("tool_calls"):
+            message["content"] = ""
+        else:
+            problem(f"{field}.content", "missing: every message needs content (a string or a list of typed parts)")
+            return None
+    content = _normalise_content(message["content"], f"{field}.content", problem)
+    if content is None:
+        return None
+    if role == "assistant" and not content.strip() and not message.get("tool_calls") and not message.get("thinking"):
+        problem(f"{field}.content", "the assistant message is empty: it would train the model to answer with nothing")
+        return None
+    message["content"] = content
+    return message
+
+
+def _normalise_content(content: Any, field: str, problem) -> str | None:
+    if isinstance(content, str):
+        return content
+    if content is None:
+        return ""
+    if not isinstance(content, list):
+        problem(field, f"expected a string or a list of typed parts, got {_kind(content)}")
+        return None
+    texts = []
+    for index, part in enumerate(content):
+        part_field = f"{field}[{index}]"
+        if not isinstance(part, dict) or "type" not in part:
+            problem(part_field, f"expected a typed part like {{\"type\": \"text\", \"text\": \"...\"}}, got {_kind(part)}")
+            return None
+        if part["type"] == "text":
+            if not isinstance(part.get("text"), str):
+                problem(f"{part_field}.text", f"a text part needs a string 'text', got {_kind(part.get('text'))}")
+                return None
+            texts.append(part["text"])
+        elif part["type"] in ("image", "image_url", "audio", "video"):
+            problem(part_field, f"a '{part['type']}' part needs a vision/audio model, and text SFT does not support it yet")
+            return None
+        else:
+            problem(part_field, f"unknown part type '{part['type']}'; expected 'text'")
+            return None
+    return "".join(texts)
+
+
+def _kind(value: Any) -> str:
+    if value is None:
+        return "null"
+    if isinstance(value, bool):
+        return "a boolean"
+    if isinstance(value, (int, float)):
+        return f"a number ({value})"
+    if isinstance(value, str):
+        shown = value if len(value) <= 40 else value[:37] + "..."
+        return f"a string ({shown!r})"
+    if isinstance(value, list):
+        return "a list"
+    if isinstance(value, dict):
+        return "an object"
+    return type(value).__name__

@@ -1,0 +1,53 @@
+"""What the driver prints: the resolved config, the data report, start and end summaries."""
+
+from __future__ import annotations
+
+from rich.console import Console
+from rich.table import Table
+
+from leap_finetune.config.resolved import ResolvedConfig
+from leap_finetune.data.prepare import PreparedData
+
+
+def config_table(resolved: ResolvedConfig) -> Table:
+    t = resolved.training
+    table = Table(title="resolved config", show_header=False, title_justify="left")
+    table.add_column(style="bold")
+    table.add_column()
+    rows = [
+        ("model", f"{resolved.model_id} (family {resolved.model_family})"),
+        ("chat template", resolved.chat_template),
+        ("training", f"{resolved.training_type}, loss on {resolved.loss_on} tokens"),
+        ("fine-tune", f"LoRA r={resolved.peft['r']} alpha={resolved.peft['lora_alpha']}" if resolved.peft else "full"),
+        ("dataset", resolved.dataset.path + (f"  (eval: {resolved.dataset.val_path})" if resolved.dataset.val_path else "")),
+        ("learning rate", str(t.get("learning_rate"))),
+        ("epochs / max steps", f"{t.get('num_train_epochs')} / {t.get('max_steps', -1)}"),
+        ("batch x accumulation", f"{t.get('per_device_train_batch_size')} x {t.get('gradient_accumulation_steps', 1)}"),
+        ("max length / packing", f"{t.get('max_length')} / {t.get('packing', False)}"),
+    ]
+    for key, value in rows:
+        table.add_row(key, value)
+    return table
+
+
+def data_report(console: Console, prepared: PreparedData, max_listed: int = 5) -> None:
+    console.print(
+        f"data: {prepared.rows_read} rows read -> {len(prepared.train)} train, {len(prepared.eval)} eval; "
+        f"{prepared.train_tokens:,} train tokens, {prepared.trained_tokens:,} carry loss"
+    )
+    if prepared.invalid_skipped:
+        console.print(f"[yellow]skipped {prepared.invalid_skipped} invalid row(s) (dataset.on_invalid: skip):[/yellow]")
+        for row in prepared.dropped[:max_listed]:
+            if "max_length" not in row.reason:
+                console.print(f"  - {row.file}, {row.location}: {row.reason}")
+    if prepared.fully_truncated:
+        console.print(
+            f"[yellow]dropped {prepared.fully_truncated} row(s) whose assistant tokens are all beyond max_length "
+            "(raise training_config.max_length to keep them):[/yellow]"
+        )
+        for row in [r for r in prepared.dropped if "max_length" in r.reason][:max_listed]:
+            console.print(f"  - {row.file}, {row.location}: {row.reason}")
+    if prepared.partially_truncated:
+        console.print(
+            f"[yellow]{prepared.partially_truncated} row(s) lose some trained tokens to max_length truncation[/yellow]"
+        )

@@ -1,0 +1,66 @@
+"""Which model a `model_name` means, and which LFM family (for the chat template) it belongs to."""
+
+from __future__ import annotations
+
+import json
+import re
+from pathlib import Path
+
+from leap_finetune.models.tiny import TINY_MODELS
+
+_LFM_SHORT_NAME = re.compile(r"^LFM2(\.5)?[-_.]", re.IGNORECASE)
+
+
+def resolve_model_id(model_name: str, base: Path) -> str:
+    """`tiny-lfm2` stays; an existing local folder becomes absolute; `LFM2-1.2B` gets the
+    `LiquidAI/` organisation; anything else is a Hub id."""
+    if model_name in TINY_MODELS:
+        return model_name
+    local = (base / model_name).expanduser()
+    if local.is_dir() or model_name.startswith((".", "/", "~")):
+        return str(local.resolve())
+    if "/" not in model_name and _LFM_SHORT_NAME.match(model_name):
+        return f"LiquidAI/{model_name}"
+    return model_name
+
+
+def model_family(model_name: str, model_id: str) -> str:
+    """"lfm2.5", "lfm2" or "other": decides the default chat template."""
+    if model_name in TINY_MODELS:
+        return TINY_MODELS[model_name]
+    names = [model_name, model_id]
+    local = Path(model_id)
+    if local.is_dir():
+        names.append(_name_in_folder(local))
+    text = " ".join(n for n in names if n).lower()
+    if re.search(r"lfm2[._-]?5", text):
+        return "lfm2.5"
+    if "lfm2" in text:
+        return "lfm2"
+    return "other"
+
+
+def _name_in_folder(folder: Path) -> str:
+    """A fine-tuned checkpoint is recognised by the chat template saved beside it, or by
+    config.json's model_type."""
+    from leap_finetune.data.chat_templates import family_of_template
+
+    template = None
+    if (folder / "chat_template.jinja").exists():
+        template = (folder / "chat_template.jinja").read_text(encoding="utf-8")
+    elif (folder / "tokenizer_config.json").exists():
+        template = _json(folder / "tokenizer_config.json").get("chat_template")
+    family = family_of_template(template if isinstance(template, str) else None)
+    if family:
+        return family
+    if (folder / "config.json").exists() and _json(folder / "config.json").get("model_type") in ("lfm2", "lfm2_moe"):
+        return "lfm2"
+    return ""
+
+
+def _json(path: Path) -> dict:
+    try:
+        value = json.loads(path.read_text(encoding="utf-8"))
+    except (json.JSONDecodeError, OSError, UnicodeDecodeError):
+        return {}
+    return value if isinstance(value, dict) else {}

@@ -1,0 +1,120 @@
+"""Trainer callbacks every recipe uses: the metrics log, the progress bar, checkpoint markers."""
+
+from __future__ import annotations
+
+import json
+import math
+import os
+import time
+from pathlib import Path
+
+from transformers import TrainerCallback
+
+CHECKPOINT_COMPLETE = "leap_checkpoint_complete.json"
+
+
+class MetricsLog(TrainerCallback):
+    """Appends one JSON object per log event to metrics.jsonl: step, loss, learning rate, eval
+    loss, tokens/s (non-padding tokens seen since the previous log, per second)."""
+
+    def __init__(self, path: Path):
+        self.path = path
+        self._last_time = None
+        self._last_tokens = 0
+
+    def on_train_begin(self, args, state, control, **kwargs):
+        self._last_time = time.perf_counter()
+        self._last_tokens = state.num_input_tokens_seen or 0
+
+    def on_log(self, args, state, control, logs=None, **kwargs):
+        if not logs or not state.is_world_process_zero:
+            return
+        record = {"step": state.global_step, "epoch": state.epoch}
+        for key, value in logs.items():
+            try:
+                record[key] = float(value)  # Trainer logs some values as strings
+            except (TypeError, ValueError):
+                record[key] = value
+        if "loss" in logs and self._last_time is not None:
+            now = time.perf_counter()
+            tokens = state.num_input_tokens_seen or 0
+            elapsed = now - self._last_time
+            if elapsed > 0 and tokens > self._last_tokens:
+                record["tokens_per_second"] = (tokens - self._last_tokens) / elapsed
+            self._last_time, self._last_tokens = now, tokens
+        with self.path.open("a", encoding="utf-8") as handle:
+            handle.write(json.dumps(record) + "\n")
+
+
+class CheckpointMarker(TrainerCallback):
+    """Marks a checkpoint folder complete once the Trainer has written everything into it.
+
+    The Trainer writes checkpoint files one by one; a run killed half-way leaves a folder that
+    looks like a checkpoint. Only folders with this marker (written last, fsynced, renamed into
+    place) are resumed from, so an interrupted save is never mistaken for a good one."""
+
+    def on_save(self, args, state, control, **kwargs):
+        if not state.is_world_process_zero:
+            return
+        folder = Path(args.output_dir) / f"checkpoint-{state.global_step}"
+        if folder.is_dir():
+            write_atomic(folder / CHECKPOINT_COMPLETE, json.dumps({"step": state.global_step}))
+
+
+class RichProgress(TrainerCallback):
+    """One progress bar: step, loss, tokens/s and ETA."""
+
+    def __init__(self, console):
+        self.console = console
+        self.progress = None
+        self.task = None
+        self._start = None
+        self._start_tokens = 0
+        self._loss = math.nan
+
+    def on_train_begin(self, args, state, control, **kwargs):
+        if not state.is_world_process_zero:
+            return
+        from rich.progress import BarColumn, MofNCompleteColumn, Progress, TextColumn, TimeRemainingColumn
+
+        self.progress = Progress(
+            TextColumn("[bold]training"), BarColumn(), MofNCompleteColumn(),
+            TextColumn("loss {task.fields[loss]}"), TextColumn("{task.fields[speed]} tok/s"),
+            TextColumn("ETA"), TimeRemainingColumn(), console=self.console, transient=False,
+        )
+        self.progress.start()
+        self.task = self.progress.add_task("train", total=state.max_steps, completed=state.global_step,
+                                           loss="-", speed="-")
+        self._start = time.perf_counter()
+        self._start_tokens = state.num_input_tokens_seen or 0
+
+    def on_step_end(self, args, state, control, **kwargs):
+        if self.progress is None:
+            return
+        elapsed = time.perf_counter() - self._start
+        tokens = (state.num_input_tokens_seen or 0) - self._start_tokens
+        speed = f"{tokens / elapsed:,.0f}" if elapsed > 0 and tokens > 0 else "-"
+        self.progress.update(self.task, completed=state.global_step, speed=speed)
+
+    def on_log(self, args, state, control, logs=None, **kwargs):
+        if self.progress is None or not logs:
+            return
+        if "loss" in logs:
+            self.progress.update(self.task, loss=f"{float(logs['loss']):.4f}")
+        if "eval_loss" in logs:
+            self.progress.console.print(f"  step {state.global_step}: eval loss {float(logs['eval_loss']):.4f}")
+
+    def on_train_end(self, args, state, control, **kwargs):
+        if self.progress is not None:
+            self.progress.stop()
+            self.progress = None
+
+
+def write_atomic(path: Path, text: str) -> None:
+    """Write a file so that readers see either the old content or the whole new content."""
+    tmp = path.with_name(f".{path.name}.tmp-{os.getpid()}")
+    with tmp.open("w", encoding="utf-8") as handle:
+        handle.write(text)
+        handle.flush()
+        os.fsync(handle.fileno())
+    os.replace(tmp, path)
