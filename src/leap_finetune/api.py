@@ -54,7 +54,7 @@ def _check_training_arguments(resolved: ResolvedConfig, has_eval: bool) -> None:
     try:
         build_sft_config(training_arguments(resolved, run_dir=os.devnull, has_eval=has_eval))
     except (ValueError, TypeError) as err:
-        raise LeapError(f"training_config is not valid for TRL: {err}", where="training_config",
+        raise LeapError(f"a value is not valid for TRL's SFTConfig: {err}", where="training_config",
                         fix="see docs/config.md and TRL's SFTConfig documentation") from None
 
 
@@ -91,10 +91,10 @@ def run_config(source, *, console: Console | None = None, callbacks: list | None
     """Validate, plan and train. Returns the run summary (run folder, losses, model folder)."""
     console = _console(console)
     resolved = _config(source)
-    console.print(config_table(resolved))
     tokenizer, renderer, prepared = _prepare(resolved)
-    data_report(console, prepared)
     _check_training_arguments(resolved, has_eval=bool(prepared.eval))
+    console.print(config_table(resolved))
+    data_report(console, prepared)
 
     plan = plan_run(resolved, outputs_root=Path(outputs_root) if outputs_root else None)
     resolved = resolved.model_copy(update={

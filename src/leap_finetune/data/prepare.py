@@ -8,6 +8,7 @@ were all cut off by `max_length` are counted, listed, and saved by the driver.
 from __future__ import annotations
 
 import random
+import re
 from dataclasses import dataclass, field
 
 from leap_finetune.config.resolved import ResolvedConfig
@@ -64,7 +65,13 @@ def validate_rows(path: str, resolved: ResolvedConfig, *, limit: int | None) -> 
             problems.extend(row_problems)
         else:
             valid.append(_ValidRow(row, messages))
+    problems.sort(key=lambda p: (p.file, _position(p.location)))
     return valid, problems, len(result.rows) + len(result.problems)
+
+
+def _position(location: str) -> int:
+    digits = re.search(r"\d+", location)
+    return int(digits.group()) if digits else 0
 
 
 def prepare_sft_data(resolved: ResolvedConfig, tokenizer, renderer: Renderer) -> PreparedData:

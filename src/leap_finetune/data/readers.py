@@ -83,7 +83,7 @@ def _read_jsonl(path: Path) -> ReadResult:
                     rows.append(SourceRow(str(path), f"line {number}", json.loads(line)))
                 except json.JSONDecodeError as err:
                     problems.append(
-                        RowProblem(str(path), f"line {number}", "<line>", f"not valid JSON ({err.msg} at column {err.colno})")
+                        RowProblem(str(path), f"line {number}", "<line>", f"not valid JSON ({err.msg} at character {err.pos + 1})")
                     )
         except UnicodeDecodeError as err:
             raise LeapError(f"the file is not UTF-8 text ({err.reason})", where=str(path)) from None

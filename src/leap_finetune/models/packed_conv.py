@@ -18,6 +18,7 @@ import torch
 import torch.nn.functional as F
 from transformers.activations import ACT2FN
 
+UPSTREAM: dict[str, object] = {}  # module name -> transformers' own causal_conv1d_fn, kept for tests
 _PATCHED_MODULES = ("transformers.models.lfm2.modeling_lfm2", "transformers.models.lfm2_moe.modeling_lfm2_moe")
 
 
@@ -60,6 +61,8 @@ def enable_exact_packing() -> str:
             module = importlib.import_module(name)
         except ImportError:
             continue
-        if hasattr(module, "causal_conv1d_fn"):
+        current = getattr(module, "causal_conv1d_fn", None)
+        if current is not None and current is not packed_causal_conv1d:
+            UPSTREAM[name] = current
             module.causal_conv1d_fn = packed_causal_conv1d
     return "leap-finetune boundary-aware PyTorch convolution"

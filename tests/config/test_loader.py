@@ -1,0 +1,188 @@
+"""The config contract: keys, profiles, types, paths, names."""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+import pytest
+
+from leap_finetune.config.loader import load_config
+from leap_finetune.config.profiles import TRAINING_PROFILES
+from leap_finetune.errors import LeapError
+from tests.conftest import fact_rows, tiny_config, write_config, write_jsonl
+
+
+@pytest.fixture
+def folder(tmp_path):
+    write_jsonl(tmp_path / "train.jsonl", fact_rows(8))
+    return tmp_path
+
+
+def _error(folder: Path, config: dict) -> str:
+    with pytest.raises(LeapError) as info:
+        load_config(write_config(folder, config))
+    return info.value.format()
+
+
+@pytest.mark.parametrize(
+    ("block", "bad_key", "suggestion"),
+    [
+        (None, "model_nme", "model_name"),
+        ("dataset", "test_sise", "test_size"),
+        ("training_config", "learnig_rate", "learning_rate"),
+        ("peft_config", "lora_alpah", "lora_alpha"),
+    ],
+)
+def test_unknown_keys_are_errors_with_a_suggestion(folder, block, bad_key, suggestion):
+    config = tiny_config()
+    if block is None:
+        config[bad_key] = "x"
+    else:
+        config.setdefault(block, {})[bad_key] = 1
+    message = _error(folder, config)
+    assert f"unknown key '{bad_key}'" in message
+    assert f"did you mean '{suggestion}'" in message
+
+
+def test_profile_is_inherited_and_user_keys_override(folder):
+    resolved = load_config(write_config(folder, tiny_config(training_config={"learning_rate": 5e-4})))
+    assert resolved.training["learning_rate"] == 5e-4
+    # untouched keys come from DEFAULT_SFT
+    assert resolved.training["lr_scheduler_type"] == TRAINING_PROFILES["DEFAULT_SFT"]["lr_scheduler_type"]
+    assert resolved.loss_on == "assistant"
+
+
+def test_without_extends_the_training_types_default_profile_applies(folder):
+    config = tiny_config()
+    config["training_config"] = {"max_steps": 2}
+    resolved = load_config(write_config(folder, config))
+    assert resolved.training["max_length"] == TRAINING_PROFILES["DEFAULT_SFT"]["max_length"]
+    assert resolved.training["max_steps"] == 2
+
+
+def test_unknown_profile_is_an_error(folder):
+    assert "did you mean 'DEFAULT_SFT'" in _error(folder, tiny_config(training_config={"extends": "DEFAULT_SFTT"}))
+
+
+def test_scientific_notation_without_a_dot_is_a_float(folder):
+    path = folder / "c.yaml"
+    path.write_text(
+        "model_name: tiny-lfm2\ndataset:\n  path: train.jsonl\ntraining_config:\n  learning_rate: 2e-5\n  weight_decay: 1E-2\n"
+    )
+    resolved = load_config(path)
+    assert resolved.training["learning_rate"] == pytest.approx(2e-5)
+    assert isinstance(resolved.training["weight_decay"], float)
+
+
+def test_relative_paths_resolve_against_the_config_folder(folder, tmp_path, monkeypatch):
+    (folder / "sub").mkdir()
+    monkeypatch.chdir("/")
+    config = tiny_config(data="../train.jsonl", output_dir="../out")
+    resolved = load_config(write_config(folder / "sub", config))
+    assert resolved.dataset.path == str((folder / "train.jsonl").resolve())
+    assert resolved.output_dir == str((folder / "out").resolve())
+
+
+def test_hub_dataset_ids_are_kept(folder):
+    resolved = load_config(write_config(folder, tiny_config(data="HuggingFaceTB/smoltalk")))
+    assert resolved.dataset.path == "HuggingFaceTB/smoltalk"
+
+
+@pytest.mark.parametrize("kind", ["dpo", "kto", "grpo", "embedding", "colbert"])
+def test_later_training_types_say_not_supported_yet(folder, kind):
+    message = _error(folder, tiny_config(training_type=kind))
+    assert "not supported yet" in message and kind in message
+
+
+def test_unknown_training_type_suggests(folder):
+    assert "did you mean 'sft'" in _error(folder, tiny_config(training_type="sfft"))
+
+
+def test_keys_the_trainer_would_ignore_are_rejected(folder):
+    message = _error(folder, tiny_config(training_config={"completion_only_loss": True}))
+    assert "decided by leap-finetune" in message and "loss_on" in message
+
+
+def test_assistant_only_loss_maps_to_loss_on(folder):
+    resolved = load_config(write_config(folder, tiny_config(training_config={"assistant_only_loss": False})))
+    assert resolved.loss_on == "all"
+    assert "assistant_only_loss" not in resolved.training
+
+
+def test_bad_loss_on_value(folder):
+    assert "expected one of: assistant, all, final_assistant" in _error(
+        folder, tiny_config(training_config={"loss_on": "asistant"})
+    )
+
+
+def test_duplicate_keys_are_errors(folder):
+    path = folder / "c.yaml"
+    path.write_text("model_name: tiny-lfm2\nmodel_name: tiny-lfm2.5\ndataset: {path: train.jsonl}\n")
+    with pytest.raises(LeapError, match="duplicate key 'model_name'"):
+        load_config(path)
+
+
+def test_bad_yaml_names_line_and_column(folder):
+    path = folder / "c.yaml"
+    path.write_text("model_name: tiny-lfm2\ndataset: {path: [train.jsonl}\n")
+    with pytest.raises(LeapError) as info:
+        load_config(path)
+    assert f"{path}:2:" in info.value.format()
+
+
+def test_missing_required_key(folder):
+    config = tiny_config()
+    del config["model_name"]
+    assert "required key 'model_name' is missing" in _error(folder, config)
+
+
+def test_wrong_type_is_reported_with_the_key(folder):
+    message = _error(folder, tiny_config(dataset={"path": "train.jsonl", "limit": "many"}))
+    assert "dataset.limit" in message
+
+
+def test_peft_profile_and_use_peft(folder):
+    resolved = load_config(write_config(folder, tiny_config(peft_config={"extends": "DEFAULT_LORA", "r": 4})))
+    assert resolved.peft["r"] == 4
+    assert set(resolved.peft["target_modules"]) >= {"q_proj", "in_proj", "w1"}
+    off = load_config(write_config(folder, tiny_config(peft_config={"extends": "DEFAULT_LORA", "use_peft": False})))
+    assert off.peft is None
+
+
+@pytest.mark.parametrize(
+    ("name", "model_id", "family", "template"),
+    [
+        ("LFM2-1.2B", "LiquidAI/LFM2-1.2B", "lfm2", "lfm2"),
+        ("LFM2.5-1.2B-Instruct", "LiquidAI/LFM2.5-1.2B-Instruct", "lfm2.5", "lfm2.5"),
+        ("LiquidAI/LFM2-350M", "LiquidAI/LFM2-350M", "lfm2", "lfm2"),
+        ("tiny-lfm2", "tiny-lfm2", "lfm2", "lfm2"),
+        ("tiny-lfm2.5", "tiny-lfm2.5", "lfm2.5", "lfm2.5"),
+        ("Qwen/Qwen3-0.6B", "Qwen/Qwen3-0.6B", "other", "model"),
+    ],
+)
+def test_model_names_and_families(folder, name, model_id, family, template):
+    resolved = load_config(write_config(folder, tiny_config(model_name=name)))
+    assert (resolved.model_id, resolved.model_family, resolved.chat_template) == (model_id, family, template)
+
+
+def test_chat_template_override_by_name_and_file(folder):
+    resolved = load_config(write_config(folder, tiny_config(chat_template="lfm2.5")))
+    assert resolved.chat_template == "lfm2.5"
+    (folder / "mine.jinja").write_text("{{ messages }}")
+    resolved = load_config(write_config(folder, tiny_config(chat_template="mine.jinja")))
+    assert resolved.chat_template == str(folder / "mine.jinja")
+    assert "did you mean 'lfm2.5'" in _error(folder, tiny_config(chat_template="lfm2.6"))
+
+
+def test_dataset_type_must_match_training_type(folder):
+    assert "dataset.type" in _error(folder, tiny_config(dataset={"path": "train.jsonl", "type": "dpo"}))
+
+
+def test_fractional_test_size_above_one_is_an_error(folder):
+    assert "whole number" in _error(folder, tiny_config(dataset={"path": "train.jsonl", "test_size": 2.5}))
+
+
+def test_python_api_accepts_a_dict(folder, monkeypatch):
+    monkeypatch.chdir(folder)
+    resolved = load_config(tiny_config())
+    assert resolved.dataset.path == str(folder / "train.jsonl")

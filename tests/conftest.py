@@ -1,0 +1,88 @@
+"""Shared fixtures. Nothing here touches the network: tests use the built-in tiny models."""
+
+from __future__ import annotations
+
+import json
+import os
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+import yaml
+
+os.environ["HF_HUB_OFFLINE"] = "1"
+os.environ["TRANSFORMERS_OFFLINE"] = "1"
+os.environ["HF_DATASETS_OFFLINE"] = "1"
+os.environ.setdefault("TOKENIZERS_PARALLELISM", "false")
+
+REPO = Path(__file__).resolve().parents[1]
+EXAMPLES = REPO / "examples"
+
+
+def write_jsonl(path: Path, rows: list) -> Path:
+    path.write_text("".join(json.dumps(r) + "\n" for r in rows), encoding="utf-8")
+    return path
+
+
+def chat(user: str, answer: str, system: str | None = None) -> dict:
+    messages = [{"role": "system", "content": system}] if system else []
+    messages += [{"role": "user", "content": user}, {"role": "assistant", "content": answer}]
+    return {"messages": messages}
+
+
+def write_config(folder: Path, config: dict, name: str = "config.yaml") -> Path:
+    path = folder / name
+    path.write_text(yaml.safe_dump(config, sort_keys=False), encoding="utf-8")
+    return path
+
+
+def tiny_config(data: str = "train.jsonl", **overrides) -> dict:
+    """A config that trains tiny-lfm2 for a few steps on CPU."""
+    config = {
+        "project_name": "test",
+        "model_name": "tiny-lfm2",
+        "training_type": "sft",
+        "dataset": {"path": data},
+        "training_config": {
+            "extends": "DEFAULT_SFT",
+            "max_steps": 6,
+            "per_device_train_batch_size": 4,
+            "learning_rate": 1e-3,
+            "logging_steps": 1,
+            "save_steps": 40,
+            "max_length": 128,
+            "warmup_steps": 0,
+        },
+    }
+    for key, value in overrides.items():
+        if isinstance(value, dict) and isinstance(config.get(key), dict):
+            config[key] = {**config[key], **value}
+        else:
+            config[key] = value
+    return config
+
+
+def fact_rows(n: int = 40) -> list[dict]:
+    """A deterministic learnable task."""
+    words = ["red", "blue", "green", "gold", "pink", "gray", "teal", "navy"]
+    rows = []
+    for i in range(n):
+        w = words[i % len(words)]
+        rows.append(chat(f"Say {w} twice.", f"{w} {w}", system="Be brief." if i % 2 else None))
+    return rows
+
+
+def run_cli(*args: str, cwd: Path, timeout: int = 300) -> subprocess.CompletedProcess:
+    env = {**os.environ, "HF_HUB_OFFLINE": "1", "TRANSFORMERS_OFFLINE": "1", "COLUMNS": "200"}
+    return subprocess.run(
+        [sys.executable, "-m", "leap_finetune.cli", *args],
+        cwd=cwd, env=env, capture_output=True, text=True, timeout=timeout,
+    )
+
+
+@pytest.fixture
+def workdir(tmp_path, monkeypatch):
+    """A temporary folder that is also the current folder (runs go to ./outputs)."""
+    monkeypatch.chdir(tmp_path)
+    return tmp_path

@@ -1,0 +1,93 @@
+"""The real CLI in a subprocess: quickstart, validate, inspect, errors and exit codes."""
+
+from __future__ import annotations
+
+import json
+
+from leap_finetune.data.chat_templates import official_template
+from leap_finetune.models.tiny import load_tiny_tokenizer
+from tests.conftest import EXAMPLES, chat, run_cli, tiny_config, write_config, write_jsonl
+
+
+def test_quickstart_learns_visibly(workdir):
+    result = run_cli(str(EXAMPLES / "quickstart.yaml"), cwd=workdir)
+    assert result.returncode == 0, result.stderr[-3000:]
+    [run_dir] = list((workdir / "outputs" / "quickstart").iterdir())
+    summary = json.loads((run_dir / "summary.json").read_text())
+    assert summary["eval_loss"] <= summary["initial_eval_loss"] / 2
+    assert "sample answers before training" in result.stderr and "sample answers after training" in result.stderr
+    assert "model: 'The capital of" in result.stderr.split("after training")[1]
+    assert (run_dir / "model" / "model.safetensors").exists()
+
+
+def test_validate_exit_codes_and_messages(workdir):
+    ok = run_cli("validate", str(EXAMPLES / "quickstart.yaml"), cwd=workdir)
+    assert ok.returncode == 0, ok.stderr
+    assert "valid" in ok.stderr and not (workdir / "outputs").exists()
+
+    write_jsonl(workdir / "train.jsonl", [chat("q", "a"), {"messages": [{"role": "user", "content": "q"}, {"role": "asistant", "content": "a"}]}])
+    config = write_config(workdir, tiny_config())
+    bad = run_cli("validate", str(config), cwd=workdir)
+    assert bad.returncode == 2
+    assert f"{workdir / 'train.jsonl'}, line 2, field 'messages[1].role'" in bad.stderr
+    assert "did you mean 'assistant'" in bad.stderr
+    assert "Traceback" not in bad.stderr
+
+    debug = run_cli("--debug", "validate", str(config), cwd=workdir)
+    assert debug.returncode != 0 and "Traceback" in debug.stderr
+
+
+def test_config_mistakes_exit_2_without_traceback_and_write_nothing(workdir):
+    write_jsonl(workdir / "train.jsonl", [chat("q", "a")] * 4)
+    cases = {
+        "bad_value.yaml": tiny_config(training_config={"lr_scheduler_type": "bogus"}),
+        "unknown_key.yaml": tiny_config(training_config={"num_train_epoch": 2}),
+        "missing_data.yaml": tiny_config(data="nope.jsonl"),
+    }
+    for name, config in cases.items():
+        result = run_cli(str(write_config(workdir, config, name)), cwd=workdir)
+        assert result.returncode == 2, (name, result.stderr)
+        assert result.stderr.startswith("error:") and "Traceback" not in result.stderr, result.stderr
+    assert "bogus" in run_cli("validate", str(workdir / "bad_value.yaml"), cwd=workdir).stderr
+    assert not (workdir / "outputs").exists()
+
+
+def test_inspect_json_matches_the_official_templates(workdir):
+    rows = [
+        {"messages": [
+            {"role": "system", "content": "List of tools: <|tool_list_start|>[{\"name\": \"get_weather\"}]<|tool_list_end|>"},
+            {"role": "user", "content": "Weather in Boston?"},
+            {"role": "assistant", "content": "<|tool_call_start|>[get_weather(location=\"Boston\")]<|tool_call_end|>"},
+            {"role": "tool", "content": "{\"temperature\": 72}"},
+            {"role": "assistant", "content": "It's 72 F and sunny."},
+        ]},
+        chat("Hi", "Hello!", system="Be brief."),
+    ]
+    write_jsonl(workdir / "train.jsonl", rows)
+    for model, template in (("tiny-lfm2", "lfm2"), ("tiny-lfm2.5", "lfm2.5")):
+        config = write_config(workdir, tiny_config(model_name=model))
+        result = run_cli("inspect", str(config), "--json", "--rows", "2", cwd=workdir)
+        assert result.returncode == 0, result.stderr
+        items = json.loads(result.stdout)
+        tokenizer = load_tiny_tokenizer(model)
+        tokenizer.chat_template = official_template(template)
+        assert [item["row"] for item in items] == [0, 1]
+        for item, row in zip(items, rows):
+            assert item["text"] == tokenizer.apply_chat_template(row["messages"], tokenize=False)
+        trained = [[item["text"][a:b] for a, b in item["trained_spans"]] for item in items]
+        assert trained[0] == ['<|tool_call_start|>[get_weather(location="Boston")]<|tool_call_end|><|im_end|>',
+                              "It's 72 F and sunny.<|im_end|>"]
+        assert trained[1] == ["Hello!<|im_end|>"]
+
+
+def test_inspect_in_a_terminal_marks_trained_text(workdir):
+    write_jsonl(workdir / "train.jsonl", [chat("Hi", "Hello!")])
+    result = run_cli("inspect", str(write_config(workdir, tiny_config())), cwd=workdir)
+    assert result.returncode == 0, result.stderr
+    assert "Hello!<|im_end|>" in result.stdout and "carries loss" in result.stdout
+
+
+def test_help_everywhere(workdir):
+    for args in (["--help"], ["run", "--help"], ["validate", "--help"], ["inspect", "--help"]):
+        result = run_cli(*args, cwd=workdir)
+        assert result.returncode == 0 and "Usage" in result.stdout, args
