@@ -65,7 +65,7 @@ class LeapConfigModel(StrictModel):
         default=None,
         description="`lfm2`, `lfm2.5`, `lfm2-v1`, `model` (the tokenizer's own) or a .jinja file; default: chosen from the model family.",
     )
-    dataset: DatasetConfig
+    dataset: DatasetConfig = Field(description="Where the training rows come from (keys below).")
     training_config: dict = Field(default_factory=dict, description="Any TRL / transformers training argument, plus `extends` and `loss_on`.")
     peft_config: dict | None = Field(default=None, description="LoRA options (any peft LoraConfig field), plus `extends` and `use_peft`.")
     output_dir: str | None = Field(default=None, description="Run folder; default outputs/{project_name}/{run_name}.")
