@@ -192,11 +192,18 @@ def _print_plan(console: Console, resolved: ResolvedConfig, prepared: PreparedDa
             steps = f"<= {steps} (packing merges rows)"
     action = f"resuming from {plan.resume_checkpoint}" if plan.resume_checkpoint else "new run"
     console.print(f"run: {plan.run_dir} ({action}); {len(prepared.train)} rows, {prepared.train_tokens:,} tokens, {steps} steps")
+    from leap_finetune.recipes.sft import training_arguments
+
+    args = training_arguments(resolved, run_dir=str(plan.run_dir), has_eval=bool(prepared.eval))
+    precision = "bf16 mixed precision" if args.get("bf16") else "fp16 mixed precision" if args.get("fp16") else "float32"
+    chosen = "set in training_config" if {"bf16", "fp16"} & set(resolved.training) else "chosen automatically"
+    console.print(f"device: {'cpu' if args.get('use_cpu') else 'gpu'}, {precision} ({chosen})")
 
 
 def _print_end(console: Console, summary: dict) -> None:
     if summary.get("stopped_early"):
-        console.print(f"[yellow]stopped at step {summary['global_step']}; resume with resume_from_checkpoint: latest[/yellow]")
+        console.print(f"[yellow]stopped at step {summary['global_step']} (checkpoint saved); continue with "
+                      "training_config.resume_from_checkpoint: latest[/yellow]")
         return
     parts = [f"done: {summary['global_step']} steps", f"train loss {summary['train_loss']:.4f}"]
     if summary.get("eval_loss") is not None:

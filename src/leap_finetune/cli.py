@@ -37,7 +37,9 @@ def run(config: Path = _config_arg()) -> None:
     """Validate the config and every dataset row, plan the run, and train."""
     from leap_finetune.api import run_config
 
-    run_config(config)
+    summary = run_config(config)
+    if summary.get("stopped_by_signal"):
+        raise typer.Exit(128 + summary["stopped_by_signal"])
 
 
 @app.command()
@@ -89,27 +91,23 @@ def main(argv: list[str] | None = None) -> None:
         args.insert(args.index(positional[0]), "run")
     debug = "--debug" in args
     os.environ.setdefault("TOKENIZERS_PARALLELISM", "false")
+    import click
+
     try:
-        app(args=args, prog_name="leap-finetune", standalone_mode=False)
+        code = app(args=args, prog_name="leap-finetune", standalone_mode=False)
     except LeapError as err:
         if debug:
             raise
         print(f"error: {err.format()}", file=sys.stderr)
         sys.exit(2)
-    except KeyboardInterrupt:
+    except (KeyboardInterrupt, click.exceptions.Abort):
         print("interrupted", file=sys.stderr)
         sys.exit(130)
-    except Exception as err:  # click's own usage errors
-        import click
-
-        if isinstance(err, click.exceptions.ClickException):
-            err.show()
-            sys.exit(2)
-        if isinstance(err, click.exceptions.Exit):
-            sys.exit(err.exit_code)
-        if isinstance(err, click.exceptions.Abort):
-            sys.exit(130)
-        raise
+    except click.exceptions.ClickException as err:  # usage errors: unknown option, missing argument
+        err.show()
+        sys.exit(2)
+    if isinstance(code, int) and code:  # standalone_mode=False returns typer.Exit's code
+        sys.exit(code)
 
 
 if __name__ == "__main__":

@@ -91,3 +91,67 @@ def test_help_everywhere(workdir):
     for args in (["--help"], ["run", "--help"], ["validate", "--help"], ["inspect", "--help"]):
         result = run_cli(*args, cwd=workdir)
         assert result.returncode == 0 and "Usage" in result.stdout, args
+
+
+def test_ctrl_c_saves_a_checkpoint_and_the_run_resumes_to_the_same_losses(workdir):
+    import signal
+    import subprocess
+    import sys
+    import time
+
+    from tests.conftest import fact_rows
+
+    write_jsonl(workdir / "train.jsonl", fact_rows(48))
+    base = {"max_steps": 300, "save_steps": 1000, "logging_steps": 1, "learning_rate": 1e-3}
+    reference = run_cli(str(write_config(workdir, tiny_config(project_name="ref", training_config=base), "ref.yaml")), cwd=workdir)
+    assert reference.returncode == 0, reference.stderr[-2000:]
+
+    config = write_config(workdir, tiny_config(project_name="int", training_config=base), "int.yaml")
+    env = {**__import__("os").environ, "HF_HUB_OFFLINE": "1"}
+    proc = subprocess.Popen([sys.executable, "-m", "leap_finetune.cli", str(config)], cwd=workdir, env=env,
+                            stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
+    deadline = time.time() + 120
+    metrics = None
+    while time.time() < deadline:
+        found = list((workdir / "outputs" / "int").glob("*/metrics.jsonl"))
+        if found and found[0].read_text().count('"loss"') >= 5:
+            metrics = found[0]
+            break
+        time.sleep(0.05)
+    assert metrics is not None, "training never started"
+    proc.send_signal(signal.SIGINT)
+    _, stderr = proc.communicate(timeout=120)
+    assert proc.returncode == 128 + signal.SIGINT, stderr[-2000:]
+    assert "checkpoint saved" in stderr and "Traceback" not in stderr
+    run_dir = metrics.parent
+    [checkpoint] = list(run_dir.glob("checkpoint-*"))
+    stopped_at = int(checkpoint.name.split("-")[1])
+    assert 5 <= stopped_at < 300 and (checkpoint / "leap_checkpoint_complete.json").exists()
+
+    resumed_config = write_config(workdir, tiny_config(project_name="int", training_config={**base, "resume_from_checkpoint": "latest"}), "res.yaml")
+    resumed = run_cli(str(resumed_config), cwd=workdir)
+    assert resumed.returncode == 0, resumed.stderr[-2000:]
+
+    def losses(path):
+        return {m["step"]: m["loss"] for m in map(json.loads, path.read_text().splitlines()) if "loss" in m}
+
+    expected = losses(next((workdir / "outputs" / "ref").glob("*/metrics.jsonl")))
+    got = losses(metrics)
+    assert sorted(got) == list(range(1, 301))
+    for step in (stopped_at, stopped_at + 1, stopped_at + 2, 300):
+        assert abs(got[step] - expected[step]) <= 1e-5 * max(1.0, abs(expected[step])), step
+
+
+def test_usage_errors_exit_2(workdir):
+    assert run_cli("inspect", cwd=workdir).returncode == 2
+    assert run_cli("validate", "x.yaml", "--bogus", cwd=workdir).returncode == 2
+    missing = run_cli("nothing.yaml", cwd=workdir)
+    assert missing.returncode == 2 and "config file not found" in missing.stderr
+
+
+def test_hub_model_offline_and_not_cached_is_a_clear_error(workdir):
+    write_jsonl(workdir / "train.jsonl", [chat("q", "a")])
+    result = run_cli("validate", str(write_config(workdir, tiny_config(model_name="LFM2-350M"))), cwd=workdir)
+    assert result.returncode == 2
+    assert "cannot load the tokenizer 'LiquidAI/LFM2-350M' (offline mode, and it is not in the Hugging Face cache)" in result.stderr
+    assert "Traceback" not in result.stderr

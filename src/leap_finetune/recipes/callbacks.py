@@ -118,3 +118,44 @@ def write_atomic(path: Path, text: str) -> None:
         handle.flush()
         os.fsync(handle.fileno())
     os.replace(tmp, path)
+
+
+class StopOnSignal(TrainerCallback):
+    """Ctrl-C or SIGTERM (a cluster pre-empting the job) finishes the current step, saves a
+    complete checkpoint and stops, so `resume_from_checkpoint: latest` continues from there.
+    A second signal exits at once."""
+
+    SIGNALS = ("SIGINT", "SIGTERM")
+
+    def __init__(self):
+        self.received: int | None = None
+        self._previous: dict = {}
+
+    def on_train_begin(self, args, state, control, **kwargs):
+        import signal
+        import threading
+
+        if threading.current_thread() is not threading.main_thread():
+            return
+        for name in self.SIGNALS:
+            signum = getattr(signal, name)
+            self._previous[signum] = signal.signal(signum, self._handle)
+
+    def _handle(self, signum, frame):
+        if self.received is not None:
+            raise KeyboardInterrupt
+        self.received = signum
+        print(f"\nsignal {signum} received: saving a checkpoint after this step, then stopping "
+              "(send it again to stop at once)", flush=True)
+
+    def on_step_end(self, args, state, control, **kwargs):
+        if self.received is not None:
+            control.should_save = True
+            control.should_training_stop = True
+
+    def on_train_end(self, args, state, control, **kwargs):
+        import signal
+
+        for signum, handler in self._previous.items():
+            signal.signal(signum, handler)
+        self._previous.clear()

@@ -12,7 +12,7 @@ import shutil
 from pathlib import Path
 
 from leap_finetune.config.resolved import ResolvedConfig
-from leap_finetune.recipes.callbacks import CheckpointMarker, MetricsLog, RichProgress, write_atomic
+from leap_finetune.recipes.callbacks import CheckpointMarker, MetricsLog, RichProgress, StopOnSignal, write_atomic
 
 PREPARED_DIR = "prepared"
 
@@ -104,6 +104,7 @@ def train(resolved_json: dict, callbacks: list | None = None) -> dict:
     if samples:
         _print_samples(console, "before training", model, tokenizer, samples)
 
+    stop_on_signal = StopOnSignal()
     trainer = SFTTrainer(
         model=model,
         args=args,
@@ -111,7 +112,8 @@ def train(resolved_json: dict, callbacks: list | None = None) -> dict:
         eval_dataset=eval_dataset,
         processing_class=tokenizer,
         peft_config=peft_config,
-        callbacks=[MetricsLog(run_dir / "metrics.jsonl"), CheckpointMarker(), RichProgress(console), *(callbacks or [])],
+        callbacks=[MetricsLog(run_dir / "metrics.jsonl"), CheckpointMarker(), RichProgress(console), stop_on_signal,
+                   *(callbacks or [])],
     )
     trainer.remove_callback(ProgressCallback)
     trainer.remove_callback(PrinterCallback)
@@ -127,6 +129,8 @@ def train(resolved_json: dict, callbacks: list | None = None) -> dict:
                "tokens_seen": trainer.state.num_input_tokens_seen}
     if trainer.state.global_step < trainer.state.max_steps:
         summary["stopped_early"] = True
+        summary["stopped_by_signal"] = stop_on_signal.received
+        write_atomic(run_dir / "summary.json", json.dumps(summary, indent=2))
         return summary
     if eval_dataset is not None:
         metrics = trainer.evaluate()
