@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import functools
 import json
 import os
 import sys
@@ -28,11 +29,28 @@ def _main(debug: bool = typer.Option(False, "--debug", help="Show full traceback
     _state["debug"] = debug
 
 
+def _user_errors(command):
+    """A LeapError is the user's to fix: one message, exit code 2, no traceback (unless --debug)."""
+
+    @functools.wraps(command)
+    def wrapper(*args, **kwargs):
+        try:
+            return command(*args, **kwargs)
+        except LeapError as err:
+            if _state["debug"]:
+                raise
+            print(f"error: {err.format()}", file=sys.stderr)
+            raise typer.Exit(2) from None
+
+    return wrapper
+
+
 def _config_arg():
     return typer.Argument(..., help="The YAML config file.", show_default=False)
 
 
 @app.command()
+@_user_errors
 def run(config: Path = _config_arg()) -> None:
     """Validate the config and every dataset row, plan the run, and train."""
     from leap_finetune.api import run_config
@@ -43,6 +61,7 @@ def run(config: Path = _config_arg()) -> None:
 
 
 @app.command()
+@_user_errors
 def validate(config: Path = _config_arg()) -> None:
     """Check the config and EVERY dataset row; no model is loaded, nothing is trained.
 
@@ -54,6 +73,7 @@ def validate(config: Path = _config_arg()) -> None:
 
 
 @app.command()
+@_user_errors
 def inspect(
     config: Path = _config_arg(),
     rows: int = typer.Option(3, "--rows", "-n", min=1, help="How many training rows to show."),
@@ -89,25 +109,8 @@ def main(argv: list[str] | None = None) -> None:
     positional = [a for a in args if not a.startswith("-")]
     if positional and positional[0] not in SUBCOMMANDS:
         args.insert(args.index(positional[0]), "run")
-    debug = "--debug" in args
     os.environ.setdefault("TOKENIZERS_PARALLELISM", "false")
-    import click
-
-    try:
-        code = app(args=args, prog_name="leap-finetune", standalone_mode=False)
-    except LeapError as err:
-        if debug:
-            raise
-        print(f"error: {err.format()}", file=sys.stderr)
-        sys.exit(2)
-    except (KeyboardInterrupt, click.exceptions.Abort):
-        print("interrupted", file=sys.stderr)
-        sys.exit(130)
-    except click.exceptions.ClickException as err:  # usage errors: unknown option, missing argument
-        err.show()
-        sys.exit(2)
-    if isinstance(code, int) and code:  # standalone_mode=False returns typer.Exit's code
-        sys.exit(code)
+    app(args=args, prog_name="leap-finetune")  # click exits: 0, 2 for usage errors, or a command's code
 
 
 if __name__ == "__main__":
