@@ -27,7 +27,7 @@ class DatasetConfig(StrictModel):
         default=None,
         description="Row format; defaults to the training type (`sft`: rows with a `messages` list).",
     )
-    limit: int | None = Field(default=None, gt=0, description="Use only the first N rows (all of them are validated).")
+    limit: int | None = Field(default=None, gt=0, description="Use only the first N rows of `path` (those rows are the dataset: each is validated).")
     test_size: float | None = Field(
         default=None,
         gt=0,
