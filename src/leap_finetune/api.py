@@ -134,7 +134,7 @@ def _write_run_folder(resolved: ResolvedConfig, prepared: PreparedData, renderer
     for name, rows in (("train", prepared.train), ("eval", prepared.eval)):
         if rows:
             Dataset.from_dict({"input_ids": [r.input_ids for r in rows], "labels": [r.labels for r in rows]}).save_to_disk(str(data / name))
-    (data / "samples.json").write_text(json.dumps(_samples(resolved, renderer)), encoding="utf-8")
+    (data / "samples.json").write_text(json.dumps(_samples(prepared, renderer)), encoding="utf-8")
     if prepared.dropped:
         with (staging / "dropped_rows.jsonl").open("w", encoding="utf-8") as handle:
             for row in prepared.dropped:
@@ -157,22 +157,14 @@ def _write_run_folder(resolved: ResolvedConfig, prepared: PreparedData, renderer
         shutil.rmtree(staging)
 
 
-def _samples(resolved: ResolvedConfig, renderer) -> list[dict]:
-    """Held-out prompts (eval rows, else training rows) whose answers are printed before and after training."""
-    if not resolved.samples:
-        return []
-    from leap_finetune.data.prepare import validate_rows
-
-    source = resolved.dataset.val_path or resolved.dataset.path
-    rows, _, _ = validate_rows(source, resolved, limit=None)
-    if not resolved.dataset.val_path and resolved.dataset.test_size:
-        from leap_finetune.data.prepare import _split
-
-        rows = _split(rows, resolved.dataset.test_size, resolved.training.get("seed", 42))[1]
+def _samples(prepared: PreparedData, renderer) -> list[dict]:
+    """Prompts whose answers the worker prints before and after training."""
     samples = []
-    for row in rows[: resolved.samples]:
-        messages = row.messages
-        last = max(i for i, m in enumerate(messages) if m["role"] == "assistant")
+    for messages in prepared.sample_messages:
+        answers = [i for i, m in enumerate(messages) if m["role"] == "assistant"]
+        if not answers:
+            continue
+        last = answers[-1]
         prompt_messages = messages[:last]
         samples.append({
             "prompt": renderer.prompt_text(prompt_messages),

@@ -72,10 +72,7 @@ def render_reference() -> str:
         "`use_cpu` (on without a GPU), `eval_strategy` (`steps` when there is an eval split).",
         "",
     ]
-    for name, values in profiles.TRAINING_PROFILES.items():
-        out += [f"### `{name}`", "", "| key | value |", "| --- | --- |"]
-        out += [f"| `{k}` | `{v!r}` |" for k, v in values.items()]
-        out.append("")
+    out += _profile_tables(profiles.TRAINING_PROFILES)
     out += [
         "## `peft_config`",
         "",
@@ -83,8 +80,14 @@ def render_reference() -> str:
         "`LoraConfig` can be set; `extends` picks the profile.",
         "",
     ]
-    for name, values in profiles.PEFT_PROFILES.items():
-        out += [f"### `{name}`", "", "| key | value |", "| --- | --- |"]
-        out += [f"| `{k}` | `{v!r}` |" for k, v in values.items()]
-        out.append("")
+    out += _profile_tables(profiles.PEFT_PROFILES)
     return "\n".join(out)
+
+
+def _profile_tables(named_profiles: dict[str, dict]) -> list[str]:
+    lines = []
+    for name, values in named_profiles.items():
+        lines += [f"### `{name}`", "", "| key | value |", "| --- | --- |"]
+        lines += [f"| `{k}` | `{v!r}` |" for k, v in values.items()]
+        lines.append("")
+    return lines

@@ -37,6 +37,9 @@ class PreparedData:
     invalid_skipped: int = 0
     fully_truncated: int = 0
     partially_truncated: int = 0
+    # messages of the first `samples` held-out rows (training rows when nothing is held out), for
+    # the answers printed before and after training
+    sample_messages: list[list[dict]] = field(default_factory=list)
 
     @property
     def train_tokens(self) -> int:
@@ -100,7 +103,8 @@ def prepare_sft_data(resolved: ResolvedConfig, tokenizer, renderer: Renderer) ->
     if not ds.val_path and ds.test_size:
         train_rows, eval_rows = _split(train_rows, ds.test_size, resolved.training.get("seed", 42))
 
-    prepared = PreparedData(train=[], eval=[], rows_read=read, dropped=dropped, invalid_skipped=invalid_skipped)
+    prepared = PreparedData(train=[], eval=[], rows_read=read, dropped=dropped, invalid_skipped=invalid_skipped,
+                            sample_messages=[r.messages for r in (eval_rows or train_rows)[: resolved.samples]])
     for split_rows, target in ((train_rows, prepared.train), (eval_rows, prepared.eval)):
         for row in split_rows:
             tokenized = renderer.tokenize(row.messages)

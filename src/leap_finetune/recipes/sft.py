@@ -133,8 +133,10 @@ def train(resolved_json: dict, callbacks: list | None = None) -> dict:
         write_atomic(run_dir / "summary.json", json.dumps(summary, indent=2))
         return summary
     if eval_dataset is not None:
-        metrics = trainer.evaluate()
-        summary["eval_loss"] = metrics.get("eval_loss")
+        last = next((e for e in reversed(trainer.state.log_history) if "eval_loss" in e), None)
+        if last is None or last.get("step") != trainer.state.global_step:  # not evaluated at the last step yet
+            last = trainer.evaluate()
+        summary["eval_loss"] = float(last["eval_loss"])
         summary["initial_eval_loss"] = baseline_eval_loss
 
     # Save: the model (merged for LoRA, plus the adapter) loadable with from_pretrained.
