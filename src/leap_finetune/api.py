@@ -160,16 +160,19 @@ def _write_run_folder(resolved: ResolvedConfig, prepared: PreparedData, renderer
 def _samples(prepared: PreparedData, renderer) -> list[dict]:
     """Prompts whose answers the worker prints before and after training."""
     samples = []
-    for messages in prepared.sample_messages:
+    for conversation in prepared.sample_messages:
+        messages = conversation.messages
         answers = [i for i, m in enumerate(messages) if m["role"] == "assistant"]
         if not answers:
             continue
-        last = answers[-1]
-        prompt_messages = messages[:last]
+        # A tool-use conversation is best judged on its first tool call; others on the final answer.
+        calls = [i for i in answers if "<|tool_call_start|>" in messages[i]["content"]]
+        target = calls[0] if calls else answers[-1]
+        users = [m for m in messages[:target] if m["role"] == "user"]
         samples.append({
-            "prompt": renderer.prompt_text(prompt_messages),
-            "question": prompt_messages[-1]["content"] if prompt_messages else "",
-            "reference": messages[last]["content"],
+            "prompt": renderer.prompt_text(messages[:target], conversation.tools),
+            "question": users[-1]["content"] if users else "",
+            "reference": messages[target]["content"],
         })
     return samples
 

@@ -55,7 +55,7 @@ def test_config_mistakes_exit_2_without_traceback_and_write_nothing(workdir):
 def test_inspect_json_matches_the_official_templates(workdir):
     rows = [
         {"messages": [
-            {"role": "system", "content": "List of tools: <|tool_list_start|>[{\"name\": \"get_weather\"}]<|tool_list_end|>"},
+            {"role": "system", "content": "You may call get_weather."},  # tool lists: tests/e2e/test_tool_calling.py
             {"role": "user", "content": "Weather in Boston?"},
             {"role": "assistant", "content": "<|tool_call_start|>[get_weather(location=\"Boston\")]<|tool_call_end|>"},
             {"role": "tool", "content": "{\"temperature\": 72}"},

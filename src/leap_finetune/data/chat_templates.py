@@ -96,6 +96,14 @@ def _training_variant(text: str, tokenizer) -> str | None:
         return None
 
 
+def render_family(chat_template: str, model_family: str) -> str:
+    """The LFM family whose conventions the rendered text follows: the chosen built-in template's,
+    else the model's."""
+    if chat_template in BUILTIN_TEMPLATES:
+        return "lfm2.5" if chat_template == "lfm2.5" else "lfm2"
+    return model_family
+
+
 def family_of_template(text: str | None) -> str | None:
     """Which LFM family a template file belongs to (used to recognise fine-tuned checkpoints)."""
     if not text:

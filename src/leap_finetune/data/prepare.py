@@ -14,7 +14,8 @@ from dataclasses import dataclass, field
 from leap_finetune.config.resolved import ResolvedConfig
 from leap_finetune.data.readers import SourceRow, read_dataset
 from leap_finetune.data.render import Renderer, TokenizedRow
-from leap_finetune.data.sft_rows import check_sft_row
+from leap_finetune.data.chat_templates import render_family
+from leap_finetune.data.sft_rows import Conversation, RowWarning, check_sft_row
 from leap_finetune.errors import DataError, LeapError, RowProblem
 
 
@@ -39,7 +40,8 @@ class PreparedData:
     partially_truncated: int = 0
     # messages of the first `samples` held-out rows (training rows when nothing is held out), for
     # the answers printed before and after training
-    sample_messages: list[list[dict]] = field(default_factory=list)
+    sample_messages: list[Conversation] = field(default_factory=list)
+    warnings: list[RowWarning] = field(default_factory=list)
 
     @property
     def train_tokens(self) -> int:
@@ -53,23 +55,30 @@ class PreparedData:
 @dataclass
 class _ValidRow:
     source: SourceRow
-    messages: list[dict]
+    conversation: Conversation
 
 
-def validate_rows(path: str, resolved: ResolvedConfig, *, limit: int | None) -> tuple[list[_ValidRow], list[RowProblem], int]:
-    """Every row of one dataset source: (valid rows, problems, rows read)."""
+def validate_rows(
+    path: str, resolved: ResolvedConfig, *, limit: int | None
+) -> tuple[list[_ValidRow], list[RowProblem], list[RowWarning], int]:
+    """Every row of one dataset source: (valid rows, problems, warnings, rows read)."""
     ds = resolved.dataset
     result = read_dataset(path, split=ds.split, subset=ds.subset, limit=limit)
     problems = list(result.problems)
+    warnings: list[RowWarning] = []
+    family = render_family(resolved.chat_template, resolved.model_family)
     valid = []
     for row in result.rows:
-        messages, row_problems = check_sft_row(row, needs_assistant=resolved.loss_on != "all")
+        conversation, row_problems, row_warnings = check_sft_row(
+            row, needs_assistant=resolved.loss_on != "all", family=family
+        )
+        warnings.extend(row_warnings)
         if row_problems:
             problems.extend(row_problems)
         else:
-            valid.append(_ValidRow(row, messages))
+            valid.append(_ValidRow(row, conversation))
     problems.sort(key=lambda p: (p.file, _position(p.location)))
-    return valid, problems, len(result.rows) + len(result.problems)
+    return valid, problems, warnings, len(result.rows) + len(result.problems)
 
 
 def _position(location: str) -> int:
@@ -79,11 +88,12 @@ def _position(location: str) -> int:
 
 def prepare_sft_data(resolved: ResolvedConfig, tokenizer, renderer: Renderer) -> PreparedData:
     ds = resolved.dataset
-    train_rows, problems, read = validate_rows(ds.path, resolved, limit=ds.limit)
+    train_rows, problems, warnings, read = validate_rows(ds.path, resolved, limit=ds.limit)
     eval_rows: list[_ValidRow] = []
     if ds.val_path:
-        eval_rows, eval_problems, eval_read = validate_rows(ds.val_path, resolved, limit=None)
+        eval_rows, eval_problems, eval_warnings, eval_read = validate_rows(ds.val_path, resolved, limit=None)
         problems += eval_problems
+        warnings += eval_warnings
         read += eval_read
     dropped: list[DroppedRow] = []
     if problems:
@@ -104,10 +114,11 @@ def prepare_sft_data(resolved: ResolvedConfig, tokenizer, renderer: Renderer) ->
         train_rows, eval_rows = _split(train_rows, ds.test_size, resolved.training.get("seed", 42))
 
     prepared = PreparedData(train=[], eval=[], rows_read=read, dropped=dropped, invalid_skipped=invalid_skipped,
-                            sample_messages=[r.messages for r in (eval_rows or train_rows)[: resolved.samples]])
+                            sample_messages=[r.conversation for r in (eval_rows or train_rows)[: resolved.samples]],
+                            warnings=warnings)
     for split_rows, target in ((train_rows, prepared.train), (eval_rows, prepared.eval)):
         for row in split_rows:
-            tokenized = renderer.tokenize(row.messages)
+            tokenized = renderer.tokenize(row.conversation.messages, row.conversation.tools)
             tokenized.meta = {"file": row.source.file, "location": row.source.location}
             if tokenized.trained_tokens == 0:
                 prepared.fully_truncated += 1

@@ -57,17 +57,18 @@ class Renderer:
             "pad_token": tokenizer.pad_token or "",
         }
 
-    def render(self, messages: list[dict], add_generation_prompt: bool = False) -> tuple[str, list[tuple[int, int]]]:
+    def render(self, messages: list[dict], tools: list | None = None,
+               add_generation_prompt: bool = False) -> tuple[str, list[tuple[int, int]]]:
         """The rendered text and the character spans the assistant produces."""
         if self.loss_on == "all" or add_generation_prompt:
             rendered, _ = render_jinja_template(
-                conversations=[messages], chat_template=self.template.text,
+                conversations=[messages], tools=tools, chat_template=self.template.text,
                 add_generation_prompt=add_generation_prompt, **self._special,
             )
             text = rendered[0]
             return text, ([(0, len(text))] if self.loss_on == "all" else [])
         rendered, indices = render_jinja_template(
-            conversations=[messages], chat_template=self.template.training,
+            conversations=[messages], tools=tools, chat_template=self.template.training,
             return_assistant_tokens_mask=True, **self._special,
         )
         text = rendered[0]
@@ -84,15 +85,16 @@ class Renderer:
             end -= 1
         return start, end
 
-    def prompt_text(self, messages: list[dict]) -> str:
+    def prompt_text(self, messages: list[dict], tools: list | None = None) -> str:
         """The conversation up to the generation prompt, as the model sees it at inference."""
         rendered, _ = render_jinja_template(
-            conversations=[messages], chat_template=self.template.text, add_generation_prompt=True, **self._special
+            conversations=[messages], tools=tools, chat_template=self.template.text, add_generation_prompt=True,
+            **self._special,
         )
         return rendered[0]
 
-    def tokenize(self, messages: list[dict]) -> TokenizedRow:
-        text, spans = self.render(messages)
+    def tokenize(self, messages: list[dict], tools: list | None = None) -> TokenizedRow:
+        text, spans = self.render(messages, tools)
         encoding = self.tokenizer(text, add_special_tokens=False, return_offsets_mapping=True)
         ids, offsets = encoding["input_ids"], encoding["offset_mapping"]
         trained = [_overlaps(start, end, spans) for start, end in offsets]

@@ -9,10 +9,12 @@ JSON-dump verbatim into the prompt).
 from __future__ import annotations
 
 import json
+from dataclasses import dataclass
 from typing import Any
 
 from leap_finetune.config.suggest import did_you_mean
 from leap_finetune.data.readers import SourceRow
+from leap_finetune.data.tool_use import ToolNote, normalise_tool_use
 from leap_finetune.errors import RowProblem
 
 MESSAGE_COLUMNS = ("messages", "conversations", "conversation", "chat")
@@ -21,11 +23,34 @@ SHAREGPT_ROLES = {"human": "user", "gpt": "assistant", "system": "system", "tool
 # Passed through to the chat template: LFM2.5 reads `thinking`; structured tool calls are rendered
 # by both LFM templates.
 EXTRA_MESSAGE_KEYS = ("tool_calls", "name", "tool_call_id", "thinking", "reasoning", "reasoning_content")
+TOOLS_COLUMN = "tools"
 
 
-def check_sft_row(row: SourceRow, *, needs_assistant: bool = True) -> tuple[list[dict] | None, list[RowProblem]]:
-    """Return (normalised messages, []) for a valid row, or (None, problems)."""
+@dataclass
+class Conversation:
+    """A validated, normalised row: what the chat template renders."""
+
+    messages: list[dict]
+    tools: list | None = None  # tool definitions, rendered into the system prompt by the template
+
+
+@dataclass(frozen=True)
+class RowWarning:
+    file: str
+    location: str
+    kind: str  # a key of tool_use.WARNINGS
+    field: str
+
+
+def check_sft_row(
+    row: SourceRow, *, needs_assistant: bool = True, family: str = "other"
+) -> tuple[Conversation | None, list[RowProblem], list[RowWarning]]:
+    """Return (conversation, [], warnings) for a valid row, or (None, problems, warnings)."""
     problems: list[RowProblem] = []
+    warnings: list[RowWarning] = []
+
+    def note(tool_note: ToolNote) -> None:
+        warnings.append(RowWarning(row.file, row.location, tool_note.kind, tool_note.field))
 
     def problem(field: str, text: str) -> None:
         problems.append(RowProblem(row.file, row.location, field, text))
@@ -33,16 +58,16 @@ def check_sft_row(row: SourceRow, *, needs_assistant: bool = True) -> tuple[list
     data = row.data
     if not isinstance(data, dict):
         problem("<row>", f"expected an object with a 'messages' list, got {_kind(data)}")
-        return None, problems
+        return None, problems, warnings
     present = [c for c in MESSAGE_COLUMNS if c in data]
     if not present:
         columns = ", ".join(map(str, data)) or "none"
         hint = did_you_mean(next(iter(data), ""), MESSAGE_COLUMNS) if len(data) == 1 else ""
         problem("messages", f"missing: the row has no 'messages' list (columns found: {columns}) {hint}".rstrip())
-        return None, problems
+        return None, problems, warnings
     if len(present) > 1:
         problem(present[1], f"the row has both '{present[0]}' and '{present[1]}'; keep one")
-        return None, problems
+        return None, problems, warnings
     column = present[0]
     messages = data[column]
     if row.from_text_table and isinstance(messages, str):
@@ -50,13 +75,13 @@ def check_sft_row(row: SourceRow, *, needs_assistant: bool = True) -> tuple[list
             messages = json.loads(messages)
         except json.JSONDecodeError as err:
             problem(column, f"expected JSON text holding a list of messages ({err.msg} at column {err.colno})")
-            return None, problems
+            return None, problems, warnings
     if not isinstance(messages, list):
         problem(column, f"expected a list of messages, got {_kind(messages)}")
-        return None, problems
+        return None, problems, warnings
     if not messages:
         problem(column, "the list of messages is empty")
-        return None, problems
+        return None, problems, warnings
 
     normalised = []
     for index, message in enumerate(messages):
@@ -64,13 +89,48 @@ def check_sft_row(row: SourceRow, *, needs_assistant: bool = True) -> tuple[list
         turn = _check_message(message, field, problem)
         if turn is not None:
             normalised.append(turn)
+    tools = _check_tools(data.get(TOOLS_COLUMN), row.from_text_table, problem)
     if problems:
-        return None, problems
+        return None, problems, warnings
     if needs_assistant and not any(m["role"] == "assistant" for m in normalised):
         problem(column, "no assistant message: with loss on assistant tokens this row would train on nothing "
                 "(add the assistant's answer, or set training_config.loss_on: all)")
-        return None, problems
-    return normalised, []
+        return None, problems, warnings
+    normalised = normalise_tool_use(normalised, tools, family, column, problem, note)
+    if problems:
+        return None, problems, warnings
+    return Conversation(normalised, tools), [], warnings
+
+
+def _check_tools(tools: Any, from_text_table: bool, problem) -> list | None:
+    """The optional `tools` column: a list of tool definitions (JSON schemas), or its JSON text in CSV."""
+    if tools is None or tools == "" or tools == []:
+        return None
+    if isinstance(tools, str) and from_text_table:
+        try:
+            tools = json.loads(tools)
+        except json.JSONDecodeError as err:
+            problem(TOOLS_COLUMN, f"expected JSON text holding a list of tool definitions ({err.msg})")
+            return None
+    if not isinstance(tools, list):
+        problem(TOOLS_COLUMN, f"expected a list of tool definitions (JSON schemas), got {_kind(tools)}")
+        return None
+    parsed = []
+    for index, tool in enumerate(tools):
+        if isinstance(tool, str):
+            try:
+                tool = json.loads(tool)
+            except json.JSONDecodeError:
+                problem(f"{TOOLS_COLUMN}[{index}]", "a string that is not a JSON tool definition")
+                return None
+        function = tool.get("function", tool) if isinstance(tool, dict) else None
+        if not isinstance(function, dict) or not isinstance(function.get("name"), str):
+            problem(f"{TOOLS_COLUMN}[{index}]", "expected a tool definition with a 'name' "
+                    "(e.g. {\"name\": \"get_weather\", \"parameters\": {...}} or OpenAI's "
+                    "{\"type\": \"function\", \"function\": {...}})")
+            return None
+        parsed.append(tool)
+    return parsed
 
 
 def _check_message(message: Any, field: str, problem) -> dict | None:

@@ -3,10 +3,12 @@
 from __future__ import annotations
 
 from rich.console import Console
+from rich.markup import escape
 from rich.table import Table
 
 from leap_finetune.config.resolved import ResolvedConfig
 from leap_finetune.data.prepare import PreparedData
+from leap_finetune.data.tool_use import WARNINGS
 
 
 def config_table(resolved: ResolvedConfig) -> Table:
@@ -35,18 +37,26 @@ def data_report(console: Console, prepared: PreparedData, max_listed: int = 5) -
         f"data: {prepared.rows_read} rows read -> {len(prepared.train)} train, {len(prepared.eval)} eval; "
         f"{prepared.train_tokens:,} train tokens, {prepared.trained_tokens:,} carry loss"
     )
+    by_kind: dict[str, list] = {}
+    for warning in prepared.warnings:
+        by_kind.setdefault(warning.kind, []).append(warning)
+    for kind, items in by_kind.items():
+        rows = len({(w.file, w.location) for w in items})
+        examples = ", ".join(f"{w.location} ({w.field})" for w in items[:3])
+        colour = "dim" if kind == "converted_tool_calls" else "yellow"
+        console.print(f"[{colour}]{escape(WARNINGS[kind])}: {rows} row(s), e.g. {escape(items[0].file)} {escape(examples)}[/{colour}]")
     if prepared.invalid_skipped:
         console.print(f"[yellow]skipped {prepared.invalid_skipped} invalid row(s) (dataset.on_invalid: skip):[/yellow]")
         for row in prepared.dropped[:max_listed]:
             if "max_length" not in row.reason:
-                console.print(f"  - {row.file}, {row.location}: {row.reason}")
+                console.print(f"  - {row.file}, {row.location}: {row.reason}", markup=False)
     if prepared.fully_truncated:
         console.print(
             f"[yellow]dropped {prepared.fully_truncated} row(s) whose assistant tokens are all beyond max_length "
             "(raise training_config.max_length to keep them):[/yellow]"
         )
         for row in [r for r in prepared.dropped if "max_length" in r.reason][:max_listed]:
-            console.print(f"  - {row.file}, {row.location}: {row.reason}")
+            console.print(f"  - {row.file}, {row.location}: {row.reason}", markup=False)
     if prepared.partially_truncated:
         console.print(
             f"[yellow]{prepared.partially_truncated} row(s) lose some trained tokens to max_length truncation[/yellow]"

@@ -187,10 +187,15 @@ def _print_samples(console, when: str, model, tokenizer, samples: list[dict]) ->
     for sample in samples:
         ids = tokenizer(sample["prompt"], add_special_tokens=False, return_tensors="pt")["input_ids"].to(device)
         with torch.no_grad():
-            out = model.generate(ids, max_new_tokens=sample.get("max_new_tokens", 32), do_sample=False,
+            out = model.generate(ids, max_new_tokens=sample.get("max_new_tokens", 64), do_sample=False,
                                  eos_token_id=tokenizer.eos_token_id, pad_token_id=tokenizer.pad_token_id,
                                  use_cache=True)
-        answer = tokenizer.decode(out[0, ids.shape[1]:], skip_special_tokens=True).strip()
-        console.print(f"  Q: {sample['question']}\n     model: {answer!r}   expected: {sample['reference']!r}")
+        # Special tokens stay visible (tool-call markers are part of the answer); generation stops at eos.
+        new = out[0, ids.shape[1]:].tolist()
+        if tokenizer.eos_token_id in new:
+            new = new[: new.index(tokenizer.eos_token_id)]
+        answer = tokenizer.decode([t for t in new if t != tokenizer.pad_token_id]).strip()
+        console.print(f"  Q: {sample['question']}\n     model: {answer!r}   expected: {sample['reference']!r}",
+                      markup=False, highlight=False)
     if was_training:
         model.train()

@@ -1,0 +1,1 @@
+"""Rewards and judges for RL training."""
