@@ -174,3 +174,12 @@ def test_tools_column_from_csv_json_text():
            "tools": json.dumps([{"name": "get_weather", "parameters": {}}])}
     conversation, problems, _ = check_sft_row(SourceRow("d.csv", "row 1 (line 2)", row, from_text_table=True), family="lfm2")
     assert problems == [] and conversation.tools == [{"name": "get_weather", "parameters": {}}]
+
+
+def test_every_warning_is_explained_in_the_readme():
+    from leap_finetune.data.tool_use import WARNINGS
+    from tests.conftest import REPO
+
+    readme = (REPO / "README.md").read_text()
+    for kind in WARNINGS:
+        assert f"`{kind}`" in readme, kind

@@ -43,8 +43,9 @@ def data_report(console: Console, prepared: PreparedData, max_listed: int = 5) -
     for kind, items in by_kind.items():
         rows = len({(w.file, w.location) for w in items})
         examples = ", ".join(f"{w.location} ({w.field})" for w in items[:3])
-        colour = "dim" if kind == "converted_tool_calls" else "yellow"
-        console.print(f"[{colour}]{escape(WARNINGS[kind])}: {rows} row(s), e.g. {escape(items[0].file)} {escape(examples)}[/{colour}]")
+        label, colour = ("note", "dim") if kind == "converted_tool_calls" else ("warning", "yellow")
+        console.print(f"[{colour}]{label} ({kind}): {escape(WARNINGS[kind])}: {rows} row(s), "
+                      f"e.g. {escape(items[0].file)} {escape(examples)}[/{colour}]")
     if prepared.invalid_skipped:
         console.print(f"[yellow]skipped {prepared.invalid_skipped} invalid row(s) (dataset.on_invalid: skip):[/yellow]")
         for row in prepared.dropped[:max_listed]:
