@@ -17,7 +17,7 @@ from rich.console import Console
 from leap_finetune.config.loader import load_config
 from leap_finetune.config.resolved import ResolvedConfig
 from leap_finetune.config.yaml_io import dump_yaml
-from leap_finetune.data.prepare import PreparedData, prepare_sft_data
+from leap_finetune.data.prepare import PreparedData, prepare_data
 from leap_finetune.errors import LeapError
 from leap_finetune.launch.plan import plan_run
 from leap_finetune.launch.report import config_table, data_report
@@ -40,22 +40,26 @@ def _prepare(resolved: ResolvedConfig):
 
     tokenizer = load_tokenizer(resolved.model_id)
     template = load_chat_template(resolved.chat_template, tokenizer)
+    # DPO / KTO split prompt from completion themselves and need no generation markers.
+    loss_on = resolved.loss_on if resolved.training_type == "sft" else "all"
     renderer = Renderer(
-        tokenizer, template, resolved.loss_on, resolved.training.get("max_length"),
+        tokenizer, template, loss_on, resolved.training.get("max_length"),
         resolved.training.get("truncation_mode", "keep_start"),
     )
-    return tokenizer, renderer, prepare_sft_data(resolved, tokenizer, renderer)
+    return tokenizer, renderer, prepare_data(resolved, tokenizer, renderer)
 
 
 def _check_training_arguments(resolved: ResolvedConfig, has_eval: bool) -> None:
     """Build the trainer's config once, so a bad value fails now, not after the model loads."""
-    from leap_finetune.recipes.sft import build_sft_config, training_arguments
+    from leap_finetune.recipes import recipe
 
+    module = recipe(resolved.training_type)
+    config_cls = module.config_class()
     try:
-        build_sft_config(training_arguments(resolved, run_dir=os.devnull, has_eval=has_eval))
+        config_cls(**module.training_arguments(resolved, run_dir=os.devnull, has_eval=has_eval))
     except (ValueError, TypeError) as err:
-        raise LeapError(f"a value is not valid for TRL's SFTConfig: {err}", where="training_config",
-                        fix="see docs/config.md and TRL's SFTConfig documentation") from None
+        raise LeapError(f"a value is not valid for TRL's {config_cls.__name__}: {err}", where="training_config",
+                        fix=f"see docs/config.md and TRL's {config_cls.__name__} documentation") from None
 
 
 def validate_config(source, *, console: Console | None = None) -> PreparedData:
@@ -74,16 +78,10 @@ def inspect_config(source, *, rows: int = 5) -> list[dict]:
     whose tokens carry loss."""
     resolved = _config(source)
     _, _, prepared = _prepare(resolved)
-    out = []
-    for index, row in enumerate(prepared.train[:rows]):
-        item = {"row": index, "text": row.text, "trained_spans": [list(span) for span in row.trained_spans]}
-        item["source"] = row.meta
-        item["tokens"] = len(row.input_ids)
-        item["trained_tokens"] = row.trained_tokens
-        if row.truncated_at is not None:
-            item["truncated_at"] = row.truncated_at
-        out.append(item)
-    return out
+    return [
+        {"row": index, **row.inspect(), "source": row.meta, "tokens": row.tokens, "trained_tokens": row.trained_tokens}
+        for index, row in enumerate(prepared.train[:rows])
+    ]
 
 
 def run_config(source, *, console: Console | None = None, callbacks: list | None = None,
@@ -104,9 +102,9 @@ def run_config(source, *, console: Console | None = None, callbacks: list | None
     _write_run_folder(resolved, prepared, renderer, plan.new_run)
     _print_plan(console, resolved, prepared, plan)
 
-    from leap_finetune.recipes.sft import train
+    from leap_finetune.recipes import recipe
 
-    summary = train(json.loads(json.dumps(resolved.to_json_dict())), callbacks=callbacks)
+    summary = recipe(resolved.training_type).train(json.loads(json.dumps(resolved.to_json_dict())), callbacks=callbacks)
     summary["run_dir"] = str(plan.run_dir)
     _print_end(console, summary)
     return summary
@@ -117,11 +115,9 @@ def _write_run_folder(resolved: ResolvedConfig, prepared: PreparedData, renderer
     failure here leaves no half-written run folder."""
     from datasets import Dataset
 
-    from leap_finetune.recipes.sft import quiet_libraries
+    from leap_finetune.recipes.common import PREPARED_DIR, quiet_libraries
 
     quiet_libraries()
-    from leap_finetune.recipes.sft import PREPARED_DIR
-
     run_dir = Path(resolved.run_dir)
     staging = run_dir.with_name(f".{run_dir.name}.staging")
     if staging.exists():
@@ -133,7 +129,7 @@ def _write_run_folder(resolved: ResolvedConfig, prepared: PreparedData, renderer
     data = staging / PREPARED_DIR
     for name, rows in (("train", prepared.train), ("eval", prepared.eval)):
         if rows:
-            Dataset.from_dict({"input_ids": [r.input_ids for r in rows], "labels": [r.labels for r in rows]}).save_to_disk(str(data / name))
+            Dataset.from_list([r.columns() for r in rows]).save_to_disk(str(data / name))
     (data / "samples.json").write_text(json.dumps(_samples(prepared, renderer)), encoding="utf-8")
     if prepared.dropped:
         with (staging / "dropped_rows.jsonl").open("w", encoding="utf-8") as handle:
@@ -187,9 +183,9 @@ def _print_plan(console: Console, resolved: ResolvedConfig, prepared: PreparedDa
             steps = f"<= {steps} (packing merges rows)"
     action = f"resuming from {plan.resume_checkpoint}" if plan.resume_checkpoint else "new run"
     console.print(f"run: {plan.run_dir} ({action}); {len(prepared.train)} rows, {prepared.train_tokens:,} tokens, {steps} steps")
-    from leap_finetune.recipes.sft import training_arguments
+    from leap_finetune.recipes import recipe
 
-    args = training_arguments(resolved, run_dir=str(plan.run_dir), has_eval=bool(prepared.eval))
+    args = recipe(resolved.training_type).training_arguments(resolved, run_dir=str(plan.run_dir), has_eval=bool(prepared.eval))
     precision = "bf16 mixed precision" if args.get("bf16") else "fp16 mixed precision" if args.get("fp16") else "float32"
     chosen = "set in training_config" if {"bf16", "fp16"} & set(resolved.training) else "chosen automatically"
     console.print(f"device: {'cpu' if args.get('use_cpu') else 'gpu'}, {precision} ({chosen})")

@@ -21,6 +21,7 @@ app = typer.Typer(
     "`leap-finetune CONFIG.yaml` is the same as `leap-finetune run CONFIG.yaml`.",
 )
 SUBCOMMANDS = {"run", "validate", "inspect"}
+TRAINED_STYLE = "bold green on grey15"
 _state = {"debug": False}
 
 
@@ -93,14 +94,26 @@ def inspect(
     for item in items:
         console.rule(f"row {item['row']}  ({item['source']['file']}, {item['source']['location']}; "
                      f"{item['tokens']} tokens, {item['trained_tokens']} trained)")
-        text = Text(item["text"])
-        for start, end in item["trained_spans"]:
-            text.stylize("bold green on grey15", start, end)
-        if item.get("truncated_at") is not None:
-            text.stylize("strike dim", item["truncated_at"], len(item["text"]))
-        console.print(text)
-    console.print("[bold green on grey15]highlighted[/] text carries loss" + (
-        "; [strike dim]struck-through[/] text is cut by max_length" if any("truncated_at" in i for i in items) else ""))
+        if "text" in item:  # sft: one conversation, trained spans highlighted
+            text = Text(item["text"])
+            for start, end in item["trained_spans"]:
+                text.stylize(TRAINED_STYLE, start, end)
+            if item.get("truncated_at") is not None:
+                text.stylize("strike dim", item["truncated_at"], len(item["text"]))
+            console.print(text)
+            continue
+        # dpo / kto: the prompt, then each completion (all of a completion is trained)
+        console.print(Text("prompt" + (" (shared by chosen and rejected)" if item.get("implicit_prompt") else ""),
+                           style="bold"))
+        console.print(Text(item["prompt"]))
+        for name in ("chosen", "rejected", "completion"):
+            if name in item:
+                label = f" (label: {'desirable' if item['label'] else 'undesirable'})" if "label" in item else ""
+                console.print(Text(f"{name}{label}", style="bold"))
+                console.print(Text(item[name], style=TRAINED_STYLE))
+    console.print(Text.assemble(("highlighted", TRAINED_STYLE), " text carries loss")
+                  + (Text("; struck-through text is cut by max_length")
+                     if any("truncated_at" in i for i in items) else Text("")))
 
 
 def main(argv: list[str] | None = None) -> None:

@@ -147,10 +147,9 @@ def _pydantic_error(err: ValidationError, where: str) -> LeapError:
 
 def trainer_arg_fields(training_type: str) -> set[str]:
     """The keyword arguments the training type's TRL config class accepts."""
-    from trl import SFTConfig
+    from leap_finetune.recipes import recipe
 
-    config_class = {"sft": SFTConfig}[training_type]
-    return {f.name for f in dataclasses.fields(config_class) if f.init}
+    return {f.name for f in dataclasses.fields(recipe(training_type).config_class()) if f.init}
 
 
 def _resolve_training(model: LeapConfigModel, where: str) -> tuple[dict, str, str | None]:
@@ -162,11 +161,16 @@ def _resolve_training(model: LeapConfigModel, where: str) -> tuple[dict, str, st
             where=where,
             fix=unknown_key_fix(str(profile_name), profiles.TRAINING_PROFILES),
         )
-    allowed = trainer_arg_fields(model.training_type) | {"loss_on"}
+    allowed = trainer_arg_fields(model.training_type) | ({"loss_on"} if model.training_type == "sft" else set())
     for key in user:
         if key in MANAGED_TRAINING_KEYS:
             raise LeapError(
                 f"training_config.{key} is decided by leap-finetune", where=where, fix=MANAGED_TRAINING_KEYS[key]
+            )
+        if key == "loss_on" and model.training_type != "sft":
+            raise LeapError(
+                f"training_config.loss_on applies to sft; {model.training_type} trains on the completion tokens",
+                where=where, fix="remove loss_on",
             )
         if key not in allowed and key != "assistant_only_loss":
             raise LeapError(
@@ -195,6 +199,8 @@ def _resolve_training(model: LeapConfigModel, where: str) -> tuple[dict, str, st
             fix=(did_you_mean(str(loss_on), LOSS_ON) + " " if did_you_mean(str(loss_on), LOSS_ON) else "")
             + f"expected one of: {', '.join(LOSS_ON)}",
         )
+    if model.training_type == "kto":
+        _check_kto_batch_size(merged, where)
     resume = merged.pop("resume_from_checkpoint", None)
     if resume is not None and not isinstance(resume, str):
         raise LeapError(
@@ -203,6 +209,18 @@ def _resolve_training(model: LeapConfigModel, where: str) -> tuple[dict, str, st
             fix="resume_from_checkpoint: latest",
         )
     return merged, loss_on, resume
+
+
+def _check_kto_batch_size(training: dict, where: str) -> None:
+    size = training.get("per_device_train_batch_size")
+    if isinstance(size, int) and size <= 1:
+        raise LeapError(
+            f"training_config.per_device_train_batch_size is {size}, but KTO needs > 1: it estimates its KL term "
+            "from the other rows of the same batch (each prompt paired with another row's completion)",
+            where=where,
+            fix="set per_device_train_batch_size to 2 or more (DEFAULT_KTO uses 8); lower memory with "
+            "gradient_accumulation_steps instead",
+        )
 
 
 def _resolve_peft(peft_config: dict | None, where: str) -> dict | None:

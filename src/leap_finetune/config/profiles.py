@@ -33,6 +33,46 @@ TRAINING_PROFILES: dict[str, dict] = {
         # leap-finetune keys (not TRL's): which tokens carry the loss.
         "loss_on": "assistant",
     },
+    "DEFAULT_DPO": {
+        "num_train_epochs": 1,
+        "per_device_train_batch_size": 4,
+        "per_device_eval_batch_size": 4,
+        "gradient_accumulation_steps": 1,
+        "learning_rate": 5e-7,  # DPO moves a model far with small steps (TRL and the DPO paper use 5e-7 to 1e-6)
+        "lr_scheduler_type": "cosine",
+        "warmup_steps": 0.1,
+        "beta": 0.1,
+        "max_length": 2048,
+        "activation_checkpointing": False,
+        "logging_steps": 10,
+        "save_strategy": "steps",
+        "save_steps": 500,
+        "save_total_limit": 3,
+        "eval_steps": 100,
+        "report_to": "none",
+        "seed": 42,
+    },
+    "DEFAULT_KTO": {
+        "num_train_epochs": 1,
+        "per_device_train_batch_size": 8,  # KTO estimates its KL term from other rows of the batch: keep it > 1
+        "per_device_eval_batch_size": 8,
+        "gradient_accumulation_steps": 1,
+        "learning_rate": 5e-7,
+        "lr_scheduler_type": "cosine",
+        "warmup_steps": 0.1,
+        "beta": 0.1,
+        "desirable_weight": 1.0,
+        "undesirable_weight": 1.0,
+        "max_length": 2048,
+        "activation_checkpointing": False,
+        "logging_steps": 10,
+        "save_strategy": "steps",
+        "save_steps": 500,
+        "save_total_limit": 3,
+        "eval_steps": 100,
+        "report_to": "none",
+        "seed": 42,
+    },
 }
 
 PEFT_PROFILES: dict[str, dict] = {
@@ -47,7 +87,7 @@ PEFT_PROFILES: dict[str, dict] = {
     },
 }
 
-DEFAULT_TRAINING_PROFILE = {"sft": "DEFAULT_SFT"}
+DEFAULT_TRAINING_PROFILE = {"sft": "DEFAULT_SFT", "dpo": "DEFAULT_DPO", "kto": "DEFAULT_KTO"}
 
 
 def training_profile(name: str) -> dict:

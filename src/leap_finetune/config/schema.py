@@ -12,7 +12,7 @@ from typing import Literal
 from pydantic import BaseModel, ConfigDict, Field, field_validator
 
 TRAINING_TYPES = ("sft", "dpo", "kto", "grpo", "embedding", "colbert")
-SUPPORTED_TRAINING_TYPES = ("sft",)
+SUPPORTED_TRAINING_TYPES = ("sft", "dpo", "kto")
 
 
 class StrictModel(BaseModel):

@@ -7,14 +7,17 @@ were all cut off by `max_length` are counted, listed, and saved by the driver.
 
 from __future__ import annotations
 
+import functools
 import random
 import re
 from dataclasses import dataclass, field
 
 from leap_finetune.config.resolved import ResolvedConfig
-from leap_finetune.data.readers import SourceRow, read_dataset
-from leap_finetune.data.render import Renderer, TokenizedRow
 from leap_finetune.data.chat_templates import render_family
+from leap_finetune.data.preference_rows import check_dpo_row, check_kto_row
+from leap_finetune.data.preference_tokens import tokenize_kto, tokenize_pair
+from leap_finetune.data.readers import SourceRow, read_dataset
+from leap_finetune.data.render import Renderer
 from leap_finetune.data.sft_rows import Conversation, RowWarning, check_sft_row
 from leap_finetune.errors import DataError, LeapError, RowProblem
 
@@ -31,21 +34,24 @@ class DroppedRow:
 
 @dataclass
 class PreparedData:
-    train: list[TokenizedRow]
-    eval: list[TokenizedRow]
+    """Tokenized rows (TokenizedRow for SFT, TokenizedPair for DPO, TokenizedKto for KTO): each has
+    `.columns()` (what the trainer reads), `.inspect()`, `.meta`, `.tokens`, `.trained_tokens`."""
+
+    train: list
+    eval: list
     rows_read: int = 0
     dropped: list[DroppedRow] = field(default_factory=list)
     invalid_skipped: int = 0
     fully_truncated: int = 0
     partially_truncated: int = 0
-    # messages of the first `samples` held-out rows (training rows when nothing is held out), for
+    # conversations of the first `samples` held-out rows (training rows when nothing is held out), for
     # the answers printed before and after training
     sample_messages: list[Conversation] = field(default_factory=list)
     warnings: list[RowWarning] = field(default_factory=list)
 
     @property
     def train_tokens(self) -> int:
-        return sum(len(r.input_ids) for r in self.train)
+        return sum(r.tokens for r in self.train)
 
     @property
     def trained_tokens(self) -> int:
@@ -55,7 +61,22 @@ class PreparedData:
 @dataclass
 class _ValidRow:
     source: SourceRow
-    conversation: Conversation
+    parsed: object  # Conversation, PreferenceRow or KtoRow
+
+
+def _contract(resolved: ResolvedConfig):
+    family = render_family(resolved.chat_template, resolved.model_family)
+    if resolved.training_type == "sft":
+        return functools.partial(check_sft_row, needs_assistant=resolved.loss_on != "all", family=family)
+    return functools.partial({"dpo": check_dpo_row, "kto": check_kto_row}[resolved.training_type], family=family)
+
+
+def _tokenize(resolved: ResolvedConfig, renderer: Renderer, parsed):
+    if resolved.training_type == "sft":
+        return renderer.tokenize(parsed.messages, parsed.tools)
+    if resolved.training_type == "dpo":
+        return tokenize_pair(renderer, parsed)
+    return tokenize_kto(renderer, parsed)
 
 
 def validate_rows(
@@ -66,17 +87,15 @@ def validate_rows(
     result = read_dataset(path, split=ds.split, subset=ds.subset, limit=limit)
     problems = list(result.problems)
     warnings: list[RowWarning] = []
-    family = render_family(resolved.chat_template, resolved.model_family)
+    check = _contract(resolved)
     valid = []
     for row in result.rows:
-        conversation, row_problems, row_warnings = check_sft_row(
-            row, needs_assistant=resolved.loss_on != "all", family=family
-        )
+        parsed, row_problems, row_warnings = check(row)
         warnings.extend(row_warnings)
         if row_problems:
             problems.extend(row_problems)
         else:
-            valid.append(_ValidRow(row, conversation))
+            valid.append(_ValidRow(row, parsed))
     problems.sort(key=lambda p: (p.file, _position(p.location)))
     return valid, problems, warnings, len(result.rows) + len(result.problems)
 
@@ -86,7 +105,7 @@ def _position(location: str) -> int:
     return int(digits.group()) if digits else 0
 
 
-def prepare_sft_data(resolved: ResolvedConfig, tokenizer, renderer: Renderer) -> PreparedData:
+def prepare_data(resolved: ResolvedConfig, tokenizer, renderer: Renderer) -> PreparedData:
     ds = resolved.dataset
     train_rows, problems, warnings, read = validate_rows(ds.path, resolved, limit=ds.limit)
     eval_rows: list[_ValidRow] = []
@@ -113,22 +132,21 @@ def prepare_sft_data(resolved: ResolvedConfig, tokenizer, renderer: Renderer) ->
     if not ds.val_path and ds.test_size:
         train_rows, eval_rows = _split(train_rows, ds.test_size, resolved.training.get("seed", 42))
 
+    samples = [r.parsed for r in (eval_rows or train_rows)[: resolved.samples] if isinstance(r.parsed, Conversation)]
     prepared = PreparedData(train=[], eval=[], rows_read=read, dropped=dropped, invalid_skipped=invalid_skipped,
-                            sample_messages=[r.conversation for r in (eval_rows or train_rows)[: resolved.samples]],
-                            warnings=warnings)
+                            sample_messages=samples, warnings=warnings)
     for split_rows, target in ((train_rows, prepared.train), (eval_rows, prepared.eval)):
         for row in split_rows:
-            tokenized = renderer.tokenize(row.conversation.messages, row.conversation.tools)
+            tokenized = _tokenize(resolved, renderer, row.parsed)
             tokenized.meta = {"file": row.source.file, "location": row.source.location}
             if tokenized.trained_tokens == 0:
                 prepared.fully_truncated += 1
                 prepared.dropped.append(DroppedRow(
                     row.source.file, row.source.location,
-                    f"every trained token is beyond max_length={renderer.max_length} "
-                    f"({len(tokenizer(tokenized.text, add_special_tokens=False)['input_ids'])} tokens)",
+                    f"every trained token is beyond max_length={renderer.max_length} ({tokenized.tokens} tokens)",
                 ))
                 continue
-            if tokenized.trained_tokens_lost:
+            if _partially_truncated(tokenized):
                 prepared.partially_truncated += 1
             target.append(tokenized)
     if not prepared.train:
@@ -138,6 +156,11 @@ def prepare_sft_data(resolved: ResolvedConfig, tokenizer, renderer: Renderer) ->
             fix="check the dropped rows listed above; raise training_config.max_length if rows were truncated",
         )
     return prepared
+
+
+def _partially_truncated(tokenized) -> bool:
+    lost = getattr(tokenized, "trained_tokens_lost", None)
+    return bool(lost) if lost is not None else tokenized.truncated
 
 
 def _split(rows: list[_ValidRow], test_size: float, seed: int) -> tuple[list[_ValidRow], list[_ValidRow]]:

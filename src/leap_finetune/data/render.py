@@ -32,6 +32,30 @@ class TokenizedRow:
     def trained_tokens(self) -> int:
         return sum(label != IGNORE_INDEX for label in self.labels)
 
+    @property
+    def tokens(self) -> int:
+        return len(self.input_ids)
+
+    def columns(self) -> dict:
+        """What the SFT trainer reads."""
+        return {"input_ids": self.input_ids, "labels": self.labels}
+
+    def inspect(self) -> dict:
+        item = {"text": self.text, "trained_spans": [list(span) for span in self.trained_spans]}
+        if self.truncated_at is not None:
+            item["truncated_at"] = self.truncated_at
+        return item
+
+
+@dataclass
+class TokenizedCompletion:
+    """A prompt and one completion, rendered as one conversation and split where the completion starts."""
+
+    prompt_text: str
+    completion_text: str
+    prompt_ids: list[int]
+    completion_ids: list[int]
+
 
 class Renderer:
     """Renders, masks and tokenizes one conversation at a time."""
@@ -113,6 +137,38 @@ class Renderer:
             truncated_at=truncated_at,
             trained_tokens_lost=lost,
         )
+
+
+def split_completion(renderer: "Renderer", prompt: list[dict], completion: list[dict],
+                     tools: list | None) -> TokenizedCompletion:
+    """Render prompt + completion with the official template and cut it where the completion starts.
+
+    The prompt text is what the model sees at inference (the template's generation prompt included);
+    the completion is what follows: the assistant's turn(s) up to and including the end-of-turn token.
+    Both come from one tokenization of the whole text, so the token boundary is exactly what
+    training sees."""
+    prompt_text = renderer.prompt_text(prompt, tools)
+    full_text, _ = render_jinja_template(
+        conversations=[prompt + completion], tools=tools, chat_template=renderer.template.text, **renderer._special
+    )
+    full_text = full_text[0]
+    if not full_text.startswith(prompt_text):
+        raise LeapError(
+            "the chat template renders the prompt differently on its own than followed by the completion, so the "
+            "completion cannot be separated from it",
+            where="chat_template",
+            fix="use a prefix-preserving chat template (the built-in LFM templates are)",
+        )
+    completion_text = full_text[len(prompt_text):]
+    eos = renderer._special["eos_token"]
+    if eos and completion_text.endswith(eos + "\n"):  # the turn separator is never generated (see _end_at_eos)
+        completion_text = completion_text[:-1]
+    encoding = renderer.tokenizer(prompt_text + completion_text, add_special_tokens=False, return_offsets_mapping=True)
+    boundary = len(prompt_text)
+    # A token that straddles the boundary goes to the completion, so no completion text goes untrained.
+    cut = next((i for i, (_, end) in enumerate(encoding["offset_mapping"]) if end > boundary), len(encoding["input_ids"]))
+    ids = list(encoding["input_ids"])
+    return TokenizedCompletion(prompt_text, completion_text, ids[:cut], ids[cut:])
 
 
 def _overlaps(start: int, end: int, spans: list[tuple[int, int]]) -> bool:

@@ -1,0 +1,96 @@
+"""Tokenized preference rows: what the DPO and KTO trainers read, and what `inspect` shows."""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+
+from leap_finetune.data.preference_rows import KtoRow, PreferenceRow
+from leap_finetune.data.render import Renderer, split_completion
+
+
+@dataclass
+class TokenizedPair:
+    prompt_text: str
+    chosen_text: str
+    rejected_text: str
+    prompt_ids: list[int]
+    chosen_ids: list[int]
+    rejected_ids: list[int]
+    max_length: int | None
+    meta: dict = field(default_factory=dict)
+    implicit_prompt: bool = False
+
+    @property
+    def tokens(self) -> int:
+        return len(self.prompt_ids) * 2 + len(self.chosen_ids) + len(self.rejected_ids)
+
+    @property
+    def trained_tokens(self) -> int:
+        """Completion tokens that survive truncation of prompt + completion to max_length."""
+        return _kept(self.prompt_ids, self.chosen_ids, self.max_length) + _kept(self.prompt_ids, self.rejected_ids, self.max_length)
+
+    @property
+    def truncated(self) -> bool:
+        return self.trained_tokens < len(self.chosen_ids) + len(self.rejected_ids)
+
+    def columns(self) -> dict:
+        return {"prompt_ids": self.prompt_ids, "chosen_ids": self.chosen_ids, "rejected_ids": self.rejected_ids}
+
+    def inspect(self) -> dict:
+        item = {"prompt": self.prompt_text, "chosen": self.chosen_text, "rejected": self.rejected_text,
+                "prompt_tokens": len(self.prompt_ids), "chosen_tokens": len(self.chosen_ids),
+                "rejected_tokens": len(self.rejected_ids)}
+        if self.implicit_prompt:
+            item["implicit_prompt"] = True
+        return item
+
+
+@dataclass
+class TokenizedKto:
+    prompt_text: str
+    completion_text: str
+    prompt_ids: list[int]
+    completion_ids: list[int]
+    label: bool
+    max_length: int | None
+    meta: dict = field(default_factory=dict)
+
+    @property
+    def tokens(self) -> int:
+        return len(self.prompt_ids) + len(self.completion_ids)
+
+    @property
+    def trained_tokens(self) -> int:
+        return _kept(self.prompt_ids, self.completion_ids, self.max_length)
+
+    @property
+    def truncated(self) -> bool:
+        return self.trained_tokens < len(self.completion_ids)
+
+    def columns(self) -> dict:
+        return {"prompt_ids": self.prompt_ids, "completion_ids": self.completion_ids, "label": self.label}
+
+    def inspect(self) -> dict:
+        return {"prompt": self.prompt_text, "completion": self.completion_text, "label": self.label,
+                "prompt_tokens": len(self.prompt_ids), "completion_tokens": len(self.completion_ids)}
+
+
+def _kept(prompt: list[int], completion: list[int], max_length: int | None) -> int:
+    """TRL's collators truncate prompt + completion to max_length from the end (keep_start)."""
+    if max_length is None:
+        return len(completion)
+    return max(0, min(len(completion), max_length - len(prompt)))
+
+
+def tokenize_pair(renderer: Renderer, row: PreferenceRow) -> TokenizedPair:
+    chosen = split_completion(renderer, row.prompt, row.chosen, row.tools)
+    rejected = split_completion(renderer, row.prompt, row.rejected, row.tools)
+    return TokenizedPair(chosen.prompt_text, chosen.completion_text, rejected.completion_text, chosen.prompt_ids,
+                         chosen.completion_ids, rejected.completion_ids, renderer.max_length,
+                         implicit_prompt=row.implicit_prompt)
+
+
+def tokenize_kto(renderer: Renderer, row: KtoRow) -> TokenizedKto:
+    part = split_completion(renderer, row.prompt, row.completion, row.tools)
+    return TokenizedKto(part.prompt_text, part.completion_text, part.prompt_ids, part.completion_ids, row.label,
+                        renderer.max_length)

@@ -1,0 +1,186 @@
+"""What every recipe's worker does the same way: arguments, data from the run folder, model,
+callbacks, the train / evaluate / save sequence, and the sample answers."""
+
+from __future__ import annotations
+
+import json
+import shutil
+from pathlib import Path
+
+from leap_finetune.config.resolved import ResolvedConfig
+from leap_finetune.recipes.callbacks import CheckpointMarker, MetricsLog, RichProgress, StopOnSignal, write_atomic
+
+PREPARED_DIR = "prepared"
+
+
+def quiet_libraries() -> None:
+    """Our progress bar and reports replace the libraries' per-step bars and notices."""
+    import warnings
+
+    import datasets
+    import transformers
+
+    # transformers' own deprecation notices about arguments TRL passes; nothing a user can act on
+    warnings.filterwarnings("ignore", category=FutureWarning, module=r"transformers\..*")
+    datasets.disable_progress_bars()
+    transformers.utils.logging.set_verbosity_error()
+    transformers.utils.logging.disable_progress_bar()
+
+
+def common_arguments(resolved: ResolvedConfig, *, run_dir: str, has_eval: bool, cuda: bool | None = None) -> dict:
+    """The user's training_config (profile merged) plus what leap-finetune decides for every
+    training type: precision, device, evaluation schedule, logging of real tokens."""
+    import torch
+
+    if cuda is None:
+        cuda = torch.cuda.is_available()
+    args = dict(resolved.training)
+    args["output_dir"] = run_dir
+    # bf16 where the hardware has it, float32 otherwise; an explicit bf16/fp16 key wins.
+    if "bf16" not in args and "fp16" not in args:
+        args["bf16"] = bool(cuda and torch.cuda.is_bf16_supported())
+        args["fp16"] = False
+    args.setdefault("use_cpu", not cuda)
+    if has_eval:
+        args.setdefault("eval_strategy", "steps")
+    else:
+        args["eval_strategy"] = "no"
+    args.setdefault("disable_tqdm", True)
+    args.setdefault("include_num_input_tokens_seen", "non_padding")
+    return args
+
+
+def load_prepared(run_dir: Path):
+    from datasets import load_from_disk
+
+    train = load_from_disk(str(run_dir / PREPARED_DIR / "train"))
+    eval_path = run_dir / PREPARED_DIR / "eval"
+    return train, (load_from_disk(str(eval_path)) if eval_path.exists() else None)
+
+
+def load_tokenizer_and_model(resolved: ResolvedConfig, *, packing: bool, console):
+    import torch
+
+    from leap_finetune.data.chat_templates import load_chat_template
+    from leap_finetune.models.loading import load_model, load_tokenizer
+    from leap_finetune.models.packed_conv import enable_exact_packing
+
+    tokenizer = load_tokenizer(resolved.model_id)
+    # The official chat template travels with the trained model.
+    tokenizer.chat_template = load_chat_template(resolved.chat_template, tokenizer).text
+    if packing:
+        console.print(f"packing: sequences kept apart by position ids (attention) and {enable_exact_packing()} "
+                      "(LFM2 convolutions)")
+    model = load_model(resolved.model_id, tokenizer, torch.float32)  # master weights; bf16 autocast when args.bf16
+    model.config.use_cache = False
+    return tokenizer, model
+
+
+def lora_config(resolved: ResolvedConfig):
+    if resolved.peft is None:
+        return None
+    from peft import LoraConfig
+
+    return LoraConfig(task_type="CAUSAL_LM", **resolved.peft)
+
+
+def standard_callbacks(run_dir: Path, console, stop_on_signal: StopOnSignal, extra: list | None) -> list:
+    return [MetricsLog(run_dir / "metrics.jsonl"), CheckpointMarker(), RichProgress(console), stop_on_signal, *(extra or [])]
+
+
+def train_evaluate_save(trainer, resolved: ResolvedConfig, run_dir: Path, tokenizer, console,
+                        stop_on_signal: StopOnSignal, samples: list[dict]) -> dict:
+    """Baseline eval -> train (resuming if planned) -> final eval -> save model (+ adapter) -> summary."""
+    from transformers.trainer_callback import PrinterCallback, ProgressCallback
+
+    trainer.remove_callback(ProgressCallback)
+    trainer.remove_callback(PrinterCallback)
+    resume = resolved.resume_checkpoint_path
+    _print_model_summary(console, trainer.model)
+    has_eval = trainer.eval_dataset is not None
+    baseline = trainer.evaluate() if has_eval and not resume else None  # logged at step 0
+    result = trainer.train(resume_from_checkpoint=resume)
+    summary = {"global_step": trainer.state.global_step, "train_loss": result.training_loss,
+               "train_runtime_s": result.metrics.get("train_runtime"),
+               "tokens_seen": trainer.state.num_input_tokens_seen}
+    if trainer.state.global_step < trainer.state.max_steps:
+        summary["stopped_early"] = True
+        summary["stopped_by_signal"] = stop_on_signal.received
+        write_atomic(run_dir / "summary.json", json.dumps(summary, indent=2))
+        return summary
+    if has_eval:
+        last = next((e for e in reversed(trainer.state.log_history) if "eval_loss" in e), None)
+        if last is None or last.get("step") != trainer.state.global_step:  # not evaluated at the last step yet
+            last = trainer.evaluate()
+        summary["eval_loss"] = float(last["eval_loss"])
+        summary["initial_eval_loss"] = baseline.get("eval_loss") if baseline else None
+        summary["eval_metrics"] = {k: float(v) for k, v in last.items() if k.startswith("eval_") and _is_number(v)}
+        if baseline:
+            summary["initial_eval_metrics"] = {k: float(v) for k, v in baseline.items() if _is_number(v)}
+
+    # The model (merged for LoRA, plus the adapter) loadable with from_pretrained.
+    final_model = trainer.model
+    if resolved.peft is not None:
+        _save_atomic(run_dir / "adapter", lambda path: (final_model.save_pretrained(path), tokenizer.save_pretrained(path)))
+        final_model = final_model.merge_and_unload()
+        summary["adapter_dir"] = str(run_dir / "adapter")
+    _save_atomic(run_dir / "model", lambda path: (final_model.save_pretrained(path), tokenizer.save_pretrained(path)))
+    summary["model_dir"] = str(run_dir / "model")
+    if samples:
+        print_samples(console, "after training", final_model, tokenizer, samples)
+    write_atomic(run_dir / "summary.json", json.dumps(summary, indent=2))
+    return summary
+
+
+def _is_number(value) -> bool:
+    try:
+        float(value)
+    except (TypeError, ValueError):
+        return False
+    return True
+
+
+def _print_model_summary(console, model) -> None:
+    total = sum(p.numel() for p in model.parameters())
+    trainable = sum(p.numel() for p in model.parameters() if p.requires_grad)
+    console.print(f"model: {total:,} parameters, {trainable:,} trainable ({100 * trainable / total:.2f}%)")
+
+
+def _save_atomic(target: Path, save) -> None:
+    """Save into a temporary folder, then rename: a crash never leaves a half-written model."""
+    tmp = target.with_name(f".{target.name}.tmp")
+    if tmp.exists():
+        shutil.rmtree(tmp)
+    save(str(tmp))
+    if target.exists():
+        shutil.rmtree(target)
+    tmp.rename(target)
+
+
+def load_samples(run_dir: Path) -> list[dict]:
+    path = run_dir / PREPARED_DIR / "samples.json"
+    return json.loads(path.read_text()) if path.exists() else []
+
+
+def print_samples(console, when: str, model, tokenizer, samples: list[dict]) -> None:
+    import torch
+
+    was_training = model.training
+    model.eval()
+    console.print(f"[bold]sample answers {when}[/bold]")
+    device = next(model.parameters()).device
+    for sample in samples:
+        ids = tokenizer(sample["prompt"], add_special_tokens=False, return_tensors="pt")["input_ids"].to(device)
+        with torch.no_grad():
+            out = model.generate(ids, max_new_tokens=sample.get("max_new_tokens", 64), do_sample=False,
+                                 eos_token_id=tokenizer.eos_token_id, pad_token_id=tokenizer.pad_token_id,
+                                 use_cache=True)
+        # Special tokens stay visible (tool-call markers are part of the answer); generation stops at eos.
+        new = out[0, ids.shape[1]:].tolist()
+        if tokenizer.eos_token_id in new:
+            new = new[: new.index(tokenizer.eos_token_id)]
+        answer = tokenizer.decode([t for t in new if t != tokenizer.pad_token_id]).strip()
+        console.print(f"  Q: {sample['question']}\n     model: {answer!r}   expected: {sample['reference']!r}",
+                      markup=False, highlight=False)
+    if was_training:
+        model.train()

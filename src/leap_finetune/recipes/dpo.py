@@ -1,0 +1,78 @@
+"""DPO recipe: TRL's DPOTrainer on pairs the driver has rendered and tokenized.
+
+With LoRA the reference model is the base model with the adapter disabled (no second copy in
+memory); a full fine-tune loads a frozen copy, unless `precompute_ref_log_probs: true` computes the
+reference log-probs once before training and frees it.
+"""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+from leap_finetune.config.resolved import ResolvedConfig
+from leap_finetune.recipes import common
+from leap_finetune.recipes.callbacks import StopOnSignal
+
+
+def config_class():
+    from trl import DPOConfig
+
+    return DPOConfig
+
+
+def trainer_class():
+    from trl import DPOTrainer
+
+    class LeapDPOTrainer(DPOTrainer):
+        """TRL re-tokenizes every dataset from text; ours arrive as prompt_ids / chosen_ids /
+        rejected_ids, rendered with the official template and checked by the driver (which also
+        drops and reports rows that max_length would empty), so preparation is skipped."""
+
+        def _prepare_dataset(self, dataset, processing_class, args, dataset_name):
+            if "prompt_ids" in dataset.column_names:
+                return dataset
+            return super()._prepare_dataset(dataset, processing_class, args, dataset_name)
+
+    return LeapDPOTrainer
+
+
+def training_arguments(resolved: ResolvedConfig, *, run_dir: str, has_eval: bool, cuda: bool | None = None) -> dict:
+    return common.common_arguments(resolved, run_dir=run_dir, has_eval=has_eval, cuda=cuda)
+
+
+def train(resolved_json: dict, callbacks: list | None = None) -> dict:
+    return run_preference(resolved_json, callbacks, config_class(), trainer_class())
+
+
+def run_preference(resolved_json: dict, callbacks: list | None, config_cls, trainer_cls) -> dict:
+    """The DPO and KTO worker (they differ only in their TRL classes)."""
+    from rich.console import Console
+
+    from leap_finetune.models.loading import load_model
+
+    resolved = ResolvedConfig.model_validate(resolved_json)
+    common.quiet_libraries()
+    run_dir = Path(resolved.run_dir)
+    console = Console(stderr=True)
+
+    train_dataset, eval_dataset = common.load_prepared(run_dir)
+    args = config_cls(**training_arguments(resolved, run_dir=str(run_dir), has_eval=eval_dataset is not None))
+    tokenizer, model = common.load_tokenizer_and_model(resolved, packing=False, console=console)
+    peft_config = common.lora_config(resolved)
+    ref_model = None
+    if peft_config is None and not args.precompute_ref_log_probs:
+        ref_model = load_model(resolved.model_id, tokenizer, model.dtype)
+        ref_model.config.use_cache = False
+
+    stop_on_signal = StopOnSignal()
+    trainer = trainer_cls(
+        model=model,
+        ref_model=ref_model,
+        args=args,
+        train_dataset=train_dataset,
+        eval_dataset=eval_dataset,
+        processing_class=tokenizer,
+        peft_config=peft_config,
+        callbacks=common.standard_callbacks(run_dir, console, stop_on_signal, callbacks),
+    )
+    return common.train_evaluate_save(trainer, resolved, run_dir, tokenizer, console, stop_on_signal, [])
