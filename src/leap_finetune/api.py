@@ -69,7 +69,7 @@ def validate_config(source, *, console: Console | None = None) -> PreparedData:
     _, _, prepared = _prepare(resolved)
     _check_training_arguments(resolved, has_eval=bool(prepared.eval))
     console.print(config_table(resolved))
-    data_report(console, prepared)
+    data_report(console, prepared, resolved)
     return prepared
 
 
@@ -92,7 +92,7 @@ def run_config(source, *, console: Console | None = None, callbacks: list | None
     tokenizer, renderer, prepared = _prepare(resolved)
     _check_training_arguments(resolved, has_eval=bool(prepared.eval))
     console.print(config_table(resolved))
-    data_report(console, prepared)
+    data_report(console, prepared, resolved)
 
     plan = plan_run(resolved, outputs_root=Path(outputs_root) if outputs_root else None)
     resolved = resolved.model_copy(update={

@@ -94,3 +94,25 @@ def tokenize_kto(renderer: Renderer, row: KtoRow) -> TokenizedKto:
     part = split_completion(renderer, row.prompt, row.completion, row.tools)
     return TokenizedKto(part.prompt_text, part.completion_text, part.prompt_ids, part.completion_ids, row.label,
                         renderer.max_length)
+
+
+def kto_balance_advice(labels: list[bool], desirable_weight: float, undesirable_weight: float) -> str | None:
+    """A warning when desirable and undesirable rows are out of balance for the current weights.
+
+    The KTO paper (Eq. 8, https://huggingface.co/papers/2402.01306) recommends
+    desirable_weight * n_desirable / (undesirable_weight * n_undesirable) in [1, 4/3]; TRL uses the
+    same bounds. We say it before training, with the values to set."""
+    desirable = sum(labels)
+    undesirable = len(labels) - desirable
+    if not desirable or not undesirable:
+        side = "undesirable (label false)" if not undesirable else "desirable (label true)"
+        return f"KTO data has no {side} rows: KTO learns from both kinds; add some"
+    ratio = desirable * desirable_weight / (undesirable * undesirable_weight)
+    if 1 <= ratio <= 4 / 3:
+        return None
+    des_low, des_high = undesirable * undesirable_weight / desirable, undesirable * undesirable_weight / desirable * 4 / 3
+    und_low, und_high = desirable * desirable_weight / undesirable * 3 / 4, desirable * desirable_weight / undesirable
+    return (f"KTO data: {desirable} desirable vs {undesirable} undesirable rows, out of balance for "
+            f"desirable_weight={desirable_weight}, undesirable_weight={undesirable_weight}; set EITHER "
+            f"desirable_weight in [{des_low:.2f}, {des_high:.2f}] OR undesirable_weight in [{und_low:.2f}, {und_high:.2f}] "
+            "in training_config")

@@ -32,7 +32,8 @@ def config_table(resolved: ResolvedConfig) -> Table:
     return table
 
 
-def data_report(console: Console, prepared: PreparedData, max_listed: int = 5) -> None:
+def data_report(console: Console, prepared: PreparedData, resolved: ResolvedConfig | None = None,
+                max_listed: int = 5) -> None:
     console.print(
         f"data: {prepared.rows_read} rows read -> {len(prepared.train)} train, {len(prepared.eval)} eval; "
         f"{prepared.train_tokens:,} train tokens, {prepared.trained_tokens:,} carry loss"
@@ -46,6 +47,13 @@ def data_report(console: Console, prepared: PreparedData, max_listed: int = 5) -
         label, colour = ("note", "dim") if kind == "converted_tool_calls" else ("warning", "yellow")
         console.print(f"[{colour}]{label} ({kind}): {escape(WARNINGS[kind])}: {rows} row(s), "
                       f"e.g. {escape(items[0].file)} {escape(examples)}[/{colour}]")
+    if resolved is not None and resolved.training_type == "kto":
+        from leap_finetune.data.preference_tokens import kto_balance_advice
+
+        advice = kto_balance_advice([r.label for r in prepared.train], resolved.training.get("desirable_weight", 1.0),
+                                    resolved.training.get("undesirable_weight", 1.0))
+        if advice:
+            console.print(f"[yellow]warning: {escape(advice)}[/yellow]")
     if prepared.invalid_skipped:
         console.print(f"[yellow]skipped {prepared.invalid_skipped} invalid row(s) (dataset.on_invalid: skip):[/yellow]")
         for row in prepared.dropped[:max_listed]:
