@@ -92,6 +92,27 @@ def quickstart(workdir: Path, packing: bool) -> dict:
             "answers": len(answers), "device_line": next((l for l in proc.stderr.splitlines() if l.startswith("device:")), "")}
 
 
+def preference(workdir: Path, name: str, peft: bool) -> dict:
+    """A tiny preference example through the CLI on the GPU: its held-out numbers at the end."""
+    import yaml
+
+    config = yaml.safe_load(Path(f"examples/{name}").read_text())
+    config["dataset"]["path"] = str((Path("examples") / config["dataset"]["path"]).resolve())
+    config["project_name"] = f"{config['project_name']}-{'lora' if peft else 'full'}"
+    if peft:
+        config["peft_config"] = {"extends": "DEFAULT_LORA"}
+        config["training_config"].update(learning_rate=1e-2, max_steps=40)
+    path = workdir / f"{config['project_name']}.yaml"
+    path.write_text(yaml.safe_dump(config))
+    proc = subprocess.run([sys.executable, "-m", "leap_finetune.cli", str(path)], cwd=workdir, capture_output=True, text=True)
+    if proc.returncode != 0:
+        print(proc.stderr[-3000:])
+        return {"rc": proc.returncode}
+    [run] = list((workdir / "outputs" / config["project_name"]).iterdir())
+    evals = [json.loads(line) for line in (run / "metrics.jsonl").read_text().splitlines() if "eval_loss" in line]
+    return {"rc": 0, "first": evals[0], "last": evals[-1]}
+
+
 def main() -> None:
     parser = argparse.ArgumentParser()
     parser.add_argument("--out", default=None)
@@ -104,6 +125,8 @@ def main() -> None:
     workdir = Path(args.workdir)
     workdir.mkdir(parents=True, exist_ok=True)
     runs = {packing: quickstart(workdir, packing) for packing in (False, True)}
+    prefs = {(name, peft): preference(workdir, name, peft) for name in ("dpo_tiny.yaml", "kto_tiny.yaml")
+             for peft in (False, True)}
     lines = [
         f"## {datetime.date.today()} - {torch.cuda.get_device_name(0)} - torch {torch.__version__}, "
         f"transformers {transformers.__version__}",
@@ -120,6 +143,15 @@ def main() -> None:
         *[f"| packing: {p} | {q['rc']} | {q.get('seconds', 0):.1f} | {q.get('steps')} | "
           f"{q.get('eval_before', float('nan')):.3f} -> {q.get('eval_after', float('nan')):.3f} | "
           f"{q.get('answers_ok')}/{q.get('answers')} | {q.get('device_line')} |" for p, q in runs.items()],
+        "",
+        "| preference example through the CLI | rc | held-out metric at step 0 -> last |",
+        "| --- | --- | --- |",
+        *[f"| {name}, {'LoRA' if peft else 'full'} | {r['rc']} | " + (
+            f"eval_rewards/accuracies {r['first'].get('eval_rewards/accuracies', float('nan')):.2f} -> "
+            f"{r['last'].get('eval_rewards/accuracies', float('nan')):.2f}" if name.startswith("dpo") and r['rc'] == 0 else
+            f"eval rewards chosen - rejected {r['first'].get('eval_rewards/chosen', 0) - r['first'].get('eval_rewards/rejected', 0):.2f} -> "
+            f"{r['last'].get('eval_rewards/chosen', 0) - r['last'].get('eval_rewards/rejected', 0):.2f}" if r['rc'] == 0 else "failed")
+          + " |" for (name, peft), r in prefs.items()],
         "",
     ]
     text = "\n".join(lines)
