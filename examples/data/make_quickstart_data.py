@@ -39,6 +39,27 @@ def main() -> None:
     out = Path(__file__).with_name("quickstart.jsonl")
     out.write_text("".join(json.dumps({"messages": m}) + "\n" for m in rows), encoding="utf-8")
     print(f"wrote {len(rows)} rows to {out}")
+    write_benchmarks(random.Random(1))
+
+
+def write_benchmarks(rng: random.Random) -> None:
+    """Two benchmarks for the quickstart's `evals:` block: answers generated and compared with
+    exact_match, and log-prob multiple choice between the right and two wrong capitals."""
+    generation, mcq = [], []
+    capitals = list(CAPITALS.values())
+    for country, capital in CAPITALS.items():
+        question = CAPITAL_QUESTIONS[0].format(country)
+        generation.append({"messages": [{"role": "user", "content": question},
+                                        {"role": "assistant", "content": f"The capital of {country} is {capital}."}]})
+        wrong = rng.sample([c for c in capitals if c != capital], 2)
+        options = [f"The capital of {country} is {c}." for c in [capital, *wrong]]
+        rng.shuffle(options)
+        mcq.append({"messages": [{"role": "user", "content": [{"type": "text", "text": question}]}],
+                    "options": options, "answer_id": options.index(f"The capital of {country} is {capital}.")})
+    folder = Path(__file__).parent
+    for name, rows in (("quickstart_bench_generation.jsonl", generation), ("quickstart_bench_mcq.jsonl", mcq)):
+        (folder / name).write_text("".join(json.dumps(r) + "\n" for r in rows), encoding="utf-8")
+        print(f"wrote {len(rows)} rows to {folder / name}")
 
 
 if __name__ == "__main__":

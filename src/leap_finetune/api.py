@@ -22,7 +22,7 @@ from leap_finetune.errors import LeapError
 from leap_finetune.launch.plan import plan_run
 from leap_finetune.launch.report import config_table, data_report
 
-__all__ = ["load_config", "validate_config", "inspect_config", "run_config"]
+__all__ = ["load_config", "validate_config", "inspect_config", "run_config", "evaluate_config"]
 
 
 def _console(console: Console | None) -> Console:
@@ -33,7 +33,21 @@ def _config(source) -> ResolvedConfig:
     return source if isinstance(source, ResolvedConfig) else load_config(source)
 
 
+def _check_benchmarks(resolved: ResolvedConfig):
+    """Every benchmark row (and custom metric) is validated before any model loads."""
+    if resolved.evals is None:
+        return []
+    from leap_finetune.evaluation.runner import load_benchmarks
+
+    benchmarks = load_benchmarks(resolved.evals, vision=False, model_name=resolved.model_name)
+    return benchmarks
+
+
 def _prepare(resolved: ResolvedConfig):
+    from leap_finetune.config.loader import require_dataset
+
+    require_dataset(resolved)
+    _check_benchmarks(resolved)
     from leap_finetune.data.chat_templates import load_chat_template
     from leap_finetune.data.render import Renderer
     from leap_finetune.models.loading import load_tokenizer
@@ -89,6 +103,8 @@ def run_config(source, *, console: Console | None = None, callbacks: list | None
     """Validate, plan and train. Returns the run summary (run folder, losses, model folder)."""
     console = _console(console)
     resolved = _config(source)
+    if resolved.dataset is None and resolved.evals is not None:  # an evaluation-only config
+        return evaluate_config(resolved, console=console)
     tokenizer, renderer, prepared = _prepare(resolved)
     _check_training_arguments(resolved, has_eval=bool(prepared.eval))
     console.print(config_table(resolved))
@@ -203,3 +219,61 @@ def _print_end(console: Console, summary: dict) -> None:
                      else f"eval loss {summary['eval_loss']:.4f}")
     console.print(", ".join(parts))
     console.print(f"model: {summary['model_dir']}" + (f"  adapter: {summary['adapter_dir']}" if summary.get("adapter_dir") else ""))
+
+
+def evaluate_config(source, *, output: str | Path | None = None, console: Console | None = None) -> dict:
+    """Run the `evals:` block on `checkpoint` (a run or checkpoint folder) or `model_name`, without
+    training. Writes the results as JSON to `output` when given."""
+    console = _console(console)
+    resolved = _config(source)
+    if resolved.evals is None:
+        raise LeapError("the config has no evals: block", where=resolved.config_path or "config",
+                        fix="add evals: with benchmarks (see README \"Benchmarks\")")
+    benchmarks = _check_benchmarks(resolved)
+    model_dir = _model_to_evaluate(resolved)
+
+    import torch
+
+    from leap_finetune.data.chat_templates import load_chat_template
+    from leap_finetune.data.render import Renderer
+    from leap_finetune.evaluation.runner import print_summary, run_benchmarks
+    from leap_finetune.models.loading import load_model, load_tokenizer
+    from leap_finetune.recipes.common import quiet_libraries
+
+    quiet_libraries()
+    model_id = str(model_dir) if model_dir else resolved.model_id
+    tokenizer = load_tokenizer(model_id)
+    model = load_model(model_id, tokenizer, torch.bfloat16 if torch.cuda.is_available() else torch.float32)
+    if torch.cuda.is_available():
+        model = model.to("cuda")
+    renderer = Renderer(tokenizer, load_chat_template(resolved.chat_template, tokenizer), "all", None)
+    predictions = Path(output).resolve().parent / "predictions" if output else None
+    results = run_benchmarks(model, renderer, resolved.evals, benchmarks, predictions_dir=predictions)
+    print_summary(console, results, 0, f"of {model_id}")
+    report = {"model": model_id, "results": results}
+    if output:
+        from leap_finetune.recipes.callbacks import write_atomic
+
+        Path(output).parent.mkdir(parents=True, exist_ok=True)
+        write_atomic(Path(output), json.dumps(report, indent=2))
+        console.print(f"results: {output}")
+    return report
+
+
+def _model_to_evaluate(resolved: ResolvedConfig) -> Path | None:
+    """`checkpoint:` a run folder (its final model, else its newest complete checkpoint) or a
+    checkpoint folder; None means model_name."""
+    if not resolved.checkpoint:
+        return None
+    from leap_finetune.launch.plan import latest_checkpoint
+
+    folder = Path(resolved.checkpoint)
+    if (folder / "model" / "config.json").exists():
+        return folder / "model"
+    if (folder / "config.json").exists():
+        return folder
+    newest = latest_checkpoint(folder)
+    if newest is None:
+        raise LeapError("no model in this folder (no config.json, no model/, no complete checkpoint)",
+                        where=f"checkpoint: {folder}", fix="point checkpoint at a run folder or a checkpoint-N folder")
+    return newest

@@ -20,7 +20,7 @@ app = typer.Typer(
     help="Fine-tune LFM2 / LFM2.5 (and any Hugging Face causal LM) from one YAML file.\n\n"
     "`leap-finetune CONFIG.yaml` is the same as `leap-finetune run CONFIG.yaml`.",
 )
-SUBCOMMANDS = {"run", "validate", "inspect"}
+SUBCOMMANDS = {"run", "validate", "inspect", "eval"}
 TRAINED_STYLE = "bold green on grey15"
 _state = {"debug": False}
 
@@ -71,6 +71,19 @@ def validate(config: Path = _config_arg()) -> None:
 
     validate_config(config)
     Console(stderr=True).print("[green]valid[/green]")
+
+
+@app.command("eval")
+@_user_errors
+def evaluate(
+    config: Path = _config_arg(),
+    output: Path = typer.Option(None, "--output", "-o", help="Write the results as JSON here."),
+) -> None:
+    """Run the config's evals: benchmarks on `checkpoint` (a run or checkpoint folder) or
+    `model_name`, without training."""
+    from leap_finetune.api import evaluate_config
+
+    evaluate_config(config, output=output)
 
 
 @app.command()

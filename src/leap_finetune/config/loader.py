@@ -14,9 +14,12 @@ from pydantic import ValidationError
 from leap_finetune.config import profiles
 from leap_finetune.config.resolved import ResolvedConfig
 from leap_finetune.config.schema import (
+    GENERATION_METRICS,
+    LOGPROB_METRICS,
     SUPPORTED_TRAINING_TYPES,
     TRAINING_TYPES,
     DatasetConfig,
+    EvalsConfig,
     LeapConfigModel,
 )
 from leap_finetune.config.suggest import did_you_mean, unknown_key_fix
@@ -52,6 +55,13 @@ def load_config(source: str | Path | dict, *, base_dir: Path | None = None) -> R
     _check_keys(raw, LeapConfigModel.model_fields, where, "the top level")
     if isinstance(raw.get("dataset"), dict):
         _check_keys(raw["dataset"], DatasetConfig.model_fields, where, "dataset")
+    if isinstance(raw.get("evals"), dict):
+        from leap_finetune.config.schema import BenchmarkConfig
+
+        _check_keys(raw["evals"], EvalsConfig.model_fields, where, "evals")
+        for bench in raw["evals"].get("benchmarks") or []:
+            if isinstance(bench, dict):
+                _check_keys(bench, BenchmarkConfig.model_fields, where, "evals.benchmarks[]")
     _check_training_type(raw.get("training_type", "sft"), where)
     try:
         model = LeapConfigModel.model_validate(raw)
@@ -68,18 +78,8 @@ def load_config(source: str | Path | dict, *, base_dir: Path | None = None) -> R
     family = model_family(model.model_name, model_id)
     chat_template = resolve_chat_template(model.chat_template, family, base, where)
 
-    dataset = model.dataset.model_copy()
-    dataset_type = dataset.type or model.training_type
-    if dataset_type != model.training_type:
-        raise LeapError(
-            f"dataset.type is '{dataset_type}' but training_type is '{model.training_type}'",
-            where=f"{where}: dataset.type",
-            fix=f"set dataset.type: {model.training_type} (or remove it: it defaults to the training type)",
-        )
-    dataset.type = dataset_type
-    dataset.path = _resolve_data_path(dataset.path, base)
-    if dataset.val_path:
-        dataset.val_path = _resolve_data_path(dataset.val_path, base)
+    dataset = _resolve_dataset(model, base, where)
+    evals = _resolve_evals(model.evals, base, where)
 
     output_dir = str((base / model.output_dir).resolve()) if model.output_dir else None
     return ResolvedConfig(
@@ -96,8 +96,69 @@ def load_config(source: str | Path | dict, *, base_dir: Path | None = None) -> R
         peft=peft,
         output_dir=output_dir,
         samples=model.samples,
+        evals=evals,
+        checkpoint=str((base / model.checkpoint).resolve()) if model.checkpoint else None,
         resume_from_checkpoint=resume if resume in (None, "latest") else str((base / resume).resolve()),
     )
+
+
+def _resolve_dataset(model: LeapConfigModel, base: Path, where: str) -> DatasetConfig | None:
+    if model.dataset is None:
+        return None
+    dataset = model.dataset.model_copy()
+    dataset_type = dataset.type or model.training_type
+    if dataset_type != model.training_type:
+        raise LeapError(
+            f"dataset.type is '{dataset_type}' but training_type is '{model.training_type}'",
+            where=f"{where}: dataset.type",
+            fix=f"set dataset.type: {model.training_type} (or remove it: it defaults to the training type)",
+        )
+    dataset.type = dataset_type
+    dataset.path = _resolve_data_path(dataset.path, base)
+    if dataset.val_path:
+        dataset.val_path = _resolve_data_path(dataset.val_path, base)
+    return dataset
+
+
+def _resolve_evals(evals: EvalsConfig | None, base: Path, where: str) -> EvalsConfig | None:
+    if evals is None:
+        return None
+    evals = evals.model_copy(deep=True)
+    names = set()
+    for index, bench in enumerate(evals.benchmarks):
+        here = f"{where}: evals.benchmarks[{index}]"
+        if bench.name in names:
+            raise LeapError(f"two benchmarks are named '{bench.name}'", where=here, fix="give each benchmark its own name")
+        names.add(bench.name)
+        bench.path = _resolve_data_path(bench.path, base)
+        if "::" in bench.metric:
+            file, _, function = bench.metric.partition("::")
+            path = (base / file).resolve()
+            if not path.is_file() or not function.isidentifier():
+                raise LeapError(
+                    f"custom metric '{bench.metric}': " + ("file not found" if not path.is_file() else "bad function name"),
+                    where=f"{here}.metric",
+                    fix="write it as ./my_metrics.py::function_name (the path relative to the config file)",
+                )
+            bench.metric = f"{path}::{function}"
+        elif bench.metric not in GENERATION_METRICS + LOGPROB_METRICS:
+            hint = did_you_mean(bench.metric, GENERATION_METRICS + LOGPROB_METRICS)
+            raise LeapError(
+                f"unknown metric '{bench.metric}'",
+                where=f"{here}.metric",
+                fix=(hint + " " if hint else "") + "generation metrics: " + ", ".join(GENERATION_METRICS)
+                + "; log-prob multiple choice: logprob_mcq; or ./file.py::function",
+            )
+    return evals
+
+
+def require_dataset(resolved: ResolvedConfig) -> None:
+    if resolved.dataset is None:
+        raise LeapError(
+            "required key 'dataset' is missing (training needs data)",
+            where=resolved.config_path or "config",
+            fix="add a dataset: block with a path; for evaluation alone use `leap-finetune eval`",
+        )
 
 
 def _check_keys(data: dict, allowed, where: str, block: str) -> None:

@@ -7,13 +7,22 @@ from pydantic import BaseModel
 from pydantic_core import PydanticUndefined
 
 from leap_finetune.config import loader, profiles
-from leap_finetune.config.schema import SUPPORTED_TRAINING_TYPES, TRAINING_TYPES, DatasetConfig, LeapConfigModel
+from leap_finetune.config.schema import (
+    SUPPORTED_TRAINING_TYPES,
+    TRAINING_TYPES,
+    BenchmarkConfig,
+    DatasetConfig,
+    EvalsConfig,
+    LeapConfigModel,
+)
 
 
 def _type_name(annotation) -> str:
     text = str(annotation).replace("typing.", "")
     for raw, nice in (("<class '", ""), ("'>", ""), ("NoneType", "null"), (" | ", " or "),
-                      ("leap_finetune.config.schema.DatasetConfig", "mapping (below)")):
+                      ("leap_finetune.config.schema.DatasetConfig", "mapping (below)"),
+                      ("list[leap_finetune.config.schema.BenchmarkConfig]", "list (below)"),
+                      ("leap_finetune.config.schema.EvalsConfig", "mapping (below)")):
         text = text.replace(raw, nice)
     return text.replace("|", "\\|")
 
@@ -50,6 +59,17 @@ def render_reference() -> str:
         "## `dataset`",
         "",
         *_fields_table(DatasetConfig, "dataset."),
+        "",
+        "## `evals`",
+        "",
+        "Benchmarks run before the first training step (the baseline), every `eval_steps`, and after the",
+        "last step; `leap-finetune eval` runs them alone. See README \"Benchmarks\" for the row formats.",
+        "",
+        *_fields_table(EvalsConfig, "evals."),
+        "",
+        "Each entry of `evals.benchmarks`:",
+        "",
+        *_fields_table(BenchmarkConfig),
         "",
         "## `training_config`",
         "",

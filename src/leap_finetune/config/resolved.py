@@ -7,7 +7,7 @@ from __future__ import annotations
 
 from pydantic import BaseModel, ConfigDict
 
-from leap_finetune.config.schema import DatasetConfig
+from leap_finetune.config.schema import DatasetConfig, EvalsConfig
 
 
 class ResolvedConfig(BaseModel):
@@ -21,12 +21,14 @@ class ResolvedConfig(BaseModel):
     model_family: str  # "lfm2", "lfm2.5" or "other"
     chat_template: str  # a built-in template name, "model", or an absolute .jinja path
     loss_on: str  # "assistant", "all" or "final_assistant"
-    dataset: DatasetConfig  # local paths made absolute
+    dataset: DatasetConfig | None  # local paths made absolute; None for evaluation-only configs
     training: dict  # TRL / transformers training arguments (profile merged with the user's keys)
     peft: dict | None  # LoRA options, None for a full fine-tune
     output_dir: str | None  # the user's output_dir, absolute
     resume_from_checkpoint: str | None  # "latest", a path, or None
     samples: int = 0
+    evals: EvalsConfig | None = None  # benchmark paths made absolute
+    checkpoint: str | None = None  # leap-finetune eval: a run or checkpoint folder
     # Decided by the driver's plan (None until then):
     run_dir: str | None = None
     run_name: str | None = None

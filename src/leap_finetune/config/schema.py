@@ -49,6 +49,36 @@ class DatasetConfig(StrictModel):
         return value
 
 
+GENERATION_METRICS = ("exact_match", "short_answer", "mcq_gen", "bleu", "rouge_l")
+LOGPROB_METRICS = ("logprob_mcq", "logprob_zero_shot")
+
+
+class BenchmarkConfig(StrictModel):
+    """One benchmark: rows in the messages schema, scored by one metric."""
+
+    name: str = Field(pattern=r"^[A-Za-z0-9][A-Za-z0-9._-]*$", description="Used in metric names: benchmark/{name}/score.")
+    path: str = Field(description="A .jsonl, .json, .parquet or .csv file (or folder) of benchmark rows.")
+    metric: str = Field(
+        description="Generation: " + ", ".join(GENERATION_METRICS) + ", or ./file.py::function. "
+        "Log-prob multiple choice: logprob_mcq (also logprob_zero_shot)."
+    )
+    limit: int | None = Field(default=None, gt=0, description="Use only the first N rows.")
+
+
+class EvalsConfig(StrictModel):
+    """Benchmarks run before the first step, every `eval_steps`, and after the last step."""
+
+    benchmarks: list[BenchmarkConfig] = Field(min_length=1, description="The benchmarks to run.")
+    max_new_tokens: int = Field(default=128, gt=0, description="Generation length limit for generation benchmarks.")
+    batch_size: int = Field(default=8, gt=0, description="Rows per generation batch / options per scoring batch.")
+    do_sample: bool = Field(default=False, description="Sample instead of greedy decoding.")
+    temperature: float = Field(default=1.0, gt=0, description="Sampling temperature (with do_sample).")
+    top_p: float = Field(default=1.0, gt=0, le=1, description="Nucleus sampling (with do_sample).")
+    eval_steps: int | None = Field(
+        default=None, gt=0, description="Run benchmarks every N steps; default: training_config.eval_steps."
+    )
+
+
 class LeapConfigModel(StrictModel):
     """The top level of a leap-finetune YAML file."""
 
@@ -65,10 +95,17 @@ class LeapConfigModel(StrictModel):
         default=None,
         description="`lfm2`, `lfm2.5`, `lfm2-v1`, `model` (the tokenizer's own) or a .jinja file; default: chosen from the model family.",
     )
-    dataset: DatasetConfig = Field(description="Where the training rows come from (keys below).")
+    dataset: DatasetConfig | None = Field(
+        default=None, description="Where the training rows come from (keys below); required to train."
+    )
     training_config: dict = Field(default_factory=dict, description="Any TRL / transformers training argument, plus `extends` and `loss_on`.")
     peft_config: dict | None = Field(default=None, description="LoRA options (any peft LoraConfig field), plus `extends` and `use_peft`.")
     output_dir: str | None = Field(default=None, description="Run folder; default outputs/{project_name}/{run_name}.")
+    evals: EvalsConfig | None = Field(default=None, description="Benchmarks during training and for `leap-finetune eval`.")
+    checkpoint: str | None = Field(
+        default=None,
+        description="`leap-finetune eval` only: a run folder or checkpoint folder to evaluate instead of model_name.",
+    )
     samples: int = Field(
         default=0,
         ge=0,

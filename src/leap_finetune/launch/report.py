@@ -21,12 +21,15 @@ def config_table(resolved: ResolvedConfig) -> Table:
         ("chat template", resolved.chat_template),
         ("training", f"{resolved.training_type}, loss on {resolved.loss_on} tokens"),
         ("fine-tune", f"LoRA r={resolved.peft['r']} alpha={resolved.peft['lora_alpha']}" if resolved.peft else "full"),
-        ("dataset", resolved.dataset.path + (f"  (eval: {resolved.dataset.val_path})" if resolved.dataset.val_path else "")),
+        ("dataset", (resolved.dataset.path + (f"  (eval: {resolved.dataset.val_path})" if resolved.dataset.val_path else ""))
+         if resolved.dataset else "-"),
         ("learning rate", str(t.get("learning_rate"))),
         ("epochs / max steps", f"{t.get('num_train_epochs')} / {t.get('max_steps', -1)}"),
         ("batch x accumulation", f"{t.get('per_device_train_batch_size')} x {t.get('gradient_accumulation_steps', 1)}"),
         ("max length / packing", f"{t.get('max_length')} / {t.get('packing', False)}"),
     ]
+    if resolved.evals:
+        rows.append(("benchmarks", ", ".join(f"{b.name} ({b.metric.rsplit('::', 1)[-1]})" for b in resolved.evals.benchmarks)))
     for key, value in rows:
         table.add_row(key, value)
     return table

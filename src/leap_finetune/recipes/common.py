@@ -84,8 +84,25 @@ def lora_config(resolved: ResolvedConfig):
     return LoraConfig(task_type="CAUSAL_LM", **resolved.peft)
 
 
-def standard_callbacks(run_dir: Path, console, stop_on_signal: StopOnSignal, extra: list | None) -> list:
-    return [MetricsLog(run_dir / "metrics.jsonl"), CheckpointMarker(), RichProgress(console), stop_on_signal, *(extra or [])]
+def standard_callbacks(run_dir: Path, console, stop_on_signal: StopOnSignal, extra: list | None,
+                       benchmarks=None) -> list:
+    callbacks = [MetricsLog(run_dir / "metrics.jsonl"), CheckpointMarker(), RichProgress(console), stop_on_signal]
+    return callbacks + ([benchmarks] if benchmarks is not None else []) + list(extra or [])
+
+
+def benchmark_callback(resolved: ResolvedConfig, tokenizer, run_dir: Path, console):
+    """The `evals:` block as a callback (None without one). Benchmarks were validated by the driver."""
+    if resolved.evals is None:
+        return None
+    from leap_finetune.data.chat_templates import load_chat_template
+    from leap_finetune.data.render import Renderer
+    from leap_finetune.evaluation.callback import BenchmarkCallback
+    from leap_finetune.evaluation.runner import load_benchmarks
+
+    renderer = Renderer(tokenizer, load_chat_template(resolved.chat_template, tokenizer), "all", None)
+    benchmarks = load_benchmarks(resolved.evals, vision=False, model_name=resolved.model_name)
+    every = resolved.evals.eval_steps or resolved.training.get("eval_steps") or 500
+    return BenchmarkCallback(resolved.evals, benchmarks, renderer, run_dir, console, every)
 
 
 def train_evaluate_save(trainer, resolved: ResolvedConfig, run_dir: Path, tokenizer, console,
@@ -93,12 +110,18 @@ def train_evaluate_save(trainer, resolved: ResolvedConfig, run_dir: Path, tokeni
     """Baseline eval -> train (resuming if planned) -> final eval -> save model (+ adapter) -> summary."""
     from transformers.trainer_callback import PrinterCallback, ProgressCallback
 
+    from leap_finetune.evaluation.callback import BenchmarkCallback
+
     trainer.remove_callback(ProgressCallback)
     trainer.remove_callback(PrinterCallback)
+    benchmarks = next((c for c in trainer.callback_handler.callbacks if isinstance(c, BenchmarkCallback)), None)
+    if benchmarks is not None:
+        benchmarks.trainer = trainer
     resume = resolved.resume_checkpoint_path
     _print_model_summary(console, trainer.model)
     has_eval = trainer.eval_dataset is not None
     baseline = trainer.evaluate() if has_eval and not resume else None  # logged at step 0
+    baseline_benchmarks = benchmarks.evaluate("before training") if benchmarks is not None and not resume else {}
     result = trainer.train(resume_from_checkpoint=resume)
     summary = {"global_step": trainer.state.global_step, "train_loss": result.training_loss,
                "train_runtime_s": result.metrics.get("train_runtime"),
@@ -108,6 +131,10 @@ def train_evaluate_save(trainer, resolved: ResolvedConfig, run_dir: Path, tokeni
         summary["stopped_by_signal"] = stop_on_signal.received
         write_atomic(run_dir / "summary.json", json.dumps(summary, indent=2))
         return summary
+    if benchmarks is not None:
+        final = benchmarks.evaluate("after training")
+        summary["benchmarks"] = {k: v for k, v in final.items() if k.endswith("/score")}
+        summary["initial_benchmarks"] = {k: v for k, v in baseline_benchmarks.items() if k.endswith("/score")}
     if has_eval:
         last = next((e for e in reversed(trainer.state.log_history) if "eval_loss" in e), None)
         if last is None or last.get("step") != trainer.state.global_step:  # not evaluated at the last step yet

@@ -73,6 +73,7 @@ def run_preference(resolved_json: dict, callbacks: list | None, config_cls, trai
         eval_dataset=eval_dataset,
         processing_class=tokenizer,
         peft_config=peft_config,
-        callbacks=common.standard_callbacks(run_dir, console, stop_on_signal, callbacks),
+        callbacks=common.standard_callbacks(run_dir, console, stop_on_signal, callbacks,
+                                            common.benchmark_callback(resolved, tokenizer, run_dir, console)),
     )
     return common.train_evaluate_save(trainer, resolved, run_dir, tokenizer, console, stop_on_signal, [])

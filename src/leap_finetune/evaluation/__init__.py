@@ -1,0 +1,1 @@
+"""Benchmarks: generation and log-prob multiple choice, during training and standalone."""

@@ -1,0 +1,130 @@
+"""Generation metrics. Each returns (score in [0, 1] (BLEU: 0-100), parsed): a metric never raises
+on odd model output; output it cannot read scores 0 and is counted as unparsed."""
+
+from __future__ import annotations
+
+import importlib.util
+import re
+import string
+from collections.abc import Callable
+
+from leap_finetune.errors import LeapError
+
+_ARTICLES = re.compile(r"\b(a|an|the)\b")
+
+
+def normalise(text: str) -> str:
+    """Lower case, no punctuation, no articles, single spaces (the SQuAD normalisation)."""
+    text = text.lower()
+    text = "".join(ch for ch in text if ch not in set(string.punctuation))
+    text = _ARTICLES.sub(" ", text)
+    return " ".join(text.split())
+
+
+def exact_match(prediction: str, reference: str, item=None) -> tuple[float, bool]:
+    return float(normalise(prediction) == normalise(reference)), True
+
+
+def short_answer(prediction: str, reference: str, item=None) -> tuple[float, bool]:
+    """The normalised reference appears in the normalised answer as whole words."""
+    ref, pred = normalise(reference), normalise(prediction)
+    if not ref:
+        return 0.0, False
+    return float(re.search(rf"(^| ){re.escape(ref)}( |$)", pred) is not None), True
+
+
+_LETTER_PATTERNS = [
+    re.compile(r"answer\s*(?:is|:)?\s*\(?([A-Z])\)?(?![A-Za-z])", re.I),
+    re.compile(r"^\s*\(?([A-Z])[\).:]?(?:\s|$)"),
+    re.compile(r"\(([A-Z])\)"),
+    re.compile(r"\b([A-Z])\)"),
+]
+
+
+def mcq_letter(text: str) -> str | None:
+    """The option letter chosen in free text: 'B', '(B)', 'B) Paris', 'The answer is C.'"""
+    for pattern in _LETTER_PATTERNS:
+        match = pattern.search(text)
+        if match:
+            return match.group(1).upper()
+    return None
+
+
+def mcq_gen(prediction: str, reference: str, item=None) -> tuple[float, bool]:
+    """Multiple choice answered in free text: compare the chosen letter (or option text) with the
+    reference letter (or option text)."""
+    ref_letter = mcq_letter(reference) or (reference.strip().upper() if len(reference.strip()) == 1 else None)
+    chosen = mcq_letter(prediction)
+    if ref_letter is None:  # the reference is option text
+        if not prediction.strip():
+            return 0.0, False
+        return short_answer(prediction, reference)
+    if chosen is None:
+        return 0.0, False
+    return float(chosen == ref_letter), True
+
+
+def bleu(prediction: str, reference: str, item=None) -> tuple[float, bool]:
+    import sacrebleu
+
+    return float(sacrebleu.sentence_bleu(prediction, [reference]).score), True
+
+
+def rouge_l(prediction: str, reference: str, item=None) -> tuple[float, bool]:
+    """ROUGE-L F1 over whitespace tokens of the normalised texts. Written here because the
+    rouge-score package pulls nltk and absl for this one longest-common-subsequence."""
+    pred, ref = normalise(prediction).split(), normalise(reference).split()
+    if not pred or not ref:
+        return 0.0, bool(pred)
+    previous = [0] * (len(ref) + 1)
+    for p in pred:
+        current = [0]
+        for j, r in enumerate(ref):
+            current.append(previous[j] + 1 if p == r else max(previous[j + 1], current[j]))
+        previous = current
+    lcs = previous[-1]
+    if lcs == 0:
+        return 0.0, True
+    precision, recall = lcs / len(pred), lcs / len(ref)
+    return 2 * precision * recall / (precision + recall), True
+
+
+BUILTIN: dict[str, Callable] = {
+    "exact_match": exact_match, "short_answer": short_answer, "mcq_gen": mcq_gen, "bleu": bleu, "rouge_l": rouge_l,
+}
+
+
+def load_metric(metric: str) -> Callable:
+    """A built-in metric, or `path/to/file.py::function` taking (prediction, reference, row) and
+    returning a number (or (number, parsed))."""
+    if metric in BUILTIN:
+        return BUILTIN[metric]
+    file, _, name = metric.partition("::")
+    spec = importlib.util.spec_from_file_location(f"leap_custom_metric_{abs(hash(file))}", file)
+    module = importlib.util.module_from_spec(spec)
+    try:
+        spec.loader.exec_module(module)
+    except Exception as err:  # noqa: BLE001 - the user's file
+        raise LeapError(f"cannot import the custom metric file: {type(err).__name__}: {err}", where=file) from None
+    function = getattr(module, name, None)
+    if not callable(function):
+        raise LeapError(f"no function '{name}' in the custom metric file", where=file,
+                        fix="define def name(prediction, reference, row) -> float")
+    return _guarded(function)
+
+
+def _guarded(function: Callable) -> Callable:
+    def metric(prediction: str, reference: str, item=None) -> tuple[float, bool]:
+        try:
+            value = function(prediction, reference, item)
+        except Exception:  # noqa: BLE001 - a custom metric must not stop training on odd output
+            return 0.0, False
+        if isinstance(value, tuple):
+            value, parsed = value
+            return float(value), bool(parsed)
+        try:
+            return float(value), True
+        except (TypeError, ValueError):
+            return 0.0, False
+
+    return metric

@@ -1,0 +1,158 @@
+"""Benchmark rows in the Hugging Face messages schema, validated up front like training data.
+
+- Generation: the last assistant turn is the reference; everything before it is the prompt.
+- Log-prob multiple choice: no assistant turn; `options` (two or more non-empty strings) and
+  `answer_id` (the index of the correct option).
+"""
+
+from __future__ import annotations
+
+import json
+from dataclasses import dataclass, field
+from pathlib import Path
+
+from leap_finetune.config.schema import LOGPROB_METRICS, BenchmarkConfig
+from leap_finetune.data.readers import SourceRow, read_dataset
+from leap_finetune.data.sft_rows import MESSAGE_COLUMNS, ROLES, _kind
+from leap_finetune.errors import DataError, RowProblem
+
+
+@dataclass
+class BenchmarkItem:
+    file: str
+    location: str
+    prompt: list[dict]  # messages the model sees (content as text)
+    reference: str | None = None  # generation benchmarks
+    options: list[str] | None = None  # log-prob multiple choice
+    answer_id: int | None = None
+    images: list[str] = field(default_factory=list)
+
+
+def is_logprob(metric: str) -> bool:
+    return metric in LOGPROB_METRICS
+
+
+def load_benchmark(bench: BenchmarkConfig, *, vision: bool, model_name: str) -> list[BenchmarkItem]:
+    """Every row of a benchmark, or a DataError listing every problem (file, row, field)."""
+    result = read_dataset(bench.path, limit=bench.limit)
+    problems = list(result.problems)
+    items = []
+    for row in result.rows:
+        item = _check_row(row, bench, vision=vision, model_name=model_name, problems=problems)
+        if item is not None:
+            items.append(item)
+    if problems:
+        error = DataError(problems=problems, total_rows=len(result.rows) + len(result.problems))
+        error.message = f"benchmark '{bench.name}': " + error.message
+        raise error
+    return items
+
+
+def _check_row(row: SourceRow, bench: BenchmarkConfig, *, vision: bool, model_name: str,
+               problems: list[RowProblem]) -> BenchmarkItem | None:
+    start = len(problems)
+
+    def problem(field_name: str, text: str) -> None:
+        problems.append(RowProblem(row.file, row.location, field_name, text))
+
+    data = row.data
+    if not isinstance(data, dict):
+        problem("<row>", f"expected an object with 'messages', got {_kind(data)}")
+        return None
+    column = next((c for c in MESSAGE_COLUMNS if c in data), None)
+    messages = data.get(column) if column else None
+    if row.from_text_table and isinstance(messages, str):
+        try:
+            messages = json.loads(messages)
+        except json.JSONDecodeError as err:
+            problem("messages", f"expected JSON text holding a list of messages ({err.msg})")
+            return None
+    if not isinstance(messages, list) or not messages:
+        problem("messages", "missing or empty: benchmark rows hold a 'messages' list")
+        return None
+    base = Path(row.file).parent
+    turns, images = [], []
+    for index, message in enumerate(messages):
+        field_name = f"messages[{index}]"
+        if not isinstance(message, dict) or message.get("role") not in ROLES:
+            problem(f"{field_name}.role", f"expected a message with a role in {', '.join(ROLES)}")
+            continue
+        text = _content(message.get("content"), f"{field_name}.content", base, images, problem)
+        if text is not None:
+            turns.append({"role": message["role"], "content": text})
+    if images and not vision:
+        problem("messages", f"the row has an image, but model '{model_name}' is text-only; use a vision-language "
+                "model (LFM2-VL) or remove image rows from benchmark '" + bench.name + "'")
+    if len(problems) > start:
+        return None
+    if is_logprob(bench.metric):
+        return _mcq(row, data, turns, images, problem, bench)
+    if turns[-1]["role"] != "assistant":
+        problem("messages", f"no assistant turn at the end: a generation benchmark ({bench.metric}) needs the "
+                "reference answer as the last assistant message (log-prob multiple choice uses options/answer_id "
+                "with metric: logprob_mcq)")
+        return None
+    if len(turns) < 2:
+        problem("messages", "only an assistant turn: the prompt (everything before the reference) is empty")
+        return None
+    return BenchmarkItem(row.file, row.location, turns[:-1], reference=turns[-1]["content"], images=images)
+
+
+def _mcq(row, data, turns, images, problem, bench) -> BenchmarkItem | None:
+    options, answer = data.get("options"), data.get("answer_id")
+    if row.from_text_table and isinstance(options, str):
+        try:
+            options = json.loads(options)
+        except json.JSONDecodeError:
+            problem("options", "expected JSON text holding a list of strings")
+            return None
+    if row.from_text_table and isinstance(answer, str) and answer.strip().lstrip("-").isdigit():
+        answer = int(answer)
+    if not isinstance(options, list) or len(options) < 2:
+        problem("options", f"expected a list of at least two options, got {_kind(options)}"
+                + (f" with {len(options)}" if isinstance(options, list) else ""))
+        return None
+    for index, option in enumerate(options):
+        if not isinstance(option, str) or not option.strip():
+            problem(f"options[{index}]", f"expected a non-empty string, got {_kind(option)}")
+            return None
+    if isinstance(answer, bool) or not isinstance(answer, int):
+        problem("answer_id", f"expected the index of the correct option (an integer), got {_kind(answer)}")
+        return None
+    if not 0 <= answer < len(options):
+        problem("answer_id", f"{answer} is out of range for {len(options)} options (0 to {len(options) - 1})")
+        return None
+    if turns[-1]["role"] == "assistant":
+        problem("messages", f"ends with an assistant turn: in a log-prob benchmark ({bench.metric}) the options are "
+                "the assistant's reply, so the prompt must end with the user's question")
+        return None
+    return BenchmarkItem(row.file, row.location, turns, options=options, answer_id=answer, images=images)
+
+
+def _content(content, field_name: str, base: Path, images: list[str], problem) -> str | None:
+    if isinstance(content, str):
+        return content
+    if not isinstance(content, list):
+        problem(field_name, f"expected a string or a list of typed parts, got {_kind(content)}")
+        return None
+    texts = []
+    for index, part in enumerate(content):
+        part_field = f"{field_name}[{index}]"
+        kind = part.get("type") if isinstance(part, dict) else None
+        if kind == "text" and isinstance(part.get("text"), str):
+            texts.append(part["text"])
+        elif kind == "image":
+            image = part.get("image") or part.get("path") or part.get("url")
+            if not isinstance(image, str) or not image:
+                problem(part_field, "an image part needs 'image': a file path")
+                return None
+            path = (base / image).expanduser()
+            if not image.startswith(("http://", "https://")) and not path.is_file():
+                problem(part_field, f"image file not found: {path}")
+                return None
+            images.append(str(path))
+            texts.append("<image>")
+        else:
+            problem(part_field, "expected {\"type\": \"text\", \"text\": ...} or {\"type\": \"image\", \"image\": path}")
+            return None
+    return "".join(texts)

@@ -1,0 +1,120 @@
+"""Running the `evals:` block: every benchmark, scores logged as benchmark/{name}/score, the last
+evaluation's predictions saved per benchmark, a summary table printed."""
+
+from __future__ import annotations
+
+import json
+import time
+from dataclasses import dataclass
+from pathlib import Path
+
+from leap_finetune.config.schema import EvalsConfig
+from leap_finetune.data.render import Renderer
+from leap_finetune.evaluation.generation import generate
+from leap_finetune.evaluation.logprob import option_sequences, score_sequences
+from leap_finetune.evaluation.metrics import load_metric
+from leap_finetune.evaluation.rows import BenchmarkItem, is_logprob, load_benchmark
+
+
+@dataclass
+class LoadedBenchmark:
+    name: str
+    metric: str
+    items: list[BenchmarkItem]
+
+
+def load_benchmarks(evals: EvalsConfig, *, vision: bool, model_name: str) -> list[LoadedBenchmark]:
+    """Validate every benchmark row (and custom metric) before any model loads."""
+    loaded = []
+    for bench in evals.benchmarks:
+        items = load_benchmark(bench, vision=vision, model_name=model_name)
+        if not is_logprob(bench.metric):
+            load_metric(bench.metric)  # a broken custom metric fails now, not mid-training
+        loaded.append(LoadedBenchmark(bench.name, bench.metric, items))
+    return loaded
+
+
+def run_benchmarks(model, renderer: Renderer, evals: EvalsConfig, benchmarks: list[LoadedBenchmark], *,
+                   predictions_dir: Path | None = None) -> dict[str, float]:
+    """Evaluate every benchmark; returns flat metrics: benchmark/{name}/score and extras."""
+    was_training = model.training
+    model.eval()
+    results: dict[str, float] = {}
+    try:
+        for bench in benchmarks:
+            start = time.perf_counter()
+            if is_logprob(bench.metric):
+                metrics, predictions = _logprob(model, renderer, evals, bench)
+            else:
+                metrics, predictions = _generation(model, renderer, evals, bench)
+            metrics["seconds"] = time.perf_counter() - start
+            results.update({f"benchmark/{bench.name}/{key}": value for key, value in metrics.items()})
+            if predictions_dir is not None:
+                predictions_dir.mkdir(parents=True, exist_ok=True)
+                path = predictions_dir / f"{bench.name}.jsonl"
+                path.write_text("".join(json.dumps(p, ensure_ascii=False) + "\n" for p in predictions), encoding="utf-8")
+    finally:
+        if was_training:
+            model.train()
+    return results
+
+
+def _generation(model, renderer, evals, bench):
+    metric = load_metric(bench.metric)
+    prompts = [renderer.prompt_text(item.prompt) for item in bench.items]
+    outputs = generate(model, renderer.tokenizer, prompts, max_new_tokens=evals.max_new_tokens,
+                       batch_size=evals.batch_size, do_sample=evals.do_sample, temperature=evals.temperature,
+                       top_p=evals.top_p)
+    scores, unparsed, predictions = [], 0, []
+    for item, prompt, output in zip(bench.items, prompts, outputs, strict=True):
+        score, parsed = metric(output, item.reference, item)
+        unparsed += not parsed
+        scores.append(score)
+        predictions.append({"source": f"{item.file}, {item.location}", "prompt": prompt, "prediction": output,
+                            "reference": item.reference, "score": score})
+    return {"score": sum(scores) / len(scores), "unparsed": unparsed, "rows": len(scores)}, predictions
+
+
+def _logprob(model, renderer, evals, bench):
+    sequences, owners = [], []
+    for index, item in enumerate(bench.items):
+        for option_index, sequence in enumerate(option_sequences(renderer, item.prompt, item.options)):
+            sequences.append(sequence)
+            owners.append((index, option_index))
+    pad = renderer.tokenizer.pad_token_id or 0
+    logprobs = score_sequences(model, sequences, batch_size=evals.batch_size, pad_id=pad)
+    per_item: list[list[tuple[float, int]]] = [[] for _ in bench.items]
+    for (index, _), logprob, (_, start, end) in zip(owners, logprobs, sequences, strict=True):
+        per_item[index].append((logprob, end - start))
+    correct = {"sum": 0, "per_token": 0, "per_char": 0}
+    predictions = []
+    for item, scored in zip(bench.items, per_item, strict=True):
+        picks = {
+            "sum": max(range(len(scored)), key=lambda i: scored[i][0]),
+            "per_token": max(range(len(scored)), key=lambda i: scored[i][0] / max(1, scored[i][1])),
+            "per_char": max(range(len(scored)), key=lambda i: scored[i][0] / max(1, len(item.options[i]))),
+        }
+        for key, pick in picks.items():
+            correct[key] += pick == item.answer_id
+        predictions.append({"source": f"{item.file}, {item.location}", "prompt": renderer.prompt_text(item.prompt),
+                            "prediction": item.options[picks["sum"]], "reference": item.options[item.answer_id],
+                            "score": float(picks["sum"] == item.answer_id),
+                            "option_logprobs": [round(lp, 4) for lp, _ in scored]})
+    rows = len(bench.items)
+    return {"score": correct["sum"] / rows, "accuracy_per_token": correct["per_token"] / rows,
+            "accuracy_per_char": correct["per_char"] / rows, "rows": rows}, predictions
+
+
+def print_summary(console, results: dict[str, float], step: int, when: str) -> None:
+    from rich.table import Table
+
+    names = sorted({key.split("/")[1] for key in results if key.startswith("benchmark/")})
+    table = Table(title=f"benchmarks {when} (step {step})", title_justify="left")
+    for column in ("benchmark", "score", "details"):
+        table.add_column(column)
+    for name in names:
+        prefix = f"benchmark/{name}/"
+        extras = ", ".join(f"{k[len(prefix):]}={v:.3g}" for k, v in results.items()
+                           if k.startswith(prefix) and k != prefix + "score")
+        table.add_row(name, f"{results[prefix + 'score']:.4f}", extras)
+    console.print(table)
