@@ -186,3 +186,41 @@ def test_python_api_accepts_a_dict(folder, monkeypatch):
     monkeypatch.chdir(folder)
     resolved = load_config(tiny_config())
     assert resolved.dataset.path == str(folder / "train.jsonl")
+
+
+def _evals(*benchmarks) -> dict:
+    return {"benchmarks": list(benchmarks)}
+
+
+def test_evals_block_paths_and_metrics(folder):
+    (folder / "bench.jsonl").write_text("")
+    (folder / "my_metrics.py").write_text("def score(p, r, row):\n    return 1.0\n")
+    resolved = load_config(write_config(folder, tiny_config(evals=_evals(
+        {"name": "a", "path": "bench.jsonl", "metric": "exact_match"},
+        {"name": "b", "path": "bench.jsonl", "metric": "./my_metrics.py::score"},
+        {"name": "c", "path": "bench.jsonl", "metric": "logprob_zero_shot"}))))
+    assert resolved.evals.benchmarks[0].path == str(folder / "bench.jsonl")
+    assert resolved.evals.benchmarks[1].metric == f"{folder / 'my_metrics.py'}::score"
+
+
+@pytest.mark.parametrize(("benchmark", "message"), [
+    ({"name": "a", "path": "b.jsonl", "metric": "exact_mach"}, "did you mean 'exact_match'"),
+    ({"name": "a", "path": "b.jsonl", "metric": "./missing.py::f"}, "file not found"),
+    ({"name": "a", "path": "b.jsonl", "metric": "bleu", "limt": 3}, "did you mean 'limit'"),
+])
+def test_evals_mistakes(folder, benchmark, message):
+    assert message in _error(folder, tiny_config(evals=_evals(benchmark)))
+
+
+def test_duplicate_benchmark_names(folder):
+    bench = {"name": "a", "path": "b.jsonl", "metric": "bleu"}
+    assert "two benchmarks are named 'a'" in _error(folder, tiny_config(evals=_evals(bench, bench)))
+
+
+def test_training_without_a_dataset_is_a_clear_error(folder):
+    from leap_finetune.api import validate_config
+
+    config = tiny_config()
+    del config["dataset"]
+    with pytest.raises(LeapError, match="required key 'dataset' is missing"):
+        validate_config(write_config(folder, config))

@@ -16,8 +16,36 @@ def test_quickstart_learns_visibly(workdir):
     summary = json.loads((run_dir / "summary.json").read_text())
     assert summary["eval_loss"] <= summary["initial_eval_loss"] / 2
     assert "sample answers before training" in result.stderr and "sample answers after training" in result.stderr
-    assert "model: 'The capital of" in result.stderr.split("after training")[1]
+    assert "model: 'The capital of" in result.stderr.split("sample answers after training")[1]
     assert (run_dir / "model" / "model.safetensors").exists()
+
+    # benchmarks: printed before and after, logged by step, scores rise from the baseline
+    assert "benchmarks before training (step 0)" in result.stderr and "benchmarks after training" in result.stderr
+    for name in ("capitals", "capitals_mcq"):
+        key = f"benchmark/{name}/score"
+        assert summary["benchmarks"][key] > summary["initial_benchmarks"][key]
+        logged = [m for m in map(json.loads, (run_dir / "metrics.jsonl").read_text().splitlines()) if key in m]
+        assert [m["step"] for m in logged] == [0, 135, 270]
+        predictions = [json.loads(line) for line in (run_dir / "benchmarks" / f"{name}.jsonl").read_text().splitlines()]
+        assert len(predictions) == 12 and {"prompt", "prediction", "reference", "score"} <= set(predictions[0])
+    assert summary["benchmarks"]["benchmark/capitals/score"] >= 0.75
+
+    # standalone evaluation of the trained run, from the CLI and from Python
+    eval_config = {"model_name": "tiny-lfm2", "checkpoint": str(run_dir),
+                   "evals": {"max_new_tokens": 24, "benchmarks": [
+                       {"name": "capitals", "path": str(EXAMPLES / "data/quickstart_bench_generation.jsonl"),
+                        "metric": "exact_match"},
+                       {"name": "capitals_mcq", "path": str(EXAMPLES / "data/quickstart_bench_mcq.jsonl"),
+                        "metric": "logprob_mcq"}]}}
+    evaluated = run_cli("eval", str(write_config(workdir, eval_config, "eval.yaml")), "--output", "results.json", cwd=workdir)
+    assert evaluated.returncode == 0, evaluated.stderr[-2000:]
+    results = json.loads((workdir / "results.json").read_text())
+    assert results["model"] == str(run_dir / "model")
+    for key, value in summary["benchmarks"].items():
+        assert results["results"][key] == value
+    from leap_finetune.api import run_config
+
+    assert run_config(workdir / "eval.yaml")["results"]["benchmark/capitals_mcq/score"] == summary["benchmarks"]["benchmark/capitals_mcq/score"]
 
 
 def test_validate_exit_codes_and_messages(workdir):

@@ -140,14 +140,14 @@ class Renderer:
 
 
 def split_completion(renderer: "Renderer", prompt: list[dict], completion: list[dict],
-                     tools: list | None) -> TokenizedCompletion:
+                     tools: list | None, prompt_text: str | None = None) -> TokenizedCompletion:
     """Render prompt + completion with the official template and cut it where the completion starts.
 
     The prompt text is what the model sees at inference (the template's generation prompt included);
     the completion is what follows: the assistant's turn(s) up to and including the end-of-turn token.
     Both come from one tokenization of the whole text, so the token boundary is exactly what
     training sees."""
-    prompt_text = renderer.prompt_text(prompt, tools)
+    prompt_text = prompt_text if prompt_text is not None else renderer.prompt_text(prompt, tools)
     full_text, _ = render_jinja_template(
         conversations=[prompt + completion], tools=tools, chat_template=renderer.template.text, **renderer._special
     )

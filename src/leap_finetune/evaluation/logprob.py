@@ -29,8 +29,9 @@ def option_sequences(renderer: Renderer, prompt: list[dict], options: list[str])
     eos = renderer._special["eos_token"]
     eos_tokens = len(renderer.tokenizer(eos, add_special_tokens=False)["input_ids"]) if eos else 0
     sequences = []
+    prompt_text = renderer.prompt_text(prompt)  # rendered once per question
     for option in options:
-        part = split_completion(renderer, prompt, [{"role": "assistant", "content": option}], None)
+        part = split_completion(renderer, prompt, [{"role": "assistant", "content": option}], None, prompt_text)
         suffix = eos_tokens if eos and part.completion_text.endswith(eos) else 0
         scored = part.completion_ids[: len(part.completion_ids) - suffix]
         sequences.append((part.prompt_ids + scored, len(part.prompt_ids), len(part.prompt_ids) + len(scored)))

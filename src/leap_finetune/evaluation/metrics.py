@@ -35,7 +35,7 @@ def short_answer(prediction: str, reference: str, item=None) -> tuple[float, boo
 
 _LETTER_PATTERNS = [
     re.compile(r"answer\s*(?:is|:)?\s*\(?([A-Z])\)?(?![A-Za-z])", re.I),
-    re.compile(r"^\s*\(?([A-Z])[\).:]?(?:\s|$)"),
+    re.compile(r"^\s*\(?([A-Z])(?:[\).:]|\s*$)"),  # "B", "B)", "(B)", "B." - not "I am" or "A dog"
     re.compile(r"\(([A-Z])\)"),
     re.compile(r"\b([A-Z])\)"),
 ]
