@@ -1,0 +1,206 @@
+"""SFT throughput on a CUDA machine, through the real leap-finetune path, against TRL's defaults.
+
+python bench/sft_throughput.py [--models 350m,1.2b] [--steps 40] [--record]
+
+- Builds the LFM2-350M and LFM2-1.2B architectures with random weights (no download) and saves them
+  with the bundled tokenizer, so `model_name` is a local folder, as for a user's checkpoint.
+- Synthetic conversations with a realistic length spread (log-normal, 200-2048 tokens).
+- Measures real (non-padding) tokens/s from the run's metrics.jsonl after warm-up, peak memory, and
+  MFU against a bf16 matmul peak measured in the same run.
+- FLOPs per token = 6 * N (all parameters; the tied embedding counted once, as the LM head matmul)
+  + causal attention 6 * 2 * n_attention_layers * d_model * E[len^2] / (2 E[len]) (QK^T and AV,
+  forward + backward, each document attending to itself only).
+"""
+
+from __future__ import annotations
+
+import argparse
+import datetime
+import gc
+import json
+import math
+import random
+import statistics
+import sys
+import time
+from pathlib import Path
+
+import torch
+import transformers
+
+ARCHS = {
+    "350m": dict(hidden_size=1024, intermediate_size=6656, num_hidden_layers=16, num_attention_heads=16,
+                 num_key_value_heads=8, full_attn_idxs=[2, 5, 8, 10, 12, 14]),
+    "1.2b": dict(hidden_size=2048, intermediate_size=12288, num_hidden_layers=16, num_attention_heads=32,
+                 num_key_value_heads=8, full_attn_idxs=[2, 5, 8, 10, 12, 14]),
+}
+
+
+def matmul_peak() -> float:
+    a = torch.randn(8192, 8192, device="cuda", dtype=torch.bfloat16)
+    b = torch.randn(8192, 8192, device="cuda", dtype=torch.bfloat16)
+    for _ in range(3):
+        a @ b
+    torch.cuda.synchronize()
+    start, iters = time.perf_counter(), 50
+    for _ in range(iters):
+        a @ b
+    torch.cuda.synchronize()
+    return 2 * 8192**3 * iters / (time.perf_counter() - start)
+
+
+def build_model(name: str, folder: Path):
+    from leap_finetune.models.tiny import load_tiny_tokenizer
+
+    arch = dict(ARCHS[name])
+    attn = arch.pop("full_attn_idxs")
+    layer_types = ["full_attention" if i in attn else "conv" for i in range(arch["num_hidden_layers"])]
+    config = transformers.Lfm2Config(vocab_size=65536, layer_types=layer_types, block_auto_adjust_ff_dim=True,
+                                     block_ffn_dim_multiplier=1.0, block_multiple_of=256, conv_L_cache=3,
+                                     max_position_embeddings=128000, tie_word_embeddings=True, **arch)
+    tokenizer = load_tiny_tokenizer("tiny-lfm2")
+    config.pad_token_id, config.bos_token_id, config.eos_token_id = 0, 1, 7
+    torch.manual_seed(0)
+    model = transformers.Lfm2ForCausalLM(config).to(torch.bfloat16)  # as LiquidAI ships its checkpoints
+    model.save_pretrained(folder)
+    tokenizer.save_pretrained(folder)
+    n_params = sum(p.numel() for p in model.parameters())
+    del model
+    return n_params, config
+
+
+def make_data(path: Path, rows: int, seed: int = 0) -> list[int]:
+    """Conversations whose rendered lengths spread like chat data: log-normal, clipped to 200-2048."""
+    from leap_finetune.models.tiny import load_tiny_tokenizer
+
+    tokenizer = load_tiny_tokenizer("tiny-lfm2")
+    words = [w for w in "the quick brown fox jumps over a lazy dog while seven wizards quietly hex jolly mice".split()]
+    per_word = len(tokenizer(" ".join(words * 10), add_special_tokens=False)["input_ids"]) / (len(words) * 10)
+    rng = random.Random(seed)
+    lengths, lines = [], []
+    for _ in range(rows):
+        target = int(min(2040, max(200, rng.lognormvariate(math.log(700), 0.6))))
+        n_words = int(target / per_word)
+        user = " ".join(rng.choice(words) for _ in range(n_words // 3))
+        answer = " ".join(rng.choice(words) for _ in range(n_words - n_words // 3))
+        lines.append(json.dumps({"messages": [{"role": "user", "content": user}, {"role": "assistant", "content": answer}]}))
+        lengths.append(target)
+    path.write_text("\n".join(lines) + "\n")
+    return lengths
+
+
+def flops_per_token(n_params: int, config, lengths: list[int]) -> float:
+    n_attn = sum(t == "full_attention" for t in config.layer_types)
+    mean_context = sum(l * l for l in lengths) / (2 * sum(lengths))
+    return 6 * n_params + 12 * n_attn * config.hidden_size * mean_context
+
+
+def tokens_per_second(metrics_path: Path, warmup_steps: int) -> float:
+    records = [json.loads(l) for l in metrics_path.read_text().splitlines()]
+    speeds = [r["tokens_per_second"] for r in records if "tokens_per_second" in r and r["step"] > warmup_steps]
+    return statistics.median(speeds) if speeds else float("nan")
+
+
+def leap_run(label: str, model_dir: Path, data: Path, work: Path, steps: int, training: dict) -> dict:
+    from leap_finetune.api import run_config
+
+    config = {"project_name": f"bench-{label}", "model_name": str(model_dir), "training_type": "sft",
+              "dataset": {"path": str(data)},
+              "training_config": {"extends": "DEFAULT_SFT", "max_steps": steps, "per_device_train_batch_size": 8,
+                                  "logging_steps": 5, "save_strategy": "no", "max_length": 2048,
+                                  "learning_rate": 1e-5, **training}}
+    if torch.cuda.is_available():
+        torch.cuda.reset_peak_memory_stats()
+    start = time.perf_counter()
+    summary = run_config(config, outputs_root=work / "outputs")
+    run_dir = Path(summary["run_dir"])
+    losses = [json.loads(l).get("loss") for l in (run_dir / "metrics.jsonl").read_text().splitlines()]
+    return {"tokens_per_second": tokens_per_second(run_dir / "metrics.jsonl", warmup_steps=10),
+            "peak_gib": torch.cuda.max_memory_allocated() / 2**30 if torch.cuda.is_available() else 0.0, "wall_s": time.perf_counter() - start,
+            "losses": [l for l in losses if l is not None][:4]}
+
+
+def trl_default_run(model_dir: Path, data: Path, work: Path, steps: int) -> dict:
+    """TRL SFTTrainer with its defaults on the same rows (messages rendered by the model's template)."""
+    from datasets import load_dataset
+    from trl import SFTConfig, SFTTrainer
+
+    from leap_finetune.recipes.callbacks import MetricsLog
+
+    out = work / "trl-default"
+    out.mkdir(parents=True, exist_ok=True)
+    dataset = load_dataset("json", data_files=str(data), split="train")
+    args = SFTConfig(output_dir=str(out), max_steps=steps, per_device_train_batch_size=8, logging_steps=5,
+                     save_strategy="no", report_to="none", max_length=2048, learning_rate=1e-5,
+                     include_num_input_tokens_seen="non_padding", disable_tqdm=True)
+    if torch.cuda.is_available():
+        torch.cuda.reset_peak_memory_stats()
+    start = time.perf_counter()
+    trainer = SFTTrainer(model=str(model_dir), args=args, train_dataset=dataset,
+                         callbacks=[MetricsLog(out / "metrics.jsonl")])
+    trainer.train()
+    result = {"tokens_per_second": tokens_per_second(out / "metrics.jsonl", warmup_steps=10),
+              "peak_gib": torch.cuda.max_memory_allocated() / 2**30 if torch.cuda.is_available() else 0.0, "wall_s": time.perf_counter() - start,
+              "losses": []}
+    del trainer
+    return result
+
+
+VARIANTS = {
+    # label: training_config overrides on top of DEFAULT_SFT
+    "leap default": {},
+    "+ packing": {"packing": True},
+    "+ packing, fused AdamW": {"packing": True, "optim": "adamw_torch_fused"},
+    "+ packing, fused AdamW, torch.compile": {"packing": True, "optim": "adamw_torch_fused", "torch_compile": True},
+}
+
+
+def main() -> None:
+    parser = argparse.ArgumentParser()
+    parser.add_argument("--models", default="350m,1.2b")
+    parser.add_argument("--steps", type=int, default=40)
+    parser.add_argument("--variants", default=",".join(VARIANTS))
+    parser.add_argument("--skip-trl", action="store_true")
+    parser.add_argument("--work", default="/tmp/leap-bench")
+    parser.add_argument("--out", default=None, help="append the table to this file")
+    args = parser.parse_args()
+    work = Path(args.work)
+    work.mkdir(parents=True, exist_ok=True)
+    peak = matmul_peak()
+    data = work / "chat.jsonl"
+    lengths = make_data(data, rows=args.steps * 8 * 2)
+    lines = [f"### {datetime.date.today()} - {torch.cuda.get_device_name(0)} - torch {torch.__version__}, "
+             f"transformers {transformers.__version__}",
+             "", f"Command: `python bench/sft_throughput.py --models {args.models} --steps {args.steps}`",
+             f"bf16 matmul peak measured in this run: {peak / 1e12:.0f} TFLOP/s. Rows: {len(lengths)}, "
+             f"lengths {min(lengths)}-{max(lengths)} (mean {statistics.mean(lengths):.0f}); batch 8, max_length 2048.", "",
+             "| model | path | real tokens/s | MFU | peak GiB | wall s | first losses |",
+             "| --- | --- | --- | --- | --- | --- | --- |"]
+    for name in args.models.split(","):
+        model_dir = work / f"lfm2-{name}"
+        n_params, config = build_model(name, model_dir)
+        per_token = flops_per_token(n_params, config, lengths)
+        runs = {}
+        if not args.skip_trl:
+            runs["TRL SFTTrainer defaults"] = trl_default_run(model_dir, data, work / name, args.steps)
+        for label in args.variants.split(","):
+            try:
+                runs[label] = leap_run(f"{name}-{len(runs)}", model_dir, data, work / name, args.steps, VARIANTS[label])
+            except Exception as err:  # noqa: BLE001 - record a failing lever and go on
+                runs[label] = {"error": f"{type(err).__name__}: {str(err).splitlines()[0][:120]}"}
+            gc.collect()
+            torch.cuda.empty_cache()
+        for label, r in runs.items():
+            if "error" in r:
+                lines.append(f"| LFM2-{name} | {label} | failed: {r['error']} | | | | |")
+                continue
+            mfu = r["tokens_per_second"] * per_token / peak
+            lines.append(f"| LFM2-{name} ({n_params / 1e6:.0f}M) | {label} | {r['tokens_per_second']:,.0f} | {100 * mfu:.1f}% | "
+                         f"{r['peak_gib']:.1f} | {r['wall_s']:.0f} | {', '.join(f'{l:.3f}' for l in r['losses'])} |")
+        print("\n".join(lines), flush=True)
+        if args.out:  # after every model, so a run cut short still leaves its table
+            Path(args.out).write_text("\n".join(lines) + "\n")
+
+
+if __name__ == "__main__":
+    sys.exit(main())
