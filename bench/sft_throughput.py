@@ -146,12 +146,16 @@ def trl_default_run(model_dir: Path, data: Path, work: Path, steps: int) -> dict
     return result
 
 
+BF16 = {"model_init_kwargs": {"dtype": "bfloat16"}}
 VARIANTS = {
-    # label: training_config overrides on top of DEFAULT_SFT
-    "leap default": {},
-    "+ packing": {"packing": True},
-    "+ packing, fused AdamW": {"packing": True, "optim": "adamw_torch_fused"},
-    "+ packing, fused AdamW, torch.compile": {"packing": True, "optim": "adamw_torch_fused", "torch_compile": True},
+    # name: (label, training_config overrides on top of DEFAULT_SFT)
+    "default": ("leap default", {}),
+    "packing": ("+ packing", {"packing": True}),
+    "bf16": ("bf16 weights", BF16),
+    "bf16-fused": ("bf16 weights + fused AdamW", {**BF16, "optim": "adamw_torch_fused"}),
+    "bf16-fused-packing": ("bf16 weights + fused AdamW + packing", {**BF16, "optim": "adamw_torch_fused", "packing": True}),
+    "bf16-fused-compile": ("bf16 weights + fused AdamW + torch.compile",
+                           {**BF16, "optim": "adamw_torch_fused", "torch_compile": True}),
 }
 
 
@@ -183,9 +187,10 @@ def main() -> None:
         runs = {}
         if not args.skip_trl:
             runs["TRL SFTTrainer defaults"] = trl_default_run(model_dir, data, work / name, args.steps)
-        for label in args.variants.split(","):
+        for variant in args.variants.split(","):
+            label, overrides = VARIANTS[variant]
             try:
-                runs[label] = leap_run(f"{name}-{len(runs)}", model_dir, data, work / name, args.steps, VARIANTS[label])
+                runs[label] = leap_run(f"{name}-{len(runs)}", model_dir, data, work / name, args.steps, overrides)
             except Exception as err:  # noqa: BLE001 - record a failing lever and go on
                 runs[label] = {"error": f"{type(err).__name__}: {str(err).splitlines()[0][:120]}"}
             gc.collect()
