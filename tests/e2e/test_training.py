@@ -119,3 +119,10 @@ def test_an_existing_non_empty_output_dir_is_refused(data):
     with pytest.raises(LeapError, match="exists and is not empty"):
         run_config(write_config(data, tiny_config(output_dir="taken")))
     assert sorted(p.name for p in (data / "taken").iterdir()) == ["file"]
+
+
+def test_bf16_weights_opt_in(data):
+    summary = run_config(write_config(data, tiny_config(training_config={
+        "max_steps": 2, "model_init_kwargs": {"dtype": "bfloat16"}})))
+    model = AutoModelForCausalLM.from_pretrained(Path(summary["run_dir"]) / "model")
+    assert model.config.dtype == torch.bfloat16

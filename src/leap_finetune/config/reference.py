@@ -94,6 +94,10 @@ def render_reference() -> str:
         "",
         "KTO: `per_device_train_batch_size` must be > 1 (checked when the config loads).",
         "",
+        "`model_init_kwargs: {dtype: bfloat16}` loads the weights (and so the optimizer states) in bf16 instead",
+        "of float32 master weights with bf16 autocast: faster and half the memory, but small updates are lost",
+        "(see bench/NOTES.md).",
+        "",
     ]
     out += _profile_tables(profiles.TRAINING_PROFILES)
     out += [
