@@ -154,6 +154,9 @@ VARIANTS = {
     "bf16": ("bf16 weights", BF16),
     "bf16-fused": ("bf16 weights + fused AdamW", {**BF16, "optim": "adamw_torch_fused"}),
     "bf16-fused-packing": ("bf16 weights + fused AdamW + packing", {**BF16, "optim": "adamw_torch_fused", "packing": True}),
+    "packing-flex": ("+ packing, flex attention", {"packing": True,
+                                                   "model_init_kwargs": {"attn_implementation": "flex_attention"}}),
+    "flex": ("flex attention", {"model_init_kwargs": {"attn_implementation": "flex_attention"}}),
     "bf16-fused-compile": ("bf16 weights + fused AdamW + torch.compile",
                            {**BF16, "optim": "adamw_torch_fused", "torch_compile": True}),
 }
@@ -187,24 +190,27 @@ def main() -> None:
         runs = {}
         if not args.skip_trl:
             runs["TRL SFTTrainer defaults"] = trl_default_run(model_dir, data, work / name, args.steps)
+        def row(label: str, r: dict) -> str:
+            if "error" in r:
+                return f"| LFM2-{name} | {label} | failed: {r['error']} | | | | |"
+            mfu = r["tokens_per_second"] * per_token / peak
+            return (f"| LFM2-{name} ({n_params / 1e6:.0f}M) | {label} | {r['tokens_per_second']:,.0f} | {100 * mfu:.1f}% | "
+                    f"{r['peak_gib']:.1f} | {r['wall_s']:.0f} | {', '.join(f'{l:.3f}' for l in r['losses'])} |")
+
+        for label, r in runs.items():  # the TRL baseline, if measured
+            lines.append(row(label, r))
         for variant in args.variants.split(","):
             label, overrides = VARIANTS[variant]
             try:
-                runs[label] = leap_run(f"{name}-{len(runs)}", model_dir, data, work / name, args.steps, overrides)
+                result = leap_run(f"{name}-{variant}", model_dir, data, work / name, args.steps, overrides)
             except Exception as err:  # noqa: BLE001 - record a failing lever and go on
-                runs[label] = {"error": f"{type(err).__name__}: {str(err).splitlines()[0][:120]}"}
+                result = {"error": f"{type(err).__name__}: {str(err).splitlines()[0][:120]}"}
             gc.collect()
             torch.cuda.empty_cache()
-        for label, r in runs.items():
-            if "error" in r:
-                lines.append(f"| LFM2-{name} | {label} | failed: {r['error']} | | | | |")
-                continue
-            mfu = r["tokens_per_second"] * per_token / peak
-            lines.append(f"| LFM2-{name} ({n_params / 1e6:.0f}M) | {label} | {r['tokens_per_second']:,.0f} | {100 * mfu:.1f}% | "
-                         f"{r['peak_gib']:.1f} | {r['wall_s']:.0f} | {', '.join(f'{l:.3f}' for l in r['losses'])} |")
+            lines.append(row(label, result))
+            if args.out:  # after every variant, so a run cut short still leaves its table
+                Path(args.out).write_text("\n".join(lines) + "\n")
         print("\n".join(lines), flush=True)
-        if args.out:  # after every model, so a run cut short still leaves its table
-            Path(args.out).write_text("\n".join(lines) + "\n")
 
 
 if __name__ == "__main__":

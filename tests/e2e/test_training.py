@@ -126,3 +126,15 @@ def test_bf16_weights_opt_in(data):
         "max_steps": 2, "model_init_kwargs": {"dtype": "bfloat16"}})))
     model = AutoModelForCausalLM.from_pretrained(Path(summary["run_dir"]) / "model")
     assert model.config.dtype == torch.bfloat16
+
+
+def test_attention_implementation_opt_in(data):
+    seen = []
+
+    class Capture(TrainerCallback):
+        def on_train_begin(self, args, state, control, model=None, **kwargs):
+            seen.append(model.config._attn_implementation)
+
+    run_config(write_config(data, tiny_config(training_config={
+        "max_steps": 1, "model_init_kwargs": {"attn_implementation": "eager"}})), callbacks=[Capture()])
+    assert seen == ["eager"]

@@ -22,13 +22,17 @@ def load_tokenizer(model_id: str):
     return tokenizer
 
 
-def load_model(model_id: str, tokenizer, dtype):
+def load_model(model_id: str, tokenizer, dtype, attn_implementation: str | None = None):
     if model_id in TINY_MODELS:
-        return build_tiny_model(model_id, tokenizer, dtype=dtype)
+        model = build_tiny_model(model_id, tokenizer, dtype=dtype)
+        if attn_implementation:
+            model.set_attn_implementation(attn_implementation)
+        return model
     from transformers import AutoModelForCausalLM
 
+    extra = {"attn_implementation": attn_implementation} if attn_implementation else {}
     try:
-        return AutoModelForCausalLM.from_pretrained(model_id, dtype=dtype)
+        return AutoModelForCausalLM.from_pretrained(model_id, dtype=dtype, **extra)
     except Exception as err:  # noqa: BLE001
         raise _unavailable(model_id, "model", err) from None
 

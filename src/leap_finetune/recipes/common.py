@@ -75,8 +75,10 @@ def load_tokenizer_and_model(resolved: ResolvedConfig, *, packing: bool, console
                       "(LFM2 convolutions)")
     # float32 master weights with bf16 autocast by default; `model_init_kwargs: {dtype: bfloat16}` keeps
     # the weights (and optimizer states) in bf16: faster and half the memory, less precise updates.
-    dtype = (resolved.training.get("model_init_kwargs") or {}).get("dtype", "float32")
-    model = load_model(resolved.model_id, tokenizer, getattr(torch, dtype) if isinstance(dtype, str) else dtype)
+    init = resolved.training.get("model_init_kwargs") or {}
+    dtype = init.get("dtype", "float32")
+    model = load_model(resolved.model_id, tokenizer, getattr(torch, dtype) if isinstance(dtype, str) else dtype,
+                       attn_implementation=init.get("attn_implementation"))
     model.config.use_cache = False
     return tokenizer, model
 
