@@ -9,69 +9,50 @@ from __future__ import annotations
 
 import copy
 
+# What every training type shares; each profile adds or overrides its own keys.
+_COMMON = {
+    "num_train_epochs": 1,
+    "per_device_train_batch_size": 4,
+    "per_device_eval_batch_size": 4,
+    "gradient_accumulation_steps": 1,
+    "lr_scheduler_type": "cosine",
+    "max_length": 2048,
+    # Small LFM2 models fit without activation checkpointing, and it costs ~20% speed.
+    "activation_checkpointing": False,
+    "logging_steps": 10,
+    "save_strategy": "steps",
+    "save_steps": 500,
+    "save_total_limit": 3,
+    "eval_steps": 100,
+    "report_to": "none",
+    "seed": 42,
+}
+
 TRAINING_PROFILES: dict[str, dict] = {
     "DEFAULT_SFT": {
-        "num_train_epochs": 1,
-        "per_device_train_batch_size": 4,
-        "per_device_eval_batch_size": 4,
-        "gradient_accumulation_steps": 1,
+        **_COMMON,
         "learning_rate": 2e-5,
-        "lr_scheduler_type": "cosine",
         "warmup_steps": 0.03,  # a float in [0, 1) is a ratio of the total steps
         "weight_decay": 0.0,
-        "max_length": 2048,
         "packing": False,
-        # Small LFM2 models fit without activation checkpointing, and it costs ~20% speed.
-        "activation_checkpointing": False,
-        "logging_steps": 10,
-        "save_strategy": "steps",
-        "save_steps": 500,
-        "save_total_limit": 3,
-        "eval_steps": 100,
-        "report_to": "none",
-        "seed": 42,
         # leap-finetune keys (not TRL's): which tokens carry the loss.
         "loss_on": "assistant",
     },
     "DEFAULT_DPO": {
-        "num_train_epochs": 1,
-        "per_device_train_batch_size": 4,
-        "per_device_eval_batch_size": 4,
-        "gradient_accumulation_steps": 1,
+        **_COMMON,
         "learning_rate": 5e-7,  # DPO moves a model far with small steps (TRL and the DPO paper use 5e-7 to 1e-6)
-        "lr_scheduler_type": "cosine",
         "warmup_steps": 0.1,
         "beta": 0.1,
-        "max_length": 2048,
-        "activation_checkpointing": False,
-        "logging_steps": 10,
-        "save_strategy": "steps",
-        "save_steps": 500,
-        "save_total_limit": 3,
-        "eval_steps": 100,
-        "report_to": "none",
-        "seed": 42,
     },
     "DEFAULT_KTO": {
-        "num_train_epochs": 1,
+        **_COMMON,
         "per_device_train_batch_size": 8,  # KTO estimates its KL term from other rows of the batch: keep it > 1
         "per_device_eval_batch_size": 8,
-        "gradient_accumulation_steps": 1,
         "learning_rate": 5e-7,
-        "lr_scheduler_type": "cosine",
         "warmup_steps": 0.1,
         "beta": 0.1,
         "desirable_weight": 1.0,
         "undesirable_weight": 1.0,
-        "max_length": 2048,
-        "activation_checkpointing": False,
-        "logging_steps": 10,
-        "save_strategy": "steps",
-        "save_steps": 500,
-        "save_total_limit": 3,
-        "eval_steps": 100,
-        "report_to": "none",
-        "seed": 42,
     },
 }
 
