@@ -224,3 +224,13 @@ def test_training_without_a_dataset_is_a_clear_error(folder):
     del config["dataset"]
     with pytest.raises(LeapError, match="required key 'dataset' is missing"):
         validate_config(write_config(folder, config))
+
+
+def test_the_specs_async_eval_block_parses_and_only_sync_runs(folder):
+    block = {"mode": "sync", "vllm_gpus": 1, "tensor_parallel_size": 1, "gpu_memory_utilization": 0.9,
+             "sbatch": {"time": "00:30:00"}, "reserved": {"weight_reload": "respawn", "server_port": 8100}}
+    load_config(write_config(folder, tiny_config(async_eval=block)))
+    for mode in ("sidecar", "reserved"):
+        message = _error(folder, tiny_config(async_eval={**block, "mode": mode}))
+        assert f"async_eval.mode '{mode}' is not supported yet" in message
+    assert "did you mean 'vllm_gpus'" in _error(folder, tiny_config(async_eval={"vllm_gpu": 1}))

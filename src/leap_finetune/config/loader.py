@@ -55,6 +55,10 @@ def load_config(source: str | Path | dict, *, base_dir: Path | None = None) -> R
     _check_keys(raw, LeapConfigModel.model_fields, where, "the top level")
     if isinstance(raw.get("dataset"), dict):
         _check_keys(raw["dataset"], DatasetConfig.model_fields, where, "dataset")
+    if isinstance(raw.get("async_eval"), dict):
+        from leap_finetune.config.schema import AsyncEvalConfig
+
+        _check_keys(raw["async_eval"], AsyncEvalConfig.model_fields, where, "async_eval")
     if isinstance(raw.get("evals"), dict):
         from leap_finetune.config.schema import BenchmarkConfig
 
@@ -68,6 +72,12 @@ def load_config(source: str | Path | dict, *, base_dir: Path | None = None) -> R
     except ValidationError as err:
         raise _pydantic_error(err, where) from None
 
+    if model.async_eval is not None and model.async_eval.mode != "sync":
+        raise LeapError(
+            f"async_eval.mode '{model.async_eval.mode}' is not supported yet in leap-finetune {_version()}",
+            where=f"{where}: async_eval.mode",
+            fix="use mode: sync (benchmarks pause training); sidecar (SLURM) and reserved (GPU) modes are planned",
+        )
     training, loss_on, resume = _resolve_training(model, where)
     peft = _resolve_peft(model.peft_config, where)
 

@@ -10,6 +10,7 @@ from leap_finetune.config import loader, profiles
 from leap_finetune.config.schema import (
     SUPPORTED_TRAINING_TYPES,
     TRAINING_TYPES,
+    AsyncEvalConfig,
     BenchmarkConfig,
     DatasetConfig,
     EvalsConfig,
@@ -22,7 +23,12 @@ def _type_name(annotation) -> str:
     for raw, nice in (("<class '", ""), ("'>", ""), ("NoneType", "null"), (" | ", " or "),
                       ("leap_finetune.config.schema.DatasetConfig", "mapping (below)"),
                       ("list[leap_finetune.config.schema.BenchmarkConfig]", "list (below)"),
-                      ("leap_finetune.config.schema.EvalsConfig", "mapping (below)")):
+                      ("leap_finetune.config.schema.EvalsConfig", "mapping (below)"),
+                      ("leap_finetune.config.schema.AsyncEvalConfig", "mapping"),
+                      ("leap_finetune.config.schema.SbatchConfig", "mapping"),
+                      ("leap_finetune.config.schema.ReservedEvalConfig", "mapping"),
+                      ("leap_finetune.config.schema.EvalFailureConfig", "mapping"),
+                      ("typing.Literal", "one of")):
         text = text.replace(raw, nice)
     return text.replace("|", "\\|")
 
@@ -70,6 +76,14 @@ def render_reference() -> str:
         "Each entry of `evals.benchmarks`:",
         "",
         *_fields_table(BenchmarkConfig),
+        "",
+        "## `async_eval`",
+        "",
+        "The spec's block for where benchmarks run. `mode: sync` (the default) pauses training while they run;",
+        "`sidecar` (an sbatch job per evaluation) and `reserved` (GPUs carved off the allocation) are planned and",
+        "refused with a clear message until they land. The other keys are validated now:",
+        "",
+        *_fields_table(AsyncEvalConfig, "async_eval."),
         "",
         "## `training_config`",
         "",

@@ -79,6 +79,31 @@ class EvalsConfig(StrictModel):
     )
 
 
+class SbatchConfig(StrictModel):
+    time: str = Field(default="00:30:00", description="Wall-clock limit of each sidecar evaluation job.")
+
+
+class ReservedEvalConfig(StrictModel):
+    weight_reload: Literal["respawn"] = Field(default="respawn", description="How the eval server picks up new weights.")
+    server_port: int = Field(default=8100, gt=0, lt=65536, description="Port of the reserved-GPU eval server.")
+
+
+class EvalFailureConfig(StrictModel):
+    max_consecutive: int = Field(default=3, gt=0, description="Stop training after this many failed evaluations in a row.")
+
+
+class AsyncEvalConfig(StrictModel):
+    """Where benchmarks run. `sync` (default): training pauses. `sidecar` and `reserved` are planned."""
+
+    mode: Literal["sync", "sidecar", "reserved"] = Field(default="sync", description="sync, sidecar or reserved.")
+    vllm_gpus: int = Field(default=1, gt=0, description="GPUs for the evaluation server (sidecar, reserved).")
+    tensor_parallel_size: int = Field(default=1, gt=0, description="Tensor parallelism of the evaluation server.")
+    gpu_memory_utilization: float = Field(default=0.9, gt=0, le=1, description="vLLM memory fraction.")
+    sbatch: SbatchConfig = Field(default_factory=SbatchConfig, description="sidecar: the sbatch job's settings.")
+    reserved: ReservedEvalConfig = Field(default_factory=ReservedEvalConfig, description="reserved: server settings.")
+    failure: EvalFailureConfig = Field(default_factory=EvalFailureConfig, description="Failure isolation.")
+
+
 class LeapConfigModel(StrictModel):
     """The top level of a leap-finetune YAML file."""
 
@@ -102,6 +127,9 @@ class LeapConfigModel(StrictModel):
     peft_config: dict | None = Field(default=None, description="LoRA options (any peft LoraConfig field), plus `extends` and `use_peft`.")
     output_dir: str | None = Field(default=None, description="Run folder; default outputs/{project_name}/{run_name}.")
     evals: EvalsConfig | None = Field(default=None, description="Benchmarks during training and for `leap-finetune eval`.")
+    async_eval: AsyncEvalConfig | None = Field(
+        default=None, description="Where benchmarks run: `mode: sync` (training pauses; the default)."
+    )
     checkpoint: str | None = Field(
         default=None,
         description="`leap-finetune eval` only: a run folder or checkpoint folder to evaluate instead of model_name.",
