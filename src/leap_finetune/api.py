@@ -76,10 +76,15 @@ def _check_training_arguments(resolved: ResolvedConfig, has_eval: bool) -> None:
                         fix=f"see docs/config.md and TRL's {config_cls.__name__} documentation") from None
 
 
-def validate_config(source, *, console: Console | None = None) -> PreparedData:
-    """Validate the config and EVERY dataset row (rendered and tokenized); no model is loaded."""
+def validate_config(source, *, console: Console | None = None) -> PreparedData | None:
+    """Validate the config, EVERY dataset row (rendered and tokenized) and every benchmark row; no
+    model is loaded. An evaluation-only config (no dataset) checks its benchmarks."""
     console = _console(console)
     resolved = _config(source)
+    if resolved.dataset is None and resolved.evals is not None:  # an evaluation-only config
+        benchmarks = _check_benchmarks(resolved)
+        console.print(f"benchmarks: {', '.join(f'{b.name} ({len(b.items)} rows)' for b in benchmarks)}")
+        return None
     _, _, prepared = _prepare(resolved)
     _check_training_arguments(resolved, has_eval=bool(prepared.eval))
     console.print(config_table(resolved))

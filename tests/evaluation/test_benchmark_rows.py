@@ -66,3 +66,16 @@ def test_image_rows_with_a_text_only_model_name_the_benchmark_and_row(tmp_path):
         load(tmp_path, rows)
     [problem] = info.value.problems
     assert problem.location == "line 2" and "text-only" in problem.problem and "benchmark 'b'" in problem.problem
+
+
+def test_validate_an_evaluation_only_config(tmp_path):
+    from leap_finetune.api import validate_config
+
+    (tmp_path / "bench.jsonl").write_text(json.dumps({"messages": [U]}) + "\n")
+    config = {"model_name": "tiny-lfm2", "evals": {"benchmarks": [{"name": "b", "path": str(tmp_path / "bench.jsonl"),
+                                                                    "metric": "exact_match"}]}}
+    with pytest.raises(DataError, match="no assistant turn"):
+        validate_config(config)
+    config["evals"]["benchmarks"][0]["metric"] = "short_answer"
+    (tmp_path / "bench.jsonl").write_text(json.dumps({"messages": [U, A]}) + "\n")
+    assert validate_config(config) is None
