@@ -39,8 +39,7 @@ def _check_benchmarks(resolved: ResolvedConfig):
         return []
     from leap_finetune.evaluation.runner import load_benchmarks
 
-    benchmarks = load_benchmarks(resolved.evals, vision=False, model_name=resolved.model_name)
-    return benchmarks
+    return load_benchmarks(resolved.evals, vision=False, model_name=resolved.model_name)
 
 
 def _prepare(resolved: ResolvedConfig):
