@@ -24,6 +24,7 @@ from transformers import Lfm2Config, Lfm2ForCausalLM
 from trl.trainer.sft_trainer import DataCollatorForLanguageModeling
 
 from leap_finetune.models.packed_conv import enable_exact_packing
+from leap_finetune.models.varlen_attention import use_varlen_attention
 
 LFM2_350M = dict(vocab_size=65536, hidden_size=1024, intermediate_size=6656, num_hidden_layers=16,
                  num_attention_heads=16, num_key_value_heads=8, max_position_embeddings=128000,
@@ -33,16 +34,26 @@ LFM2_350M = dict(vocab_size=65536, hidden_size=1024, intermediate_size=6656, num
                  block_ffn_dim_multiplier=1.0, block_multiple_of=256, tie_word_embeddings=True)
 
 
-def packing_check(dtype) -> tuple[float, float, float, float]:
+def _model(dtype, varlen: bool):
     torch.manual_seed(0)
     model = Lfm2ForCausalLM(Lfm2Config(**LFM2_350M)).to("cuda", dtype)
     model.config.use_cache = False
+    if varlen:
+        use_varlen_attention(model)
+    return model
+
+
+def _cuda(batch):
+    return {k: (v.cuda() if torch.is_tensor(v) else v) for k, v in batch.items()}
+
+
+def packing_check(dtype, varlen: bool, autocast: bool) -> tuple[float, float, float, float]:
+    model = _model(dtype, varlen)
     generator = torch.Generator().manual_seed(1)
     seqs = [torch.randint(10, 60000, (n,), generator=generator).tolist() for n in (301, 77, 512, 5, 1100)]
-    batch = DataCollatorForLanguageModeling(pad_token_id=0, padding_free=True)([{"input_ids": s} for s in seqs])
-    batch = {k: (v.cuda() if torch.is_tensor(v) else v) for k, v in batch.items()}
+    batch = _cuda(DataCollatorForLanguageModeling(pad_token_id=0, padding_free=True)([{"input_ids": s} for s in seqs]))
     model.eval()
-    with torch.no_grad():
+    with torch.no_grad(), torch.autocast("cuda", torch.bfloat16, enabled=autocast):
         packed = model(**{k: v for k, v in batch.items() if k != "labels"}).logits[0].float()
         alone = torch.cat([model(input_ids=torch.tensor([s], device="cuda")).logits[0].float() for s in seqs])
         # the noise floor: the same rows right-padded into one ordinary batch
@@ -57,15 +68,44 @@ def packing_check(dtype) -> tuple[float, float, float, float]:
     results = []
     for padding_free in (False, True):
         model.zero_grad()
-        b = DataCollatorForLanguageModeling(pad_token_id=0, padding_free=padding_free)(examples)
-        b = {k: (v.cuda() if torch.is_tensor(v) else v) for k, v in b.items()}
-        loss = model(**b).loss
+        b = _cuda(DataCollatorForLanguageModeling(pad_token_id=0, padding_free=padding_free)(examples))
+        with torch.autocast("cuda", torch.bfloat16, enabled=autocast):
+            loss = model(**b).loss
         loss.backward()
         grad = torch.cat([p.grad.flatten().float() for p in model.parameters() if p.grad is not None])
         results.append((loss.item(), grad))
     loss_diff = abs(results[0][0] - results[1][0])
     grad_rel = ((results[0][1] - results[1][1]).norm() / results[0][1].norm()).item()
+    del model
+    torch.cuda.empty_cache()
     return logit_diff, floor, loss_diff, grad_rel
+
+
+def steps_check(steps: int = 8) -> list[tuple[float, float]]:
+    """The default precision (float32 weights, bf16 autocast), AdamW: the first `steps` losses of the
+    plain path (padded batches, SDPA) and of the fast path (padding-free, varlen attention) on the same
+    batches, each from the same initial weights."""
+    generator = torch.Generator().manual_seed(2)
+    batches = [[torch.randint(10, 60000, (int(n),), generator=generator).tolist()
+                for n in torch.randint(200, 2048, (8,), generator=generator)] for _ in range(steps)]
+    curves = []
+    for padding_free in (False, True):
+        model = _model(torch.float32, varlen=padding_free).train()
+        optimizer = torch.optim.AdamW(model.parameters(), lr=1e-4, fused=True)
+        losses = []
+        for batch in batches:
+            examples = [{"input_ids": s, "labels": [-100] * (len(s) // 3) + s[len(s) // 3:]} for s in batch]
+            b = _cuda(DataCollatorForLanguageModeling(pad_token_id=0, padding_free=padding_free)(examples))
+            with torch.autocast("cuda", torch.bfloat16):
+                loss = model(**b).loss
+            loss.backward()
+            optimizer.step()
+            optimizer.zero_grad(set_to_none=True)
+            losses.append(loss.item())
+        curves.append(losses)
+        del model, optimizer
+        torch.cuda.empty_cache()
+    return list(zip(*curves))
 
 
 def quickstart(workdir: Path, packing: bool) -> dict:
@@ -117,11 +157,38 @@ def main() -> None:
     parser = argparse.ArgumentParser()
     parser.add_argument("--out", default=None)
     parser.add_argument("--workdir", default="/tmp/leap-gpu-check")
+    parser.add_argument("--packing-only", action="store_true", help="only the packing and loss-match checks")
     args = parser.parse_args()
     print("packed-conv implementation:", enable_exact_packing())
     rows = []
-    for dtype in (torch.float32, torch.bfloat16):
-        rows.append((f"LFM2-350M arch, {str(dtype).split('.')[-1]}", *packing_check(dtype)))
+    for label, dtype, varlen, autocast in (("fp32, SDPA over position ids", torch.float32, False, False),
+                                           ("bf16, SDPA over position ids", torch.bfloat16, False, False),
+                                           ("bf16, varlen attention", torch.bfloat16, True, False),
+                                           ("fp32 weights + bf16 autocast, varlen attention", torch.float32, True, True),
+                                           ("fp32 weights + bf16 autocast, SDPA (noise reference)", torch.float32, False, True)):
+        rows.append((f"LFM2-350M arch, {label}", *packing_check(dtype, varlen, autocast)))
+    curve = steps_check()
+    check_lines = [
+        "| packing check | max abs logit diff, packed vs alone | same, padded batch vs alone (noise floor) "
+        "| abs loss diff, packed vs padded step | rel grad diff |",
+        "| --- | --- | --- | --- | --- |",
+        *[f"| {name} | {a:.2e} | {f:.2e} | {b:.2e} | {c:.2e} |" for name, a, f, b, c in rows],
+        "",
+        "| step (LFM2-350M arch, fp32 weights + bf16 autocast, AdamW 1e-4, 8 rows of 200-2048 tokens) | "
+        "loss, padded + SDPA | loss, padding-free + varlen | abs diff |",
+        "| --- | --- | --- | --- |",
+        *[f"| {i + 1} | {a:.4f} | {b:.4f} | {abs(a - b):.2e} |" for i, (a, b) in enumerate(curve)],
+        "",
+    ]
+    if args.packing_only:
+        text = "\n".join([f"## {datetime.date.today()} - {torch.cuda.get_device_name(0)} - torch {torch.__version__}, "
+                           f"transformers {transformers.__version__}", "",
+                           "Command: `python bench/gpu_check.py --packing-only`", "", *check_lines])
+        print(text)
+        if args.out:
+            with open(args.out, "a") as handle:
+                handle.write(text + "\n")
+        return
     workdir = Path(args.workdir)
     workdir.mkdir(parents=True, exist_ok=True)
     runs = {packing: quickstart(workdir, packing) for packing in (False, True)}
@@ -133,11 +200,7 @@ def main() -> None:
         "",
         "Command: `python bench/gpu_check.py`",
         "",
-        "| packing check | max abs logit diff, packed vs alone | same, padded batch vs alone (noise floor) "
-        "| abs loss diff, packed vs padded step | rel grad diff |",
-        "| --- | --- | --- | --- | --- |",
-        *[f"| {name} | {a:.2e} | {f:.2e} | {b:.2e} | {c:.2e} |" for name, a, f, b, c in rows],
-        "",
+        *check_lines,
         "| quickstart through the CLI | rc | wall s (incl. start-up) | steps | eval loss before -> after | exact sample answers | device line |",
         "| --- | --- | --- | --- | --- | --- | --- |",
         *[f"| packing: {p} | {q['rc']} | {q.get('seconds', 0):.1f} | {q.get('steps')} | "

@@ -147,18 +147,19 @@ def trl_default_run(model_dir: Path, data: Path, work: Path, steps: int) -> dict
 
 
 BF16 = {"model_init_kwargs": {"dtype": "bfloat16"}}
+COMPILE = {"torch_compile": True}
 VARIANTS = {
     # name: (label, training_config overrides on top of DEFAULT_SFT)
     "default": ("leap default", {}),
-    "packing": ("+ packing", {"packing": True}),
+    "padded": ("padded batches (the previous default)", {"padding_free": False, "packing": False}),
+    "padding-free": ("padding-free + varlen attention", {"padding_free": True}),
+    "packing": ("packing (bfd) + varlen attention", {"packing": True}),
+    "padding-free-compile": ("padding-free + varlen + torch.compile", {"padding_free": True, **COMPILE}),
+    "packing-compile": ("packing + varlen + torch.compile", {"packing": True, **COMPILE}),
+    "bf16-packing-compile": ("bf16 weights + fused AdamW + packing + varlen + compile",
+                             {**BF16, "optim": "adamw_torch_fused", "packing": True, **COMPILE}),
     "bf16": ("bf16 weights", BF16),
-    "bf16-fused": ("bf16 weights + fused AdamW", {**BF16, "optim": "adamw_torch_fused"}),
-    "bf16-fused-packing": ("bf16 weights + fused AdamW + packing", {**BF16, "optim": "adamw_torch_fused", "packing": True}),
-    "packing-flex": ("+ packing, flex attention", {"packing": True,
-                                                   "model_init_kwargs": {"attn_implementation": "flex_attention"}}),
     "flex": ("flex attention", {"model_init_kwargs": {"attn_implementation": "flex_attention"}}),
-    "bf16-fused-compile": ("bf16 weights + fused AdamW + torch.compile",
-                           {**BF16, "optim": "adamw_torch_fused", "torch_compile": True}),
 }
 
 

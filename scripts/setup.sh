@@ -1,9 +1,10 @@
 #!/usr/bin/env bash
 # Sets up .venv with leap-finetune and its tested dependencies. Idempotent.
 #   bash scripts/setup.sh          # the package (CPU or GPU machine)
-# torch is installed first and alone: on CPU-only machines a local CPU wheel (torch==2.13.0) is
-# preferred, and a later requirement that let pip choose torch itself could start a multi-GB CUDA
-# download. On a GPU machine, install the CUDA torch you want before running this script.
+# torch and torchvision are installed first, as a pair built for each other (LFM2-VL's image
+# processor needs torchvision; a torchvision built for another torch fails to import). A later
+# requirement that let pip choose torch itself could pick an unmatched build. To use another torch
+# (e.g. the CUDA build your GPU machine already has), install it and its torchvision before this.
 set -euo pipefail
 cd "$(dirname "$0")/.."
 PYTHON="${PYTHON:-python3}"
@@ -12,7 +13,10 @@ if [ ! -x .venv/bin/python ]; then
 fi
 PIP=".venv/bin/python -m pip --disable-pip-version-check -q"
 if ! .venv/bin/python -c "import torch" 2>/dev/null; then
-  $PIP install "torch==2.13.0"
+  $PIP install "torch==2.14.1" "torchvision==0.29.1"
+fi
+if ! .venv/bin/python -c "import torchvision" 2>/dev/null; then
+  echo "note: torchvision is not importable beside this torch: image benchmarks (LFM2-VL) will be unavailable" >&2
 fi
 $PIP install -e ".[test]"
 .venv/bin/python -c "import leap_finetune, torch, transformers, trl; print('leap-finetune', leap_finetune.__version__, '| torch', torch.__version__, '| transformers', transformers.__version__, '| trl', trl.__version__)"

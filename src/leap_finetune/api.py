@@ -33,13 +33,20 @@ def _config(source) -> ResolvedConfig:
     return source if isinstance(source, ResolvedConfig) else load_config(source)
 
 
-def _check_benchmarks(resolved: ResolvedConfig):
-    """Every benchmark row (and custom metric) is validated before any model loads."""
+def _check_benchmarks(resolved: ResolvedConfig, model_id: str | None = None):
+    """Every benchmark row (and custom metric) is validated before any model loads; image rows need
+    a vision-language model and, for its processor, torchvision."""
     if resolved.evals is None:
         return []
     from leap_finetune.evaluation.runner import load_benchmarks
+    from leap_finetune.models.vision import is_vision_model, require_torchvision
 
-    return load_benchmarks(resolved.evals, vision=False, model_name=resolved.model_name)
+    model_id = model_id or resolved.model_id
+    vision = is_vision_model(model_id)
+    benchmarks = load_benchmarks(resolved.evals, vision=vision, model_name=resolved.model_name)
+    if vision and any(item.images for bench in benchmarks for item in bench.items):
+        require_torchvision(model_id)
+    return benchmarks
 
 
 def _prepare(resolved: ResolvedConfig):
@@ -233,8 +240,9 @@ def evaluate_config(source, *, output: str | Path | None = None, console: Consol
     if resolved.evals is None:
         raise LeapError("the config has no evals: block", where=resolved.config_path or "config",
                         fix="add evals: with benchmarks (see README \"Benchmarks\")")
-    benchmarks = _check_benchmarks(resolved)
     model_dir = _model_to_evaluate(resolved)
+    model_id = str(model_dir) if model_dir else resolved.model_id
+    benchmarks = _check_benchmarks(resolved, model_id)
 
     import torch
 
@@ -245,14 +253,15 @@ def evaluate_config(source, *, output: str | Path | None = None, console: Consol
     from leap_finetune.recipes.common import quiet_libraries
 
     quiet_libraries()
-    model_id = str(model_dir) if model_dir else resolved.model_id
     tokenizer = load_tokenizer(model_id)
     model = load_model(model_id, tokenizer, torch.bfloat16 if torch.cuda.is_available() else torch.float32)
     if torch.cuda.is_available():
         model = model.to("cuda")
     renderer = Renderer(tokenizer, load_chat_template(resolved.chat_template, tokenizer), "all", None)
     predictions = Path(output).resolve().parent / "predictions" if output else None
-    results = run_benchmarks(model, renderer, resolved.evals, benchmarks, predictions_dir=predictions)
+    processor = _processor_for(model_id, resolved.model_id, tokenizer, benchmarks)
+    results = run_benchmarks(model, renderer, resolved.evals, benchmarks, predictions_dir=predictions,
+                             processor=processor)
     print_summary(console, results, 0, f"of {model_id}")
     report = {"model": model_id, "results": results}
     if output:
@@ -262,6 +271,17 @@ def evaluate_config(source, *, output: str | Path | None = None, console: Consol
         write_atomic(Path(output), json.dumps(report, indent=2))
         console.print(f"results: {output}")
     return report
+
+
+def _processor_for(model_id: str, base_model_id: str, tokenizer, benchmarks):
+    """A vision-language model's processor when some benchmark row has images, else None. A
+    training checkpoint holds no processor files: fine-tuning does not change image preprocessing,
+    so the base model's processor is used."""
+    from leap_finetune.models.vision import has_processor_files, is_vision_model, load_processor
+
+    if not (is_vision_model(model_id) and any(item.images for bench in benchmarks for item in bench.items)):
+        return None
+    return load_processor(model_id if has_processor_files(model_id) else base_model_id, tokenizer)
 
 
 def _model_to_evaluate(resolved: ResolvedConfig) -> Path | None:

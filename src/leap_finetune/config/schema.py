@@ -113,7 +113,7 @@ class LeapConfigModel(StrictModel):
         description="Groups runs under outputs/{project_name}/.",
     )
     model_name: str = Field(
-        description="A Hub id, an LFM short name (LFM2-1.2B), a local folder, or a built-in tiny model (tiny-lfm2, tiny-lfm2.5)."
+        description="A Hub id, an LFM short name (LFM2-1.2B), a local folder, or a built-in tiny model (tiny-lfm2, tiny-lfm2.5, tiny-lfm2.5-vl)."
     )
     training_type: str = Field(default="sft", description="One of: " + ", ".join(TRAINING_TYPES) + ".")
     chat_template: str | None = Field(

@@ -11,8 +11,9 @@ from leap_finetune.evaluation.runner import print_summary, run_benchmarks
 
 
 class BenchmarkCallback(TrainerCallback):
-    def __init__(self, evals, benchmarks, renderer, run_dir: Path, console, every: int):
+    def __init__(self, evals, benchmarks, renderer, run_dir: Path, console, every: int, processor=None):
         self.evals = evals
+        self.processor = processor  # a vision-language model's, for rows with images
         self.benchmarks = benchmarks
         self.renderer = renderer
         self.predictions_dir = run_dir / "benchmarks"
@@ -28,7 +29,7 @@ class BenchmarkCallback(TrainerCallback):
             return {}
         self.last_step = step
         results = run_benchmarks(trainer.model, self.renderer, self.evals, self.benchmarks,
-                                 predictions_dir=self.predictions_dir)
+                                 predictions_dir=self.predictions_dir, processor=self.processor)
         print_summary(self.console, results, step, when)
         trainer.log(dict(results))
         return results

@@ -35,8 +35,9 @@ def load_benchmarks(evals: EvalsConfig, *, vision: bool, model_name: str) -> lis
 
 
 def run_benchmarks(model, renderer: Renderer, evals: EvalsConfig, benchmarks: list[LoadedBenchmark], *,
-                   predictions_dir: Path | None = None) -> dict[str, float]:
-    """Evaluate every benchmark; returns flat metrics: benchmark/{name}/score and extras."""
+                   predictions_dir: Path | None = None, processor=None) -> dict[str, float]:
+    """Evaluate every benchmark; returns flat metrics: benchmark/{name}/score and extras.
+    `processor`: a vision-language model's, for rows with images."""
     was_training = model.training
     model.eval()
     results: dict[str, float] = {}
@@ -44,9 +45,9 @@ def run_benchmarks(model, renderer: Renderer, evals: EvalsConfig, benchmarks: li
         for bench in benchmarks:
             start = time.perf_counter()
             if is_logprob(bench.metric):
-                metrics, predictions = _logprob(model, renderer, evals, bench)
+                metrics, predictions = _logprob(model, renderer, evals, bench, processor)
             else:
-                metrics, predictions = _generation(model, renderer, evals, bench)
+                metrics, predictions = _generation(model, renderer, evals, bench, processor)
             metrics["seconds"] = time.perf_counter() - start
             results.update({f"benchmark/{bench.name}/{key}": value for key, value in metrics.items()})
             if predictions_dir is not None:
@@ -59,12 +60,12 @@ def run_benchmarks(model, renderer: Renderer, evals: EvalsConfig, benchmarks: li
     return results
 
 
-def _generation(model, renderer, evals, bench):
+def _generation(model, renderer, evals, bench, processor=None):
     metric = load_metric(bench.metric)
     prompts = [renderer.prompt_text(item.prompt) for item in bench.items]
     outputs = generate(model, renderer.tokenizer, prompts, max_new_tokens=evals.max_new_tokens,
                        batch_size=evals.batch_size, do_sample=evals.do_sample, temperature=evals.temperature,
-                       top_p=evals.top_p)
+                       top_p=evals.top_p, images=[item.images for item in bench.items], processor=processor)
     scores, unparsed, predictions = [], 0, []
     for item, prompt, output in zip(bench.items, prompts, outputs, strict=True):
         score, parsed = metric(output, item.reference, item)
@@ -75,17 +76,17 @@ def _generation(model, renderer, evals, bench):
     return {"score": sum(scores) / len(scores), "unparsed": unparsed, "rows": len(scores)}, predictions
 
 
-def _logprob(model, renderer, evals, bench):
+def _logprob(model, renderer, evals, bench, processor=None):
     sequences, owners = [], []
     for index, item in enumerate(bench.items):
-        for option_index, sequence in enumerate(option_sequences(renderer, item.prompt, item.options)):
+        for option_index, sequence in enumerate(option_sequences(renderer, item.prompt, item.options, item.images)):
             sequences.append(sequence)
             owners.append((index, option_index))
     pad = renderer.tokenizer.pad_token_id or 0
-    logprobs = score_sequences(model, sequences, batch_size=evals.batch_size, pad_id=pad)
+    logprobs = score_sequences(model, sequences, batch_size=evals.batch_size, pad_id=pad, processor=processor)
     per_item: list[list[tuple[float, int]]] = [[] for _ in bench.items]
-    for (index, _), logprob, (_, start, end) in zip(owners, logprobs, sequences, strict=True):
-        per_item[index].append((logprob, end - start))
+    for (index, _), logprob, sequence in zip(owners, logprobs, sequences, strict=True):
+        per_item[index].append((logprob, sequence.end - sequence.start))
     correct = {"sum": 0, "per_token": 0, "per_char": 0}
     predictions = []
     for item, scored in zip(bench.items, per_item, strict=True):

@@ -28,11 +28,14 @@ def load_model(model_id: str, tokenizer, dtype, attn_implementation: str | None 
         if attn_implementation:
             model.set_attn_implementation(attn_implementation)
         return model
-    from transformers import AutoModelForCausalLM
+    from transformers import AutoModelForCausalLM, AutoModelForImageTextToText
+
+    from leap_finetune.models.vision import is_vision_model
 
     extra = {"attn_implementation": attn_implementation} if attn_implementation else {}
+    auto = AutoModelForImageTextToText if is_vision_model(model_id) else AutoModelForCausalLM
     try:
-        return AutoModelForCausalLM.from_pretrained(model_id, dtype=dtype, **extra)
+        return auto.from_pretrained(model_id, dtype=dtype, **extra)
     except Exception as err:  # noqa: BLE001
         raise _unavailable(model_id, "model", err) from None
 

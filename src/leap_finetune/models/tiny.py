@@ -1,16 +1,36 @@
-"""Built-in offline tiny models: `tiny-lfm2` and `tiny-lfm2.5`.
+"""Built-in offline tiny models: `tiny-lfm2`, `tiny-lfm2.5` and `tiny-lfm2.5-vl`.
 
 A real LFM2 architecture (mixed short-convolution and attention layers) with random weights and a
 byte-level BPE tokenizer that ships inside the package, with LFM2's special tokens at their real
 ids. They need no network, train a step in milliseconds on a CPU, and are what the tests and the
 quickstart use. `tiny-lfm2` carries the LFM2 chat template, `tiny-lfm2.5` LFM2.5's.
+
+`tiny-lfm2.5-vl` is a real LFM2-VL architecture (a SigLIP2 vision encoder, the pixel-unshuffle
+projector and the tiny LFM2 as language model) with LFM2-VL's processor and image tokens; its
+image processor makes small images (4-16 image tokens) so that image benchmarks run on a CPU.
 """
 
 from __future__ import annotations
 
 from importlib import resources
 
-TINY_MODELS = {"tiny-lfm2": "lfm2", "tiny-lfm2.5": "lfm2.5"}
+TINY_MODELS = {"tiny-lfm2": "lfm2", "tiny-lfm2.5": "lfm2.5", "tiny-lfm2.5-vl": "lfm2.5"}
+TINY_VISION_MODELS = {"tiny-lfm2.5-vl"}
+# LFM2-VL's image tokens (the processor expands one <image> into start, tiles or thumbnail, end).
+IMAGE_TOKENS = ["<image>", "<|image_start|>", "<|image_end|>", "<|img_thumbnail|>"] + [
+    f"<|img_row_{row}_col_{col}|>" for row in range(1, 4) for col in range(1, 4)
+]
+TINY_VISION = {
+    "model_type": "siglip2_vision_model",
+    "hidden_size": 32,
+    "intermediate_size": 64,
+    "num_hidden_layers": 1,
+    "num_attention_heads": 2,
+    "patch_size": 16,
+    "vision_use_head": False,
+}
+TINY_IMAGE_PROCESSOR = {"do_image_splitting": False, "min_image_tokens": 4, "max_image_tokens": 16,
+                        "encoder_patch_size": 16, "downsample_factor": 2}
 
 TINY_ARCH = {
     "hidden_size": 128,
@@ -40,7 +60,17 @@ def load_tiny_tokenizer(name: str):
         model_max_length=TINY_ARCH["max_position_embeddings"],
     )
     tokenizer.chat_template = official_template(TINY_MODELS[name])
+    if name in TINY_VISION_MODELS:
+        tokenizer.add_special_tokens({"additional_special_tokens": IMAGE_TOKENS})
     return tokenizer
+
+
+def build_tiny_processor(tokenizer):
+    """LFM2-VL's processor around the tiny tokenizer (needs torchvision, like the real one)."""
+    from transformers import Lfm2VlImageProcessor, Lfm2VlProcessor
+
+    return Lfm2VlProcessor(image_processor=Lfm2VlImageProcessor(**TINY_IMAGE_PROCESSOR), tokenizer=tokenizer,
+                           chat_template=tokenizer.chat_template)
 
 
 def build_tiny_model(name: str, tokenizer, dtype=None):
@@ -55,10 +85,20 @@ def build_tiny_model(name: str, tokenizer, dtype=None):
         tie_word_embeddings=True,
         **TINY_ARCH,
     )
+    if name in TINY_VISION_MODELS:
+        from transformers import Lfm2VlConfig, Lfm2VlForConditionalGeneration
+
+        patches = (TINY_IMAGE_PROCESSOR["max_image_tokens"] * TINY_IMAGE_PROCESSOR["downsample_factor"] ** 2)
+        config = Lfm2VlConfig(text_config=config.to_dict(), vision_config={**TINY_VISION, "num_patches": patches},
+                              image_token_id=tokenizer.convert_tokens_to_ids("<image>"), projector_hidden_size=64,
+                              downsample_factor=TINY_IMAGE_PROCESSOR["downsample_factor"], tie_word_embeddings=True)
+        model_class = Lfm2VlForConditionalGeneration
+    else:
+        model_class = Lfm2ForCausalLM
     # Seeded so that every run of a tiny model starts from the same weights (reproducible tests).
     with torch.random.fork_rng():
         torch.manual_seed(TINY_SEED)
-        model = Lfm2ForCausalLM(config)
+        model = model_class(config)
     if dtype is not None:
         model = model.to(dtype)
     model.config.name_or_path = name

@@ -8,7 +8,13 @@ import shutil
 from pathlib import Path
 
 from leap_finetune.config.resolved import ResolvedConfig
-from leap_finetune.recipes.callbacks import CheckpointMarker, MetricsLog, RichProgress, StopOnSignal, write_atomic
+from leap_finetune.recipes.callbacks import (
+    CheckpointMarker,
+    MetricsLog,
+    RichProgress,
+    StopOnSignal,
+    write_atomic,
+)
 
 PREPARED_DIR = "prepared"
 
@@ -66,13 +72,12 @@ def load_tokenizer_and_model(resolved: ResolvedConfig, *, packing: bool, console
     from leap_finetune.data.chat_templates import load_chat_template
     from leap_finetune.models.loading import load_model, load_tokenizer
     from leap_finetune.models.packed_conv import enable_exact_packing
+    from leap_finetune.models.varlen_attention import use_varlen_attention
 
     tokenizer = load_tokenizer(resolved.model_id)
     # The official chat template travels with the trained model.
     tokenizer.chat_template = load_chat_template(resolved.chat_template, tokenizer).text
-    if packing:
-        console.print(f"packing: sequences kept apart by position ids (attention) and {enable_exact_packing()} "
-                      "(LFM2 convolutions)")
+    conv = enable_exact_packing() if packing else None
     # float32 master weights with bf16 autocast by default; `model_init_kwargs: {dtype: bfloat16}` keeps
     # the weights (and optimizer states) in bf16: faster and half the memory, less precise updates.
     init = resolved.training.get("model_init_kwargs") or {}
@@ -80,6 +85,9 @@ def load_tokenizer_and_model(resolved: ResolvedConfig, *, packing: bool, console
     model = load_model(resolved.model_id, tokenizer, getattr(torch, dtype) if isinstance(dtype, str) else dtype,
                        attn_implementation=init.get("attn_implementation"))
     model.config.use_cache = False
+    if packing:
+        attention = use_varlen_attention(model) or f"{model.config._attn_implementation} over position ids"
+        console.print(f"packing: documents kept apart by {attention} (attention) and {conv} (LFM2 convolutions)")
     return tokenizer, model
 
 
@@ -105,11 +113,15 @@ def benchmark_callback(resolved: ResolvedConfig, tokenizer, run_dir: Path, conso
     from leap_finetune.data.render import Renderer
     from leap_finetune.evaluation.callback import BenchmarkCallback
     from leap_finetune.evaluation.runner import load_benchmarks
+    from leap_finetune.models.vision import is_vision_model, load_processor
 
     renderer = Renderer(tokenizer, load_chat_template(resolved.chat_template, tokenizer), "all", None)
-    benchmarks = load_benchmarks(resolved.evals, vision=False, model_name=resolved.model_name)
+    vision = is_vision_model(resolved.model_id)
+    benchmarks = load_benchmarks(resolved.evals, vision=vision, model_name=resolved.model_name)
+    has_images = any(item.images for bench in benchmarks for item in bench.items)
+    processor = load_processor(resolved.model_id, tokenizer) if vision and has_images else None
     every = resolved.evals.eval_steps or resolved.training.get("eval_steps") or 500
-    return BenchmarkCallback(resolved.evals, benchmarks, renderer, run_dir, console, every)
+    return BenchmarkCallback(resolved.evals, benchmarks, renderer, run_dir, console, every, processor=processor)
 
 
 def train_evaluate_save(trainer, resolved: ResolvedConfig, run_dir: Path, tokenizer, console,
@@ -158,12 +170,28 @@ def train_evaluate_save(trainer, resolved: ResolvedConfig, run_dir: Path, tokeni
         _save_atomic(run_dir / "adapter", lambda path: (final_model.save_pretrained(path), tokenizer.save_pretrained(path)))
         final_model = final_model.merge_and_unload()
         summary["adapter_dir"] = str(run_dir / "adapter")
-    _save_atomic(run_dir / "model", lambda path: (final_model.save_pretrained(path), tokenizer.save_pretrained(path)))
+    saver = _processing_saver(resolved, tokenizer, console)
+    _save_atomic(run_dir / "model", lambda path: (final_model.save_pretrained(path), saver.save_pretrained(path)))
     summary["model_dir"] = str(run_dir / "model")
     if samples:
         print_samples(console, "after training", final_model, tokenizer, samples)
     write_atomic(run_dir / "summary.json", json.dumps(summary, indent=2))
     return summary
+
+
+def _processing_saver(resolved: ResolvedConfig, tokenizer, console):
+    """A vision-language model is saved with its processor (image settings + tokenizer), so that the
+    folder loads with AutoProcessor; without torchvision only the tokenizer can be saved."""
+    from leap_finetune.errors import LeapError
+    from leap_finetune.models.vision import is_vision_model, load_processor
+
+    if not is_vision_model(resolved.model_id):
+        return tokenizer
+    try:
+        return load_processor(resolved.model_id, tokenizer)
+    except LeapError as err:
+        console.print(f"note: the model is saved without its image processor ({err.message})")
+        return tokenizer
 
 
 def _is_number(value) -> bool:

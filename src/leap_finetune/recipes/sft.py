@@ -25,6 +25,10 @@ def training_arguments(resolved: ResolvedConfig, *, run_dir: str, has_eval: bool
     # Data arrive rendered, masked and tokenized (input_ids + labels), so TRL must not re-mask.
     args["assistant_only_loss"] = False
     args["completion_only_loss"] = False
+    if args.get("padding_free") and not args.get("packing"):
+        # Rows were already cut to max_length when the data were prepared; TRL refuses padding-free
+        # batches with max_length set because it would not enforce it itself.
+        args["max_length"] = None
     return args
 
 

@@ -1,0 +1,130 @@
+"""Attention for packed (padding-free) LFM2 batches without a dense mask.
+
+With packing, TRL's padding-free collator flattens a batch into one row and passes the document
+boundaries (`cu_seq_lens_q`, `max_length_q`) down to every attention layer. transformers' `sdpa`
+ignores them: it rebuilds a (total x total) block-diagonal boolean mask from the position ids,
+so attention costs (sum of lengths)^2 instead of sum(length^2), and SDPA's flash kernel cannot
+take a mask at all. That is why packing measured slower than padding on the H200. `flash_attention_2`
+would use the boundaries, but needs the separately compiled flash-attn package.
+
+PyTorch (>= 2.10) ships the flash-attention varlen kernel itself (`torch.nn.attention.varlen`), so
+we register it as an attention implementation for transformers: documents attend only to
+themselves, no mask is built, and nothing extra must be installed. On CPU (no such kernel) each
+document goes through SDPA on its own: exact, for tests and laptops. Padded batches (evaluation,
+generation) keep using SDPA with their padding mask.
+"""
+
+from __future__ import annotations
+
+import inspect
+
+import torch
+import torch.nn.functional as F
+
+NAME = "leap_varlen"
+# Model types whose attention layers pass the collator's boundaries through (checked by
+# tests/models/test_varlen_attention.py); other models keep transformers' own packing path.
+SUPPORTED_MODEL_TYPES = {"lfm2", "lfm2_moe"}
+
+
+def _cuda_kernel():
+    try:
+        from torch.nn.attention.varlen import varlen_attn
+    except ImportError:
+        return None, set()
+    return varlen_attn, set(inspect.signature(varlen_attn).parameters)
+
+
+def varlen_attention_forward(module, query, key, value, attention_mask, dropout: float = 0.0,
+                             scaling: float | None = None, **kwargs):
+    """transformers' attention-function signature: query/key/value are (batch, heads, length, dim);
+    returns ((batch, length, heads, dim), None)."""
+    from transformers.integrations.sdpa_attention import sdpa_attention_forward
+
+    cu_seq_lens = kwargs.get("cu_seq_lens_q")
+    if cu_seq_lens is None and attention_mask is None and query.shape[0] == 1 and query.shape[2] > 1:
+        cu_seq_lens = _boundaries_from_positions(kwargs.get("position_ids"))  # packed without boundaries
+    if cu_seq_lens is None or query.shape[0] != 1 or attention_mask is not None:  # a padded batch
+        return sdpa_attention_forward(module, query, key, value, attention_mask, dropout=dropout,
+                                      scaling=scaling, **kwargs)
+    q, k, v = (t[0].transpose(0, 1) for t in (query, key, value))  # (total, heads, dim)
+    groups = q.shape[1] // k.shape[1]
+    kernel, params = _cuda_kernel()
+    if q.dtype == torch.float32 and q.is_cuda and torch.is_autocast_enabled("cuda"):
+        # float32 master weights under bf16 autocast: SDPA would run in bf16 here too (autocast casts
+        # its inputs); the flash kernel takes only 16-bit inputs, so cast as autocast would.
+        q, k, v = (t.to(torch.get_autocast_dtype("cuda")) for t in (q, k, v))
+    if q.is_cuda and kernel is not None and q.dtype in (torch.bfloat16, torch.float16):
+        options = {"scale": scaling}
+        if "is_causal" in params:  # torch 2.9's signature
+            options["is_causal"] = True
+        else:
+            options["window_size"] = (-1, 0)  # causal
+        if groups > 1:
+            if "enable_gqa" in params:
+                options["enable_gqa"] = True
+            else:
+                k, v = k.repeat_interleave(groups, dim=1), v.repeat_interleave(groups, dim=1)
+        max_length = int(kwargs.get("max_length_q") or int(cu_seq_lens.diff().max()))
+        out = kernel(q, k, v, cu_seq_lens, cu_seq_lens, max_length, max_length, **options)
+    else:
+        out = _per_document_sdpa(q, k, v, cu_seq_lens, scaling, groups)
+    return out.unsqueeze(0), None
+
+
+def _boundaries_from_positions(position_ids):
+    """Documents restart their position ids at 0; None when the row holds one document."""
+    if position_ids is None or position_ids.shape[0] != 1:
+        return None
+    starts = (position_ids[0] == 0).nonzero().flatten()
+    if starts.numel() <= 1:
+        return None
+    end = torch.tensor([position_ids.shape[1]], device=starts.device)
+    return torch.cat([starts, end]).to(torch.int32)
+
+
+def _per_document_sdpa(q, k, v, cu_seq_lens, scaling, groups):
+    """The reference path (CPU): each document attends causally to itself alone."""
+    bounds = cu_seq_lens.tolist()
+    outputs = []
+    for start, end in zip(bounds[:-1], bounds[1:], strict=True):
+        if end == start:
+            continue
+        qd, kd, vd = (t[start:end].transpose(0, 1) for t in (q, k, v))  # (heads, length, dim)
+        if groups > 1:
+            kd, vd = kd.repeat_interleave(groups, dim=0), vd.repeat_interleave(groups, dim=0)
+        outputs.append(F.scaled_dot_product_attention(qd, kd, vd, is_causal=True, scale=scaling).transpose(0, 1))
+    return torch.cat(outputs, dim=0)
+
+
+def varlen_mask(*args, attention_mask=None, **kwargs):
+    """No dense mask for a padding-free batch (the boundaries travel as cu_seq_lens); a padded
+    batch gets SDPA's usual mask."""
+    from transformers.masking_utils import sdpa_mask
+
+    if attention_mask is None:
+        return None
+    return sdpa_mask(*args, attention_mask=attention_mask, **kwargs)
+
+
+def register() -> None:
+    from transformers import AttentionInterface
+    from transformers.masking_utils import AttentionMaskInterface
+
+    AttentionInterface.register(NAME, varlen_attention_forward)
+    AttentionMaskInterface.register(NAME, varlen_mask)
+
+
+def use_varlen_attention(model) -> str | None:
+    """Switch a packed LFM2 model to varlen attention; returns what packed batches will use (for the
+    run log), or None when the model is not one we verified."""
+    config = getattr(model, "config", None)
+    if getattr(config, "model_type", None) not in SUPPORTED_MODEL_TYPES:
+        return None
+    if getattr(config, "_attn_implementation", None) not in (None, "sdpa", "eager", NAME):
+        return None  # the user chose one (flash_attention_2, flex_attention): keep it
+    register()
+    model.set_attn_implementation(NAME)
+    if torch.cuda.is_available() and _cuda_kernel()[0] is not None:
+        return "varlen flash attention (torch.nn.attention.varlen)"
+    return "per-document SDPA (no CUDA varlen kernel here)"

@@ -1,0 +1,97 @@
+"""Vision-language models (LFM2-VL): recognising one before it loads, its processor, and images.
+
+Benchmark rows with image parts go through the model's processor, which turns each `<image>` in
+the rendered prompt into the image's tokens and the image into pixel values.
+"""
+
+from __future__ import annotations
+
+import json
+import re
+from pathlib import Path
+
+from leap_finetune.errors import LeapError
+from leap_finetune.models.tiny import (
+    TINY_MODELS,
+    TINY_VISION_MODELS,
+    build_tiny_processor,
+)
+
+_VL_NAME = re.compile(r"[-_]VL([-_.]|$)", re.IGNORECASE)
+
+
+def is_vision_model(model_id: str) -> bool:
+    """True for a vision-language model, decided from its config.json without loading weights:
+    a local folder's or the Hub cache's; without either, from the name (LiquidAI's LFM2-VL-*)."""
+    if model_id in TINY_MODELS:
+        return model_id in TINY_VISION_MODELS
+    config = _config_json(model_id)
+    if config is not None:
+        return "vision_config" in config
+    return bool(_VL_NAME.search(model_id))
+
+
+def _config_json(model_id: str) -> dict | None:
+    path = Path(model_id) / "config.json"
+    if not path.is_file():
+        try:
+            from huggingface_hub import try_to_load_from_cache
+
+            cached = try_to_load_from_cache(model_id, "config.json")
+        except Exception:  # noqa: BLE001 - not a valid repo id: decide by name
+            return None
+        if not isinstance(cached, str):
+            return None
+        path = Path(cached)
+    try:
+        value = json.loads(path.read_text(encoding="utf-8"))
+    except (OSError, json.JSONDecodeError, UnicodeDecodeError):
+        return None
+    return value if isinstance(value, dict) else None
+
+
+def require_torchvision(model_id: str) -> None:
+    """LFM2-VL's image processor is built on torchvision; say so before any model loads."""
+    try:
+        import torchvision  # noqa: F401
+    except Exception as err:  # noqa: BLE001 - missing, or built for another torch
+        raise LeapError(
+            f"'{model_id}' is a vision-language model and its image processor needs torchvision, which cannot be "
+            f"imported: {str(err).splitlines()[0] if str(err) else type(err).__name__}",
+            where="model_name",
+            fix="install the torchvision built for your torch (torch 2.14.1 -> torchvision 0.29.1, torch 2.11 -> "
+            "0.26), e.g. `pip install torchvision==0.29.1 pillow`",
+        ) from None
+
+
+def load_processor(model_id: str, tokenizer):
+    """The model's processor, sharing the tokenizer leap-finetune renders with."""
+    require_torchvision(model_id)
+    if model_id in TINY_MODELS:
+        return build_tiny_processor(tokenizer)
+    from transformers import AutoProcessor
+
+    try:
+        processor = AutoProcessor.from_pretrained(model_id)
+    except Exception as err:  # noqa: BLE001
+        raise LeapError(f"cannot load the processor of '{model_id}': {str(err).splitlines()[0]}", where="model_name",
+                        fix="a vision-language model folder needs its processor files "
+                        "(preprocessor_config.json / processor_config.json)") from None
+    processor.tokenizer = tokenizer
+    return processor
+
+
+def has_processor_files(model_id: str) -> bool:
+    """False for a local folder without processor settings (a training checkpoint); Hub ids and
+    built-in models are assumed to have them."""
+    folder = Path(model_id)
+    if not folder.is_dir():
+        return True
+    return any((folder / name).is_file() for name in ("processor_config.json", "preprocessor_config.json"))
+
+
+def open_image(path: str):
+    """An image file (or http(s) URL) as RGB."""
+    from transformers.image_utils import load_image
+
+    return load_image(path).convert("RGB")

@@ -1,0 +1,37 @@
+"""The image-benchmark example end to end: a tiny LFM2-VL trained on text, benchmarks whose rows
+carry images run before / during / after training through the real processor, scores rise; the
+run folder and a training checkpoint are then evaluated standalone from the CLI."""
+
+from __future__ import annotations
+
+import json
+
+from leap_finetune.api import run_config
+from tests.conftest import EXAMPLES, run_cli, write_config
+
+
+def test_image_benchmarks_rise_during_training_and_evaluate_standalone(workdir):
+    summary = run_config(EXAMPLES / "vl_quickstart.yaml")
+    run_dir = workdir / "outputs" / "vl_quickstart" / summary["run_dir"].split("/")[-1]
+    for name in ("fruit_images", "fruit_images_mcq"):
+        key = f"benchmark/{name}/score"
+        assert summary["benchmarks"][key] > summary["initial_benchmarks"][key]
+        logged = [m for m in map(json.loads, (run_dir / "metrics.jsonl").read_text().splitlines()) if key in m]
+        assert [m["step"] for m in logged] == [0, 135, 270]
+        predictions = [json.loads(line) for line in (run_dir / "benchmarks" / f"{name}.jsonl").read_text().splitlines()]
+        assert len(predictions) == 10 and all(p["prompt"].count("<image>") == 1 for p in predictions)
+    assert summary["benchmarks"]["benchmark/fruit_images_mcq/score"] == 1.0
+    # the trained model is saved with its processor: it loads as a vision-language model again
+    assert (run_dir / "model" / "processor_config.json").exists() or (run_dir / "model" / "preprocessor_config.json").exists()
+
+    benchmarks = [{"name": "fruit_images_mcq", "path": str(EXAMPLES / "data/fruit_images_mcq.jsonl"),
+                   "metric": "logprob_mcq"}]
+    for checkpoint in (run_dir, run_dir / "checkpoint-150"):  # a checkpoint has no processor files
+        config = {"model_name": "tiny-lfm2.5-vl", "checkpoint": str(checkpoint), "evals": {"benchmarks": benchmarks}}
+        evaluated = run_cli("eval", str(write_config(workdir, config, "eval.yaml")), "--output", "results.json",
+                            cwd=workdir)
+        assert evaluated.returncode == 0, evaluated.stderr[-2000:]
+        results = json.loads((workdir / "results.json").read_text())["results"]
+        assert results["benchmark/fruit_images_mcq/rows"] == 10
+        if checkpoint == run_dir:
+            assert results["benchmark/fruit_images_mcq/score"] == summary["benchmarks"]["benchmark/fruit_images_mcq/score"]
