@@ -113,6 +113,8 @@ def quickstart(workdir: Path, packing: bool) -> dict:
 
     config = yaml.safe_load(Path("examples/quickstart.yaml").read_text())
     config["dataset"]["path"] = str(Path("examples/data/quickstart.jsonl").resolve())
+    for bench in config.get("evals", {}).get("benchmarks", []):
+        bench["path"] = str((Path("examples") / bench["path"]).resolve())
     config["project_name"] = f"quickstart-packing-{packing}"
     config["training_config"]["packing"] = packing
     path = workdir / f"{config['project_name']}.yaml"

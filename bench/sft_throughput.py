@@ -147,19 +147,20 @@ def trl_default_run(model_dir: Path, data: Path, work: Path, steps: int) -> dict
 
 
 BF16 = {"model_init_kwargs": {"dtype": "bfloat16"}}
-COMPILE = {"torch_compile": True}
+OFF = {"padding_free": False, "compile_layers": False}
 VARIANTS = {
     # name: (label, training_config overrides on top of DEFAULT_SFT)
     "default": ("leap default", {}),
-    "padded": ("padded batches (the previous default)", {"padding_free": False, "packing": False}),
-    "padding-free": ("padding-free + varlen attention", {"padding_free": True}),
-    "packing": ("packing (bfd) + varlen attention", {"packing": True}),
-    "padding-free-compile": ("padding-free + varlen + torch.compile", {"padding_free": True, **COMPILE}),
-    "packing-compile": ("packing + varlen + torch.compile", {"packing": True, **COMPILE}),
-    "bf16-packing-compile": ("bf16 weights + fused AdamW + packing + varlen + compile",
-                             {**BF16, "optim": "adamw_torch_fused", "packing": True, **COMPILE}),
-    "bf16": ("bf16 weights", BF16),
-    "flex": ("flex attention", {"model_init_kwargs": {"attn_implementation": "flex_attention"}}),
+    "padded": ("padded batches (the previous default)", OFF),
+    "padding-free": ("padding-free + varlen attention", {"padding_free": True, "compile_layers": False}),
+    "packing": ("packing (bfd) + varlen attention", {"packing": True, "compile_layers": False}),
+    "packing-compile": ("packing + varlen + compiled layers", {"packing": True, "compile_layers": True}),
+    "bf16-packing-compile": ("bf16 weights + fused AdamW + packing + varlen + compiled layers",
+                             {**BF16, "optim": "adamw_torch_fused", "packing": True, "compile_layers": True}),
+    "whole-compile": ("padding-free + varlen + torch_compile (whole model)",
+                      {"padding_free": True, "compile_layers": False, "torch_compile": True}),
+    "bf16": ("bf16 weights, padded", {**BF16, **OFF}),
+    "default-batch16": ("leap default, batch 16", {"per_device_train_batch_size": 16}),
 }
 
 

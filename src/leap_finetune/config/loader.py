@@ -232,7 +232,7 @@ def _resolve_training(model: LeapConfigModel, where: str) -> tuple[dict, str, st
             where=where,
             fix=unknown_key_fix(str(profile_name), profiles.TRAINING_PROFILES),
         )
-    allowed = trainer_arg_fields(model.training_type) | ({"loss_on"} if model.training_type == "sft" else set())
+    allowed = trainer_arg_fields(model.training_type) | ({"loss_on", "compile_layers"} if model.training_type == "sft" else set())
     for key in user:
         if key in MANAGED_TRAINING_KEYS:
             raise LeapError(
@@ -243,6 +243,8 @@ def _resolve_training(model: LeapConfigModel, where: str) -> tuple[dict, str, st
                 f"training_config.loss_on applies to sft; {model.training_type} trains on the completion tokens",
                 where=where, fix="remove loss_on",
             )
+        if key == "compile_layers" and not isinstance(user[key], bool):
+            raise LeapError(f"training_config.compile_layers is {user[key]!r}", where=where, fix="use true or false")
         if key not in allowed and key != "assistant_only_loss":
             raise LeapError(
                 f"unknown key '{key}' in training_config (not a leap-finetune key, nor an argument of TRL's "

@@ -38,9 +38,14 @@ def run_benchmarks(model, renderer: Renderer, evals: EvalsConfig, benchmarks: li
                    predictions_dir: Path | None = None, processor=None) -> dict[str, float]:
     """Evaluate every benchmark; returns flat metrics: benchmark/{name}/score and extras.
     `processor`: a vision-language model's, for rows with images."""
+    import torch
+
     was_training = model.training
     model.eval()
     results: dict[str, float] = {}
+    # Layers compiled for training shapes (recipes/speed.py) would recompile for every decoding shape.
+    stance = torch.compiler.set_stance("force_eager")
+    stance.__enter__()
     try:
         for bench in benchmarks:
             start = time.perf_counter()
@@ -55,6 +60,7 @@ def run_benchmarks(model, renderer: Renderer, evals: EvalsConfig, benchmarks: li
                 path = predictions_dir / f"{bench.name}.jsonl"
                 path.write_text("".join(json.dumps(p, ensure_ascii=False) + "\n" for p in predictions), encoding="utf-8")
     finally:
+        stance.__exit__(None, None, None)
         if was_training:
             model.train()
     return results

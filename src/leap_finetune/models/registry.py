@@ -64,3 +64,39 @@ def _json(path: Path) -> dict:
     except (json.JSONDecodeError, OSError, UnicodeDecodeError):
         return {}
     return value if isinstance(value, dict) else {}
+
+
+def config_json(model_id: str) -> dict | None:
+    """A model's config.json without loading it: a local folder's, or the Hub cache's; else None."""
+    path = Path(model_id) / "config.json"
+    if not path.is_file():
+        try:
+            from huggingface_hub import try_to_load_from_cache
+
+            cached = try_to_load_from_cache(model_id, "config.json")
+        except Exception:  # noqa: BLE001 - not a valid repo id: decide by name
+            return None
+        if not isinstance(cached, str):
+            return None
+        path = Path(cached)
+    try:
+        value = json.loads(path.read_text(encoding="utf-8"))
+    except (OSError, json.JSONDecodeError, UnicodeDecodeError):
+        return None
+    return value if isinstance(value, dict) else None
+
+
+def model_type(model_id: str) -> str | None:
+    """config.json's model_type (the built-in tiny models: theirs); LiquidAI's LFM2 names without a
+    config at hand count as "lfm2"; None when unknown."""
+    from leap_finetune.models.tiny import TINY_VISION_MODELS
+
+    if model_id in TINY_MODELS:
+        return "lfm2_vl" if model_id in TINY_VISION_MODELS else "lfm2"
+    config = config_json(model_id)
+    if config is not None:
+        return config.get("model_type")
+    name = model_id.rsplit("/", 1)[-1]
+    if _LFM_SHORT_NAME.match(name) and not re.search(r"[-_]VL([-_.]|$)", name, re.IGNORECASE):
+        return "lfm2"
+    return None

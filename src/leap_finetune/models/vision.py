@@ -6,11 +6,11 @@ the rendered prompt into the image's tokens and the image into pixel values.
 
 from __future__ import annotations
 
-import json
 import re
 from pathlib import Path
 
 from leap_finetune.errors import LeapError
+from leap_finetune.models.registry import config_json
 from leap_finetune.models.tiny import (
     TINY_MODELS,
     TINY_VISION_MODELS,
@@ -25,29 +25,10 @@ def is_vision_model(model_id: str) -> bool:
     a local folder's or the Hub cache's; without either, from the name (LiquidAI's LFM2-VL-*)."""
     if model_id in TINY_MODELS:
         return model_id in TINY_VISION_MODELS
-    config = _config_json(model_id)
+    config = config_json(model_id)
     if config is not None:
         return "vision_config" in config
     return bool(_VL_NAME.search(model_id))
-
-
-def _config_json(model_id: str) -> dict | None:
-    path = Path(model_id) / "config.json"
-    if not path.is_file():
-        try:
-            from huggingface_hub import try_to_load_from_cache
-
-            cached = try_to_load_from_cache(model_id, "config.json")
-        except Exception:  # noqa: BLE001 - not a valid repo id: decide by name
-            return None
-        if not isinstance(cached, str):
-            return None
-        path = Path(cached)
-    try:
-        value = json.loads(path.read_text(encoding="utf-8"))
-    except (OSError, json.JSONDecodeError, UnicodeDecodeError):
-        return None
-    return value if isinstance(value, dict) else None
 
 
 def require_torchvision(model_id: str) -> None:

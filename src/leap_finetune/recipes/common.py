@@ -233,7 +233,7 @@ def print_samples(console, when: str, model, tokenizer, samples: list[dict]) -> 
     device = next(model.parameters()).device
     for sample in samples:
         ids = tokenizer(sample["prompt"], add_special_tokens=False, return_tensors="pt")["input_ids"].to(device)
-        with torch.no_grad():
+        with torch.no_grad(), torch.compiler.set_stance("force_eager"):  # compiled layers: training shapes only
             out = model.generate(ids, max_new_tokens=sample.get("max_new_tokens", 64), do_sample=False,
                                  eos_token_id=tokenizer.eos_token_id, pad_token_id=tokenizer.pad_token_id,
                                  use_cache=True)

@@ -10,7 +10,7 @@ from __future__ import annotations
 from pathlib import Path
 
 from leap_finetune.config.resolved import ResolvedConfig
-from leap_finetune.recipes import common
+from leap_finetune.recipes import common, speed
 from leap_finetune.recipes.callbacks import StopOnSignal
 
 
@@ -22,6 +22,8 @@ def config_class():
 
 def training_arguments(resolved: ResolvedConfig, *, run_dir: str, has_eval: bool, cuda: bool | None = None) -> dict:
     args = common.common_arguments(resolved, run_dir=run_dir, has_eval=has_eval, cuda=cuda)
+    args.pop("compile_layers", None)  # leap-finetune's key (see recipes/speed.py), applied to the model
+    args["padding_free"] = speed_plan(resolved, cuda).padding_free
     # Data arrive rendered, masked and tokenized (input_ids + labels), so TRL must not re-mask.
     args["assistant_only_loss"] = False
     args["completion_only_loss"] = False
@@ -30,6 +32,14 @@ def training_arguments(resolved: ResolvedConfig, *, run_dir: str, has_eval: bool
         # batches with max_length set because it would not enforce it itself.
         args["max_length"] = None
     return args
+
+
+def speed_plan(resolved: ResolvedConfig, cuda: bool | None = None) -> speed.SpeedPlan:
+    if cuda is None:
+        import torch
+
+        cuda = torch.cuda.is_available()
+    return speed.plan(resolved.training, resolved.model_id, cuda)
 
 
 def train(resolved_json: dict, callbacks: list | None = None) -> dict:
@@ -45,6 +55,10 @@ def train(resolved_json: dict, callbacks: list | None = None) -> dict:
     args = config_class()(**training_arguments(resolved, run_dir=str(run_dir), has_eval=eval_dataset is not None))
     tokenizer, model = common.load_tokenizer_and_model(resolved, packing=args.packing or args.padding_free,
                                                        console=console)
+    fast = speed_plan(resolved)
+    console.print(fast.line)
+    if fast.compile_layers:
+        speed.compile_layers(model)
     samples = common.load_samples(run_dir)
     if samples:
         common.print_samples(console, "before training", model, tokenizer, samples)

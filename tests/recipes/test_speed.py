@@ -1,0 +1,70 @@
+"""The speed defaults (recipes/speed.py): what is chosen where, and that the fast path trains the
+same tokens with the same losses as the plain path, through the real trainer."""
+
+from __future__ import annotations
+
+import json
+
+import pytest
+
+from leap_finetune.api import run_config
+from leap_finetune.recipes.speed import plan
+from tests.conftest import tiny_config, write_config
+
+
+def test_gpu_lfm2_gets_padding_free_and_compiled_layers():
+    chosen = plan({}, "tiny-lfm2", cuda=True)
+    assert chosen.padding_free and chosen.compile_layers
+    assert "padding-free" in chosen.line and "torch.compile per decoder layer" in chosen.line
+
+
+def test_cpu_and_unverified_models_keep_the_plain_path_and_say_why():
+    cpu = plan({}, "tiny-lfm2", cuda=False)
+    assert not cpu.padding_free and not cpu.compile_layers and "CPU" in cpu.line
+    other = plan({}, "HuggingFaceTB/SmolLM2-135M", cuda=True)
+    assert not other.padding_free and "verified for LFM2" in other.line
+
+
+def test_the_users_keys_win():
+    assert not plan({"padding_free": False, "compile_layers": False}, "tiny-lfm2", cuda=True).padding_free
+    assert plan({"padding_free": True}, "tiny-lfm2", cuda=False).padding_free
+    packing = plan({"packing": True}, "tiny-lfm2", cuda=True)
+    assert not packing.padding_free and packing.line.startswith("speed: packing")
+    whole = plan({"torch_compile": True}, "tiny-lfm2", cuda=True)
+    assert not whole.compile_layers  # TRL's whole-model compile was asked for instead
+
+
+@pytest.fixture
+def chat_data(tmp_path, monkeypatch):
+    monkeypatch.chdir(tmp_path)
+    import random
+
+    rng = random.Random(0)
+    words = "alpha beta gamma delta epsilon zeta eta theta iota kappa".split()
+    rows = []
+    for i in range(48):
+        question = " ".join(rng.choice(words) for _ in range(rng.randint(2, 30)))
+        answer = " ".join(rng.choice(words) for _ in range(rng.randint(1, 40)))
+        rows.append({"messages": [{"role": "user", "content": question}, {"role": "assistant", "content": answer}]})
+    (tmp_path / "train.jsonl").write_text("".join(json.dumps(r) + "\n" for r in rows))
+    return tmp_path
+
+
+def test_padding_free_losses_equal_padded_losses_step_by_step(chat_data):
+    """The fast path's batching (padding-free, varlen attention, boundary-aware convolution) against
+    padded batches: same conversations per step, so the same loss at every step."""
+    curves = {}
+    for padding_free in (False, True):
+        config = tiny_config(training_config={"max_steps": 12, "per_device_train_batch_size": 6, "logging_steps": 1,
+                                              "learning_rate": 3e-3, "padding_free": padding_free,
+                                              "save_strategy": "no"})
+        config["project_name"] = f"pf-{padding_free}"
+        summary = run_config(write_config(chat_data, config, f"pf-{padding_free}.yaml"))
+        metrics = [json.loads(line) for line in open(f"{summary['run_dir']}/metrics.jsonl")]
+        curves[padding_free] = [m["loss"] for m in metrics if "loss" in m]
+        tokens = [m["num_input_tokens_seen"] for m in metrics if "num_input_tokens_seen" in m]
+        curves[f"tokens-{padding_free}"] = tokens
+    assert len(curves[True]) == 12
+    assert curves[True] == pytest.approx(curves[False], rel=2e-4)
+    assert curves[True][-1] < curves[True][0] * 0.8  # and it learns
+    assert curves["tokens-True"] == curves["tokens-False"]  # the same real tokens were trained on
