@@ -157,8 +157,6 @@ VARIANTS = {
     "packing-compile": ("packing + varlen + compiled layers", {"packing": True, "compile_layers": True}),
     "bf16-packing-compile": ("bf16 weights + fused AdamW + packing + varlen + compiled layers",
                              {**BF16, "optim": "adamw_torch_fused", "packing": True, "compile_layers": True}),
-    "whole-compile": ("padding-free + varlen + torch_compile (whole model)",
-                      {"padding_free": True, "compile_layers": False, "torch_compile": True}),
     "bf16": ("bf16 weights, padded", {**BF16, **OFF}),
     "default-batch16": ("leap default, batch 16", {"per_device_train_batch_size": 16}),
 }

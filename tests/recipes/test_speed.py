@@ -30,8 +30,6 @@ def test_the_users_keys_win():
     assert plan({"padding_free": True}, "tiny-lfm2", cuda=False).padding_free
     packing = plan({"packing": True}, "tiny-lfm2", cuda=True)
     assert not packing.padding_free and packing.line.startswith("speed: packing")
-    whole = plan({"torch_compile": True}, "tiny-lfm2", cuda=True)
-    assert not whole.compile_layers  # TRL's whole-model compile was asked for instead
 
 
 @pytest.fixture
@@ -68,3 +66,18 @@ def test_padding_free_losses_equal_padded_losses_step_by_step(chat_data):
     assert curves[True] == pytest.approx(curves[False], rel=2e-4)
     assert curves[True][-1] < curves[True][0] * 0.8  # and it learns
     assert curves["tokens-True"] == curves["tokens-False"]  # the same real tokens were trained on
+
+
+def test_whole_model_torch_compile_is_refused_with_the_alternative(tmp_path):
+    from leap_finetune.config.loader import load_config
+    from leap_finetune.errors import LeapError
+
+    (tmp_path / "train.jsonl").write_text(json.dumps({"messages": [{"role": "user", "content": "hi"},
+                                                                    {"role": "assistant", "content": "hello"}]}) + "\n")
+    config = tiny_config(training_config={"torch_compile": True})
+    with pytest.raises(LeapError) as err:
+        load_config(write_config(tmp_path, config))
+    assert "loss of 0" in str(err.value) and "compile_layers: true" in err.value.fix
+    bad = tiny_config(training_config={"compile_layers": "yes"})
+    with pytest.raises(LeapError, match="compile_layers"):
+        load_config(write_config(tmp_path, bad))

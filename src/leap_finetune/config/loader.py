@@ -243,6 +243,14 @@ def _resolve_training(model: LeapConfigModel, where: str) -> tuple[dict, str, st
                 f"training_config.loss_on applies to sft; {model.training_type} trains on the completion tokens",
                 where=where, fix="remove loss_on",
             )
+        if key == "torch_compile" and user[key] and model.training_type == "sft":
+            raise LeapError(
+                "training_config.torch_compile compiles the whole model, TRL's fused LM-head loss included; on an "
+                "H200 that trained with a loss of 0 from the first step (bench/RESULTS.md)",
+                where=where,
+                fix="use `compile_layers: true` (torch.compile per decoder layer; already the default for LFM2 on "
+                "a CUDA GPU)",
+            )
         if key == "compile_layers" and not isinstance(user[key], bool):
             raise LeapError(f"training_config.compile_layers is {user[key]!r}", where=where, fix="use true or false")
         if key not in allowed and key != "assistant_only_loss":
