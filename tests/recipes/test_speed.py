@@ -81,3 +81,24 @@ def test_whole_model_torch_compile_is_refused_with_the_alternative(tmp_path):
     bad = tiny_config(training_config={"compile_layers": "yes"})
     with pytest.raises(LeapError, match="compile_layers"):
         load_config(write_config(tmp_path, bad))
+
+
+def test_compiled_layers_train_with_the_losses_of_eager_layers(chat_data):
+    """compile_layers (torch.compile per decoder layer, the GPU default) on the CPU backend: the
+    layers really are compiled, and the padding-free losses are those of the eager layers."""
+    import torch._dynamo
+
+    curves = {}
+    for compile_layers in (False, True):
+        before = sum(torch._dynamo.utils.counters["stats"].values())
+        config = tiny_config(training_config={"max_steps": 6, "per_device_train_batch_size": 6, "logging_steps": 1,
+                                              "learning_rate": 3e-3, "padding_free": True,
+                                              "compile_layers": compile_layers, "save_strategy": "no"})
+        config["project_name"] = f"compiled-{compile_layers}"
+        summary = run_config(write_config(chat_data, config, f"compiled-{compile_layers}.yaml"))
+        curves[compile_layers] = [m["loss"] for m in map(json.loads, open(f"{summary['run_dir']}/metrics.jsonl"))
+                                  if "loss" in m]
+        compiled = sum(torch._dynamo.utils.counters["stats"].values()) - before
+        assert (compiled > 0) == compile_layers
+    assert len(curves[True]) == 6
+    assert curves[True] == pytest.approx(curves[False], rel=1e-5)
