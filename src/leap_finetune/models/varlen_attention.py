@@ -20,6 +20,7 @@ import inspect
 
 import torch
 import torch.nn.functional as F
+from transformers.integrations.sdpa_attention import sdpa_attention_forward
 
 NAME = "leap_varlen"
 # Model types whose attention layers pass the collator's boundaries through (checked by
@@ -27,20 +28,22 @@ NAME = "leap_varlen"
 SUPPORTED_MODEL_TYPES = {"lfm2", "lfm2_moe"}
 
 
-def _cuda_kernel():
+def _find_kernel():
     try:
         from torch.nn.attention.varlen import varlen_attn
     except ImportError:
-        return None, set()
-    return varlen_attn, set(inspect.signature(varlen_attn).parameters)
+        return None, frozenset()
+    return varlen_attn, frozenset(inspect.signature(varlen_attn).parameters)
+
+
+# Looked up once at import: inside a compiled layer, `inspect.signature` would break the graph.
+_KERNEL, _KERNEL_PARAMS = _find_kernel()
 
 
 def varlen_attention_forward(module, query, key, value, attention_mask, dropout: float = 0.0,
                              scaling: float | None = None, **kwargs):
     """transformers' attention-function signature: query/key/value are (batch, heads, length, dim);
     returns ((batch, length, heads, dim), None)."""
-    from transformers.integrations.sdpa_attention import sdpa_attention_forward
-
     cu_seq_lens = kwargs.get("cu_seq_lens_q")
     if cu_seq_lens is None and attention_mask is None and query.shape[0] == 1 and query.shape[2] > 1:
         cu_seq_lens = _boundaries_from_positions(kwargs.get("position_ids"))  # packed without boundaries
@@ -49,7 +52,7 @@ def varlen_attention_forward(module, query, key, value, attention_mask, dropout:
                                       scaling=scaling, **kwargs)
     q, k, v = (t[0].transpose(0, 1) for t in (query, key, value))  # (total, heads, dim)
     groups = q.shape[1] // k.shape[1]
-    kernel, params = _cuda_kernel()
+    kernel, params = _KERNEL, _KERNEL_PARAMS
     if q.dtype == torch.float32 and q.is_cuda and torch.is_autocast_enabled("cuda"):
         # float32 master weights under bf16 autocast: SDPA would run in bf16 here too (autocast casts
         # its inputs); the flash kernel takes only 16-bit inputs, so cast as autocast would.
@@ -125,6 +128,6 @@ def use_varlen_attention(model) -> str | None:
         return None  # the user chose one (flash_attention_2, flex_attention): keep it
     register()
     model.set_attn_implementation(NAME)
-    if torch.cuda.is_available() and _cuda_kernel()[0] is not None:
+    if torch.cuda.is_available() and _KERNEL is not None:
         return "varlen flash attention (torch.nn.attention.varlen)"
     return "per-document SDPA (no CUDA varlen kernel here)"
