@@ -1,6 +1,6 @@
 """SFT throughput on a CUDA machine, through the real leap-finetune path, against TRL's defaults.
 
-python bench/sft_throughput.py [--models 350m,1.2b] [--steps 40] [--record]
+python bench/sft_throughput.py [--models 350m,1.2b] [--steps 40] [--variants default,...] [--record]
 
 - Builds the LFM2-350M and LFM2-1.2B architectures with random weights (no download) and saves them
   with the bundled tokenizer, so `model_name` is a local folder, as for a user's checkpoint.
@@ -169,16 +169,19 @@ def main() -> None:
     parser.add_argument("--variants", default=",".join(VARIANTS))
     parser.add_argument("--skip-trl", action="store_true")
     parser.add_argument("--work", default="/tmp/leap-bench")
-    parser.add_argument("--out", default=None, help="append the table to this file")
+    parser.add_argument("--out", default=None, help="write the table so far to this file after every variant")
+    parser.add_argument("--record", action="store_true", help="append the finished table to bench/RESULTS.md")
     args = parser.parse_args()
     work = Path(args.work)
     work.mkdir(parents=True, exist_ok=True)
     peak = matmul_peak()
     data = work / "chat.jsonl"
     lengths = make_data(data, rows=args.steps * 8 * 2)
+    import trl
+
     lines = [f"### {datetime.date.today()} - {torch.cuda.get_device_name(0)} - torch {torch.__version__}, "
-             f"transformers {transformers.__version__}",
-             "", f"Command: `python bench/sft_throughput.py --models {args.models} --steps {args.steps}`",
+             f"transformers {transformers.__version__}, trl {trl.__version__}",
+             "", f"Command: `python {' '.join(sys.argv)}`",
              f"bf16 matmul peak measured in this run: {peak / 1e12:.0f} TFLOP/s. Rows: {len(lengths)}, "
              f"lengths {min(lengths)}-{max(lengths)} (mean {statistics.mean(lengths):.0f}); batch 8, max_length 2048.", "",
              "| model | path | real tokens/s | MFU | peak GiB | wall s | first losses |",
@@ -210,7 +213,10 @@ def main() -> None:
             lines.append(row(label, result))
             if args.out:  # after every variant, so a run cut short still leaves its table
                 Path(args.out).write_text("\n".join(lines) + "\n")
-        print("\n".join(lines), flush=True)
+    print("\n".join(lines), flush=True)
+    if args.record:
+        results = Path(__file__).with_name("RESULTS.md")
+        results.write_text(results.read_text().rstrip() + "\n\n" + "\n".join(lines) + "\n")
 
 
 if __name__ == "__main__":
