@@ -79,3 +79,12 @@ def test_validate_an_evaluation_only_config(tmp_path):
     config["evals"]["benchmarks"][0]["metric"] = "short_answer"
     (tmp_path / "bench.jsonl").write_text(json.dumps({"messages": [U, A]}) + "\n")
     assert validate_config(config) is None
+
+
+def test_image_parts_resolve_files_against_the_benchmark_and_keep_urls(tmp_path):
+    (tmp_path / "img.jpg").write_bytes(b"\xff\xd8")
+    url = "https://example.com/pictures/dog.jpg"
+    content = [{"type": "image", "image": "img.jpg"}, {"type": "image", "image": url}, {"type": "text", "text": "Same?"}]
+    [item] = load(tmp_path, [{"messages": [{"role": "user", "content": content}, A]}], vision=True)
+    assert item.images == [str(tmp_path / "img.jpg"), url]
+    assert item.prompt == [{"role": "user", "content": "<image><image>Same?"}]

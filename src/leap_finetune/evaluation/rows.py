@@ -146,11 +146,14 @@ def _content(content, field_name: str, base: Path, images: list[str], problem) -
             if not isinstance(image, str) or not image:
                 problem(part_field, "an image part needs 'image': a file path")
                 return None
-            path = (base / image).expanduser()
-            if not image.startswith(("http://", "https://")) and not path.is_file():
-                problem(part_field, f"image file not found: {path}")
-                return None
-            images.append(str(path))
+            if image.startswith(("http://", "https://")):
+                images.append(image)  # fetched when the benchmark runs
+            else:
+                path = (base / image).expanduser()
+                if not path.is_file():
+                    problem(part_field, f"image file not found: {path}")
+                    return None
+                images.append(str(path))
             texts.append("<image>")
         else:
             problem(part_field, "expected {\"type\": \"text\", \"text\": ...} or {\"type\": \"image\", \"image\": path}")
