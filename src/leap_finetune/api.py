@@ -38,13 +38,13 @@ def _check_benchmarks(resolved: ResolvedConfig, model_id: str | None = None):
     a vision-language model and, for its processor, torchvision."""
     if resolved.evals is None:
         return []
-    from leap_finetune.evaluation.runner import load_benchmarks
+    from leap_finetune.evaluation.runner import has_images, load_benchmarks
     from leap_finetune.models.vision import is_vision_model, require_torchvision
 
     model_id = model_id or resolved.model_id
     vision = is_vision_model(model_id)
     benchmarks = load_benchmarks(resolved.evals, vision=vision, model_name=resolved.model_name)
-    if vision and any(item.images for bench in benchmarks for item in bench.items):
+    if vision and has_images(benchmarks):
         require_torchvision(model_id)
     return benchmarks
 
@@ -277,9 +277,14 @@ def _processor_for(model_id: str, base_model_id: str, tokenizer, benchmarks):
     """A vision-language model's processor when some benchmark row has images, else None. A
     training checkpoint holds no processor files: fine-tuning does not change image preprocessing,
     so the base model's processor is used."""
-    from leap_finetune.models.vision import has_processor_files, is_vision_model, load_processor
+    from leap_finetune.evaluation.runner import has_images
+    from leap_finetune.models.vision import (
+        has_processor_files,
+        is_vision_model,
+        load_processor,
+    )
 
-    if not (is_vision_model(model_id) and any(item.images for bench in benchmarks for item in bench.items)):
+    if not (is_vision_model(model_id) and has_images(benchmarks)):
         return None
     return load_processor(model_id if has_processor_files(model_id) else base_model_id, tokenizer)
 

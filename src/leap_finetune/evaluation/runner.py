@@ -23,6 +23,10 @@ class LoadedBenchmark:
     items: list[BenchmarkItem]
 
 
+def has_images(benchmarks: list[LoadedBenchmark]) -> bool:
+    return any(item.images for bench in benchmarks for item in bench.items)
+
+
 def load_benchmarks(evals: EvalsConfig, *, vision: bool, model_name: str) -> list[LoadedBenchmark]:
     """Validate every benchmark row (and custom metric) before any model loads."""
     loaded = []

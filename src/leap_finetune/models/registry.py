@@ -9,6 +9,7 @@ from pathlib import Path
 from leap_finetune.models.tiny import TINY_MODELS
 
 _LFM_SHORT_NAME = re.compile(r"^LFM2(\.5)?[-_.]", re.IGNORECASE)
+VL_NAME = re.compile(r"[-_]VL([-_.]|$)", re.IGNORECASE)  # LiquidAI's LFM2-VL-* / LFM2.5-VL-*
 
 
 def resolve_model_id(model_name: str, base: Path) -> str:
@@ -97,6 +98,6 @@ def model_type(model_id: str) -> str | None:
     if config is not None:
         return config.get("model_type")
     name = model_id.rsplit("/", 1)[-1]
-    if _LFM_SHORT_NAME.match(name) and not re.search(r"[-_]VL([-_.]|$)", name, re.IGNORECASE):
+    if _LFM_SHORT_NAME.match(name) and not VL_NAME.search(name):
         return "lfm2"
     return None

@@ -52,24 +52,23 @@ def varlen_attention_forward(module, query, key, value, attention_mask, dropout:
                                       scaling=scaling, **kwargs)
     q, k, v = (t[0].transpose(0, 1) for t in (query, key, value))  # (total, heads, dim)
     groups = q.shape[1] // k.shape[1]
-    kernel, params = _KERNEL, _KERNEL_PARAMS
     if q.dtype == torch.float32 and q.is_cuda and torch.is_autocast_enabled("cuda"):
         # float32 master weights under bf16 autocast: SDPA would run in bf16 here too (autocast casts
         # its inputs); the flash kernel takes only 16-bit inputs, so cast as autocast would.
         q, k, v = (t.to(torch.get_autocast_dtype("cuda")) for t in (q, k, v))
-    if q.is_cuda and kernel is not None and q.dtype in (torch.bfloat16, torch.float16):
+    if q.is_cuda and _KERNEL is not None and q.dtype in (torch.bfloat16, torch.float16):
         options = {"scale": scaling}
-        if "is_causal" in params:  # torch 2.9's signature
+        if "is_causal" in _KERNEL_PARAMS:  # torch 2.9's signature
             options["is_causal"] = True
         else:
             options["window_size"] = (-1, 0)  # causal
         if groups > 1:
-            if "enable_gqa" in params:
+            if "enable_gqa" in _KERNEL_PARAMS:
                 options["enable_gqa"] = True
             else:
                 k, v = k.repeat_interleave(groups, dim=1), v.repeat_interleave(groups, dim=1)
         max_length = int(kwargs.get("max_length_q") or int(cu_seq_lens.diff().max()))
-        out = kernel(q, k, v, cu_seq_lens, cu_seq_lens, max_length, max_length, **options)
+        out = _KERNEL(q, k, v, cu_seq_lens, cu_seq_lens, max_length, max_length, **options)
     else:
         out = _per_document_sdpa(q, k, v, cu_seq_lens, scaling, groups)
     return out.unsqueeze(0), None

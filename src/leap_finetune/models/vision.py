@@ -6,18 +6,15 @@ the rendered prompt into the image's tokens and the image into pixel values.
 
 from __future__ import annotations
 
-import re
 from pathlib import Path
 
 from leap_finetune.errors import LeapError
-from leap_finetune.models.registry import config_json
+from leap_finetune.models.registry import VL_NAME, config_json
 from leap_finetune.models.tiny import (
     TINY_MODELS,
     TINY_VISION_MODELS,
     build_tiny_processor,
 )
-
-_VL_NAME = re.compile(r"[-_]VL([-_.]|$)", re.IGNORECASE)
 
 
 def is_vision_model(model_id: str) -> bool:
@@ -28,7 +25,7 @@ def is_vision_model(model_id: str) -> bool:
     config = config_json(model_id)
     if config is not None:
         return "vision_config" in config
-    return bool(_VL_NAME.search(model_id))
+    return bool(VL_NAME.search(model_id))
 
 
 def require_torchvision(model_id: str) -> None:

@@ -112,14 +112,13 @@ def benchmark_callback(resolved: ResolvedConfig, tokenizer, run_dir: Path, conso
     from leap_finetune.data.chat_templates import load_chat_template
     from leap_finetune.data.render import Renderer
     from leap_finetune.evaluation.callback import BenchmarkCallback
-    from leap_finetune.evaluation.runner import load_benchmarks
+    from leap_finetune.evaluation.runner import has_images, load_benchmarks
     from leap_finetune.models.vision import is_vision_model, load_processor
 
     renderer = Renderer(tokenizer, load_chat_template(resolved.chat_template, tokenizer), "all", None)
     vision = is_vision_model(resolved.model_id)
     benchmarks = load_benchmarks(resolved.evals, vision=vision, model_name=resolved.model_name)
-    has_images = any(item.images for bench in benchmarks for item in bench.items)
-    processor = load_processor(resolved.model_id, tokenizer) if vision and has_images else None
+    processor = load_processor(resolved.model_id, tokenizer) if vision and has_images(benchmarks) else None
     every = resolved.evals.eval_steps or resolved.training.get("eval_steps") or 500
     return BenchmarkCallback(resolved.evals, benchmarks, renderer, run_dir, console, every, processor=processor)
 

@@ -15,8 +15,7 @@ from __future__ import annotations
 from dataclasses import dataclass
 
 from leap_finetune.models.registry import model_type
-
-FAST_MODEL_TYPES = {"lfm2", "lfm2_moe"}  # where varlen attention + the exact convolution were verified
+from leap_finetune.models.varlen_attention import SUPPORTED_MODEL_TYPES
 
 
 def varlen_kernel_available() -> bool:
@@ -40,14 +39,14 @@ def plan(training: dict, model_id: str, cuda: bool) -> SpeedPlan:
     kind = model_type(model_id)
     if not cuda:
         reason = "CPU"
-    elif kind not in FAST_MODEL_TYPES:
+    elif kind not in SUPPORTED_MODEL_TYPES:
         reason = f"model type {kind or 'unknown'} (the fast path is verified for LFM2)"
     elif not varlen_kernel_available():
         reason = "no varlen flash attention in this torch (needs torch >= 2.10)"
     fast = reason is None
     packing = bool(training.get("packing"))
     padding_free = bool(training.get("padding_free", fast and not packing))
-    compile_layers = bool(training.get("compile_layers", fast and not training.get("torch_compile")))
+    compile_layers = bool(training.get("compile_layers", fast))
     if packing:
         batches = "packing (bfd)"
     elif padding_free:
