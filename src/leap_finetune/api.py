@@ -22,6 +22,8 @@ from leap_finetune.errors import LeapError
 from leap_finetune.launch.plan import plan_run
 from leap_finetune.launch.report import config_table, data_report
 
+from leap_finetune.evaluation.standalone import evaluate_config  # noqa: E402 - part of the API
+
 __all__ = ["load_config", "validate_config", "inspect_config", "run_config", "evaluate_config"]
 
 
@@ -58,7 +60,9 @@ def _prepare(resolved: ResolvedConfig):
     from leap_finetune.data.render import Renderer
     from leap_finetune.models.loading import load_tokenizer
 
-    tokenizer = load_tokenizer(resolved.model_id)
+    init_kwargs = resolved.training.get("model_init_kwargs")
+    tokenizer = load_tokenizer(resolved.model_id, init_kwargs)
+    _check_lora_targets(resolved, tokenizer)
     template = load_chat_template(resolved.chat_template, tokenizer)
     # DPO / KTO split prompt from completion themselves and need no generation markers.
     loss_on = resolved.loss_on if resolved.training_type == "sft" else "all"
@@ -67,6 +71,17 @@ def _prepare(resolved: ResolvedConfig):
         resolved.training.get("truncation_mode", "keep_start"),
     )
     return tokenizer, renderer, prepare_data(resolved, tokenizer, renderer)
+
+
+def _check_lora_targets(resolved: ResolvedConfig, tokenizer) -> None:
+    """LoRA's target_modules must name modules of this model (read from its config, no weights)."""
+    if resolved.peft is None:
+        return
+    from leap_finetune.models.structure import check_lora_targets, module_names
+
+    names = module_names(resolved.model_id, tokenizer, resolved.training.get("model_init_kwargs"))
+    if names is not None:
+        check_lora_targets(resolved.peft, names, resolved.model_id, resolved.config_path or "config")
 
 
 def _check_training_arguments(resolved: ResolvedConfig, has_eval: bool) -> None:
@@ -82,9 +97,11 @@ def _check_training_arguments(resolved: ResolvedConfig, has_eval: bool) -> None:
                         fix=f"see docs/config.md and TRL's {config_cls.__name__} documentation") from None
 
 
-def validate_config(source, *, console: Console | None = None) -> PreparedData | None:
-    """Validate the config, EVERY dataset row (rendered and tokenized) and every benchmark row; no
-    model is loaded. An evaluation-only config (no dataset) checks its benchmarks."""
+def validate_config(source, *, console: Console | None = None,
+                    outputs_root: str | Path | None = None) -> PreparedData | None:
+    """Validate the config, EVERY dataset row (rendered and tokenized), every benchmark row and the
+    run folder `run` would use (writable, not taken, the checkpoint to resume from); no model is
+    loaded and nothing is written. An evaluation-only config (no dataset) checks its benchmarks."""
     console = _console(console)
     resolved = _config(source)
     if resolved.dataset is None and resolved.evals is not None:  # an evaluation-only config
@@ -93,8 +110,10 @@ def validate_config(source, *, console: Console | None = None) -> PreparedData |
         return None
     _, _, prepared = _prepare(resolved)
     _check_training_arguments(resolved, has_eval=bool(prepared.eval))
+    plan = plan_run(resolved, outputs_root=Path(outputs_root) if outputs_root else None)
     console.print(config_table(resolved))
     data_report(console, prepared, resolved)
+    console.print(f"run folder: {plan.run_dir}" + (f" (resuming from {plan.resume_checkpoint})" if plan.resume_checkpoint else ""))
     return prepared
 
 
@@ -122,31 +141,79 @@ def run_config(source, *, console: Console | None = None, callbacks: list | None
     data_report(console, prepared, resolved)
 
     plan = plan_run(resolved, outputs_root=Path(outputs_root) if outputs_root else None)
+    for note in plan.notes:
+        console.print(f"[yellow]warning: {note}[/yellow]")
+    if plan.finished is not None:
+        console.print(f"[green]already finished[/green]: {plan.run_dir} ended at step {plan.finished['global_step']} "
+                      f"with these settings; nothing to train (model: {plan.finished['model_dir']}). To train "
+                      "longer, raise max_steps or num_train_epochs; to start again, remove resume_from_checkpoint.")
+        return {**plan.finished, "run_dir": str(plan.run_dir), "already_finished": True}
     resolved = resolved.model_copy(update={
         "run_dir": str(plan.run_dir), "run_name": plan.run_name,
         "resume_checkpoint_path": str(plan.resume_checkpoint) if plan.resume_checkpoint else None,
     })
-    _write_run_folder(resolved, prepared, renderer, plan.new_run)
+    _write_run_folder(resolved, prepared, renderer, plan)
     _print_plan(console, resolved, prepared, plan)
 
     from leap_finetune.recipes import recipe
 
-    summary = recipe(resolved.training_type).train(json.loads(json.dumps(resolved.to_json_dict())), callbacks=callbacks)
+    try:
+        summary = recipe(resolved.training_type).train(json.loads(json.dumps(resolved.to_json_dict())),
+                                                       callbacks=callbacks)
+    except LeapError:
+        # A mistake found only by the worker (e.g. a Hub model that cannot be downloaded): a new run
+        # that saved nothing yet is removed, so the corrected config can use the same output_dir.
+        if plan.new_run and not any(plan.run_dir.glob("checkpoint-*")):
+            shutil.rmtree(plan.run_dir, ignore_errors=True)
+        raise
     summary["run_dir"] = str(plan.run_dir)
     _print_end(console, summary)
     return summary
 
 
-def _write_run_folder(resolved: ResolvedConfig, prepared: PreparedData, renderer, new_run: bool) -> None:
+def _write_run_folder(resolved: ResolvedConfig, prepared: PreparedData, renderer, plan) -> None:
     """Everything the worker needs, written to a temporary folder and renamed into place, so a
     failure here leaves no half-written run folder."""
-    from datasets import Dataset
-
-    from leap_finetune.recipes.common import PREPARED_DIR, quiet_libraries
+    from leap_finetune.recipes.common import quiet_libraries
 
     quiet_libraries()
     run_dir = Path(resolved.run_dir)
     staging = run_dir.with_name(f".{run_dir.name}.staging")
+    try:
+        _stage_run_folder(resolved, prepared, renderer, plan.new_run, run_dir, staging)
+        if not plan.new_run:
+            _rewind(plan)
+    except OSError as err:
+        shutil.rmtree(staging, ignore_errors=True)
+        raise LeapError(f"cannot write the run folder: {err.strerror or err}", where=str(run_dir),
+                        fix="check the disk space and permissions there, or set output_dir") from None
+    except BaseException:
+        shutil.rmtree(staging, ignore_errors=True)
+        raise
+
+
+def _rewind(plan) -> None:
+    """A resume continues from its checkpoint: checkpoint folders that never completed (or are newer
+    and damaged) are removed, and the metrics log is cut back to what it held when the checkpoint was
+    marked, so no step is logged twice."""
+    from leap_finetune.recipes.checkpoints import delete
+
+    for folder in plan.stale:
+        delete(folder)
+    metrics = plan.run_dir / "metrics.jsonl"
+    if plan.metrics_bytes is not None and metrics.exists() and metrics.stat().st_size > plan.metrics_bytes:
+        with metrics.open("r+b") as handle:
+            handle.truncate(plan.metrics_bytes)
+            handle.flush()
+            os.fsync(handle.fileno())
+
+
+def _stage_run_folder(resolved: ResolvedConfig, prepared: PreparedData, renderer, new_run: bool,
+                      run_dir: Path, staging: Path) -> None:
+    from datasets import Dataset
+
+    from leap_finetune.recipes.common import PREPARED_DIR
+
     if staging.exists():
         shutil.rmtree(staging)
     staging.mkdir(parents=True)
@@ -230,79 +297,3 @@ def _print_end(console: Console, summary: dict) -> None:
                      else f"eval loss {summary['eval_loss']:.4f}")
     console.print(", ".join(parts))
     console.print(f"model: {summary['model_dir']}" + (f"  adapter: {summary['adapter_dir']}" if summary.get("adapter_dir") else ""))
-
-
-def evaluate_config(source, *, output: str | Path | None = None, console: Console | None = None) -> dict:
-    """Run the `evals:` block on `checkpoint` (a run or checkpoint folder) or `model_name`, without
-    training. Writes the results as JSON to `output` when given."""
-    console = _console(console)
-    resolved = _config(source)
-    if resolved.evals is None:
-        raise LeapError("the config has no evals: block", where=resolved.config_path or "config",
-                        fix="add evals: with benchmarks (see README \"Benchmarks\")")
-    model_dir = _model_to_evaluate(resolved)
-    model_id = str(model_dir) if model_dir else resolved.model_id
-    benchmarks = _check_benchmarks(resolved, model_id)
-
-    import torch
-
-    from leap_finetune.data.chat_templates import load_chat_template
-    from leap_finetune.data.render import Renderer
-    from leap_finetune.evaluation.runner import print_summary, run_benchmarks
-    from leap_finetune.models.loading import load_model, load_tokenizer
-    from leap_finetune.recipes.common import quiet_libraries
-
-    quiet_libraries()
-    tokenizer = load_tokenizer(model_id)
-    model = load_model(model_id, tokenizer, torch.bfloat16 if torch.cuda.is_available() else torch.float32)
-    if torch.cuda.is_available():
-        model = model.to("cuda")
-    renderer = Renderer(tokenizer, load_chat_template(resolved.chat_template, tokenizer), "all", None)
-    predictions = Path(output).resolve().parent / "predictions" if output else None
-    processor = _processor_for(model_id, resolved.model_id, tokenizer, benchmarks)
-    results = run_benchmarks(model, renderer, resolved.evals, benchmarks, predictions_dir=predictions,
-                             processor=processor)
-    print_summary(console, results, 0, f"of {model_id}")
-    report = {"model": model_id, "results": results}
-    if output:
-        from leap_finetune.recipes.callbacks import write_atomic
-
-        Path(output).parent.mkdir(parents=True, exist_ok=True)
-        write_atomic(Path(output), json.dumps(report, indent=2))
-        console.print(f"results: {output}")
-    return report
-
-
-def _processor_for(model_id: str, base_model_id: str, tokenizer, benchmarks):
-    """A vision-language model's processor when some benchmark row has images, else None. A
-    training checkpoint holds no processor files: fine-tuning does not change image preprocessing,
-    so the base model's processor is used."""
-    from leap_finetune.evaluation.runner import has_images
-    from leap_finetune.models.vision import (
-        has_processor_files,
-        is_vision_model,
-        load_processor,
-    )
-
-    if not (is_vision_model(model_id) and has_images(benchmarks)):
-        return None
-    return load_processor(model_id if has_processor_files(model_id) else base_model_id, tokenizer)
-
-
-def _model_to_evaluate(resolved: ResolvedConfig) -> Path | None:
-    """`checkpoint:` a run folder (its final model, else its newest complete checkpoint) or a
-    checkpoint folder; None means model_name."""
-    if not resolved.checkpoint:
-        return None
-    from leap_finetune.launch.plan import latest_checkpoint
-
-    folder = Path(resolved.checkpoint)
-    if (folder / "model" / "config.json").exists():
-        return folder / "model"
-    if (folder / "config.json").exists():
-        return folder
-    newest = latest_checkpoint(folder)
-    if newest is None:
-        raise LeapError("no model in this folder (no config.json, no model/, no complete checkpoint)",
-                        where=f"checkpoint: {folder}", fix="point checkpoint at a run folder or a checkpoint-N folder")
-    return newest

@@ -131,6 +131,9 @@ def inspect(
 
 def main(argv: list[str] | None = None) -> None:
     args = list(sys.argv[1:] if argv is None else argv)
+    # --debug is a global option; accept it anywhere (`leap-finetune run x.yaml --debug`).
+    if "--debug" in args:
+        args = ["--debug"] + [a for a in args if a != "--debug"]
     # `leap-finetune CONFIG.yaml` means `leap-finetune run CONFIG.yaml`.
     positional = [a for a in args if not a.startswith("-")]
     if positional and positional[0] not in SUBCOMMANDS:

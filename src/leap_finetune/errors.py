@@ -50,25 +50,37 @@ class DataError(LeapError):
     problems: list[RowProblem] = field(default_factory=list)
     total_rows: int = 0
     shown: int = 20
+    fix_text: str = (
+        "correct the rows listed above, or set `dataset.on_invalid: skip` to drop invalid rows "
+        "(they are listed in the run folder's dropped_rows.jsonl)"
+    )
+    title: str = "dataset"
 
     def __post_init__(self) -> None:
-        LeapError.__init__(
-            self,
-            self._message(),
-            fix="correct the rows listed above, or set `dataset.on_invalid: skip` to drop invalid rows "
-            "(they are listed in the run folder's dropped_rows.jsonl)",
-        )
+        LeapError.__init__(self, self._message(), fix=self.fix_text)
 
     def _message(self) -> str:
         bad_rows = len({(p.file, p.location) for p in self.problems})
         head = (
-            f"{len(self.problems)} problem(s) in {bad_rows} of {self.total_rows} dataset row(s)"
+            f"{len(self.problems)} problem(s) in {bad_rows} of {self.total_rows} {self.title} row(s)"
             if self.total_rows
-            else f"{len(self.problems)} problem(s) in the dataset"
+            else f"{len(self.problems)} problem(s) in the {self.title}"
         )
-        listed = [f"  - {p.format()}" for p in self.problems[: self.shown]]
-        if len(self.problems) > self.shown:
-            listed.append(f"  ... and {len(self.problems) - self.shown} more")
+        # The same problem in the same field of many rows is one line with the rows it affects.
+        groups: dict[tuple[str, str, str], list[str]] = {}
+        for p in self.problems:
+            groups.setdefault((p.file, p.field, p.problem), []).append(p.location)
+        listed = []
+        for (file, field_name, problem), locations in list(groups.items())[: self.shown]:
+            if len(locations) == 1:
+                where = locations[0]
+            else:
+                more = f" and {len(locations) - 5} more" if len(locations) > 5 else ""
+                where = f"{', '.join(locations[:5])}{more} ({len(locations)} rows)"
+            listed.append(f"  - {file}, {where}, field '{field_name}': {problem}")
+        if len(groups) > self.shown:
+            rest = sum(len(locations) for locations in list(groups.values())[self.shown:])
+            listed.append(f"  ... and {rest} more problem(s)")
         return "\n".join([head + ":", *listed])
 
     def __hash__(self) -> int:  # dataclass(eq=True) would make exceptions unhashable

@@ -45,9 +45,9 @@ def test_broken_file_is_reported_precisely(name, expected):
 
 def test_every_row_is_validated_and_the_first_20_listed_with_a_total(tmp_path):
     rows = [chat("q", "a") for _ in range(100)]
-    bad_lines = list(range(5, 100, 3))  # 32 bad rows spread through the file
+    bad_lines = list(range(5, 100, 3))  # 32 bad rows spread through the file, each with its own mistake
     for i in bad_lines:
-        rows[i] = {"messages": [{"role": "robot", "content": "x"}]}
+        rows[i] = {"messages": [{"role": f"robot{i}", "content": "x"}]}
     write_jsonl(tmp_path / "train.jsonl", rows)
     with pytest.raises(DataError) as info:
         validate_config(tiny_config(data=str(tmp_path / "train.jsonl")))
@@ -56,8 +56,21 @@ def test_every_row_is_validated_and_the_first_20_listed_with_a_total(tmp_path):
     assert [p.location for p in error.problems] == [f"line {i + 1}" for i in bad_lines]
     message = error.format()
     assert f"{len(bad_lines)} problem(s) in {len(bad_lines)} of 100 dataset row(s)" in message
-    assert message.count("'robot' is not a role") == 20
-    assert f"... and {len(bad_lines) - 20} more" in message
+    assert message.count("is not a role") == 20
+    assert f"... and {len(bad_lines) - 20} more problem(s)" in message
+
+
+def test_the_same_problem_in_many_rows_is_one_line_with_the_rows(tmp_path):
+    rows = [chat("q", "a") for _ in range(40)]
+    for i in range(10, 40):
+        rows[i] = {"messages": [{"role": "user", "content": "q"}]}
+    write_jsonl(tmp_path / "train.jsonl", rows)
+    with pytest.raises(DataError) as info:
+        validate_config(tiny_config(data=str(tmp_path / "train.jsonl")))
+    message = info.value.format()
+    assert len(info.value.problems) == 30
+    assert message.count("no assistant message") == 1
+    assert "line 11, line 12, line 13, line 14, line 15 and 25 more (30 rows), field 'messages'" in message
 
 
 def test_on_invalid_skip_drops_and_lists_bad_rows(tmp_path):

@@ -22,7 +22,12 @@ from leap_finetune.config.schema import (
     EvalsConfig,
     LeapConfigModel,
 )
+from leap_finetune.config.arguments import check_training_values
+from leap_finetune.config.lora import check_lora_values
+from leap_finetune.config.model_init import check_model_init_kwargs
+from leap_finetune.config.paths import local_path
 from leap_finetune.config.suggest import did_you_mean, unknown_key_fix
+from leap_finetune.config.trackers import check_report_to
 from leap_finetune.config.yaml_io import read_yaml
 from leap_finetune.errors import LeapError
 
@@ -83,6 +88,7 @@ def load_config(source: str | Path | dict, *, base_dir: Path | None = None) -> R
 
     from leap_finetune.data.chat_templates import resolve_chat_template
     from leap_finetune.models.registry import model_family, resolve_model_id
+    from leap_finetune.models.tiny import TINY_MODELS
 
     model_id = resolve_model_id(model.model_name, base)
     family = model_family(model.model_name, model_id)
@@ -91,7 +97,12 @@ def load_config(source: str | Path | dict, *, base_dir: Path | None = None) -> R
     dataset = _resolve_dataset(model, base, where)
     evals = _resolve_evals(model.evals, base, where)
 
-    output_dir = str((base / model.output_dir).resolve()) if model.output_dir else None
+    output_dir = str(local_path(model.output_dir, base)) if model.output_dir else None
+    training["model_init_kwargs"] = check_model_init_kwargs(
+        training.get("model_init_kwargs"), tiny=model_id in TINY_MODELS, training_type=model.training_type,
+        peft=peft is not None, where=where)
+    if not training["model_init_kwargs"]:
+        del training["model_init_kwargs"]
     return ResolvedConfig(
         config_path=str(config_path) if config_path else None,
         project_name=model.project_name,
@@ -107,8 +118,9 @@ def load_config(source: str | Path | dict, *, base_dir: Path | None = None) -> R
         output_dir=output_dir,
         samples=model.samples,
         evals=evals,
-        checkpoint=str((base / model.checkpoint).resolve()) if model.checkpoint else None,
-        resume_from_checkpoint=resume if resume in (None, "latest") else str((base / resume).resolve()),
+        checkpoint=str(local_path(model.checkpoint, base)) if model.checkpoint else None,
+        resume_from_checkpoint=resume if resume in (None, "latest") else str(local_path(resume, base)),
+        config_dir=str(base),
     )
 
 
@@ -143,7 +155,7 @@ def _resolve_evals(evals: EvalsConfig | None, base: Path, where: str) -> EvalsCo
         bench.path = _resolve_data_path(bench.path, base)
         if "::" in bench.metric:
             file, _, function = bench.metric.partition("::")
-            path = (base / file).resolve()
+            path = local_path(file, base)
             if not path.is_file() or not function.isidentifier():
                 raise LeapError(
                     f"custom metric '{bench.metric}': " + ("file not found" if not path.is_file() else "bad function name"),
@@ -272,6 +284,10 @@ def _resolve_training(model: LeapConfigModel, where: str) -> tuple[dict, str, st
         user["loss_on"] = mapped
     merged = profiles.training_profile(profile_name)
     merged.update(user)
+    from leap_finetune.recipes import recipe
+
+    merged = check_training_values(recipe(model.training_type).config_class(), merged, where)
+    check_report_to(merged.get("report_to"), where)
     loss_on = merged.pop("loss_on", "assistant")
     if loss_on not in LOSS_ON:
         raise LeapError(
@@ -293,15 +309,16 @@ def _resolve_training(model: LeapConfigModel, where: str) -> tuple[dict, str, st
 
 
 def _check_kto_batch_size(training: dict, where: str) -> None:
-    size = training.get("per_device_train_batch_size")
-    if isinstance(size, int) and size <= 1:
-        raise LeapError(
-            f"training_config.per_device_train_batch_size is {size}, but KTO needs > 1: it estimates its KL term "
-            "from the other rows of the same batch (each prompt paired with another row's completion)",
-            where=where,
-            fix="set per_device_train_batch_size to 2 or more (DEFAULT_KTO uses 8); lower memory with "
-            "gradient_accumulation_steps instead",
-        )
+    for key in ("per_device_train_batch_size", "per_device_eval_batch_size"):
+        size = training.get(key)
+        if isinstance(size, int) and size <= 1:
+            raise LeapError(
+                f"training_config.{key} is {size}, but KTO needs > 1: it estimates its KL term "
+                "from the other rows of the same batch (each prompt paired with another row's completion)",
+                where=where,
+                fix=f"set {key} to 2 or more (DEFAULT_KTO uses 8); lower memory with "
+                "gradient_accumulation_steps instead",
+            )
 
 
 def _resolve_peft(peft_config: dict | None, where: str) -> dict | None:
@@ -330,7 +347,7 @@ def _resolve_peft(peft_config: dict | None, where: str) -> dict | None:
     use_peft = merged.pop("use_peft", True)
     if not isinstance(use_peft, bool):
         raise LeapError("peft_config.use_peft must be true or false", where=where)
-    return merged if use_peft else None
+    return check_lora_values(merged, where) if use_peft else None
 
 
 DATA_SUFFIXES = (".jsonl", ".json", ".parquet", ".csv")
@@ -338,10 +355,10 @@ DATA_SUFFIXES = (".jsonl", ".json", ".parquet", ".csv")
 
 def _resolve_data_path(path: str, base: Path) -> str:
     """A local path (made absolute) or a Hub dataset id (kept as written)."""
-    candidate = (base / path).expanduser()
+    candidate = local_path(path, base)
     looks_local = (
         path.startswith((".", "/", "~")) or path.endswith(DATA_SUFFIXES) or path.count("/") != 1
     )
     if candidate.exists() or looks_local:
-        return str(candidate.resolve())
+        return str(candidate)
     return path

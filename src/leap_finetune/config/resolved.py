@@ -29,6 +29,7 @@ class ResolvedConfig(BaseModel):
     samples: int = 0
     evals: EvalsConfig | None = None  # benchmark paths made absolute
     checkpoint: str | None = None  # leap-finetune eval: a run or checkpoint folder
+    config_dir: str | None = None  # relative paths (and the default outputs/ folder) start here
     # Decided by the driver's plan (None until then):
     run_dir: str | None = None
     run_name: str | None = None

@@ -53,7 +53,14 @@ def read_yaml(path: Path) -> dict:
         raise LeapError("config file not found", where=str(path), fix="check the path you passed")
     if path.is_dir():
         raise LeapError("expected a YAML file, got a folder", where=str(path))
-    text = path.read_text(encoding="utf-8")
+    try:
+        text = path.read_text(encoding="utf-8")
+    except UnicodeDecodeError as err:
+        line = path.read_bytes()[: err.start].count(b"\n") + 1
+        raise LeapError(f"the config file is not UTF-8 text (byte {err.object[err.start]:#04x} on line {line})",
+                        where=f"{path}:{line}", fix="save the file as UTF-8") from None
+    except OSError as err:
+        raise LeapError(f"cannot read the config file: {err.strerror}", where=str(path)) from None
     try:
         data = yaml.load(text, Loader=_ConfigLoader)  # noqa: S506 - SafeLoader subclass
     except yaml.YAMLError as err:

@@ -41,7 +41,9 @@ def resolve_chat_template(value: str | None, family: str, base: Path, where: str
         return FAMILY_TEMPLATE[family]
     if value in BUILTIN_TEMPLATES or value == "model":
         return value
-    path = (base / value).expanduser()
+    from leap_finetune.config.paths import local_path
+
+    path = local_path(value, base)
     if path.is_file():
         return str(path.resolve())
     names = [*BUILTIN_TEMPLATES, "model"]

@@ -16,7 +16,7 @@ from leap_finetune.config.resolved import ResolvedConfig
 from leap_finetune.data.chat_templates import render_family
 from leap_finetune.data.preference_rows import check_dpo_row, check_kto_row
 from leap_finetune.data.preference_tokens import tokenize_kto, tokenize_pair
-from leap_finetune.data.readers import SourceRow, read_dataset
+from leap_finetune.data.readers import SUFFIXES, SourceRow, read_dataset
 from leap_finetune.data.render import Renderer
 from leap_finetune.data.sft_rows import Conversation, RowWarning, check_sft_row
 from leap_finetune.errors import DataError, LeapError, RowProblem
@@ -48,6 +48,7 @@ class PreparedData:
     # the answers printed before and after training
     sample_messages: list[Conversation] = field(default_factory=list)
     warnings: list[RowWarning] = field(default_factory=list)
+    notices: list[str] = field(default_factory=list)  # about the data as a whole (skipped folder entries, ...)
 
     @property
     def train_tokens(self) -> int:
@@ -79,12 +80,25 @@ def _tokenize(resolved: ResolvedConfig, renderer: Renderer, parsed):
     return tokenize_kto(renderer, parsed)
 
 
+# The columns that identify each training type's rows (to say "these are DPO rows" instead of listing
+# the same missing field in every row).
+ROW_SHAPES = (
+    ("dpo", ("chosen", "rejected")),
+    ("kto", ("completion", "label")),
+    ("embedding or colbert", ("query", "positive")),
+    ("sft", ("messages",)), ("sft", ("conversations",)), ("sft", ("conversation",)), ("sft", ("chat",)),
+)
+
+
 def validate_rows(
-    path: str, resolved: ResolvedConfig, *, limit: int | None
+    path: str, resolved: ResolvedConfig, *, limit: int | None, notices: list[str] | None = None
 ) -> tuple[list[_ValidRow], list[RowProblem], list[RowWarning], int]:
     """Every row of one dataset source: (valid rows, problems, warnings, rows read)."""
     ds = resolved.dataset
     result = read_dataset(path, split=ds.split, subset=ds.subset, limit=limit)
+    if result.skipped and notices is not None:
+        notices.append(f"{path}: not read (sub-folders and files that are not {', '.join(SUFFIXES)}): "
+                       + ", ".join(result.skipped[:10]) + (f" and {len(result.skipped) - 10} more" if len(result.skipped) > 10 else ""))
     problems = list(result.problems)
     warnings: list[RowWarning] = []
     check = _contract(resolved)
@@ -96,8 +110,29 @@ def validate_rows(
             problems.extend(row_problems)
         else:
             valid.append(_ValidRow(row, parsed))
+    if problems and len(valid) < len(result.rows) / 2:
+        _check_row_shape(result.rows, resolved, path)
     problems.sort(key=lambda p: (p.file, _position(p.location)))
     return valid, problems, warnings, len(result.rows) + len(result.problems)
+
+
+def _check_row_shape(rows: list[SourceRow], resolved: ResolvedConfig, path: str) -> None:
+    """Most rows invalid, and they have the columns of another training type: say that, once."""
+    columns = [set(row.data) for row in rows[:50] if isinstance(row.data, dict)]
+    if not columns:
+        return
+    for kind, needed in ROW_SHAPES:
+        if all(set(needed) <= c for c in columns):
+            if resolved.training_type in kind.split(" or "):
+                return
+            found = ", ".join(sorted(columns[0]))
+            first = kind.split(" or ")[0]
+            raise LeapError(
+                f"these rows look like {kind} data (columns: {found}), but training_type is {resolved.training_type}",
+                where=path,
+                fix=f"set training_type: {first} to train on them (see README for the {resolved.training_type} row "
+                "format), or point dataset.path at other data",
+            )
 
 
 def _position(location: str) -> int:
@@ -107,10 +142,12 @@ def _position(location: str) -> int:
 
 def prepare_data(resolved: ResolvedConfig, tokenizer, renderer: Renderer) -> PreparedData:
     ds = resolved.dataset
-    train_rows, problems, warnings, read = validate_rows(ds.path, resolved, limit=ds.limit)
+    notices: list[str] = []
+    train_rows, problems, warnings, read = validate_rows(ds.path, resolved, limit=ds.limit, notices=notices)
     eval_rows: list[_ValidRow] = []
     if ds.val_path:
-        eval_rows, eval_problems, eval_warnings, eval_read = validate_rows(ds.val_path, resolved, limit=None)
+        eval_rows, eval_problems, eval_warnings, eval_read = validate_rows(ds.val_path, resolved, limit=None,
+                                                                           notices=notices)
         problems += eval_problems
         warnings += eval_warnings
         read += eval_read
@@ -134,7 +171,7 @@ def prepare_data(resolved: ResolvedConfig, tokenizer, renderer: Renderer) -> Pre
 
     samples = [r.parsed for r in (eval_rows or train_rows)[: resolved.samples] if isinstance(r.parsed, Conversation)]
     prepared = PreparedData(train=[], eval=[], rows_read=read, dropped=dropped, invalid_skipped=invalid_skipped,
-                            sample_messages=samples, warnings=warnings)
+                            sample_messages=samples, warnings=warnings, notices=notices)
     for split_rows, target in ((train_rows, prepared.train), (eval_rows, prepared.eval)):
         for row in split_rows:
             tokenized = _tokenize(resolved, renderer, row.parsed)
@@ -155,7 +192,25 @@ def prepare_data(resolved: ResolvedConfig, tokenizer, renderer: Renderer) -> Pre
             where=ds.path,
             fix="check the dropped rows listed above; raise training_config.max_length if rows were truncated",
         )
+    if resolved.training_type == "kto":
+        _check_kto_batches(prepared, resolved)
     return prepared
+
+
+def _check_kto_batches(prepared: PreparedData, resolved: ResolvedConfig) -> None:
+    """KTO's KL term pairs each prompt with another completion of its batch (recipes/kto.py): a split
+    of one row cannot, and a last batch of one row borrows the completion of the row before it."""
+    for split, rows, key in (("train", prepared.train, "per_device_train_batch_size"),
+                             ("eval", prepared.eval, "per_device_eval_batch_size")):
+        size = resolved.training.get(key, 8)
+        if len(rows) == 1:
+            raise LeapError(f"the {split} split has 1 row: KTO's KL term pairs each prompt with another row's "
+                            "completion, so it needs at least 2", where=resolved.dataset.val_path or resolved.dataset.path,
+                            fix="add rows" + (", or a larger dataset.test_size" if split == "eval" else ""))
+        if len(rows) > 1 and len(rows) % size == 1:
+            prepared.notices.append(
+                f"KTO: the last {split} batch holds 1 row ({len(rows)} rows, {key} {size}); its KL term uses the "
+                "completion of the row before it, from the previous batch")
 
 
 def _partially_truncated(tokenized) -> bool:

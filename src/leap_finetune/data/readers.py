@@ -11,7 +11,7 @@ from __future__ import annotations
 import csv
 import json
 import sys
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
@@ -32,17 +32,23 @@ class SourceRow:
 class ReadResult:
     rows: list[SourceRow]
     problems: list[RowProblem]  # lines that could not even be parsed
+    skipped: list[str] = field(default_factory=list)  # folder entries that are not data files (not read)
 
 
 def read_dataset(path: str, *, split: str = "train", subset: str | None = None, limit: int | None = None) -> ReadResult:
     local = Path(path)
     if local.is_dir():
-        files = sorted(p for p in local.iterdir() if p.suffix.lower() in SUFFIXES and p.is_file())
+        entries = sorted(p for p in local.iterdir() if not p.name.startswith("."))
+        files = [p for p in entries if p.suffix.lower() in SUFFIXES and p.is_file()]
+        skipped = [p.name + ("/" if p.is_dir() else "") for p in entries if p not in files]
         if not files:
             raise LeapError(
-                f"the folder holds no {', '.join(SUFFIXES)} files", where=path, fix="point dataset.path at your data"
+                f"the folder holds no {', '.join(SUFFIXES)} files"
+                + (f" (it holds {', '.join(skipped[:5])}{' ...' if len(skipped) > 5 else ''}; sub-folders are not read)"
+                   if skipped else ""),
+                where=path, fix="point dataset.path at the folder (or file) that holds your data",
             )
-        result = ReadResult([], [])
+        result = ReadResult([], [], skipped=skipped)
         for file in files:
             part = _read_file(file)
             result.rows.extend(part.rows)
@@ -96,7 +102,23 @@ def _read_json(path: Path) -> ReadResult:
     except UnicodeDecodeError as err:
         raise LeapError(f"the file is not UTF-8 text ({err.reason})", where=str(path)) from None
     if not text.lstrip().startswith("["):
-        # Many ".json" files are really JSON Lines.
+        # Many ".json" files are really JSON Lines; a file that is one JSON object spread over
+        # several lines is not, and would otherwise be reported as one "not valid JSON" per line.
+        lines = [line for line in text.splitlines() if line.strip()]
+        if len(lines) > 1 and text.lstrip().startswith("{"):
+            try:
+                whole = json.loads(text)
+            except json.JSONDecodeError:
+                whole = None
+            if isinstance(whole, dict):
+                lists = [key for key, value in whole.items() if isinstance(value, list)]
+                raise LeapError(
+                    "a .json dataset must be an array of rows ([{...}, {...}]); this file holds one object"
+                    + (f" with the list(s) {', '.join(repr(k) for k in lists)}" if lists else ""),
+                    where=str(path),
+                    fix="write the rows as a JSON array, or one object per line in a .jsonl file"
+                    + (f" (e.g. the items of {lists[0]!r})" if lists else ""),
+                )
         return _read_jsonl(path)
     try:
         data = json.loads(text)

@@ -96,6 +96,11 @@ def check_sft_row(
         problem(column, "no assistant message: with loss on assistant tokens this row would train on nothing "
                 "(add the assistant's answer, or set training_config.loss_on: all)")
         return None, problems, warnings
+    for index, message in enumerate(normalised[1:], start=1):
+        if message["role"] == "system":
+            # Rendered in place as a turn of its own; only a first system message is the system prompt
+            # (and gets the tool list). Often two conversations joined by mistake.
+            warnings.append(RowWarning(row.file, row.location, "system_not_first", f"{column}[{index}]"))
     normalised = normalise_tool_use(normalised, tools, family, column, problem, note)
     if problems:
         return None, problems, warnings
@@ -163,6 +168,10 @@ def _check_message(message: Any, field: str, problem) -> dict | None:
         else:
             problem(f"{field}.content", "missing: every message needs content (a string or a list of typed parts)")
             return None
+    if message["content"] is None and not (role == "assistant" and message.get("tool_calls")):
+        problem(f"{field}.content", f"null: a {role} message needs content (only an assistant message with "
+                "tool_calls may have content null)")
+        return None
     content = _normalise_content(message["content"], f"{field}.content", problem)
     if content is None:
         return None

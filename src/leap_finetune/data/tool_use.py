@@ -33,6 +33,9 @@ WARNINGS = {
     "text_before_tool_call": "assistant text before the tool call in the same turn: LFM2 expects the call first",
     "converted_tool_calls": "converted structured `tool_calls` to LFM bracket notation in the assistant content",
     "unknown_function": "a tool call names a function that is not in the row's tool list",
+    # not about tools, but reported the same way (data/sft_rows.py)
+    "system_not_first": "a system message after the first turn: it is rendered in place as a turn of its own; only "
+    "a first system message is the system prompt (two conversations joined by mistake?)",
 }
 
 

@@ -94,9 +94,10 @@ BUILTIN: dict[str, Callable] = {
 }
 
 
-def load_metric(metric: str) -> Callable:
+def load_metric(metric: str, *, guarded: bool = True) -> Callable:
     """A built-in metric, or `path/to/file.py::function` taking (prediction, reference, row) and
-    returning a number (or (number, parsed))."""
+    returning a number (or (number, parsed)). Guarded, a custom metric that raises scores 0 and the
+    exception is kept in the returned function's `.errors` (counted as metric_errors)."""
     if metric in BUILTIN:
         return BUILTIN[metric]
     file, _, name = metric.partition("::")
@@ -110,21 +111,56 @@ def load_metric(metric: str) -> Callable:
     if not callable(function):
         raise LeapError(f"no function '{name}' in the custom metric file", where=file,
                         fix="define def name(prediction, reference, row) -> float")
-    return _guarded(function)
+    return _guarded(function) if guarded else function
 
 
 def _guarded(function: Callable) -> Callable:
+    errors: list[str] = []
+
     def metric(prediction: str, reference: str, item=None) -> tuple[float, bool]:
         try:
             value = function(prediction, reference, item)
-        except Exception:  # noqa: BLE001 - a custom metric must not stop training on odd output
+        except Exception as err:  # noqa: BLE001 - a custom metric must not stop training on odd output
+            errors.append(f"{type(err).__name__}: {err}")
             return 0.0, False
-        if isinstance(value, tuple):
-            value, parsed = value
-            return float(value), bool(parsed)
+        return as_score(value)
+
+    metric.errors = errors
+    return metric
+
+
+def as_score(value) -> tuple[float, bool]:
+    """A custom metric's return value as (score, parsed); a value that is not a number is unparsed."""
+    if isinstance(value, tuple) and len(value) == 2:
+        value, parsed = value
         try:
-            return float(value), True
+            return float(value), bool(parsed)
         except (TypeError, ValueError):
             return 0.0, False
+    try:
+        return float(value), True
+    except (TypeError, ValueError):
+        return 0.0, False
 
-    return metric
+
+def check_custom_metric(metric: str, benchmark: str, items) -> None:
+    """Run a custom metric on every row's reference answer (as if the model had answered it exactly):
+    a metric that raises there would score 0 for every answer during training. Runs the user's code,
+    which the config names (README: "Benchmarks")."""
+    function = load_metric(metric, guarded=False)
+    for item in items:
+        try:
+            value = function(item.reference, item.reference, item)
+        except Exception as err:  # noqa: BLE001 - the user's code
+            raise LeapError(
+                f"custom metric '{metric.rsplit('::', 1)[-1]}' raised {type(err).__name__}: {err} on benchmark "
+                f"'{benchmark}' ({item.file}, {item.location}) when scoring the reference answer against itself",
+                where=metric.split("::", 1)[0],
+                fix="make the metric return a number for every row (it is checked on each row's reference "
+                "before training; def name(prediction, reference, row) -> float)",
+            ) from None
+        if as_score(value) == (0.0, False) and value is not None and not isinstance(value, tuple):
+            raise LeapError(
+                f"custom metric '{metric.rsplit('::', 1)[-1]}' returned {value!r} (not a number) on benchmark "
+                f"'{benchmark}' ({item.file}, {item.location})", where=metric.split("::", 1)[0],
+                fix="return a float (or a (float, parsed) pair)")

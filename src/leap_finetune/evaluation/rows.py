@@ -42,9 +42,10 @@ def load_benchmark(bench: BenchmarkConfig, *, vision: bool, model_name: str) -> 
         if item is not None:
             items.append(item)
     if problems:
-        error = DataError(problems=problems, total_rows=len(result.rows) + len(result.problems))
-        error.message = f"benchmark '{bench.name}': " + error.message
-        raise error
+        raise DataError(problems=problems, total_rows=len(result.rows) + len(result.problems),
+                        title=f"benchmark '{bench.name}'",
+                        fix_text="correct the benchmark rows listed above (every benchmark row is scored, so "
+                        "there is no skipping; to leave rows out, remove them or use the benchmark's `limit`)")
     return items
 
 

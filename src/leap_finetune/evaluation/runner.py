@@ -12,8 +12,14 @@ from leap_finetune.config.schema import EvalsConfig
 from leap_finetune.data.render import Renderer
 from leap_finetune.evaluation.generation import generate
 from leap_finetune.evaluation.logprob import option_sequences, score_sequences
-from leap_finetune.evaluation.metrics import load_metric
+from leap_finetune.evaluation.metrics import check_custom_metric, load_metric
 from leap_finetune.evaluation.rows import BenchmarkItem, is_logprob, load_benchmark
+
+
+def warn(text: str) -> None:
+    import sys
+
+    print(f"warning: {text}", file=sys.stderr, flush=True)
 
 
 @dataclass
@@ -32,8 +38,8 @@ def load_benchmarks(evals: EvalsConfig, *, vision: bool, model_name: str) -> lis
     loaded = []
     for bench in evals.benchmarks:
         items = load_benchmark(bench, vision=vision, model_name=model_name)
-        if not is_logprob(bench.metric):
-            load_metric(bench.metric)  # a broken custom metric fails now, not mid-training
+        if "::" in bench.metric:  # a custom metric that cannot import or fails on its own references fails now
+            check_custom_metric(bench.metric, bench.name, items)
         loaded.append(LoadedBenchmark(bench.name, bench.metric, items))
     return loaded
 
@@ -77,13 +83,23 @@ def _generation(model, renderer, evals, bench, processor=None):
                        batch_size=evals.batch_size, do_sample=evals.do_sample, temperature=evals.temperature,
                        top_p=evals.top_p, images=[item.images for item in bench.items], processor=processor)
     scores, unparsed, predictions = [], 0, []
+    errors = getattr(metric, "errors", None)  # a custom metric's exceptions (scored 0), counted, not hidden
     for item, prompt, output in zip(bench.items, prompts, outputs, strict=True):
+        raised = len(errors) if errors is not None else 0
         score, parsed = metric(output, item.reference, item)
         unparsed += not parsed
         scores.append(score)
         predictions.append({"source": f"{item.file}, {item.location}", "prompt": prompt, "prediction": output,
                             "reference": item.reference, "score": score})
-    return {"score": sum(scores) / len(scores), "unparsed": unparsed, "rows": len(scores)}, predictions
+        if errors is not None and len(errors) > raised:
+            predictions[-1]["metric_error"] = errors[-1]
+    metrics = {"score": sum(scores) / len(scores), "unparsed": unparsed, "rows": len(scores)}
+    if errors is not None:
+        metrics["metric_errors"] = len(errors)
+        if errors:
+            warn(f"custom metric of benchmark '{bench.name}' raised on {len(errors)} of {len(scores)} row(s) "
+                 f"(scored 0), e.g. {errors[0]}")
+    return metrics, predictions
 
 
 def _logprob(model, renderer, evals, bench, processor=None):

@@ -2,14 +2,13 @@
 
 from __future__ import annotations
 
-import re
 import time
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from pathlib import Path
 
 from leap_finetune.config.resolved import ResolvedConfig
 from leap_finetune.errors import LeapError
-from leap_finetune.recipes.callbacks import CHECKPOINT_COMPLETE
+from leap_finetune.recipes.checkpoints import MARKER, checkpoints, read_marker, step_of, verify
 
 OUTPUTS_ROOT = Path("outputs")
 
@@ -20,32 +19,66 @@ class RunPlan:
     run_name: str
     resume_checkpoint: Path | None
     new_run: bool
+    notes: list[str] = field(default_factory=list)  # said before the run starts (e.g. a damaged checkpoint skipped)
+    # resuming: checkpoint folders removed before training continues (never completed, or newer than the
+    # resume point), where metrics.jsonl is cut back to, and the training time before the checkpoint
+    stale: list[Path] = field(default_factory=list)
+    metrics_bytes: int | None = None
+    trained_seconds: float = 0.0
+    finished: dict | None = None  # the summary, when the run already ended at this checkpoint
+
+
+def outputs_folder(resolved: ResolvedConfig, outputs_root: Path | None = None) -> Path:
+    """Where this project's runs go: `outputs/{project_name}` beside the config file (like every other
+    relative path in it), so `resume_from_checkpoint: latest` finds the run from any working folder."""
+    base = Path(resolved.config_dir) if resolved.config_dir else Path.cwd()
+    root = outputs_root if outputs_root is not None else base / OUTPUTS_ROOT
+    return Path(root).expanduser().resolve() / resolved.project_name
+
+
+def check_writable(folder: Path, key: str) -> None:
+    """The run folder can be created: its nearest existing parent is a folder we can write in. A
+    probe file is made and removed there (read-only file systems and permissions both show)."""
+    import errno
+    import os
+    import tempfile
+
+    folder = Path(folder)
+    if folder.exists() and not folder.is_dir():
+        raise LeapError("this is a file, not a folder", where=f"{key}: {folder}",
+                        fix=f"set {key} to a folder path (it is created if missing)")
+    parent = folder
+    while not parent.exists():
+        parent = parent.parent
+    if not parent.is_dir():
+        raise LeapError(f"cannot create the folder: {parent} is a file", where=f"{key}: {folder}",
+                        fix=f"set {key} to a path inside a folder")
+    try:
+        handle, probe = tempfile.mkstemp(prefix=".leap-write-check-", dir=parent)
+        os.close(handle)
+        os.unlink(probe)
+    except OSError as err:
+        reason = os.strerror(err.errno) if err.errno else str(err)
+        hint = "a read-only file system" if err.errno == errno.EROFS else "no permission to write" \
+            if err.errno in (errno.EACCES, errno.EPERM) else reason
+        raise LeapError(f"cannot write in {parent} ({hint})", where=f"{key}: {folder}",
+                        fix=f"set {key} to a folder you can write in") from None
 
 
 def plan_run(resolved: ResolvedConfig, *, outputs_root: Path | None = None) -> RunPlan:
-    root = (outputs_root or OUTPUTS_ROOT).resolve() / resolved.project_name
+    root = outputs_folder(resolved, outputs_root)
     resume = resolved.resume_from_checkpoint
-    if resume == "latest":
-        checkpoint = latest_checkpoint(Path(resolved.output_dir) if resolved.output_dir else root)
-        if checkpoint is None:
-            raise LeapError(
-                f"resume_from_checkpoint: latest, but no complete checkpoint exists under {resolved.output_dir or root}",
-                where="training_config.resume_from_checkpoint",
-                fix="remove resume_from_checkpoint to start a new run, or point it at a checkpoint folder",
-            )
-        return RunPlan(checkpoint.parent, checkpoint.parent.name, checkpoint, new_run=False)
     if resume:
-        checkpoint = Path(resume)
-        if not (checkpoint / CHECKPOINT_COMPLETE).exists() and not (checkpoint / "trainer_state.json").exists():
-            raise LeapError(
-                "not a complete checkpoint folder (no trainer_state.json)",
-                where=f"training_config.resume_from_checkpoint: {resume}",
-                fix="use a checkpoint-N folder of an earlier run, or `latest`",
-            )
-        return RunPlan(checkpoint.parent, checkpoint.parent.name, checkpoint, new_run=False)
+        return _plan_resume(resolved, root)
     if resolved.output_dir:
         run_dir = Path(resolved.output_dir)
+        check_writable(run_dir, "output_dir")
+        if run_dir.is_dir() and any(run_dir.iterdir()):
+            raise LeapError("the output folder exists and is not empty", where=f"output_dir: {run_dir}",
+                            fix="choose another output_dir, remove the folder, or resume with "
+                            "training_config.resume_from_checkpoint: latest")
         return RunPlan(run_dir, run_dir.name, None, new_run=True)
+    check_writable(root, "output_dir (default: outputs/ beside the config)")
     run_name = resolved.training.get("run_name") or f"{resolved.training_type}-{time.strftime('%Y%m%d-%H%M%S')}"
     run_dir = root / run_name
     suffix = 1
@@ -55,24 +88,89 @@ def plan_run(resolved: ResolvedConfig, *, outputs_root: Path | None = None) -> R
     return RunPlan(run_dir, run_dir.name, None, new_run=True)
 
 
+def _plan_resume(resolved: ResolvedConfig, root: Path) -> RunPlan:
+    """The checkpoint to continue from: `latest` (the newest intact checkpoint of the newest run) or a
+    given folder, verified file by file; what the resume will clean up; or "already finished"."""
+    key = "training_config.resume_from_checkpoint"
+    notes: list[str] = []
+    if resolved.resume_from_checkpoint == "latest":
+        searched = Path(resolved.output_dir) if resolved.output_dir else root
+        run_dir = newest_run(searched)
+        checkpoint = None
+        if run_dir is not None:
+            checkpoint, damaged = newest_intact(run_dir)
+            notes += [f"{folder.name} is damaged ({problem}); not resumed from" for folder, problem in damaged]
+        if checkpoint is None:
+            raise LeapError(
+                f"resume_from_checkpoint: latest, but no complete checkpoint exists under {searched}"
+                + (f" ({'; '.join(notes)})" if notes else ""),
+                where=key, fix="remove resume_from_checkpoint to start a new run, or point it at a checkpoint folder")
+    else:
+        checkpoint = Path(resolved.resume_from_checkpoint)
+        if not checkpoint.is_dir():
+            raise LeapError("no such checkpoint folder", where=f"{key}: {checkpoint}",
+                            fix="use a checkpoint-N folder of an earlier run, or `latest`")
+        verdict = verify(checkpoint)
+        if not verdict.ok:
+            raise LeapError(f"this checkpoint cannot be resumed from: {verdict.problem}", where=f"{key}: {checkpoint}",
+                            fix="use another checkpoint-N folder of the run, or `latest` (the newest intact one)")
+        run_dir = checkpoint.parent
+    check_writable(run_dir, "the run folder")
+    marker = read_marker(checkpoint) or {}
+    stale = [p for p in checkpoints(run_dir) if step_of(p) > step_of(checkpoint) or read_marker(p) is None]
+    plan = RunPlan(run_dir, run_dir.name, checkpoint, new_run=False, notes=notes, stale=stale,
+                   metrics_bytes=marker.get("metrics_bytes"), trained_seconds=marker.get("trained_seconds", 0.0))
+    plan.finished = _finished(resolved, run_dir, checkpoint)
+    return plan
+
+
+def _finished(resolved: ResolvedConfig, run_dir: Path, checkpoint: Path) -> dict | None:
+    """The summary of a run that already ended at this checkpoint with the same length settings (a
+    re-run of a finished run with `latest` has nothing to train); None otherwise."""
+    import json
+
+    from leap_finetune.config.yaml_io import read_yaml
+
+    try:
+        summary = json.loads((run_dir / "summary.json").read_text(encoding="utf-8"))
+        before = read_yaml(run_dir / "resolved_config.yaml").get("training") or {}
+    except (OSError, json.JSONDecodeError, LeapError):
+        return None
+    if summary.get("stopped_early") or summary.get("global_step") != step_of(checkpoint) or "model_dir" not in summary:
+        return None
+    same_length = all(before.get(k) == resolved.training.get(k) for k in ("max_steps", "num_train_epochs"))
+    return summary if same_length else None
+
+
+def newest_run(folder: Path) -> Path | None:
+    """`folder` itself when it holds checkpoints, else its sub-folder (run) whose newest checkpoint
+    marker was written last."""
+    if not folder.is_dir():
+        return None
+    if any(read_marker(p) is not None for p in checkpoints(folder)):
+        return folder
+    runs = []
+    for run in folder.iterdir():
+        marked = [p / MARKER for p in checkpoints(run) if (p / MARKER).exists()]
+        if marked:
+            runs.append((max(m.stat().st_mtime for m in marked), run))
+    return max(runs)[1] if runs else None
+
+
+def newest_intact(run_dir: Path) -> tuple[Path | None, list[tuple[Path, str]]]:
+    """The newest checkpoint that verifies, and the marked-complete ones newer than it that do not."""
+    damaged = []
+    for folder in reversed(checkpoints(run_dir)):
+        if read_marker(folder) is None:
+            continue  # never completed (or being deleted): not a checkpoint
+        verdict = verify(folder)
+        if verdict.ok:
+            return folder, damaged
+        damaged.append((folder, verdict.problem))
+    return None, damaged
+
+
 def latest_checkpoint(folder: Path) -> Path | None:
-    """The newest complete checkpoint in a run folder, or in the newest run of a project folder."""
-    if not folder.exists():
-        return None
-    candidates = list(folder.glob(f"checkpoint-*/{CHECKPOINT_COMPLETE}")) + list(
-        folder.glob(f"*/checkpoint-*/{CHECKPOINT_COMPLETE}")
-    )
-    if not candidates:
-        return None
-
-    def key(marker: Path):
-        run = marker.parent.parent
-        step = int(re.sub(r"\D", "", marker.parent.name.split("-")[-1]) or 0)
-        return (run.stat().st_mtime if run != folder else 0, step)
-
-    # Newest run first (by the time its last checkpoint was written), then highest step.
-    by_run: dict[Path, list[Path]] = {}
-    for marker in candidates:
-        by_run.setdefault(marker.parent.parent, []).append(marker)
-    newest_run = max(by_run, key=lambda run: max(m.stat().st_mtime for m in by_run[run]))
-    return max(by_run[newest_run], key=key).parent
+    """The newest intact checkpoint in a run folder, or in the newest run of a project folder."""
+    run_dir = newest_run(folder)
+    return newest_intact(run_dir)[0] if run_dir is not None else None

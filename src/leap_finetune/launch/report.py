@@ -11,6 +11,10 @@ from leap_finetune.data.prepare import PreparedData
 from leap_finetune.data.tool_use import WARNINGS
 
 
+# Above this share of invalid rows skipped by `on_invalid: skip`, the data report warns loudly.
+SKIPPED_SHARE_WARNING = 0.10
+
+
 def config_table(resolved: ResolvedConfig) -> Table:
     t = resolved.training
     table = Table(title="resolved config", show_header=False, title_justify="left")
@@ -57,7 +61,14 @@ def data_report(console: Console, prepared: PreparedData, resolved: ResolvedConf
                                     resolved.training.get("undesirable_weight", 1.0))
         if advice:
             console.print(f"[yellow]warning: {escape(advice)}[/yellow]")
+    for notice in prepared.notices:
+        console.print(f"[yellow]note: {escape(notice)}[/yellow]")
     if prepared.invalid_skipped:
+        share = prepared.invalid_skipped / max(1, prepared.rows_read)
+        if share > SKIPPED_SHARE_WARNING:
+            console.print(f"[bold red]warning: {share:.0%} of the rows ({prepared.invalid_skipped} of "
+                          f"{prepared.rows_read}) are invalid and skipped: is this the right data, and the right "
+                          "training_type? (dataset.on_invalid: error lists every problem)[/bold red]")
         console.print(f"[yellow]skipped {prepared.invalid_skipped} invalid row(s) (dataset.on_invalid: skip):[/yellow]")
         for row in prepared.dropped[:max_listed]:
             if "max_length" not in row.reason:

@@ -17,9 +17,11 @@ def resolve_model_id(model_name: str, base: Path) -> str:
     `LiquidAI/` organisation; anything else is a Hub id."""
     if model_name in TINY_MODELS:
         return model_name
-    local = (base / model_name).expanduser()
+    from leap_finetune.config.paths import local_path
+
+    local = local_path(model_name, base)
     if local.is_dir() or model_name.startswith((".", "/", "~")):
-        return str(local.resolve())
+        return str(local)
     if "/" not in model_name and _LFM_SHORT_NAME.match(model_name):
         return f"LiquidAI/{model_name}"
     return model_name

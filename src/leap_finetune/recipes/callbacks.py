@@ -1,4 +1,5 @@
-"""Trainer callbacks every recipe uses: the metrics log, the progress bar, checkpoint markers."""
+"""Trainer callbacks every recipe uses: the metrics log, the progress bar, stopping on a signal
+(checkpoint markers: recipes/checkpoints.py)."""
 
 from __future__ import annotations
 
@@ -9,9 +10,6 @@ import time
 from pathlib import Path
 
 from transformers import TrainerCallback
-
-CHECKPOINT_COMPLETE = "leap_checkpoint_complete.json"
-
 
 class MetricsLog(TrainerCallback):
     """Appends one JSON object per log event to metrics.jsonl: step, loss, learning rate, eval
@@ -44,21 +42,6 @@ class MetricsLog(TrainerCallback):
             self._last_time, self._last_tokens = now, tokens
         with self.path.open("a", encoding="utf-8") as handle:
             handle.write(json.dumps(record) + "\n")
-
-
-class CheckpointMarker(TrainerCallback):
-    """Marks a checkpoint folder complete once the Trainer has written everything into it.
-
-    The Trainer writes checkpoint files one by one; a run killed half-way leaves a folder that
-    looks like a checkpoint. Only folders with this marker (written last, fsynced, renamed into
-    place) are resumed from, so an interrupted save is never mistaken for a good one."""
-
-    def on_save(self, args, state, control, **kwargs):
-        if not state.is_world_process_zero:
-            return
-        folder = Path(args.output_dir) / f"checkpoint-{state.global_step}"
-        if folder.is_dir():
-            write_atomic(folder / CHECKPOINT_COMPLETE, json.dumps({"step": state.global_step}))
 
 
 class RichProgress(TrainerCallback):

@@ -9,12 +9,13 @@ from pathlib import Path
 
 from leap_finetune.config.resolved import ResolvedConfig
 from leap_finetune.recipes.callbacks import (
-    CheckpointMarker,
     MetricsLog,
     RichProgress,
     StopOnSignal,
     write_atomic,
 )
+
+from leap_finetune.recipes.checkpoints import CheckpointMarker, read_marker
 
 PREPARED_DIR = "prepared"
 
@@ -53,6 +54,9 @@ def common_arguments(resolved: ResolvedConfig, *, run_dir: str, has_eval: bool, 
         args.setdefault("eval_strategy", "steps")
     else:
         args["eval_strategy"] = "no"
+    # Checkpoint rotation is leap-finetune's (recipes/checkpoints.py: a checkpoint is unmarked before
+    # it is deleted); the Trainer's own would delete folders that are still marked complete.
+    args["save_total_limit"] = None
     args.setdefault("disable_tqdm", True)
     args.setdefault("include_num_input_tokens_seen", "non_padding")
     return args
@@ -74,16 +78,14 @@ def load_tokenizer_and_model(resolved: ResolvedConfig, *, packing: bool, console
     from leap_finetune.models.packed_conv import enable_exact_packing
     from leap_finetune.models.varlen_attention import use_varlen_attention
 
-    tokenizer = load_tokenizer(resolved.model_id)
+    init = resolved.training.get("model_init_kwargs") or {}
+    tokenizer = load_tokenizer(resolved.model_id, init)
     # The official chat template travels with the trained model.
     tokenizer.chat_template = load_chat_template(resolved.chat_template, tokenizer).text
     conv = enable_exact_packing() if packing else None
     # float32 master weights with bf16 autocast by default; `model_init_kwargs: {dtype: bfloat16}` keeps
     # the weights (and optimizer states) in bf16: faster and half the memory, less precise updates.
-    init = resolved.training.get("model_init_kwargs") or {}
-    dtype = init.get("dtype", "float32")
-    model = load_model(resolved.model_id, tokenizer, getattr(torch, dtype) if isinstance(dtype, str) else dtype,
-                       attn_implementation=init.get("attn_implementation"))
+    model = load_model(resolved.model_id, tokenizer, init)
     model.config.use_cache = False
     if packing:
         attention = use_varlen_attention(model) or f"{model.config._attn_implementation} over position ids"
@@ -99,9 +101,12 @@ def lora_config(resolved: ResolvedConfig):
     return LoraConfig(task_type="CAUSAL_LM", **resolved.peft)
 
 
-def standard_callbacks(run_dir: Path, console, stop_on_signal: StopOnSignal, extra: list | None,
-                       benchmarks=None) -> list:
-    callbacks = [MetricsLog(run_dir / "metrics.jsonl"), CheckpointMarker(), RichProgress(console), stop_on_signal]
+def standard_callbacks(resolved: ResolvedConfig, run_dir: Path, console, stop_on_signal: StopOnSignal,
+                       extra: list | None, benchmarks=None) -> list:
+    resumed = read_marker(Path(resolved.resume_checkpoint_path)) if resolved.resume_checkpoint_path else None
+    marker = CheckpointMarker(run_dir, resolved.training.get("save_total_limit"),
+                              seconds_before=(resumed or {}).get("trained_seconds", 0.0))
+    callbacks = [MetricsLog(run_dir / "metrics.jsonl"), marker, RichProgress(console), stop_on_signal]
     return callbacks + ([benchmarks] if benchmarks is not None else []) + list(extra or [])
 
 
@@ -140,10 +145,17 @@ def train_evaluate_save(trainer, resolved: ResolvedConfig, run_dir: Path, tokeni
     has_eval = trainer.eval_dataset is not None
     baseline = trainer.evaluate() if has_eval and not resume else None  # logged at step 0
     baseline_benchmarks = benchmarks.evaluate("before training") if benchmarks is not None and not resume else {}
-    result = trainer.train(resume_from_checkpoint=resume)
-    summary = {"global_step": trainer.state.global_step, "train_loss": result.training_loss,
-               "train_runtime_s": result.metrics.get("train_runtime"),
+    trainer.train(resume_from_checkpoint=resume)
+    # The whole run, also after resumes: the loss averaged over every logged step of metrics.jsonl (the
+    # Trainer's own figure covers only this process's steps), training time summed over the processes.
+    history = metrics_history(run_dir / "metrics.jsonl")
+    marker = next(c for c in trainer.callback_handler.callbacks if isinstance(c, CheckpointMarker))
+    summary = {"global_step": trainer.state.global_step, "train_loss": history["train_loss"],
+               "train_runtime_s": round(marker.trained_seconds(), 3),
                "tokens_seen": trainer.state.num_input_tokens_seen}
+    if resume:
+        baseline = history["initial_eval"] or None
+        baseline_benchmarks = history["initial_benchmarks"]
     if trainer.state.global_step < trainer.state.max_steps:
         summary["stopped_early"] = True
         summary["stopped_by_signal"] = stop_on_signal.received
@@ -161,7 +173,8 @@ def train_evaluate_save(trainer, resolved: ResolvedConfig, run_dir: Path, tokeni
         summary["initial_eval_loss"] = baseline.get("eval_loss") if baseline else None
         summary["eval_metrics"] = {k: float(v) for k, v in last.items() if k.startswith("eval_") and _is_number(v)}
         if baseline:
-            summary["initial_eval_metrics"] = {k: float(v) for k, v in baseline.items() if _is_number(v)}
+            summary["initial_eval_metrics"] = {k: float(v) for k, v in baseline.items()
+                                               if k.startswith("eval_") and _is_number(v)}
 
     # The model (merged for LoRA, plus the adapter) loadable with from_pretrained.
     final_model = trainer.model
@@ -176,6 +189,29 @@ def train_evaluate_save(trainer, resolved: ResolvedConfig, run_dir: Path, tokeni
         print_samples(console, "after training", final_model, tokenizer, samples)
     write_atomic(run_dir / "summary.json", json.dumps(summary, indent=2))
     return summary
+
+
+def metrics_history(path: Path) -> dict:
+    """From metrics.jsonl: the mean training loss per step over the run (each logged loss is the mean
+    of the steps since the previous log), and the step-0 evaluation and benchmark results."""
+    records = []
+    if path.exists():
+        for line in path.read_text(encoding="utf-8").splitlines():
+            try:
+                records.append(json.loads(line))
+            except json.JSONDecodeError:
+                continue
+    total, steps, previous = 0.0, 0, 0
+    for record in records:
+        if "loss" in record and _is_number(record["loss"]) and record.get("step", 0) > previous:
+            span = record["step"] - previous
+            total += float(record["loss"]) * span
+            steps += span
+            previous = record["step"]
+    initial_eval = next((r for r in records if r.get("step") == 0 and "eval_loss" in r), {})
+    initial_benchmarks = {k: v for r in records if r.get("step") == 0 for k, v in r.items() if k.startswith("benchmark/")}
+    return {"train_loss": total / steps if steps else None, "initial_eval": initial_eval,
+            "initial_benchmarks": initial_benchmarks}
 
 
 def _processing_saver(resolved: ResolvedConfig, tokenizer, console):

@@ -27,14 +27,28 @@ def trainer_class():
             if "prompt_ids" not in dataset.column_names:
                 return super()._prepare_dataset(dataset, processing_class, args, dataset_name)
             if self.calculate_KL:
-                def add_kl_completion_ids(examples):
-                    examples["KL_completion_ids"] = [examples["completion_ids"][-1]] + examples["completion_ids"][:-1]
-                    return examples
-
-                dataset = dataset.map(add_kl_completion_ids, batched=True, batch_size=args.per_device_train_batch_size)
+                batch = args.per_device_train_batch_size if dataset_name == "train" else args.per_device_eval_batch_size
+                dataset = dataset.add_column("KL_completion_ids", kl_completions(dataset["completion_ids"], batch))
             return dataset
 
     return LeapKTOTrainer
+
+
+def kl_completions(completions: list, batch_size: int) -> list:
+    """TRL's KL pairing: the completions rotated by one within each batch of `batch_size` rows (the
+    trainer reads batches in order), so each prompt meets another row's completion of its batch.
+
+    Two changes from TRL 1.16, which rotates in batches of the *training* batch size for every split
+    and so pairs a row with its own completion when a batch ends up with one row: the eval split is
+    rotated in eval batches, and a last batch of one row takes the completion of the row before it."""
+    pairs = []
+    for start in range(0, len(completions), batch_size):
+        chunk = completions[start:start + batch_size]
+        if len(chunk) == 1 and start > 0:
+            pairs.append(completions[start - 1])
+        else:
+            pairs.extend([chunk[-1]] + chunk[:-1])
+    return pairs
 
 
 def training_arguments(resolved: ResolvedConfig, *, run_dir: str, has_eval: bool, cuda: bool | None = None) -> dict:

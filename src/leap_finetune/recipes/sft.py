@@ -71,7 +71,7 @@ def train(resolved_json: dict, callbacks: list | None = None) -> dict:
         eval_dataset=eval_dataset,
         processing_class=tokenizer,
         peft_config=common.lora_config(resolved),
-        callbacks=common.standard_callbacks(run_dir, console, stop_on_signal, callbacks,
+        callbacks=common.standard_callbacks(resolved, run_dir, console, stop_on_signal, callbacks,
                                             common.benchmark_callback(resolved, tokenizer, run_dir, console)),
     )
     return common.train_evaluate_save(trainer, resolved, run_dir, tokenizer, console, stop_on_signal, samples)

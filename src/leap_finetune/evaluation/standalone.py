@@ -1,0 +1,144 @@
+"""`leap-finetune eval`: the `evals:` block on a trained model, without training.
+
+`checkpoint:` may be a run folder (its final model, else its newest complete checkpoint), a
+`checkpoint-N` folder, or a LoRA adapter (a LoRA run's `checkpoint-N` or `adapter/`): an adapter is
+loaded over its base model.
+"""
+
+from __future__ import annotations
+
+import json
+from dataclasses import dataclass
+from pathlib import Path
+
+from rich.console import Console
+
+from leap_finetune.config.resolved import ResolvedConfig
+from leap_finetune.errors import LeapError
+
+
+@dataclass
+class ModelToEvaluate:
+    model_id: str  # a folder with a full model, or the base model of an adapter
+    adapter_dir: Path | None = None
+
+    @property
+    def name(self) -> str:
+        return f"{self.adapter_dir} (LoRA adapter over {self.model_id})" if self.adapter_dir else self.model_id
+
+
+def evaluate_config(source, *, output: str | Path | None = None, console: Console | None = None) -> dict:
+    """Run the `evals:` block on `checkpoint` (a run, checkpoint or adapter folder) or `model_name`,
+    without training. Writes the results as JSON to `output` when given."""
+    from leap_finetune.api import _check_benchmarks, _config, _console
+
+    console = _console(console)
+    resolved = _config(source)
+    if resolved.evals is None:
+        raise LeapError("the config has no evals: block", where=resolved.config_path or "config",
+                        fix="add evals: with benchmarks (see README \"Benchmarks\")")
+    target = model_to_evaluate(resolved)
+    benchmarks = _check_benchmarks(resolved, target.model_id)
+
+    import torch
+
+    from leap_finetune.data.chat_templates import load_chat_template
+    from leap_finetune.data.render import Renderer
+    from leap_finetune.evaluation.runner import print_summary, run_benchmarks
+    from leap_finetune.models.loading import load_model, load_tokenizer
+    from leap_finetune.recipes.common import quiet_libraries
+
+    quiet_libraries()
+    init_kwargs = {k: v for k, v in (resolved.training.get("model_init_kwargs") or {}).items() if k != "dtype"}
+    tokenizer = load_tokenizer(target.model_id, init_kwargs)
+    model = load_model(target.model_id, tokenizer, init_kwargs,
+                       dtype=torch.bfloat16 if torch.cuda.is_available() else torch.float32)
+    if target.adapter_dir is not None:
+        from peft import PeftModel
+
+        try:
+            model = PeftModel.from_pretrained(model, str(target.adapter_dir)).merge_and_unload()
+        except Exception as err:  # noqa: BLE001 - an adapter for another base model
+            raise LeapError(f"cannot load the LoRA adapter over {target.model_id}: {str(err).splitlines()[0]}",
+                            where=f"checkpoint: {target.adapter_dir}",
+                            fix="set model_name to the base model the adapter was trained on") from None
+    if torch.cuda.is_available():
+        model = model.to("cuda")
+    renderer = Renderer(tokenizer, load_chat_template(resolved.chat_template, tokenizer), "all", None)
+    predictions = Path(output).resolve().parent / "predictions" if output else None
+    processor = _processor_for(target.model_id, resolved.model_id, tokenizer, benchmarks)
+    results = run_benchmarks(model, renderer, resolved.evals, benchmarks, predictions_dir=predictions,
+                             processor=processor)
+    print_summary(console, results, 0, f"of {target.name}")
+    report = {"model": str(target.adapter_dir or target.model_id), "results": results}
+    if target.adapter_dir is not None:
+        report["base_model"] = target.model_id
+    if output:
+        from leap_finetune.recipes.callbacks import write_atomic
+
+        Path(output).parent.mkdir(parents=True, exist_ok=True)
+        write_atomic(Path(output), json.dumps(report, indent=2))
+        console.print(f"results: {output}")
+    return report
+
+
+def _processor_for(model_id: str, base_model_id: str, tokenizer, benchmarks):
+    """A vision-language model's processor when some benchmark row has images, else None. A
+    training checkpoint holds no processor files: fine-tuning does not change image preprocessing,
+    so the base model's processor is used."""
+    from leap_finetune.evaluation.runner import has_images
+    from leap_finetune.models.vision import has_processor_files, is_vision_model, load_processor
+
+    if not (is_vision_model(model_id) and has_images(benchmarks)):
+        return None
+    return load_processor(model_id if has_processor_files(model_id) else base_model_id, tokenizer)
+
+
+def model_to_evaluate(resolved: ResolvedConfig) -> ModelToEvaluate:
+    """`checkpoint:` a run folder (its final model, else its newest complete checkpoint), a checkpoint
+    folder, or an adapter folder; without `checkpoint`, model_name."""
+    if not resolved.checkpoint:
+        return ModelToEvaluate(resolved.model_id)
+    from leap_finetune.launch.plan import latest_checkpoint
+
+    folder = Path(resolved.checkpoint)
+    if not folder.is_dir():
+        raise LeapError("not a folder", where=f"checkpoint: {folder}",
+                        fix="point checkpoint at a run folder, a checkpoint-N folder or an adapter folder")
+    if (folder / "model" / "config.json").exists():
+        return ModelToEvaluate(str(folder / "model"))
+    chosen = folder
+    if not _is_model(folder) and not _is_adapter(folder):
+        chosen = latest_checkpoint(folder)
+        if chosen is None:
+            raise LeapError("no model in this folder (no config.json, no adapter_config.json, no model/, no complete "
+                            "checkpoint)", where=f"checkpoint: {folder}",
+                            fix="point checkpoint at a run folder, a checkpoint-N folder or an adapter folder")
+    if _is_model(chosen):
+        return ModelToEvaluate(str(chosen))
+    return ModelToEvaluate(_adapter_base(chosen, resolved), adapter_dir=chosen)
+
+
+def _is_model(folder: Path) -> bool:
+    return (folder / "config.json").exists()
+
+
+def _is_adapter(folder: Path) -> bool:
+    return (folder / "adapter_config.json").exists()
+
+
+def _adapter_base(adapter: Path, resolved: ResolvedConfig) -> str:
+    """The base model of an adapter: the run's resolved config says what was trained; else the
+    adapter's own record; else the eval config's model_name."""
+    from leap_finetune.config.yaml_io import read_yaml
+
+    for run_config in (adapter.parent / "resolved_config.yaml", adapter.parent.parent / "resolved_config.yaml"):
+        if run_config.is_file():
+            model_id = read_yaml(run_config).get("model_id")
+            if model_id:
+                return model_id
+    try:
+        recorded = json.loads((adapter / "adapter_config.json").read_text(encoding="utf-8")).get("base_model_name_or_path")
+    except (OSError, json.JSONDecodeError):
+        recorded = None
+    return recorded or resolved.model_id

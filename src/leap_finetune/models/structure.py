@@ -1,0 +1,72 @@
+"""A model's module names without its weights: the architecture is built on PyTorch's meta device
+from config.json (a local folder, the Hub cache, or a built-in tiny model), so the driver can check
+LoRA's `target_modules` before anything is loaded or downloaded."""
+
+from __future__ import annotations
+
+import re
+
+from leap_finetune.errors import LeapError
+
+
+def module_names(model_id: str, tokenizer, init_kwargs: dict | None = None) -> dict[str, str] | None:
+    """Every module name of the model with its class name, or None when its config.json is not at hand."""
+    import torch
+
+    from leap_finetune.models.tiny import TINY_MODELS, build_tiny_model
+
+    if model_id in TINY_MODELS:
+        with torch.device("meta"):
+            model = build_tiny_model(model_id, tokenizer)
+        return _names(model)
+    from transformers import AutoConfig, AutoModelForCausalLM, AutoModelForImageTextToText
+
+    from leap_finetune.models.vision import is_vision_model
+
+    kwargs = {k: v for k, v in (init_kwargs or {}).items() if k in ("revision", "trust_remote_code", "cache_dir",
+                                                                    "token", "subfolder", "local_files_only")}
+    try:
+        config = AutoConfig.from_pretrained(model_id, **kwargs)
+    except Exception:  # noqa: BLE001 - unreachable or not a transformers model: loading will say so
+        return None
+    auto = AutoModelForImageTextToText if is_vision_model(model_id) else AutoModelForCausalLM
+    try:
+        with torch.device("meta"):
+            model = auto.from_config(config, trust_remote_code=kwargs.get("trust_remote_code", False))
+    except Exception:  # noqa: BLE001 - an architecture this transformers cannot build: loading will say so
+        return None
+    return _names(model)
+
+
+def _names(model) -> dict[str, str]:
+    return {name: type(module).__name__ for name, module in model.named_modules()}
+
+
+def check_lora_targets(peft: dict, names: dict[str, str], model_id: str, where: str) -> None:
+    """peft matches a `target_modules` entry against a module name's last components (a string is a
+    regular expression over the whole name); an entry that matches nothing is a typo or another
+    architecture's name, and peft would fail (or, for some entries, silently adapt fewer layers)."""
+    targets = peft.get("target_modules")
+    _check(targets, "target_modules", names, model_id, where)
+    _check(peft.get("modules_to_save"), "modules_to_save", names, model_id, where)
+
+
+def _check(targets, key: str, names: dict[str, str], model_id: str, where: str) -> None:
+    if targets is None or targets == "all-linear":
+        return
+    if isinstance(targets, str):
+        if not any(re.fullmatch(targets, name) for name in names):
+            raise LeapError(f"peft_config.{key} '{targets}' (a regular expression) matches no module of {model_id}",
+                            where=where, fix=_suggest(names))
+        return
+    missing = [t for t in targets if not any(name == t or name.endswith("." + t) for name in names)]
+    if missing:
+        raise LeapError(f"peft_config.{key} names {', '.join(repr(m) for m in missing)}, which "
+                        f"{'is' if len(missing) == 1 else 'are'} not a module of {model_id}", where=where,
+                        fix=_suggest(names))
+
+
+def _suggest(names: dict[str, str]) -> str:
+    layers = ("Linear", "Conv1d", "Conv2d", "Embedding")
+    leaves = sorted({name.rsplit(".", 1)[-1] for name, kind in names.items() if name and kind in layers})
+    return "this model's linear, convolution and embedding layers: " + ", ".join(leaves) + " (or target_modules: all-linear)"

@@ -1,0 +1,167 @@
+"""Checkpoints that are complete whenever they say so, and their rotation.
+
+The Trainer writes a checkpoint file by file, then (with `save_total_limit`) deletes old checkpoints
+with `shutil.rmtree`; a process killed in either step leaves a folder that looks like a checkpoint.
+Measured before this module (3 of 3 SIGKILLs during rotation): the old checkpoint half deleted, the
+new one not yet marked, and `resume_from_checkpoint: latest` continued from the damaged one with a
+fresh optimizer and scheduler (transformers skips state files that are missing), no warning.
+
+So:
+- a checkpoint counts only once its marker is written, last, atomically; the marker lists every file
+  with its size, and a checkpoint is resumed from only if they all still match (`verify`);
+- rotation is ours, not the Trainer's (its `save_total_limit` is handed to this callback): the marker
+  of a checkpoint goes first, then its files; a folder without a marker is never resumed from;
+- the marker also records how long metrics.jsonl was and how many seconds had been trained, so a
+  resume cuts the log back to the checkpoint (no step logged twice) and the summary covers the run.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import re
+import shutil
+from dataclasses import dataclass
+from pathlib import Path
+
+from transformers import TrainerCallback
+
+MARKER = "leap_checkpoint_complete.json"
+# What a resumable checkpoint must hold besides the model weights (transformers silently starts a
+# fresh optimizer or scheduler when one of these is missing).
+STATE_FILES = ("trainer_state.json", "optimizer.pt", "scheduler.pt")
+WEIGHTS = ("model.safetensors", "adapter_model.safetensors", "pytorch_model.bin", "model.safetensors.index.json",
+           "adapter_model.bin")
+
+
+def step_of(folder: Path) -> int:
+    match = re.search(r"(\d+)$", folder.name)
+    return int(match.group(1)) if match else -1
+
+
+@dataclass
+class Verdict:
+    ok: bool
+    problem: str = ""
+
+
+def read_marker(folder: Path) -> dict | None:
+    try:
+        value = json.loads((folder / MARKER).read_text(encoding="utf-8"))
+    except (OSError, json.JSONDecodeError, UnicodeDecodeError):
+        return None
+    return value if isinstance(value, dict) else None
+
+
+def verify(folder: Path) -> Verdict:
+    """A checkpoint can be resumed from: marked complete, every file of its manifest present with the
+    recorded size, and the optimizer, scheduler and trainer state among them."""
+    marker = read_marker(folder)
+    if marker is None:
+        return Verdict(False, "not marked complete (interrupted while saving or being deleted)")
+    files = marker.get("files")
+    if isinstance(files, dict):
+        for name, size in files.items():
+            path = folder / name
+            if not path.is_file():
+                return Verdict(False, f"{name} is missing")
+            if path.stat().st_size != size:
+                return Verdict(False, f"{name} has {path.stat().st_size} bytes, {size} were written")
+    present = {p.name for p in folder.iterdir()}
+    missing = [name for name in STATE_FILES if name not in present]
+    if missing:
+        return Verdict(False, f"{', '.join(missing)} missing: resuming would restart the optimizer or scheduler")
+    if not present & set(WEIGHTS):
+        return Verdict(False, "no model weights")
+    return Verdict(True)
+
+
+def checkpoints(run_dir: Path) -> list[Path]:
+    """The run's checkpoint folders, oldest step first (complete or not)."""
+    if not run_dir.is_dir():
+        return []
+    return sorted((p for p in run_dir.glob("checkpoint-*") if p.is_dir() and step_of(p) >= 0), key=step_of)
+
+
+def delete(folder: Path) -> None:
+    """Unmark first (and make that durable), then delete: at no instant is a partly deleted folder
+    marked complete."""
+    marker = folder / MARKER
+    if marker.exists():
+        marker.unlink()
+        _fsync_dir(folder)
+    shutil.rmtree(folder, ignore_errors=True)
+
+
+def _fsync_dir(folder: Path) -> None:
+    try:
+        fd = os.open(folder, os.O_RDONLY)
+    except OSError:
+        return
+    try:
+        os.fsync(fd)
+    finally:
+        os.close(fd)
+
+
+def _write_atomic(path: Path, text: str) -> None:
+    tmp = path.with_name(f".{path.name}.tmp-{os.getpid()}")
+    with tmp.open("w", encoding="utf-8") as handle:
+        handle.write(text)
+        handle.flush()
+        os.fsync(handle.fileno())
+    os.replace(tmp, path)
+    _fsync_dir(path.parent)
+
+
+class CheckpointMarker(TrainerCallback):
+    """Marks each checkpoint complete once the Trainer has written it, then rotates old ones.
+
+    `keep`: the user's `save_total_limit` (None keeps all); `metrics`: the metrics log whose length is
+    recorded; `seconds_before`: training time of the run before this process (a resume)."""
+
+    def __init__(self, run_dir: Path, keep: int | None, seconds_before: float = 0.0):
+        import time
+
+        self.run_dir = run_dir
+        self.keep = keep
+        self.seconds_before = seconds_before
+        self._started = time.perf_counter()
+
+    def trained_seconds(self) -> float:
+        import time
+
+        return self.seconds_before + time.perf_counter() - self._started
+
+    def on_save(self, args, state, control, **kwargs):
+        if not state.is_world_process_zero:
+            return
+        folder = Path(args.output_dir) / f"checkpoint-{state.global_step}"
+        if not folder.is_dir():
+            return
+        for path in folder.rglob("*"):  # the files' data first, then the manifest that vouches for them
+            if path.is_file():
+                with path.open("rb") as handle:
+                    os.fsync(handle.fileno())
+        metrics = self.run_dir / "metrics.jsonl"
+        manifest = {
+            "step": state.global_step,
+            "files": {str(p.relative_to(folder)): p.stat().st_size for p in sorted(folder.rglob("*"))
+                      if p.is_file() and p.name != MARKER},
+            "metrics_bytes": metrics.stat().st_size if metrics.exists() else 0,
+            "trained_seconds": round(self.trained_seconds(), 3),
+        }
+        _write_atomic(folder / MARKER, json.dumps(manifest, indent=1))
+        self._rotate(state)
+
+    def _rotate(self, state) -> None:
+        if not self.keep:
+            return
+        complete = [p for p in checkpoints(self.run_dir) if read_marker(p) is not None]
+        best = Path(state.best_model_checkpoint).name if state.best_model_checkpoint else None
+        keep = complete[-self.keep:]
+        if best and self.keep == 1 and all(p.name != best for p in keep):  # as transformers: best + newest
+            keep = [p for p in complete if p.name == best] + keep
+        for folder in complete:
+            if folder not in keep and folder.name != best:
+                delete(folder)
