@@ -15,6 +15,7 @@ os.environ["HF_HUB_OFFLINE"] = "1"
 os.environ["TRANSFORMERS_OFFLINE"] = "1"
 os.environ["HF_DATASETS_OFFLINE"] = "1"
 os.environ.setdefault("TOKENIZERS_PARALLELISM", "false")
+os.environ["COLUMNS"] = "200"  # rich wraps at the terminal width; messages are asserted whole
 
 REPO = Path(__file__).resolve().parents[1]
 EXAMPLES = REPO / "examples"
@@ -79,6 +80,14 @@ def run_cli(*args: str, cwd: Path, timeout: int = 300) -> subprocess.CompletedPr
         [sys.executable, "-m", "leap_finetune.cli", *args],
         cwd=cwd, env=env, capture_output=True, text=True, timeout=timeout,
     )
+
+
+@pytest.fixture
+def examples(workdir) -> Path:
+    """A copy of examples/ in the test's folder: runs go to outputs/ beside the config, as for users."""
+    import shutil
+
+    return Path(shutil.copytree(EXAMPLES, workdir / "examples", ignore=shutil.ignore_patterns("outputs")))
 
 
 @pytest.fixture

@@ -137,10 +137,9 @@ def run_config(source, *, console: Console | None = None, callbacks: list | None
         return evaluate_config(resolved, console=console)
     tokenizer, renderer, prepared = _prepare(resolved)
     _check_training_arguments(resolved, has_eval=bool(prepared.eval))
+    plan = plan_run(resolved, outputs_root=Path(outputs_root) if outputs_root else None)
     console.print(config_table(resolved))
     data_report(console, prepared, resolved)
-
-    plan = plan_run(resolved, outputs_root=Path(outputs_root) if outputs_root else None)
     for note in plan.notes:
         console.print(f"[yellow]warning: {note}[/yellow]")
     if plan.finished is not None:

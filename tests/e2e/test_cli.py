@@ -9,10 +9,10 @@ from leap_finetune.models.tiny import load_tiny_tokenizer
 from tests.conftest import EXAMPLES, chat, run_cli, tiny_config, write_config, write_jsonl
 
 
-def test_quickstart_learns_visibly(workdir):
-    result = run_cli(str(EXAMPLES / "quickstart.yaml"), cwd=workdir)
+def test_quickstart_learns_visibly(workdir, examples):
+    result = run_cli(str(examples / "quickstart.yaml"), cwd=workdir)
     assert result.returncode == 0, result.stderr[-3000:]
-    [run_dir] = list((workdir / "outputs" / "quickstart").iterdir())
+    [run_dir] = list((examples / "outputs" / "quickstart").iterdir())  # beside the config, not in the cwd
     summary = json.loads((run_dir / "summary.json").read_text())
     assert summary["eval_loss"] <= summary["initial_eval_loss"] / 2
     assert "sample answers before training" in result.stderr and "sample answers after training" in result.stderr

@@ -233,10 +233,10 @@ def _number(value, members: set) -> float | int:
 
 def _describe(action, members: set) -> str:
     names = []
-    for kind, name in ((bool, "true or false"), (int, "a whole number"), (float, "a number"), (str, "text"),
-                       (dict, "a mapping"), (list, "a list")):
+    for kind, kind_names in ((bool, ["true", "false"]), (int, ["a whole number"]), (float, ["a number"]),
+                             (str, ["text"]), (dict, ["a mapping"]), (list, ["a list"])):
         if kind in members and not (kind is int and float in members):
-            names.append(name)
+            names += kind_names
     if type(None) in members:
         names.append("null")
     if not names:

@@ -244,6 +244,11 @@ def _resolve_training(model: LeapConfigModel, where: str) -> tuple[dict, str, st
             where=where,
             fix=unknown_key_fix(str(profile_name), profiles.TRAINING_PROFILES),
         )
+    own_profile = profiles.DEFAULT_TRAINING_PROFILE[model.training_type]
+    if profile_name != own_profile:
+        raise LeapError(
+            f"training_config.extends is {profile_name}, a profile for another training type than "
+            f"{model.training_type}", where=where, fix=f"use extends: {own_profile} (or leave extends out)")
     allowed = trainer_arg_fields(model.training_type) | ({"loss_on", "compile_layers"} if model.training_type == "sft" else set())
     for key in user:
         if key in MANAGED_TRAINING_KEYS:

@@ -62,7 +62,7 @@ def check_model_init_kwargs(value, *, tiny: bool, training_type: str, peft: bool
         if key in REFUSED:
             raise LeapError(f"{here} is not supported", where=where, fix=f"remove it: {REFUSED[key]}")
         if key != "dtype" and key not in FORWARDED:
-            hint = did_you_mean(str(key), ("dtype", *FORWARDED))
+            hint = did_you_mean(str(key), ("dtype", "torch_dtype", *FORWARDED))
             raise LeapError(f"{here}: '{key}' is not a from_pretrained argument leap-finetune forwards", where=where,
                             fix=(hint + " " if hint else "") + "forwarded: dtype (or torch_dtype), " + ", ".join(FORWARDED))
         if tiny and key not in TINY_KEYS:

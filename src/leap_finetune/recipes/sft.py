@@ -24,7 +24,9 @@ def training_arguments(resolved: ResolvedConfig, *, run_dir: str, has_eval: bool
     args = common.common_arguments(resolved, run_dir=run_dir, has_eval=has_eval, cuda=cuda)
     args.pop("compile_layers", None)  # leap-finetune's key (see recipes/speed.py), applied to the model
     args["padding_free"] = speed_plan(resolved, cuda).padding_free
-    # Data arrive rendered, masked and tokenized (input_ids + labels), so TRL must not re-mask.
+    # Data arrive rendered, masked, truncated and tokenized (input_ids + labels): TRL's documented switch
+    # skips its own preparation; what it would still do (packing, shuffling) is `for_trainer` below.
+    args["dataset_kwargs"] = {"skip_prepare_dataset": True}
     args["assistant_only_loss"] = False
     args["completion_only_loss"] = False
     if args.get("padding_free") and not args.get("packing"):
@@ -32,6 +34,21 @@ def training_arguments(resolved: ResolvedConfig, *, run_dir: str, has_eval: bool
         # batches with max_length set because it would not enforce it itself.
         args["max_length"] = None
     return args
+
+
+def for_trainer(dataset, args, packing: bool):
+    """What SFTTrainer's preparation does to already tokenized, truncated rows, in its order: shuffle
+    and pack (TRL's public `pack_dataset`), then shuffle. Everything else it does is done by the driver."""
+    from trl.data_utils import pack_dataset
+
+    if packing:
+        dataset = dataset.select_columns(["input_ids", "labels"])
+        if args.shuffle_dataset:
+            dataset = dataset.shuffle(seed=args.seed)
+        dataset = pack_dataset(dataset, args.max_length, args.packing_strategy, {"num_proc": args.dataset_num_proc})
+    if args.shuffle_dataset:
+        dataset = dataset.shuffle(seed=args.seed)
+    return dataset
 
 
 def speed_plan(resolved: ResolvedConfig, cuda: bool | None = None) -> speed.SpeedPlan:
@@ -53,6 +70,9 @@ def train(resolved_json: dict, callbacks: list | None = None) -> dict:
 
     train_dataset, eval_dataset = common.load_prepared(run_dir)
     args = config_class()(**training_arguments(resolved, run_dir=str(run_dir), has_eval=eval_dataset is not None))
+    train_dataset = for_trainer(train_dataset, args, args.packing)
+    if eval_dataset is not None:
+        eval_dataset = for_trainer(eval_dataset, args, args.packing if args.eval_packing is None else args.eval_packing)
     tokenizer, model = common.load_tokenizer_and_model(resolved, packing=args.packing or args.padding_free,
                                                        console=console)
     fast = speed_plan(resolved)

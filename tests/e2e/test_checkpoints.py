@@ -1,0 +1,187 @@
+"""Nothing lost: checkpoints are resumed from only when complete, rotation never leaves a marked
+half-deleted folder, and a resumed run's losses, metrics and summary are those of the uninterrupted
+run, however it was interrupted (in-process stop, damaged files, SIGKILL at many points)."""
+
+from __future__ import annotations
+
+import json
+import os
+import signal
+import subprocess
+import sys
+import time
+from pathlib import Path
+
+import pytest
+from transformers import TrainerCallback
+
+from leap_finetune.api import run_config
+from leap_finetune.errors import LeapError
+from leap_finetune.recipes.checkpoints import MARKER, verify
+from tests.conftest import fact_rows, tiny_config, write_config, write_jsonl
+
+BASE = {"max_steps": 8, "save_steps": 2, "save_total_limit": 2, "learning_rate": 2e-3, "eval_steps": 4,
+        "lr_scheduler_type": "cosine", "logging_steps": 1}
+
+
+def _records(run_dir: Path) -> list[dict]:
+    return [json.loads(line) for line in (run_dir / "metrics.jsonl").read_text().splitlines()]
+
+
+def _losses(run_dir: Path) -> dict[int, float]:
+    losses: dict[int, float] = {}
+    for record in _records(run_dir):
+        if "loss" in record:
+            assert record["step"] not in losses, f"step {record['step']} logged twice"
+            losses[record["step"]] = record["loss"]
+    return losses
+
+
+def _assert_same_losses(got: dict, expected: dict) -> None:
+    assert sorted(got) == sorted(expected)
+    for step, loss in expected.items():
+        assert got[step] == pytest.approx(loss, rel=1e-5), step
+
+
+class StopAt(TrainerCallback):
+    def __init__(self, step: int):
+        self.step = step
+
+    def on_step_end(self, args, state, control, **kwargs):
+        if state.global_step == self.step:
+            control.should_save = True
+            control.should_training_stop = True
+
+
+@pytest.fixture
+def data(workdir):
+    write_jsonl(workdir / "train.jsonl", fact_rows(48))
+    return workdir
+
+
+def _config(folder: Path, project: str, name: str, **training) -> Path:
+    return write_config(folder, tiny_config(project_name=project, dataset={"path": "train.jsonl", "test_size": 8},
+                                            training_config={**BASE, **training}), name)
+
+
+def test_a_damaged_checkpoint_is_skipped_and_the_resume_reproduces_the_run(data):
+    full = run_config(_config(data, "full", "full.yaml"))
+    stopped = run_config(_config(data, "cut", "cut.yaml"), callbacks=[StopAt(6)])
+    run_dir = Path(stopped["run_dir"])
+    # our rotation kept the newest two (save_total_limit: 2), each verified
+    assert sorted(p.name for p in run_dir.glob("checkpoint-*")) == ["checkpoint-4", "checkpoint-6"]
+    assert verify(run_dir / "checkpoint-6").ok
+    manifest = json.loads((run_dir / "checkpoint-6" / MARKER).read_text())
+    assert {"optimizer.pt", "scheduler.pt", "trainer_state.json", "model.safetensors"} <= set(manifest["files"])
+
+    # The state a SIGKILL during transformers' own rotation left (3 of 3 times before): the marker is
+    # there but the optimizer is gone. It must not be resumed from with a fresh optimizer.
+    (run_dir / "checkpoint-6" / "optimizer.pt").unlink()
+    assert verify(run_dir / "checkpoint-6").problem == "optimizer.pt is missing"
+    with pytest.raises(LeapError, match="cannot be resumed from: optimizer.pt is missing"):
+        run_config(_config(data, "cut", "explicit.yaml", resume_from_checkpoint=str(run_dir / "checkpoint-6")))
+    # a file cut short is caught by its recorded size
+    scheduler = run_dir / "checkpoint-4" / "scheduler.pt"
+    original = scheduler.read_bytes()
+    scheduler.write_bytes(original[:-10])
+    assert "scheduler.pt has" in verify(run_dir / "checkpoint-4").problem
+    scheduler.write_bytes(original)
+
+    resumed = run_config(_config(data, "cut", "resume.yaml", resume_from_checkpoint="latest"))
+    assert resumed["run_dir"] == str(run_dir)
+    _assert_same_losses(_losses(run_dir), _losses(Path(full["run_dir"])))
+    summary = json.loads((run_dir / "summary.json").read_text())
+    assert summary["global_step"] == 8
+    assert summary["initial_eval_loss"] == pytest.approx(full["initial_eval_loss"], rel=1e-6)
+    assert summary["train_loss"] == pytest.approx(full["train_loss"], rel=1e-5)
+    assert summary["eval_loss"] == pytest.approx(full["eval_loss"], rel=1e-5)
+    assert [r["step"] for r in _records(run_dir) if "eval_loss" in r] == [0, 4, 8]
+
+
+def test_re_running_a_finished_run_says_it_is_finished_and_changes_nothing(data):
+    full = run_config(_config(data, "done", "full.yaml"))
+    run_dir = Path(full["run_dir"])
+    before = {name: (run_dir / name).read_bytes() for name in ("summary.json", "metrics.jsonl")}
+    again = run_config(_config(data, "done", "again.yaml", resume_from_checkpoint="latest"))
+    assert again["already_finished"] and again["global_step"] == 8
+    assert {name: (run_dir / name).read_bytes() for name in before} == before
+    # asking for more steps continues from the last checkpoint
+    longer = run_config(_config(data, "done", "longer.yaml", resume_from_checkpoint="latest", max_steps=10))
+    assert longer["global_step"] == 10 and not longer.get("already_finished")
+    assert sorted(_losses(run_dir)) == list(range(1, 11))
+
+
+def _cli(config: Path, cwd: Path) -> subprocess.Popen:
+    env = {**os.environ, "HF_HUB_OFFLINE": "1", "TRANSFORMERS_OFFLINE": "1"}
+    return subprocess.Popen([sys.executable, "-m", "leap_finetune.cli", str(config)], cwd=cwd, env=env,
+                            stdout=subprocess.DEVNULL, stderr=subprocess.PIPE, text=True)
+
+
+def _checkpoints(run_dir: Path) -> list[Path]:
+    return sorted(run_dir.glob("checkpoint-*"), key=lambda p: int(p.name.split("-")[1])) if run_dir.exists() else []
+
+
+@pytest.mark.slow
+def test_sigkill_at_many_points_then_resume_reproduces_the_uninterrupted_run(data):
+    """Saves every step with save_total_limit 1 (so a rotation follows every save), and the CLI is
+    killed with SIGKILL: while a checkpoint is being written, while the old one is being deleted,
+    and between saves. Each restart resumes with `latest`; at the end every step is logged once with
+    the uninterrupted run's loss, and the summary covers the whole run."""
+    steps = 30
+    training = {"max_steps": steps, "save_steps": 1, "save_total_limit": 1, "eval_steps": 15}
+    reference = run_config(_config(data, "ref", "ref.yaml", **training))
+    start = _config(data, "killed", "start.yaml", **training)
+    resume = _config(data, "killed", "resume.yaml", resume_from_checkpoint="latest", **training)
+    project = data / "outputs" / "killed"
+
+    def saving(run_dir: Path) -> bool:  # a checkpoint folder exists but is not marked yet: mid-save
+        folders = _checkpoints(run_dir)
+        return bool(folders) and not (folders[-1] / MARKER).exists() and len(folders) >= 1
+
+    def rotating(run_dir: Path) -> bool:  # two marked checkpoints with limit 1: the old one is about to go
+        return sum((p / MARKER).exists() for p in _checkpoints(run_dir)) >= 2
+
+    def between(run_dir: Path) -> bool:
+        return len(_checkpoints(run_dir)) >= 1 and (_checkpoints(run_dir)[-1] / MARKER).exists()
+
+    triggers = [saving, rotating, between, saving, saving, rotating, between, saving]
+    seen_mid_save = 0
+    kills = 0
+    config = start
+    for trigger in triggers:
+        proc = _cli(config, data)
+        run_dir = None
+        deadline = time.time() + 600
+        while proc.poll() is None and time.time() < deadline:
+            runs = [p for p in project.iterdir() if p.is_dir() and not p.name.startswith(".")] if project.exists() else []
+            run_dir = runs[0] if runs else None
+            done = max((int(p.name.split("-")[1]) for p in _checkpoints(run_dir)), default=0) if run_dir else 0
+            progressed = done >= (2 if config is start else 1)
+            if run_dir is not None and progressed and trigger(run_dir):
+                proc.send_signal(signal.SIGKILL)
+                proc.wait(timeout=60)
+                kills += 1
+                seen_mid_save += any(not (p / MARKER).exists() for p in _checkpoints(run_dir))
+                break
+            time.sleep(0.002)
+        if proc.poll() is None:
+            proc.kill()
+            pytest.fail("the run neither progressed nor ended")
+        if proc.returncode == 0:
+            break
+        assert proc.returncode == -signal.SIGKILL, proc.stderr.read()[-3000:]
+        config = resume
+    final = _cli(resume, data)
+    _, stderr = final.communicate(timeout=900)
+    assert final.returncode == 0, stderr[-3000:]
+    assert kills >= 4 and seen_mid_save >= 1, (kills, seen_mid_save)
+
+    [run_dir] = [p for p in project.iterdir() if p.is_dir() and not p.name.startswith(".")]
+    reference_dir = Path(reference["run_dir"])
+    _assert_same_losses(_losses(run_dir), _losses(reference_dir))
+    assert [r["step"] for r in _records(run_dir) if "eval_loss" in r] == [0, 15, 30]
+    summary = json.loads((run_dir / "summary.json").read_text())
+    assert summary["global_step"] == steps
+    assert summary["initial_eval_loss"] == pytest.approx(reference["initial_eval_loss"], rel=1e-6)
+    assert summary["train_loss"] == pytest.approx(reference["train_loss"], rel=1e-5)
+    assert [p.name for p in _checkpoints(run_dir)] == [f"checkpoint-{steps}"]

@@ -1,0 +1,300 @@
+"""A corpus of broken configs and files, each through the real CLI as `validate` AND as `run`: exit
+code 2, one message naming the place (key, file, row), no traceback, and no run folder written.
+
+The CLI runs in-process (`leap_finetune.cli.main`, the console script's entry point) so that the
+corpus stays fast; tests/e2e/test_cli.py runs it as a subprocess."""
+
+from __future__ import annotations
+
+import json
+from pathlib import Path
+
+import pytest
+
+from leap_finetune.cli import main
+from tests.conftest import EXAMPLES, chat, fact_rows, tiny_config, write_config, write_jsonl
+
+
+def cli(*args: str, capsys) -> tuple[int, str]:
+    with pytest.raises(SystemExit) as info:
+        main(list(args))
+    return info.value.code, capsys.readouterr().err
+
+
+def _training(**keys) -> dict:
+    return {"training_config": keys}
+
+
+def _lora(**keys) -> dict:
+    return {"peft_config": {"extends": "DEFAULT_LORA", **keys}}
+
+
+def _init(**keys) -> dict:
+    return _training(model_init_kwargs=keys)
+
+
+# name -> (config overrides, texts the message must contain)
+CONFIG_CASES = {
+    "lr_word": (_training(learning_rate="fast"), ["training_config.learning_rate is 'fast'", "expected a number"]),
+    "lr_negative": (_training(learning_rate=-0.1), ["training_config.learning_rate is -0.1", "> 0"]),
+    "epochs_word": (_training(num_train_epochs="three"), ["training_config.num_train_epochs is 'three'"]),
+    "batch_zero": (_training(per_device_train_batch_size=0), ["per_device_train_batch_size is 0", ">= 1"]),
+    "batch_fraction": (_training(per_device_train_batch_size=2.5), ["per_device_train_batch_size is 2.5",
+                                                                    "whole number"]),
+    "accumulation_zero": (_training(gradient_accumulation_steps=0), ["gradient_accumulation_steps is 0"]),
+    "warmup_word": (_training(warmup_steps="abc"), ["training_config.warmup_steps is 'abc'"]),
+    "max_length_zero": (_training(max_length=0), ["training_config.max_length is 0", ">= 1"]),
+    "profile_of_another_type": (_training(extends="DEFAULT_DPO"), ["extends is DEFAULT_DPO", "use extends: DEFAULT_SFT"]),
+    "scheduler_typo": (_training(lr_scheduler_type="cosin"), ["lr_scheduler_type is 'cosin'", "did you mean 'cosine'"]),
+    "bool_word": (_training(bf16="maybe"), ["training_config.bf16 is 'maybe'", "true, false or null"]),
+    "report_to_missing": (_training(report_to="wandb"), ["report_to names 'wandb'", "not installed",
+                                                          "pip install wandb"]),
+    "report_to_unknown": (_training(report_to=["wandbb"]), ["'wandbb'", "did you mean 'wandb'"]),
+    "lora_r_zero": (_lora(r=0), ["peft_config.r is 0", ">= 1"]),
+    "lora_r_negative": (_lora(r=-4), ["peft_config.r is -4"]),
+    "lora_alpha_word": (_lora(lora_alpha="lots"), ["peft_config.lora_alpha is 'lots'"]),
+    "lora_dropout": (_lora(lora_dropout=1.7), ["peft_config.lora_dropout is 1.7", "[0, 1)"]),
+    "lora_task_type": (_lora(task_type="SEQ_CLS"), ["peft_config.task_type is decided by leap-finetune"]),
+    "lora_bias": (_lora(bias="some"), ["peft_config.bias is 'some'", "none, all, lora_only"]),
+    "lora_targets": (_lora(target_modules=["q_proj", "c_attn"]),
+                     ["target_modules names 'c_attn'", "not a module of tiny-lfm2", "in_proj"]),
+    "lora_target_regex": (_lora(target_modules=r".*\.attn\.c_proj"), ["matches no module of tiny-lfm2"]),
+    "init_dtype": (_init(dtype="bfloat61"), ["model_init_kwargs.dtype is 'bfloat61'", "did you mean 'bfloat16'"]),
+    "init_device_map": (_init(device_map="auto"), ["model_init_kwargs.device_map is not supported"]),
+    "init_unknown": (_init(torch_dtyp="bf16"), ["'torch_dtyp' is not a from_pretrained argument",
+                                                "did you mean 'torch_dtype'"]),
+    "init_tiny_revision": (_init(revision="v2"), ["model_init_kwargs.revision does not apply to the built-in tiny"]),
+}
+
+
+@pytest.mark.parametrize("name", CONFIG_CASES)
+def test_a_bad_config_value_is_caught_by_validate_and_by_run(name, workdir, capsys):
+    overrides, expected = CONFIG_CASES[name]
+    write_jsonl(workdir / "train.jsonl", fact_rows(8))
+    config = tiny_config()
+    for block, keys in overrides.items():
+        config[block] = {**config.get(block, {}), **keys}
+    path = write_config(workdir, config)
+    for command in ("validate", "run"):
+        code, err = cli(command, str(path), capsys=capsys)
+        assert code == 2, (command, err)
+        assert err.startswith("error:") and "Traceback" not in err, err
+        for text in expected:
+            assert text in err, f"{command}: {text!r} not in\n{err}"
+    assert not (workdir / "outputs").exists()
+
+
+def _bad_files(folder: Path) -> dict:
+    """name -> (config, texts the message must contain); each writes its broken input into `folder`."""
+    cases = {}
+    (folder / "object.json").write_text(json.dumps({"data": [chat("q", "a")] * 3}, indent=2))
+    cases["json_object"] = (tiny_config(data="object.json"), ["a .json dataset must be an array", "'data'"])
+
+    write_jsonl(folder / "dpo.jsonl", [{"prompt": "q", "chosen": "a", "rejected": "b"}] * 30)
+    cases["dpo_rows_as_sft"] = (tiny_config(data="dpo.jsonl"),
+                                ["look like dpo data", "set training_type: dpo", "training_type is sft"])
+
+    write_jsonl(folder / "null_user.jsonl", [{"messages": [{"role": "user", "content": None},
+                                                           {"role": "assistant", "content": "a"}]}])
+    cases["null_user_content"] = (tiny_config(data="null_user.jsonl"),
+                                  ["line 1, field 'messages[0].content'", "null: a user message needs content"])
+
+    write_jsonl(folder / "train.jsonl", fact_rows(8))
+    (folder / "bench.jsonl").write_text(json.dumps({"messages": [{"role": "user", "content": "q"}]}) + "\n")
+    cases["benchmark_row"] = (
+        tiny_config(evals={"benchmarks": [{"name": "b", "path": "bench.jsonl", "metric": "exact_match"}]}),
+        ["benchmark 'b' row(s)", "no assistant turn", "there is no skipping"])
+
+    (folder / "raises.py").write_text("def score(prediction, reference, row):\n    return 1 / 0\n")
+    (folder / "gen.jsonl").write_text(json.dumps(chat("q", "a")) + "\n")
+    cases["custom_metric_raises"] = (
+        tiny_config(evals={"benchmarks": [{"name": "g", "path": "gen.jsonl", "metric": "./raises.py::score"}]}),
+        ["custom metric 'score' raised ZeroDivisionError", "benchmark 'g'", "gen.jsonl, line 1"])
+
+    kto = tiny_config(training_type="kto", data="kto.jsonl")
+    kto["training_config"].update(extends="DEFAULT_KTO", per_device_eval_batch_size=1)
+    write_jsonl(folder / "kto.jsonl", [{"prompt": "q", "completion": "a", "label": True}] * 4)
+    cases["kto_eval_batch_of_one"] = (kto, ["per_device_eval_batch_size is 1", "KTO needs > 1"])
+
+    (folder / "a_file").write_text("x")
+    cases["output_dir_is_a_file"] = (tiny_config(output_dir="a_file"), ["output_dir", "a file, not a folder"])
+    cases["output_dir_under_a_file"] = (tiny_config(output_dir="a_file/run"), ["a_file is a file"])
+    cases["resume_without_checkpoint"] = (
+        tiny_config(training_config={"resume_from_checkpoint": "latest"}), ["no complete checkpoint"])
+    return cases
+
+
+def test_bad_files_and_folders_are_caught_by_validate_and_by_run(workdir, capsys):
+    cases = _bad_files(workdir)
+    for name, (config, expected) in cases.items():
+        path = write_config(workdir, config, f"{name}.yaml")
+        for command in ("validate", "run"):
+            code, err = cli(command, str(path), capsys=capsys)
+            assert code == 2, (name, command, err)
+            assert err.startswith("error:") and "Traceback" not in err, (name, err)
+            for text in expected:
+                assert text in err, f"{name} / {command}: {text!r} not in\n{err}"
+            assert err.count("error:") == 1, err
+    assert not (workdir / "outputs").exists()
+
+
+def test_an_output_dir_that_cannot_be_written_is_caught_before_training(workdir, capsys):
+    import tempfile
+
+    def writable(folder: str) -> bool:
+        try:
+            handle, name = tempfile.mkstemp(dir=folder)
+        except OSError:
+            return False
+        Path(name).unlink()
+        return True
+
+    # /sys refuses new files even to root on these machines (a plain chmod does not stop root)
+    folder = next(f for f in ("/sys", "/proc/sys") if Path(f).is_dir() and not writable(f))
+    write_jsonl(workdir / "train.jsonl", fact_rows(8))
+    path = write_config(workdir, tiny_config(output_dir=f"{folder}/leap-run"))
+    for command in ("validate", "run"):
+        code, err = cli(command, str(path), capsys=capsys)
+        assert code == 2 and f"cannot write in {folder}" in err and "Traceback" not in err, err
+
+
+def test_a_config_file_that_is_not_utf8(workdir, capsys):
+    path = workdir / "latin1.yaml"
+    path.write_bytes("model_name: tiny-lfm2\n# caf\xe9\ndataset: {path: train.jsonl}\n".encode("latin-1"))
+    for command in ("validate", "run"):
+        code, err = cli(command, str(path), capsys=capsys)
+        assert code == 2 and "not UTF-8 text (byte 0xe9 on line 2)" in err and f"{path}:2" in err, err
+
+
+def test_debug_works_anywhere_on_the_command_line(workdir, capsys):
+    write_jsonl(workdir / "train.jsonl", fact_rows(8))
+    path = write_config(workdir, tiny_config(training_config={"learning_rate": "fast"}))
+    from leap_finetune.errors import LeapError
+
+    for args in (["validate", str(path), "--debug"], ["--debug", "validate", str(path)], [str(path), "--debug"]):
+        with pytest.raises(LeapError, match="learning_rate"):
+            main(args)
+
+
+def test_values_given_as_text_are_coerced_like_a_command_line(workdir):
+    from leap_finetune.config.loader import load_config
+
+    write_jsonl(workdir / "train.jsonl", fact_rows(8))
+    resolved = load_config(write_config(workdir, tiny_config(training_config={
+        "learning_rate": "1e-3", "per_device_train_batch_size": "4", "bf16": "false", "run_name": 2024})))
+    assert resolved.training["learning_rate"] == 1e-3
+    assert resolved.training["per_device_train_batch_size"] == 4
+    assert resolved.training["bf16"] is False and resolved.training["run_name"] == "2024"
+
+
+def test_warnings_for_data_that_is_accepted(workdir, capsys):
+    """Accepted, but said: folder entries that are not read, a system turn in mid-conversation, and
+    on_invalid: skip dropping more than 10% of the rows."""
+    folder = workdir / "data"
+    (folder / "old").mkdir(parents=True)
+    write_jsonl(folder / "old" / "v1.jsonl", fact_rows(4))
+    (folder / "notes.txt").write_text("x")
+    rows = fact_rows(10)
+    rows[2] = {"messages": [{"role": "user", "content": "q"}, {"role": "assistant", "content": "a"},
+                            {"role": "system", "content": "Now be terse."}, {"role": "user", "content": "q2"},
+                            {"role": "assistant", "content": "b"}]}
+    rows[5] = rows[6] = {"messages": [{"role": "user", "content": "no answer"}]}
+    write_jsonl(folder / "train.jsonl", rows)
+    path = write_config(workdir, tiny_config(data="data", dataset={"path": "data", "on_invalid": "skip"}))
+    code, err = cli("validate", str(path), capsys=capsys)
+    assert code == 0, err
+    assert "not read (sub-folders and files that are not" in err and "notes.txt, old/" in err
+    assert "warning (system_not_first)" in err and "1 row(s)" in err and "messages[2]" in err
+    assert "20% of the rows (2 of 10) are invalid and skipped" in err
+
+
+def test_home_and_relative_paths_resolve_from_the_config_not_the_working_folder(tmp_path, monkeypatch, capsys):
+    home, project, elsewhere = tmp_path / "home", tmp_path / "project", tmp_path / "elsewhere"
+    for folder in (home, project, elsewhere):
+        folder.mkdir()
+    monkeypatch.setenv("HOME", str(home))
+    write_jsonl(home / "train.jsonl", fact_rows(8))
+    path = write_config(project, tiny_config(data="~/train.jsonl", training_config={"max_steps": 2, "save_steps": 2}))
+    monkeypatch.chdir(elsewhere)
+    code, err = cli("run", str(path), capsys=capsys)
+    assert code == 0, err
+    assert not (elsewhere / "outputs").exists()
+    [run_dir] = list((project / "outputs" / "test").iterdir())
+    assert (run_dir / "checkpoint-2").is_dir()
+    # `latest` finds that run from yet another folder
+    resumed = write_config(project, tiny_config(data="~/train.jsonl", training_config={
+        "max_steps": 3, "save_steps": 2, "resume_from_checkpoint": "latest"}), "resume.yaml")
+    monkeypatch.chdir(tmp_path)
+    code, err = cli("run", str(resumed), capsys=capsys)
+    assert code == 0, err
+    assert f"resuming from {run_dir / 'checkpoint-2'}" in " ".join(err.split())
+
+
+def test_model_init_kwargs_reach_from_pretrained(workdir, capsys):
+    """Every key is forwarded: a model whose weights sit in a sub-folder loads only with `subfolder`,
+    and `torch_dtype: bf16` (old name, short alias) loads bfloat16 weights."""
+    import torch
+    from transformers import AutoModelForCausalLM
+
+    from leap_finetune.models.tiny import build_tiny_model, load_tiny_tokenizer
+
+    tokenizer = load_tiny_tokenizer("tiny-lfm2")
+    model_dir = workdir / "base"
+    build_tiny_model("tiny-lfm2", tokenizer).save_pretrained(model_dir / "weights")
+    tokenizer.save_pretrained(model_dir)
+    write_jsonl(workdir / "train.jsonl", fact_rows(8))
+    base = tiny_config(model_name="base", training_config={"max_steps": 1})
+    without = write_config(workdir, base, "without.yaml")
+    code, err = cli("run", str(without), capsys=capsys)
+    assert code == 2 and "cannot load the model from the folder" in err, err
+    with_kwargs = write_config(workdir, {**base, "training_config": {
+        **base["training_config"], "model_init_kwargs": {"subfolder": "weights", "torch_dtype": "bf16"}}}, "with.yaml")
+    code, err = cli("run", str(with_kwargs), capsys=capsys)
+    assert code == 0, err
+    [run_dir] = list((workdir / "outputs" / "test").iterdir())
+    assert AutoModelForCausalLM.from_pretrained(run_dir / "model").dtype == torch.bfloat16
+
+
+def test_quantization_needs_lora_and_its_library(workdir, capsys):
+    import importlib.util
+
+    from leap_finetune.models.tiny import build_tiny_model, load_tiny_tokenizer
+
+    tokenizer = load_tiny_tokenizer("tiny-lfm2")
+    build_tiny_model("tiny-lfm2", tokenizer).save_pretrained(workdir / "base")
+    tokenizer.save_pretrained(workdir / "base")
+    write_jsonl(workdir / "train.jsonl", fact_rows(8))
+    quantized = {"model_init_kwargs": {"quantization_config": {"load_in_4bit": True, "bnb_4bit_quant_type": "nf4"}}}
+    full = write_config(workdir, tiny_config(model_name="base", training_config=quantized), "full.yaml")
+    code, err = cli("validate", str(full), capsys=capsys)
+    assert code == 2 and "quantization_config is set for a full fine-tune" in err and "QLoRA" in err, err
+    lora = write_config(workdir, tiny_config(model_name="base", training_config=quantized,
+                                             peft_config={"extends": "DEFAULT_LORA"}), "lora.yaml")
+    assert importlib.util.find_spec("bitsandbytes") is None  # this machine: the library's absence is the case
+    code, err = cli("validate", str(lora), capsys=capsys)
+    assert code == 2 and "quantization_config needs bitsandbytes, which is not installed" in err, err
+    bogus = write_config(workdir, tiny_config(model_name="base", training_config={
+        "model_init_kwargs": {"quantization_config": {"quant_method": "nonsense"}}}), "bogus.yaml")
+    code, err = cli("validate", str(bogus), capsys=capsys)
+    assert code == 2 and "not a quantization config transformers accepts" in err, err
+
+
+def test_a_failed_new_run_leaves_no_run_folder(workdir, capsys):
+    """A mistake only the worker can find (here: weights missing from the model folder) removes the
+    new run's folder, so the corrected config can reuse output_dir."""
+    from leap_finetune.models.tiny import load_tiny_tokenizer
+
+    (workdir / "empty_model").mkdir()
+    load_tiny_tokenizer("tiny-lfm2").save_pretrained(workdir / "empty_model")
+    write_jsonl(workdir / "train.jsonl", fact_rows(8))
+    path = write_config(workdir, tiny_config(model_name="empty_model", output_dir="run"))
+    code, err = cli("run", str(path), capsys=capsys)
+    assert code == 2 and "cannot load the model" in err, err
+    assert not (workdir / "run").exists()
+
+
+def test_the_cpu_examples_validate(capsys):
+    for name in ("quickstart.yaml", "dpo_tiny.yaml", "kto_tiny.yaml", "tools_quickstart.yaml"):
+        code, err = cli("validate", str(EXAMPLES / name), capsys=capsys)
+        assert code == 0, (name, err)
+        assert "valid" in err
