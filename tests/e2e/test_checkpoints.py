@@ -134,36 +134,48 @@ def test_sigkill_at_many_points_then_resume_reproduces_the_uninterrupted_run(dat
     resume = _config(data, "killed", "resume.yaml", resume_from_checkpoint="latest", **training)
     project = data / "outputs" / "killed"
 
-    def saving(run_dir: Path) -> bool:  # a checkpoint folder exists but is not marked yet: mid-save
+    def saving(run_dir: Path) -> bool:  # the newest checkpoint folder exists but is not marked: mid-save
         folders = _checkpoints(run_dir)
-        return bool(folders) and not (folders[-1] / MARKER).exists() and len(folders) >= 1
+        return bool(folders) and not (folders[-1] / MARKER).exists()
+
+    def deleting(run_dir: Path) -> bool:  # the oldest folder has lost files the newest has: mid-rotation
+        folders = _checkpoints(run_dir)
+        if len(folders) < 2:
+            return False
+        names = lambda folder: {p.name for p in folder.iterdir()} if folder.exists() else set()  # noqa: E731
+        return names(folders[0]) < names(folders[-1]) - {MARKER}
 
     def rotating(run_dir: Path) -> bool:  # two marked checkpoints with limit 1: the old one is about to go
         return sum((p / MARKER).exists() for p in _checkpoints(run_dir)) >= 2
 
     def between(run_dir: Path) -> bool:
-        return len(_checkpoints(run_dir)) >= 1 and (_checkpoints(run_dir)[-1] / MARKER).exists()
+        folders = _checkpoints(run_dir)
+        return bool(folders) and (folders[-1] / MARKER).exists()
 
-    triggers = [saving, rotating, between, saving, saving, rotating, between, saving]
-    seen_mid_save = 0
-    kills = 0
+    def newest_step(run_dir: Path) -> int:
+        return max((int(p.name.split("-")[1]) for p in _checkpoints(run_dir)), default=0)
+
+    # Each attempt waits for its moment, or kills anyway a few saves later (the moments are brief).
+    triggers = [saving, deleting, rotating, between, deleting, saving, rotating, deleting]
+    seen_mid_save = kills = 0
     config = start
     for trigger in triggers:
         proc = _cli(config, data)
-        run_dir = None
+        run_dir, armed_at = None, None
         deadline = time.time() + 600
         while proc.poll() is None and time.time() < deadline:
             runs = [p for p in project.iterdir() if p.is_dir() and not p.name.startswith(".")] if project.exists() else []
             run_dir = runs[0] if runs else None
-            done = max((int(p.name.split("-")[1]) for p in _checkpoints(run_dir)), default=0) if run_dir else 0
-            progressed = done >= (2 if config is start else 1)
-            if run_dir is not None and progressed and trigger(run_dir):
+            step = newest_step(run_dir) if run_dir else 0
+            if armed_at is None and step >= (2 if config is start else 1):
+                armed_at = step
+            if armed_at is not None and (trigger(run_dir) or step >= armed_at + 4):
                 proc.send_signal(signal.SIGKILL)
                 proc.wait(timeout=60)
                 kills += 1
                 seen_mid_save += any(not (p / MARKER).exists() for p in _checkpoints(run_dir))
                 break
-            time.sleep(0.002)
+            time.sleep(0.001)
         if proc.poll() is None:
             proc.kill()
             pytest.fail("the run neither progressed nor ended")
@@ -174,11 +186,11 @@ def test_sigkill_at_many_points_then_resume_reproduces_the_uninterrupted_run(dat
     final = _cli(resume, data)
     _, stderr = final.communicate(timeout=900)
     assert final.returncode == 0, stderr[-3000:]
-    assert kills >= 4 and seen_mid_save >= 1, (kills, seen_mid_save)
 
     [run_dir] = [p for p in project.iterdir() if p.is_dir() and not p.name.startswith(".")]
     reference_dir = Path(reference["run_dir"])
     _assert_same_losses(_losses(run_dir), _losses(reference_dir))
+    assert kills >= 5 and seen_mid_save >= 1, (kills, seen_mid_save)
     assert [r["step"] for r in _records(run_dir) if "eval_loss" in r] == [0, 15, 30]
     summary = json.loads((run_dir / "summary.json").read_text())
     assert summary["global_step"] == steps
