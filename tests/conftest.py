@@ -15,7 +15,9 @@ os.environ["HF_HUB_OFFLINE"] = "1"
 os.environ["TRANSFORMERS_OFFLINE"] = "1"
 os.environ["HF_DATASETS_OFFLINE"] = "1"
 os.environ.setdefault("TOKENIZERS_PARALLELISM", "false")
-os.environ["COLUMNS"] = "200"  # rich wraps at the terminal width; messages are asserted whole
+os.environ["COLUMNS"] = "200"
+# Library FutureWarnings are shown in the test summary (in-process runs), not hidden as for users.
+os.environ["LEAP_FINETUNE_SHOW_WARNINGS"] = "1"  # rich wraps at the terminal width; messages are asserted whole
 
 REPO = Path(__file__).resolve().parents[1]
 EXAMPLES = REPO / "examples"
@@ -74,8 +76,10 @@ def fact_rows(n: int = 40) -> list[dict]:
     return rows
 
 
-def run_cli(*args: str, cwd: Path, timeout: int = 300) -> subprocess.CompletedProcess:
+def run_cli(*args: str, cwd: Path, timeout: int = 1200) -> subprocess.CompletedProcess:
+    """The installed CLI as a user runs it (a generous timeout: a loaded 2-core machine is slow)."""
     env = {**os.environ, "HF_HUB_OFFLINE": "1", "TRANSFORMERS_OFFLINE": "1", "COLUMNS": "200"}
+    env.pop("LEAP_FINETUNE_SHOW_WARNINGS", None)
     return subprocess.run(
         [sys.executable, "-m", "leap_finetune.cli", *args],
         cwd=cwd, env=env, capture_output=True, text=True, timeout=timeout,

@@ -4,6 +4,7 @@ callbacks, the train / evaluate / save sequence, and the sample answers."""
 from __future__ import annotations
 
 import json
+import os
 import shutil
 from pathlib import Path
 
@@ -27,8 +28,10 @@ def quiet_libraries() -> None:
     import datasets
     import transformers
 
-    # transformers' own deprecation notices about arguments TRL passes; nothing a user can act on
-    warnings.filterwarnings("ignore", category=FutureWarning, module=r"transformers\..*")
+    # transformers' own deprecation notices about arguments TRL passes; nothing a user can act on. The
+    # test suite sets LEAP_FINETUNE_SHOW_WARNINGS=1 so that CI shows them (a coming change is noticed).
+    if not os.environ.get("LEAP_FINETUNE_SHOW_WARNINGS"):
+        warnings.filterwarnings("ignore", category=FutureWarning, module=r"transformers\..*")
     datasets.disable_progress_bars()
     transformers.utils.logging.set_verbosity_error()
     transformers.utils.logging.disable_progress_bar()
