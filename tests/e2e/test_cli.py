@@ -1,4 +1,5 @@
-"""The real CLI in a subprocess: quickstart, validate, inspect, errors and exit codes."""
+"""The real CLI: the quickstart, Ctrl-C and one error as separate processes (exit codes and output as a
+user sees them); the other commands through the same entry point in-process (`invoke`)."""
 
 from __future__ import annotations
 
@@ -6,9 +7,12 @@ import json
 
 from leap_finetune.data.chat_templates import official_template
 from leap_finetune.models.tiny import load_tiny_tokenizer
-from tests.conftest import EXAMPLES, chat, run_cli, tiny_config, write_config, write_jsonl
+import pytest
+
+from tests.conftest import EXAMPLES, chat, invoke, run_cli, tiny_config, write_config, write_jsonl
 
 
+@pytest.mark.slow
 def test_quickstart_learns_visibly(workdir, examples):
     result = run_cli(str(examples / "quickstart.yaml"), cwd=workdir)
     assert result.returncode == 0, result.stderr[-3000:]
@@ -37,7 +41,7 @@ def test_quickstart_learns_visibly(workdir, examples):
                         "metric": "exact_match"},
                        {"name": "capitals_mcq", "path": str(EXAMPLES / "data/quickstart_bench_mcq.jsonl"),
                         "metric": "logprob_mcq"}]}}
-    evaluated = run_cli("eval", str(write_config(workdir, eval_config, "eval.yaml")), "--output", "results.json", cwd=workdir)
+    evaluated = invoke("eval", str(write_config(workdir, eval_config, "eval.yaml")), "--output", "results.json", cwd=workdir)
     assert evaluated.returncode == 0, evaluated.stderr[-2000:]
     results = json.loads((workdir / "results.json").read_text())
     assert results["model"] == str(run_dir / "model")
@@ -48,10 +52,10 @@ def test_quickstart_learns_visibly(workdir, examples):
     assert run_config(workdir / "eval.yaml")["results"]["benchmark/capitals_mcq/score"] == summary["benchmarks"]["benchmark/capitals_mcq/score"]
 
 
-def test_validate_exit_codes_and_messages(workdir):
-    ok = run_cli("validate", str(EXAMPLES / "quickstart.yaml"), cwd=workdir)
+def test_validate_exit_codes_and_messages(workdir, examples):
+    ok = invoke("validate", str(examples / "quickstart.yaml"), cwd=workdir)
     assert ok.returncode == 0, ok.stderr
-    assert "valid" in ok.stderr and not (workdir / "outputs").exists()
+    assert "valid" in ok.stderr and not (examples / "outputs").exists()  # validate writes nothing
 
     write_jsonl(workdir / "train.jsonl", [chat("q", "a"), {"messages": [{"role": "user", "content": "q"}, {"role": "asistant", "content": "a"}]}])
     config = write_config(workdir, tiny_config())
@@ -61,8 +65,10 @@ def test_validate_exit_codes_and_messages(workdir):
     assert "did you mean 'assistant'" in bad.stderr
     assert "Traceback" not in bad.stderr
 
-    debug = run_cli("--debug", "validate", str(config), cwd=workdir)
-    assert debug.returncode != 0 and "Traceback" in debug.stderr
+    from leap_finetune.errors import LeapError
+
+    with pytest.raises(LeapError):  # --debug: the error is raised, so Python prints its traceback
+        invoke("--debug", "validate", str(config), cwd=workdir)
 
 
 def test_config_mistakes_exit_2_without_traceback_and_write_nothing(workdir):
@@ -73,10 +79,10 @@ def test_config_mistakes_exit_2_without_traceback_and_write_nothing(workdir):
         "missing_data.yaml": tiny_config(data="nope.jsonl"),
     }
     for name, config in cases.items():
-        result = run_cli(str(write_config(workdir, config, name)), cwd=workdir)
+        result = invoke(str(write_config(workdir, config, name)), cwd=workdir)
         assert result.returncode == 2, (name, result.stderr)
         assert result.stderr.startswith("error:") and "Traceback" not in result.stderr, result.stderr
-    assert "bogus" in run_cli("validate", str(workdir / "bad_value.yaml"), cwd=workdir).stderr
+    assert "bogus" in invoke("validate", str(workdir / "bad_value.yaml"), cwd=workdir).stderr
     assert not (workdir / "outputs").exists()
 
 
@@ -94,7 +100,7 @@ def test_inspect_json_matches_the_official_templates(workdir):
     write_jsonl(workdir / "train.jsonl", rows)
     for model, template in (("tiny-lfm2", "lfm2"), ("tiny-lfm2.5", "lfm2.5")):
         config = write_config(workdir, tiny_config(model_name=model))
-        result = run_cli("inspect", str(config), "--json", "--rows", "2", cwd=workdir)
+        result = invoke("inspect", str(config), "--json", "--rows", "2", cwd=workdir)
         assert result.returncode == 0, result.stderr
         items = json.loads(result.stdout)
         tokenizer = load_tiny_tokenizer(model)
@@ -110,17 +116,18 @@ def test_inspect_json_matches_the_official_templates(workdir):
 
 def test_inspect_in_a_terminal_marks_trained_text(workdir):
     write_jsonl(workdir / "train.jsonl", [chat("Hi", "Hello!")])
-    result = run_cli("inspect", str(write_config(workdir, tiny_config())), cwd=workdir)
+    result = invoke("inspect", str(write_config(workdir, tiny_config())), cwd=workdir)
     assert result.returncode == 0, result.stderr
     assert "Hello!<|im_end|>" in result.stdout and "carries loss" in result.stdout
 
 
 def test_help_everywhere(workdir):
     for args in (["--help"], ["run", "--help"], ["validate", "--help"], ["inspect", "--help"]):
-        result = run_cli(*args, cwd=workdir)
+        result = invoke(*args, cwd=workdir)
         assert result.returncode == 0 and "Usage" in result.stdout, args
 
 
+@pytest.mark.slow
 def test_ctrl_c_saves_a_checkpoint_and_the_run_resumes_to_the_same_losses(workdir):
     import signal
     import subprocess
@@ -131,7 +138,7 @@ def test_ctrl_c_saves_a_checkpoint_and_the_run_resumes_to_the_same_losses(workdi
 
     write_jsonl(workdir / "train.jsonl", fact_rows(48))
     base = {"max_steps": 80, "save_steps": 1000, "logging_steps": 1, "learning_rate": 1e-3}
-    reference = run_cli(str(write_config(workdir, tiny_config(project_name="ref", training_config=base), "ref.yaml")), cwd=workdir)
+    reference = invoke(str(write_config(workdir, tiny_config(project_name="ref", training_config=base), "ref.yaml")), cwd=workdir)
     assert reference.returncode == 0, reference.stderr[-2000:]
 
     config = write_config(workdir, tiny_config(project_name="int", training_config=base), "int.yaml")
@@ -157,7 +164,7 @@ def test_ctrl_c_saves_a_checkpoint_and_the_run_resumes_to_the_same_losses(workdi
     assert 5 <= stopped_at < 80 and (checkpoint / "leap_checkpoint_complete.json").exists()
 
     resumed_config = write_config(workdir, tiny_config(project_name="int", training_config={**base, "resume_from_checkpoint": "latest"}), "res.yaml")
-    resumed = run_cli(str(resumed_config), cwd=workdir)
+    resumed = invoke(str(resumed_config), cwd=workdir)
     assert resumed.returncode == 0, resumed.stderr[-2000:]
 
     def losses(path):
@@ -171,15 +178,15 @@ def test_ctrl_c_saves_a_checkpoint_and_the_run_resumes_to_the_same_losses(workdi
 
 
 def test_usage_errors_exit_2(workdir):
-    assert run_cli("inspect", cwd=workdir).returncode == 2
-    assert run_cli("validate", "x.yaml", "--bogus", cwd=workdir).returncode == 2
-    missing = run_cli("nothing.yaml", cwd=workdir)
+    assert invoke("inspect", cwd=workdir).returncode == 2
+    assert invoke("validate", "x.yaml", "--bogus", cwd=workdir).returncode == 2
+    missing = invoke("nothing.yaml", cwd=workdir)
     assert missing.returncode == 2 and "config file not found" in missing.stderr
 
 
 def test_hub_model_offline_and_not_cached_is_a_clear_error(workdir):
     write_jsonl(workdir / "train.jsonl", [chat("q", "a")])
-    result = run_cli("validate", str(write_config(workdir, tiny_config(model_name="LFM2-350M"))), cwd=workdir)
+    result = invoke("validate", str(write_config(workdir, tiny_config(model_name="LFM2-350M"))), cwd=workdir)
     assert result.returncode == 2
     assert "cannot load the tokenizer 'LiquidAI/LFM2-350M' (offline mode, and it is not in the Hugging Face cache)" in result.stderr
     assert "Traceback" not in result.stderr

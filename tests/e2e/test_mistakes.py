@@ -208,6 +208,20 @@ def test_warnings_for_data_that_is_accepted(workdir, capsys):
     assert "20% of the rows (2 of 10) are invalid and skipped" in err
 
 
+def test_a_kto_batch_of_one_row_is_said(workdir, capsys):
+    write_jsonl(workdir / "kto.jsonl", [{"prompt": f"q{i}", "completion": "a", "label": bool(i % 2)} for i in range(9)])
+    path = write_config(workdir, tiny_config(training_type="kto", data="kto.jsonl", training_config={
+        "extends": "DEFAULT_KTO", "per_device_train_batch_size": 4}))
+    code, err = cli("validate", str(path), capsys=capsys)
+    assert code == 0, err
+    assert "KTO: the last train batch holds 1 row (9 rows, per_device_train_batch_size 4)" in err
+    write_jsonl(workdir / "kto.jsonl", [{"prompt": "q", "completion": "a", "label": True}] * 3)
+    path = write_config(workdir, tiny_config(training_type="kto", dataset={"path": "kto.jsonl", "test_size": 1},
+                                             training_config={"extends": "DEFAULT_KTO"}))
+    code, err = cli("validate", str(path), capsys=capsys)
+    assert code == 2 and "the eval split has 1 row" in err, err
+
+
 def test_home_and_relative_paths_resolve_from_the_config_not_the_working_folder(tmp_path, monkeypatch, capsys):
     home, project, elsewhere = tmp_path / "home", tmp_path / "project", tmp_path / "elsewhere"
     for folder in (home, project, elsewhere):

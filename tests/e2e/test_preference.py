@@ -13,7 +13,7 @@ from leap_finetune.api import run_config
 from leap_finetune.data.chat_templates import official_template
 from leap_finetune.data.preference_tokens import kto_balance_advice
 from leap_finetune.models.tiny import load_tiny_tokenizer
-from tests.conftest import EXAMPLES, run_cli, write_config
+from tests.conftest import EXAMPLES, invoke, write_config
 
 
 def example(name: str, workdir: Path, **training) -> Path:
@@ -77,13 +77,13 @@ def test_kto_with_precomputed_reference_log_probs_loads_one_model(workdir, count
 
 
 def test_kto_batch_size_of_one_is_refused_before_any_model_loads(workdir):
-    result = run_cli("validate", str(example("kto_tiny.yaml", workdir, per_device_train_batch_size=1)), cwd=workdir)
+    result = invoke("validate", str(example("kto_tiny.yaml", workdir, per_device_train_batch_size=1)), cwd=workdir)
     assert result.returncode == 2
     assert "KTO needs > 1" in result.stderr and "KL term" in result.stderr and "Traceback" not in result.stderr
 
 
 def test_inspect_dpo_shows_prompt_and_completions_as_trained(workdir):
-    result = run_cli("inspect", str(example("dpo_tiny.yaml", workdir)), "--json", "--rows", "20", cwd=workdir)
+    result = invoke("inspect", str(example("dpo_tiny.yaml", workdir)), "--json", "--rows", "20", cwd=workdir)
     assert result.returncode == 0, result.stderr
     items = json.loads(result.stdout)
     lines = (EXAMPLES / "data" / "dpo.jsonl").read_text().splitlines()
@@ -108,11 +108,11 @@ def test_inspect_dpo_shows_prompt_and_completions_as_trained(workdir):
 
 
 def test_inspect_kto_shows_the_label(workdir):
-    result = run_cli("inspect", str(example("kto_tiny.yaml", workdir)), "--json", "--rows", "4", cwd=workdir)
+    result = invoke("inspect", str(example("kto_tiny.yaml", workdir)), "--json", "--rows", "4", cwd=workdir)
     items = json.loads(result.stdout)
     assert {type(i["label"]) for i in items} == {bool}
     assert all(i["completion"].endswith("<|im_end|>") and i["prompt"].endswith("<|im_start|>assistant\n") for i in items)
-    text = run_cli("inspect", str(example("kto_tiny.yaml", workdir)), "--rows", "2", cwd=workdir)
+    text = invoke("inspect", str(example("kto_tiny.yaml", workdir)), "--rows", "2", cwd=workdir)
     assert text.returncode == 0 and "label:" in text.stdout
 
 
@@ -127,7 +127,7 @@ def test_extreme_kto_balance_is_warned_with_the_weights_to_set(workdir):
     rows = [{"prompt": f"q{i}", "completion": f"a{i}", "label": i % 10 != 0} for i in range(40)]
     (workdir / "kto.jsonl").write_text("".join(json.dumps(r) + "\n" for r in rows))
     config = write_config(workdir, {"model_name": "tiny-lfm2", "training_type": "kto", "dataset": {"path": "kto.jsonl"}})
-    result = run_cli("validate", str(config), cwd=workdir)
+    result = invoke("validate", str(config), cwd=workdir)
     assert result.returncode == 0, result.stderr
     assert "36 desirable vs 4 undesirable" in " ".join(result.stderr.split())
     assert "undesirable_weight in [6.75, 9.00]" in " ".join(result.stderr.split())

@@ -12,7 +12,7 @@ import pytest
 from leap_finetune.api import run_config
 from leap_finetune.data.chat_templates import official_template
 from leap_finetune.models.tiny import load_tiny_tokenizer
-from tests.conftest import run_cli, tiny_config, write_config, write_jsonl
+from tests.conftest import invoke, tiny_config, write_config, write_jsonl
 
 TOOLS = [{"name": "get_weather", "parameters": {"type": "object", "properties": {"city": {"type": "string"}}}}]
 LFM2_LIST = 'List of tools: <|tool_list_start|>[{"name": "get_weather"}]<|tool_list_end|>'
@@ -65,7 +65,7 @@ TRAINED = [
 def test_inspect_shows_official_rendering_and_exact_trained_spans(workdir, model, family):
     write_jsonl(workdir / "train.jsonl", ROWS)
     config = tiny_config(model_name=model, training_config={"max_length": 1024})
-    result = run_cli("inspect", str(write_config(workdir, config)), "--json", cwd=workdir)
+    result = invoke("inspect", str(write_config(workdir, config)), "--json", cwd=workdir)
     assert result.returncode == 0, result.stderr
     items = json.loads(result.stdout)
     tokenizer = load_tiny_tokenizer(model)
@@ -87,7 +87,7 @@ def test_inspect_shows_official_rendering_and_exact_trained_spans(workdir, model
 
 def test_validate_reports_each_normalisation_once_with_a_count(workdir):
     write_jsonl(workdir / "train.jsonl", ROWS * 3)
-    result = run_cli("validate", str(write_config(workdir, tiny_config(model_name="tiny-lfm2.5"))), cwd=workdir)
+    result = invoke("validate", str(write_config(workdir, tiny_config(model_name="tiny-lfm2.5"))), cwd=workdir)
     assert result.returncode == 0, result.stderr
     err = " ".join(result.stderr.split())
     assert "stripped <|tool_response_start|>/<|tool_response_end|>" in err and "3 row(s)" in err

@@ -7,9 +7,12 @@ from __future__ import annotations
 import json
 
 from leap_finetune.api import run_config
-from tests.conftest import EXAMPLES, run_cli, write_config
+import pytest
+
+from tests.conftest import EXAMPLES, invoke, write_config
 
 
+@pytest.mark.slow
 def test_image_benchmarks_rise_during_training_and_evaluate_standalone(workdir, examples):
     summary = run_config(examples / "vl_quickstart.yaml")
     run_dir = examples / "outputs" / "vl_quickstart" / summary["run_dir"].split("/")[-1]
@@ -29,7 +32,7 @@ def test_image_benchmarks_rise_during_training_and_evaluate_standalone(workdir, 
                    "metric": "logprob_mcq"}]
     for checkpoint in (run_dir, run_dir / "checkpoint-150"):  # a checkpoint has no processor files
         config = {"model_name": "tiny-lfm2.5-vl", "checkpoint": str(checkpoint), "evals": {"benchmarks": benchmarks}}
-        evaluated = run_cli("eval", str(write_config(workdir, config, "eval.yaml")), "--output", "results.json",
+        evaluated = invoke("eval", str(write_config(workdir, config, "eval.yaml")), "--output", "results.json",
                             cwd=workdir)
         assert evaluated.returncode == 0, evaluated.stderr[-2000:]
         results = json.loads((workdir / "results.json").read_text())["results"]

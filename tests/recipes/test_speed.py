@@ -83,6 +83,7 @@ def test_whole_model_torch_compile_is_refused_with_the_alternative(tmp_path):
         load_config(write_config(tmp_path, bad))
 
 
+@pytest.mark.slow
 def test_compiled_layers_train_with_the_losses_of_eager_layers(chat_data):
     """compile_layers (torch.compile per decoder layer, the GPU default) on the CPU backend: the
     layers really are compiled, and the padding-free losses are those of the eager layers."""

@@ -6,7 +6,7 @@ from __future__ import annotations
 from pydantic import BaseModel
 from pydantic_core import PydanticUndefined
 
-from leap_finetune.config import loader, profiles
+from leap_finetune.config import arguments, loader, lora, model_init, profiles
 from leap_finetune.config.schema import (
     SUPPORTED_TRAINING_TYPES,
     TRAINING_TYPES,
@@ -89,6 +89,18 @@ def render_reference() -> str:
         "",
         "Any argument of the training type's TRL config - `SFTConfig`, `DPOConfig`, `KTOConfig` (and so of",
         "transformers' `TrainingArguments`) - can be set here; a key it does not accept is an error.",
+        "Values are parsed as transformers' `HfArgumentParser` parses its own arguments: by the field's type",
+        "(`learning_rate: \"1e-3\"` is the number 1e-3; `learning_rate: fast` is an error naming the key) and",
+        "its choices (`lr_scheduler_type`, `optim`, `save_strategy`, ... list their accepted values). These",
+        "keys are also range-checked at `validate`:",
+        "",
+        "| key | expected |",
+        "| --- | --- |",
+        *[f"| `{key}` | {expected} |" for key, (_, expected) in arguments.RANGES.items()],
+        "",
+        "`report_to` names trackers transformers knows (`wandb`, `tensorboard`, `trackio`, `mlflow`, ...), each",
+        "installed (`pip install 'leap-finetune[trackers]'` for wandb and tensorboard); `none` turns them off.",
+        "",
         "`extends` names the profile to start from (default: `DEFAULT_SFT`, `DEFAULT_DPO` or `DEFAULT_KTO`",
         "by training type). leap-finetune's own keys:",
         "",
@@ -97,7 +109,7 @@ def render_reference() -> str:
         "| `extends` | " + ", ".join(f"`{p}`" for p in profiles.TRAINING_PROFILES) + " | the profile your keys override |",
         "| `loss_on` | " + ", ".join(f"`{v}`" for v in loader.LOSS_ON)
         + " | sft only: which tokens carry the loss: every assistant turn's content and its `<\\|im_end\\|>` (default), every token, or only the last assistant turn (DPO and KTO train on the completions) |",
-        "| `resume_from_checkpoint` | `latest` or a `checkpoint-N` folder | continue a run: `latest` is the newest complete checkpoint of the newest run of this project |",
+        "| `resume_from_checkpoint` | `latest` or a `checkpoint-N` folder | continue a run: `latest` is the newest intact checkpoint (every file as it was written) of the newest run of this project |",
         "| `compile_layers` | `true`, `false` | sft only: torch.compile each decoder layer (the LM head and loss stay eager); default: on for LFM2 on a CUDA GPU, off elsewhere |",
         "",
         "Set by leap-finetune, so refused here (with what to use instead):",
@@ -110,11 +122,23 @@ def render_reference() -> str:
         "padding, documents kept apart by varlen flash attention and the boundary-aware convolution; the",
         "same losses as padded batches) and `compile_layers`. The run log says what was chosen (`speed: ...`).",
         "",
-        "KTO: `per_device_train_batch_size` must be > 1 (checked when the config loads).",
+        "KTO: `per_device_train_batch_size` and `per_device_eval_batch_size` must be > 1 (checked when the",
+        "config loads).",
         "",
-        "`model_init_kwargs: {dtype: bfloat16}` loads the weights (and so the optimizer states) in bf16 instead",
-        "of float32 master weights with bf16 autocast: faster and half the memory, but small updates are lost",
-        "(see bench/NOTES.md).",
+        "### `model_init_kwargs`",
+        "",
+        "Passed to `from_pretrained` when the model loads; every key is forwarded or refused with the reason,",
+        "none is dropped. `dtype` (also spelled `torch_dtype`) takes `bfloat16`/`bf16`, `float16`/`fp16`,",
+        "`float32`/`fp32` or `auto`; the default is float32 master weights with bf16 autocast on GPUs.",
+        "`dtype: bfloat16` loads the weights (and so the optimizer states) in bf16: faster and half the",
+        "memory, but small updates are lost (see bench/NOTES.md).",
+        "",
+        "- forwarded: `dtype`, " + ", ".join(f"`{k}`" for k in model_init.FORWARDED) + "; of these, "
+        + ", ".join(f"`{k}`" for k in model_init.TOKENIZER_KEYS) + " go to the tokenizer too",
+        *[f"- refused: `{key}`: {why}" for key, why in model_init.REFUSED.items()],
+        "- `quantization_config` (e.g. `{load_in_4bit: true, bnb_4bit_quant_type: nf4}`) needs a `peft_config`",
+        "  (QLoRA) and its library (bitsandbytes), both checked at `validate`",
+        "- the built-in tiny models take only " + " and ".join(f"`{k}`" for k in model_init.TINY_KEYS),
         "",
     ]
     out += _profile_tables(profiles.TRAINING_PROFILES)
@@ -122,7 +146,13 @@ def render_reference() -> str:
         "## `peft_config`",
         "",
         "LoRA. Present = LoRA on (unless `use_peft: false`); absent = full fine-tune. Any option of peft's",
-        "`LoraConfig` can be set; `extends` picks the profile.",
+        "`LoraConfig` can be set; `extends` picks the profile. Each option is typed from `LoraConfig`'s own",
+        "fields; `r` must be a whole number >= 1, `lora_alpha` a number > 0, `lora_dropout` in [0, 1);",
+        "`target_modules` and `modules_to_save` must name modules of the model (checked against the model's",
+        "architecture built from its config.json, no weights loaded; the error lists the model's layer names),",
+        "and the `LoraConfig` itself is built at `validate`. Set by leap-finetune, so refused here:",
+        "",
+        *[f"- `{key}`: {why}" for key, why in lora.MANAGED.items()],
         "",
     ]
     out += _profile_tables(profiles.PEFT_PROFILES)
