@@ -10,6 +10,7 @@ from pathlib import Path
 
 import pytest
 import yaml
+from transformers import TrainerCallback
 
 os.environ["HF_HUB_OFFLINE"] = "1"
 os.environ["TRANSFORMERS_OFFLINE"] = "1"
@@ -84,6 +85,18 @@ def run_cli(*args: str, cwd: Path, timeout: int = 1200) -> subprocess.CompletedP
         [sys.executable, "-m", "leap_finetune.cli", *args],
         cwd=cwd, env=env, capture_output=True, text=True, timeout=timeout,
     )
+
+
+class StopAt(TrainerCallback):
+    """Simulates an interruption: save and stop after `step`."""
+
+    def __init__(self, step: int):
+        self.step = step
+
+    def on_step_end(self, args, state, control, **kwargs):
+        if state.global_step == self.step:
+            control.should_save = True
+            control.should_training_stop = True
 
 
 def invoke(*args: str, cwd: Path | None = None) -> subprocess.CompletedProcess:

@@ -19,10 +19,9 @@ from leap_finetune.config.resolved import ResolvedConfig
 from leap_finetune.config.yaml_io import dump_yaml
 from leap_finetune.data.prepare import PreparedData, prepare_data
 from leap_finetune.errors import LeapError
+from leap_finetune.evaluation.standalone import evaluate_config
 from leap_finetune.launch.plan import plan_run
 from leap_finetune.launch.report import config_table, data_report
-
-from leap_finetune.evaluation.standalone import evaluate_config  # noqa: E402 - part of the API
 
 __all__ = ["load_config", "validate_config", "inspect_config", "run_config", "evaluate_config"]
 
@@ -114,7 +113,17 @@ def validate_config(source, *, console: Console | None = None,
     console.print(config_table(resolved))
     data_report(console, prepared, resolved)
     console.print(f"run folder: {plan.run_dir}" + (f" (resuming from {plan.resume_checkpoint})" if plan.resume_checkpoint else ""))
+    _print_plan_notes(console, plan)
     return prepared
+
+
+def _print_plan_notes(console: Console, plan) -> None:
+    for note in plan.notes:
+        console.print(f"[yellow]warning: {note}[/yellow]")
+    if plan.finished is not None:
+        console.print(f"[green]already finished[/green]: {plan.run_dir} ended at step {plan.finished['global_step']} "
+                      f"with these settings; nothing to train (model: {plan.finished['model_dir']}). To train "
+                      "longer, raise max_steps or num_train_epochs; to start again, remove resume_from_checkpoint.")
 
 
 def inspect_config(source, *, rows: int = 5) -> list[dict]:
@@ -140,12 +149,8 @@ def run_config(source, *, console: Console | None = None, callbacks: list | None
     plan = plan_run(resolved, outputs_root=Path(outputs_root) if outputs_root else None)
     console.print(config_table(resolved))
     data_report(console, prepared, resolved)
-    for note in plan.notes:
-        console.print(f"[yellow]warning: {note}[/yellow]")
+    _print_plan_notes(console, plan)
     if plan.finished is not None:
-        console.print(f"[green]already finished[/green]: {plan.run_dir} ended at step {plan.finished['global_step']} "
-                      f"with these settings; nothing to train (model: {plan.finished['model_dir']}). To train "
-                      "longer, raise max_steps or num_train_epochs; to start again, remove resume_from_checkpoint.")
         return {**plan.finished, "run_dir": str(plan.run_dir), "already_finished": True}
     resolved = resolved.model_copy(update={
         "run_dir": str(plan.run_dir), "run_name": plan.run_name,

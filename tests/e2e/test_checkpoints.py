@@ -13,12 +13,11 @@ import time
 from pathlib import Path
 
 import pytest
-from transformers import TrainerCallback
 
 from leap_finetune.api import run_config
 from leap_finetune.errors import LeapError
 from leap_finetune.recipes.checkpoints import MARKER, verify
-from tests.conftest import fact_rows, tiny_config, write_config, write_jsonl
+from tests.conftest import StopAt, fact_rows, tiny_config, write_config, write_jsonl
 
 BASE = {"max_steps": 8, "save_steps": 2, "save_total_limit": 2, "learning_rate": 2e-3, "eval_steps": 4,
         "lr_scheduler_type": "cosine", "logging_steps": 1}
@@ -41,16 +40,6 @@ def _assert_same_losses(got: dict, expected: dict) -> None:
     assert sorted(got) == sorted(expected)
     for step, loss in expected.items():
         assert got[step] == pytest.approx(loss, rel=1e-5), step
-
-
-class StopAt(TrainerCallback):
-    def __init__(self, step: int):
-        self.step = step
-
-    def on_step_end(self, args, state, control, **kwargs):
-        if state.global_step == self.step:
-            control.should_save = True
-            control.should_training_stop = True
 
 
 @pytest.fixture

@@ -63,6 +63,7 @@ CONFIG_CASES = {
     "init_device_map": (_init(device_map="auto"), ["model_init_kwargs.device_map is not supported"]),
     "init_unknown": (_init(torch_dtyp="bf16"), ["'torch_dtyp' is not a from_pretrained argument",
                                                 "did you mean 'torch_dtype'"]),
+    "init_attention_typo": (_init(attn_implementation="spda"), ["attn_implementation is 'spda'", "did you mean 'sdpa'"]),
     "init_tiny_revision": (_init(revision="v2"), ["model_init_kwargs.revision does not apply to the built-in tiny"]),
 }
 
@@ -269,7 +270,7 @@ def test_model_init_kwargs_reach_from_pretrained(workdir, capsys):
     assert AutoModelForCausalLM.from_pretrained(run_dir / "model").dtype == torch.bfloat16
 
 
-def test_quantization_needs_lora_and_its_library(workdir, capsys):
+def test_quantization_and_flash_attention_need_their_libraries(workdir, capsys):
     import importlib.util
 
     from leap_finetune.models.tiny import build_tiny_model, load_tiny_tokenizer
@@ -287,6 +288,11 @@ def test_quantization_needs_lora_and_its_library(workdir, capsys):
     assert importlib.util.find_spec("bitsandbytes") is None  # this machine: the library's absence is the case
     code, err = cli("validate", str(lora), capsys=capsys)
     assert code == 2 and "quantization_config needs bitsandbytes, which is not installed" in err, err
+    assert importlib.util.find_spec("flash_attn") is None  # likewise: flash-attn is CUDA-only
+    flash = write_config(workdir, tiny_config(training_config={"model_init_kwargs": {
+        "attn_implementation": "flash_attention_2"}}), "flash.yaml")
+    code, err = cli("validate", str(flash), capsys=capsys)
+    assert code == 2 and "flash_attention_2, which needs flash-attn; it is not installed here" in err, err
     bogus = write_config(workdir, tiny_config(model_name="base", training_config={
         "model_init_kwargs": {"quantization_config": {"quant_method": "nonsense"}}}), "bogus.yaml")
     code, err = cli("validate", str(bogus), capsys=capsys)

@@ -11,7 +11,7 @@ from transformers import AutoModelForCausalLM, AutoTokenizer, TrainerCallback
 
 from leap_finetune.api import run_config
 from leap_finetune.errors import LeapError
-from tests.conftest import fact_rows, tiny_config, write_config, write_jsonl
+from tests.conftest import StopAt, fact_rows, tiny_config, write_config, write_jsonl
 
 
 def _metrics(run_dir: Path) -> list[dict]:
@@ -79,18 +79,6 @@ def test_tiny_lfm2_5_trains(data):
     summary = run_config(write_config(data, tiny_config(model_name="tiny-lfm2.5", training_config={"max_steps": 3})))
     tokenizer = AutoTokenizer.from_pretrained(Path(summary["run_dir"]) / "model")
     assert "preserve_thinking" in tokenizer.chat_template  # LFM2.5's template travels with the model
-
-
-class StopAt(TrainerCallback):
-    """Simulates an interruption: save and stop after `step`."""
-
-    def __init__(self, step: int):
-        self.step = step
-
-    def on_step_end(self, args, state, control, **kwargs):
-        if state.global_step == self.step:
-            control.should_save = True
-            control.should_training_stop = True
 
 
 def test_resume_reproduces_the_uninterrupted_losses(data):

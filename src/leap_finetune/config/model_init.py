@@ -70,12 +70,43 @@ def check_model_init_kwargs(value, *, tiny: bool, training_type: str, peft: bool
                             where=where, fix=f"remove it, or use a real model; tiny models take {' and '.join(TINY_KEYS)}")
     if "dtype" in kwargs:
         kwargs["dtype"] = _dtype(kwargs["dtype"], where)
-    if "attn_implementation" in kwargs and not isinstance(kwargs["attn_implementation"], str):
-        raise LeapError("training_config.model_init_kwargs.attn_implementation must be a name", where=where,
-                        fix="e.g. sdpa, eager, flash_attention_2")
+    if "attn_implementation" in kwargs:
+        _check_attention(kwargs["attn_implementation"], where)
     if kwargs.get("quantization_config") is not None:
         _check_quantization(kwargs["quantization_config"], peft=peft, where=where)
     return kwargs
+
+
+# attention implementations that need a package of their own (import name, pip name)
+ATTENTION_PACKAGES = {"flash_attention_2": ("flash_attn", "flash-attn"),
+                      "flash_attention_3": ("flash_attn_interface", "flash-attn 3 (built from its hopper/ folder)"),
+                      "flash_attention_4": ("flash_attn.cute", "flash-attn 4")}
+
+
+def _check_attention(name, where: str) -> None:
+    """A name transformers knows (or a Hub kernel, `org/repo`), with its package installed."""
+    import importlib.util
+
+    from transformers.modeling_utils import ALL_ATTENTION_FUNCTIONS
+
+    here = "training_config.model_init_kwargs.attn_implementation"
+    known = ["eager", "sdpa", *[k for k in ALL_ATTENTION_FUNCTIONS.valid_keys() if "|" not in k and k != "sdpa"],
+             "leap_varlen"]
+    if not isinstance(name, str) or not (name in known or "/" in name):
+        hint = did_you_mean(str(name), known)
+        raise LeapError(f"{here} is {name!r}", where=where,
+                        fix=(hint + " " if hint else "") + "expected one of " + ", ".join(known)
+                        + " (or a Hub kernel, org/repo)")
+    if name in ATTENTION_PACKAGES:
+        module, package = ATTENTION_PACKAGES[name]
+        try:
+            found = importlib.util.find_spec(module) is not None
+        except ModuleNotFoundError:
+            found = False
+        if not found:
+            raise LeapError(f"{here} is {name}, which needs {package}; it is not installed here", where=where,
+                            fix=f"install {package} (CUDA GPUs only), or use sdpa (on a CUDA GPU leap-finetune "
+                            "already uses varlen flash attention for LFM2, see README \"Speed\")")
 
 
 def _dtype(value, where: str) -> str:

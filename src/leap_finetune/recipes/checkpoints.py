@@ -26,6 +26,8 @@ from pathlib import Path
 
 from transformers import TrainerCallback
 
+from leap_finetune.recipes.callbacks import write_atomic
+
 MARKER = "leap_checkpoint_complete.json"
 # What a resumable checkpoint must hold besides the model weights (transformers silently starts a
 # fresh optimizer or scheduler when one of these is missing).
@@ -104,16 +106,6 @@ def _fsync_dir(folder: Path) -> None:
         os.close(fd)
 
 
-def _write_atomic(path: Path, text: str) -> None:
-    tmp = path.with_name(f".{path.name}.tmp-{os.getpid()}")
-    with tmp.open("w", encoding="utf-8") as handle:
-        handle.write(text)
-        handle.flush()
-        os.fsync(handle.fileno())
-    os.replace(tmp, path)
-    _fsync_dir(path.parent)
-
-
 class CheckpointMarker(TrainerCallback):
     """Marks each checkpoint complete once the Trainer has written it, then rotates old ones.
 
@@ -151,7 +143,8 @@ class CheckpointMarker(TrainerCallback):
             "metrics_bytes": metrics.stat().st_size if metrics.exists() else 0,
             "trained_seconds": round(self.trained_seconds(), 3),
         }
-        _write_atomic(folder / MARKER, json.dumps(manifest, indent=1))
+        write_atomic(folder / MARKER, json.dumps(manifest, indent=1))
+        _fsync_dir(folder)
         self._rotate(state)
 
     def _rotate(self, state) -> None:

@@ -148,12 +148,14 @@ def train_evaluate_save(trainer, resolved: ResolvedConfig, run_dir: Path, tokeni
     has_eval = trainer.eval_dataset is not None
     baseline = trainer.evaluate() if has_eval and not resume else None  # logged at step 0
     baseline_benchmarks = benchmarks.evaluate("before training") if benchmarks is not None and not resume else {}
-    trainer.train(resume_from_checkpoint=resume)
-    # The whole run, also after resumes: the loss averaged over every logged step of metrics.jsonl (the
-    # Trainer's own figure covers only this process's steps), training time summed over the processes.
+    result = trainer.train(resume_from_checkpoint=resume)
+    # The whole run, also after resumes: after a resume the Trainer's loss covers only this process's
+    # steps, so it is averaged over every logged step of metrics.jsonl instead; training time is summed
+    # over the processes.
     history = metrics_history(run_dir / "metrics.jsonl")
     marker = next(c for c in trainer.callback_handler.callbacks if isinstance(c, CheckpointMarker))
-    summary = {"global_step": trainer.state.global_step, "train_loss": history["train_loss"],
+    train_loss = history["train_loss"] if resume and history["train_loss"] is not None else result.training_loss
+    summary = {"global_step": trainer.state.global_step, "train_loss": train_loss,
                "train_runtime_s": round(marker.trained_seconds(), 3),
                "tokens_seen": trainer.state.num_input_tokens_seen}
     if resume:
