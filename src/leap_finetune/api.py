@@ -104,7 +104,11 @@ def validate_config(source, *, console: Console | None = None,
     console = _console(console)
     resolved = _config(source)
     if resolved.dataset is None and resolved.evals is not None:  # an evaluation-only config
-        benchmarks = _check_benchmarks(resolved)
+        from leap_finetune.evaluation.standalone import model_to_evaluate
+
+        target = model_to_evaluate(resolved)  # the checkpoint: folder holds a model or an adapter
+        benchmarks = _check_benchmarks(resolved, target.model_id)
+        console.print(f"model: {target.name}")
         console.print(f"benchmarks: {', '.join(f'{b.name} ({len(b.items)} rows)' for b in benchmarks)}")
         return None
     _, _, prepared = _prepare(resolved)

@@ -112,6 +112,12 @@ def _bad_files(folder: Path) -> dict:
         tiny_config(evals={"benchmarks": [{"name": "g", "path": "gen.jsonl", "metric": "./raises.py::score"}]}),
         ["custom metric 'score' raised ZeroDivisionError", "benchmark 'g'", "gen.jsonl, line 1"])
 
+    (folder / "empty_run").mkdir()
+    cases["eval_checkpoint_without_model"] = (
+        {"model_name": "tiny-lfm2", "checkpoint": "empty_run",
+         "evals": {"benchmarks": [{"name": "g", "path": "gen.jsonl", "metric": "exact_match"}]}},
+        ["checkpoint: ", "empty_run", "no model in this folder"])
+
     kto = tiny_config(training_type="kto", data="kto.jsonl")
     kto["training_config"].update(extends="DEFAULT_KTO", per_device_eval_batch_size=1)
     write_jsonl(folder / "kto.jsonl", [{"prompt": "q", "completion": "a", "label": True}] * 4)

@@ -12,8 +12,10 @@ fails (or silently trains nothing) later. `RANGES` lists the keys whose bounds w
 
 from __future__ import annotations
 
+import argparse
 import dataclasses
 import functools
+import types
 import typing
 from collections.abc import Callable
 
@@ -89,7 +91,7 @@ def _hints(config_cls) -> dict:
 def _members(hint) -> set:
     """The types a (possibly Optional / Union) hint accepts, with list[...] and dict[...] as list / dict."""
     origin = typing.get_origin(hint)
-    if origin in (typing.Union, getattr(__import__("types"), "UnionType", None)):
+    if origin in (typing.Union, types.UnionType):
         return set().union(*(_members(arg) for arg in typing.get_args(hint)))
     if origin is typing.Literal:
         return set()  # see _literals
@@ -102,7 +104,7 @@ def _literals(hint) -> list:
     origin = typing.get_origin(hint)
     if origin is typing.Literal:
         return list(typing.get_args(hint))
-    if origin in (typing.Union, getattr(__import__("types"), "UnionType", None)):
+    if origin in (typing.Union, types.UnionType):
         return [value for arg in typing.get_args(hint) for value in _literals(arg)]
     return []
 
@@ -193,7 +195,7 @@ def _scalar(value, action, members: set):
         try:  # an enum-like argparse type (e.g. DebugOption)
             kind(value)
             return value
-        except (ValueError, KeyError, __import__("argparse").ArgumentTypeError):
+        except (ValueError, KeyError, argparse.ArgumentTypeError):
             pass
     raise _Invalid(_describe(action, members))
 
