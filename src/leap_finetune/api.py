@@ -20,7 +20,7 @@ from leap_finetune.config.yaml_io import dump_yaml
 from leap_finetune.data.prepare import PreparedData, prepare_data
 from leap_finetune.errors import LeapError
 from leap_finetune.evaluation.standalone import evaluate_config
-from leap_finetune.launch.plan import plan_run
+from leap_finetune.launch.plan import check_resume_matches, plan_run
 from leap_finetune.launch.report import config_table, data_report
 
 __all__ = ["load_config", "validate_config", "inspect_config", "run_config", "evaluate_config"]
@@ -87,13 +87,17 @@ def _check_training_arguments(resolved: ResolvedConfig, has_eval: bool) -> None:
     """Build the trainer's config once, so a bad value fails now, not after the model loads."""
     from leap_finetune.recipes import recipe
 
+    from leap_finetune.config.rules import check_trainer_parts
+
     module = recipe(resolved.training_type)
     config_cls = module.config_class()
+    where = resolved.config_path or "config"
     try:
-        config_cls(**module.training_arguments(resolved, run_dir=os.devnull, has_eval=has_eval))
+        args = config_cls(**module.training_arguments(resolved, run_dir=os.devnull, has_eval=has_eval))
     except (ValueError, TypeError) as err:
-        raise LeapError(f"a value is not valid for TRL's {config_cls.__name__}: {err}", where="training_config",
+        raise LeapError(f"a value is not valid for TRL's {config_cls.__name__}: {err}", where=f"{where}: training_config",
                         fix=f"see docs/config.md and TRL's {config_cls.__name__} documentation") from None
+    check_trainer_parts(args, where)
 
 
 def validate_config(source, *, console: Console | None = None,
@@ -114,6 +118,7 @@ def validate_config(source, *, console: Console | None = None,
     _, _, prepared = _prepare(resolved)
     _check_training_arguments(resolved, has_eval=bool(prepared.eval))
     plan = plan_run(resolved, outputs_root=Path(outputs_root) if outputs_root else None)
+    check_resume_matches(resolved, plan, fingerprint(prepared))
     console.print(config_table(resolved))
     data_report(console, prepared, resolved)
     console.print(f"run folder: {plan.run_dir}" + (f" (resuming from {plan.resume_checkpoint})" if plan.resume_checkpoint else ""))
@@ -151,6 +156,7 @@ def run_config(source, *, console: Console | None = None, callbacks: list | None
     tokenizer, renderer, prepared = _prepare(resolved)
     _check_training_arguments(resolved, has_eval=bool(prepared.eval))
     plan = plan_run(resolved, outputs_root=Path(outputs_root) if outputs_root else None)
+    check_resume_matches(resolved, plan, fingerprint(prepared))
     console.print(config_table(resolved))
     data_report(console, prepared, resolved)
     _print_plan_notes(console, plan)
@@ -168,9 +174,10 @@ def run_config(source, *, console: Console | None = None, callbacks: list | None
     try:
         summary = recipe(resolved.training_type).train(json.loads(json.dumps(resolved.to_json_dict())),
                                                        callbacks=callbacks)
-    except LeapError:
-        # A mistake found only by the worker (e.g. a Hub model that cannot be downloaded): a new run
-        # that saved nothing yet is removed, so the corrected config can use the same output_dir.
+    except BaseException:
+        # A new run that failed before its first checkpoint (a mistake only the worker can find, such
+        # as a model folder without weights, or a bug, or Ctrl-C while the model loads) holds nothing
+        # worth keeping: it is removed, so the corrected config can use the same output_dir.
         if plan.new_run and not any(plan.run_dir.glob("checkpoint-*")):
             shutil.rmtree(plan.run_dir, ignore_errors=True)
         raise
@@ -233,6 +240,7 @@ def _stage_run_folder(resolved: ResolvedConfig, prepared: PreparedData, renderer
         if rows:
             Dataset.from_list([r.columns() for r in rows]).save_to_disk(str(data / name))
     (data / "samples.json").write_text(json.dumps(_samples(prepared, renderer)), encoding="utf-8")
+    (data / "fingerprint.json").write_text(json.dumps(fingerprint(prepared)), encoding="utf-8")
     if prepared.dropped:
         with (staging / "dropped_rows.jsonl").open("w", encoding="utf-8") as handle:
             for row in prepared.dropped:
@@ -253,6 +261,20 @@ def _stage_run_folder(resolved: ResolvedConfig, prepared: PreparedData, renderer
                 shutil.rmtree(target)
             os.replace(item, target)
         shutil.rmtree(staging)
+
+
+def fingerprint(prepared: PreparedData) -> dict:
+    """A hash of the token ids the trainer will read (train and eval), in order: a resume checks that
+    the data are the run's (the data position in a checkpoint means nothing for other data)."""
+    import hashlib
+
+    digests = {}
+    for name, rows in (("train", prepared.train), ("eval", prepared.eval)):
+        digest = hashlib.sha256()
+        for row in rows:
+            digest.update(json.dumps(row.columns(), separators=(",", ":")).encode())
+        digests[name] = digest.hexdigest()
+    return {**digests, "train_rows": len(prepared.train), "eval_rows": len(prepared.eval)}
 
 
 def _samples(prepared: PreparedData, renderer) -> list[dict]:

@@ -186,3 +186,41 @@ def test_sigkill_at_many_points_then_resume_reproduces_the_uninterrupted_run(dat
     assert summary["initial_eval_loss"] == pytest.approx(reference["initial_eval_loss"], rel=1e-6)
     assert summary["train_loss"] == pytest.approx(reference["train_loss"], rel=1e-5)
     assert [p.name for p in _checkpoints(run_dir)] == [f"checkpoint-{steps}"]
+
+
+def test_a_resume_must_continue_the_same_run(data):
+    stopped = run_config(_config(data, "same", "cut.yaml"), callbacks=[StopAt(6)])
+    run_dir = Path(stopped["run_dir"])
+    before = {p.name: p.stat().st_mtime_ns for p in run_dir.iterdir()} | {
+        "metrics": (run_dir / "metrics.jsonl").read_bytes()}
+    write_jsonl(data / "other.jsonl", fact_rows(40))
+    changes = {
+        "model": (dict(model_name="tiny-lfm2.5"), "model_id: 'tiny-lfm2' -> 'tiny-lfm2.5'"),
+        "lora": (dict(peft_config={"extends": "DEFAULT_LORA"}), "peft: None ->"),
+        "batch": (dict(training_config={**BASE, "per_device_train_batch_size": 2, "resume_from_checkpoint": "latest"}),
+                  "training_config.per_device_train_batch_size: 4 -> 2"),
+    }
+    for name, (overrides, expected) in changes.items():
+        config = tiny_config(project_name="same", dataset={"path": "train.jsonl", "test_size": 8},
+                             training_config={**BASE, "resume_from_checkpoint": "latest"})
+        config.update(overrides)
+        with pytest.raises(LeapError, match="changes what the run") as info:
+            run_config(write_config(data, config, f"{name}.yaml"))
+        assert expected in info.value.format(), (name, info.value.format())
+    # the same settings on other rows: caught by the prepared data's fingerprint
+    (data / "train.jsonl").rename(data / "kept.jsonl")
+    write_jsonl(data / "train.jsonl", fact_rows(44))
+    with pytest.raises(LeapError, match="the prepared training data"):
+        run_config(_config(data, "same", "data.yaml", resume_from_checkpoint="latest"))
+    (data / "kept.jsonl").replace(data / "train.jsonl")
+    # resuming an older checkpoint in place would discard checkpoint-6
+    with pytest.raises(LeapError, match=r"newer complete checkpoints \(checkpoint-6\)"):
+        run_config(_config(data, "same", "old.yaml", resume_from_checkpoint=str(run_dir / "checkpoint-4")))
+    with pytest.raises(LeapError, match="this is a run folder, not a checkpoint"):
+        run_config(_config(data, "same", "folder.yaml", resume_from_checkpoint=str(run_dir)))
+    # none of these touched the run
+    after = {p.name: p.stat().st_mtime_ns for p in run_dir.iterdir()} | {
+        "metrics": (run_dir / "metrics.jsonl").read_bytes()}
+    assert after == before
+    resumed = run_config(_config(data, "same", "ok.yaml", resume_from_checkpoint="latest"))
+    assert resumed["global_step"] == 8

@@ -50,6 +50,23 @@ CONFIG_CASES = {
     "report_to_missing": (_training(report_to="wandb"), ["report_to names 'wandb'", "not installed",
                                                           "pip install wandb"]),
     "report_to_unknown": (_training(report_to=["wandbb"]), ["'wandbb'", "did you mean 'wandb'"]),
+    "scheduler_needs_kwargs": (_training(lr_scheduler_type="cosine_with_min_lr"),
+                               ["lr_scheduler_type 'cosine_with_min_lr'", "min_lr", "lr_scheduler_kwargs"]),
+    "scheduler_bad_kwarg": (_training(lr_scheduler_kwargs={"foo": 1}), ["lr_scheduler_kwargs {'foo': 1}", "'foo'"]),
+    "scheduler_kwargs_text": (_training(lr_scheduler_kwargs="min_lr=1"), ["lr_scheduler_kwargs is 'min_lr=1'",
+                                                                          "expected a mapping"]),
+    "optimizer_package_missing": (_training(optim="galore_adamw"), ["optim 'galore_adamw'", "galore"]),
+    "optimizer_typo": (_training(optim="adamw"), ["optim is 'adamw'", "did you mean 'adamw_torch'"]),
+    "push_to_hub_offline": (_training(push_to_hub=True), ["push_to_hub is true", "HF_HUB_OFFLINE"]),
+    "fsdp_one_process": (_training(fsdp="full_shard"), ["training_config.fsdp is set", "one training process"]),
+    "deepspeed_one_process": (_training(deepspeed="ds.json"), ["training_config.deepspeed is set"]),
+    "best_metric_unknown": (_training(metric_for_best_model="accuracy"),
+                            ["metric_for_best_model is 'accuracy'", "eval_loss"]),
+    "packing_without_length": (_training(packing=True, max_length=None), ["packing", "max_length is null"]),
+    "lora_targets_none": (_lora(target_modules=None), ["target_modules is empty"]),
+    "lora_targets_empty": (_lora(target_modules=[]), ["target_modules is empty"]),
+    "lora_layers_out_of_range": (_lora(layers_to_transform=[99]), ["layers_to_transform names layer(s) [99]", "0-3"]),
+    "lora_use_peft_word": (_lora(use_peft="maybe"), ["use_peft is 'maybe'", "fix: use_peft: true"]),
     "lora_r_zero": (_lora(r=0), ["peft_config.r is 0", ">= 1"]),
     "lora_r_negative": (_lora(r=-4), ["peft_config.r is -4"]),
     "lora_alpha_word": (_lora(lora_alpha="lots"), ["peft_config.lora_alpha is 'lots'"]),
@@ -111,6 +128,46 @@ def _bad_files(folder: Path) -> dict:
     cases["custom_metric_raises"] = (
         tiny_config(evals={"benchmarks": [{"name": "g", "path": "gen.jsonl", "metric": "./raises.py::score"}]}),
         ["custom metric 'score' raised ZeroDivisionError", "benchmark 'g'", "gen.jsonl, line 1"])
+
+    (folder / "bad.jinja").write_text("{% for m in messages %}{% generation %}{{ m.content }{% endgeneration %}"
+                                      "{% endfor %}")
+    cases["chat_template_syntax"] = (tiny_config(chat_template="bad.jinja"),
+                                     ["bad.jinja", "not valid Jinja", "template line 1"])
+    cases["home_of_nobody"] = (tiny_config(data="~nobody-here/train.jsonl"), ["cannot expand '~nobody-here'"])
+    cases["benchmark_file_missing"] = (
+        tiny_config(evals={"benchmarks": [{"name": "b", "path": "nope.jsonl", "metric": "exact_match"}]}),
+        ["evals.benchmarks ('b') path", "nope.jsonl", "file not found"])
+    cases["val_path_missing"] = (tiny_config(dataset={"path": "train.jsonl", "val_path": "nope.jsonl"}),
+                                 ["dataset.val_path", "file not found"])
+    cases["empty_path"] = (tiny_config(data=""), ["dataset.path", "at least 1 character"])
+    (folder / "one_line.json").write_text(json.dumps(chat("q", "a")))
+    cases["json_one_line_object"] = (tiny_config(data="one_line.json"), ["a .json dataset must be an array"])
+    (folder / "latin1.jsonl").write_bytes(b"".join(json.dumps(r).encode() + b"\n" for r in fact_rows(6))
+                                          + '{"messages": [{"role": "user", "content": "caf\xe9"}]}\n'.encode("latin-1"))
+    cases["jsonl_not_utf8"] = (tiny_config(data="latin1.jsonl"), ["latin1.jsonl:7", "byte 0xe9 on line 7", "iconv"])
+    write_jsonl(folder / "all_bad.jsonl", [{"prompt": "q"}] * 3)
+    cases["nothing_left_after_skip"] = (tiny_config(dataset={"path": "all_bad.jsonl", "on_invalid": "skip"}),
+                                        ["no training rows are left: 3 row(s) read, 3 invalid and skipped",
+                                         "line 1: messages"])
+    cases["test_size_too_large"] = (tiny_config(dataset={"path": "train.jsonl", "test_size": 8}),
+                                    ["asks for 8 evaluation rows, but the dataset has 8 valid rows", "train.jsonl"])
+    (folder / "none.py").write_text("def score(prediction, reference, row):\n    prediction == reference\n")
+    cases["custom_metric_returns_none"] = (
+        tiny_config(evals={"benchmarks": [{"name": "g", "path": "gen.jsonl", "metric": "./none.py::score"}]}),
+        ["returned None", "without `return`"])
+    (folder / "nan.py").write_text("def score(prediction, reference, row):\n    return float('nan')\n")
+    cases["custom_metric_returns_nan"] = (
+        tiny_config(evals={"benchmarks": [{"name": "g", "path": "gen.jsonl", "metric": "./nan.py::score"}]}),
+        ["returned nan, not a finite number"])
+    (folder / "mcq.jsonl").write_text(json.dumps({"messages": [{"role": "user", "content": "q"}],
+                                                  "options": ["a", "a"], "answer_id": 0}) + "\n")
+    cases["mcq_equal_options"] = (
+        tiny_config(evals={"benchmarks": [{"name": "m", "path": "mcq.jsonl", "metric": "logprob_mcq"}]}),
+        ["field 'options[1]'", "also options[0]"])
+    write_jsonl(folder / "dpo_rows.jsonl", [{"prompt": "q", "chosen": "a", "rejected": "b"}] * 4)
+    dpo = tiny_config(training_type="dpo", data="dpo_rows.jsonl")
+    dpo["training_config"].update(extends="DEFAULT_DPO", loss_type="foo")
+    cases["dpo_loss_type"] = (dpo, ["training_config.loss_type is 'foo'", "sigmoid"])
 
     (folder / "empty_run").mkdir()
     cases["eval_checkpoint_without_model"] = (
@@ -324,3 +381,36 @@ def test_the_cpu_examples_validate(capsys):
         code, err = cli("validate", str(EXAMPLES / name), capsys=capsys)
         assert code == 0, (name, err)
         assert "valid" in err
+
+
+def test_yaml_merge_keys_and_empty_blocks(workdir, capsys):
+    write_jsonl(workdir / "train.jsonl", fact_rows(8))
+    merged = workdir / "merged.yaml"
+    merged.write_text("model_name: tiny-lfm2\ndataset: {path: train.jsonl}\ntraining_config: &short\n"
+                      "  max_steps: 2\n  learning_rate: 1e-3\npeft_config:\n  extends: DEFAULT_LORA\n"
+                      "evals: null\n")
+    code, err = cli("validate", str(merged), capsys=capsys)
+    assert code == 2 and "'evals:' is empty" in err, err
+    merged.write_text("model_name: tiny-lfm2\ndataset: {path: train.jsonl}\n"
+                      "training_config:\n  <<: {max_steps: 2, learning_rate: 5e-4}\n  max_steps: 3\n")
+    from leap_finetune.config.loader import load_config
+
+    training = load_config(merged).training
+    assert (training["max_steps"], training["learning_rate"]) == (3, 5e-4)  # merged, then overridden
+    empty_lora = workdir / "empty_lora.yaml"
+    empty_lora.write_text("model_name: tiny-lfm2\ndataset: {path: train.jsonl}\npeft_config:\n")
+    code, err = cli("validate", str(empty_lora), capsys=capsys)
+    assert code == 2 and "'peft_config:' is empty" in err and "extends: DEFAULT_LORA" in err, err
+
+
+def test_eval_output_is_checked_before_evaluating(workdir, capsys):
+    (workdir / "bench.jsonl").write_text(json.dumps(chat("q", "a")) + "\n")
+    config = write_config(workdir, {"model_name": "tiny-lfm2", "evals": {"benchmarks": [
+        {"name": "b", "path": "bench.jsonl", "metric": "exact_match"}]}})
+    original = config.read_text()
+    (workdir / "results").mkdir()
+    code, err = cli("eval", str(config), "--output", str(workdir / "results"), capsys=capsys)
+    assert code == 2 and "--output is a folder" in err and "benchmarks of" not in err, err
+    code, err = cli("eval", str(config), "--output", str(config), capsys=capsys)
+    assert code == 2 and "would overwrite an input" in err, err
+    assert config.read_text() == original

@@ -34,6 +34,11 @@ def test_a_lora_checkpoint_and_adapter_are_evaluated_over_their_base_model(workd
                                                         "evals": evals}, "eval.yaml"))
         assert report["model"] == str(folder) and report["base_model"] == "tiny-lfm2"
         assert report["results"]["benchmark/echo/score"] == trained
+    # a project folder means its newest run's final (merged) model
+    project = evaluate_config(write_config(workdir, {"model_name": "tiny-lfm2", "checkpoint": str(run_dir.parent),
+                                                     "evals": evals}, "project.yaml"))
+    assert project["model"] == str(run_dir / "model")
+    assert project["results"]["benchmark/echo/score"] == trained
     base = evaluate_config(write_config(workdir, {"model_name": "tiny-lfm2", "evals": evals}, "base.yaml"))
     assert base["results"]["benchmark/echo/score"] == summary["initial_benchmarks"]["benchmark/echo/score"]
 

@@ -44,8 +44,6 @@ RANGES: dict[str, tuple[Callable[[float], bool], str]] = {
     "eval_steps": (lambda v: v > 0 and (v < 1 or v == int(v)), "a whole number > 0, or a fraction of the total steps in (0, 1)"),
     "save_total_limit": (lambda v: v >= 1, "a whole number >= 1 (or null to keep every checkpoint)"),
     "max_length": (lambda v: v >= 1, "a whole number of tokens >= 1 (or null for no limit)"),
-    "max_prompt_length": (lambda v: v >= 1, "a whole number of tokens >= 1"),
-    "max_completion_length": (lambda v: v >= 1, "a whole number of tokens >= 1"),
     "seed": (lambda v: v >= 0, "a whole number >= 0"),
     "data_seed": (lambda v: v >= 0, "a whole number >= 0"),
     "dataloader_num_workers": (lambda v: v >= 0, "a whole number >= 0"),
@@ -109,6 +107,19 @@ def _literals(hint) -> list:
     return []
 
 
+# Fields whose accepted values TRL lists only in the field's help ("Possible values are: `'sigmoid'`, ...");
+# TRL itself finds out at the first training step.
+CHOICES_IN_HELP = ("loss_type",)
+
+
+def _help_choices(field: dataclasses.Field) -> list[str]:
+    import re
+
+    if field.name not in CHOICES_IN_HELP:
+        return []
+    return list(dict.fromkeys(re.findall(r"`'([\w\-]+)'`", field.metadata.get("help", ""))))
+
+
 def check_training_values(config_cls, values: dict, where: str) -> dict:
     """Every key of `values` checked (and coerced) against the field of `config_cls` it sets, then
     against RANGES. Keys that are not fields of `config_cls` (leap-finetune's own) pass through."""
@@ -130,6 +141,14 @@ def check_training_values(config_cls, values: dict, where: str) -> dict:
                 "every key)",
             ) from None
         _check_range(key, value, where)
+        choices = _help_choices(fields[key])
+        given = value if isinstance(value, list) else [value]
+        wrong = [v for v in given if choices and v not in choices]
+        if wrong:
+            hint = did_you_mean(str(wrong[0]), choices)
+            raise LeapError(f"training_config.{key} is {values[key]!r}: expected one of: {', '.join(choices)}"
+                            + (f" ({hint})" if hint else ""), where=where,
+                            fix=f"give training_config.{key} one of the values listed")
         checked[key] = value
     return checked
 

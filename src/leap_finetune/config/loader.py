@@ -25,7 +25,8 @@ from leap_finetune.config.schema import (
 from leap_finetune.config.arguments import check_training_values
 from leap_finetune.config.lora import check_lora_values
 from leap_finetune.config.model_init import check_model_init_kwargs
-from leap_finetune.config.paths import local_path
+from leap_finetune.config.paths import expand_home, local_path
+from leap_finetune.config.rules import check_training_rules
 from leap_finetune.config.suggest import did_you_mean, unknown_key_fix
 from leap_finetune.config.trackers import check_report_to
 from leap_finetune.config.yaml_io import read_yaml
@@ -52,12 +53,17 @@ def load_config(source: str | Path | dict, *, base_dir: Path | None = None) -> R
         raw, config_path = dict(source), None
         base = (base_dir or Path.cwd()).resolve()
     else:
-        config_path = Path(source).expanduser().resolve()
+        config_path = expand_home(str(source)).resolve()
         raw = read_yaml(config_path)
         base = config_path.parent
     where = str(config_path) if config_path else "config"
 
     _check_keys(raw, LeapConfigModel.model_fields, where, "the top level")
+    for block in ("peft_config", "training_config", "dataset", "evals", "async_eval"):
+        if block in raw and raw[block] is None:
+            raise LeapError(f"'{block}:' is empty", where=where, fix={
+                "peft_config": "for LoRA with the defaults write `peft_config: {extends: DEFAULT_LORA}`; for a full "
+                "fine-tune remove the key"}.get(block, f"give {block} its keys, or remove it"))
     if isinstance(raw.get("dataset"), dict):
         _check_keys(raw["dataset"], DatasetConfig.model_fields, where, "dataset")
     if isinstance(raw.get("async_eval"), dict):
@@ -293,6 +299,7 @@ def _resolve_training(model: LeapConfigModel, where: str) -> tuple[dict, str, st
 
     merged = check_training_values(recipe(model.training_type).config_class(), merged, where)
     check_report_to(merged.get("report_to"), where)
+    check_training_rules(model.training_type, merged, where)
     loss_on = merged.pop("loss_on", "assistant")
     if loss_on not in LOSS_ON:
         raise LeapError(
@@ -351,7 +358,8 @@ def _resolve_peft(peft_config: dict | None, where: str) -> dict | None:
     merged.update(user)
     use_peft = merged.pop("use_peft", True)
     if not isinstance(use_peft, bool):
-        raise LeapError("peft_config.use_peft must be true or false", where=where)
+        raise LeapError(f"peft_config.use_peft is {use_peft!r}: expected true or false", where=where,
+                        fix="use_peft: true (LoRA) or false (a full fine-tune)")
     return check_lora_values(merged, where) if use_peft else None
 
 

@@ -22,7 +22,7 @@ class StrictModel(BaseModel):
 class DatasetConfig(StrictModel):
     """Where the training rows come from and how they are split."""
 
-    path: str = Field(description="A local file (.jsonl, .json, .parquet, .csv), a folder of such files, or a Hub dataset id.")
+    path: str = Field(min_length=1, description="A local file (.jsonl, .json, .parquet, .csv), a folder of such files, or a Hub dataset id.")
     type: str | None = Field(
         default=None,
         description="Row format; defaults to the training type (`sft`: rows with a `messages` list).",
@@ -35,7 +35,7 @@ class DatasetConfig(StrictModel):
     )
     split: str = Field(default="train", description="Split to read from a Hub dataset.")
     subset: str | None = Field(default=None, description="Configuration (subset) of a Hub dataset.")
-    val_path: str | None = Field(default=None, description="A separate evaluation dataset (same formats as `path`).")
+    val_path: str | None = Field(default=None, min_length=1, description="A separate evaluation dataset (same formats as `path`).")
     on_invalid: Literal["error", "skip"] = Field(
         default="error",
         description="`error`: stop and list invalid rows. `skip`: drop them, print why, and save them to dropped_rows.jsonl.",
@@ -57,7 +57,7 @@ class BenchmarkConfig(StrictModel):
     """One benchmark: rows in the messages schema, scored by one metric."""
 
     name: str = Field(pattern=r"^[A-Za-z0-9][A-Za-z0-9._-]*$", description="Used in metric names: benchmark/{name}/score.")
-    path: str = Field(description="A .jsonl, .json, .parquet or .csv file (or folder) of benchmark rows.")
+    path: str = Field(min_length=1, description="A .jsonl, .json, .parquet or .csv file (or folder) of benchmark rows.")
     metric: str = Field(
         description="Generation: " + ", ".join(GENERATION_METRICS) + ", or ./file.py::function. "
         "Log-prob multiple choice: logprob_mcq (also logprob_zero_shot)."
@@ -113,6 +113,7 @@ class LeapConfigModel(StrictModel):
         description="Groups runs under outputs/{project_name}/.",
     )
     model_name: str = Field(
+        min_length=1,
         description="A Hub id, an LFM short name (LFM2-1.2B), a local folder, or a built-in tiny model (tiny-lfm2, tiny-lfm2.5, tiny-lfm2.5-vl)."
     )
     training_type: str = Field(default="sft", description="One of: " + ", ".join(TRAINING_TYPES) + ".")
@@ -125,13 +126,14 @@ class LeapConfigModel(StrictModel):
     )
     training_config: dict = Field(default_factory=dict, description="Any TRL / transformers training argument, plus `extends` and `loss_on`.")
     peft_config: dict | None = Field(default=None, description="LoRA options (any peft LoraConfig field), plus `extends` and `use_peft`.")
-    output_dir: str | None = Field(default=None, description="Run folder; default outputs/{project_name}/{run_name}.")
+    output_dir: str | None = Field(default=None, min_length=1, description="Run folder; default outputs/{project_name}/{run_name}.")
     evals: EvalsConfig | None = Field(default=None, description="Benchmarks during training and for `leap-finetune eval`.")
     async_eval: AsyncEvalConfig | None = Field(
         default=None, description="Where benchmarks run: `mode: sync` (training pauses; the default)."
     )
     checkpoint: str | None = Field(
         default=None,
+        min_length=1,
         description="`leap-finetune eval` only: a run folder or checkpoint folder to evaluate instead of model_name.",
     )
     samples: int = Field(

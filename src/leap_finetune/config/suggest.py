@@ -7,7 +7,12 @@ from collections.abc import Iterable
 
 
 def did_you_mean(word: str, choices: Iterable[str]) -> str:
-    matches = difflib.get_close_matches(word, sorted(set(choices)), n=1, cutoff=0.6)
+    choices = list(dict.fromkeys(choices))
+    longer = [c for c in choices if c.startswith(word) and c != word]
+    if len(word) >= 3 and longer:  # `adamw` -> `adamw_torch` (the first, in the library's own order)
+        return f"did you mean '{longer[0]}'?"
+    choices = sorted(choices)
+    matches = difflib.get_close_matches(word, choices, n=1, cutoff=0.6)
     return f"did you mean '{matches[0]}'?" if matches else ""
 
 

@@ -36,12 +36,15 @@ _ConfigLoader.add_implicit_resolver("tag:yaml.org,2002:float", _FLOAT, list("-+0
 def _construct_mapping(loader: _ConfigLoader, node: yaml.MappingNode, deep: bool = False):
     seen: dict = {}
     for key_node, _ in node.value:
+        if key_node.tag == "tag:yaml.org,2002:merge":
+            continue
         key = loader.construct_object(key_node, deep=deep)
         if key in seen:
             raise yaml.constructor.ConstructorError(
                 None, None, f"duplicate key '{key}' (first at line {seen[key] + 1})", key_node.start_mark
             )
         seen[key] = key_node.start_mark.line
+    loader.flatten_mapping(node)  # merge keys: the anchored mapping's keys, overridden by explicit ones
     return loader.construct_mapping(node, deep=deep)
 
 
@@ -52,7 +55,8 @@ def read_yaml(path: Path) -> dict:
     if not path.exists():
         raise LeapError("config file not found", where=str(path), fix="check the path you passed")
     if path.is_dir():
-        raise LeapError("expected a YAML file, got a folder", where=str(path))
+        raise LeapError("expected a YAML file, got a folder", where=str(path),
+                        fix="pass the config file, e.g. examples/quickstart.yaml")
     try:
         text = path.read_text(encoding="utf-8")
     except UnicodeDecodeError as err:

@@ -77,8 +77,26 @@ def load_chat_template(resolved: str, tokenizer) -> ChatTemplate:
                 fix="set `chat_template:` to lfm2, lfm2.5 or a .jinja file",
             )
     else:
-        text = Path(resolved).read_text(encoding="utf-8")
+        try:
+            text = Path(resolved).read_text(encoding="utf-8")
+        except (OSError, UnicodeDecodeError) as err:
+            raise LeapError(f"cannot read the chat template: {err}", where=f"chat_template: {resolved}",
+                            fix="save the template as UTF-8 text") from None
+    _check_syntax(text, resolved if resolved not in ("model",) else "the tokenizer's chat template")
     return ChatTemplate(resolved, text, _training_variant(text, tokenizer))
+
+
+def _check_syntax(text: str, where: str) -> None:
+    """A Jinja syntax error is the template author's: say where it is. Compiled the way transformers
+    compiles chat templates (its environment knows {% generation %} blocks)."""
+    import jinja2
+    from transformers.utils.chat_template_utils import _compile_jinja_template
+
+    try:
+        _compile_jinja_template(text)
+    except jinja2.TemplateSyntaxError as err:
+        raise LeapError(f"the chat template is not valid Jinja: {err.message} (template line {err.lineno})",
+                        where=f"chat_template: {where}", fix="correct the template at that line") from None
 
 
 def _training_variant(text: str, tokenizer) -> str | None:

@@ -95,7 +95,8 @@ def validate_rows(
 ) -> tuple[list[_ValidRow], list[RowProblem], list[RowWarning], int]:
     """Every row of one dataset source: (valid rows, problems, warnings, rows read)."""
     ds = resolved.dataset
-    result = read_dataset(path, split=ds.split, subset=ds.subset, limit=limit)
+    key = "dataset.val_path" if path == ds.val_path else "dataset.path"
+    result = read_dataset(path, split=ds.split, subset=ds.subset, limit=limit, key=key)
     if result.skipped and notices is not None:
         notices.append(f"{path}: not read (sub-folders and files that are not {', '.join(SUFFIXES)}): "
                        + ", ".join(result.skipped[:10]) + (f" and {len(result.skipped) - 10} more" if len(result.skipped) > 10 else ""))
@@ -187,10 +188,14 @@ def prepare_data(resolved: ResolvedConfig, tokenizer, renderer: Renderer) -> Pre
                 prepared.partially_truncated += 1
             target.append(tokenized)
     if not prepared.train:
+        examples = "; ".join(f"{r.location}: {r.reason}" for r in prepared.dropped[:3])
         raise LeapError(
-            "no training rows are left after validation and truncation",
+            f"no training rows are left: {read} row(s) read, {prepared.invalid_skipped} invalid and skipped "
+            f"(dataset.on_invalid: skip), {prepared.fully_truncated} with every trained token beyond max_length"
+            + (f"; e.g. {examples}" if examples else ""),
             where=ds.path,
-            fix="check the dropped rows listed above; raise training_config.max_length if rows were truncated",
+            fix="set dataset.on_invalid: error to see every problem" if prepared.invalid_skipped
+            else "raise training_config.max_length",
         )
     if resolved.training_type == "kto":
         _check_kto_batches(prepared, resolved)
@@ -222,8 +227,9 @@ def _split(rows: list[_ValidRow], test_size: float, seed: int) -> tuple[list[_Va
     count = int(test_size) if test_size >= 1 else max(1, round(len(rows) * test_size))
     if count >= len(rows):
         raise LeapError(
-            f"dataset.test_size asks for {count} evaluation rows but there are only {len(rows)} valid rows",
-            where="dataset.test_size",
+            f"dataset.test_size asks for {count} evaluation rows, but the dataset has {len(rows)} valid rows "
+            "(at least one must be left to train on)",
+            where=rows[0].source.file if rows else "dataset",
             fix="use a smaller test_size, or a separate val_path",
         )
     order = list(range(len(rows)))

@@ -35,7 +35,9 @@ class ReadResult:
     skipped: list[str] = field(default_factory=list)  # folder entries that are not data files (not read)
 
 
-def read_dataset(path: str, *, split: str = "train", subset: str | None = None, limit: int | None = None) -> ReadResult:
+def read_dataset(path: str, *, split: str = "train", subset: str | None = None, limit: int | None = None,
+                 key: str = "dataset.path") -> ReadResult:
+    """Every row of a file, a folder of files or a Hub dataset; `key` is the config key that named it."""
     local = Path(path)
     if local.is_dir():
         entries = sorted(p for p in local.iterdir() if not p.name.startswith("."))
@@ -46,7 +48,7 @@ def read_dataset(path: str, *, split: str = "train", subset: str | None = None, 
                 f"the folder holds no {', '.join(SUFFIXES)} files"
                 + (f" (it holds {', '.join(skipped[:5])}{' ...' if len(skipped) > 5 else ''}; sub-folders are not read)"
                    if skipped else ""),
-                where=path, fix="point dataset.path at the folder (or file) that holds your data",
+                where=path, fix=f"point {key} at the folder (or file) that holds your data",
             )
         result = ReadResult([], [], skipped=skipped)
         for file in files:
@@ -55,7 +57,8 @@ def read_dataset(path: str, *, split: str = "train", subset: str | None = None, 
             result.problems.extend(part.problems)
     elif local.is_absolute() or local.exists():
         if not local.exists():
-            raise LeapError("dataset file not found", where=path, fix="check dataset.path (relative paths start at the config file's folder)")
+            raise LeapError("file not found", where=f"{key}: {path}",
+                            fix=f"check {key} (relative paths start at the config file's folder)")
         result = _read_file(local)
     else:
         result = _read_hub(path, split=split, subset=subset)
@@ -91,21 +94,32 @@ def _read_jsonl(path: Path) -> ReadResult:
                     problems.append(
                         RowProblem(str(path), f"line {number}", "<line>", f"not valid JSON ({err.msg} at character {err.pos + 1})")
                     )
-        except UnicodeDecodeError as err:
-            raise LeapError(f"the file is not UTF-8 text ({err.reason})", where=str(path)) from None
+        except UnicodeDecodeError:
+            raise _not_utf8(path) from None
     return ReadResult(rows, problems)
+
+
+def _not_utf8(path: Path) -> LeapError:
+    """Where the first byte that is not UTF-8 is (the text decoder reads in blocks, so find it again)."""
+    data = path.read_bytes()
+    try:
+        data.decode("utf-8")
+        position, line = 0, 1
+    except UnicodeDecodeError as err:
+        position, line = err.start, data[: err.start].count(b"\n") + 1
+    return LeapError(f"the file is not UTF-8 text (byte {data[position]:#04x} on line {line})",
+                     where=f"{path}:{line}", fix="save the file as UTF-8 (e.g. iconv -f latin1 -t utf-8)")
 
 
 def _read_json(path: Path) -> ReadResult:
     try:
         text = path.read_text(encoding="utf-8")
-    except UnicodeDecodeError as err:
-        raise LeapError(f"the file is not UTF-8 text ({err.reason})", where=str(path)) from None
+    except UnicodeDecodeError:
+        raise _not_utf8(path) from None
     if not text.lstrip().startswith("["):
         # Many ".json" files are really JSON Lines; a file that is one JSON object spread over
         # several lines is not, and would otherwise be reported as one "not valid JSON" per line.
-        lines = [line for line in text.splitlines() if line.strip()]
-        if len(lines) > 1 and text.lstrip().startswith("{"):
+        if text.lstrip().startswith("{"):
             try:
                 whole = json.loads(text)
             except json.JSONDecodeError:
@@ -153,8 +167,8 @@ def _read_csv(path: Path) -> ReadResult:
                 rows.append(SourceRow(str(path), f"row {number} (line {reader.line_num})", dict(row), from_text_table=True))
     except csv.Error as err:
         raise LeapError(f"malformed CSV: {err}", where=str(path)) from None
-    except UnicodeDecodeError as err:
-        raise LeapError(f"the file is not UTF-8 text ({err.reason})", where=str(path)) from None
+    except UnicodeDecodeError:
+        raise _not_utf8(path) from None
     return ReadResult(rows, [])
 
 

@@ -169,8 +169,9 @@ def _check_message(message: Any, field: str, problem) -> dict | None:
             problem(f"{field}.content", "missing: every message needs content (a string or a list of typed parts)")
             return None
     if message["content"] is None and not (role == "assistant" and message.get("tool_calls")):
-        problem(f"{field}.content", f"null: a {role} message needs content (only an assistant message with "
-                "tool_calls may have content null)")
+        article = "an" if role == "assistant" else "a"
+        problem(f"{field}.content", f"null: {article} {role} message needs content (only an assistant message "
+                "with at least one tool call in tool_calls may have content null)")
         return None
     content = _normalise_content(message["content"], f"{field}.content", problem)
     if content is None:

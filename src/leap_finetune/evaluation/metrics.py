@@ -106,7 +106,8 @@ def load_metric(metric: str, *, guarded: bool = True) -> Callable:
     try:
         spec.loader.exec_module(module)
     except Exception as err:  # noqa: BLE001 - the user's file
-        raise LeapError(f"cannot import the custom metric file: {type(err).__name__}: {err}", where=file) from None
+        raise LeapError(f"cannot import the custom metric file: {type(err).__name__}: {err}", where=file,
+                        fix="correct the file (it is imported as a Python module)") from None
     function = getattr(module, name, None)
     if not callable(function):
         raise LeapError(f"no function '{name}' in the custom metric file", where=file,
@@ -130,17 +131,17 @@ def _guarded(function: Callable) -> Callable:
 
 
 def as_score(value) -> tuple[float, bool]:
-    """A custom metric's return value as (score, parsed); a value that is not a number is unparsed."""
+    """A custom metric's return value as (score, parsed); a value that is not a finite number is unparsed."""
+    import math
+
+    parsed = True
     if isinstance(value, tuple) and len(value) == 2:
         value, parsed = value
-        try:
-            return float(value), bool(parsed)
-        except (TypeError, ValueError):
-            return 0.0, False
     try:
-        return float(value), True
+        number = float(value)
     except (TypeError, ValueError):
         return 0.0, False
+    return (number, bool(parsed)) if math.isfinite(number) else (0.0, False)
 
 
 def check_custom_metric(metric: str, benchmark: str, items) -> None:
@@ -159,8 +160,10 @@ def check_custom_metric(metric: str, benchmark: str, items) -> None:
                 fix="make the metric return a number for every row (it is checked on each row's reference "
                 "before training; def name(prediction, reference, row) -> float)",
             ) from None
-        if as_score(value) == (0.0, False) and value is not None and not isinstance(value, tuple):
+        number = value[0] if isinstance(value, tuple) and len(value) == 2 else value
+        if as_score(value) == (0.0, False) and not (isinstance(value, tuple) and len(value) == 2 and number == 0):
+            forgot = " (a function without `return` returns None)" if value is None else ""
             raise LeapError(
-                f"custom metric '{metric.rsplit('::', 1)[-1]}' returned {value!r} (not a number) on benchmark "
-                f"'{benchmark}' ({item.file}, {item.location})", where=metric.split("::", 1)[0],
+                f"custom metric '{metric.rsplit('::', 1)[-1]}' returned {value!r}, not a finite number{forgot}, on "
+                f"benchmark '{benchmark}' ({item.file}, {item.location})", where=metric.split("::", 1)[0],
                 fix="return a float (or a (float, parsed) pair)")

@@ -34,7 +34,7 @@ def is_logprob(metric: str) -> bool:
 
 def load_benchmark(bench: BenchmarkConfig, *, vision: bool, model_name: str) -> list[BenchmarkItem]:
     """Every row of a benchmark, or a DataError listing every problem (file, row, field)."""
-    result = read_dataset(bench.path, limit=bench.limit)
+    result = read_dataset(bench.path, limit=bench.limit, key=f"evals.benchmarks ('{bench.name}') path")
     problems = list(result.problems)
     items = []
     for row in result.rows:
@@ -96,6 +96,9 @@ def _check_row(row: SourceRow, bench: BenchmarkConfig, *, vision: bool, model_na
     if len(turns) < 2:
         problem("messages", "only an assistant turn: the prompt (everything before the reference) is empty")
         return None
+    if not turns[-1]["content"].strip():
+        problem(f"messages[{len(turns) - 1}].content", "the reference answer (the last assistant turn) is empty")
+        return None
     return BenchmarkItem(row.file, row.location, turns[:-1], reference=turns[-1]["content"], images=images)
 
 
@@ -116,6 +119,10 @@ def _mcq(row, data, turns, images, problem, bench) -> BenchmarkItem | None:
     for index, option in enumerate(options):
         if not isinstance(option, str) or not option.strip():
             problem(f"options[{index}]", f"expected a non-empty string, got {_kind(option)}")
+            return None
+        if option in options[:index]:
+            problem(f"options[{index}]", f"{option!r} is also options[{options.index(option)}]: two equal options "
+                    "score the same, so the question cannot be answered")
             return None
     if isinstance(answer, bool) or not isinstance(answer, int):
         problem("answer_id", f"expected the index of the correct option (an integer), got {_kind(answer)}")

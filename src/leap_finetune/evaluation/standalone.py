@@ -39,6 +39,8 @@ def evaluate_config(source, *, output: str | Path | None = None, console: Consol
                         fix="add evals: with benchmarks (see README \"Benchmarks\")")
     target = model_to_evaluate(resolved)
     benchmarks = _check_benchmarks(resolved, target.model_id)
+    if output is not None:
+        _check_output(Path(output), resolved)
 
     import torch
 
@@ -82,6 +84,20 @@ def evaluate_config(source, *, output: str | Path | None = None, console: Consol
     return report
 
 
+def _check_output(output: Path, resolved: ResolvedConfig) -> None:
+    """The results file must not be a folder or one of the run's inputs (checked before evaluating)."""
+    output = output.resolve()
+    if output.is_dir():
+        raise LeapError("--output is a folder", where=str(output), fix="give a file path, e.g. results.json")
+    inputs = [resolved.config_path, *(b.path for b in resolved.evals.benchmarks)]
+    if str(output) in {str(Path(p).resolve()) for p in inputs if p}:
+        raise LeapError("--output would overwrite an input of this evaluation (the config or a benchmark file)",
+                        where=str(output), fix="give another file path, e.g. results.json")
+    from leap_finetune.launch.plan import check_writable
+
+    check_writable(output.parent, "--output")
+
+
 def _processor_for(model_id: str, base_model_id: str, tokenizer, benchmarks):
     """A vision-language model's processor when some benchmark row has images, else None. A
     training checkpoint holds no processor files: fine-tuning does not change image preprocessing,
@@ -108,6 +124,11 @@ def model_to_evaluate(resolved: ResolvedConfig) -> ModelToEvaluate:
     if (folder / "model" / "config.json").exists():
         return ModelToEvaluate(str(folder / "model"))
     chosen = folder
+    from leap_finetune.launch.plan import newest_run
+
+    run = newest_run(folder) if not _is_model(folder) and not _is_adapter(folder) else None
+    if run is not None and run != folder and (run / "model" / "config.json").exists():
+        return ModelToEvaluate(str(run / "model"))  # a project folder: its newest run's final model
     if not _is_model(folder) and not _is_adapter(folder):
         chosen = latest_checkpoint(folder)
         if chosen is None:

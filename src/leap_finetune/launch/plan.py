@@ -110,11 +110,18 @@ def _plan_resume(resolved: ResolvedConfig, root: Path) -> RunPlan:
         if not checkpoint.is_dir():
             raise LeapError("no such checkpoint folder", where=f"{key}: {checkpoint}",
                             fix="use a checkpoint-N folder of an earlier run, or `latest`")
+        _check_is_checkpoint(checkpoint, key)
         verdict = verify(checkpoint)
         if not verdict.ok:
             raise LeapError(f"this checkpoint cannot be resumed from: {verdict.problem}", where=f"{key}: {checkpoint}",
                             fix="use another checkpoint-N folder of the run, or `latest` (the newest intact one)")
         run_dir = checkpoint.parent
+        newer = [p.name for p in checkpoints(run_dir) if step_of(p) > step_of(checkpoint) and verify(p).ok]
+        if newer:
+            raise LeapError(
+                f"the run has newer complete checkpoints ({', '.join(newer)}); resuming from {checkpoint.name} in "
+                "place would discard them", where=f"{key}: {checkpoint}",
+                fix="use `latest`, or copy this checkpoint into a new folder and resume from the copy")
     check_writable(run_dir, "the run folder")
     marker = read_marker(checkpoint) or {}
     stale = [p for p in checkpoints(run_dir) if step_of(p) > step_of(checkpoint) or read_marker(p) is None]
@@ -122,6 +129,58 @@ def _plan_resume(resolved: ResolvedConfig, root: Path) -> RunPlan:
                    metrics_bytes=marker.get("metrics_bytes"), trained_seconds=marker.get("trained_seconds", 0.0))
     plan.finished = _finished(resolved, run_dir, checkpoint)
     return plan
+
+
+def _check_is_checkpoint(folder: Path, key: str) -> None:
+    """Say what the folder is when it is not a checkpoint-N folder (a run folder, a final model)."""
+    if checkpoints(folder):
+        raise LeapError("this is a run folder, not a checkpoint", where=f"{key}: {folder}",
+                        fix=f"use `latest`, or one of its checkpoints: {folder / checkpoints(folder)[-1].name}")
+    if (folder / "config.json").exists() and not (folder / "trainer_state.json").exists():
+        raise LeapError("this is a saved model, not a checkpoint: it has no optimizer, scheduler or data position",
+                        where=f"{key}: {folder}",
+                        fix="resume from a checkpoint-N folder; to fine-tune this model further, set model_name to it")
+
+
+# What a resume must keep: the run's model, data and the settings that decide what one step is.
+RESUME_KEEPS = ("model_id", "training_type", "chat_template", "loss_on", "peft")
+RESUME_KEEPS_DATA = ("path", "val_path", "limit", "test_size", "split", "subset", "on_invalid")
+RESUME_KEEPS_TRAINING = ("per_device_train_batch_size", "gradient_accumulation_steps", "max_length", "packing",
+                         "padding_free", "seed", "truncation_mode", "model_init_kwargs")
+
+
+def check_resume_matches(resolved: ResolvedConfig, plan: RunPlan, data_fingerprint: dict | None) -> None:
+    """A resume continues the same run: the same model, data and step; a config that changed one of
+    them would train a different run from this one's optimizer state and data position."""
+    import json
+
+    from leap_finetune.config.yaml_io import read_yaml
+
+    if plan.new_run or plan.finished is not None:
+        return
+    try:
+        before = read_yaml(plan.run_dir / "resolved_config.yaml")
+    except LeapError:
+        return
+    now = resolved.to_json_dict()
+    changed = [(k, before.get(k), now.get(k)) for k in RESUME_KEEPS if before.get(k) != now.get(k)]
+    changed += [(f"dataset.{k}", (before.get("dataset") or {}).get(k), (now.get("dataset") or {}).get(k))
+                for k in RESUME_KEEPS_DATA if (before.get("dataset") or {}).get(k) != (now.get("dataset") or {}).get(k)]
+    changed += [(f"training_config.{k}", (before.get("training") or {}).get(k), (now.get("training") or {}).get(k))
+                for k in RESUME_KEEPS_TRAINING
+                if (before.get("training") or {}).get(k) != (now.get("training") or {}).get(k)]
+    saved = plan.run_dir / "prepared" / "fingerprint.json"
+    if not changed and data_fingerprint is not None and saved.exists():
+        old = json.loads(saved.read_text(encoding="utf-8"))
+        if old != data_fingerprint:
+            changed.append(("the prepared training data", f"{old.get('train_rows')} rows, {old.get('train')[:12]}",
+                            f"{data_fingerprint.get('train_rows')} rows, {data_fingerprint.get('train')[:12]}"))
+    if changed:
+        listed = "; ".join(f"{key}: {old!r} -> {new!r}" for key, old, new in changed[:6])
+        raise LeapError(f"this config changes what the run at {plan.run_dir} trains: {listed}",
+                        where="training_config.resume_from_checkpoint",
+                        fix="a resume continues the same run: change these back, or start a new run (remove "
+                        "resume_from_checkpoint)")
 
 
 def _finished(resolved: ResolvedConfig, run_dir: Path, checkpoint: Path) -> dict | None:

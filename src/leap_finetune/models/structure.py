@@ -46,18 +46,35 @@ def check_lora_targets(peft: dict, names: dict[str, str], model_id: str, where: 
     """peft matches a `target_modules` entry against a module name's last components (a string is a
     regular expression over the whole name); an entry that matches nothing is a typo or another
     architecture's name, and peft would fail (or, for some entries, silently adapt fewer layers)."""
-    targets = peft.get("target_modules")
-    _check(targets, "target_modules", names, model_id, where)
+    if not peft.get("target_parameters"):
+        _check(peft.get("target_modules"), "target_modules", names, model_id, where)
     _check(peft.get("modules_to_save"), "modules_to_save", names, model_id, where)
+    _check_layers(peft.get("layers_to_transform"), names, model_id, where)
+
+
+def _check_layers(layers, names: dict[str, str], model_id: str, where: str) -> None:
+    """`layers_to_transform` indexes the decoder layers."""
+    if layers is None:
+        return
+    wanted = [layers] if isinstance(layers, int) else list(layers)
+    present = {int(m.group(1)) for name in names if (m := re.search(r"\.layers\.(\d+)$", name))}
+    missing = [i for i in wanted if i not in present]
+    if present and missing:
+        raise LeapError(f"peft_config.layers_to_transform names layer(s) {missing}, but {model_id} has layers "
+                        f"0-{max(present)}", where=where, fix=f"use layer indices from 0 to {max(present)}")
 
 
 def _check(targets, key: str, names: dict[str, str], model_id: str, where: str) -> None:
-    if targets is None or targets == "all-linear":
+    if targets == "all-linear" or (targets is None and key == "modules_to_save"):
         return
+    if targets is None or targets == []:
+        raise LeapError(f"peft_config.{key} is empty: LoRA would adapt no layer", where=where,
+                        fix="name the layers to adapt (DEFAULT_LORA: q_proj, k_proj, v_proj, out_proj, in_proj, w1, w2, "
+                        "w3), or all-linear")
     if isinstance(targets, str):
         if not any(re.fullmatch(targets, name) for name in names):
             raise LeapError(f"peft_config.{key} '{targets}' (a regular expression) matches no module of {model_id}",
-                            where=where, fix=_suggest(names))
+                            where=where, fix="to name modules, write a list (e.g. [q_proj, v_proj]); " + _suggest(names))
         return
     missing = [t for t in targets if not any(name == t or name.endswith("." + t) for name in names)]
     if missing:

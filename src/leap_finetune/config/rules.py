@@ -1,0 +1,90 @@
+"""Rules across `training_config` keys that transformers or TRL only enforce once training starts
+(after the model loaded and the run folder exists). Each `check_<thing>` raises one precise error.
+
+`check_trainer_parts` goes further and builds what the Trainer would build from the arguments - the
+optimizer class and the learning-rate scheduler (on a one-parameter stand-in model) - so a missing
+optimizer package or bad scheduler kwargs fail at `validate` too.
+"""
+
+from __future__ import annotations
+
+import os
+
+from leap_finetune.errors import LeapError
+
+# Metrics each training type's evaluation logs (what metric_for_best_model may name, without "eval_").
+EVAL_METRICS = {
+    "sft": ("loss", "mean_token_accuracy", "entropy", "num_tokens"),
+    "dpo": ("loss", "rewards/chosen", "rewards/rejected", "rewards/accuracies", "rewards/margins",
+            "logps/chosen", "logps/rejected", "logits/chosen", "logits/rejected", "mean_token_accuracy", "entropy",
+            "num_tokens"),
+    "kto": ("loss", "kl", "rewards/chosen", "rewards/rejected", "rewards/margins", "logps/chosen", "logps/rejected",
+            "logits/chosen", "logits/rejected", "entropy", "num_tokens"),
+}
+
+
+def check_training_rules(training_type: str, training: dict, where: str) -> None:
+    check_multi_process(training, where)
+    check_hub_push(training, where)
+    check_packing_length(training, where)
+    check_best_model_metric(training_type, training, where)
+
+
+def check_multi_process(training: dict, where: str) -> None:
+    """FSDP and DeepSpeed need several processes; runs are one process today."""
+    for key in ("fsdp", "deepspeed"):
+        if training.get(key):
+            raise LeapError(
+                f"training_config.{key} is set, but leap-finetune runs one training process today ({key} needs "
+                "several); multi-GPU training is planned", where=where,
+                fix=f"remove {key}; for a model that does not fit one GPU, use LoRA (peft_config) or "
+                "model_init_kwargs: {dtype: bfloat16}")
+
+
+def check_hub_push(training: dict, where: str) -> None:
+    if training.get("push_to_hub") and os.environ.get("HF_HUB_OFFLINE") == "1":
+        raise LeapError("training_config.push_to_hub is true, but the Hugging Face Hub is off (HF_HUB_OFFLINE=1)",
+                        where=where, fix="unset HF_HUB_OFFLINE where the Hub is reachable, or set push_to_hub: false")
+
+
+def check_packing_length(training: dict, where: str) -> None:
+    if training.get("packing") and training.get("max_length") is None:
+        raise LeapError("training_config.packing packs rows into sequences of max_length tokens, but max_length is "
+                        "null", where=where, fix="set max_length (e.g. 2048), or packing: false")
+
+
+def check_best_model_metric(training_type: str, training: dict, where: str) -> None:
+    name = training.get("metric_for_best_model")
+    if name is None:
+        return
+    known = EVAL_METRICS.get(training_type, ())
+    bare = name.removeprefix("eval_")
+    if bare not in known:
+        raise LeapError(
+            f"training_config.metric_for_best_model is '{name}', which {training_type} evaluation does not log",
+            where=where, fix="use one of: " + ", ".join(f"eval_{m}" for m in known))
+
+
+def check_trainer_parts(args, where: str) -> None:
+    """The optimizer class and the scheduler the Trainer would make from `args` (a TRL config)."""
+    import torch
+    from transformers import Trainer, get_scheduler
+
+    try:
+        optimizer_cls, optimizer_kwargs = Trainer.get_optimizer_cls_and_kwargs(args)
+    except (ImportError, ValueError, TypeError) as err:
+        raise LeapError(f"training_config.optim '{getattr(args.optim, 'value', args.optim)}': {str(err).splitlines()[0]}", where=where,
+                        fix="install what it names, or use optim: adamw_torch (the default)") from None
+    parameter = torch.nn.Parameter(torch.zeros(1))
+    optimizer = torch.optim.SGD([parameter], lr=args.learning_rate)
+    kwargs = args.lr_scheduler_kwargs
+    if kwargs is not None and not isinstance(kwargs, dict):
+        raise LeapError(f"training_config.lr_scheduler_kwargs is {kwargs!r}: expected a mapping", where=where,
+                        fix="e.g. lr_scheduler_kwargs: {min_lr_rate: 0.1}")
+    try:
+        get_scheduler(args.lr_scheduler_type, optimizer, num_warmup_steps=1, num_training_steps=10,
+                      scheduler_specific_kwargs=kwargs or {})
+    except (ValueError, TypeError) as err:
+        raise LeapError(f"training_config.lr_scheduler_type '{getattr(args.lr_scheduler_type, 'value', args.lr_scheduler_type)}' "
+                        f"with lr_scheduler_kwargs {kwargs or {}}: {str(err).splitlines()[0]}", where=where,
+                        fix="set the scheduler's arguments in lr_scheduler_kwargs (see transformers' get_scheduler)") from None
