@@ -10,15 +10,17 @@ from pathlib import Path
 
 import pytest
 import yaml
-from transformers import TrainerCallback
 
 os.environ["HF_HUB_OFFLINE"] = "1"
 os.environ["TRANSFORMERS_OFFLINE"] = "1"
 os.environ["HF_DATASETS_OFFLINE"] = "1"
 os.environ.setdefault("TOKENIZERS_PARALLELISM", "false")
-os.environ["COLUMNS"] = "200"
+os.environ["COLUMNS"] = "200"  # rich wraps at the terminal width; messages are asserted whole
 # Library FutureWarnings are shown in the test summary (in-process runs), not hidden as for users.
-os.environ["LEAP_FINETUNE_SHOW_WARNINGS"] = "1"  # rich wraps at the terminal width; messages are asserted whole
+os.environ["LEAP_FINETUNE_SHOW_WARNINGS"] = "1"
+
+# After the environment above: huggingface_hub reads HF_HUB_OFFLINE when it is first imported.
+from transformers import TrainerCallback  # noqa: E402
 
 REPO = Path(__file__).resolve().parents[1]
 EXAMPLES = REPO / "examples"
