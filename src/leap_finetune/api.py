@@ -20,6 +20,7 @@ from leap_finetune.config.yaml_io import dump_yaml
 from leap_finetune.data.prepare import PreparedData, prepare_data
 from leap_finetune.errors import LeapError
 from leap_finetune.evaluation.standalone import evaluate_config
+from leap_finetune.launch.devices import device_plan
 from leap_finetune.launch.plan import check_resume_matches, plan_run
 from leap_finetune.launch.report import config_table, data_report
 
@@ -118,9 +119,11 @@ def validate_config(source, *, console: Console | None = None,
     _, _, prepared = _prepare(resolved)
     _check_training_arguments(resolved, has_eval=bool(prepared.eval))
     plan = plan_run(resolved, outputs_root=Path(outputs_root) if outputs_root else None)
-    check_resume_matches(resolved, plan, fingerprint(prepared))
+    devices = device_plan(resolved)
+    check_resume_matches(resolved, plan, fingerprint(prepared), devices.workers)
     console.print(config_table(resolved))
     data_report(console, prepared, resolved)
+    console.print(devices_line(devices))
     console.print(f"run folder: {plan.run_dir}" + (f" (resuming from {plan.resume_checkpoint})" if plan.resume_checkpoint else ""))
     _print_plan_notes(console, plan)
     return prepared
@@ -156,24 +159,34 @@ def run_config(source, *, console: Console | None = None, callbacks: list | None
     tokenizer, renderer, prepared = _prepare(resolved)
     _check_training_arguments(resolved, has_eval=bool(prepared.eval))
     plan = plan_run(resolved, outputs_root=Path(outputs_root) if outputs_root else None)
-    check_resume_matches(resolved, plan, fingerprint(prepared))
+    devices = device_plan(resolved)
+    check_resume_matches(resolved, plan, fingerprint(prepared), devices.workers)
+    if callbacks and not devices.in_process:
+        raise ValueError("run_config(callbacks=...) needs an in-process run (one device); this plan has "
+                         f"{devices.workers} workers")
     console.print(config_table(resolved))
     data_report(console, prepared, resolved)
     _print_plan_notes(console, plan)
     if plan.finished is not None:
         return {**plan.finished, "run_dir": str(plan.run_dir), "already_finished": True}
     resolved = resolved.model_copy(update={
-        "run_dir": str(plan.run_dir), "run_name": plan.run_name,
+        "run_dir": str(plan.run_dir), "run_name": plan.run_name, "workers": devices.workers,
         "resume_checkpoint_path": str(plan.resume_checkpoint) if plan.resume_checkpoint else None,
     })
     _write_run_folder(resolved, prepared, renderer, plan)
-    _print_plan(console, resolved, prepared, plan)
+    _print_plan(console, resolved, prepared, plan, devices)
 
     from leap_finetune.recipes import recipe
 
+    payload = json.loads(json.dumps(resolved.to_json_dict()))
     try:
-        summary = recipe(resolved.training_type).train(json.loads(json.dumps(resolved.to_json_dict())),
-                                                       callbacks=callbacks)
+        if devices.in_process:
+            summary = recipe(resolved.training_type).train(payload, callbacks=callbacks)
+        else:
+            from leap_finetune.launch.distributed import run_on_ray
+
+            run_on_ray(payload, devices, plan.run_dir)
+            summary = json.loads((plan.run_dir / "summary.json").read_text(encoding="utf-8"))
     except BaseException:
         # A new run that failed before its first checkpoint (a mistake only the worker can find, such
         # as a model folder without weights, or a bug, or Ctrl-C while the model loads) holds nothing
@@ -297,16 +310,28 @@ def _samples(prepared: PreparedData, renderer) -> list[dict]:
     return samples
 
 
-def _print_plan(console: Console, resolved: ResolvedConfig, prepared: PreparedData, plan) -> None:
+def devices_line(devices) -> str:
+    if devices.in_process:
+        where = f"1 GPU (device {devices.training[0]})" if devices.use_gpu else "CPU"
+        return f"devices: {where}, in-process"
+    kind = f"{len(devices.training)} GPU(s) per node: {devices.training}" if devices.use_gpu else "CPU workers"
+    cluster = f"the Ray cluster at {devices.address}" if devices.address else "a local Ray instance"
+    return (f"devices: {devices.workers} Ray Train workers ({devices.backend}) on {devices.nodes} node(s), {kind}; "
+            f"{cluster}")
+
+
+def _print_plan(console: Console, resolved: ResolvedConfig, prepared: PreparedData, plan, devices) -> None:
     t = resolved.training
-    per_step = t.get("per_device_train_batch_size", 8) * t.get("gradient_accumulation_steps", 1)
+    per_step = t.get("per_device_train_batch_size", 8) * t.get("gradient_accumulation_steps", 1) * devices.workers
     steps = t.get("max_steps", -1)
     if steps is None or steps <= 0:
         steps = math.ceil(len(prepared.train) / per_step) * math.ceil(t.get("num_train_epochs", 1))
         if t.get("packing"):
             steps = f"<= {steps} (packing merges rows)"
     action = f"resuming from {plan.resume_checkpoint}" if plan.resume_checkpoint else "new run"
-    console.print(f"run: {plan.run_dir} ({action}); {len(prepared.train)} rows, {prepared.train_tokens:,} tokens, {steps} steps")
+    console.print(f"run: {plan.run_dir} ({action}); {len(prepared.train)} rows, {prepared.train_tokens:,} tokens, {steps} steps"
+                  f" of {per_step} rows")
+    console.print(devices_line(devices))
     from leap_finetune.recipes import recipe
 
     args = recipe(resolved.training_type).training_arguments(resolved, run_dir=str(plan.run_dir), has_eval=bool(prepared.eval))

@@ -11,7 +11,7 @@ from pathlib import Path
 import typer
 from rich.console import Console
 
-from leap_finetune.errors import LeapError
+from leap_finetune.errors import LeapError, RunFailed
 
 app = typer.Typer(
     add_completion=False,
@@ -42,6 +42,11 @@ def _user_errors(command):
                 raise
             print(f"error: {err.format()}", file=sys.stderr)
             raise typer.Exit(2) from None
+        except RunFailed as err:  # the run started and failed (a worker died): exit 1, one message
+            if _state["debug"]:
+                raise
+            print(f"error: {err}", file=sys.stderr)
+            raise typer.Exit(1) from None
 
     return wrapper
 

@@ -27,6 +27,11 @@ class LeapError(Exception):
         return "\n".join(lines)
 
 
+class RunFailed(Exception):
+    """A run that started and then failed (a worker died, ran out of memory): not a config mistake, so
+    exit code 1, but one message (which process, why, what is intact) instead of a traceback."""
+
+
 @dataclass(frozen=True)
 class RowProblem:
     """One problem in one dataset row: enough to find it in the file and fix it."""

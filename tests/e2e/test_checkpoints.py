@@ -198,7 +198,7 @@ def test_a_resume_must_continue_the_same_run(data):
         "model": (dict(model_name="tiny-lfm2.5"), "model_id: 'tiny-lfm2' -> 'tiny-lfm2.5'"),
         "lora": (dict(peft_config={"extends": "DEFAULT_LORA"}), "peft: None ->"),
         "batch": (dict(training_config={**BASE, "per_device_train_batch_size": 2, "resume_from_checkpoint": "latest"}),
-                  "training_config.per_device_train_batch_size: 4 -> 2"),
+                  "the global batch (per_device_train_batch_size x gradient_accumulation_steps x workers): 4 -> 2"),
     }
     for name, (overrides, expected) in changes.items():
         config = tiny_config(project_name="same", dataset={"path": "train.jsonl", "test_size": 8},

@@ -59,13 +59,17 @@ def load_config(source: str | Path | dict, *, base_dir: Path | None = None) -> R
     where = str(config_path) if config_path else "config"
 
     _check_keys(raw, LeapConfigModel.model_fields, where, "the top level")
-    for block in ("peft_config", "training_config", "dataset", "evals", "async_eval"):
+    for block in ("peft_config", "training_config", "dataset", "evals", "async_eval", "ray"):
         if block in raw and raw[block] is None:
             raise LeapError(f"'{block}:' is empty", where=where, fix={
                 "peft_config": "for LoRA with the defaults write `peft_config: {extends: DEFAULT_LORA}`; for a full "
                 "fine-tune remove the key"}.get(block, f"give {block} its keys, or remove it"))
     if isinstance(raw.get("dataset"), dict):
         _check_keys(raw["dataset"], DatasetConfig.model_fields, where, "dataset")
+    if isinstance(raw.get("ray"), dict):
+        from leap_finetune.config.schema import RayConfig
+
+        _check_keys(raw["ray"], RayConfig.model_fields, where, "ray")
     if isinstance(raw.get("async_eval"), dict):
         from leap_finetune.config.schema import AsyncEvalConfig
 
@@ -127,6 +131,7 @@ def load_config(source: str | Path | dict, *, base_dir: Path | None = None) -> R
         checkpoint=str(local_path(model.checkpoint, base)) if model.checkpoint else None,
         resume_from_checkpoint=resume if resume in (None, "latest") else str(local_path(resume, base)),
         config_dir=str(base),
+        ray=model.ray,
     )
 
 

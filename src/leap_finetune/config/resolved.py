@@ -7,7 +7,7 @@ from __future__ import annotations
 
 from pydantic import BaseModel, ConfigDict
 
-from leap_finetune.config.schema import DatasetConfig, EvalsConfig
+from leap_finetune.config.schema import DatasetConfig, EvalsConfig, RayConfig
 
 
 class ResolvedConfig(BaseModel):
@@ -30,10 +30,12 @@ class ResolvedConfig(BaseModel):
     evals: EvalsConfig | None = None  # benchmark paths made absolute
     checkpoint: str | None = None  # leap-finetune eval: a run or checkpoint folder
     config_dir: str | None = None  # relative paths (and the default outputs/ folder) start here
+    ray: RayConfig | None = None  # the user's ray: block (the device plan is decided by the driver)
     # Decided by the driver's plan (None until then):
     run_dir: str | None = None
     run_name: str | None = None
     resume_checkpoint_path: str | None = None  # the checkpoint folder "latest" (or a path) resolved to
+    workers: int = 1  # training processes of the device plan (launch/devices.py)
 
     def to_json_dict(self) -> dict:
         return self.model_dump(mode="json")

@@ -31,14 +31,12 @@ def check_training_rules(training_type: str, training: dict, where: str) -> None
 
 
 def check_multi_process(training: dict, where: str) -> None:
-    """FSDP and DeepSpeed need several processes; runs are one process today."""
-    for key in ("fsdp", "deepspeed"):
-        if training.get(key):
-            raise LeapError(
-                f"training_config.{key} is set, but leap-finetune runs one training process today ({key} needs "
-                "several); multi-GPU training is planned", where=where,
-                fix=f"remove {key}; for a model that does not fit one GPU, use LoRA (peft_config) or "
-                "model_init_kwargs: {dtype: bfloat16}")
+    """Sharding is FSDP's (through transformers); DeepSpeed is not wired in. FSDP's need for several
+    workers is checked with the device plan (launch/devices.py)."""
+    if training.get("deepspeed"):
+        raise LeapError("training_config.deepspeed is not supported by leap-finetune", where=where,
+                        fix="for a model that does not fit one GPU use training_config.fsdp (FSDP2 through "
+                        "transformers) over several GPUs, or LoRA")
 
 
 def check_hub_push(training: dict, where: str) -> None:

@@ -104,6 +104,24 @@ class AsyncEvalConfig(StrictModel):
     failure: EvalFailureConfig = Field(default_factory=EvalFailureConfig, description="Failure isolation.")
 
 
+class RayConfig(StrictModel):
+    """Training on several devices with Ray Train: one worker process per training GPU (or `num_workers`
+    CPU workers), data-parallel (DDP; FSDP with `training_config.fsdp`)."""
+
+    address: str | None = Field(
+        default=None, min_length=1,
+        description="An existing Ray cluster (`host:port`, or `auto`) for multi-node runs; default: the RAY_ADDRESS "
+        "environment variable, else a local Ray instance when more than one worker is planned.")
+    num_workers: int | None = Field(
+        default=None, gt=0,
+        description="Training processes. Default: one per training GPU of the plan (all visible GPUs not reserved "
+        "for servers); without GPUs, 1 (in-process). N CPU workers (gloo) run the distributed path on a laptop.")
+    resources_per_worker: dict[str, float] | None = Field(
+        default=None, description="Ray resources per worker, e.g. {CPU: 8, GPU: 1} (default: 1 GPU on GPUs, 1 CPU "
+        "otherwise).")
+    connect_timeout_s: float = Field(default=30, gt=0, description="How long to wait for `address` to answer.")
+
+
 class LeapConfigModel(StrictModel):
     """The top level of a leap-finetune YAML file."""
 
@@ -131,6 +149,9 @@ class LeapConfigModel(StrictModel):
     async_eval: AsyncEvalConfig | None = Field(
         default=None, description="Where benchmarks run: `mode: sync` (training pauses; the default)."
     )
+    ray: RayConfig | None = Field(
+        default=None, description="Several devices or nodes through Ray Train (keys below); default: decided from the "
+        "visible GPUs.")
     checkpoint: str | None = Field(
         default=None,
         min_length=1,

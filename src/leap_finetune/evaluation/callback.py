@@ -35,5 +35,8 @@ class BenchmarkCallback(TrainerCallback):
         return results
 
     def on_step_end(self, args, state, control, **kwargs):
+        # rank 0 only: the other ranks wait for it at the next step's gradient all-reduce
+        if not state.is_world_process_zero:
+            return
         if self.trainer is not None and state.global_step % self.every == 0 and state.global_step < state.max_steps:
             self.evaluate("during training")

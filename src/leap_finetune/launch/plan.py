@@ -145,13 +145,22 @@ def _check_is_checkpoint(folder: Path, key: str) -> None:
 # What a resume must keep: the run's model, data and the settings that decide what one step is.
 RESUME_KEEPS = ("model_id", "training_type", "chat_template", "loss_on", "peft")
 RESUME_KEEPS_DATA = ("path", "val_path", "limit", "test_size", "split", "subset", "on_invalid")
-RESUME_KEEPS_TRAINING = ("per_device_train_batch_size", "gradient_accumulation_steps", "max_length", "packing",
-                         "padding_free", "seed", "truncation_mode", "model_init_kwargs")
+RESUME_KEEPS_TRAINING = ("max_length", "packing", "padding_free", "seed", "truncation_mode", "model_init_kwargs")
 
 
-def check_resume_matches(resolved: ResolvedConfig, plan: RunPlan, data_fingerprint: dict | None) -> None:
-    """A resume continues the same run: the same model, data and step; a config that changed one of
-    them would train a different run from this one's optimizer state and data position."""
+def global_batch(config: dict) -> int:
+    """Rows per optimizer step: per device x accumulation x workers (the number of workers may change on a
+    resume as long as this does not)."""
+    training = config.get("training") or {}
+    return (training.get("per_device_train_batch_size", 8) * training.get("gradient_accumulation_steps", 1)
+            * config.get("workers", 1))
+
+
+def check_resume_matches(resolved: ResolvedConfig, plan: RunPlan, data_fingerprint: dict | None,
+                         workers: int = 1) -> None:
+    """A resume continues the same run: the same model, data and step (the global batch: a different
+    number of workers is fine when per-device batch x accumulation makes up for it); a config that
+    changed one of them would train a different run from this one's optimizer state and data position."""
     import json
 
     from leap_finetune.config.yaml_io import read_yaml
@@ -162,8 +171,10 @@ def check_resume_matches(resolved: ResolvedConfig, plan: RunPlan, data_fingerpri
         before = read_yaml(plan.run_dir / "resolved_config.yaml")
     except LeapError:
         return
-    now = resolved.to_json_dict()
-    changed = [(k, before.get(k), now.get(k)) for k in RESUME_KEEPS if before.get(k) != now.get(k)]
+    now = {**resolved.to_json_dict(), "workers": workers}
+    changed = [("the global batch (per_device_train_batch_size x gradient_accumulation_steps x workers)",
+                global_batch(before), global_batch(now))] if global_batch(before) != global_batch(now) else []
+    changed += [(k, before.get(k), now.get(k)) for k in RESUME_KEEPS if before.get(k) != now.get(k)]
     changed += [(f"dataset.{k}", (before.get("dataset") or {}).get(k), (now.get("dataset") or {}).get(k))
                 for k in RESUME_KEEPS_DATA if (before.get("dataset") or {}).get(k) != (now.get("dataset") or {}).get(k)]
     changed += [(f"training_config.{k}", (before.get("training") or {}).get(k), (now.get("training") or {}).get(k))

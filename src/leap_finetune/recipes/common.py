@@ -21,6 +21,12 @@ from leap_finetune.recipes.checkpoints import CheckpointMarker, read_marker
 PREPARED_DIR = "prepared"
 
 
+def is_main_process() -> bool:
+    """Rank 0 of a distributed run (Ray Train sets RANK), or the only process: it alone writes the run
+    folder's files, runs the benchmarks and prints samples."""
+    return int(os.environ.get("RANK", "0")) == 0
+
+
 def quiet_libraries() -> None:
     """Our progress bar and reports replace the libraries' per-step bars and notices."""
     import warnings
@@ -144,11 +150,18 @@ def train_evaluate_save(trainer, resolved: ResolvedConfig, run_dir: Path, tokeni
     if benchmarks is not None:
         benchmarks.trainer = trainer
     resume = resolved.resume_checkpoint_path
-    _print_model_summary(console, trainer.model)
+    main = is_main_process()
+    if main:
+        _print_model_summary(console, trainer.model)
     has_eval = trainer.eval_dataset is not None
-    baseline = trainer.evaluate() if has_eval and not resume else None  # logged at step 0
-    baseline_benchmarks = benchmarks.evaluate("before training") if benchmarks is not None and not resume else {}
+    baseline = trainer.evaluate() if has_eval and not resume else None  # logged at step 0 (every rank evaluates)
+    run_benchmarks = benchmarks is not None and main  # once, not once per rank
+    baseline_benchmarks = benchmarks.evaluate("before training") if run_benchmarks and not resume else {}
     result = trainer.train(resume_from_checkpoint=resume)
+    if not main:
+        if has_eval and trainer.state.global_step >= trainer.state.max_steps:
+            _final_eval(trainer)  # the last evaluation is distributed too
+        return {"global_step": trainer.state.global_step, "rank": int(os.environ.get("RANK", "0"))}
     # The whole run, also after resumes: after a resume the Trainer's loss covers only this process's
     # steps, so it is averaged over every logged step of metrics.jsonl instead; training time is summed
     # over the processes.
@@ -166,14 +179,12 @@ def train_evaluate_save(trainer, resolved: ResolvedConfig, run_dir: Path, tokeni
         summary["stopped_by_signal"] = stop_on_signal.received
         write_atomic(run_dir / "summary.json", json.dumps(summary, indent=2))
         return summary
-    if benchmarks is not None:
+    if run_benchmarks:
         final = benchmarks.evaluate("after training")
         summary["benchmarks"] = {k: v for k, v in final.items() if k.endswith("/score")}
         summary["initial_benchmarks"] = {k: v for k, v in baseline_benchmarks.items() if k.endswith("/score")}
     if has_eval:
-        last = next((e for e in reversed(trainer.state.log_history) if "eval_loss" in e), None)
-        if last is None or last.get("step") != trainer.state.global_step:  # not evaluated at the last step yet
-            last = trainer.evaluate()
+        last = _final_eval(trainer)
         summary["eval_loss"] = float(last["eval_loss"])
         summary["initial_eval_loss"] = baseline.get("eval_loss") if baseline else None
         summary["eval_metrics"] = {k: float(v) for k, v in last.items() if k.startswith("eval_") and _is_number(v)}
@@ -194,6 +205,14 @@ def train_evaluate_save(trainer, resolved: ResolvedConfig, run_dir: Path, tokeni
         print_samples(console, "after training", final_model, tokenizer, samples)
     write_atomic(run_dir / "summary.json", json.dumps(summary, indent=2))
     return summary
+
+
+def _final_eval(trainer) -> dict:
+    """The evaluation at the last step (run now unless the schedule already ran it there)."""
+    last = next((e for e in reversed(trainer.state.log_history) if "eval_loss" in e), None)
+    if last is None or last.get("step") != trainer.state.global_step:
+        last = trainer.evaluate()
+    return last
 
 
 def metrics_history(path: Path) -> dict:

@@ -76,10 +76,11 @@ def train(resolved_json: dict, callbacks: list | None = None) -> dict:
     tokenizer, model = common.load_tokenizer_and_model(resolved, packing=args.packing or args.padding_free,
                                                        console=console)
     fast = speed_plan(resolved)
-    console.print(fast.line)
+    if common.is_main_process():
+        console.print(fast.line)
     if fast.compile_layers:
         speed.compile_layers(model)
-    samples = common.load_samples(run_dir)
+    samples = common.load_samples(run_dir) if common.is_main_process() else []
     if samples:
         common.print_samples(console, "before training", model, tokenizer, samples)
 

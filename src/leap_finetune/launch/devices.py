@@ -1,0 +1,119 @@
+"""The device plan: which GPU does what, decided by the driver from counts before Ray or any worker
+starts.
+
+Devices are counted over what the driver sees (`CUDA_VISIBLE_DEVICES` respected) or what `plan --gpus
+N` says, and handed out in a fixed order: [server][judge][eval][training]. Servers are GRPO's vLLM
+rollout server (`grpo_rollout.server_gpus`) and its judge (`judge_gpus`); eval is the reserved
+evaluation server (`async_eval.vllm_gpus` with `mode: reserved`); training gets the rest
+(`grpo_rollout.training_gpus` may say how many). Those features plug into this plan; until they
+land, their counts are 0 here.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+
+from leap_finetune.errors import LeapError
+
+
+@dataclass
+class DevicePlan:
+    nodes: int
+    gpus_per_node: int  # visible to the driver (0: CPU only)
+    server: list[int] = field(default_factory=list)  # device indices as the driver sees them (first node)
+    judge: list[int] = field(default_factory=list)
+    eval: list[int] = field(default_factory=list)
+    training: list[int] = field(default_factory=list)  # per node
+    workers: int = 1  # training processes in all
+    address: str | None = None  # an existing Ray cluster
+
+    @property
+    def use_gpu(self) -> bool:
+        return self.gpus_per_node > 0
+
+    @property
+    def in_process(self) -> bool:
+        """One training process on this machine: no Ray, no start-up cost (the run as before)."""
+        return self.workers == 1 and self.nodes == 1 and self.address is None
+
+    @property
+    def backend(self) -> str:
+        return "nccl" if self.use_gpu else "gloo"
+
+    def to_json(self) -> dict:
+        return {"nodes": self.nodes, "gpus_per_node": self.gpus_per_node, "workers": self.workers,
+                "in_process": self.in_process, "backend": self.backend, "address": self.address,
+                "devices": {"server": self.server, "judge": self.judge, "eval": self.eval, "training": self.training}}
+
+
+def visible_gpus() -> int:
+    try:
+        import torch
+
+        return torch.cuda.device_count()
+    except Exception:  # noqa: BLE001 - no usable CUDA: a CPU machine
+        return 0
+
+
+def plan_devices(*, gpus: int, nodes: int = 1, server: int = 0, judge: int = 0, eval_gpus: int = 0,
+                 training: int | None = None, num_workers: int | None = None, address: str | None = None,
+                 fsdp: bool = False, where: str = "config") -> DevicePlan:
+    """Counts in, device indices out; an impossible plan is an error with the numbers."""
+    reserved = server + judge + eval_gpus
+    if reserved and nodes > 1:
+        raise LeapError(
+            f"the plan reserves {reserved} GPU(s) of a node for servers (server {server}, judge {judge}, eval "
+            f"{eval_gpus}), but the run spans {nodes} nodes: local servers are single-node only", where=where,
+            fix="use colocate mode (vLLM inside each training worker), external server URLs "
+            "(vllm_server_base_url, a judge URL), or async_eval mode: sidecar")
+    plan = DevicePlan(nodes=nodes, gpus_per_node=gpus, address=address)
+    if gpus == 0:
+        if reserved:
+            raise LeapError(f"the plan reserves {reserved} GPU(s) for servers, but no GPU is visible", where=where,
+                            fix="run on a GPU machine, or plan for one: leap-finetune plan CONFIG --gpus N")
+        plan.workers = (num_workers or 1) if nodes == 1 else (num_workers or nodes)
+        _check_fsdp(fsdp, plan.workers, where)
+        return plan
+    available = gpus - reserved
+    wanted = training if training is not None else available
+    if wanted <= 0 or wanted > available:
+        raise LeapError(
+            f"the plan requests {server} server + {judge} judge + {eval_gpus} eval + {wanted} training GPU(s), but "
+            f"{gpus} {'is' if gpus == 1 else 'are'} visible" + (" per node" if nodes > 1 else ""), where=where,
+            fix="lower the counts, or run where more GPUs are visible (CUDA_VISIBLE_DEVICES decides what is visible)")
+    index = 0
+    for name, count in (("server", server), ("judge", judge), ("eval", eval_gpus), ("training", wanted)):
+        setattr(plan, name, list(range(index, index + count)))
+        index += count
+    total = wanted * nodes
+    if num_workers is not None and num_workers > total:
+        raise LeapError(f"ray.num_workers is {num_workers}, but the plan has {total} training GPU(s)"
+                        + (f" ({wanted} on each of {nodes} nodes)" if nodes > 1 else ""), where=where,
+                        fix=f"set ray.num_workers to {total} or fewer (one worker per GPU), or leave it out")
+    plan.workers = num_workers or total
+    if num_workers is not None and nodes == 1:
+        plan.training = plan.training[:num_workers]
+    _check_fsdp(fsdp, plan.workers, where)
+    return plan
+
+
+def device_plan(resolved, *, gpus: int | None = None, nodes: int | None = None) -> DevicePlan:
+    """The plan for a resolved config: over the GPUs this driver sees (or `gpus`), one node (or
+    `nodes`), or the shape of the Ray cluster at ray.address / RAY_ADDRESS (asked, bounded in time)."""
+    from leap_finetune.launch.distributed import cluster_shape, ray_address
+
+    ray = resolved.ray
+    address = ray_address(resolved)
+    where = resolved.config_path or "config"
+    if address and gpus is None and nodes is None:
+        nodes, gpus = cluster_shape(address, ray.connect_timeout_s if ray else 30)
+    return plan_devices(gpus=visible_gpus() if gpus is None else gpus, nodes=nodes or 1,
+                        num_workers=ray.num_workers if ray else None, address=address,
+                        fsdp=bool(resolved.training.get("fsdp")), where=where)
+
+
+def _check_fsdp(fsdp: bool, workers: int, where: str) -> None:
+    if fsdp and workers < 2:
+        raise LeapError("training_config.fsdp shards the model over several workers, but the plan has 1", where=where,
+                        fix="run with several GPUs (or ray.num_workers >= 2), or remove fsdp (on one GPU: LoRA, or "
+                        "model_init_kwargs: {dtype: bfloat16})")

@@ -1,0 +1,135 @@
+"""Running the worker on several processes with Ray Train.
+
+The driver has already validated and prepared everything in the run folder; each Ray Train worker
+runs the same function a single-device run calls in-process (`recipes.<type>.train`), with the
+resolved config. Ray Train sets up the process group (NCCL on GPUs, gloo on CPUs) and transformers'
+Trainer (through accelerate) gives each worker its shard of every batch: each row once per epoch.
+Everything about processes, scheduling and failures is Ray's; nothing here re-implements it.
+"""
+
+from __future__ import annotations
+
+import os
+import socket
+from pathlib import Path
+
+from leap_finetune.errors import LeapError, RunFailed
+from leap_finetune.launch.devices import DevicePlan
+
+# NVLink multicast is off on the machines we run on; a process that uses it can take a shared host's
+# GPUs out of service. Every process the project starts keeps these (Ray workers included).
+NO_MULTICAST = {"NCCL_NVLS_ENABLE": "0", "TORCH_SYMM_MEM_DISABLE_MULTICAST": "1", "NVSHMEM_DISABLE_NVLS": "1"}
+PASSED_ON = ("HF_HUB_OFFLINE", "TRANSFORMERS_OFFLINE", "HF_DATASETS_OFFLINE", "HF_HOME", "HF_TOKEN",
+             "TOKENIZERS_PARALLELISM", "LEAP_FINETUNE_SHOW_WARNINGS", "WANDB_API_KEY", "WANDB_MODE")
+
+
+def ray_address(resolved) -> str | None:
+    return (resolved.ray.address if resolved.ray else None) or os.environ.get("RAY_ADDRESS") or None
+
+
+def check_reachable(address: str, timeout: float) -> None:
+    """A Ray address that does not answer is an error within `timeout` seconds, not a hang."""
+    if address == "auto":
+        return  # Ray finds the local cluster's address file itself
+    host_port = address.split("://", 1)[-1]
+    host, _, port = host_port.rpartition(":")
+    try:
+        with socket.create_connection((host or "127.0.0.1", int(port or 6379)), timeout=timeout):
+            return
+    except (OSError, ValueError) as err:
+        raise LeapError(f"the Ray cluster at {address} does not answer ({err})", where="ray.address",
+                        fix="start it (ray start --head) or check the address; without ray.address and RAY_ADDRESS "
+                        "a local Ray instance is started") from None
+
+
+def cluster_shape(address: str, timeout: float) -> tuple[int, int]:
+    """(nodes, GPUs per node) of an existing Ray cluster (connects, reads, disconnects)."""
+    import ray
+
+    check_reachable(address, timeout)
+    ray.init(address=address, logging_level="ERROR", log_to_driver=False)
+    try:
+        nodes = [n for n in ray.nodes() if n.get("Alive")]
+        gpus = [int(n.get("Resources", {}).get("GPU", 0)) for n in nodes]
+    finally:
+        ray.shutdown()
+    with_gpus = [g for g in gpus if g > 0]
+    return (len(with_gpus), min(with_gpus)) if with_gpus else (len(nodes), 0)
+
+
+def worker_env() -> dict[str, str]:
+    env = dict(NO_MULTICAST)
+    env.update({k: os.environ[k] for k in PASSED_ON if k in os.environ})
+    env["RAY_USAGE_STATS_ENABLED"] = "0"
+    return env
+
+
+def run_on_ray(resolved_json: dict, plan: DevicePlan, run_dir: Path) -> None:
+    """Train with `plan.workers` Ray Train workers; returns when they are done, raises RunFailed when a
+    worker failed (naming its rank and where its log is)."""
+    import ray
+    from ray.train import FailureConfig, RunConfig, ScalingConfig
+    from ray.train.torch import TorchConfig, TorchTrainer
+
+    from leap_finetune.launch.worker import train_worker
+
+    env = worker_env()
+    started_here = not ray.is_initialized()
+    if started_here:
+        os.environ.update(NO_MULTICAST)  # the driver's own processes too
+        if plan.address:
+            check_reachable(plan.address, resolved_json.get("ray", {}).get("connect_timeout_s", 30) if
+                            resolved_json.get("ray") else 30)
+            ray.init(address=plan.address, runtime_env={"env_vars": env}, logging_level="ERROR")
+        else:
+            _init_local(plan, env)
+    resources = (resolved_json.get("ray") or {}).get("resources_per_worker")
+    trainer = TorchTrainer(
+        train_worker,
+        train_loop_config=resolved_json,
+        scaling_config=ScalingConfig(num_workers=plan.workers, use_gpu=plan.use_gpu, resources_per_worker=resources),
+        torch_config=TorchConfig(backend=plan.backend),
+        run_config=RunConfig(name="ray", storage_path=str(run_dir), failure_config=FailureConfig(max_failures=0),
+                             worker_runtime_env={"env_vars": env}),
+    )
+    try:
+        trainer.fit()
+    except ray.train.TrainingFailedError as err:
+        raise RunFailed(_failure_message(err, run_dir)) from None
+    finally:
+        if started_here:
+            ray.shutdown()
+
+
+def _init_local(plan: DevicePlan, env: dict) -> None:
+    """A local Ray instance that sees exactly the plan's training GPUs (servers keep theirs)."""
+    import ray
+
+    saved = os.environ.get("CUDA_VISIBLE_DEVICES")
+    if plan.use_gpu:
+        ids = saved.split(",") if saved else [str(i) for i in range(plan.gpus_per_node)]
+        os.environ["CUDA_VISIBLE_DEVICES"] = ",".join(ids[i] for i in plan.training)
+    try:
+        ray.init(num_cpus=os.cpu_count(), num_gpus=len(plan.training) if plan.use_gpu else 0,
+                 include_dashboard=False, logging_level="ERROR", runtime_env={"env_vars": env},
+                 logging_config=ray.LoggingConfig(log_level="ERROR"))
+    finally:
+        if saved is None:
+            os.environ.pop("CUDA_VISIBLE_DEVICES", None)
+        else:
+            os.environ["CUDA_VISIBLE_DEVICES"] = saved
+
+
+def _failure_message(err: Exception, run_dir: Path) -> str:
+    """Which rank failed and how, from Ray's error (its text names `[Rank N Error Snippet]`)."""
+    import re
+
+    text = str(err)
+    ranks = sorted(set(re.findall(r"Rank (\d+)", text)))
+    lines = [line for line in text.splitlines() if line.strip()]
+    cause = next((line.strip() for line in reversed(lines) if re.match(r"\s*\w+(Error|Exception|Interrupt)\b", line)),
+                 lines[-1].strip() if lines else type(err).__name__)
+    who = f"worker rank {', '.join(ranks)}" if ranks else "a worker"
+    return (f"{who} failed: {cause}\n  the worker logs are under Ray's session folder "
+            f"(/tmp/ray/session_latest/logs/worker-*.err); the last complete checkpoint in {run_dir} is intact: "
+            "resume with training_config.resume_from_checkpoint: latest")
