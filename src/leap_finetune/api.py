@@ -24,7 +24,7 @@ from leap_finetune.launch.devices import device_plan
 from leap_finetune.launch.plan import check_resume_matches, plan_run
 from leap_finetune.launch.report import config_table, data_report
 
-__all__ = ["load_config", "validate_config", "inspect_config", "run_config", "evaluate_config"]
+__all__ = ["load_config", "validate_config", "inspect_config", "plan_config", "run_config", "evaluate_config"]
 
 
 def _console(console: Console | None) -> Console:
@@ -136,6 +136,18 @@ def _print_plan_notes(console: Console, plan) -> None:
         console.print(f"[green]already finished[/green]: {plan.run_dir} ended at step {plan.finished['global_step']} "
                       f"with these settings; nothing to train (model: {plan.finished['model_dir']}). To train "
                       "longer, raise max_steps or num_train_epochs; to start again, remove resume_from_checkpoint.")
+
+
+def plan_config(source, *, gpus: int | None = None, nodes: int | None = None) -> dict:
+    """What a run would do - devices, workers, batches, steps, every process with its command and
+    CUDA_VISIBLE_DEVICES - without starting anything; `gpus` / `nodes` plan for another machine. The
+    config and every row are validated first (steps per epoch need the data)."""
+    from leap_finetune.launch.show import plan_report
+
+    resolved = _config(source)
+    _, _, prepared = _prepare(resolved)
+    _check_training_arguments(resolved, has_eval=bool(prepared.eval))
+    return plan_report(resolved, device_plan(resolved, gpus=gpus, nodes=nodes), prepared)
 
 
 def inspect_config(source, *, rows: int = 5) -> list[dict]:

@@ -20,7 +20,7 @@ app = typer.Typer(
     help="Fine-tune LFM2 / LFM2.5 (and any Hugging Face causal LM) from one YAML file.\n\n"
     "`leap-finetune CONFIG.yaml` is the same as `leap-finetune run CONFIG.yaml`.",
 )
-SUBCOMMANDS = {"run", "validate", "inspect", "eval"}
+SUBCOMMANDS = {"run", "validate", "inspect", "eval", "plan"}
 TRAINED_STYLE = "bold green on grey15"
 _state = {"debug": False}
 
@@ -76,6 +76,27 @@ def validate(config: Path = _config_arg()) -> None:
 
     validate_config(config)
     Console(stderr=True).print("[green]valid[/green]")
+
+
+@app.command("plan")
+@_user_errors
+def plan(
+    config: Path = _config_arg(),
+    gpus: int = typer.Option(None, "--gpus", min=0, help="Plan for N GPUs per node (default: the GPUs visible here)."),
+    nodes: int = typer.Option(None, "--nodes", min=1, help="Plan for M nodes (default: 1, or the Ray cluster's)."),
+    as_json: bool = typer.Option(False, "--json", help="Print the plan as JSON to stdout."),
+) -> None:
+    """Show what a run would do - which GPU does what, workers, batch sizes, steps, and every process
+    with its command and CUDA_VISIBLE_DEVICES - without starting anything."""
+    from leap_finetune.api import plan_config
+
+    report = plan_config(config, gpus=gpus, nodes=nodes)
+    if as_json:
+        sys.stdout.write(json.dumps(report, indent=2) + "\n")
+        return
+    from leap_finetune.launch.show import print_plan
+
+    print_plan(Console(), report)
 
 
 @app.command("eval")

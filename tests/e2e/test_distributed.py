@@ -88,3 +88,51 @@ def test_a_two_worker_run_resumes_with_one_worker(workdir, ray_cpus):
     resumed = run_config(config("one", "switch", max_steps=6, per_device_train_batch_size=8,
                                 resume_from_checkpoint="latest"))
     _same(_losses(resumed), _losses(reference))
+
+
+@pytest.mark.slow
+def test_a_killed_worker_ends_the_run_with_its_rank_and_leaves_a_resumable_checkpoint(workdir):
+    """SIGKILL one Ray Train worker of a real 2-worker CLI run: the run ends (exit 1) with a message
+    naming the rank, Ray is shut down (no process left behind), and the last checkpoint resumes."""
+    import os
+    import signal
+    import subprocess
+    import sys
+    import time
+
+    import psutil
+
+    from leap_finetune.recipes.checkpoints import MARKER, verify
+
+    write_jsonl(workdir / "train.jsonl", fact_rows(48))
+    data = tiny_config(project_name="killed", training_config={**STEPS, "max_steps": 400, "save_steps": 3,
+                                                               "per_device_train_batch_size": 4})
+    data["ray"] = {"num_workers": 2}
+    config = write_config(workdir, data)
+    before = {p.pid for p in psutil.process_iter()}
+    env = {**os.environ, "HF_HUB_OFFLINE": "1", "TRANSFORMERS_OFFLINE": "1"}
+    proc = subprocess.Popen([sys.executable, "-m", "leap_finetune.cli", str(config)], cwd=workdir, env=env,
+                            stdout=subprocess.DEVNULL, stderr=subprocess.PIPE, text=True)
+    deadline = time.time() + 600
+    while time.time() < deadline and not list((workdir / "outputs" / "killed").glob(f"*/checkpoint-*/{MARKER}")):
+        assert proc.poll() is None, proc.stderr.read()[-3000:]
+        time.sleep(0.2)
+    workers = [p for p in psutil.process_iter(["cmdline"]) if "RayTrainWorker" in " ".join(p.info["cmdline"] or [])]
+    assert workers, "no Ray Train worker process found"
+    workers[-1].send_signal(signal.SIGKILL)
+    _, stderr = proc.communicate(timeout=300)
+    assert proc.returncode == 1, stderr[-3000:]
+    assert "error: worker rank" in stderr and "failed" in stderr and "resume with" in stderr, stderr[-3000:]
+    assert "Traceback" not in stderr.split("error: worker rank")[-1]
+    time.sleep(2)
+    left = [p for p in psutil.process_iter(["cmdline"]) if p.pid not in before
+            and any(name in " ".join(p.info["cmdline"] or []) for name in ("raylet", "gcs_server", "RayTrainWorker"))]
+    assert not left, [p.info["cmdline"][:2] for p in left]
+    [run_dir] = list((workdir / "outputs" / "killed").iterdir())
+    marked = [p for p in run_dir.glob("checkpoint-*") if (p / MARKER).exists()]
+    assert marked and all(verify(p).ok for p in marked)
+    newest = max(int(p.name.split("-")[1]) for p in marked)
+    data["training_config"].update(max_steps=newest + 2, resume_from_checkpoint="latest", per_device_train_batch_size=8)
+    del data["ray"]
+    resumed = run_config(write_config(workdir, data, "resume.yaml"))
+    assert resumed["global_step"] == newest + 2

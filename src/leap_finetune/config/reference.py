@@ -15,16 +15,18 @@ from leap_finetune.config.schema import (
     DatasetConfig,
     EvalsConfig,
     LeapConfigModel,
+    RayConfig,
 )
 
 
 def _type_name(annotation) -> str:
     text = str(annotation).replace("typing.", "")
-    for raw, nice in (("<class '", ""), ("'>", ""), ("NoneType", "null"), (" | ", " or "),
+    for raw, nice in (("<class '", ""), ("'>", ""), ("NoneType", "null"), (" | None", " or null"), (" | ", " or "),
                       ("leap_finetune.config.schema.DatasetConfig", "mapping (below)"),
                       ("list[leap_finetune.config.schema.BenchmarkConfig]", "list (below)"),
                       ("leap_finetune.config.schema.EvalsConfig", "mapping (below)"),
                       ("leap_finetune.config.schema.AsyncEvalConfig", "mapping"),
+                      ("leap_finetune.config.schema.RayConfig", "mapping (below)"),
                       ("leap_finetune.config.schema.SbatchConfig", "mapping"),
                       ("leap_finetune.config.schema.ReservedEvalConfig", "mapping"),
                       ("leap_finetune.config.schema.EvalFailureConfig", "mapping"),
@@ -84,6 +86,15 @@ def render_reference() -> str:
         "refused with a clear message until they land. The other keys are validated now:",
         "",
         *_fields_table(AsyncEvalConfig, "async_eval."),
+        "",
+        "## `ray`",
+        "",
+        "Several GPUs or nodes. Without this block the run is planned from the GPUs the driver sees: one",
+        "visible GPU (or a CPU) trains in-process as always; more GPUs start a local Ray instance and one Ray",
+        "Train worker per GPU (DDP, or FSDP with `training_config.fsdp`). `leap-finetune plan CONFIG.yaml",
+        "[--gpus N] [--nodes M] [--json]` shows the plan without starting anything.",
+        "",
+        *_fields_table(RayConfig, "ray."),
         "",
         "## `training_config`",
         "",

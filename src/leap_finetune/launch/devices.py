@@ -107,9 +107,17 @@ def device_plan(resolved, *, gpus: int | None = None, nodes: int | None = None) 
     where = resolved.config_path or "config"
     if address and gpus is None and nodes is None:
         nodes, gpus = cluster_shape(address, ray.connect_timeout_s if ray else 30)
-    return plan_devices(gpus=visible_gpus() if gpus is None else gpus, nodes=nodes or 1,
+    plan = plan_devices(gpus=visible_gpus() if gpus is None else gpus, nodes=nodes or 1,
                         num_workers=ray.num_workers if ray else None, address=address,
                         fsdp=bool(resolved.training.get("fsdp")), where=where)
+    if not plan.in_process:
+        import importlib.util
+
+        if importlib.util.find_spec("ray") is None:
+            raise LeapError(f"the plan has {plan.workers} training workers, which run through Ray Train, and Ray is "
+                            "not installed", where=where,
+                            fix="pip install 'leap-finetune[distributed]' (or set ray.num_workers: 1 for one process)")
+    return plan
 
 
 def _check_fsdp(fsdp: bool, workers: int, where: str) -> None:

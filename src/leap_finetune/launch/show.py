@@ -1,0 +1,89 @@
+"""`leap-finetune plan`: what a run would do on which device, without starting anything.
+
+The plan is the driver's own (launch/devices.py): the same function decides the devices of a real run,
+so what `plan` prints is what `run` does. `--gpus` / `--nodes` plan for a machine you are not on.
+"""
+
+from __future__ import annotations
+
+import math
+
+from leap_finetune.launch.devices import DevicePlan
+from leap_finetune.launch.distributed import NO_MULTICAST
+
+
+def processes(devices: DevicePlan, config_path: str | None) -> list[dict]:
+    """Every process the run would start, with its command and CUDA_VISIBLE_DEVICES (device indices
+    as the driver sees them)."""
+    run = ["leap-finetune", "run", config_path or "CONFIG.yaml"]
+    if devices.in_process:
+        env = {"CUDA_VISIBLE_DEVICES": str(devices.training[0])} if devices.use_gpu else {}
+        return [{"name": "train", "node": 0, "command": run, "env": env}]
+    ids = ",".join(str(i) for i in devices.training)
+    driver_env = {**({"CUDA_VISIBLE_DEVICES": ids} if devices.use_gpu else {}), **NO_MULTICAST}
+    listed = [{"name": "driver (prepares data, starts Ray Train, waits)", "node": 0, "command": run, "env": driver_env}]
+    if not devices.address:
+        listed.append({"name": "ray (local instance, started by the driver)", "node": 0,
+                       "command": ["ray.init", f"num_gpus={len(devices.training) if devices.use_gpu else 0}"],
+                       "env": driver_env})
+    per_node = max(1, devices.workers // devices.nodes)
+    for rank in range(devices.workers):
+        node, local = divmod(rank, per_node)
+        env = {"RANK": str(rank), "LOCAL_RANK": str(local), "WORLD_SIZE": str(devices.workers), **NO_MULTICAST}
+        if devices.use_gpu:
+            env["CUDA_VISIBLE_DEVICES"] = str(devices.training[local % len(devices.training)])
+        listed.append({"name": f"training worker rank {rank}", "node": node,
+                       "command": ["ray::RayTrainWorker", "leap_finetune.launch.worker.train_worker"], "env": env})
+    return listed
+
+
+def plan_report(resolved, devices: DevicePlan, prepared) -> dict:
+    t = resolved.training
+    per_device = t.get("per_device_train_batch_size", 8)
+    accumulation = t.get("gradient_accumulation_steps", 1)
+    global_batch = per_device * accumulation * devices.workers
+    rows = len(prepared.train)
+    steps_per_epoch = math.ceil(rows / global_batch)
+    tokens_per_row = prepared.train_tokens / rows if rows else 0
+    return {
+        **devices.to_json(),
+        "batch": {"per_device": per_device, "gradient_accumulation_steps": accumulation, "workers": devices.workers,
+                  "global": global_batch},
+        "rows": rows,
+        "steps_per_epoch": steps_per_epoch,
+        "max_steps": t.get("max_steps", -1),
+        "tokens_per_step": round(tokens_per_row * global_batch),
+        "processes": processes(devices, resolved.config_path),
+    }
+
+
+def print_plan(console, report: dict) -> None:
+    from rich.markup import escape
+    from rich.table import Table
+
+    devices = report["devices"]
+    table = Table(title="devices", title_justify="left")
+    for column in ("GPU", "role"):
+        table.add_column(column)
+    nodes = report["nodes"]
+    for role in ("server", "judge", "eval", "training"):
+        for index in devices[role]:
+            table.add_row(str(index), role + (f" (on each of {nodes} nodes)" if role == "training" and nodes > 1 else ""))
+    if report["gpus_per_node"]:
+        console.print(table)
+    else:
+        console.print("devices: CPU only")
+    batch = report["batch"]
+    mode = "in-process (no Ray)" if report["in_process"] else f"Ray Train, {report['backend']}" + (
+        f", cluster at {report['address']}" if report["address"] else ", a local Ray instance")
+    console.print(f"workers: {report['workers']} on {nodes} node(s) - {mode}")
+    console.print(f"batch: {batch['per_device']} per device x {batch['gradient_accumulation_steps']} accumulation x "
+                  f"{batch['workers']} worker(s) = {batch['global']} rows per step; {report['rows']} rows -> "
+                  f"{report['steps_per_epoch']} steps per epoch"
+                  + (f" (max_steps {report['max_steps']})" if report["max_steps"] and report["max_steps"] > 0 else "")
+                  + f"; ~{report['tokens_per_step']:,} tokens per step")
+    console.print("processes:")
+    for process in report["processes"]:
+        env = " ".join(f"{k}={v}" for k, v in process["env"].items())
+        console.print(f"  [bold]{escape(process['name'])}[/bold] (node {process['node']}): "
+                      f"{escape(env + ' ' if env else '')}{escape(' '.join(process['command']))}")
