@@ -24,7 +24,8 @@ from leap_finetune.launch.devices import device_plan
 from leap_finetune.launch.plan import check_resume_matches, plan_run
 from leap_finetune.launch.report import config_table, data_report
 
-__all__ = ["load_config", "validate_config", "inspect_config", "plan_config", "run_config", "evaluate_config"]
+__all__ = ["load_config", "validate_config", "inspect_config", "plan_config", "slurm_config", "run_config",
+           "evaluate_config"]
 
 
 def _console(console: Console | None) -> Console:
@@ -148,6 +149,44 @@ def plan_config(source, *, gpus: int | None = None, nodes: int | None = None) ->
     _, _, prepared = _prepare(resolved)
     _check_training_arguments(resolved, has_eval=bool(prepared.eval))
     return plan_report(resolved, device_plan(resolved, gpus=gpus, nodes=nodes), prepared)
+
+
+def slurm_config(source, *, nodes: int | None = None, gpus_per_node: int | None = None, submit: bool = False,
+                 console: Console | None = None) -> dict:
+    """Write the sbatch script that runs this config on a SLURM allocation (Ray brought up over it);
+    checked by `sbatch --test-only` where sbatch exists; submitted with `submit`. The config and every
+    row are validated first, and the device plan for the allocation."""
+    from leap_finetune.config.schema import SlurmConfig
+    from leap_finetune.launch.devices import plan_devices
+    from leap_finetune.launch.plan import outputs_folder
+    from leap_finetune.launch.slurm import check_with_sbatch, submit as submit_job, write_script
+
+    console = _console(console)
+    resolved = _config(source)
+    slurm = (resolved.slurm or SlurmConfig()).model_copy(update={
+        k: v for k, v in (("nodes", nodes), ("gpus_per_node", gpus_per_node)) if v is not None})
+    _, _, prepared = _prepare(resolved)
+    _check_training_arguments(resolved, has_eval=bool(prepared.eval))
+    where = resolved.config_path or "config"
+    plan_devices(gpus=slurm.gpus_per_node, nodes=slurm.nodes, num_workers=resolved.ray.num_workers if resolved.ray
+                 else None, fsdp=bool(resolved.training.get("fsdp")), where=where)
+    script = write_script(resolved, slurm, outputs_folder(resolved) / "slurm")
+    report = {"script": str(script), "log": str(script.parent / "slurm-<job id>.out")}
+    if submit:
+        check_with_sbatch(script)
+        job = submit_job(script)
+        log = script.parent / f"slurm-{job}.out"
+        report.update(job_id=job, log=str(log))
+        console.print(f"submitted job {job}; follow it with: tail -f {log}   (squeue -j {job})")
+    else:
+        import shutil
+
+        if shutil.which("sbatch"):
+            check_with_sbatch(script)
+            console.print(f"wrote {script} (sbatch --test-only accepts it); submit with: sbatch {script}")
+        else:
+            console.print(f"wrote {script}; sbatch is not installed here: copy it to the cluster and run sbatch there")
+    return report
 
 
 def inspect_config(source, *, rows: int = 5) -> list[dict]:

@@ -20,7 +20,7 @@ app = typer.Typer(
     help="Fine-tune LFM2 / LFM2.5 (and any Hugging Face causal LM) from one YAML file.\n\n"
     "`leap-finetune CONFIG.yaml` is the same as `leap-finetune run CONFIG.yaml`.",
 )
-SUBCOMMANDS = {"run", "validate", "inspect", "eval", "plan"}
+SUBCOMMANDS = {"run", "validate", "inspect", "eval", "plan", "slurm"}
 TRAINED_STYLE = "bold green on grey15"
 _state = {"debug": False}
 
@@ -97,6 +97,22 @@ def plan(
     from leap_finetune.launch.show import print_plan
 
     print_plan(Console(), report)
+
+
+@app.command("slurm")
+@_user_errors
+def slurm(
+    config: Path = _config_arg(),
+    nodes: int = typer.Option(None, "--nodes", min=1, help="Nodes to allocate (default: slurm.nodes, 1)."),
+    gpus_per_node: int = typer.Option(None, "--gpus-per-node", min=0,
+                                      help="GPUs per node (default: slurm.gpus_per_node, 0)."),
+    submit: bool = typer.Option(False, "--submit", help="Submit the job with sbatch (else only write the script)."),
+) -> None:
+    """Write an sbatch script that brings up a Ray cluster over the allocation and runs the config on it
+    (checked with `sbatch --test-only`); with --submit, submit it and print the job id and its log."""
+    from leap_finetune.api import slurm_config
+
+    slurm_config(config, nodes=nodes, gpus_per_node=gpus_per_node, submit=submit)
 
 
 @app.command("eval")

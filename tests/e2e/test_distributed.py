@@ -23,7 +23,8 @@ def ray_cpus():
 
     from leap_finetune.launch.distributed import worker_env
 
-    ray.init(num_cpus=2, include_dashboard=False, logging_level="ERROR", runtime_env={"env_vars": worker_env()},
+    ray.init(address="local", num_cpus=2, include_dashboard=False, logging_level="ERROR",
+             runtime_env={"env_vars": worker_env()},
              logging_config=ray.LoggingConfig(log_level="ERROR"))
     yield
     ray.shutdown()

@@ -59,7 +59,7 @@ def load_config(source: str | Path | dict, *, base_dir: Path | None = None) -> R
     where = str(config_path) if config_path else "config"
 
     _check_keys(raw, LeapConfigModel.model_fields, where, "the top level")
-    for block in ("peft_config", "training_config", "dataset", "evals", "async_eval", "ray"):
+    for block in ("peft_config", "training_config", "dataset", "evals", "async_eval", "ray", "slurm"):
         if block in raw and raw[block] is None:
             raise LeapError(f"'{block}:' is empty", where=where, fix={
                 "peft_config": "for LoRA with the defaults write `peft_config: {extends: DEFAULT_LORA}`; for a full "
@@ -70,6 +70,10 @@ def load_config(source: str | Path | dict, *, base_dir: Path | None = None) -> R
         from leap_finetune.config.schema import RayConfig
 
         _check_keys(raw["ray"], RayConfig.model_fields, where, "ray")
+    if isinstance(raw.get("slurm"), dict):
+        from leap_finetune.config.schema import SlurmConfig
+
+        _check_keys(raw["slurm"], SlurmConfig.model_fields, where, "slurm")
     if isinstance(raw.get("async_eval"), dict):
         from leap_finetune.config.schema import AsyncEvalConfig
 
@@ -132,6 +136,7 @@ def load_config(source: str | Path | dict, *, base_dir: Path | None = None) -> R
         resume_from_checkpoint=resume if resume in (None, "latest") else str(local_path(resume, base)),
         config_dir=str(base),
         ray=model.ray,
+        slurm=model.slurm,
     )
 
 

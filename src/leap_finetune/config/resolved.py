@@ -7,7 +7,7 @@ from __future__ import annotations
 
 from pydantic import BaseModel, ConfigDict
 
-from leap_finetune.config.schema import DatasetConfig, EvalsConfig, RayConfig
+from leap_finetune.config.schema import DatasetConfig, EvalsConfig, RayConfig, SlurmConfig
 
 
 class ResolvedConfig(BaseModel):
@@ -31,6 +31,7 @@ class ResolvedConfig(BaseModel):
     checkpoint: str | None = None  # leap-finetune eval: a run or checkpoint folder
     config_dir: str | None = None  # relative paths (and the default outputs/ folder) start here
     ray: RayConfig | None = None  # the user's ray: block (the device plan is decided by the driver)
+    slurm: SlurmConfig | None = None  # the user's slurm: block (for `leap-finetune slurm`)
     # Decided by the driver's plan (None until then):
     run_dir: str | None = None
     run_name: str | None = None

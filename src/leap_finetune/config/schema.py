@@ -122,6 +122,25 @@ class RayConfig(StrictModel):
     connect_timeout_s: float = Field(default=30, gt=0, description="How long to wait for `address` to answer.")
 
 
+class SlurmConfig(StrictModel):
+    """`leap-finetune slurm`: an sbatch script that brings up a Ray cluster over the allocation and runs the
+    job on it. `--nodes` / `--gpus-per-node` on the command line override `nodes` / `gpus_per_node`."""
+
+    partition: str | None = Field(default=None, min_length=1, description="#SBATCH --partition.")
+    account: str | None = Field(default=None, min_length=1, description="#SBATCH --account.")
+    time: str = Field(default="04:00:00", min_length=1, description="#SBATCH --time: the job's wall-clock limit.")
+    nodes: int = Field(default=1, gt=0, description="#SBATCH --nodes.")
+    gpus_per_node: int = Field(default=0, ge=0, description="#SBATCH --gpus-per-node (0: a CPU job).")
+    cpus_per_task: int | None = Field(default=None, gt=0, description="#SBATCH --cpus-per-task (one task per node "
+                                      "runs Ray there); default: the partition's default.")
+    mem: str | None = Field(default=None, min_length=1, description="#SBATCH --mem, e.g. 200G.")
+    job_name: str | None = Field(default=None, min_length=1, description="#SBATCH --job-name; default: project_name.")
+    extra_sbatch: list[str] = Field(default_factory=list, description="More #SBATCH options, e.g. [\"--qos=high\"].")
+    setup: list[str] = Field(default_factory=list, description="Shell lines run first on the head node, e.g. "
+                             "[\"module load cuda\", \"source ~/venv/bin/activate\"].")
+    ray_start_timeout_s: int = Field(default=600, gt=0, description="How long to wait for every node's GPUs to join.")
+
+
 class LeapConfigModel(StrictModel):
     """The top level of a leap-finetune YAML file."""
 
@@ -149,6 +168,8 @@ class LeapConfigModel(StrictModel):
     async_eval: AsyncEvalConfig | None = Field(
         default=None, description="Where benchmarks run: `mode: sync` (training pauses; the default)."
     )
+    slurm: SlurmConfig | None = Field(
+        default=None, description="`leap-finetune slurm`: the sbatch job that runs this config (keys below).")
     ray: RayConfig | None = Field(
         default=None, description="Several devices or nodes through Ray Train (keys below); default: decided from the "
         "visible GPUs.")

@@ -80,7 +80,8 @@ def run_on_ray(resolved_json: dict, plan: DevicePlan, run_dir: Path) -> None:
         if plan.address:
             check_reachable(plan.address, resolved_json.get("ray", {}).get("connect_timeout_s", 30) if
                             resolved_json.get("ray") else 30)
-            ray.init(address=plan.address, runtime_env={"env_vars": env}, logging_level="ERROR")
+            ray.init(address=plan.address, runtime_env={"env_vars": env}, logging_level="ERROR",
+                     logging_config=ray.LoggingConfig(log_level="ERROR"))
         else:
             _init_local(plan, env)
     resources = (resolved_json.get("ray") or {}).get("resources_per_worker")
@@ -110,7 +111,8 @@ def _init_local(plan: DevicePlan, env: dict) -> None:
         ids = saved.split(",") if saved else [str(i) for i in range(plan.gpus_per_node)]
         os.environ["CUDA_VISIBLE_DEVICES"] = ",".join(ids[i] for i in plan.training)
     try:
-        ray.init(num_cpus=os.cpu_count(), num_gpus=len(plan.training) if plan.use_gpu else 0,
+        # address="local": a new instance, never an unrelated cluster that happens to run on this machine
+        ray.init(address="local", num_cpus=os.cpu_count(), num_gpus=len(plan.training) if plan.use_gpu else 0,
                  include_dashboard=False, logging_level="ERROR", runtime_env={"env_vars": env},
                  logging_config=ray.LoggingConfig(log_level="ERROR"))
     finally:

@@ -1,0 +1,173 @@
+"""`leap-finetune slurm`: a readable sbatch script that runs a config on a SLURM allocation.
+
+The script brings up a Ray cluster over the allocation (the head on the first node, one `ray start`
+per other node through `srun`), waits until every node and GPU has joined, runs `leap-finetune run`
+against it (RAY_ADDRESS), and always stops Ray when it ends (a trap on EXIT). SLURM schedules and
+Ray Train runs the workers; the script only glues them, in the order the Ray documentation gives
+for SLURM. Steps use `srun --overlap` so the Ray daemons and the driver share the allocation.
+"""
+
+from __future__ import annotations
+
+import shlex
+import shutil
+import subprocess
+import sys
+import time
+from pathlib import Path
+
+from leap_finetune.config.resolved import ResolvedConfig
+from leap_finetune.config.schema import SlurmConfig
+from leap_finetune.errors import LeapError
+from leap_finetune.launch.distributed import NO_MULTICAST
+
+
+def script_text(resolved: ResolvedConfig, slurm: SlurmConfig, log_folder: Path, python: str | None = None) -> str:
+    """The script; `python` is the interpreter the job runs (default: this one, whose environment has
+    leap-finetune and Ray)."""
+    python = python or sys.executable
+    ray_cli = str(Path(python).with_name("ray"))
+    nodes, gpus = slurm.nodes, slurm.gpus_per_node
+    directives = [
+        f"--job-name={slurm.job_name or resolved.project_name}",
+        f"--nodes={nodes}",
+        "--ntasks-per-node=1",
+        f"--time={slurm.time}",
+        f"--output={log_folder}/slurm-%j.out",
+    ]
+    if gpus:
+        directives.append(f"--gpus-per-node={gpus}")
+    for key, value in (("partition", slurm.partition), ("account", slurm.account), ("mem", slurm.mem),
+                       ("cpus-per-task", slurm.cpus_per_task)):
+        if value is not None:
+            directives.append(f"--{key}={value}")
+    directives += [line.removeprefix("#SBATCH").strip() for line in slurm.extra_sbatch]
+    exports = " ".join(f"{k}={v}" for k, v in {**NO_MULTICAST, "RAY_USAGE_STATS_ENABLED": "0"}.items())
+    config = shlex.quote(resolved.config_path or "CONFIG.yaml")
+    lines = [
+        "#!/bin/bash",
+        f"# leap-finetune: {resolved.config_path} on {nodes} node(s) x {gpus} GPU(s), Ray Train over the allocation.",
+        "# Written by `leap-finetune slurm`; submit with: sbatch <this file>",
+        *[f"#SBATCH {d}" for d in directives],
+        "",
+        "set -euo pipefail",
+        *slurm.setup,
+        f"export {exports}",
+        f"PYTHON={shlex.quote(python)}",
+        f"RAY={shlex.quote(ray_cli)}",
+        "# This job's Ray cluster answers only to this job (a token of its own, handed down by srun).",
+        "export RAY_AUTH_MODE=token",
+        "export RAY_AUTH_TOKEN=$(\"$PYTHON\" -c 'import secrets; print(secrets.token_hex(32))')",
+        'ray_tmp="/tmp/ray-leap-$SLURM_JOB_ID"',
+        "",
+        "# The nodes of the allocation; Ray's head runs on the first.",
+        'nodes=($(scontrol show hostnames "$SLURM_JOB_NODELIST"))',
+        'head=${nodes[0]}',
+        'head_ip=$(srun --overlap --nodes=1 --ntasks=1 -w "$head" hostname --ip-address | awk \'{print $1}\')',
+        "port=$((20000 + SLURM_JOB_ID % 20000))  # one port per job: jobs may share a node",
+        'export RAY_ADDRESS="$head_ip:$port"',
+        'cpus=${SLURM_CPUS_ON_NODE:-1}',
+        "",
+        "# Always stop this job's Ray on every node, whatever ends the job: ending the `ray start --block`",
+        "# steps stops the Ray processes each started (other jobs' Ray instances are left alone).",
+        "cleanup() {",
+        '  echo "leap-finetune: stopping Ray (srun reports its steps as cancelled: expected)"',
+        '  kill $(jobs -p) 2>/dev/null || true',
+        "  wait 2>/dev/null || true",
+        "}",
+        "trap cleanup EXIT",
+        "",
+        f'srun --overlap --nodes=1 --ntasks=1 -w "$head" "$RAY" start --head --node-ip-address="$head_ip" --port="$port" '
+        f'--num-cpus="$cpus" --num-gpus={gpus} --temp-dir="$ray_tmp" --include-dashboard=false --block &',
+        '"$PYTHON" -m leap_finetune.launch.slurm wait --address "$RAY_ADDRESS" --nodes 1 --gpus 0 '
+        f"--timeout {slurm.ray_start_timeout_s}",
+        'for node in "${nodes[@]:1}"; do',
+        f'  srun --overlap --nodes=1 --ntasks=1 -w "$node" "$RAY" start --address="$RAY_ADDRESS" --num-cpus="$cpus" '
+        f'--num-gpus={gpus} --block &',
+        "done",
+        f'"$PYTHON" -m leap_finetune.launch.slurm wait --address "$RAY_ADDRESS" --nodes {nodes} --gpus {nodes * gpus} '
+        f"--timeout {slurm.ray_start_timeout_s}",
+        "",
+        f'"$PYTHON" -m leap_finetune.cli run {config}',
+        "",
+    ]
+    return "\n".join(lines)
+
+
+def write_script(resolved: ResolvedConfig, slurm: SlurmConfig, folder: Path) -> Path:
+    from leap_finetune.launch.plan import check_writable
+
+    check_writable(folder, "the slurm folder")
+    folder.mkdir(parents=True, exist_ok=True)
+    path = folder / f"{slurm.job_name or resolved.project_name}-{time.strftime('%Y%m%d-%H%M%S')}.sbatch"
+    path.write_text(script_text(resolved, slurm, folder), encoding="utf-8")
+    path.chmod(0o755)
+    return path
+
+
+def sbatch(*args: str) -> subprocess.CompletedProcess:
+    if shutil.which("sbatch") is None:
+        raise LeapError("sbatch is not installed here (not a SLURM login node?)", where="leap-finetune slurm",
+                        fix="run this where sbatch works, or leave out --submit and copy the script there")
+    return subprocess.run(["sbatch", *args], capture_output=True, text=True, timeout=120)
+
+
+def check_with_sbatch(script: Path) -> None:
+    """`sbatch --test-only`: SLURM says whether it would accept the job (partition, account, time,
+    resources), without submitting it."""
+    result = sbatch("--test-only", str(script))
+    if result.returncode != 0:
+        lines = [line for line in (result.stderr or result.stdout).splitlines() if line.strip()]
+        raise LeapError(f"sbatch would reject the job: {lines[-1] if lines else 'exit code ' + str(result.returncode)}",
+                        where=f"slurm: ({script})", fix="correct the slurm: keys (partition, account, time, nodes, "
+                        "gpus_per_node, extra_sbatch) for this cluster")
+
+
+def submit(script: Path) -> str:
+    result = sbatch("--parsable", str(script))
+    if result.returncode != 0:
+        raise LeapError(f"sbatch refused the job: {result.stderr.strip()}", where=str(script),
+                        fix="correct the slurm: keys for this cluster")
+    return result.stdout.strip().split(";")[0]
+
+
+def wait_for_cluster(address: str, nodes: int, gpus: int, timeout: float) -> int:
+    """Inside the job: until `nodes` Ray nodes with `gpus` GPUs in all have joined (exit 0), or timeout."""
+    import ray
+
+    deadline = time.monotonic() + timeout
+    seen = (0, 0)
+    while time.monotonic() < deadline:
+        try:
+            ray.init(address=address, logging_level="ERROR", log_to_driver=False)
+            alive = [n for n in ray.nodes() if n.get("Alive")]
+            seen = (len(alive), int(sum(n.get("Resources", {}).get("GPU", 0) for n in alive)))
+            ray.shutdown()
+            if seen[0] >= nodes and seen[1] >= gpus:
+                print(f"ray: {seen[0]} node(s), {seen[1]} GPU(s) joined at {address}", flush=True)
+                return 0
+        except Exception:  # noqa: BLE001 - not up yet: try again until the deadline
+            if ray.is_initialized():
+                ray.shutdown()
+        time.sleep(2)
+    print(f"error: after {timeout:.0f} s only {seen[0]} of {nodes} node(s) and {seen[1]} of {gpus} GPU(s) joined "
+          f"the Ray cluster at {address}", file=sys.stderr, flush=True)
+    return 1
+
+
+def main(argv: list[str] | None = None) -> int:
+    import argparse
+
+    parser = argparse.ArgumentParser(prog="python -m leap_finetune.launch.slurm")
+    sub = parser.add_subparsers(dest="command", required=True)
+    wait = sub.add_parser("wait", help="wait until the Ray cluster has every node and GPU")
+    wait.add_argument("--address", required=True)
+    wait.add_argument("--nodes", type=int, required=True)
+    wait.add_argument("--gpus", type=int, required=True)
+    wait.add_argument("--timeout", type=float, default=600)
+    args = parser.parse_args(argv)
+    return wait_for_cluster(args.address, args.nodes, args.gpus, args.timeout)
+
+
+if __name__ == "__main__":
+    sys.exit(main())
