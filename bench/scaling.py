@@ -61,7 +61,7 @@ class MemoryWatch:
 
 
 def cli_run(name: str, work: Path, model: Path, data: Path, gpus: str, steps: int, training: dict,
-            ray: dict | None = None) -> dict:
+            ray: dict | None = None, profile: Path | None = None, peft: dict | None = None) -> dict:
     folder = work / name
     folder.mkdir(parents=True, exist_ok=True)
     config = {"project_name": name, "model_name": str(model), "training_type": "sft", "dataset": {"path": str(data)},
@@ -70,9 +70,13 @@ def cli_run(name: str, work: Path, model: Path, data: Path, gpus: str, steps: in
                                   "learning_rate": 1e-5, "warmup_steps": 0, **training}}
     if ray:
         config["ray"] = ray
+    if peft:
+        config["peft_config"] = peft
     path = folder / "config.yaml"
     path.write_text(yaml.safe_dump(config))
     env = {**os.environ, **NO_MULTICAST, "CUDA_VISIBLE_DEVICES": gpus, "PYTHONUNBUFFERED": "1"}
+    if profile is not None:  # step times and a torch.profiler summary per worker (recipes/profiling.py)
+        env["LEAP_FINETUNE_PROFILE"] = str(profile / name)
     start = time.perf_counter()
     with MemoryWatch() as memory:
         proc = subprocess.run([sys.executable, "-m", "leap_finetune.cli", "run", str(path)], env=env,
@@ -85,7 +89,70 @@ def cli_run(name: str, work: Path, model: Path, data: Path, gpus: str, steps: in
     metrics = run_dir / "metrics.jsonl"
     losses = [json.loads(line)["loss"] for line in metrics.read_text().splitlines() if '"loss"' in line]
     return {"tokens_per_second": tokens_per_second(metrics, warmup_steps=10), "wall_s": wall, "losses": losses,
+            "model_dir": run_dir / "model",
             "peak_gib": {i: round(v / 1024, 1) for i, v in sorted(memory.peak.items())}}
+
+
+def saved_model_line(label: str, result: dict, initial: Path, data: Path) -> str:
+    """The saved model holds the trained weights: its loss on 8 training rows next to the initial model's."""
+    if "error" in result:
+        return f"{label}: failed ({result['error']})"
+    from transformers import AutoModelForCausalLM, AutoTokenizer
+
+    tokenizer = AutoTokenizer.from_pretrained(result["model_dir"])
+    rows = [json.loads(line)["messages"] for line in data.read_text().splitlines()[:8]]
+
+    def loss(folder: Path) -> float:
+        model = AutoModelForCausalLM.from_pretrained(folder, dtype=torch.bfloat16).to("cuda").eval()
+        total = 0.0
+        with torch.no_grad():
+            for messages in rows:
+                ids = tokenizer.apply_chat_template(messages, return_tensors="pt", return_dict=True)["input_ids"]
+                total += model(input_ids=ids.to("cuda"), labels=ids.to("cuda")).loss.item()
+        del model
+        torch.cuda.empty_cache()
+        return total / len(rows)
+
+    try:
+        return (f"{label}: the saved model ({result['model_dir'].name}/, loaded with from_pretrained) has loss "
+                f"{loss(result['model_dir']):.3f} on 8 training rows, the initial model {loss(initial):.3f}.")
+    except Exception as err:  # noqa: BLE001 - reported in the table instead of ending the benchmark
+        return f"{label}: loading the saved model failed: {type(err).__name__}: {str(err)[:200]}"
+
+
+def ratio_row(one: dict, two: dict) -> str:
+    if "error" in one or "error" in two:
+        return "| 2 GPUs / 1 GPU | | | - | | | | |"
+    ratio = two["tokens_per_second"] / one["tokens_per_second"]
+    return f"| 2 GPUs / 1 GPU | | | {ratio:.2f}x (scaling efficiency {100 * ratio / 2:.0f}%) | | | | |"
+
+
+def balance_line(lengths: list[int], per_device: int, workers: int) -> str:
+    """The best scaling each sampler allows on these rows: a step lasts as long as its busiest worker, so
+    the bound is mean tokens per worker / max tokens per worker, over an epoch (the samplers replayed)."""
+    from transformers.trainer_pt_utils import BatchRebalanceSampler
+
+    from leap_finetune.recipes.sampling import _token_balanced_class
+
+    def efficiency(batches_per_rank):
+        mean = peak = 0
+        for step in zip(*batches_per_rank):
+            tokens = [sum(lengths[i] for i in batch) for batch in step]
+            mean += sum(tokens) / workers
+            peak += max(tokens)
+        return mean / peak
+
+    g = torch.Generator().manual_seed(0)
+    order = torch.randperm(len(lengths), generator=g).tolist()
+    random_dealing = [[order[s + r * per_device: s + (r + 1) * per_device]
+                       for s in range(0, len(order) - per_device * workers + 1, per_device * workers)]
+                      for r in range(workers)]
+    found = {"random": efficiency(random_dealing)}
+    for name, cls in (("transformers' batch_rebalance (padded cost)", BatchRebalanceSampler),
+                      ("leap-finetune's token-balanced", _token_balanced_class())):
+        found[name] = efficiency([list(cls(lengths, per_device * workers, workers, 1, rank=r)) for r in range(workers)])
+    return ("Work balance across workers (mean / busiest worker's tokens per step, the samplers replayed on these rows, "
+            f"{workers} x {per_device} rows): " + ", ".join(f"{k} {100 * v:.1f}%" for k, v in found.items()) + ".")
 
 
 def main() -> None:
@@ -93,7 +160,8 @@ def main() -> None:
     parser.add_argument("--steps", type=int, default=40)
     parser.add_argument("--work", default="/tmp/leap-scale")
     parser.add_argument("--out", default=None)
-    parser.add_argument("--parts", default="throughput,invariant,fsdp")
+    parser.add_argument("--parts", default="throughput,random,invariant,bucket,batch16,fsdp,fsdp_lora")
+    parser.add_argument("--profiles", default=None, help="folder for the workers' profiles (LEAP_FINETUNE_PROFILE)")
     args = parser.parse_args()
     work = Path(args.work)
     work.mkdir(parents=True, exist_ok=True)
@@ -128,15 +196,23 @@ def main() -> None:
             Path(args.out).write_text(text)
 
     parts = args.parts.split(",")
+    profiles = Path(args.profiles) if args.profiles else None
+    lines[-2:-2] = [balance_line(lengths, per_device=8, workers=2), ""]
+    one = None
     if "throughput" in parts:
-        one = cli_run("one-gpu", work, model, data, "0", args.steps, {})
+        one = cli_run("one-gpu", work, model, data, "0", args.steps, {}, profile=profiles)
         lines.append(row("default, in-process", 1, 8, one))
         flush()
-        two = cli_run("two-gpus", work, model, data, "0,1", args.steps, {})
-        lines.append(row("default, 2 Ray Train workers (DDP)", 2, 8, two))
-        if "error" not in one and "error" not in two:
-            ratio = two["tokens_per_second"] / one["tokens_per_second"]
-            lines.append(f"| 2 GPUs / 1 GPU | | | {ratio:.2f}x (scaling efficiency {100 * ratio / 2:.0f}%) | | | | |")
+        two = cli_run("two-gpus", work, model, data, "0,1", args.steps, {}, profile=profiles)
+        lines.append(row("default (batch_rebalance), 2 Ray Train workers (DDP)", 2, 8, two))
+        lines.append(ratio_row(one, two))
+        flush()
+    if "random" in parts:
+        two = cli_run("two-gpus-random", work, model, data, "0,1", args.steps,
+                      {"train_sampling_strategy": "random"}, profile=profiles)
+        lines.append(row("train_sampling_strategy: random, 2 workers", 2, 8, two))
+        if one is not None:
+            lines.append(ratio_row(one, two))
         flush()
     if "invariant" in parts:
         a = cli_run("inv-one", work, model, data, "0", 8, {"logging_steps": 1})
@@ -147,13 +223,31 @@ def main() -> None:
             diff = max(abs(x - y) for x, y in zip(a["losses"], b["losses"]))
             lines.append(f"| invariant: max loss difference over 8 steps | | | {diff:.2e} | | | | |")
         flush()
-    if "fsdp" in parts:
-        fsdp = cli_run("fsdp", work, model, data, "0,1", args.steps,
-                       {"fsdp": "full_shard auto_wrap", "compile_layers": False,
-                        "fsdp_config": {"transformer_layer_cls_to_wrap": ["Lfm2DecoderLayer"]}})
-        lines.append(row("FSDP full_shard (2 workers), layers not compiled", 2, 8, fsdp))
+    if "bucket" in parts:
+        big = cli_run("two-gpus-bucket", work, model, data, "0,1", args.steps, {"ddp_bucket_cap_mb": 200})
+        lines.append(row("ddp_bucket_cap_mb: 200, 2 workers", 2, 8, big))
         flush()
-
+    if "batch16" in parts:
+        b16 = cli_run("two-gpus-b16", work, model, data, "0,1", args.steps, {"per_device_train_batch_size": 16})
+        lines.append(row("16 rows per GPU, 2 workers", 2, 16, b16))
+        flush()
+    notes = []
+    fsdp_keys = {"fsdp": "full_shard auto_wrap", "compile_layers": False,
+                 "fsdp_config": {"transformer_layer_cls_to_wrap": ["Lfm2DecoderLayer"]}}
+    if "fsdp" in parts:
+        fsdp = cli_run("fsdp", work, model, data, "0,1", args.steps, fsdp_keys)
+        lines.append(row("FSDP full_shard (2 workers), layers not compiled", 2, 8, fsdp))
+        notes.append(saved_model_line("FSDP full fine-tune", fsdp, model, data))
+        flush()
+    if "fsdp_lora" in parts:
+        lora = cli_run("fsdp-lora", work, model, data, "0,1", args.steps, {**fsdp_keys, "learning_rate": 1e-3},
+                       peft={"extends": "DEFAULT_LORA"})
+        lines.append(row("FSDP full_shard + LoRA (2 workers)", 2, 8, lora))
+        notes.append(saved_model_line("FSDP + LoRA (adapter merged)", lora, model, data))
+        flush()
+    if notes:
+        lines.extend([""] + notes)
+        flush()
 
 if __name__ == "__main__":
     main()

@@ -371,6 +371,23 @@ def devices_line(devices) -> str:
             f"{cluster}")
 
 
+def last_batch_note(training: dict, rows: int, per_step: int, workers: int) -> str | None:
+    """What happens to the rows that do not fill the last step of an epoch (nothing is dropped)."""
+    left = rows % per_step
+    if not left or training.get("packing"):
+        return None
+    if training.get("dataloader_drop_last"):
+        return f"last batch: dataloader_drop_last is true: {left} row(s) per epoch are not trained on"
+    groups = workers * training.get("gradient_accumulation_steps", 1)
+    if training.get("train_sampling_strategy", "random") == "batch_rebalance":
+        topped = f", topped up to {groups} with rows from the epoch's start" if left < groups else ""
+        return f"last batch: the last step of each epoch trains the {left} remaining row(s){topped}"
+    if workers > 1:
+        return (f"last batch: the last step of each epoch trains the {left} remaining row(s), topped up to "
+                f"{per_step} with rows from the epoch's start (every worker gets a full batch)")
+    return f"last batch: the last step of each epoch trains the {left} remaining row(s)"
+
+
 def _print_plan(console: Console, resolved: ResolvedConfig, prepared: PreparedData, plan, devices) -> None:
     t = resolved.training
     per_step = t.get("per_device_train_batch_size", 8) * t.get("gradient_accumulation_steps", 1) * devices.workers
@@ -382,6 +399,9 @@ def _print_plan(console: Console, resolved: ResolvedConfig, prepared: PreparedDa
     action = f"resuming from {plan.resume_checkpoint}" if plan.resume_checkpoint else "new run"
     console.print(f"run: {plan.run_dir} ({action}); {len(prepared.train)} rows, {prepared.train_tokens:,} tokens, {steps} steps"
                   f" of {per_step} rows")
+    note = last_batch_note(t, len(prepared.train), per_step, devices.workers)
+    if note:
+        console.print(note)
     console.print(devices_line(devices))
     from leap_finetune.recipes import recipe
 

@@ -52,7 +52,9 @@ def test_two_workers_train_like_one_worker_with_twice_the_batch(workdir, ray_cpu
     else:
         write_jsonl(workdir / "train.jsonl", fact_rows(48))
         extra = {"peft_config": {"extends": "DEFAULT_LORA", "r": 8, "lora_dropout": 0.0}} if kind == "sft_lora" else {}
-        training = {}
+        # full: padding-free batches (the GPU default; leap-finetune's token-balanced sampler); LoRA: padded
+        # batches (transformers' BatchRebalanceSampler)
+        training = {"padding_free": True} if kind == "sft" else {}
 
     def config(name: str, batch: int, workers: int | None):
         data = tiny_config(project_name=name, **extra,

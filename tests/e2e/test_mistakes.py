@@ -60,6 +60,11 @@ CONFIG_CASES = {
     "push_to_hub_offline": (_training(push_to_hub=True), ["push_to_hub is true", "HF_HUB_OFFLINE"]),
     "fsdp_one_worker": (_training(fsdp="full_shard"), ["training_config.fsdp shards the model over several workers",
                                                         "the plan has 1"]),
+    "fsdp_cpu_workers": ({**_training(fsdp="full_shard"), "ray": {"num_workers": 2}},
+                         ["fsdp shards the model over GPU workers, but no GPU is visible", "accelerate would ignore it"]),
+    "fsdp_with_benchmarks": ({**_training(fsdp="full_shard"), "evals": {"benchmarks": [
+                                 {"name": "b", "path": "b.jsonl", "metric": "exact_match"}]}},
+                             ["benchmarks during training (evals:) run on rank 0 alone", "leap-finetune eval"]),
     "deepspeed": (_training(deepspeed="ds.json"), ["training_config.deepspeed is not supported", "fsdp"]),
     "best_metric_unknown": (_training(metric_for_best_model="accuracy"),
                             ["metric_for_best_model is 'accuracy'", "eval_loss"]),
@@ -112,6 +117,10 @@ def _bad_files(folder: Path) -> dict:
     write_jsonl(folder / "dpo.jsonl", [{"prompt": "q", "chosen": "a", "rejected": "b"}] * 30)
     cases["dpo_rows_as_sft"] = (tiny_config(data="dpo.jsonl"),
                                 ["look like dpo data", "set training_type: dpo", "training_type is sft"])
+    cases["length_sampler_for_dpo"] = (
+        tiny_config(data="dpo.jsonl", training_type="dpo",
+                    training_config={"extends": "DEFAULT_DPO", "train_sampling_strategy": "batch_rebalance"}),
+        ["train_sampling_strategy: batch_rebalance works for sft only", "set it to random"])
 
     write_jsonl(folder / "null_user.jsonl", [{"messages": [{"role": "user", "content": None},
                                                            {"role": "assistant", "content": "a"}]}])

@@ -45,6 +45,7 @@ def test_cpu_workers():
     (dict(gpus=2, nodes=2, num_workers=5), "(2 on each of 2 nodes)"),
     (dict(gpus=1, fsdp=True), "fsdp shards the model over several workers, but the plan has 1"),
     (dict(gpus=0, fsdp=True), "fsdp shards the model over several workers"),
+    (dict(gpus=0, num_workers=2, fsdp=True), "fsdp shards the model over GPU workers, but no GPU is visible"),
 ])
 def test_impossible_plans_say_the_numbers(counts, message):
     with pytest.raises(LeapError) as info:

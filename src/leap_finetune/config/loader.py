@@ -310,6 +310,11 @@ def _resolve_training(model: LeapConfigModel, where: str) -> tuple[dict, str, st
     merged = check_training_values(recipe(model.training_type).config_class(), merged, where)
     check_report_to(merged.get("report_to"), where)
     check_training_rules(model.training_type, merged, where)
+    if merged.get("fsdp") and model.evals is not None:
+        raise LeapError("benchmarks during training (evals:) run on rank 0 alone, which a model sharded by "
+                        "training_config.fsdp cannot do (every rank holds part of the weights)", where=where,
+                        fix="remove evals: and run `leap-finetune eval RUN_FOLDER` on the trained model, or train "
+                        "without fsdp (DDP)")
     loss_on = merged.pop("loss_on", "assistant")
     if loss_on not in LOSS_ON:
         raise LeapError(

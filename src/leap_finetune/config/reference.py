@@ -16,6 +16,7 @@ from leap_finetune.config.schema import (
     EvalsConfig,
     LeapConfigModel,
     RayConfig,
+    SlurmConfig,
 )
 
 
@@ -27,6 +28,7 @@ def _type_name(annotation) -> str:
                       ("leap_finetune.config.schema.EvalsConfig", "mapping (below)"),
                       ("leap_finetune.config.schema.AsyncEvalConfig", "mapping"),
                       ("leap_finetune.config.schema.RayConfig", "mapping (below)"),
+                      ("leap_finetune.config.schema.SlurmConfig", "mapping (below)"),
                       ("leap_finetune.config.schema.SbatchConfig", "mapping"),
                       ("leap_finetune.config.schema.ReservedEvalConfig", "mapping"),
                       ("leap_finetune.config.schema.EvalFailureConfig", "mapping"),
@@ -41,7 +43,8 @@ def _fields_table(model: type[BaseModel], prefix: str = "") -> list[str]:
         if field.default is PydanticUndefined and field.default_factory is None:
             default = "**required**"
         elif field.default_factory is not None:
-            default = "`{}`"
+            made = field.default_factory()
+            default = f"`{made!r}`" if isinstance(made, (list, dict)) else "(its keys' defaults)"
         else:
             default = f"`{field.default!r}`" if field.default is not None else "`null`"
         lines.append(f"| `{prefix}{name}` | {_type_name(field.annotation)} | {default} | {field.description or ''} |")
@@ -95,6 +98,14 @@ def render_reference() -> str:
         "[--gpus N] [--nodes M] [--json]` shows the plan without starting anything.",
         "",
         *_fields_table(RayConfig, "ray."),
+        "",
+        "## `slurm`",
+        "",
+        "`leap-finetune slurm CONFIG.yaml [--nodes M] [--gpus-per-node G] [--submit]` writes an sbatch script",
+        "from this block (and checks it with `sbatch --test-only`); the job starts a Ray cluster over its",
+        "nodes and runs this config on it. `leap-finetune run` ignores the block.",
+        "",
+        *_fields_table(SlurmConfig, "slurm."),
         "",
         "## `training_config`",
         "",

@@ -28,6 +28,7 @@ def check_training_rules(training_type: str, training: dict, where: str) -> None
     check_hub_push(training, where)
     check_packing_length(training, where)
     check_best_model_metric(training_type, training, where)
+    check_sampling(training_type, training, where)
 
 
 def check_multi_process(training: dict, where: str) -> None:
@@ -37,6 +38,15 @@ def check_multi_process(training: dict, where: str) -> None:
         raise LeapError("training_config.deepspeed is not supported by leap-finetune", where=where,
                         fix="for a model that does not fit one GPU use training_config.fsdp (FSDP2 through "
                         "transformers) over several GPUs, or LoRA")
+
+
+def check_sampling(training_type: str, training: dict, where: str) -> None:
+    """The length-aware samplers read each row's `input_ids`; preference rows hold prompt/chosen/rejected ids."""
+    strategy = training.get("train_sampling_strategy")
+    if training_type != "sft" and strategy in ("batch_rebalance", "group_by_length"):
+        raise LeapError(f"training_config.train_sampling_strategy: {strategy} works for sft only (it balances rows by "
+                        f"their length), not for {training_type}", where=where,
+                        fix="remove train_sampling_strategy, or set it to random or sequential")
 
 
 def check_hub_push(training: dict, where: str) -> None:

@@ -73,6 +73,11 @@ def plan_devices(*, gpus: int, nodes: int = 1, server: int = 0, judge: int = 0, 
                             fix="run on a GPU machine, or plan for one: leap-finetune plan CONFIG --gpus N")
         plan.workers = (num_workers or 1) if nodes == 1 else (num_workers or nodes)
         _check_fsdp(fsdp, plan.workers, where)
+        if fsdp:
+            # accelerate applies FSDP on GPU workers only: on CPU workers the key would be ignored silently.
+            raise LeapError("training_config.fsdp shards the model over GPU workers, but no GPU is visible (on CPU "
+                            "workers accelerate would ignore it and train with DDP)", where=where,
+                            fix="run on GPUs (plan one with: leap-finetune plan CONFIG --gpus N), or remove fsdp")
         return plan
     available = gpus - reserved
     wanted = training if training is not None else available

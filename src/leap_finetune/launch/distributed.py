@@ -20,7 +20,7 @@ from leap_finetune.launch.devices import DevicePlan
 # GPUs out of service. Every process the project starts keeps these (Ray workers included).
 NO_MULTICAST = {"NCCL_NVLS_ENABLE": "0", "TORCH_SYMM_MEM_DISABLE_MULTICAST": "1", "NVSHMEM_DISABLE_NVLS": "1"}
 PASSED_ON = ("HF_HUB_OFFLINE", "TRANSFORMERS_OFFLINE", "HF_DATASETS_OFFLINE", "HF_HOME", "HF_TOKEN",
-             "TOKENIZERS_PARALLELISM", "LEAP_FINETUNE_SHOW_WARNINGS", "WANDB_API_KEY", "WANDB_MODE")
+             "TOKENIZERS_PARALLELISM", "LEAP_FINETUNE_SHOW_WARNINGS", "LEAP_FINETUNE_PROFILE", "WANDB_API_KEY", "WANDB_MODE")
 
 
 def ray_address(resolved) -> str | None:

@@ -38,6 +38,8 @@ def processes(devices: DevicePlan, config_path: str | None) -> list[dict]:
 
 
 def plan_report(resolved, devices: DevicePlan, prepared) -> dict:
+    from leap_finetune.api import last_batch_note
+
     t = resolved.training
     per_device = t.get("per_device_train_batch_size", 8)
     accumulation = t.get("gradient_accumulation_steps", 1)
@@ -53,6 +55,8 @@ def plan_report(resolved, devices: DevicePlan, prepared) -> dict:
         "steps_per_epoch": steps_per_epoch,
         "max_steps": t.get("max_steps", -1),
         "tokens_per_step": round(tokens_per_row * global_batch),
+        "sampling": t.get("train_sampling_strategy", "random"),
+        "last_batch": last_batch_note(t, rows, global_batch, devices.workers),
         "processes": processes(devices, resolved.config_path),
     }
 
@@ -82,6 +86,10 @@ def print_plan(console, report: dict) -> None:
                   f"{report['steps_per_epoch']} steps per epoch"
                   + (f" (max_steps {report['max_steps']})" if report["max_steps"] and report["max_steps"] > 0 else "")
                   + f"; ~{report['tokens_per_step']:,} tokens per step")
+    console.print(f"sampling: {report['sampling']}" + (" (each step's rows dealt so workers get equal tokens)"
+                                                      if report["sampling"] == "batch_rebalance" else ""))
+    if report["last_batch"]:
+        console.print(report["last_batch"])
     console.print("processes:")
     for process in report["processes"]:
         env = " ".join(f"{k}={v}" for k, v in process["env"].items())

@@ -116,6 +116,10 @@ def standard_callbacks(resolved: ResolvedConfig, run_dir: Path, console, stop_on
     marker = CheckpointMarker(run_dir, resolved.training.get("save_total_limit"),
                               seconds_before=(resumed or {}).get("trained_seconds", 0.0))
     callbacks = [MetricsLog(run_dir / "metrics.jsonl"), marker, RichProgress(console), stop_on_signal]
+    if os.environ.get("LEAP_FINETUNE_PROFILE"):  # a developer's tool for the benchmarks (recipes/profiling.py)
+        from leap_finetune.recipes.profiling import StepProfile
+
+        callbacks.append(StepProfile(Path(os.environ["LEAP_FINETUNE_PROFILE"])))
     return callbacks + ([benchmarks] if benchmarks is not None else []) + list(extra or [])
 
 
@@ -153,14 +157,19 @@ def train_evaluate_save(trainer, resolved: ResolvedConfig, run_dir: Path, tokeni
     main = is_main_process()
     if main:
         _print_model_summary(console, trainer.model)
+        if getattr(trainer, "is_fsdp_enabled", False):
+            console.print(f"fsdp: the model is sharded over {trainer.accelerator.num_processes} workers "
+                          "(the final model is gathered on rank 0 to be saved)")
     has_eval = trainer.eval_dataset is not None
     baseline = trainer.evaluate() if has_eval and not resume else None  # logged at step 0 (every rank evaluates)
     run_benchmarks = benchmarks is not None and main  # once, not once per rank
     baseline_benchmarks = benchmarks.evaluate("before training") if run_benchmarks and not resume else {}
     result = trainer.train(resume_from_checkpoint=resume)
     if not main:
-        if has_eval and trainer.state.global_step >= trainer.state.max_steps:
-            _final_eval(trainer)  # the last evaluation is distributed too
+        if trainer.state.global_step >= trainer.state.max_steps:
+            if has_eval:
+                _final_eval(trainer)  # the last evaluation is distributed too
+            _full_state_dict(trainer)  # FSDP: every rank takes part in gathering the weights
         return {"global_step": trainer.state.global_step, "rank": int(os.environ.get("RANK", "0"))}
     # The whole run, also after resumes: after a resume the Trainer's loss covers only this process's
     # steps, so it is averaged over every logged step of metrics.jsonl instead; training time is summed
@@ -194,17 +203,43 @@ def train_evaluate_save(trainer, resolved: ResolvedConfig, run_dir: Path, tokeni
 
     # The model (merged for LoRA, plus the adapter) loadable with from_pretrained.
     final_model = trainer.model
+    state_dict = _full_state_dict(trainer)
     if resolved.peft is not None:
-        _save_atomic(run_dir / "adapter", lambda path: (final_model.save_pretrained(path), tokenizer.save_pretrained(path)))
-        final_model = final_model.merge_and_unload()
+        _save_atomic(run_dir / "adapter", lambda path: (final_model.save_pretrained(path, state_dict=state_dict),
+                                                        tokenizer.save_pretrained(path)))
+        final_model = (_merged_from_adapter(resolved, tokenizer, run_dir / "adapter") if state_dict is not None
+                       else final_model.merge_and_unload())
         summary["adapter_dir"] = str(run_dir / "adapter")
+        state_dict = None
     saver = _processing_saver(resolved, tokenizer, console)
-    _save_atomic(run_dir / "model", lambda path: (final_model.save_pretrained(path), saver.save_pretrained(path)))
+    _save_atomic(run_dir / "model", lambda path: (final_model.save_pretrained(path, state_dict=state_dict),
+                                                  saver.save_pretrained(path)))
     summary["model_dir"] = str(run_dir / "model")
-    if samples:
+    if samples and not getattr(trainer, "is_fsdp_enabled", False):  # a sharded model generates on every rank only
         print_samples(console, "after training", final_model, tokenizer, samples)
     write_atomic(run_dir / "summary.json", json.dumps(summary, indent=2))
     return summary
+
+
+def _full_state_dict(trainer) -> dict | None:
+    """FSDP: the whole model's weights gathered on rank 0 (on the CPU); a collective, so every rank calls
+    it at the same point. Without FSDP: None (the model in memory is whole)."""
+    if not getattr(trainer, "is_fsdp_enabled", False):
+        return None
+    return trainer.accelerator.get_state_dict(trainer.model)
+
+
+def _merged_from_adapter(resolved: ResolvedConfig, tokenizer, adapter_dir: Path):
+    """FSDP + LoRA: the sharded model cannot merge in place; the base model is loaded on the CPU and the
+    saved adapter merged into it."""
+    import torch
+    from peft import PeftModel
+
+    from leap_finetune.models.loading import load_model
+
+    init_kwargs = {k: v for k, v in (resolved.training.get("model_init_kwargs") or {}).items() if k != "dtype"}
+    base = load_model(resolved.model_id, tokenizer, init_kwargs, dtype=torch.float32)
+    return PeftModel.from_pretrained(base, str(adapter_dir)).merge_and_unload()
 
 
 def _final_eval(trainer) -> dict:

@@ -36,6 +36,24 @@ def training_arguments(resolved: ResolvedConfig, *, run_dir: str, has_eval: bool
     return args
 
 
+def trainer_class():
+    from trl import SFTTrainer
+
+    from leap_finetune.recipes.sampling import balanced_sampler
+
+    class LeapSFTTrainer(SFTTrainer):
+        """SFTTrainer whose `batch_rebalance` sampler balances tokens for padding-free batches and reads
+        row lengths from the Arrow column (recipes/sampling.py)."""
+
+        def _get_train_sampler(self, train_dataset=None):
+            dataset = train_dataset if train_dataset is not None else self.train_dataset
+            if self.args.train_sampling_strategy != "batch_rebalance" or dataset is None:
+                return super()._get_train_sampler(train_dataset)
+            return balanced_sampler(self.args, dataset, padding_free=bool(self.args.padding_free))
+
+    return LeapSFTTrainer
+
+
 def for_trainer(dataset, args, packing: bool):
     """What SFTTrainer's preparation does to already tokenized, truncated rows, in its order: shuffle
     and pack (TRL's public `pack_dataset`), then shuffle. Everything else it does is done by the driver."""
@@ -61,7 +79,6 @@ def speed_plan(resolved: ResolvedConfig, cuda: bool | None = None) -> speed.Spee
 
 def train(resolved_json: dict, callbacks: list | None = None) -> dict:
     from rich.console import Console
-    from trl import SFTTrainer
 
     resolved = ResolvedConfig.model_validate(resolved_json)
     common.quiet_libraries()
@@ -85,7 +102,7 @@ def train(resolved_json: dict, callbacks: list | None = None) -> dict:
         common.print_samples(console, "before training", model, tokenizer, samples)
 
     stop_on_signal = StopOnSignal()
-    trainer = SFTTrainer(
+    trainer = trainer_class()(
         model=model,
         args=args,
         train_dataset=train_dataset,
