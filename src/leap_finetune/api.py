@@ -14,6 +14,7 @@ from pathlib import Path
 
 from rich.console import Console
 
+from leap_finetune.config.grpo import check_generation_batch, check_rollout_engine
 from leap_finetune.config.loader import load_config
 from leap_finetune.config.resolved import ResolvedConfig
 from leap_finetune.config.yaml_io import dump_yaml
@@ -66,7 +67,7 @@ def _prepare(resolved: ResolvedConfig):
     _check_lora_targets(resolved, tokenizer)
     template = load_chat_template(resolved.chat_template, tokenizer)
     # DPO / KTO split prompt from completion themselves and need no generation markers.
-    loss_on = resolved.loss_on if resolved.training_type == "sft" else "all"
+    loss_on = resolved.loss_on if resolved.training_type == "sft" else "all"  # (GRPO renders prompts only)
     renderer = Renderer(
         tokenizer, template, loss_on, resolved.training.get("max_length"),
         resolved.training.get("truncation_mode", "keep_start"),
@@ -120,7 +121,9 @@ def validate_config(source, *, console: Console | None = None,
     _, _, prepared = _prepare(resolved)
     _check_training_arguments(resolved, has_eval=bool(prepared.eval))
     plan = plan_run(resolved, outputs_root=Path(outputs_root) if outputs_root else None)
+    check_rollout_engine(resolved)  # vLLM installed where use_vllm says so (plan does not need it)
     devices = device_plan(resolved)
+    check_generation_batch(resolved, devices.workers)
     check_resume_matches(resolved, plan, fingerprint(prepared), devices.workers)
     console.print(config_table(resolved))
     data_report(console, prepared, resolved)
@@ -148,7 +151,9 @@ def plan_config(source, *, gpus: int | None = None, nodes: int | None = None) ->
     resolved = _config(source)
     _, _, prepared = _prepare(resolved)
     _check_training_arguments(resolved, has_eval=bool(prepared.eval))
-    return plan_report(resolved, device_plan(resolved, gpus=gpus, nodes=nodes), prepared)
+    devices = device_plan(resolved, gpus=gpus, nodes=nodes)
+    check_generation_batch(resolved, devices.workers)  # vLLM need not be installed to plan
+    return plan_report(resolved, devices, prepared)
 
 
 def slurm_config(source, *, nodes: int | None = None, gpus_per_node: int | None = None, submit: bool = False,
@@ -210,7 +215,9 @@ def run_config(source, *, console: Console | None = None, callbacks: list | None
     tokenizer, renderer, prepared = _prepare(resolved)
     _check_training_arguments(resolved, has_eval=bool(prepared.eval))
     plan = plan_run(resolved, outputs_root=Path(outputs_root) if outputs_root else None)
+    check_rollout_engine(resolved)  # vLLM installed where use_vllm says so (plan does not need it)
     devices = device_plan(resolved)
+    check_generation_batch(resolved, devices.workers)
     check_resume_matches(resolved, plan, fingerprint(prepared), devices.workers)
     if callbacks and not devices.in_process:
         raise ValueError("run_config(callbacks=...) needs an in-process run (one device); this plan has "
@@ -416,7 +423,11 @@ def _print_end(console: Console, summary: dict) -> None:
         console.print(f"[yellow]stopped at step {summary['global_step']} (checkpoint saved); continue with "
                       "training_config.resume_from_checkpoint: latest[/yellow]")
         return
-    parts = [f"done: {summary['global_step']} steps", f"train loss {summary['train_loss']:.4f}"]
+    parts = [f"done: {summary['global_step']} steps"]
+    if summary.get("final_reward") is not None:
+        parts.append(f"reward {summary['initial_reward']:.3f} -> {summary['final_reward']:.3f} (first / last 5 steps)")
+    else:
+        parts.append(f"train loss {summary['train_loss']:.4f}")
     if summary.get("eval_loss") is not None:
         before = summary.get("initial_eval_loss")
         parts.append(f"eval loss {before:.4f} -> {summary['eval_loss']:.4f}" if before is not None

@@ -387,7 +387,7 @@ def test_a_failed_new_run_leaves_no_run_folder(workdir, capsys):
 
 
 def test_the_cpu_examples_validate(capsys):
-    for name in ("quickstart.yaml", "dpo_tiny.yaml", "kto_tiny.yaml", "tools_quickstart.yaml"):
+    for name in ("quickstart.yaml", "dpo_tiny.yaml", "kto_tiny.yaml", "tools_quickstart.yaml", "grpo_tiny_warmup.yaml"):
         code, err = cli("validate", str(EXAMPLES / name), capsys=capsys)
         assert code == 0, (name, err)
         assert "valid" in err

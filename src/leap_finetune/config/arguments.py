@@ -140,7 +140,7 @@ def check_training_values(config_cls, values: dict, where: str) -> dict:
                 fix=f"give training_config.{key} {err.article()} (docs/config.md; TRL's {config_cls.__name__} documents "
                 "every key)",
             ) from None
-        _check_range(key, value, where)
+        _check_range(key, value, where, config_cls.__name__)
         choices = _help_choices(fields[key])
         given = value if isinstance(value, list) else [value]
         wrong = [v for v in given if choices and v not in choices]
@@ -153,10 +153,15 @@ def check_training_values(config_cls, values: dict, where: str) -> dict:
     return checked
 
 
-def _check_range(key: str, value, where: str) -> None:
-    if key not in RANGES or value is None or isinstance(value, bool) or not isinstance(value, (int, float)):
+# GRPO's beta weighs a KL term that may be off (TRL's default is 0: no reference model).
+RANGES_BY_CONFIG = {"GRPOConfig": {"beta": (lambda v: v >= 0, "a number >= 0 (0: no KL term)")}}
+
+
+def _check_range(key: str, value, where: str, config_name: str = "") -> None:
+    rules = {**RANGES, **RANGES_BY_CONFIG.get(config_name, {})}
+    if key not in rules or value is None or isinstance(value, bool) or not isinstance(value, (int, float)):
         return
-    ok, expected = RANGES[key]
+    ok, expected = rules[key]
     if not ok(value):
         raise LeapError(f"training_config.{key} is {value!r}: expected {expected}", where=where,
                         fix=f"set training_config.{key} to {expected}")

@@ -59,7 +59,8 @@ def load_config(source: str | Path | dict, *, base_dir: Path | None = None) -> R
     where = str(config_path) if config_path else "config"
 
     _check_keys(raw, LeapConfigModel.model_fields, where, "the top level")
-    for block in ("peft_config", "training_config", "dataset", "evals", "async_eval", "ray", "slurm"):
+    for block in ("peft_config", "training_config", "dataset", "evals", "async_eval", "ray", "slurm", "grpo_rollout",
+                  "rewards"):
         if block in raw and raw[block] is None:
             raise LeapError(f"'{block}:' is empty", where=where, fix={
                 "peft_config": "for LoRA with the defaults write `peft_config: {extends: DEFAULT_LORA}`; for a full "
@@ -74,6 +75,16 @@ def load_config(source: str | Path | dict, *, base_dir: Path | None = None) -> R
         from leap_finetune.config.schema import SlurmConfig
 
         _check_keys(raw["slurm"], SlurmConfig.model_fields, where, "slurm")
+    if isinstance(raw.get("grpo_rollout"), dict):
+        from leap_finetune.config.schema import GrpoRolloutConfig
+
+        _check_keys(raw["grpo_rollout"], GrpoRolloutConfig.model_fields, where, "grpo_rollout")
+    if isinstance(raw.get("rewards"), dict):
+        from leap_finetune.config.schema import JudgeConfig, RewardsConfig
+
+        _check_keys(raw["rewards"], RewardsConfig.model_fields, where, "rewards")
+        if isinstance(raw["rewards"].get("judge"), dict):
+            _check_keys(raw["rewards"]["judge"], JudgeConfig.model_fields, where, "rewards.judge")
     if isinstance(raw.get("async_eval"), dict):
         from leap_finetune.config.schema import AsyncEvalConfig
 
@@ -99,6 +110,9 @@ def load_config(source: str | Path | dict, *, base_dir: Path | None = None) -> R
         )
     training, loss_on, resume = _resolve_training(model, where)
     peft = _resolve_peft(model.peft_config, where)
+    from leap_finetune.config.grpo import resolve_grpo
+
+    grpo_rollout, rewards = resolve_grpo(model, training, base, where)
 
     from leap_finetune.data.chat_templates import resolve_chat_template
     from leap_finetune.models.registry import model_family, resolve_model_id
@@ -137,6 +151,8 @@ def load_config(source: str | Path | dict, *, base_dir: Path | None = None) -> R
         config_dir=str(base),
         ray=model.ray,
         slurm=model.slurm,
+        grpo_rollout=grpo_rollout,
+        rewards=rewards,
     )
 
 

@@ -59,6 +59,24 @@ TRAINING_PROFILES: dict[str, dict] = {
         "desirable_weight": 1.0,
         "undesirable_weight": 1.0,
     },
+    "DEFAULT_GRPO": {
+        **{k: v for k, v in _COMMON.items() if k != "max_length"},  # GRPO: max_completion_length
+        "per_device_train_batch_size": 8,  # completions per device per step: num_generations must divide the batch
+        "per_device_eval_batch_size": 8,
+        "learning_rate": 1e-6,
+        "warmup_steps": 0.0,
+        "lr_scheduler_type": "constant",
+        "beta": 0.0,  # TRL's default: no KL term, no reference model in memory
+        "num_generations": 8,
+        "max_completion_length": 256,
+        "temperature": 1.0,
+        "logging_steps": 1,
+        "log_completions": False,
+        # rollouts: vLLM inside each training worker (TRL's colocate mode); `server` starts `trl vllm-serve`
+        # on grpo_rollout.server_gpus before the workers
+        "use_vllm": True,
+        "vllm_mode": "colocate",
+    },
 }
 
 PEFT_PROFILES: dict[str, dict] = {
@@ -73,7 +91,7 @@ PEFT_PROFILES: dict[str, dict] = {
     },
 }
 
-DEFAULT_TRAINING_PROFILE = {"sft": "DEFAULT_SFT", "dpo": "DEFAULT_DPO", "kto": "DEFAULT_KTO"}
+DEFAULT_TRAINING_PROFILE = {"sft": "DEFAULT_SFT", "dpo": "DEFAULT_DPO", "kto": "DEFAULT_KTO", "grpo": "DEFAULT_GRPO"}
 
 
 def training_profile(name: str) -> dict:

@@ -7,7 +7,14 @@ from __future__ import annotations
 
 from pydantic import BaseModel, ConfigDict
 
-from leap_finetune.config.schema import DatasetConfig, EvalsConfig, RayConfig, SlurmConfig
+from leap_finetune.config.schema import (
+    DatasetConfig,
+    EvalsConfig,
+    GrpoRolloutConfig,
+    RayConfig,
+    RewardsConfig,
+    SlurmConfig,
+)
 
 
 class ResolvedConfig(BaseModel):
@@ -32,11 +39,14 @@ class ResolvedConfig(BaseModel):
     config_dir: str | None = None  # relative paths (and the default outputs/ folder) start here
     ray: RayConfig | None = None  # the user's ray: block (the device plan is decided by the driver)
     slurm: SlurmConfig | None = None  # the user's slurm: block (for `leap-finetune slurm`)
+    grpo_rollout: GrpoRolloutConfig | None = None  # grpo: GPU counts for servers (set for every grpo config)
+    rewards: RewardsConfig | None = None  # grpo: checked reward specs (custom paths absolute)
     # Decided by the driver's plan (None until then):
     run_dir: str | None = None
     run_name: str | None = None
     resume_checkpoint_path: str | None = None  # the checkpoint folder "latest" (or a path) resolved to
     workers: int = 1  # training processes of the device plan (launch/devices.py)
+    judge_url: str | None = None  # grpo: the local judge server the driver started
 
     def to_json_dict(self) -> dict:
         return self.model_dump(mode="json")

@@ -12,7 +12,7 @@ from typing import Literal
 from pydantic import BaseModel, ConfigDict, Field, field_validator
 
 TRAINING_TYPES = ("sft", "dpo", "kto", "grpo", "embedding", "colbert")
-SUPPORTED_TRAINING_TYPES = ("sft", "dpo", "kto")
+SUPPORTED_TRAINING_TYPES = ("sft", "dpo", "kto", "grpo")
 
 
 class StrictModel(BaseModel):
@@ -141,6 +141,72 @@ class SlurmConfig(StrictModel):
     ray_start_timeout_s: int = Field(default=600, gt=0, description="How long to wait for every node's GPUs to join.")
 
 
+class GrpoRolloutConfig(StrictModel):
+    """GRPO: where rollouts and the judge run, by GPU counts. Local servers are started by the driver before
+    any training worker, on the first GPUs of the node: [server][judge][training]."""
+
+    server_gpus: int = Field(default=0, ge=0, description="GPUs for the local vLLM rollout server "
+                             "(`training_config.vllm_mode: server` without `vllm_server_base_url`).")
+    judge_gpus: int = Field(default=0, ge=0, description="GPUs for a local judge server (`rewards.judge` without "
+                            "`base_url`).")
+    training_gpus: int | None = Field(default=None, gt=0, description="GPUs for training; default: the rest.")
+    tensor_parallel_size: int = Field(default=1, gt=0, description="Tensor parallelism of the local vLLM servers.")
+    dtype: Literal["auto", "bfloat16", "float16", "float32"] = Field(
+        default="bfloat16", description="Weights' dtype in the local vLLM servers.")
+    gpu_memory_utilization: float = Field(default=0.9, gt=0, le=1, description="vLLM's GPU memory fraction in "
+                                          "the local servers.")
+    max_model_len: int | None = Field(default=None, gt=0, description="vLLM's context length in the local servers; "
+                                      "default: the model's.")
+    server_start_timeout_s: float = Field(default=600, gt=0, description="How long the driver waits for a local "
+                                          "server to answer its health check.")
+
+
+DEFAULT_JUDGE_PROMPT = (
+    "You are grading an answer.\n\nQuestion:\n{prompt}\n\nReference answer:\n{solution}\n\n"
+    "Answer to grade:\n{completion}\n\nReply with a JSON object {{\"score\": S}}, S an integer from {min_score} "
+    "(wrong) to {max_score} (fully correct and complete)."
+)
+
+
+class JudgeConfig(StrictModel):
+    """An LLM judge over the OpenAI-compatible chat-completions API (vLLM, transformers serve, llama.cpp's
+    server, a hosted API)."""
+
+    model: str = Field(min_length=1, description="The model the judge requests name (and a local judge serves).")
+    base_url: str | None = Field(default=None, min_length=1, description="An external server, e.g. "
+                                 "http://judge:8000/v1; without it the driver starts a local judge on "
+                                 "`grpo_rollout.judge_gpus`.")
+    prompt_template: str = Field(default=DEFAULT_JUDGE_PROMPT, min_length=1,
+                                 description="The judge's prompt: `{prompt}`, `{completion}`, `{solution}`, "
+                                 "`{min_score}`, `{max_score}` are filled in (write `{{`/`}}` for braces).")
+    min_score: float = Field(default=0, description="The lowest score the judge gives (normalised to 0).")
+    max_score: float = Field(default=10, description="The highest score the judge gives (normalised to 1).")
+    weight: float = Field(default=1.0, description="The judge's weight among the rewards (unless `rewards.weights` "
+                          "lists it).")
+    failure_score: float = Field(default=0.0, ge=0, le=1, description="The normalised reward of a completion the "
+                                 "judge could not score (timeout, error, no number in its answer); such failures "
+                                 "are counted in the metrics.")
+    timeout_s: float = Field(default=60, gt=0, description="Per request.")
+    max_concurrency: int = Field(default=8, gt=0, description="Requests in flight at once.")
+    retries: int = Field(default=2, ge=0, description="Retries after a connection error, with exponential backoff.")
+    api_key_env: str | None = Field(default=None, min_length=1, description="The environment variable that holds "
+                                    "the API key (the key itself never goes in the config or the logs).")
+    temperature: float = Field(default=0.0, ge=0, description="The judge's sampling temperature.")
+    max_tokens: int = Field(default=64, gt=0, description="The judge's answer length limit.")
+
+
+class RewardsConfig(StrictModel):
+    """GRPO's rewards: built-in or custom functions, and an optional LLM judge."""
+
+    funcs: list[str | dict] = Field(default_factory=list, description="Built-ins: `accuracy`, `format` (with "
+                                    "`pattern`), `length` (with `target_tokens`), `tool_call_valid`; or "
+                                    "`path/to/file.py::function`. A mapping gives options: `{name: format, pattern: "
+                                    "'^Answer:'}`.")
+    weights: list[float] | None = Field(default=None, description="One weight per function, then the judge's; "
+                                        "default: 1 each (the judge: `judge.weight`).")
+    judge: JudgeConfig | None = Field(default=None, description="An LLM judge (keys below).")
+
+
 class LeapConfigModel(StrictModel):
     """The top level of a leap-finetune YAML file."""
 
@@ -173,6 +239,10 @@ class LeapConfigModel(StrictModel):
     ray: RayConfig | None = Field(
         default=None, description="Several devices or nodes through Ray Train (keys below); default: decided from the "
         "visible GPUs.")
+    grpo_rollout: GrpoRolloutConfig | None = Field(
+        default=None, description="GRPO: GPUs for the rollout server, the judge and training (keys below).")
+    rewards: RewardsConfig | list | None = Field(
+        default=None, description="GRPO's rewards (keys below); a list is shorthand for `funcs`.")
     checkpoint: str | None = Field(
         default=None,
         min_length=1,

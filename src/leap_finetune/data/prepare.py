@@ -14,6 +14,7 @@ from dataclasses import dataclass, field
 
 from leap_finetune.config.resolved import ResolvedConfig
 from leap_finetune.data.chat_templates import render_family
+from leap_finetune.data.grpo_rows import check_grpo_row, column_kind_problems, prepare_prompt
 from leap_finetune.data.preference_rows import check_dpo_row, check_kto_row
 from leap_finetune.data.preference_tokens import tokenize_kto, tokenize_pair
 from leap_finetune.data.readers import SUFFIXES, SourceRow, read_dataset
@@ -69,7 +70,8 @@ def _contract(resolved: ResolvedConfig):
     family = render_family(resolved.chat_template, resolved.model_family)
     if resolved.training_type == "sft":
         return functools.partial(check_sft_row, needs_assistant=resolved.loss_on != "all", family=family)
-    return functools.partial({"dpo": check_dpo_row, "kto": check_kto_row}[resolved.training_type], family=family)
+    return functools.partial({"dpo": check_dpo_row, "kto": check_kto_row, "grpo": check_grpo_row}[resolved.training_type],
+                             family=family)
 
 
 def _tokenize(resolved: ResolvedConfig, renderer: Renderer, parsed):
@@ -77,6 +79,8 @@ def _tokenize(resolved: ResolvedConfig, renderer: Renderer, parsed):
         return renderer.tokenize(parsed.messages, parsed.tools)
     if resolved.training_type == "dpo":
         return tokenize_pair(renderer, parsed)
+    if resolved.training_type == "grpo":
+        return prepare_prompt(renderer, parsed)
     return tokenize_kto(renderer, parsed)
 
 
@@ -85,6 +89,7 @@ def _tokenize(resolved: ResolvedConfig, renderer: Renderer, parsed):
 ROW_SHAPES = (
     ("dpo", ("chosen", "rejected")),
     ("kto", ("completion", "label")),
+    ("grpo", ("prompt", "solution")),
     ("embedding or colbert", ("query", "positive")),
     ("sft", ("messages",)), ("sft", ("conversations",)), ("sft", ("conversation",)), ("sft", ("chat",)),
 )
@@ -111,6 +116,8 @@ def validate_rows(
             problems.extend(row_problems)
         else:
             valid.append(_ValidRow(row, parsed))
+    if resolved.training_type == "grpo":
+        problems.extend(column_kind_problems([(v.source, v.parsed.extra) for v in valid]))
     if problems and len(valid) < len(result.rows) / 2:
         _check_row_shape(result.rows, resolved, path)
     problems.sort(key=lambda p: (p.file, _position(p.location)))

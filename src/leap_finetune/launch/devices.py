@@ -112,9 +112,13 @@ def device_plan(resolved, *, gpus: int | None = None, nodes: int | None = None) 
     where = resolved.config_path or "config"
     if address and gpus is None and nodes is None:
         nodes, gpus = cluster_shape(address, ray.connect_timeout_s if ray else 30)
+    rollout = getattr(resolved, "grpo_rollout", None)
+    servers = {}
+    if rollout is not None:
+        servers = {"server": rollout.server_gpus, "judge": rollout.judge_gpus, "training": rollout.training_gpus}
     plan = plan_devices(gpus=visible_gpus() if gpus is None else gpus, nodes=nodes or 1,
                         num_workers=ray.num_workers if ray else None, address=address,
-                        fsdp=bool(resolved.training.get("fsdp")), where=where)
+                        fsdp=bool(resolved.training.get("fsdp")), where=where, **servers)
     if not plan.in_process:
         import importlib.util
 

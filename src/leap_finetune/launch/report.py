@@ -32,6 +32,12 @@ def config_table(resolved: ResolvedConfig) -> Table:
         ("batch x accumulation", f"{t.get('per_device_train_batch_size')} x {t.get('gradient_accumulation_steps', 1)}"),
         ("max length / packing", f"{t.get('max_length')} / {t.get('packing', False)}"),
     ]
+    if resolved.training_type == "grpo":
+        rows[2] = ("training", "grpo, rewards: " + ", ".join(_reward_names(resolved)))
+        rows[8] = ("generations / length", f"{t.get('num_generations')} per prompt / up to "
+                   f"{t.get('max_completion_length')} tokens")
+        rows.append(("rollouts", ("vLLM, " + str(t.get("vllm_mode"))) if t.get("use_vllm")
+                     else "transformers' generation" + (" (paged)" if t.get("use_transformers_paged") else "")))
     if resolved.evals:
         rows.append(("benchmarks", ", ".join(f"{b.name} ({b.metric.rsplit('::', 1)[-1]})" for b in resolved.evals.benchmarks)))
     for key, value in rows:
@@ -39,12 +45,28 @@ def config_table(resolved: ResolvedConfig) -> Table:
     return table
 
 
+def _reward_names(resolved: ResolvedConfig) -> list[str]:
+    from leap_finetune.rl.rewards import reward_name
+
+    names = [reward_name(spec) for spec in resolved.rewards.funcs]
+    if resolved.rewards.judge is not None:
+        names.append(f"judge ({resolved.rewards.judge.model})")
+    weights = resolved.rewards.weights
+    return [f"{n} x{w:g}" for n, w in zip(names, weights)] if weights else names
+
+
 def data_report(console: Console, prepared: PreparedData, resolved: ResolvedConfig | None = None,
                 max_listed: int = 5) -> None:
-    console.print(
-        f"data: {prepared.rows_read} rows read -> {len(prepared.train)} train, {len(prepared.eval)} eval; "
-        f"{prepared.train_tokens:,} train tokens, {prepared.trained_tokens:,} carry loss"
-    )
+    if resolved is not None and resolved.training_type == "grpo":
+        with_solution = sum(1 for r in prepared.train if r.solution)
+        console.print(f"data: {prepared.rows_read} rows read -> {len(prepared.train)} train prompts "
+                      f"({with_solution} with a solution), {len(prepared.eval)} eval; {prepared.train_tokens:,} "
+                      "prompt tokens")
+    else:
+        console.print(
+            f"data: {prepared.rows_read} rows read -> {len(prepared.train)} train, {len(prepared.eval)} eval; "
+            f"{prepared.train_tokens:,} train tokens, {prepared.trained_tokens:,} carry loss"
+        )
     by_kind: dict[str, list] = {}
     for warning in prepared.warnings:
         by_kind.setdefault(warning.kind, []).append(warning)

@@ -12,9 +12,42 @@ from leap_finetune.launch.devices import DevicePlan
 from leap_finetune.launch.distributed import NO_MULTICAST
 
 
-def processes(devices: DevicePlan, config_path: str | None) -> list[dict]:
+def server_processes(devices: DevicePlan, resolved) -> list[dict]:
+    """GRPO's local servers, started by the driver before any training process: the rollout server
+    (`trl vllm-serve`) on the plan's server GPUs and the judge (`vllm serve`) on its judge GPUs."""
+    rollout = getattr(resolved, "grpo_rollout", None)
+    if rollout is None:
+        return []
+    t = resolved.training
+    common = ["--tensor-parallel-size", str(rollout.tensor_parallel_size), "--dtype", rollout.dtype,
+              "--gpu-memory-utilization", str(rollout.gpu_memory_utilization)]
+    if rollout.max_model_len:
+        common += ["--max-model-len", str(rollout.max_model_len)]
+    listed = []
+    if devices.server:
+        listed.append({"name": "rollout server (trl vllm-serve)", "node": 0,
+                       "command": ["trl", "vllm-serve", "--model", resolved.model_id, "--host", "0.0.0.0",
+                                   "--port", str(t.get("vllm_server_port", 8000)), *common],
+                       "env": {"CUDA_VISIBLE_DEVICES": ",".join(map(str, devices.server)), **NO_MULTICAST}})
+    if devices.judge and resolved.rewards is not None and resolved.rewards.judge is not None:
+        listed.append({"name": "judge server (vllm serve)", "node": 0,
+                       "command": ["vllm", "serve", resolved.rewards.judge.model, "--host", "0.0.0.0", "--port",
+                                   str(JUDGE_PORT), *common],
+                       "env": {"CUDA_VISIBLE_DEVICES": ",".join(map(str, devices.judge)), **NO_MULTICAST}})
+    return listed
+
+
+JUDGE_PORT = 8001  # the local judge's port (the rollout server keeps vllm_server_port, default 8000)
+
+
+def processes(devices: DevicePlan, config_path: str | None, resolved=None) -> list[dict]:
     """Every process the run would start, with its command and CUDA_VISIBLE_DEVICES (device indices
-    as the driver sees them)."""
+    as the driver sees them): servers first, then training."""
+    servers = server_processes(devices, resolved) if resolved is not None else []
+    return servers + _training_processes(devices, config_path)
+
+
+def _training_processes(devices: DevicePlan, config_path: str | None) -> list[dict]:
     run = ["leap-finetune", "run", config_path or "CONFIG.yaml"]
     if devices.in_process:
         env = {"CUDA_VISIBLE_DEVICES": str(devices.training[0])} if devices.use_gpu else {}
@@ -55,9 +88,10 @@ def plan_report(resolved, devices: DevicePlan, prepared) -> dict:
         "steps_per_epoch": steps_per_epoch,
         "max_steps": t.get("max_steps", -1),
         "tokens_per_step": round(tokens_per_row * global_batch),
-        "sampling": t.get("train_sampling_strategy", "random"),
+        "sampling": (f"each prompt {t.get('num_generations', 8)} times (GRPO's groups)"
+                     if resolved.training_type == "grpo" else t.get("train_sampling_strategy", "random")),
         "last_batch": last_batch_note(t, rows, global_batch, devices.workers),
-        "processes": processes(devices, resolved.config_path),
+        "processes": processes(devices, resolved.config_path, resolved),
     }
 
 

@@ -62,6 +62,10 @@ def load_model(model_id: str, tokenizer, init_kwargs: dict | None = None, *, dty
 def _unavailable(model_id: str, what: str, err: Exception) -> LeapError:
     offline = os.environ.get("HF_HUB_OFFLINE") == "1" or os.environ.get("TRANSFORMERS_OFFLINE") == "1"
     first_line = (str(err).strip().splitlines() or [type(err).__name__])[0]
+    if os.path.isabs(model_id) and not os.path.exists(model_id):
+        return LeapError(f"model_name: the folder {model_id} does not exist", where=model_id,
+                         fix="check model_name (a relative path starts at the config file's folder); a model another "
+                         "config trains exists only once that run finished")
     if os.path.isabs(model_id):
         return LeapError(f"cannot load the {what} from the folder: {first_line}", where=model_id,
                          fix="the folder must hold a transformers checkpoint (config.json, weights, tokenizer files)")

@@ -20,7 +20,8 @@ def resolve_model_id(model_name: str, base: Path) -> str:
     from leap_finetune.config.paths import local_path
 
     local = local_path(model_name, base)
-    if local.is_dir() or model_name.startswith((".", "/", "~")):
+    # A Hub id has one "/" (org/name): more, or a leading . / ~, is a folder path
+    if local.is_dir() or model_name.startswith((".", "/", "~")) or model_name.count("/") > 1:
         return str(local)
     if "/" not in model_name and _LFM_SHORT_NAME.match(model_name):
         return f"LiquidAI/{model_name}"

@@ -45,7 +45,7 @@ class MetricsLog(TrainerCallback):
 
 
 class RichProgress(TrainerCallback):
-    """One progress bar: step, loss, tokens/s and ETA."""
+    """One progress bar: step, loss (GRPO: the mean reward), tokens/s and ETA."""
 
     def __init__(self, console):
         self.console = console
@@ -62,12 +62,12 @@ class RichProgress(TrainerCallback):
 
         self.progress = Progress(
             TextColumn("[bold]training"), BarColumn(), MofNCompleteColumn(),
-            TextColumn("loss {task.fields[loss]}"), TextColumn("{task.fields[speed]} tok/s"),
+            TextColumn("{task.fields[loss]}"), TextColumn("{task.fields[speed]} tok/s"),
             TextColumn("ETA"), TimeRemainingColumn(), console=self.console, transient=False,
         )
         self.progress.start()
         self.task = self.progress.add_task("train", total=state.max_steps, completed=state.global_step,
-                                           loss="-", speed="-")
+                                           loss="loss -", speed="-")
         self._start = time.perf_counter()
         self._start_tokens = state.num_input_tokens_seen or 0
 
@@ -82,8 +82,10 @@ class RichProgress(TrainerCallback):
     def on_log(self, args, state, control, logs=None, **kwargs):
         if self.progress is None or not logs:
             return
-        if "loss" in logs:
-            self.progress.update(self.task, loss=f"{float(logs['loss']):.4f}")
+        if "reward" in logs and logs["reward"] is not None:
+            self.progress.update(self.task, loss=f"reward {float(logs['reward']):.3f}")
+        elif "loss" in logs:
+            self.progress.update(self.task, loss=f"loss {float(logs['loss']):.4f}")
         if "eval_loss" in logs:
             self.progress.console.print(f"  step {state.global_step}: eval loss {float(logs['eval_loss']):.4f}")
 

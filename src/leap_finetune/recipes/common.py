@@ -180,6 +180,11 @@ def train_evaluate_save(trainer, resolved: ResolvedConfig, run_dir: Path, tokeni
     summary = {"global_step": trainer.state.global_step, "train_loss": train_loss,
                "train_runtime_s": round(marker.trained_seconds(), 3),
                "tokens_seen": trainer.state.num_input_tokens_seen}
+    rewards = history["rewards"]
+    if rewards:  # GRPO: the mean reward of the first and the last (up to) 5 logged steps
+        window = min(5, len(rewards))
+        summary["initial_reward"] = sum(rewards[:window]) / window
+        summary["final_reward"] = sum(rewards[-window:]) / window
     if resume:
         baseline = history["initial_eval"] or None
         baseline_benchmarks = history["initial_benchmarks"]
@@ -267,10 +272,11 @@ def metrics_history(path: Path) -> dict:
             total += float(record["loss"]) * span
             steps += span
             previous = record["step"]
+    rewards = [float(r["reward"]) for r in records if "reward" in r and _is_number(r["reward"])]
     initial_eval = next((r for r in records if r.get("step") == 0 and "eval_loss" in r), {})
     initial_benchmarks = {k: v for r in records if r.get("step") == 0 for k, v in r.items() if k.startswith("benchmark/")}
     return {"train_loss": total / steps if steps else None, "initial_eval": initial_eval,
-            "initial_benchmarks": initial_benchmarks}
+            "initial_benchmarks": initial_benchmarks, "rewards": rewards}
 
 
 def _processing_saver(resolved: ResolvedConfig, tokenizer, console):

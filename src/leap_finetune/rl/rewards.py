@@ -1,10 +1,211 @@
-"""Built-in reward helpers.
+"""GRPO's reward functions: the built-ins, custom `file.py::function` rewards, and how the config's
+`rewards:` block becomes the list TRL's GRPOTrainer calls.
 
-`tool_call_is_valid(completion, tools=None) -> bool`: the completion holds LFM tool calls that
-parse, with balanced markers, and (given a tool list) only known function names. Use it as a
-format reward, e.g. `float(tool_call_is_valid(text, tools))`.
+Every reward function has TRL's signature: `fn(completions, **columns) -> list[float | None]`, where
+`completions` are the generated texts (strings: prompts are rendered by leap-finetune, so TRL sees text,
+not messages), and the columns are the dataset's (`solution`, any other column of the rows), plus
+TRL's `prompts`, `completion_ids`, `trainer_state`, `log_extra`, `log_metric`. None skips a completion
+for that reward (TRL averages the others).
+
+`tool_call_is_valid(completion, tools=None) -> bool` is also importable from here for custom rewards.
 """
 
-from leap_finetune.data.tool_calls import tool_call_is_valid
+from __future__ import annotations
 
-__all__ = ["tool_call_is_valid"]
+import importlib.util
+import inspect
+import re
+from typing import Callable
+
+from leap_finetune.data.tool_calls import tool_call_is_valid
+from leap_finetune.errors import LeapError
+
+__all__ = ["tool_call_is_valid", "BUILTIN_REWARDS", "build_reward", "check_reward_spec", "reward_name"]
+
+
+def _text(completion) -> str:
+    """A completion as text (TRL passes strings for text prompts, one-message lists for chat prompts)."""
+    if isinstance(completion, list):
+        return "".join(m.get("content") or "" for m in completion if isinstance(m, dict))
+    return completion or ""
+
+
+_BOXED = re.compile(r"\\boxed\{((?:[^{}]|\{[^{}]*\})*)\}")
+
+
+def _final_answer(text: str) -> str:
+    """What an answer says in the end: a \\boxed{...} value, else the text itself."""
+    boxed = _BOXED.findall(text)
+    return boxed[-1] if boxed else text
+
+
+def _normalise(text: str) -> str:
+    return " ".join(re.sub(r"[^\w.\-/]+", " ", text.casefold()).split()).strip(" .")
+
+
+def _math_equal(solution: str, answer: str) -> bool | None:
+    """math-verify's verdict when it is installed and can parse the solution; None otherwise."""
+    if importlib.util.find_spec("math_verify") is None:
+        return None
+    import logging
+    import threading
+
+    from math_verify import parse, verify
+
+    # math-verify's timeouts use signal.alarm, which works in the main thread only (as in TRL's accuracy_reward)
+    main = threading.current_thread() is threading.main_thread()
+    if not main:
+        logging.getLogger("math_verify").setLevel(logging.ERROR)
+    gold = parse(solution, parsing_timeout=5 if main else None)
+    if not gold:
+        return None
+    return bool(verify(gold, parse(answer, parsing_timeout=5 if main else None), timeout_seconds=5 if main else None))
+
+
+def accuracy(completions, solution, **_) -> list[float | None]:
+    """1 when the completion's answer matches `solution`: math-aware with math-verify installed (so
+    `\\frac{1}{2}` equals `0.5`), else the normalised final answer (a \\boxed{} value or the text, lower
+    case, punctuation ignored) equals the solution or starts with it as a whole word. No solution: None."""
+    rewards = []
+    for completion, gold in zip(completions, solution, strict=True):
+        if gold is None or str(gold).strip() == "":
+            rewards.append(None)
+            continue
+        answer = _final_answer(_text(completion))
+        verdict = _math_equal(str(gold), answer)
+        if verdict is None:
+            want, got = _normalise(_final_answer(str(gold))), _normalise(answer)
+            verdict = got == want or got.startswith(want + " ")
+        rewards.append(1.0 if verdict else 0.0)
+    return rewards
+
+
+def format_reward(pattern: str) -> Callable:
+    compiled = re.compile(pattern, re.DOTALL)
+
+    def format(completions, **_) -> list[float]:  # noqa: A001 - the reward's logged name
+        return [1.0 if compiled.search(_text(c)) else 0.0 for c in completions]
+
+    return format
+
+
+def length_reward(target_tokens: int) -> Callable:
+    def length(completions, completion_ids=None, **_) -> list[float]:
+        counts = [len(ids) for ids in completion_ids] if completion_ids is not None else \
+            [len(_text(c).split()) for c in completions]
+        return [max(0.0, 1.0 - abs(n - target_tokens) / target_tokens) for n in counts]
+
+    return length
+
+
+def tool_call_valid(completions, tools=None, **_) -> list[float]:
+    """1 when the completion holds LFM tool calls that parse and (with the row's `tools`) name declared tools."""
+    per_row = tools if isinstance(tools, list) else [None] * len(completions)
+    return [1.0 if tool_call_is_valid(_text(c), t) else 0.0 for c, t in zip(completions, per_row, strict=True)]
+
+
+# name -> (factory taking the options, the options it needs, what it does)
+BUILTIN_REWARDS: dict[str, tuple[Callable, tuple[str, ...], str]] = {
+    "accuracy": (lambda: accuracy, (), "the answer matches `solution` (math-aware with math-verify)"),
+    "format": (format_reward, ("pattern",), "the completion matches a regular expression"),
+    "length": (length_reward, ("target_tokens",), "1 at target_tokens completion tokens, falling linearly to 0"),
+    "tool_call_valid": (lambda: tool_call_valid, (), "LFM tool calls that parse, naming declared tools"),
+}
+
+
+def reward_name(spec: str | dict) -> str:
+    """How a reward is named in the metrics (rewards/NAME/mean)."""
+    name = spec["name"] if isinstance(spec, dict) else spec
+    return name.rsplit("::", 1)[-1] if "::" in name else name
+
+
+def check_reward_spec(spec, index: int, where: str) -> str | dict:
+    """A `rewards.funcs` entry checked (a custom file imported, its function's signature read); returns it
+    with options validated. Custom paths must already be absolute."""
+    key = f"rewards.funcs[{index}]"
+    options = {}
+    if isinstance(spec, dict):
+        if "name" not in spec or not isinstance(spec["name"], str):
+            raise LeapError(f"{key} is a mapping without a `name`", where=where,
+                            fix="write e.g. {name: format, pattern: '^Answer:'}")
+        options = {k: v for k, v in spec.items() if k != "name"}
+        name = spec["name"]
+    elif isinstance(spec, str):
+        name = spec
+    else:
+        raise LeapError(f"{key} is {spec!r}", where=where, fix="give a built-in name (" + ", ".join(BUILTIN_REWARDS)
+                        + ") or ./file.py::function")
+    if "::" in name:
+        if options:
+            raise LeapError(f"{key}: a custom reward takes no options ({', '.join(options)})", where=where,
+                            fix="read them from the rows' columns instead, or set them in your file")
+        load_custom_reward(name, where=f"{where}: {key}")
+        return name
+    if name not in BUILTIN_REWARDS:
+        from leap_finetune.config.suggest import unknown_key_fix
+
+        raise LeapError(f"{key} is '{name}', not a built-in reward", where=where,
+                        fix=unknown_key_fix(name, BUILTIN_REWARDS) + "; or a custom one: ./rewards.py::my_reward")
+    _, needed, _ = BUILTIN_REWARDS[name]
+    unknown = sorted(set(options) - set(needed))
+    if unknown:
+        raise LeapError(f"{key}: the '{name}' reward has no option {', '.join(unknown)}", where=where,
+                        fix=f"its options: {', '.join(needed) or 'none'}")
+    missing = [n for n in needed if n not in options]
+    if missing:
+        example = {"pattern": "'^Answer: '", "target_tokens": "200"}[missing[0]]
+        raise LeapError(f"{key}: the '{name}' reward needs {', '.join(missing)}", where=where,
+                        fix=f"write {{name: {name}, {missing[0]}: {example}}}")
+    if name == "format":
+        try:
+            re.compile(options["pattern"])
+        except (re.error, TypeError) as err:
+            raise LeapError(f"{key}: pattern {options['pattern']!r} is not a regular expression ({err})",
+                            where=where, fix="correct the pattern (Python `re` syntax)") from None
+    if name == "length" and (not isinstance(options["target_tokens"], int) or isinstance(options["target_tokens"], bool)
+                             or options["target_tokens"] <= 0):
+        raise LeapError(f"{key}: target_tokens is {options['target_tokens']!r}", where=where,
+                        fix="give a whole number of tokens > 0")
+    return {"name": name, **options} if options else name
+
+
+def load_custom_reward(spec: str, where: str) -> Callable:
+    file, _, name = spec.partition("::")
+    module_spec = importlib.util.spec_from_file_location(f"leap_custom_reward_{abs(hash(file))}", file)
+    if module_spec is None:
+        raise LeapError(f"the custom reward file {file} cannot be imported", where=where,
+                        fix="point at a .py file: ./rewards.py::my_reward")
+    module = importlib.util.module_from_spec(module_spec)
+    try:
+        module_spec.loader.exec_module(module)
+    except FileNotFoundError:
+        raise LeapError(f"the custom reward file {file} does not exist", where=where,
+                        fix="the path is relative to the config file's folder") from None
+    except Exception as err:  # noqa: BLE001 - the user's file
+        raise LeapError(f"cannot import the custom reward file {file}: {type(err).__name__}: {err}", where=where,
+                        fix="correct the file (it is imported as a Python module)") from None
+    function = getattr(module, name, None)
+    if not callable(function):
+        raise LeapError(f"no function '{name}' in {file}", where=where,
+                        fix=f"define def {name}(completions, **kwargs) -> list[float]")
+    parameters = inspect.signature(function).parameters
+    first = next(iter(parameters.values()), None)
+    takes_kwargs = any(p.kind is inspect.Parameter.VAR_KEYWORD for p in parameters.values())
+    if first is None or first.name != "completions" or not takes_kwargs:
+        found = f"({', '.join(str(p) for p in parameters.values())})"
+        raise LeapError(f"the custom reward {name}{found} does not have the reward signature", where=where,
+                        fix=f"define def {name}(completions, **kwargs) -> list[float | None]: completions are the "
+                        "generated texts; kwargs hold the rows' columns (solution, ...) and TRL's extras")
+    return function
+
+
+def build_reward(spec: str | dict) -> Callable:
+    """The callable for a checked `rewards.funcs` entry, named as it is logged."""
+    name = spec["name"] if isinstance(spec, dict) else spec
+    if "::" in name:
+        function = load_custom_reward(name, where=name)
+    else:
+        factory, needed, _ = BUILTIN_REWARDS[name]
+        function = factory(**{k: spec[k] for k in needed}) if needed else factory()
+    function.__name__ = reward_name(spec)
+    return function

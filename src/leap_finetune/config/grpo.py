@@ -1,0 +1,156 @@
+"""GRPO's blocks checked at `validate`: `rewards:` (built-in and custom functions, weights, the judge)
+and `grpo_rollout:` together with the rollout keys of `training_config` (use_vllm, vllm_mode, servers).
+
+What needs vLLM installed is checked by `check_rollout_engine`, called by validate and run but not by
+`plan`: a plan can be made anywhere.
+"""
+
+from __future__ import annotations
+
+import importlib.util
+import os
+import string
+from pathlib import Path
+
+from leap_finetune.config.schema import GrpoRolloutConfig, LeapConfigModel, RewardsConfig
+from leap_finetune.errors import LeapError
+
+TEMPLATE_FIELDS = {"prompt", "completion", "solution", "min_score", "max_score"}
+
+
+def resolve_grpo(model: LeapConfigModel, training: dict, base: Path, where: str
+                 ) -> tuple[GrpoRolloutConfig | None, RewardsConfig | None]:
+    if model.training_type != "grpo":
+        for block, value in (("grpo_rollout", model.grpo_rollout), ("rewards", model.rewards)):
+            if value is not None:
+                raise LeapError(f"'{block}:' applies to training_type: grpo, and training_type is "
+                                f"{model.training_type}", where=where, fix=f"remove {block}, or set training_type: grpo")
+        return None, None
+    rewards = _resolve_rewards(model.rewards, base, where)
+    rollout = model.grpo_rollout or GrpoRolloutConfig()
+    _check_rollout(rollout, rewards, training, where)
+    return rollout, rewards
+
+
+def _resolve_rewards(raw, base: Path, where: str) -> RewardsConfig:
+    from leap_finetune.rl.rewards import check_reward_spec
+
+    example = "rewards: [accuracy]   (or ./my_rewards.py::my_reward, or a judge: {judge: {model: ..., base_url: ...}})"
+    if raw is None:
+        raise LeapError("training_type grpo needs rewards: the functions that score each completion", where=where,
+                        fix=f"add e.g. {example}")
+    rewards = RewardsConfig(funcs=raw) if isinstance(raw, list) else raw
+    if not rewards.funcs and rewards.judge is None:
+        raise LeapError("rewards has no function and no judge", where=where, fix=f"add e.g. {example}")
+    funcs = []
+    for index, spec in enumerate(rewards.funcs):
+        if isinstance(spec, str) and "::" in spec:
+            file, _, name = spec.partition("::")
+            spec = f"{_absolute(file, base)}::{name}"
+        elif isinstance(spec, dict) and isinstance(spec.get("name"), str) and "::" in spec["name"]:
+            file, _, name = spec["name"].partition("::")
+            spec = {**spec, "name": f"{_absolute(file, base)}::{name}"}
+        funcs.append(check_reward_spec(spec, index, where))
+    count = len(funcs) + (1 if rewards.judge is not None else 0)
+    if rewards.weights is not None and len(rewards.weights) != count:
+        listed = f"{len(funcs)} function(s)" + (" and the judge" if rewards.judge is not None else "")
+        raise LeapError(f"rewards.weights has {len(rewards.weights)} value(s), but there are {count} rewards "
+                        f"({listed})", where=where, fix=f"give {count} weights, in the order of funcs then the judge, "
+                        "or leave weights out (1 each)")
+    if rewards.judge is not None:
+        _check_judge(rewards.judge, where)
+    return rewards.model_copy(update={"funcs": funcs})
+
+
+def _absolute(file: str, base: Path) -> str:
+    path = Path(os.path.expanduser(file))
+    return str(path if path.is_absolute() else (base / path).resolve())
+
+
+def _check_judge(judge, where: str) -> None:
+    if judge.max_score <= judge.min_score:
+        raise LeapError(f"rewards.judge.max_score ({judge.max_score}) must be above min_score ({judge.min_score})",
+                        where=where, fix="e.g. min_score: 0, max_score: 10")
+    try:
+        names = {f for _, f, _, _ in string.Formatter().parse(judge.prompt_template) if f is not None}
+    except ValueError as err:
+        raise LeapError(f"rewards.judge.prompt_template does not parse: {err}", where=where,
+                        fix="write {{ and }} for literal braces") from None
+    unknown = sorted(n for n in names if n not in TEMPLATE_FIELDS)
+    if unknown:
+        raise LeapError(f"rewards.judge.prompt_template names {', '.join('{' + n + '}' for n in unknown)}", where=where,
+                        fix="it may use {prompt}, {completion}, {solution}, {min_score}, {max_score} "
+                        "(write {{ and }} for literal braces)")
+    if "completion" not in names:
+        raise LeapError("rewards.judge.prompt_template has no {completion}: the judge would not see the answer",
+                        where=where, fix="add {completion} (and usually {prompt} and {solution})")
+    if judge.api_key_env and not os.environ.get(judge.api_key_env):
+        raise LeapError(f"rewards.judge.api_key_env names {judge.api_key_env}, which is not set", where=where,
+                        fix=f"export {judge.api_key_env}=... before running (the key never goes in the config)")
+    if importlib.util.find_spec("openai") is None:
+        raise LeapError("rewards.judge talks to its server through the `openai` client, which is not installed",
+                        where=where, fix="pip install 'leap-finetune[grpo]'")
+
+
+def _check_rollout(rollout: GrpoRolloutConfig, rewards: RewardsConfig, training: dict, where: str) -> None:
+    mode = training.get("vllm_mode", "colocate")
+    use_vllm = bool(training.get("use_vllm"))
+    external = training.get("vllm_server_base_url")
+    if rollout.server_gpus and not (use_vllm and mode == "server"):
+        raise LeapError(f"grpo_rollout.server_gpus is {rollout.server_gpus}, but no rollout server is started "
+                        f"(use_vllm: {str(use_vllm).lower()}, vllm_mode: {mode})", where=where,
+                        fix="set vllm_mode: server (with use_vllm: true) to use them, or server_gpus: 0")
+    if use_vllm and mode == "server":
+        if external and rollout.server_gpus:
+            raise LeapError("training_config.vllm_server_base_url points at an external rollout server, and "
+                            f"grpo_rollout.server_gpus ({rollout.server_gpus}) would start a local one", where=where,
+                            fix="keep one: remove vllm_server_base_url, or set server_gpus: 0")
+        if not external and not rollout.server_gpus:
+            raise LeapError("vllm_mode: server needs a rollout server: grpo_rollout.server_gpus is 0 and "
+                            "training_config.vllm_server_base_url is not set", where=where,
+                            fix="set grpo_rollout.server_gpus: 1 (a local `trl vllm-serve`), or vllm_server_base_url: "
+                            "http://host:8000 for a server you run, or vllm_mode: colocate")
+    judge = rewards.judge
+    if judge is not None and judge.base_url is None and not rollout.judge_gpus:
+        raise LeapError("rewards.judge has no base_url and grpo_rollout.judge_gpus is 0: there is no judge server",
+                        where=where, fix="set judge.base_url to a running OpenAI-compatible server (…/v1), or "
+                        "grpo_rollout.judge_gpus: 1 to start one")
+    if rollout.judge_gpus and (judge is None or judge.base_url is not None):
+        raise LeapError(f"grpo_rollout.judge_gpus is {rollout.judge_gpus}, but no local judge is configured "
+                        "(rewards.judge without base_url)", where=where,
+                        fix="set judge_gpus: 0, or configure rewards.judge without base_url")
+
+
+def check_generation_batch(resolved, workers: int) -> None:
+    """TRL generates num_generations completions per prompt and needs them to fill whole global batches."""
+    t = resolved.training
+    if resolved.training_type != "grpo":
+        return
+    generations = t.get("num_generations", 8)
+    per_generation = t.get("steps_per_generation") or t.get("gradient_accumulation_steps", 1)
+    batch = t.get("generation_batch_size") or t.get("per_device_train_batch_size", 8) * per_generation * workers
+    if batch % generations:
+        raise LeapError(f"a generation batch is {batch} completions (per_device_train_batch_size x steps_per_generation "
+                        f"x {workers} worker(s), or generation_batch_size), not a multiple of num_generations "
+                        f"({generations}): each prompt's completions must fill whole batches",
+                        where=resolved.config_path or "config",
+                        fix=f"make the batch a multiple of {generations}, or change num_generations")
+
+
+def check_rollout_engine(resolved) -> None:
+    """What `run` needs: vLLM installed for use_vllm, and no local server (validate and run; `plan` only
+    plans, so the layout of servers can be shown anywhere)."""
+    if resolved.training_type != "grpo":
+        return
+    if resolved.training.get("use_vllm") and importlib.util.find_spec("vllm") is None:
+        raise LeapError("training_config.use_vllm is true (DEFAULT_GRPO's rollouts run on vLLM), and vLLM is not "
+                        "installed", where=resolved.config_path or "config",
+                        fix="pip install 'leap-finetune[vllm]' on a CUDA machine, or set use_vllm: false (rollouts "
+                        "with transformers' generation)")
+    rollout = resolved.grpo_rollout
+    if rollout is not None and (rollout.server_gpus or rollout.judge_gpus):
+        raise LeapError(f"grpo_rollout plans local servers (server_gpus {rollout.server_gpus}, judge_gpus "
+                        f"{rollout.judge_gpus}), which this version of leap-finetune plans but does not start yet",
+                        where=resolved.config_path or "config",
+                        fix="start them yourself and give their URLs (training_config.vllm_server_base_url, "
+                        "rewards.judge.base_url) with server_gpus: 0 and judge_gpus: 0, or use vllm_mode: colocate")

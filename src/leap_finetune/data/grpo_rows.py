@@ -1,0 +1,159 @@
+"""The GRPO row contract: a prompt to generate from, an optional reference answer (`solution`), and
+any other columns, passed through to the reward functions.
+
+Two shapes:
+- `messages` (as for SFT): the prompt is every turn before the last assistant turn, which becomes the
+  `solution`; without an assistant turn the whole conversation is the prompt (no solution).
+- `prompt` (a string, or a list of messages) and an optional `solution` (a string or a number).
+Rows keep their `tools`. The prompt must end with a user (or tool) turn: the model answers it.
+"""
+
+from __future__ import annotations
+
+import json
+from dataclasses import dataclass, field
+from typing import Any
+
+from leap_finetune.data.preference_rows import _Checker
+from leap_finetune.data.readers import SourceRow
+from leap_finetune.data.sft_rows import MESSAGE_COLUMNS, TOOLS_COLUMN, RowWarning, _check_tools, _kind, check_sft_row
+from leap_finetune.errors import RowProblem
+
+OWN_COLUMNS = {"prompt", "solution", TOOLS_COLUMN, *MESSAGE_COLUMNS}
+# Columns leap-finetune adds for the reward functions.
+ADDED_COLUMNS = ("prompt_text",)
+
+
+@dataclass
+class GrpoRow:
+    prompt: list[dict]
+    solution: str | None
+    tools: list | None = None
+    extra: dict = field(default_factory=dict)  # the row's other columns, for the reward functions
+
+
+def check_grpo_row(row: SourceRow, *, family: str = "other") -> tuple[GrpoRow | None, list[RowProblem], list[RowWarning]]:
+    c = _Checker(row, family)
+    data = row.data
+    if not isinstance(data, dict):
+        c.problem("<row>", f"expected an object with `prompt` (and `solution`) or `messages`, got {_kind(data)}")
+        return None, c.problems, c.warnings
+    extra = {k: v for k, v in data.items() if k not in OWN_COLUMNS}
+    for name in ADDED_COLUMNS:
+        if name in extra:
+            c.problem(name, f"'{name}' is a column leap-finetune adds for the reward functions; rename yours")
+    message_column = next((k for k in MESSAGE_COLUMNS if k in data), None)
+    if message_column is not None and "prompt" in data:
+        c.problem(f"{message_column}, prompt", "a row gives either `messages` or `prompt` (+ `solution`), not both")
+        return None, c.problems, c.warnings
+    if message_column is not None:
+        if "solution" in data:
+            c.problem("solution", "with `messages` the solution is the last assistant turn; drop `solution` or "
+                      "give `prompt` instead of `messages`")
+            return None, c.problems, c.warnings
+        conversation, problems, warnings = check_sft_row(row, needs_assistant=False, family=family)
+        c.warnings.extend(warnings)
+        if conversation is None:
+            return None, problems + c.problems, c.warnings
+        messages = conversation.messages
+        last = max((i for i, m in enumerate(messages) if m["role"] == "assistant"), default=None)
+        solution = None
+        if last is not None:
+            answer = messages[last]
+            solution = answer.get("content") or (json.dumps(answer["tool_calls"]) if answer.get("tool_calls") else None)
+            messages = messages[:last]
+        if not messages:
+            c.problem(f"{message_column}[0]", "the conversation starts with the assistant turn: there is no prompt "
+                      "to answer")
+        elif messages[-1]["role"] == "assistant":
+            c.problem(f"{message_column}[{len(messages) - 1}]", "the prompt would end with an assistant turn")
+        if c.problems:
+            return None, c.problems, c.warnings
+        return GrpoRow(messages, solution, conversation.tools, extra), [], c.warnings
+    tools = _check_tools(data.get(TOOLS_COLUMN), row.from_text_table, c.problem)
+    raw = c.field("prompt")
+    solution = data.get("solution")
+    if solution is not None and not isinstance(solution, str):
+        if isinstance(solution, (int, float)) and not isinstance(solution, bool):
+            solution = str(solution)
+        else:
+            c.problem("solution", f"expected a string (or a number), got {_kind(solution)}")
+    if raw is None or c.problems:
+        return None, c.problems, c.warnings
+    prompt = c.prompt(raw)
+    if prompt is None:
+        return None, c.problems, c.warnings
+    if c.problems:
+        return None, c.problems, c.warnings
+    return GrpoRow(prompt, solution if solution != "" else None, tools, extra), [], c.warnings
+
+
+@dataclass
+class GrpoPrompt:
+    """A prepared GRPO row: the prompt as the model sees it (chat template applied, generation prompt
+    added), its token count, the solution and the passed-through columns."""
+
+    prompt_text: str
+    prompt_ids: list[int]
+    solution: str | None
+    plain_prompt: str
+    extra: dict
+    meta: dict = field(default_factory=dict)
+
+    @property
+    def tokens(self) -> int:
+        return len(self.prompt_ids)
+
+    @property
+    def trained_tokens(self) -> int:
+        return len(self.prompt_ids)  # prompts are not truncated; completions are generated during training
+
+    @property
+    def truncated(self) -> bool:
+        return False
+
+    def columns(self) -> dict:
+        return {"prompt": self.prompt_text, "solution": self.solution or "", "prompt_text": self.plain_prompt,
+                **self.extra}
+
+    def inspect(self) -> dict:
+        return {"prompt": self.prompt_text, "solution": self.solution, "prompt_tokens": len(self.prompt_ids),
+                **({"columns": self.extra} if self.extra else {})}
+
+
+def prepare_prompt(renderer, row: GrpoRow) -> GrpoPrompt:
+    text = renderer.prompt_text(row.prompt, row.tools)
+    ids = renderer.tokenizer(text, add_special_tokens=False)["input_ids"]
+    plain = row.prompt[-1]["content"] if len(row.prompt) == 1 else \
+        "\n".join(f"{m['role']}: {m.get('content') or ''}" for m in row.prompt)
+    return GrpoPrompt(text, ids, row.solution, plain, row.extra)
+
+
+def column_kind_problems(rows: list[tuple[SourceRow, dict]]) -> list[RowProblem]:
+    """The passed-through columns are stored in Arrow: each must hold one kind of value in every row (or be
+    missing / null). A row that breaks that is a problem naming the column and the first row's kind."""
+    first: dict[str, tuple[str, SourceRow]] = {}
+    problems = []
+    for source, extra in rows:
+        for name, value in extra.items():
+            if value is None:
+                continue
+            kind = _category(value)
+            if name not in first:
+                first[name] = (kind, source)
+            elif first[name][0] != kind:
+                seen_kind, seen_row = first[name]
+                problems.append(RowProblem(source.file, source.location, name,
+                                           f"is {kind}, but {seen_kind} in {seen_row.location}: a column passed to the "
+                                           "reward functions holds one kind of value in every row"))
+    return problems
+
+
+def _category(value: Any) -> str:
+    if isinstance(value, bool):
+        return "a boolean"
+    if isinstance(value, (int, float)):
+        return "a number"
+    if isinstance(value, str):
+        return "a string"
+    return "a list" if isinstance(value, list) else "an object" if isinstance(value, dict) else type(value).__name__

@@ -1,0 +1,98 @@
+"""GRPO recipe: TRL's GRPOTrainer on prompts the driver rendered with the model's chat template.
+
+Read top-down: arguments -> data -> tokenizer + model -> rewards (built-in, custom, judge) -> trainer ->
+train, evaluate, save. Rollouts: vLLM (colocated in each worker, or the driver's `trl vllm-serve`), or
+transformers' generation with `use_vllm: false`.
+"""
+
+from __future__ import annotations
+
+import json
+import socket
+from pathlib import Path
+
+from leap_finetune.config.resolved import ResolvedConfig
+from leap_finetune.recipes import common
+from leap_finetune.recipes.callbacks import StopOnSignal
+
+SAMPLES_PER_LOG = 4  # completions written to completions.jsonl at each log step
+
+
+def config_class():
+    from trl import GRPOConfig
+
+    return GRPOConfig
+
+
+def training_arguments(resolved: ResolvedConfig, *, run_dir: str, has_eval: bool, cuda: bool | None = None) -> dict:
+    args = common.common_arguments(resolved, run_dir=run_dir, has_eval=has_eval, cuda=cuda)
+    rewards = resolved.rewards
+    if rewards is not None and rewards.weights is None and rewards.judge is not None:
+        args["reward_weights"] = [1.0] * len(rewards.funcs) + [rewards.judge.weight]
+    elif rewards is not None and rewards.weights is not None:
+        args["reward_weights"] = list(rewards.weights)
+    if args.get("vllm_server_host") == "auto":
+        # the node the driver runs on: where it starts the rollout server
+        args["vllm_server_host"] = socket.gethostname()
+    rollout = resolved.grpo_rollout
+    if rollout is not None and args.get("vllm_mode") == "server":
+        args.setdefault("vllm_server_timeout", rollout.server_start_timeout_s)
+    return args
+
+
+def reward_functions(resolved: ResolvedConfig, judge_url: str | None = None) -> list:
+    from leap_finetune.rl.judge import Judge
+    from leap_finetune.rl.rewards import build_reward
+
+    functions = [build_reward(spec) for spec in resolved.rewards.funcs]
+    judge = resolved.rewards.judge
+    if judge is not None:
+        functions.append(Judge(judge, judge.base_url or judge_url))
+    return functions
+
+
+def trainer_class():
+    from trl import GRPOTrainer
+
+    class LeapGRPOTrainer(GRPOTrainer):
+        """Also writes a few completions with their rewards to completions.jsonl at each log step."""
+
+        def log(self, logs, start_time=None):
+            super().log(logs, start_time)
+            if not self.accelerator.is_main_process or not self.model.training or not self._logs["prompt"]:
+                return
+            count = min(SAMPLES_PER_LOG, len(self._logs["prompt"]))
+            with (Path(self.args.output_dir) / "completions.jsonl").open("a", encoding="utf-8") as handle:
+                for i in range(count):
+                    rewards = {name: values[i] for name, values in self._logs["rewards"].items() if i < len(values)}
+                    handle.write(json.dumps({"step": self.state.global_step, "prompt": self._logs["prompt"][i],
+                                             "completion": self._logs["completion"][i], "rewards": rewards,
+                                             "advantage": self._logs["advantages"][i]}) + "\n")
+
+    return LeapGRPOTrainer
+
+
+def train(resolved_json: dict, callbacks: list | None = None) -> dict:
+    from rich.console import Console
+
+    resolved = ResolvedConfig.model_validate(resolved_json)
+    common.quiet_libraries()
+    run_dir = Path(resolved.run_dir)
+    console = Console(stderr=True)
+
+    train_dataset, eval_dataset = common.load_prepared(run_dir)
+    args = config_class()(**training_arguments(resolved, run_dir=str(run_dir), has_eval=eval_dataset is not None))
+    tokenizer, model = common.load_tokenizer_and_model(resolved, packing=False, console=console)
+    stop_on_signal = StopOnSignal()
+    trainer = trainer_class()(
+        model=model,
+        reward_funcs=reward_functions(resolved, judge_url=resolved.judge_url),
+        args=args,
+        train_dataset=train_dataset,
+        eval_dataset=eval_dataset,
+        processing_class=tokenizer,
+        peft_config=common.lora_config(resolved),
+        callbacks=common.standard_callbacks(resolved, run_dir, console, stop_on_signal, callbacks,
+                                            common.benchmark_callback(resolved, tokenizer, run_dir, console)),
+    )
+    return common.train_evaluate_save(trainer, resolved, run_dir, tokenizer, console, stop_on_signal, [])

@@ -1,0 +1,119 @@
+"""GRPO's config blocks at validate: rewards (built-in, custom, weights, judge), grpo_rollout with the
+rollout keys, and the issue's own block (planned anywhere; vLLM required only to validate and run)."""
+
+from __future__ import annotations
+
+import importlib.util
+
+import pytest
+
+from leap_finetune.config.loader import load_config
+from leap_finetune.errors import LeapError
+from tests.conftest import write_config, write_jsonl
+
+
+def _config(**overrides) -> dict:
+    training = {"use_vllm": False, **overrides.pop("training_config", {})}
+    config = {"project_name": "g", "model_name": "tiny-lfm2", "training_type": "grpo",
+              "dataset": {"path": "prompts.jsonl"}, "rewards": ["accuracy"],
+              "training_config": training, **overrides}
+    return {k: v for k, v in config.items() if v is not None}  # rewards=None: no rewards key
+
+
+def _error(tmp_path, config: dict) -> str:
+    with pytest.raises(LeapError) as info:
+        load_config(write_config(tmp_path, config))
+    return info.value.format()
+
+
+def test_the_grpo_defaults(tmp_path):
+    resolved = load_config(write_config(tmp_path, _config(training_config={"use_vllm": True})))
+    t = resolved.training
+    assert (t["use_vllm"], t["vllm_mode"], t["num_generations"], t["beta"]) == (True, "colocate", 8, 0.0)
+    assert resolved.rewards.funcs == ["accuracy"] and resolved.grpo_rollout.server_gpus == 0
+
+
+@pytest.mark.parametrize(("overrides", "expected"), [
+    (dict(rewards=None), ["training_type grpo needs rewards", "rewards: [accuracy]"]),
+    (dict(rewards=["acuracy"]), ["rewards.funcs[0] is 'acuracy'", "did you mean 'accuracy'"]),
+    (dict(rewards=[{"name": "format"}]), ["the 'format' reward needs pattern", "{name: format, pattern:"]),
+    (dict(rewards=[{"name": "format", "pattern": "("}]), ["pattern '(' is not a regular expression"]),
+    (dict(rewards=[{"name": "length", "target_tokens": -3}]), ["target_tokens is -3", "> 0"]),
+    (dict(rewards=[{"name": "accuracy", "pattern": "x"}]), ["has no option pattern"]),
+    (dict(rewards={"funcs": ["accuracy", "tool_call_valid"], "weights": [1.0]}),
+     ["rewards.weights has 1 value(s), but there are 2 rewards", "give 2 weights"]),
+    (dict(rewards={"judge": {"model": "m", "base_url": "http://127.0.0.1:1/v1", "prompt_template": "{answer}"}}),
+     ["prompt_template names {answer}", "{completion}"]),
+    (dict(rewards={"judge": {"model": "m", "base_url": "http://x/v1", "prompt_template": "{prompt}"}}),
+     ["has no {completion}"]),
+    (dict(rewards={"judge": {"model": "m", "base_url": "http://x/v1", "min_score": 5, "max_score": 5}}),
+     ["max_score (5.0) must be above min_score (5.0)"]),
+    (dict(rewards={"judge": {"model": "m", "base_url": "http://x/v1", "api_key_env": "LEAP_TEST_UNSET_KEY"}}),
+     ["api_key_env names LEAP_TEST_UNSET_KEY, which is not set", "export LEAP_TEST_UNSET_KEY"]),
+    (dict(rewards={"judge": {"model": "m"}}), ["rewards.judge has no base_url and grpo_rollout.judge_gpus is 0"]),
+    (dict(rewards={"judge": {"model": "m", "temprature": 0}}), ["temprature", "temperature"]),
+    (dict(grpo_rollout={"server_gpus": 1}), ["server_gpus is 1, but no rollout server is started",
+                                             "vllm_mode: server"]),
+    (dict(grpo_rollout={"server_gpus": 1}, training_config={"use_vllm": True, "vllm_mode": "server",
+                                                          "vllm_server_base_url": "http://h:8000"}),
+     ["points at an external rollout server", "server_gpus (1) would start a local one"]),
+    (dict(training_config={"use_vllm": True, "vllm_mode": "server"}),
+     ["vllm_mode: server needs a rollout server", "server_gpus: 1"]),
+    (dict(grpo_rollout={"judge_gpus": 1}), ["judge_gpus is 1, but no local judge is configured"]),
+    (dict(grpo_rollout={"sever_gpus": 1}), ["sever_gpus", "server_gpus"]),
+    (dict(training_config={"beta": -1}), ["beta is -1", ">= 0"]),
+])
+def test_grpo_mistakes_are_caught_at_validate(tmp_path, overrides, expected):
+    message = _error(tmp_path, _config(**overrides))
+    for text in expected:
+        assert text in message, message
+
+
+def test_grpo_blocks_belong_to_grpo(tmp_path):
+    config = {"model_name": "tiny-lfm2", "dataset": {"path": "x.jsonl"}, "rewards": ["accuracy"]}
+    assert "'rewards:' applies to training_type: grpo" in _error(tmp_path, config)
+    config = {"model_name": "tiny-lfm2", "dataset": {"path": "x.jsonl"}, "grpo_rollout": {"server_gpus": 1}}
+    assert "'grpo_rollout:' applies to training_type: grpo" in _error(tmp_path, config)
+
+
+def test_custom_rewards_are_imported_and_their_signature_checked(tmp_path):
+    (tmp_path / "rewards.py").write_text(
+        "def good(completions, solution=None, **kwargs):\n    return [1.0 for _ in completions]\n"
+        "def bad(text):\n    return 1.0\n")
+    resolved = load_config(write_config(tmp_path, _config(rewards=["./rewards.py::good"])))
+    assert resolved.rewards.funcs == [f"{tmp_path / 'rewards.py'}::good"]
+    assert "does not have the reward signature" in _error(tmp_path, _config(rewards=["./rewards.py::bad"]))
+    assert "no function 'missing'" in _error(tmp_path, _config(rewards=["./rewards.py::missing"]))
+    assert "does not exist" in _error(tmp_path, _config(rewards=["./nope.py::good"]))
+
+
+@pytest.mark.skipif(importlib.util.find_spec("vllm") is not None, reason="vLLM installed: use_vllm is valid here")
+def test_the_issue_block_plans_anywhere_and_needs_vllm_to_run(tmp_path):
+    """The original's block (server + judge on their own GPUs): `plan` lays out 4 GPUs; `validate`
+    names the missing vLLM with the fix."""
+    from tests.conftest import invoke
+
+    write_jsonl(tmp_path / "prompts.jsonl", [{"prompt": "Name a color.", "solution": "teal"}] * 16)
+    config = _config(grpo_rollout={"server_gpus": 1, "judge_gpus": 1, "tensor_parallel_size": 1, "dtype": "bfloat16",
+                                   "gpu_memory_utilization": 0.9},
+                     rewards={"funcs": ["accuracy"], "judge": {"model": "tiny-lfm2"}},
+                     training_config={"extends": "DEFAULT_GRPO", "vllm_mode": "server", "vllm_server_host": "auto",
+                                      "vllm_server_port": 8000})
+    config["training_config"].pop("use_vllm")
+    path = write_config(tmp_path, config)
+    plan = invoke("plan", str(path), "--gpus", "4", "--json")
+    assert plan.returncode == 0, plan.stderr
+    import json
+
+    report = json.loads(plan.stdout)
+    assert (report["devices"]["server"], report["devices"]["judge"], report["devices"]["training"]) == ([0], [1], [2, 3])
+    server, judge = report["processes"][:2]
+    assert server["command"][:2] == ["trl", "vllm-serve"] and server["env"]["CUDA_VISIBLE_DEVICES"] == "0"
+    assert "--port" in server["command"] and "8000" in server["command"]
+    assert judge["command"][:2] == ["vllm", "serve"] and judge["env"]["CUDA_VISIBLE_DEVICES"] == "1"
+    assert all(p["env"]["NCCL_NVLS_ENABLE"] == "0" for p in report["processes"][:2])
+    workers = [p for p in report["processes"] if p["name"].startswith("training worker")]
+    assert [w["env"]["CUDA_VISIBLE_DEVICES"] for w in workers] == ["2", "3"]
+    checked = invoke("validate", str(path))
+    assert checked.returncode == 2
+    assert "vLLM is not installed" in checked.stderr and "use_vllm: false" in checked.stderr

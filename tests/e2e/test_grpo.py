@@ -1,0 +1,153 @@
+"""GRPO through TRL's GRPOTrainer on CPU (transformers' generation): the bundled example raises its reward
+(full and LoRA), and an LLM judge served by a real `transformers serve` on 127.0.0.1 scores completions; a
+killed judge is counted as failures and training finishes.
+
+For the judge test one tiny model plays both parts: asked "Name a color." it answers one of eight colors at
+random, and asked "Grade: ..." it answers 7 (the judge).
+"""
+
+from __future__ import annotations
+
+import json
+import random
+import socket
+import subprocess
+import sys
+import time
+import urllib.request
+from pathlib import Path
+
+import pytest
+from transformers import TrainerCallback
+
+from leap_finetune.api import run_config
+from tests.conftest import write_config, write_jsonl
+
+COLORS = ["red", "blue", "green", "teal", "gold", "pink", "gray", "plum"]
+
+
+@pytest.fixture(scope="module")
+def color_and_judge_model(tmp_path_factory) -> Path:
+    folder = tmp_path_factory.mktemp("color-model")
+    rng = random.Random(0)
+    answers = COLORS * 12  # each color equally often: the model names teal about 1 time in 8
+    rng.shuffle(answers)
+    rows = [{"messages": [{"role": "user", "content": "Name a color."}, {"role": "assistant", "content": answer}]}
+            for answer in answers]
+    rows += [{"messages": [{"role": "user", "content": f"Grade: {rng.choice(COLORS)}"},
+                           {"role": "assistant", "content": "7"}]} for _ in range(32)]
+    write_jsonl(folder / "sft.jsonl", rows)
+    config = {"project_name": "colors", "model_name": "tiny-lfm2", "dataset": {"path": "sft.jsonl"},
+              "training_config": {"max_steps": 150, "per_device_train_batch_size": 8, "learning_rate": 3e-3,
+                                  "warmup_steps": 0, "logging_steps": 10, "save_strategy": "no", "max_length": 64}}
+    summary = run_config(write_config(folder, config, "sft.yaml"))
+    return Path(summary["model_dir"])
+
+
+def _grpo_config(folder: Path, model: Path, rewards, **training) -> Path:
+    write_jsonl(folder / "prompts.jsonl", [{"prompt": "Name a color.", "solution": "teal"}] * 64)
+    config = {"project_name": "grpo", "model_name": str(model), "training_type": "grpo",
+              "dataset": {"path": "prompts.jsonl"}, "rewards": rewards,
+              "training_config": {"use_vllm": False, "max_steps": 24, "per_device_train_batch_size": 16,
+                                  "num_generations": 8, "max_completion_length": 6, "learning_rate": 5e-4,
+                                  "logging_steps": 1, "save_strategy": "no", **training}}
+    return write_config(folder, config, "grpo.yaml")
+
+
+def _metrics(summary: dict) -> list[dict]:
+    return [json.loads(line) for line in (Path(summary["run_dir"]) / "metrics.jsonl").read_text().splitlines()]
+
+
+@pytest.fixture(scope="module")
+def examples_copy(tmp_path_factory) -> Path:
+    """The bundled CPU example, warm-up run: examples/grpo_tiny_warmup.yaml (then grpo_tiny.yaml starts from it)."""
+    import shutil
+
+    folder = tmp_path_factory.mktemp("examples") / "examples"
+    shutil.copytree(Path(__file__).resolve().parents[2] / "examples", folder,
+                    ignore=shutil.ignore_patterns("outputs", "images"))
+    run_config(folder / "grpo_tiny_warmup.yaml")
+    return folder
+
+
+@pytest.mark.slow
+@pytest.mark.parametrize("lora", [False, True], ids=["full", "lora"])
+def test_the_grpo_example_raises_the_accuracy_reward(examples_copy, lora):
+    """examples/grpo_tiny.yaml as bundled (and with LoRA): the model named teal about 1 time in 8."""
+    import yaml
+
+    config = yaml.safe_load((examples_copy / "grpo_tiny.yaml").read_text())
+    if lora:
+        config["project_name"] = "grpo-tiny-lora"
+        config["peft_config"] = {"extends": "DEFAULT_LORA", "r": 16, "lora_alpha": 32, "lora_dropout": 0.0}
+        config["training_config"]["learning_rate"] = 2e-3
+    path = examples_copy / ("grpo_tiny_lora.yaml" if lora else "grpo_tiny.yaml")
+    path.write_text(yaml.safe_dump(config))
+    summary = run_config(path)
+    rewards = [m["rewards/accuracy/mean"] for m in _metrics(summary) if "rewards/accuracy/mean" in m]
+    print("accuracy reward per step:", rewards)
+    assert len(rewards) == 24
+    first, last = sum(rewards[:5]) / 5, sum(rewards[-5:]) / 5
+    assert first < 0.45, rewards
+    assert last > first + 0.3, rewards
+    assert summary["initial_reward"] == pytest.approx(first) and summary["final_reward"] == pytest.approx(last)
+    samples = [json.loads(line) for line in (Path(summary["run_dir"]) / "completions.jsonl").read_text().splitlines()]
+    assert samples and {"step", "prompt", "completion", "rewards", "advantage"} <= set(samples[0])
+    assert (Path(summary["run_dir"]) / "model" / "config.json").exists()
+
+
+def _free_port() -> int:
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        return s.getsockname()[1]
+
+
+class KillAt(TrainerCallback):
+    """Stops the judge's server after a given step (the judge must count failures and training go on)."""
+
+    def __init__(self, server: subprocess.Popen, step: int):
+        self.server, self.step = server, step
+
+    def on_step_end(self, args, state, control, **kwargs):
+        if state.global_step == self.step and self.server.poll() is None:
+            self.server.kill()
+            self.server.wait(timeout=30)
+
+
+@pytest.mark.slow
+def test_a_judge_on_a_real_server_scores_and_a_killed_judge_is_counted(workdir, color_and_judge_model):
+    color_model = color_and_judge_model
+    port = _free_port()
+    log = (workdir / "judge.log").open("w")
+    server = subprocess.Popen([str(Path(sys.executable).parent / "transformers"), "serve", str(color_model),
+                               "--port", str(port), "--host", "127.0.0.1", "--device", "cpu"],
+                              stdout=log, stderr=subprocess.STDOUT)
+    try:
+        deadline = time.time() + 180
+        while True:
+            try:
+                with urllib.request.urlopen(f"http://127.0.0.1:{port}/health", timeout=2):
+                    break
+            except OSError:
+                assert server.poll() is None, (workdir / "judge.log").read_text()[-2000:]
+                assert time.time() < deadline, "the judge server did not start"
+                time.sleep(1)
+        judge = {"model": str(color_model), "base_url": f"http://127.0.0.1:{port}/v1",
+                 "prompt_template": "Grade: {completion}", "min_score": 0, "max_score": 10, "timeout_s": 20,
+                 "retries": 0, "max_tokens": 4}
+        path = _grpo_config(workdir, color_model, {"funcs": ["accuracy"], "judge": judge}, max_steps=5)
+        summary = run_config(path, callbacks=[KillAt(server, 2)])
+    finally:
+        if server.poll() is None:
+            server.kill()
+        log.close()
+    metrics = [m for m in _metrics(summary) if "rewards/judge/mean" in m]
+    assert [m["step"] for m in metrics] == [1, 2, 3, 4, 5]
+    before, after = metrics[:2], metrics[2:]
+    # the judge model answers 7 of 10: normalised 0.7, and no failures while its server runs
+    assert all(m["rewards/judge/mean"] == pytest.approx(0.7) and m["judge/failures"] == 0 for m in before), before
+    # then every request fails (16 completions per step), scored with failure_score 0, and training goes on
+    assert all(m["judge/failures"] == 16 and m["rewards/judge/mean"] == 0 for m in after), after
+    assert json.loads((Path(summary["run_dir"]) / "summary.json").read_text())["global_step"] == 5
+    requests = (workdir / "judge.log").read_text().count("POST /v1/chat/completions")
+    assert requests == 32  # 2 steps x 16 completions reached the server
