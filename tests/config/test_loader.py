@@ -88,7 +88,7 @@ def test_hub_dataset_ids_are_kept(folder):
     assert resolved.dataset.path == "HuggingFaceTB/smoltalk"
 
 
-@pytest.mark.parametrize("kind", ["grpo", "embedding", "colbert"])
+@pytest.mark.parametrize("kind", ["embedding", "colbert"])
 def test_later_training_types_say_not_supported_yet(folder, kind):
     message = _error(folder, tiny_config(training_type=kind))
     assert "not supported yet" in message and kind in message

@@ -116,8 +116,8 @@ def test_sigkill_at_many_points_then_resume_reproduces_the_uninterrupted_run(dat
     killed with SIGKILL: while a checkpoint is being written, while the old one is being deleted,
     and between saves. Each restart resumes with `latest`; at the end every step is logged once with
     the uninterrupted run's loss, and the summary covers the whole run."""
-    steps = 30
-    training = {"max_steps": steps, "save_steps": 1, "save_total_limit": 1, "eval_steps": 15}
+    steps = 24
+    training = {"max_steps": steps, "save_steps": 1, "save_total_limit": 1, "eval_steps": 12}
     reference = run_config(_config(data, "ref", "ref.yaml", **training))
     start = _config(data, "killed", "start.yaml", **training)
     resume = _config(data, "killed", "resume.yaml", resume_from_checkpoint="latest", **training)
@@ -145,7 +145,7 @@ def test_sigkill_at_many_points_then_resume_reproduces_the_uninterrupted_run(dat
         return max((int(p.name.split("-")[1]) for p in _checkpoints(run_dir)), default=0)
 
     # Each attempt waits for its moment, or kills anyway a few saves later (the moments are brief).
-    triggers = [saving, deleting, rotating, between, deleting, saving, rotating, deleting]
+    triggers = [saving, deleting, rotating, between, saving]
     seen_mid_save = kills = 0
     config = start
     for trigger in triggers:
@@ -179,8 +179,8 @@ def test_sigkill_at_many_points_then_resume_reproduces_the_uninterrupted_run(dat
     [run_dir] = [p for p in project.iterdir() if p.is_dir() and not p.name.startswith(".")]
     reference_dir = Path(reference["run_dir"])
     _assert_same_losses(_losses(run_dir), _losses(reference_dir))
-    assert kills >= 5 and seen_mid_save >= 1, (kills, seen_mid_save)
-    assert [r["step"] for r in _records(run_dir) if "eval_loss" in r] == [0, 15, 30]
+    assert kills >= 4 and seen_mid_save >= 1, (kills, seen_mid_save)
+    assert [r["step"] for r in _records(run_dir) if "eval_loss" in r] == [0, 12, 24]
     summary = json.loads((run_dir / "summary.json").read_text())
     assert summary["global_step"] == steps
     assert summary["initial_eval_loss"] == pytest.approx(reference["initial_eval_loss"], rel=1e-6)
