@@ -11,13 +11,13 @@ PYTHON="${PYTHON:-python3}"
 if [ ! -x .venv/bin/python ]; then
   "$PYTHON" -m venv .venv
 fi
-# --no-compile: bytecode is written on first import instead (saves ~a minute on torch alone)
-PIP=".venv/bin/python -m pip --disable-pip-version-check -q --no-compile"
+PIP=".venv/bin/python -m pip --disable-pip-version-check -q"
 if ! .venv/bin/python -c "import torch" 2>/dev/null; then
-  $PIP install "torch==2.14.1" "torchvision==0.29.1"
+  $PIP install --no-compile "torch==2.14.1" "torchvision==0.29.1"
 fi
 if ! .venv/bin/python -c "import torchvision" 2>/dev/null; then
   echo "note: torchvision is not importable beside this torch: image benchmarks (LFM2-VL) will be unavailable" >&2
 fi
-$PIP install -e ".[test]"
+# --no-compile: Python writes bytecode on first import instead of for every file of every package
+$PIP install --no-compile -e ".[test]"
 .venv/bin/python -c "import leap_finetune, torch, transformers, trl; print('leap-finetune', leap_finetune.__version__, '| torch', torch.__version__, '| transformers', transformers.__version__, '| trl', trl.__version__)"

@@ -425,7 +425,7 @@ def _print_end(console: Console, summary: dict) -> None:
         return
     parts = [f"done: {summary['global_step']} steps"]
     if summary.get("final_reward") is not None:
-        parts.append(f"reward {summary['initial_reward']:.3f} -> {summary['final_reward']:.3f} (first / last 5 steps)")
+        parts.append(f"reward {summary['initial_reward']:.2f} -> {summary['final_reward']:.2f} (first / last 5 steps)")
     else:
         parts.append(f"train loss {summary['train_loss']:.4f}")
     if summary.get("eval_loss") is not None:

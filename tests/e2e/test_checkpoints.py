@@ -145,7 +145,7 @@ def test_sigkill_at_many_points_then_resume_reproduces_the_uninterrupted_run(dat
         return max((int(p.name.split("-")[1]) for p in _checkpoints(run_dir)), default=0)
 
     # Each attempt waits for its moment, or kills anyway a few saves later (the moments are brief).
-    triggers = [saving, deleting, rotating, between, saving]
+    triggers = [saving, deleting, rotating, between]
     seen_mid_save = kills = 0
     config = start
     for trigger in triggers:
