@@ -309,7 +309,11 @@ def _stage_run_folder(resolved: ResolvedConfig, prepared: PreparedData, renderer
     data = staging / PREPARED_DIR
     for name, rows in (("train", prepared.train), ("eval", prepared.eval)):
         if rows:
-            Dataset.from_list([r.columns() for r in rows]).save_to_disk(str(data / name))
+            columns = [r.columns() for r in rows]
+            # Dataset.from_list takes its columns from the first row: a column that only later rows have
+            # (a GRPO row's extra field) would be dropped, so every row gets every column (None if absent)
+            keys = list(dict.fromkeys(k for c in columns for k in c))
+            Dataset.from_list([{k: c.get(k) for k in keys} for c in columns]).save_to_disk(str(data / name))
     (data / "samples.json").write_text(json.dumps(_samples(prepared, renderer)), encoding="utf-8")
     (data / "fingerprint.json").write_text(json.dumps(fingerprint(prepared)), encoding="utf-8")
     if prepared.dropped:

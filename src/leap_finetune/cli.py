@@ -146,7 +146,17 @@ def inspect(
     from rich.text import Text
 
     console = Console()
+    grpo = bool(items) and "prompt_tokens" in items[0] and "solution" in items[0]
     for item in items:
+        if grpo:  # the model generates the completions during training; the prompt is not trained
+            console.rule(f"row {item['row']}  ({item['source']['file']}, {item['source']['location']}; "
+                         f"{item['prompt_tokens']} prompt tokens)")
+            console.print(Text("prompt (as the model sees it; completions are generated during training)", style="bold"))
+            console.print(Text(item["prompt"]))
+            console.print(Text(f"solution: {item['solution']}" if item["solution"] is not None else "no solution"))
+            for name, value in (item.get("columns") or {}).items():
+                console.print(Text(f"{name}: {value}"))
+            continue
         console.rule(f"row {item['row']}  ({item['source']['file']}, {item['source']['location']}; "
                      f"{item['tokens']} tokens, {item['trained_tokens']} trained)")
         if "text" in item:  # sft: one conversation, trained spans highlighted
@@ -166,6 +176,8 @@ def inspect(
                 label = f" (label: {'desirable' if item['label'] else 'undesirable'})" if "label" in item else ""
                 console.print(Text(f"{name}{label}", style="bold"))
                 console.print(Text(item[name], style=TRAINED_STYLE))
+    if grpo:
+        return
     console.print(Text.assemble(("highlighted", TRAINED_STYLE), " text carries loss")
                   + (Text("; struck-through text is cut by max_length")
                      if any("truncated_at" in i for i in items) else Text("")))

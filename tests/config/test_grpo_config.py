@@ -117,3 +117,33 @@ def test_the_issue_block_plans_anywhere_and_needs_vllm_to_run(tmp_path):
     checked = invoke("validate", str(path))
     assert checked.returncode == 2
     assert "vLLM is not installed" in checked.stderr and "use_vllm: false" in checked.stderr
+
+
+def test_inspect_shows_grpo_prompts_as_the_model_sees_them(tmp_path):
+    from tests.conftest import invoke
+
+    write_jsonl(tmp_path / "prompts.jsonl", [{"prompt": "Name a color.", "solution": "teal", "level": 2},
+                                             {"messages": [{"role": "user", "content": "Name a fruit."},
+                                                           {"role": "assistant", "content": "plum"}]}])
+    shown = invoke("inspect", str(write_config(tmp_path, _config())), "--rows", "2")
+    assert shown.returncode == 0, shown.stderr
+    assert "<|im_start|>user\nName a color.<|im_end|>\n<|im_start|>assistant\n" in shown.stdout
+    assert "solution: teal" in shown.stdout and "level: 2" in shown.stdout
+    assert "solution: plum" in shown.stdout  # the last assistant turn of a messages row is its solution
+    assert "carries loss" not in shown.stdout
+
+
+def test_a_column_only_later_rows_have_reaches_the_trainer(tmp_path):
+    """Passed-through columns are stored for every row (None where a row lacks one), even when the first
+    row does not have them (datasets' from_list would take its columns from the first row alone)."""
+    from datasets import load_from_disk
+
+    from leap_finetune.api import _stage_run_folder, _prepare
+
+    write_jsonl(tmp_path / "prompts.jsonl", [{"prompt": "Name a color.", "solution": "teal"},
+                                             {"prompt": "Name a fruit.", "solution": "plum", "level": 2}])
+    resolved = load_config(write_config(tmp_path, _config()))
+    _, renderer, prepared = _prepare(resolved)
+    _stage_run_folder(resolved, prepared, renderer, True, tmp_path / "run", tmp_path / ".staging")
+    stored = load_from_disk(str(tmp_path / "run" / "prepared" / "train"))
+    assert stored["level"] == [None, 2] and stored["solution"] == ["teal", "plum"]
