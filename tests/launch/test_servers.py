@@ -1,6 +1,6 @@
-"""The servers the driver runs beside training (launch/servers.py), against real processes: a real
-OpenAI-compatible server (`transformers serve` with a tiny model), a server that exits early, one that
-never becomes healthy, a port in use, and teardown on errors and Ctrl-C."""
+"""The servers the driver runs beside training (launch/servers.py), against real processes (Python's HTTP
+server; tests/e2e/test_grpo.py runs a real `transformers serve` as a judge): a server that exits early,
+one that never becomes healthy, a port in use, and teardown on errors and Ctrl-C."""
 
 from __future__ import annotations
 
@@ -24,27 +24,6 @@ def _free_port() -> int:
 
 def _gone(pid: int) -> bool:
     return not psutil.pid_exists(pid) or psutil.Process(pid).status() == psutil.STATUS_ZOMBIE
-
-
-@pytest.mark.slow
-def test_a_real_server_starts_answers_logs_and_stops(tmp_path):
-    from leap_finetune.models.tiny import build_tiny_model, load_tiny_tokenizer
-
-    tokenizer = load_tiny_tokenizer("tiny-lfm2")
-    build_tiny_model("tiny-lfm2", tokenizer).save_pretrained(tmp_path / "model")
-    tokenizer.save_pretrained(tmp_path / "model")
-    port = _free_port()
-    serve = str(Path(sys.executable).parent / "transformers")
-    spec = ServerSpec("judge", [serve, "serve", str(tmp_path / "model"), "--port", str(port), "--host", "127.0.0.1",
-                                "--device", "cpu"], port=port, start_timeout_s=180)
-    with running([spec], tmp_path / "logs") as [server]:
-        with urllib.request.urlopen(f"{server.url}/v1/models", timeout=10) as answer:
-            assert str(tmp_path / "model") in answer.read().decode()
-        pid = server.process.pid
-        assert port_in_use("127.0.0.1", port)
-    assert _gone(pid) and not port_in_use("127.0.0.1", port)
-    log = (tmp_path / "logs" / "judge.log").read_text()
-    assert log.startswith(f"$ {serve} serve") and "GET /v1/models" in log
 
 
 def test_a_server_that_exits_early_is_an_error_with_its_log(tmp_path):
@@ -90,11 +69,15 @@ def test_a_port_in_use_is_an_error_before_anything_starts(tmp_path):
 
 @pytest.mark.parametrize("ending", [RuntimeError("training failed"), KeyboardInterrupt()], ids=["error", "ctrl-c"])
 def test_servers_are_stopped_when_training_fails_or_is_interrupted(tmp_path, ending):
+    """Also the normal path: the server answers (health), logs its command, and is gone afterwards."""
     port = _free_port()
     spec = ServerSpec("judge", [sys.executable, "-m", "http.server", str(port), "--bind", "127.0.0.1"], port=port,
                       health_path="/")
     with pytest.raises(type(ending)):
         with running([spec], tmp_path) as [server]:
             pid = server.process.pid
+            with urllib.request.urlopen(server.url + "/", timeout=10) as answer:
+                assert answer.status == 200
             raise ending
     assert _gone(pid) and not port_in_use("127.0.0.1", port)
+    assert (tmp_path / "judge.log").read_text().startswith("$ ")

@@ -77,6 +77,9 @@ def run_on_ray(resolved_json: dict, plan: DevicePlan, run_dir: Path) -> None:
     started_here = not ray.is_initialized()
     if started_here:
         os.environ.update(NO_MULTICAST)  # the driver's own processes too
+        # After a worker died, Ray Train waits this long for the survivors' process groups to shut down
+        # (they cannot: their peer is gone) before it reports the failure; its 30 s only delay the error.
+        os.environ.setdefault("TORCH_PROCESS_GROUP_SHUTDOWN_TIMEOUT_S", "5")
         if plan.address:
             check_reachable(plan.address, resolved_json.get("ray", {}).get("connect_timeout_s", 30) if
                             resolved_json.get("ray") else 30)
