@@ -21,9 +21,11 @@ from leap_finetune.config.yaml_io import dump_yaml
 from leap_finetune.data.prepare import PreparedData, prepare_data
 from leap_finetune.errors import LeapError
 from leap_finetune.evaluation.standalone import evaluate_config
-from leap_finetune.launch.devices import device_plan
+from leap_finetune.launch.devices import device_plan, training_devices
 from leap_finetune.launch.plan import check_resume_matches, plan_run
 from leap_finetune.launch.report import config_table, data_report
+from leap_finetune.launch.rl_servers import judge_url, local_servers
+from leap_finetune.launch.servers import running
 
 __all__ = ["load_config", "validate_config", "inspect_config", "plan_config", "slurm_config", "run_config",
            "evaluate_config"]
@@ -231,6 +233,8 @@ def run_config(source, *, console: Console | None = None, callbacks: list | None
         "run_dir": str(plan.run_dir), "run_name": plan.run_name, "workers": devices.workers,
         "resume_checkpoint_path": str(plan.resume_checkpoint) if plan.resume_checkpoint else None,
     })
+    servers = local_servers(resolved, devices)  # GRPO's rollout server and judge, started before training
+    resolved = resolved.model_copy(update={"judge_url": judge_url(resolved)})
     _write_run_folder(resolved, prepared, renderer, plan)
     _print_plan(console, resolved, prepared, plan, devices)
 
@@ -238,23 +242,37 @@ def run_config(source, *, console: Console | None = None, callbacks: list | None
 
     payload = json.loads(json.dumps(resolved.to_json_dict()))
     try:
-        if devices.in_process:
-            summary = recipe(resolved.training_type).train(payload, callbacks=callbacks)
-        else:
-            from leap_finetune.launch.distributed import run_on_ray
+        with running(servers, plan.run_dir / "servers", console), training_devices(devices):
+            if devices.in_process:
+                summary = recipe(resolved.training_type).train(payload, callbacks=callbacks)
+            else:
+                from leap_finetune.launch.distributed import run_on_ray
 
-            run_on_ray(payload, devices, plan.run_dir)
-            summary = json.loads((plan.run_dir / "summary.json").read_text(encoding="utf-8"))
+                run_on_ray(payload, devices, plan.run_dir)
+                summary = json.loads((plan.run_dir / "summary.json").read_text(encoding="utf-8"))
     except BaseException:
         # A new run that failed before its first checkpoint (a mistake only the worker can find, such
         # as a model folder without weights, or a bug, or Ctrl-C while the model loads) holds nothing
-        # worth keeping: it is removed, so the corrected config can use the same output_dir.
+        # worth keeping: it is removed, so the corrected config can use the same output_dir. The
+        # servers' logs are kept elsewhere (they explain a server that did not start).
         if plan.new_run and not any(plan.run_dir.glob("checkpoint-*")):
+            _keep_server_logs(console, plan.run_dir)
             shutil.rmtree(plan.run_dir, ignore_errors=True)
         raise
     summary["run_dir"] = str(plan.run_dir)
     _print_end(console, summary)
     return summary
+
+
+def _keep_server_logs(console: Console, run_dir: Path) -> None:
+    import tempfile
+
+    logs = run_dir / "servers"
+    if logs.is_dir() and any(logs.iterdir()):
+        kept = Path(tempfile.gettempdir()) / "leap-finetune-server-logs" / run_dir.name
+        shutil.rmtree(kept, ignore_errors=True)
+        shutil.copytree(logs, kept)
+        console.print(f"the servers' logs of this run are kept in {kept}")
 
 
 def _write_run_folder(resolved: ResolvedConfig, prepared: PreparedData, renderer, plan) -> None:

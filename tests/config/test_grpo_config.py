@@ -4,6 +4,7 @@ rollout keys, and the issue's own block (planned anywhere; vLLM required only to
 from __future__ import annotations
 
 import importlib.util
+from pathlib import Path
 
 import pytest
 
@@ -50,7 +51,9 @@ def test_the_grpo_defaults(tmp_path):
      ["max_score (5.0) must be above min_score (5.0)"]),
     (dict(rewards={"judge": {"model": "m", "base_url": "http://x/v1", "api_key_env": "LEAP_TEST_UNSET_KEY"}}),
      ["api_key_env names LEAP_TEST_UNSET_KEY, which is not set", "export LEAP_TEST_UNSET_KEY"]),
-    (dict(rewards={"judge": {"model": "m"}}), ["rewards.judge has no base_url and grpo_rollout.judge_gpus is 0"]),
+    (dict(rewards={"judge": {"model": "m"}}, grpo_rollout={"server_gpus": 1, "judge_port": 8000},
+          training_config={"use_vllm": True, "vllm_mode": "server"}),
+     ["the local judge and the rollout server would both listen on port 8000", "judge_port"]),
     (dict(rewards={"judge": {"model": "m", "temprature": 0}}), ["temprature", "temperature"]),
     (dict(grpo_rollout={"server_gpus": 1}), ["server_gpus is 1, but no rollout server is started",
                                              "vllm_mode: server"]),
@@ -108,9 +111,13 @@ def test_the_issue_block_plans_anywhere_and_needs_vllm_to_run(tmp_path):
     report = json.loads(plan.stdout)
     assert (report["devices"]["server"], report["devices"]["judge"], report["devices"]["training"]) == ([0], [1], [2, 3])
     server, judge = report["processes"][:2]
-    assert server["command"][:2] == ["trl", "vllm-serve"] and server["env"]["CUDA_VISIBLE_DEVICES"] == "0"
+    assert Path(server["command"][0]).name == "trl" and server["command"][1] == "vllm-serve"
+    assert server["env"]["CUDA_VISIBLE_DEVICES"] == "0"
     assert "--port" in server["command"] and "8000" in server["command"]
-    assert judge["command"][:2] == ["vllm", "serve"] and judge["env"]["CUDA_VISIBLE_DEVICES"] == "1"
+    # vLLM is not installed here: the judge runs on transformers' own server, on its GPU
+    assert Path(judge["command"][0]).name == "transformers" and judge["command"][1:3] == ["serve", "tiny-lfm2"]
+    assert judge["name"] == "judge server (transformers serve, GPU)" and judge["env"]["CUDA_VISIBLE_DEVICES"] == "1"
+    assert judge["port"] == 8001
     assert all(p["env"]["NCCL_NVLS_ENABLE"] == "0" for p in report["processes"][:2])
     workers = [p for p in report["processes"] if p["name"].startswith("training worker")]
     assert [w["env"]["CUDA_VISIBLE_DEVICES"] for w in workers] == ["2", "3"]

@@ -1,6 +1,6 @@
 """GRPO through TRL's GRPOTrainer on CPU (transformers' generation): the bundled example raises its reward
-(full and LoRA), and an LLM judge served by a real `transformers serve` on 127.0.0.1 scores completions; a
-killed judge is counted as failures and training finishes.
+(full and LoRA), and an LLM judge that the driver serves with a real `transformers serve` on 127.0.0.1 scores
+completions; a killed judge is counted as failures and training finishes.
 
 For the judge test one tiny model plays both parts: asked "Name a color." it answers one of eight colors at
 random, and asked "Grade: ..." it answers 7 (the judge).
@@ -11,13 +11,11 @@ from __future__ import annotations
 import json
 import random
 import socket
-import subprocess
-import sys
-import time
-import urllib.request
 from pathlib import Path
 
+import psutil
 import pytest
+import yaml
 from transformers import TrainerCallback
 
 from leap_finetune.api import run_config
@@ -103,45 +101,39 @@ def _free_port() -> int:
         return s.getsockname()[1]
 
 
-class KillAt(TrainerCallback):
-    """Stops the judge's server after a given step (the judge must count failures and training go on)."""
+class KillServerAt(TrainerCallback):
+    """Kills the server listening on `port` after a given step (the judge must count failures and training
+    go on)."""
 
-    def __init__(self, server: subprocess.Popen, step: int):
-        self.server, self.step = server, step
+    def __init__(self, port: int, step: int):
+        self.port, self.step, self.killed = port, step, []
 
     def on_step_end(self, args, state, control, **kwargs):
-        if state.global_step == self.step and self.server.poll() is None:
-            self.server.kill()
-            self.server.wait(timeout=30)
+        if state.global_step != self.step:
+            return
+        for process in psutil.process_iter(["cmdline"]):
+            cmdline = process.info["cmdline"] or []
+            if "serve" in cmdline and str(self.port) in cmdline:
+                process.kill()
+                process.wait(timeout=30)
+                self.killed.append(cmdline)
 
 
 @pytest.mark.slow
-def test_a_judge_on_a_real_server_scores_and_a_killed_judge_is_counted(workdir, color_and_judge_model):
+def test_the_driver_runs_a_cpu_judge_whose_death_is_counted(workdir, color_and_judge_model):
+    """rewards.judge without base_url and judge_gpus 0: the driver starts `transformers serve` on CPU before
+    training, training's requests reach it, and a judge killed mid-run is counted, never fatal."""
     color_model = color_and_judge_model
     port = _free_port()
-    log = (workdir / "judge.log").open("w")
-    server = subprocess.Popen([str(Path(sys.executable).parent / "transformers"), "serve", str(color_model),
-                               "--port", str(port), "--host", "127.0.0.1", "--device", "cpu"],
-                              stdout=log, stderr=subprocess.STDOUT)
-    try:
-        deadline = time.time() + 180
-        while True:
-            try:
-                with urllib.request.urlopen(f"http://127.0.0.1:{port}/health", timeout=2):
-                    break
-            except OSError:
-                assert server.poll() is None, (workdir / "judge.log").read_text()[-2000:]
-                assert time.time() < deadline, "the judge server did not start"
-                time.sleep(1)
-        judge = {"model": str(color_model), "base_url": f"http://127.0.0.1:{port}/v1",
-                 "prompt_template": "Grade: {completion}", "min_score": 0, "max_score": 10, "timeout_s": 20,
-                 "retries": 0, "max_tokens": 4}
-        path = _grpo_config(workdir, color_model, {"funcs": ["accuracy"], "judge": judge}, max_steps=5)
-        summary = run_config(path, callbacks=[KillAt(server, 2)])
-    finally:
-        if server.poll() is None:
-            server.kill()
-        log.close()
+    judge = {"model": str(color_model), "prompt_template": "Grade: {completion}", "min_score": 0, "max_score": 10,
+             "timeout_s": 20, "retries": 0, "max_tokens": 4}
+    path = _grpo_config(workdir, color_model, {"funcs": ["accuracy"], "judge": judge}, max_steps=5)
+    config = yaml.safe_load(path.read_text())
+    config["grpo_rollout"] = {"judge_port": port}
+    path.write_text(yaml.safe_dump(config))
+    kill = KillServerAt(port, 2)
+    summary = run_config(path, callbacks=[kill])
+    assert len(kill.killed) == 1 and "transformers" in {Path(part).name for part in kill.killed[0]}, kill.killed
     metrics = [m for m in _metrics(summary) if "rewards/judge/mean" in m]
     assert [m["step"] for m in metrics] == [1, 2, 3, 4, 5]
     before, after = metrics[:2], metrics[2:]
@@ -150,5 +142,5 @@ def test_a_judge_on_a_real_server_scores_and_a_killed_judge_is_counted(workdir, 
     # then every request fails (16 completions per step), scored with failure_score 0, and training goes on
     assert all(m["judge/failures"] == 16 and m["rewards/judge/mean"] == 0 for m in after), after
     assert json.loads((Path(summary["run_dir"]) / "summary.json").read_text())["global_step"] == 5
-    requests = (workdir / "judge.log").read_text().count("POST /v1/chat/completions")
-    assert requests == 32  # 2 steps x 16 completions reached the server
+    log = (Path(summary["run_dir"]) / "servers" / "judge_server.log").read_text()
+    assert log.count("POST /v1/chat/completions") == 32  # 2 steps x 16 completions reached the server

@@ -111,10 +111,11 @@ def _check_rollout(rollout: GrpoRolloutConfig, rewards: RewardsConfig, training:
                             fix="set grpo_rollout.server_gpus: 1 (a local `trl vllm-serve`), or vllm_server_base_url: "
                             "http://host:8000 for a server you run, or vllm_mode: colocate")
     judge = rewards.judge
-    if judge is not None and judge.base_url is None and not rollout.judge_gpus:
-        raise LeapError("rewards.judge has no base_url and grpo_rollout.judge_gpus is 0: there is no judge server",
-                        where=where, fix="set judge.base_url to a running OpenAI-compatible server (…/v1), or "
-                        "grpo_rollout.judge_gpus: 1 to start one")
+    if (judge is not None and judge.base_url is None and use_vllm and mode == "server" and not external
+            and rollout.judge_port == int(training.get("vllm_server_port", 8000))):
+        raise LeapError(f"the local judge and the rollout server would both listen on port {rollout.judge_port}",
+                        where=where, fix="set grpo_rollout.judge_port or training_config.vllm_server_port to another "
+                        "port")
     if rollout.judge_gpus and (judge is None or judge.base_url is not None):
         raise LeapError(f"grpo_rollout.judge_gpus is {rollout.judge_gpus}, but no local judge is configured "
                         "(rewards.judge without base_url)", where=where,
@@ -138,8 +139,8 @@ def check_generation_batch(resolved, workers: int) -> None:
 
 
 def check_rollout_engine(resolved) -> None:
-    """What `run` needs: vLLM installed for use_vllm, and no local server (validate and run; `plan` only
-    plans, so the layout of servers can be shown anywhere)."""
+    """What `run` needs installed: vLLM for use_vllm (and so for the rollout server), a server program for
+    a local judge (validate and run; `plan` only plans, so the layout of servers can be shown anywhere)."""
     if resolved.training_type != "grpo":
         return
     if resolved.training.get("use_vllm") and importlib.util.find_spec("vllm") is None:
@@ -148,9 +149,15 @@ def check_rollout_engine(resolved) -> None:
                         fix="pip install 'leap-finetune[vllm]' on a CUDA machine, or set use_vllm: false (rollouts "
                         "with transformers' generation)")
     rollout = resolved.grpo_rollout
-    if rollout is not None and (rollout.server_gpus or rollout.judge_gpus):
-        raise LeapError(f"grpo_rollout plans local servers (server_gpus {rollout.server_gpus}, judge_gpus "
-                        f"{rollout.judge_gpus}), which this version of leap-finetune plans but does not start yet",
+    judge = resolved.rewards.judge if resolved.rewards is not None else None
+    if judge is None or judge.base_url is not None:
+        return
+    vllm_judge = rollout.judge_gpus and importlib.util.find_spec("vllm") is not None
+    missing = [m for m in ("fastapi", "uvicorn") if importlib.util.find_spec(m) is None]
+    if not vllm_judge and missing:
+        where = f"on {rollout.judge_gpus} GPU(s)" if rollout.judge_gpus else "on CPU (judge_gpus: 0)"
+        raise LeapError(f"rewards.judge has no base_url, so the driver runs the judge {where} with `transformers "
+                        f"serve` (vLLM is not installed), which needs {' and '.join(missing)}",
                         where=resolved.config_path or "config",
-                        fix="start them yourself and give their URLs (training_config.vllm_server_base_url, "
-                        "rewards.judge.base_url) with server_gpus: 0 and judge_gpus: 0, or use vllm_mode: colocate")
+                        fix="pip install 'leap-finetune[grpo]' (transformers' serving extra), or install vLLM for a GPU "
+                        "judge, or give rewards.judge.base_url of a running server")

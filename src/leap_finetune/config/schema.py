@@ -147,8 +147,10 @@ class GrpoRolloutConfig(StrictModel):
 
     server_gpus: int = Field(default=0, ge=0, description="GPUs for the local vLLM rollout server "
                              "(`training_config.vllm_mode: server` without `vllm_server_base_url`).")
-    judge_gpus: int = Field(default=0, ge=0, description="GPUs for a local judge server (`rewards.judge` without "
-                            "`base_url`).")
+    judge_gpus: int = Field(default=0, ge=0, description="GPUs for the local judge server (`rewards.judge` without "
+                            "`base_url`): `vllm serve` where vLLM is installed, else `transformers serve`; 0 runs it on "
+                            "CPU (`transformers serve`, for tiny judges and tests).")
+    judge_port: int = Field(default=8001, gt=0, lt=65536, description="The local judge server's port.")
     training_gpus: int | None = Field(default=None, gt=0, description="GPUs for training; default: the rest.")
     tensor_parallel_size: int = Field(default=1, gt=0, description="Tensor parallelism of the local vLLM servers.")
     dtype: Literal["auto", "bfloat16", "float16", "float32"] = Field(

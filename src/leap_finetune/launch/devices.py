@@ -11,6 +11,7 @@ land, their counts are 0 here.
 
 from __future__ import annotations
 
+import contextlib
 from dataclasses import dataclass, field
 
 from leap_finetune.errors import LeapError
@@ -44,6 +45,35 @@ class DevicePlan:
         return {"nodes": self.nodes, "gpus_per_node": self.gpus_per_node, "workers": self.workers,
                 "in_process": self.in_process, "backend": self.backend, "address": self.address,
                 "devices": {"server": self.server, "judge": self.judge, "eval": self.eval, "training": self.training}}
+
+
+def physical_ids(indices: list[int]) -> str:
+    """CUDA_VISIBLE_DEVICES for plan indices (as the driver sees them) in a child process: mapped through
+    the driver's own CUDA_VISIBLE_DEVICES when it has one."""
+    import os
+
+    visible = os.environ.get("CUDA_VISIBLE_DEVICES")
+    ids = [i.strip() for i in visible.split(",")] if visible else None
+    return ",".join(ids[i] if ids and i < len(ids) else str(i) for i in indices)
+
+
+@contextlib.contextmanager
+def training_devices(plan: "DevicePlan"):
+    """An in-process run on a GPU machine sees only its training GPU: not the servers' GPUs, and not a
+    second GPU that transformers would otherwise wrap in DataParallel. (Set before CUDA initialises:
+    counting GPUs goes through NVML, which does not initialise it.)"""
+    import os
+
+    saved = os.environ.get("CUDA_VISIBLE_DEVICES")
+    if plan.in_process and plan.use_gpu:
+        os.environ["CUDA_VISIBLE_DEVICES"] = physical_ids(plan.training)
+    try:
+        yield
+    finally:
+        if saved is None:
+            os.environ.pop("CUDA_VISIBLE_DEVICES", None)
+        else:
+            os.environ["CUDA_VISIBLE_DEVICES"] = saved
 
 
 def visible_gpus() -> int:
@@ -119,6 +149,12 @@ def device_plan(resolved, *, gpus: int | None = None, nodes: int | None = None) 
     plan = plan_devices(gpus=visible_gpus() if gpus is None else gpus, nodes=nodes or 1,
                         num_workers=ray.num_workers if ray else None, address=address,
                         fsdp=bool(resolved.training.get("fsdp")), where=where, **servers)
+    judge = getattr(resolved, "rewards", None) and resolved.rewards.judge
+    if judge is not None and judge.base_url is None and plan.nodes > 1:
+        raise LeapError(f"rewards.judge has no base_url, so the driver would run the judge on this node, but the run "
+                        f"spans {plan.nodes} nodes: local servers are single-node only", where=where,
+                        fix="run the judge yourself (e.g. vllm serve MODEL on one node) and give its URL as "
+                        "rewards.judge.base_url")
     if not plan.in_process:
         import importlib.util
 

@@ -109,10 +109,11 @@ def _init_local(plan: DevicePlan, env: dict) -> None:
     """A local Ray instance that sees exactly the plan's training GPUs (servers keep theirs)."""
     import ray
 
+    from leap_finetune.launch.devices import physical_ids
+
     saved = os.environ.get("CUDA_VISIBLE_DEVICES")
     if plan.use_gpu:
-        ids = saved.split(",") if saved else [str(i) for i in range(plan.gpus_per_node)]
-        os.environ["CUDA_VISIBLE_DEVICES"] = ",".join(ids[i] for i in plan.training)
+        os.environ["CUDA_VISIBLE_DEVICES"] = physical_ids(plan.training)
     try:
         # address="local": a new instance, never an unrelated cluster that happens to run on this machine
         ray.init(address="local", num_cpus=os.cpu_count(), num_gpus=len(plan.training) if plan.use_gpu else 0,

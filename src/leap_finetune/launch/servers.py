@@ -96,7 +96,7 @@ class Server:
             code = self.process.poll()
             if code is not None:
                 raise LeapError(f"the {spec.name} exited with code {code} before answering its health check; "
-                                f"the end of its log ({self.log_path}):\n{self.log_tail()}", where=spec.name,
+                                f"the end of its log:\n{self.log_tail()}", where=spec.name,
                                 fix="read the log; the command was: " + " ".join(spec.command))
             try:
                 with urllib.request.urlopen(self.url + spec.health_path, timeout=5) as answer:
@@ -107,7 +107,7 @@ class Server:
             if time.monotonic() > deadline:
                 self.stop()
                 raise LeapError(f"the {spec.name} did not answer {self.url}{spec.health_path} within "
-                                f"{spec.start_timeout_s:g} s; the end of its log ({self.log_path}):\n{self.log_tail()}",
+                                f"{spec.start_timeout_s:g} s; the end of its log:\n{self.log_tail()}",
                                 where=spec.name, fix="read the log; a large model may need a longer start timeout "
                                 "(grpo_rollout.server_start_timeout_s)")
             time.sleep(0.5)

@@ -13,31 +13,18 @@ from leap_finetune.launch.distributed import NO_MULTICAST
 
 
 def server_processes(devices: DevicePlan, resolved) -> list[dict]:
-    """GRPO's local servers, started by the driver before any training process: the rollout server
-    (`trl vllm-serve`) on the plan's server GPUs and the judge (`vllm serve`) on its judge GPUs."""
-    rollout = getattr(resolved, "grpo_rollout", None)
-    if rollout is None:
-        return []
-    t = resolved.training
-    common = ["--tensor-parallel-size", str(rollout.tensor_parallel_size), "--dtype", rollout.dtype,
-              "--gpu-memory-utilization", str(rollout.gpu_memory_utilization)]
-    if rollout.max_model_len:
-        common += ["--max-model-len", str(rollout.max_model_len)]
+    """GRPO's local servers, started by the driver before any training process (launch/rl_servers.py)."""
+    from leap_finetune.launch.rl_servers import judge_engine, local_servers
+
     listed = []
-    if devices.server:
-        listed.append({"name": "rollout server (trl vllm-serve)", "node": 0,
-                       "command": ["trl", "vllm-serve", "--model", resolved.model_id, "--host", "0.0.0.0",
-                                   "--port", str(t.get("vllm_server_port", 8000)), *common],
-                       "env": {"CUDA_VISIBLE_DEVICES": ",".join(map(str, devices.server)), **NO_MULTICAST}})
-    if devices.judge and resolved.rewards is not None and resolved.rewards.judge is not None:
-        listed.append({"name": "judge server (vllm serve)", "node": 0,
-                       "command": ["vllm", "serve", resolved.rewards.judge.model, "--host", "0.0.0.0", "--port",
-                                   str(JUDGE_PORT), *common],
-                       "env": {"CUDA_VISIBLE_DEVICES": ",".join(map(str, devices.judge)), **NO_MULTICAST}})
+    for spec in local_servers(resolved, devices):
+        if spec.name == "judge server":
+            where = "CPU" if not devices.judge else "GPU"
+            label = f"judge server ({judge_engine(devices)} serve, {where})"
+        else:
+            label = "rollout server (trl vllm-serve)"
+        listed.append({"name": label, "node": 0, "command": spec.command, "env": spec.env, "port": spec.port})
     return listed
-
-
-JUDGE_PORT = 8001  # the local judge's port (the rollout server keeps vllm_server_port, default 8000)
 
 
 def processes(devices: DevicePlan, config_path: str | None, resolved=None) -> list[dict]:
