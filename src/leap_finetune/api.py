@@ -21,7 +21,7 @@ from leap_finetune.config.yaml_io import dump_yaml
 from leap_finetune.data.prepare import PreparedData, prepare_data
 from leap_finetune.errors import LeapError
 from leap_finetune.evaluation.standalone import evaluate_config
-from leap_finetune.launch.devices import device_plan, training_devices
+from leap_finetune.launch.devices import device_plan
 from leap_finetune.launch.plan import check_resume_matches, plan_run
 from leap_finetune.launch.report import config_table, data_report
 from leap_finetune.launch.rl_servers import judge_url, local_servers
@@ -221,9 +221,10 @@ def run_config(source, *, console: Console | None = None, callbacks: list | None
     devices = device_plan(resolved)
     check_generation_batch(resolved, devices.workers)
     check_resume_matches(resolved, plan, fingerprint(prepared), devices.workers)
-    if callbacks and not devices.in_process:
-        raise ValueError("run_config(callbacks=...) needs an in-process run (one device); this plan has "
-                         f"{devices.workers} workers")
+    if callbacks and (not devices.in_process or devices.own_process):
+        raise ValueError("run_config(callbacks=...) needs an in-process run (one device, the machine's only GPU or "
+                         f"the CPU); this plan has {devices.workers} worker(s) on GPU(s) {devices.training} of "
+                         f"{devices.gpus_per_node}")
     console.print(config_table(resolved))
     data_report(console, prepared, resolved)
     _print_plan_notes(console, plan)
@@ -242,8 +243,12 @@ def run_config(source, *, console: Console | None = None, callbacks: list | None
 
     payload = json.loads(json.dumps(resolved.to_json_dict()))
     try:
-        with running(servers, plan.run_dir / "servers", console), training_devices(devices):
-            if devices.in_process:
+        with running(servers, plan.run_dir / "servers", console):
+            if devices.own_process:
+                from leap_finetune.launch.single import run_in_child
+
+                summary = run_in_child(payload, devices, plan.run_dir)
+            elif devices.in_process:
                 summary = recipe(resolved.training_type).train(payload, callbacks=callbacks)
             else:
                 from leap_finetune.launch.distributed import run_on_ray
@@ -393,7 +398,8 @@ def _samples(prepared: PreparedData, renderer) -> list[dict]:
 def devices_line(devices) -> str:
     if devices.in_process:
         where = f"1 GPU (device {devices.training[0]})" if devices.use_gpu else "CPU"
-        return f"devices: {where}, in-process"
+        return f"devices: {where}, " + ("one training process (it sees only this GPU)" if devices.own_process
+                                         else "in-process")
     kind = f"{len(devices.training)} GPU(s) per node: {devices.training}" if devices.use_gpu else "CPU workers"
     cluster = f"the Ray cluster at {devices.address}" if devices.address else "a local Ray instance"
     return (f"devices: {devices.workers} Ray Train workers ({devices.backend}) on {devices.nodes} node(s), {kind}; "
@@ -434,9 +440,11 @@ def _print_plan(console: Console, resolved: ResolvedConfig, prepared: PreparedDa
     console.print(devices_line(devices))
     from leap_finetune.recipes import recipe
 
-    args = recipe(resolved.training_type).training_arguments(resolved, run_dir=str(plan.run_dir), has_eval=bool(prepared.eval))
+    args = recipe(resolved.training_type).training_arguments(resolved, run_dir=str(plan.run_dir), has_eval=bool(prepared.eval),
+                                                             cuda=devices.use_gpu)
     precision = "bf16 mixed precision" if args.get("bf16") else "fp16 mixed precision" if args.get("fp16") else "float32"
-    chosen = "set in training_config" if {"bf16", "fp16"} & set(resolved.training) else "chosen automatically"
+    chosen = "set in training_config" if {"bf16", "fp16"} & set(resolved.training) else \
+        "chosen automatically" + ("; float32 on a GPU without bf16" if devices.use_gpu else "")
     console.print(f"device: {'cpu' if args.get('use_cpu') else 'gpu'}, {precision} ({chosen})")
 
 

@@ -111,11 +111,11 @@ def test_the_issue_block_plans_anywhere_and_needs_vllm_to_run(tmp_path):
     report = json.loads(plan.stdout)
     assert (report["devices"]["server"], report["devices"]["judge"], report["devices"]["training"]) == ([0], [1], [2, 3])
     server, judge = report["processes"][:2]
-    assert Path(server["command"][0]).name == "trl" and server["command"][1] == "vllm-serve"
+    assert server["command"][1:4] == ["-m", "trl.cli.main", "vllm-serve"]
     assert server["env"]["CUDA_VISIBLE_DEVICES"] == "0"
     assert "--port" in server["command"] and "8000" in server["command"]
     # vLLM is not installed here: the judge runs on transformers' own server, on its GPU
-    assert Path(judge["command"][0]).name == "transformers" and judge["command"][1:3] == ["serve", "tiny-lfm2"]
+    assert judge["command"][1:5] == ["-m", "transformers.cli.transformers", "serve", "tiny-lfm2"]
     assert judge["name"] == "judge server (transformers serve, GPU)" and judge["env"]["CUDA_VISIBLE_DEVICES"] == "1"
     assert judge["port"] == 8001
     assert all(p["env"]["NCCL_NVLS_ENABLE"] == "0" for p in report["processes"][:2])

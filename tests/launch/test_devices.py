@@ -28,6 +28,10 @@ def test_servers_come_first_then_training_gets_the_rest():
     plan = plan_devices(gpus=4, server=1, judge=1)
     assert (plan.server, plan.judge, plan.training, plan.workers) == ([0], [1], [2, 3], 2)
     assert plan_devices(gpus=8, server=1, training=3).training == [1, 2, 3]
+    # one training GPU of several: a process of its own that sees only that GPU (launch/single.py)
+    plan = plan_devices(gpus=2, judge=1)
+    assert (plan.judge, plan.training, plan.in_process, plan.own_process) == ([0], [1], True, True)
+    assert plan_devices(gpus=2, num_workers=1).own_process and not plan_devices(gpus=1).own_process
 
 
 def test_cpu_workers():

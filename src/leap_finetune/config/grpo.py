@@ -148,6 +148,18 @@ def check_rollout_engine(resolved) -> None:
                         "installed", where=resolved.config_path or "config",
                         fix="pip install 'leap-finetune[vllm]' on a CUDA machine, or set use_vllm: false (rollouts "
                         "with transformers' generation)")
+    t = resolved.training
+    paged = next((k for k in ("use_transformers_continuous_batching", "use_transformers_paged") if t.get(k)), None)
+    if paged and not t.get("use_vllm"):
+        from leap_finetune.models.registry import model_type
+
+        kind = model_type(resolved.model_id)
+        if kind in ("lfm2", "lfm2_moe", "lfm2_vl"):
+            raise LeapError(f"training_config.{paged}: transformers' continuous batching has no cache for LFM2's "
+                            f"convolution layers (model type {kind}): the first rollout would fail",
+                            where=resolved.config_path or "config",
+                            fix=f"remove {paged}: DEFAULT_GRPO's static cache with a compiled decoding step is the "
+                            "fast path for LFM2 (bench/RESULTS.md), or use vLLM (use_vllm: true)")
     rollout = resolved.grpo_rollout
     judge = resolved.rewards.judge if resolved.rewards is not None else None
     if judge is None or judge.base_url is not None:

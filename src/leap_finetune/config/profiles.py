@@ -76,6 +76,9 @@ TRAINING_PROFILES: dict[str, dict] = {
         # on grpo_rollout.server_gpus before the workers
         "use_vllm": True,
         "vllm_mode": "colocate",
+        # use_vllm: false: transformers' generate with a static cache; on a GPU its decoding step is
+        # compiled (recipes/grpo.py; null: TRL's dynamic cache, eager)
+        "cache_implementation": "static",
     },
 }
 

@@ -11,7 +11,6 @@ land, their counts are 0 here.
 
 from __future__ import annotations
 
-import contextlib
 from dataclasses import dataclass, field
 
 from leap_finetune.errors import LeapError
@@ -38,12 +37,19 @@ class DevicePlan:
         return self.workers == 1 and self.nodes == 1 and self.address is None
 
     @property
+    def own_process(self) -> bool:
+        """One training process that must not see every GPU of the machine (servers hold some): it runs
+        as a child process that sees only its GPU (launch/single.py)."""
+        return self.in_process and self.use_gpu and len(self.training) < self.gpus_per_node
+
+    @property
     def backend(self) -> str:
         return "nccl" if self.use_gpu else "gloo"
 
     def to_json(self) -> dict:
         return {"nodes": self.nodes, "gpus_per_node": self.gpus_per_node, "workers": self.workers,
-                "in_process": self.in_process, "backend": self.backend, "address": self.address,
+                "in_process": self.in_process,
+                "own_process": self.own_process, "backend": self.backend, "address": self.address,
                 "devices": {"server": self.server, "judge": self.judge, "eval": self.eval, "training": self.training}}
 
 
@@ -55,25 +61,6 @@ def physical_ids(indices: list[int]) -> str:
     visible = os.environ.get("CUDA_VISIBLE_DEVICES")
     ids = [i.strip() for i in visible.split(",")] if visible else None
     return ",".join(ids[i] if ids and i < len(ids) else str(i) for i in indices)
-
-
-@contextlib.contextmanager
-def training_devices(plan: "DevicePlan"):
-    """An in-process run on a GPU machine sees only its training GPU: not the servers' GPUs, and not a
-    second GPU that transformers would otherwise wrap in DataParallel. (Set before CUDA initialises:
-    counting GPUs goes through NVML, which does not initialise it.)"""
-    import os
-
-    saved = os.environ.get("CUDA_VISIBLE_DEVICES")
-    if plan.in_process and plan.use_gpu:
-        os.environ["CUDA_VISIBLE_DEVICES"] = physical_ids(plan.training)
-    try:
-        yield
-    finally:
-        if saved is None:
-            os.environ.pop("CUDA_VISIBLE_DEVICES", None)
-        else:
-            os.environ["CUDA_VISIBLE_DEVICES"] = saved
 
 
 def visible_gpus() -> int:

@@ -9,9 +9,7 @@ transformers' own OpenAI-compatible server (`transformers serve`), which also ru
 from __future__ import annotations
 
 import importlib.util
-import shutil
 import sys
-from pathlib import Path
 
 from leap_finetune.launch.devices import DevicePlan, physical_ids
 from leap_finetune.launch.servers import ServerSpec
@@ -20,10 +18,11 @@ from leap_finetune.launch.servers import ServerSpec
 from leap_finetune.launch.distributed import NO_MULTICAST
 
 
-def _executable(name: str) -> str:
-    """The console script of this environment (beside the running Python), else the one on PATH."""
-    local = Path(sys.executable).parent / name
-    return str(local) if local.exists() else (shutil.which(name) or name)
+# Each server runs as a module of the driver's own Python: the same environment (and versions) as the run,
+# whether or not its console script is on PATH.
+TRL_CLI = ["-m", "trl.cli.main"]
+TRANSFORMERS_CLI = ["-m", "transformers.cli.transformers"]
+VLLM_CLI = ["-m", "vllm.entrypoints.cli.main"]
 
 
 def local_judge(resolved) -> bool:
@@ -56,7 +55,7 @@ def local_servers(resolved, devices: DevicePlan) -> list[ServerSpec]:
     if devices.server:
         specs.append(ServerSpec(
             name="rollout server", port=int(t.get("vllm_server_port", 8000)),
-            command=[_executable("trl"), "vllm-serve", "--model", resolved.model_id, "--host", "0.0.0.0",
+            command=[sys.executable, *TRL_CLI, "vllm-serve", "--model", resolved.model_id, "--host", "0.0.0.0",
                      "--port", str(t.get("vllm_server_port", 8000)), *vllm_args],
             env={"CUDA_VISIBLE_DEVICES": physical_ids(devices.server), **NO_MULTICAST},
             start_timeout_s=rollout.server_start_timeout_s))
@@ -64,14 +63,14 @@ def local_servers(resolved, devices: DevicePlan) -> list[ServerSpec]:
         judge = resolved.rewards.judge
         port = rollout.judge_port
         if judge_engine(devices) == "vllm":
-            command = [_executable("vllm"), "serve", judge.model, "--host", "0.0.0.0", "--port", str(port), *vllm_args]
+            command = [sys.executable, *VLLM_CLI, "serve", judge.model, "--host", "0.0.0.0", "--port", str(port), *vllm_args]
         else:
-            # transformers serve: the model preloaded, continuous batching for the concurrent judge requests
-            # on a GPU; on CPU plain generation (continuous batching's paged cache is for CUDA).
-            command = [_executable("transformers"), "serve", judge.model, "--host", "127.0.0.1", "--port", str(port),
+            # transformers serve, the model preloaded (its continuous batching has no cache for LFM2's
+            # convolution layers, so it is not asked for).
+            command = [sys.executable, *TRANSFORMERS_CLI, "serve", judge.model, "--host", "127.0.0.1", "--port", str(port),
                        "--device", "auto" if devices.judge else "cpu"]
             if devices.judge:
-                command += ["--continuous-batching", "--dtype", rollout.dtype]
+                command += ["--dtype", rollout.dtype]
         env = {"CUDA_VISIBLE_DEVICES": physical_ids(devices.judge), **NO_MULTICAST} if devices.judge else \
             {"CUDA_VISIBLE_DEVICES": ""}
         specs.append(ServerSpec(name="judge server", port=port, command=command, env=env,

@@ -36,6 +36,11 @@ def processes(devices: DevicePlan, config_path: str | None, resolved=None) -> li
 
 def _training_processes(devices: DevicePlan, config_path: str | None) -> list[dict]:
     run = ["leap-finetune", "run", config_path or "CONFIG.yaml"]
+    if devices.own_process:
+        return [{"name": "driver (prepares data, starts the servers, waits)", "node": 0, "command": run, "env": {}},
+                {"name": "train (one process, sees only its GPU)", "node": 0,
+                 "command": ["python", "-m", "leap_finetune.launch.single", "PAYLOAD.json"],
+                 "env": {"CUDA_VISIBLE_DEVICES": str(devices.training[0]), **NO_MULTICAST}}]
     if devices.in_process:
         env = {"CUDA_VISIBLE_DEVICES": str(devices.training[0])} if devices.use_gpu else {}
         return [{"name": "train", "node": 0, "command": run, "env": env}]
@@ -99,7 +104,8 @@ def print_plan(console, report: dict) -> None:
     else:
         console.print("devices: CPU only")
     batch = report["batch"]
-    mode = "in-process (no Ray)" if report["in_process"] else f"Ray Train, {report['backend']}" + (
+    mode = ("one training process beside the driver (no Ray)" if report.get("own_process") else "in-process (no Ray)") \
+        if report["in_process"] else f"Ray Train, {report['backend']}" + (
         f", cluster at {report['address']}" if report["address"] else ", a local Ray instance")
     console.print(f"workers: {report['workers']} on {nodes} node(s) - {mode}")
     console.print(f"batch: {batch['per_device']} per device x {batch['gradient_accumulation_steps']} accumulation x "

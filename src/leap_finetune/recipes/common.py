@@ -48,7 +48,8 @@ def common_arguments(resolved: ResolvedConfig, *, run_dir: str, has_eval: bool, 
     training type: precision, device, evaluation schedule, logging of real tokens."""
     import torch
 
-    if cuda is None:
+    detect = cuda is None
+    if detect:
         cuda = torch.cuda.is_available()
     args = dict(resolved.training)
     # model_init_kwargs (e.g. dtype) is applied by leap-finetune's own loader; TRL would ignore it
@@ -56,7 +57,9 @@ def common_arguments(resolved: ResolvedConfig, *, run_dir: str, has_eval: bool, 
     args["output_dir"] = run_dir
     # bf16 where the hardware has it, float32 otherwise; an explicit bf16/fp16 key wins.
     if "bf16" not in args and "fp16" not in args:
-        args["bf16"] = bool(cuda and torch.cuda.is_bf16_supported())
+        # The driver passes `cuda` and must not create a CUDA context (it would hold memory on a GPU that a
+        # server or another process uses): it assumes bf16 on a GPU; the training process checks.
+        args["bf16"] = bool(cuda and (torch.cuda.is_bf16_supported() if detect else True))
         args["fp16"] = False
     args.setdefault("use_cpu", not cuda)
     if has_eval:

@@ -55,9 +55,39 @@ def trainer_class():
     from trl import GRPOTrainer
 
     class LeapGRPOTrainer(GRPOTrainer):
-        """Also writes a few completions with their rewards to completions.jsonl at each log step."""
+        """TRL's GRPOTrainer, plus: rollouts with transformers' generate on a GPU decode through a compiled
+        step when the cache is static (DEFAULT_GRPO); the rollout speed is logged (`rollout/tokens_per_s`);
+        a few completions with their rewards go to completions.jsonl at each log step."""
+
+        def __init__(self, *args, **kwargs):
+            super().__init__(*args, **kwargs)
+            self._rollout_tokens, self._rollout_seconds = 0, 0.0
+            if (not self.use_vllm and not self.use_transformers_continuous_batching
+                    and self.generation_config.cache_implementation == "static"
+                    and self.accelerator.device.type == "cuda"):
+                # TRL builds its GenerationConfig with disable_compile=True. With a static cache, transformers
+                # compiles the one-token decoding step (CUDA graphs): the decode loop stops being bound by
+                # Python and kernel launches (bench/grpo_rollout.py measures it against TRL's default).
+                self.generation_config.disable_compile = False
+
+        def _generate_single_turn(self, prompt_ids, *args, **kwargs):
+            import time
+
+            import torch
+
+            start = time.perf_counter()
+            completion_ids, logprobs = super()._generate_single_turn(prompt_ids, *args, **kwargs)
+            if torch.cuda.is_available() and self.accelerator.device.type == "cuda":
+                torch.cuda.synchronize()
+            self._rollout_seconds += time.perf_counter() - start
+            self._rollout_tokens += sum(len(ids) for ids in completion_ids)
+            return completion_ids, logprobs
 
         def log(self, logs, start_time=None):
+            if self.model.training and self._rollout_seconds > 0:
+                # this worker's completions per second of generation since the last log
+                logs["rollout/tokens_per_s"] = round(self._rollout_tokens / self._rollout_seconds, 1)
+                self._rollout_tokens, self._rollout_seconds = 0, 0.0
             super().log(logs, start_time)
             if not self.accelerator.is_main_process or not self.model.training or not self._logs["prompt"]:
                 return

@@ -1,0 +1,255 @@
+"""GRPO rollout speed on a CUDA machine with transformers' generation (use_vllm: false), against TRL's
+defaults in the same run.
+
+python bench/grpo_rollout.py [--steps 6] [--variants trl_default,leap_default,...] [--out FILE] [--record]
+
+- LFM2-350M architecture with random weights (no download), saved with the bundled tokenizer.
+- 8 prompts x 8 generations per step, 256 new tokens (random weights rarely sample the end token, so
+  nearly every completion is 256 tokens long); prompts of 20-150 tokens.
+- Each variant runs in its own process (fresh CUDA context and compile caches): TRL's GRPOTrainer with
+  its own defaults, and leap-finetune's GRPO through `run_config` (the CLI's path).
+- Rollout tokens/s = completion tokens / seconds inside the trainer's generation call (CUDA-synchronised),
+  median over the steps after the first two (warm-up, compilation); step time the same way. MFU of the
+  rollout: 2 x parameters FLOPs per generated token against a bf16 matmul peak measured in the same run.
+"""
+
+from __future__ import annotations
+
+import argparse
+import datetime
+import json
+import random
+import statistics
+import subprocess
+import sys
+import time
+from pathlib import Path
+
+import torch
+
+ROOT = Path(__file__).resolve().parents[1]
+sys.path.insert(0, str(ROOT / "bench"))
+
+PROMPTS_PER_STEP, GENERATIONS, NEW_TOKENS = 8, 8, 256
+WARMUP = 2
+
+VARIANTS = {
+    "trl_default": "TRL GRPOTrainer, its defaults (generate, dynamic cache, eager)",
+    "trl_static": "TRL GRPOTrainer, cache_implementation: static (TRL turns compile off)",
+    "trl_paged": "TRL GRPOTrainer, use_transformers_paged (continuous batching)",
+    "leap_eager": "leap-finetune, cache_implementation: null (TRL's generate path)",
+    "leap_default": "leap-finetune default (static cache, compiled decoding step)",
+    "leap_default_lora": "leap-finetune default + LoRA (DEFAULT_LORA)",
+}
+
+
+def _sync() -> None:
+    if torch.cuda.is_available():
+        torch.cuda.synchronize()
+
+
+def make_prompts(path: Path, count: int, seed: int = 0) -> None:
+    words = "the quick brown fox jumps over a lazy dog while seven wizards quietly hex jolly mice".split()
+    rng = random.Random(seed)
+    rows = []
+    for i in range(count):
+        n = rng.randint(12, 110)
+        rows.append({"prompt": f"Task {i}: continue this story. " + " ".join(rng.choice(words) for _ in range(n)),
+                     "solution": "x"})
+    path.write_text("".join(json.dumps(r) + "\n" for r in rows))
+
+
+class Timing:
+    """Wraps a trainer class: times each generation call and each optimizer step (CUDA-synchronised)."""
+
+    def __init__(self):
+        self.rollouts: list[tuple[float, int]] = []
+        self.steps: list[float] = []
+
+    def wrap(self, trainer_cls):
+        timing = self
+
+        class Timed(trainer_cls):
+            def _generate_single_turn(self, prompt_ids, *args, **kwargs):
+                _sync()
+                start = time.perf_counter()
+                completion_ids, logprobs = super()._generate_single_turn(prompt_ids, *args, **kwargs)
+                _sync()
+                timing.rollouts.append((time.perf_counter() - start, sum(len(c) for c in completion_ids)))
+                return completion_ids, logprobs
+
+        return Timed
+
+    def clock(self):
+        from transformers import TrainerCallback
+
+        timing = self
+
+        class StepClock(TrainerCallback):
+            def on_step_begin(self, args, state, control, **kwargs):
+                _sync()
+                self.start = time.perf_counter()
+
+            def on_step_end(self, args, state, control, **kwargs):
+                _sync()
+                timing.steps.append(time.perf_counter() - self.start)
+
+        return StepClock()
+
+    def summary(self) -> dict:
+        rollouts = self.rollouts[WARMUP:]
+        return {"rollout_tokens_per_s": statistics.median(t / s for s, t in rollouts) if rollouts else float("nan"),
+                "rollout_s": statistics.median(s for s, _ in rollouts) if rollouts else float("nan"),
+                "tokens_per_rollout": statistics.median(t for _, t in rollouts) if rollouts else 0,
+                "step_s": statistics.median(self.steps[WARMUP:]) if self.steps[WARMUP:] else float("nan"),
+                "first_rollout_s": self.rollouts[0][0] if self.rollouts else float("nan"),
+                "peak_gib": torch.cuda.max_memory_allocated() / 2**30 if torch.cuda.is_available() else 0.0}
+
+
+def length_reward(completions, **kwargs):
+    return [min(len(str(c)) / 1000, 1.0) for c in completions]
+
+
+def child_trl(variant: str, model_dir: Path, data: Path, work: Path, steps: int) -> dict:
+    from datasets import load_dataset
+    from trl import GRPOConfig, GRPOTrainer
+
+    dataset = load_dataset("json", data_files=str(data), split="train")
+    dataset = dataset.map(lambda r: {"prompt": [{"role": "user", "content": r["prompt"]}]})
+    extra = {"trl_static": {"cache_implementation": "static"},
+             "trl_paged": {"use_transformers_paged": True}}.get(variant, {})
+    if not torch.cuda.is_available():  # --smoke
+        extra.update(use_cpu=True, bf16=False)
+    args = GRPOConfig(output_dir=str(work / variant), max_steps=steps, per_device_train_batch_size=PROMPTS_PER_STEP * GENERATIONS,
+                      num_generations=GENERATIONS, max_completion_length=NEW_TOKENS, logging_steps=1,
+                      save_strategy="no", report_to="none", use_vllm=False, disable_tqdm=True, **extra)
+    timing = Timing()
+    trainer = timing.wrap(GRPOTrainer)(model=str(model_dir), reward_funcs=length_reward, args=args,
+                                       train_dataset=dataset, callbacks=[timing.clock()])
+    dtype = str(next(trainer.model.parameters()).dtype)
+    trainer.train()
+    return {**timing.summary(), "weights": dtype}
+
+
+def child_leap(variant: str, model_dir: Path, data: Path, work: Path, steps: int) -> dict:
+    import leap_finetune.recipes.grpo as grpo_recipe
+    from leap_finetune.api import run_config
+
+    training = {"use_vllm": False, "max_steps": steps, "per_device_train_batch_size": PROMPTS_PER_STEP * GENERATIONS,
+                "num_generations": GENERATIONS, "max_completion_length": NEW_TOKENS, "logging_steps": 1,
+                "save_strategy": "no", "learning_rate": 1e-6}
+    if variant == "leap_eager":
+        training["cache_implementation"] = None
+    config = {"project_name": f"bench-{variant}", "model_name": str(model_dir), "training_type": "grpo",
+              "dataset": {"path": str(data)}, "rewards": [{"name": "length", "target_tokens": NEW_TOKENS}],
+              "training_config": training}
+    if variant.endswith("_lora"):
+        config["peft_config"] = {"extends": "DEFAULT_LORA"}
+    timing = Timing()
+    original = grpo_recipe.trainer_class
+    grpo_recipe.trainer_class = lambda: timing.wrap(original())
+    summary = run_config(config, outputs_root=work / "outputs", callbacks=[timing.clock()])
+    run_dir = Path(summary["run_dir"])
+    logged = [json.loads(line).get("rollout/tokens_per_s") for line in (run_dir / "metrics.jsonl").read_text().splitlines()]
+    logged = [v for v in logged if v is not None][WARMUP:]
+    return {**timing.summary(), "logged_rollout_tokens_per_s": statistics.median(logged) if logged else None}
+
+
+def matmul_peak() -> float:
+    a = torch.randn(8192, 8192, device="cuda", dtype=torch.bfloat16)
+    b = torch.randn(8192, 8192, device="cuda", dtype=torch.bfloat16)
+    for _ in range(3):
+        a @ b
+    _sync()
+    start, iters = time.perf_counter(), 50
+    for _ in range(iters):
+        a @ b
+    _sync()
+    return 2 * 8192**3 * iters / (time.perf_counter() - start)
+
+
+def main() -> None:
+    parser = argparse.ArgumentParser()
+    parser.add_argument("--steps", type=int, default=6)
+    parser.add_argument("--variants", default=",".join(VARIANTS))
+    parser.add_argument("--work", default="/tmp/leap-grpo-bench")
+    parser.add_argument("--out", default=None, help="write the table so far to this file after every variant")
+    parser.add_argument("--record", action="store_true", help="append the table to bench/RESULTS.md")
+    parser.add_argument("--child", default=None)
+    parser.add_argument("--smoke", action="store_true", help="CPU check of this script: the tiny model, 8 tokens")
+    args = parser.parse_args()
+    global NEW_TOKENS
+    if args.smoke:
+        NEW_TOKENS = 8
+    work = Path(args.work)
+    model_dir, data = work / "lfm2-350m", work / "prompts.jsonl"
+    if args.child:
+        runner = child_trl if args.child.startswith("trl") else child_leap
+        try:
+            result = runner(args.child, model_dir, data, work, args.steps)
+        except Exception as err:  # noqa: BLE001 - a variant that fails is a row of the table
+            result = {"error": f"{type(err).__name__}: {str(err).splitlines()[0][:160]}"}
+        print("RESULT " + json.dumps(result), flush=True)
+        return
+
+    from sft_throughput import build_model
+
+    import transformers
+    import trl
+
+    work.mkdir(parents=True, exist_ok=True)
+    if args.smoke:
+        from leap_finetune.models.tiny import build_tiny_model, load_tiny_tokenizer
+
+        tokenizer = load_tiny_tokenizer("tiny-lfm2")
+        model = build_tiny_model("tiny-lfm2", tokenizer)
+        model.save_pretrained(model_dir)
+        tokenizer.save_pretrained(model_dir)
+        n_params, peak = sum(p.numel() for p in model.parameters()), float("nan")
+    else:
+        n_params, _ = build_model("350m", model_dir)
+        peak = matmul_peak()
+    make_prompts(data, PROMPTS_PER_STEP * args.steps * 2)
+    device = torch.cuda.get_device_name(0) if torch.cuda.is_available() else "CPU (smoke)"
+    lines = [f"### {datetime.date.today()} - GRPO rollouts - {device} - torch {torch.__version__}, "
+             f"transformers {transformers.__version__}, trl {trl.__version__}", "",
+             f"Command: `python {' '.join(sys.argv)}`", "",
+             f"LFM2-350M architecture ({n_params / 1e6:.0f}M parameters, random weights, bf16 checkpoint); "
+             f"{PROMPTS_PER_STEP} prompts x {GENERATIONS} generations per step, {NEW_TOKENS} new tokens, {args.steps} "
+             f"steps, medians over steps {WARMUP + 1}-{args.steps}. bf16 matmul peak in this run: {peak / 1e12:.0f} TFLOP/s.",
+             "", "| variant | rollout tokens/s | vs TRL default | rollout s | step s | first rollout s | MFU (rollout) | "
+             "peak GiB | notes |", "| --- | --- | --- | --- | --- | --- | --- | --- | --- |"]
+    base = None
+    for variant in args.variants.split(","):
+        start = time.perf_counter()
+        proc = subprocess.run([sys.executable, __file__, "--child", variant, "--steps", str(args.steps), "--work",
+                               str(work), *(["--smoke"] if args.smoke else [])], capture_output=True, text=True)
+        found = [l for l in proc.stdout.splitlines() if l.startswith("RESULT ")]
+        r = json.loads(found[-1][7:]) if found else {"error": f"exit {proc.returncode}: {proc.stderr[-300:]}"}
+        wall = time.perf_counter() - start
+        if "error" in r:
+            lines.append(f"| {VARIANTS[variant]} | failed: {r['error']} | | | | | | | wall {wall:.0f} s |")
+        else:
+            speed = r["rollout_tokens_per_s"]
+            base = speed if variant == "trl_default" else base
+            ratio = f"{speed / base:.2f}x" if base else "-"
+            notes = [f"wall {wall:.0f} s"]
+            if r.get("weights"):
+                notes.append(f"weights {r['weights']}")
+            if r.get("logged_rollout_tokens_per_s"):
+                notes.append(f"logged rollout/tokens_per_s {r['logged_rollout_tokens_per_s']:,.0f}")
+            lines.append(f"| {VARIANTS[variant]} | {speed:,.0f} | {ratio} | {r['rollout_s']:.2f} | {r['step_s']:.2f} | "
+                         f"{r['first_rollout_s']:.1f} | {100 * speed * 2 * n_params / peak:.2f}% | {r['peak_gib']:.1f} | "
+                         f"{'; '.join(notes)} |")
+        print(lines[-1], flush=True)
+        if args.out:
+            Path(args.out).write_text("\n".join(lines) + "\n")
+    table = "\n".join(lines) + "\n"
+    print(table)
+    if args.record:
+        with (ROOT / "bench" / "RESULTS.md").open("a") as handle:
+            handle.write("\n" + table)
+
+
+if __name__ == "__main__":
+    main()

@@ -1,0 +1,59 @@
+"""One training process beside the driver (launch/single.py: the run on GPU machines where servers hold
+some GPUs): the child trains the prepared run and hands back its summary, and a Ctrl-C to the driver
+reaches the child once, so it saves a checkpoint and stops instead of dying."""
+
+from __future__ import annotations
+
+import json
+import signal
+import subprocess
+import sys
+import time
+
+import pytest
+
+from tests.conftest import fact_rows, tiny_config, write_config, write_jsonl
+
+# What run_config does up to the launch, then the child-process launch (on CPU: the plan of a GPU machine
+# cannot be made here, the launch itself is the same).
+DRIVER = """
+import json, sys
+from leap_finetune import api
+from leap_finetune.launch.devices import DevicePlan
+from leap_finetune.launch.plan import plan_run
+from leap_finetune.launch.single import run_in_child
+
+resolved = api._config(sys.argv[1])
+tokenizer, renderer, prepared = api._prepare(resolved)
+plan = plan_run(resolved)
+resolved = resolved.model_copy(update={"run_dir": str(plan.run_dir), "run_name": plan.run_name, "workers": 1})
+api._write_run_folder(resolved, prepared, renderer, plan)
+print("DRIVER", flush=True)
+summary = run_in_child(json.loads(json.dumps(resolved.to_json_dict())), DevicePlan(nodes=1, gpus_per_node=0),
+                       plan.run_dir)
+print("SUMMARY " + json.dumps(summary), flush=True)
+"""
+
+
+@pytest.mark.slow
+def test_the_child_trains_and_a_ctrl_c_to_the_driver_saves_a_checkpoint(workdir):
+    write_jsonl(workdir / "train.jsonl", fact_rows(48))
+    config = write_config(workdir, tiny_config(training_config={"max_steps": 300, "save_steps": 1000}))
+    driver = subprocess.Popen([sys.executable, "-c", DRIVER, str(config)], cwd=workdir, stdout=subprocess.PIPE,
+                              stderr=subprocess.PIPE, text=True)
+    deadline, metrics = time.time() + 300, None
+    while time.time() < deadline and driver.poll() is None:
+        found = list((workdir / "outputs" / "test").glob("*/metrics.jsonl"))
+        if found and found[0].read_text().count('"loss"') >= 3:
+            metrics = found[0]
+            break
+        time.sleep(0.05)
+    assert metrics is not None, driver.communicate()[1][-2000:]
+    driver.send_signal(signal.SIGINT)  # to the driver only: the child runs in its own process group
+    stdout, stderr = driver.communicate(timeout=300)
+    assert driver.returncode == 0, stderr[-2000:]
+    summary = json.loads(stdout.split("SUMMARY ", 1)[1])
+    assert summary["stopped_by_signal"] == signal.SIGINT
+    [checkpoint] = metrics.parent.glob("checkpoint-*")
+    assert 3 <= int(checkpoint.name.split("-")[1]) == summary["global_step"] < 300
+    assert (checkpoint / "leap_checkpoint_complete.json").exists()
