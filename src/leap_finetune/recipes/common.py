@@ -4,6 +4,7 @@ callbacks, the train / evaluate / save sequence, and the sample answers."""
 from __future__ import annotations
 
 import json
+import logging
 import os
 import shutil
 from pathlib import Path
@@ -39,6 +40,8 @@ def quiet_libraries() -> None:
     if not os.environ.get("LEAP_FINETUNE_SHOW_WARNINGS"):
         warnings.filterwarnings("ignore", category=FutureWarning, module=r"transformers\..*")
     datasets.disable_progress_bars()
+    # the judge's HTTP client logs every request at INFO (Ray workers show INFO)
+    logging.getLogger("httpx").setLevel(logging.WARNING)
     transformers.utils.logging.set_verbosity_error()
     transformers.utils.logging.disable_progress_bar()
 
