@@ -1,11 +1,12 @@
 """Training on several processes through real Ray Train (a local Ray instance, CPU workers, gloo):
 the path GPUs take, on this CPU machine. The data-parallel invariant - N workers x batch b train like
 1 worker x batch N*b - holds step for step, for SFT (full) and DPO with LoRA; a 2-worker run resumes
-with 1 worker; a killed worker ends the run."""
+with 1 worker; a killed worker ends the run; GRPO on 2 workers asks a judge the driver serves."""
 
 from __future__ import annotations
 
 import json
+import os
 from pathlib import Path
 
 import pytest
@@ -137,3 +138,38 @@ def test_a_killed_worker_ends_the_run_with_its_rank_and_leaves_a_resumable_check
     del data["ray"]
     resumed = run_config(write_config(workdir, data, "resume.yaml"))
     assert resumed["global_step"] == newest + 2
+
+
+@pytest.mark.slow
+def test_grpo_on_two_workers_asks_the_judge_the_driver_started(workdir, ray_cpus, capfd):
+    """GRPO on 2 Ray Train workers with a judge the driver serves (transformers serve on CPU, started before
+    the workers): every completion of both workers reaches it, its scores are logged per step, the server is
+    stopped at the end; the judge's HTTP client and Ray's placement-group cleaner say nothing on the console."""
+    from leap_finetune.launch.servers import port_in_use
+    from leap_finetune.models.tiny import build_tiny_model, load_tiny_tokenizer
+
+    tokenizer = load_tiny_tokenizer("tiny-lfm2")
+    build_tiny_model("tiny-lfm2", tokenizer).save_pretrained(workdir / "judge")
+    tokenizer.save_pretrained(workdir / "judge")
+    write_jsonl(workdir / "prompts.jsonl", [{"prompt": "Name a color.", "solution": "teal"}] * 32)
+    port = 8000 + os.getpid() % 1000  # not the default: a parallel run on the machine keeps its own
+    judge = {"model": str(workdir / "judge"), "prompt_template": "Grade: {completion}", "timeout_s": 30,
+             "max_tokens": 2}
+    data = {"project_name": "grpo", "model_name": "tiny-lfm2", "training_type": "grpo",
+            "dataset": {"path": "prompts.jsonl"}, "rewards": {"funcs": ["accuracy"], "judge": judge},
+            "grpo_rollout": {"judge_port": port}, "ray": {"num_workers": 2},
+            "training_config": {"use_vllm": False, "max_steps": 2, "per_device_train_batch_size": 8,
+                                "num_generations": 8, "max_completion_length": 4, "logging_steps": 1,
+                                "save_strategy": "no"}}
+    summary = run_config(write_config(workdir, data))
+    run_dir = Path(summary["run_dir"])
+    records = [json.loads(line) for line in (run_dir / "metrics.jsonl").read_text().splitlines()]
+    judged = [r for r in records if "rewards/judge/mean" in r]
+    assert [r["step"] for r in judged] == [1, 2]
+    assert all(0 <= r["rewards/judge/mean"] <= 1 and "judge/failures" in r for r in judged)
+    log = (run_dir / "servers" / "judge_server.log").read_text()
+    assert log.count("POST /v1/chat/completions") == 2 * 2 * 8  # steps x workers x completions per worker
+    assert (run_dir / "model" / "config.json").exists() and not port_in_use("127.0.0.1", port)
+    console = capfd.readouterr()
+    assert "HTTP Request:" not in console.err + console.out
+    assert "PlacementGroupCleaner" not in console.err + console.out

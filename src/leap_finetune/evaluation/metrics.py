@@ -3,7 +3,6 @@ on odd model output; output it cannot read scores 0 and is counted as unparsed."
 
 from __future__ import annotations
 
-import importlib.util
 import re
 import string
 from collections.abc import Callable
@@ -100,18 +99,10 @@ def load_metric(metric: str, *, guarded: bool = True) -> Callable:
     exception is kept in the returned function's `.errors` (counted as metric_errors)."""
     if metric in BUILTIN:
         return BUILTIN[metric]
-    file, _, name = metric.partition("::")
-    spec = importlib.util.spec_from_file_location(f"leap_custom_metric_{abs(hash(file))}", file)
-    module = importlib.util.module_from_spec(spec)
-    try:
-        spec.loader.exec_module(module)
-    except Exception as err:  # noqa: BLE001 - the user's file
-        raise LeapError(f"cannot import the custom metric file: {type(err).__name__}: {err}", where=file,
-                        fix="correct the file (it is imported as a Python module)") from None
-    function = getattr(module, name, None)
-    if not callable(function):
-        raise LeapError(f"no function '{name}' in the custom metric file", where=file,
-                        fix="define def name(prediction, reference, row) -> float")
+    from leap_finetune.config.user_code import load_user_function
+
+    function = load_user_function(metric, kind="custom metric", where=metric.partition("::")[0],
+                                  signature="def {name}(prediction, reference, row) -> float")
     return _guarded(function) if guarded else function
 
 

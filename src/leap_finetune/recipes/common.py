@@ -41,7 +41,8 @@ def quiet_libraries() -> None:
         warnings.filterwarnings("ignore", category=FutureWarning, module=r"transformers\..*")
     datasets.disable_progress_bars()
     # the judge's HTTP client logs every request at INFO (Ray workers show INFO)
-    logging.getLogger("httpx").setLevel(logging.WARNING)
+    for name in ("httpx", "httpx2"):  # openai 1-2 use httpx, openai 3 httpx2
+        logging.getLogger(name).setLevel(logging.WARNING)
     transformers.utils.logging.set_verbosity_error()
     transformers.utils.logging.disable_progress_bar()
 

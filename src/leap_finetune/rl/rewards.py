@@ -170,24 +170,11 @@ def check_reward_spec(spec, index: int, where: str) -> str | dict:
 
 
 def load_custom_reward(spec: str, where: str) -> Callable:
-    file, _, name = spec.partition("::")
-    module_spec = importlib.util.spec_from_file_location(f"leap_custom_reward_{abs(hash(file))}", file)
-    if module_spec is None:
-        raise LeapError(f"the custom reward file {file} cannot be imported", where=where,
-                        fix="point at a .py file: ./rewards.py::my_reward")
-    module = importlib.util.module_from_spec(module_spec)
-    try:
-        module_spec.loader.exec_module(module)
-    except FileNotFoundError:
-        raise LeapError(f"the custom reward file {file} does not exist", where=where,
-                        fix="the path is relative to the config file's folder") from None
-    except Exception as err:  # noqa: BLE001 - the user's file
-        raise LeapError(f"cannot import the custom reward file {file}: {type(err).__name__}: {err}", where=where,
-                        fix="correct the file (it is imported as a Python module)") from None
-    function = getattr(module, name, None)
-    if not callable(function):
-        raise LeapError(f"no function '{name}' in {file}", where=where,
-                        fix=f"define def {name}(completions, **kwargs) -> list[float]")
+    from leap_finetune.config.user_code import load_user_function
+
+    name = spec.partition("::")[2]
+    function = load_user_function(spec, kind="custom reward", where=where,
+                                  signature="def {name}(completions, **kwargs) -> list[float]")
     parameters = inspect.signature(function).parameters
     first = next(iter(parameters.values()), None)
     takes_kwargs = any(p.kind is inspect.Parameter.VAR_KEYWORD for p in parameters.values())
