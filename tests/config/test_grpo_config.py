@@ -154,3 +154,27 @@ def test_a_column_only_later_rows_have_reaches_the_trainer(tmp_path):
     _stage_run_folder(resolved, prepared, renderer, True, tmp_path / "run", tmp_path / ".staging")
     stored = load_from_disk(str(tmp_path / "run" / "prepared" / "train"))
     assert stored["level"] == [None, 2] and stored["solution"] == ["teal", "plum"]
+
+
+@pytest.mark.parametrize("gpus", range(1, 9))
+def test_the_issue_block_plans_for_1_to_8_gpus(tmp_path, gpus):
+    """Server on GPU 0, judge on GPU 1, training on the rest: one training GPU runs as a process of its own,
+    several as Ray Train workers; fewer than 3 GPUs is an error with the numbers."""
+    from leap_finetune.launch.devices import device_plan
+
+    write_jsonl(tmp_path / "prompts.jsonl", [{"prompt": "Name a color.", "solution": "teal"}] * 16)
+    config = _config(grpo_rollout={"server_gpus": 1, "judge_gpus": 1},
+                     rewards={"funcs": ["accuracy"], "judge": {"model": "tiny-lfm2"}},
+                     training_config={"use_vllm": True, "vllm_mode": "server", "vllm_server_host": "auto"})
+    resolved = load_config(write_config(tmp_path, config))
+    if gpus < 3:
+        with pytest.raises(LeapError) as info:
+            device_plan(resolved, gpus=gpus)
+        assert f"requests 1 server + 1 judge + 0 eval + {gpus - 2} training GPU(s), but {gpus}" in info.value.format()
+        return
+    plan = device_plan(resolved, gpus=gpus)
+    assert (plan.server, plan.judge, plan.training) == ([0], [1], list(range(2, gpus)))
+    assert plan.workers == gpus - 2 and plan.own_process == (gpus == 3) and plan.in_process == (gpus == 3)
+    with pytest.raises(LeapError) as info:
+        device_plan(resolved, gpus=gpus, nodes=2)
+    assert "single-node only" in info.value.format()
