@@ -12,20 +12,25 @@ if [ ! -x .venv/bin/python ]; then
   "$PYTHON" -m venv .venv
 fi
 # uv installs the same packages from PyPI several times faster than pip (measured on a fresh 2-core machine:
-# ~70 s instead of ~3 min); pip is the fallback where uv cannot be installed.
+# ~70 s instead of ~3 min). pip is the fallback: where uv cannot be installed, or fails (uv ignores pip's
+# own configuration, e.g. a mirror set in pip.conf).
 PIP=".venv/bin/python -m pip --disable-pip-version-check -q"
-if [ -x .venv/bin/uv ] || $PIP install uv >/dev/null 2>&1; then
+if [ ! -x .venv/bin/uv ]; then
+  $PIP install uv >/dev/null 2>&1 || true
+fi
+install() {
   # Bytecode is compiled at install on purpose: with PYTHONDONTWRITEBYTECODE set (as on CI machines) an
   # install without it recompiles every imported module in every process (measured: the suite 1036 s vs 613 s).
-  INSTALL=".venv/bin/uv pip install -q --python .venv/bin/python --compile-bytecode"
-else
-  INSTALL="$PIP install"
-fi
+  if [ -x .venv/bin/uv ] && .venv/bin/uv pip install -q --python .venv/bin/python --compile-bytecode "$@"; then
+    return 0
+  fi
+  $PIP install "$@"
+}
 if ! .venv/bin/python -c "import torch" 2>/dev/null; then
-  $INSTALL "torch==2.14.1" "torchvision==0.29.1"
+  install "torch==2.14.1" "torchvision==0.29.1"
 fi
 if ! .venv/bin/python -c "import torchvision" 2>/dev/null; then
   echo "note: torchvision is not importable beside this torch: image benchmarks (LFM2-VL) will be unavailable" >&2
 fi
-$INSTALL -e ".[test]"
+install -e ".[test]"
 .venv/bin/python -c "import leap_finetune, torch, transformers, trl; print('leap-finetune', leap_finetune.__version__, '| torch', torch.__version__, '| transformers', transformers.__version__, '| trl', trl.__version__)"

@@ -224,7 +224,7 @@ def run_config(source, *, console: Console | None = None, callbacks: list | None
     if callbacks and (not devices.in_process or devices.own_process):
         raise ValueError("run_config(callbacks=...) needs an in-process run (one device, the machine's only GPU or "
                          f"the CPU); this plan has {devices.workers} worker(s) on GPU(s) {devices.training} of "
-                         f"{devices.gpus_per_node}")
+                         f"{devices.gpus_per_node}: make one GPU visible (CUDA_VISIBLE_DEVICES=N) or drop callbacks")
     console.print(config_table(resolved))
     data_report(console, prepared, resolved)
     _print_plan_notes(console, plan)
@@ -273,11 +273,13 @@ def _keep_server_logs(console: Console, run_dir: Path) -> None:
     import tempfile
 
     logs = run_dir / "servers"
-    if logs.is_dir() and any(logs.iterdir()):
-        kept = Path(tempfile.gettempdir()) / "leap-finetune-server-logs" / run_dir.name
-        shutil.rmtree(kept, ignore_errors=True)
-        shutil.copytree(logs, kept)
-        console.print(f"the servers' logs of this run are kept in {kept}")
+    try:
+        if logs.is_dir() and any(logs.iterdir()):
+            kept = Path(tempfile.mkdtemp(prefix=f"leap-finetune-{run_dir.name}-servers-"))
+            shutil.copytree(logs, kept, dirs_exist_ok=True)
+            console.print(f"the servers' logs of this run are kept in {kept}")
+    except OSError:  # never hide the error that ended the run
+        pass
 
 
 def _write_run_folder(resolved: ResolvedConfig, prepared: PreparedData, renderer, plan) -> None:
@@ -438,6 +440,9 @@ def _print_plan(console: Console, resolved: ResolvedConfig, prepared: PreparedDa
     if note:
         console.print(note)
     console.print(devices_line(devices))
+    if judge_url(resolved) and devices.use_gpu and not devices.judge:
+        console.print("[yellow]note: the judge runs on CPU (grpo_rollout.judge_gpus: 0): slow for a model of more "
+                      "than a few hundred million parameters; give it GPUs with judge_gpus: 1[/yellow]")
     from leap_finetune.recipes import recipe
 
     args = recipe(resolved.training_type).training_arguments(resolved, run_dir=str(plan.run_dir), has_eval=bool(prepared.eval),

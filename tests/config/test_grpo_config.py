@@ -178,3 +178,16 @@ def test_the_issue_block_plans_for_1_to_8_gpus(tmp_path, gpus):
     with pytest.raises(LeapError) as info:
         device_plan(resolved, gpus=gpus, nodes=2)
     assert "single-node only" in info.value.format()
+
+
+def test_local_servers_and_a_ray_cluster_do_not_mix(tmp_path):
+    from leap_finetune.launch.devices import device_plan
+
+    write_jsonl(tmp_path / "prompts.jsonl", [{"prompt": "Name a color.", "solution": "teal"}] * 16)
+    config = _config(rewards={"funcs": ["accuracy"], "judge": {"model": "tiny-lfm2"}},
+                     ray={"address": "head:6379"})
+    resolved = load_config(write_config(tmp_path, config))
+    with pytest.raises(LeapError) as info:
+        device_plan(resolved, gpus=2, nodes=1)
+    assert "local servers (rollout server or judge) on the driver's machine" in info.value.format()
+    assert "rewards.judge.base_url" in info.value.format()

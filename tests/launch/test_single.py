@@ -57,3 +57,28 @@ def test_the_child_trains_and_a_ctrl_c_to_the_driver_saves_a_checkpoint(workdir)
     [checkpoint] = metrics.parent.glob("checkpoint-*")
     assert 3 <= int(checkpoint.name.split("-")[1]) == summary["global_step"] < 300
     assert (checkpoint / "leap_checkpoint_complete.json").exists()
+
+
+@pytest.mark.slow
+def test_a_mistake_the_child_finds_is_the_drivers_user_error(workdir):
+    """A model folder without weights is found when the child loads the model: the driver raises the same
+    LeapError (exit code 2 in the CLI), whatever exit code the child's libraries used."""
+    from leap_finetune import api
+    from leap_finetune.errors import LeapError
+    from leap_finetune.launch.devices import DevicePlan
+    from leap_finetune.launch.plan import plan_run
+    from leap_finetune.launch.single import run_in_child
+
+    write_jsonl(workdir / "train.jsonl", fact_rows(8))
+    resolved = api._config(write_config(workdir, tiny_config()))
+    _, renderer, prepared = api._prepare(resolved)
+    plan = plan_run(resolved)
+    (workdir / "empty-model").mkdir()
+    (workdir / "empty-model" / "config.json").write_text('{"model_type": "lfm2"}')
+    resolved = resolved.model_copy(update={"run_dir": str(plan.run_dir), "run_name": plan.run_name, "workers": 1,
+                                           "model_id": str(workdir / "empty-model")})
+    api._write_run_folder(resolved, prepared, renderer, plan)
+    with pytest.raises(LeapError) as info:
+        run_in_child(json.loads(json.dumps(resolved.to_json_dict())), DevicePlan(nodes=1, gpus_per_node=0),
+                     plan.run_dir)
+    assert str(workdir / "empty-model") in info.value.format()

@@ -167,9 +167,10 @@ def check_rollout_engine(resolved) -> None:
     vllm_judge = rollout.judge_gpus and importlib.util.find_spec("vllm") is not None
     missing = [m for m in ("fastapi", "uvicorn") if importlib.util.find_spec(m) is None]
     if not vllm_judge and missing:
-        where = f"on {rollout.judge_gpus} GPU(s)" if rollout.judge_gpus else "on CPU (judge_gpus: 0)"
-        raise LeapError(f"rewards.judge has no base_url, so the driver runs the judge {where} with `transformers "
-                        f"serve` (vLLM is not installed), which needs {' and '.join(missing)}",
+        where = f"on {rollout.judge_gpus} GPU(s) with `transformers serve` (vLLM is not installed)" \
+            if rollout.judge_gpus else "on CPU (judge_gpus: 0) with `transformers serve`"
+        raise LeapError(f"rewards.judge has no base_url, so the driver runs the judge {where}, which needs "
+                        f"{' and '.join(missing)}",
                         where=resolved.config_path or "config",
                         fix="pip install 'leap-finetune[grpo]' (transformers' serving extra), or install vLLM for a GPU "
                         "judge, or give rewards.judge.base_url of a running server")

@@ -137,6 +137,13 @@ def device_plan(resolved, *, gpus: int | None = None, nodes: int | None = None) 
                         num_workers=ray.num_workers if ray else None, address=address,
                         fsdp=bool(resolved.training.get("fsdp")), where=where, **servers)
     judge = getattr(resolved, "rewards", None) and resolved.rewards.judge
+    local_servers = plan.server or plan.judge or (judge is not None and judge.base_url is None)
+    if local_servers and address:
+        raise LeapError(f"the run trains on the Ray cluster at {address}, and the plan has local servers (rollout "
+                        "server or judge) on the driver's machine: the cluster's workers may share their GPUs or not "
+                        "reach them", where=where,
+                        fix="give the servers' URLs (training_config.vllm_server_base_url, rewards.judge.base_url), "
+                        "or use vllm_mode: colocate, or run on one machine without ray.address")
     if judge is not None and judge.base_url is None and plan.nodes > 1:
         raise LeapError(f"rewards.judge has no base_url, so the driver would run the judge on this node, but the run "
                         f"spans {plan.nodes} nodes: local servers are single-node only", where=where,

@@ -88,7 +88,7 @@ def run_on_ray(resolved_json: dict, plan: DevicePlan, run_dir: Path) -> None:
         else:
             _init_local(plan, env)
     resources = (resolved_json.get("ray") or {}).get("resources_per_worker")
-    trainer_class = _TrainerWithoutCleaner() if not _has_dashboard() else TorchTrainer
+    trainer_class = TorchTrainer if _has_dashboard() else _TrainerWithoutCleaner()
     trainer = trainer_class(
         train_worker,
         train_loop_config=resolved_json,
@@ -117,15 +117,19 @@ def _has_dashboard() -> bool:
 
 def _TrainerWithoutCleaner():  # noqa: N802 - a class factory (Ray is imported only when used)
     from ray.train.torch import TorchTrainer
-    from ray.train.v2._internal.callbacks.placement_group_callback import PlacementGroupCleanerCallback
+
+    try:
+        from ray.train.v2._internal.callbacks.placement_group_callback import PlacementGroupCleanerCallback
+    except ImportError:  # Ray moved it: train with Ray's defaults
+        return TorchTrainer
 
     class TrainerWithoutCleaner(TorchTrainer):
         """TorchTrainer without Ray Train's PlacementGroupCleaner, on a Ray without its dashboard (our local
         instance and the SLURM job's cluster). The cleaner asks Ray's State API (served by the dashboard)
         whether the controller lives; without it each question waits 10 s, and stopping the cleaner at the
-        end of every run failed after ~12 s with a traceback on the console (measured with Ray 2.60). Those
-        clusters end with the run (and their placement groups with them); a cluster with a dashboard keeps
-        the cleaner."""
+        end of every run failed after ~12 s with a traceback on the console (measured with Ray 2.60): it cannot
+        do its work there. Ray still removes a run's placement groups when the run's driver ends; a cluster
+        with a dashboard keeps the cleaner."""
 
         def _create_default_callbacks(self):
             return [c for c in super()._create_default_callbacks()

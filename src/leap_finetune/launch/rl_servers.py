@@ -47,8 +47,7 @@ def local_servers(resolved, devices: DevicePlan) -> list[ServerSpec]:
     if rollout is None:
         return []
     t = resolved.training
-    vllm_args = ["--tensor-parallel-size", str(rollout.tensor_parallel_size), "--dtype", rollout.dtype,
-                 "--gpu-memory-utilization", str(rollout.gpu_memory_utilization)]
+    vllm_args = ["--dtype", rollout.dtype, "--gpu-memory-utilization", str(rollout.gpu_memory_utilization)]
     if rollout.max_model_len:
         vllm_args += ["--max-model-len", str(rollout.max_model_len)]
     specs = []
@@ -56,14 +55,17 @@ def local_servers(resolved, devices: DevicePlan) -> list[ServerSpec]:
         specs.append(ServerSpec(
             name="rollout server", port=int(t.get("vllm_server_port", 8000)),
             command=[sys.executable, *TRL_CLI, "vllm-serve", "--model", resolved.model_id, "--host", "0.0.0.0",
-                     "--port", str(t.get("vllm_server_port", 8000)), *vllm_args],
+                     "--port", str(t.get("vllm_server_port", 8000)),
+                     "--tensor-parallel-size", str(rollout.tensor_parallel_size), *vllm_args],
             env={"CUDA_VISIBLE_DEVICES": physical_ids(devices.server), **NO_MULTICAST},
             start_timeout_s=rollout.server_start_timeout_s))
     if local_judge(resolved):
         judge = resolved.rewards.judge
         port = rollout.judge_port
         if judge_engine(devices) == "vllm":
-            command = [sys.executable, *VLLM_CLI, "serve", judge.model, "--host", "0.0.0.0", "--port", str(port), *vllm_args]
+            # the judge's own GPUs make its tensor parallelism (tensor_parallel_size is the rollout server's)
+            command = [sys.executable, *VLLM_CLI, "serve", judge.model, "--host", "127.0.0.1", "--port", str(port),
+                       "--tensor-parallel-size", str(len(devices.judge)), *vllm_args]
         else:
             # transformers serve, the model preloaded (its continuous batching has no cache for LFM2's
             # convolution layers, so it is not asked for).

@@ -4,9 +4,10 @@ on a machine of several): a child process that sees only its GPU.
 Why a child: the GPUs a process can use are fixed when CUDA initialises, and the driver's libraries may
 initialise it (a `torch.cuda.is_available()` anywhere) before training starts; measured on 2 H200s, an
 in-process run then saw both GPUs and TRL refused DataParallel. The child gets CUDA_VISIBLE_DEVICES from
-its start. It runs in its own process group: Ctrl-C or SIGTERM reach the driver, which passes each one on
-once (the first makes the child save a checkpoint and stop, a second stops it at once); the child also
-gets SIGTERM if the driver dies.
+its start. It runs in its own process group: Ctrl-C or SIGTERM reach the driver, which passes them on (the
+first makes the child save a checkpoint and stop, a second stops it at once, a third kills it); the child
+also gets SIGTERM if the driver dies. The child reports how it ended in a file of its own (the run's
+summary, or the user error it stopped on), so exit codes of libraries cannot be mistaken for ours.
 """
 
 from __future__ import annotations
@@ -17,6 +18,7 @@ import signal
 import subprocess
 import sys
 import tempfile
+import threading
 from pathlib import Path
 
 from leap_finetune.errors import LeapError, RunFailed
@@ -24,53 +26,75 @@ from leap_finetune.launch.devices import DevicePlan, physical_ids
 from leap_finetune.launch.distributed import NO_MULTICAST
 from leap_finetune.launch.servers import _die_with_parent
 
-USER_ERROR = 2  # the child's exit code for a LeapError (printed by the child)
+# what a process started by a launcher of its own would inherit and mistake for its place in a group
+NOT_INHERITED = ("RANK", "WORLD_SIZE", "LOCAL_RANK", "LOCAL_WORLD_SIZE", "MASTER_ADDR", "MASTER_PORT")
 
 
 def run_in_child(payload: dict, devices: DevicePlan, run_dir: Path) -> dict:
     ids = physical_ids(devices.training)
-    with tempfile.NamedTemporaryFile("w", suffix=".json", prefix="leap-run-", delete=False) as handle:
-        json.dump(payload, handle)
-    env = {**os.environ, "CUDA_VISIBLE_DEVICES": ids, **NO_MULTICAST}
-    child = subprocess.Popen([sys.executable, "-m", "leap_finetune.launch.single", handle.name], env=env,
-                             preexec_fn=_die_with_parent)
+    folder = Path(tempfile.mkdtemp(prefix="leap-run-"))
+    (folder / "payload.json").write_text(json.dumps(payload), encoding="utf-8")
+    env = {k: v for k, v in os.environ.items() if k not in NOT_INHERITED}
+    env.update({"CUDA_VISIBLE_DEVICES": ids, **NO_MULTICAST})
+    signals: list[int] = []
+    child = None
+    previous = {}
 
     def forward(signum, frame):
-        if child.poll() is None:
-            child.send_signal(signum)
+        signals.append(signum)
+        if child is not None and child.poll() is None:
+            child.send_signal(signal.SIGKILL if len(signals) >= 3 else signum)
 
-    previous = {s: signal.signal(s, forward) for s in (signal.SIGINT, signal.SIGTERM)}
     try:
+        if threading.current_thread() is threading.main_thread():
+            previous = {s: signal.signal(s, forward) for s in (signal.SIGINT, signal.SIGTERM)}
+        child = subprocess.Popen([sys.executable, "-m", "leap_finetune.launch.single", str(folder)], env=env,
+                                 preexec_fn=_die_with_parent)
         code = child.wait()
+        outcome = _read(folder / "outcome.json")
     finally:
         for signum, handler in previous.items():
             signal.signal(signum, handler)
-        if child.poll() is None:  # the driver is leaving on an error of its own
+        if child is not None and child.poll() is None:  # the driver is leaving on an error of its own
             child.kill()
             child.wait()
-        os.unlink(handle.name)
-    if code == USER_ERROR:
-        raise LeapError("the training process stopped on the error above", where=f"training process (GPU {ids})",
-                        fix="correct what it names and run again")
-    summary_path = run_dir / "summary.json"
-    if code != 0 or not summary_path.exists():
-        raise RunFailed(f"the training process (CUDA_VISIBLE_DEVICES={ids}) exited with code {code}; its output is "
-                        f"above. The last complete checkpoint in {run_dir}, if any, is intact: resume with "
-                        "training_config.resume_from_checkpoint: latest")
-    return json.loads(summary_path.read_text(encoding="utf-8"))
+        for leftover in folder.iterdir():
+            leftover.unlink()
+        folder.rmdir()
+    if outcome.get("error"):
+        raise LeapError(outcome["error"]["message"], where=outcome["error"]["where"], fix=outcome["error"]["fix"])
+    if outcome.get("summary") is not None:
+        return outcome["summary"]
+    if signals:  # stopped by the user before training could save anything
+        raise KeyboardInterrupt
+    how = f"was killed by signal {-code}" + (" (SIGKILL: often the system running out of memory)"
+                                             if code == -signal.SIGKILL else "") if code < 0 else f"exited with code {code}"
+    raise RunFailed(f"the training process (CUDA_VISIBLE_DEVICES={ids}) {how}; its output is above. Complete "
+                    f"checkpoints in {run_dir}, if any, are intact: resume with "
+                    "training_config.resume_from_checkpoint: latest")
 
 
-def main(payload_path: str) -> int:
+def _read(path: Path) -> dict:
+    try:
+        return json.loads(path.read_text(encoding="utf-8"))
+    except (OSError, json.JSONDecodeError):
+        return {}
+
+
+def main(folder: str) -> int:
     from leap_finetune.recipes import recipe
 
-    payload = json.loads(Path(payload_path).read_text(encoding="utf-8"))
+    folder = Path(folder)
+    payload = json.loads((folder / "payload.json").read_text(encoding="utf-8"))
     try:
-        recipe(payload["training_type"]).train(payload)
+        summary = recipe(payload["training_type"]).train(payload)
     except LeapError as err:
-        print(f"error: {err.format()}", file=sys.stderr)
-        return USER_ERROR
+        outcome = {"error": {"message": err.message, "where": err.where, "fix": err.fix}}
+        (folder / "outcome.json").write_text(json.dumps(outcome), encoding="utf-8")
+        return 2
     except KeyboardInterrupt:  # a second Ctrl-C: stop at once
         return 128 + signal.SIGINT
+    (folder / "outcome.json").write_text(json.dumps({"summary": summary}, default=str), encoding="utf-8")
     return 0
 
 

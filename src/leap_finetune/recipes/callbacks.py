@@ -127,9 +127,16 @@ class StopOnSignal(TrainerCallback):
             self._previous[signum] = signal.signal(signum, self._handle)
 
     def _handle(self, signum, frame):
+        import time
+
         if self.received is not None:
+            # The same signal again within a moment is one event delivered twice (SLURM and systemd signal
+            # every process of the job, and the driver passes it on to a training process too): not a
+            # request to stop at once.
+            if signum == self.received and time.monotonic() - self._received_at < 2:
+                return
             raise KeyboardInterrupt
-        self.received = signum
+        self.received, self._received_at = signum, time.monotonic()
         print(f"\nsignal {signum} received: saving a checkpoint after this step, then stopping "
               "(send it again to stop at once)", flush=True)
 

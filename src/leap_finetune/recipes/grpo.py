@@ -64,7 +64,8 @@ def trainer_class():
             self._rollout_tokens, self._rollout_seconds = 0, 0.0
             if (not self.use_vllm and not self.use_transformers_continuous_batching
                     and self.generation_config.cache_implementation == "static"
-                    and self.accelerator.device.type == "cuda"):
+                    and self.accelerator.device.type == "cuda"
+                    and not self.is_fsdp_enabled and not self.is_deepspeed_enabled):  # sharded: not measured
                 # TRL builds its GenerationConfig with disable_compile=True. With a static cache, transformers
                 # compiles the one-token decoding step (CUDA graphs): the decode loop stops being bound by
                 # Python and kernel launches (bench/grpo_rollout.py measures it against TRL's default).
@@ -85,7 +86,8 @@ def trainer_class():
 
         def log(self, logs, start_time=None):
             if self.model.training and self._rollout_seconds > 0:
-                # this worker's completions per second of generation since the last log
+                # completion tokens per second of generation on this process since the last log (rank 0 logs;
+                # with vLLM the weight sync before generating is included)
                 logs["rollout/tokens_per_s"] = round(self._rollout_tokens / self._rollout_seconds, 1)
                 self._rollout_tokens, self._rollout_seconds = 0, 0.0
             super().log(logs, start_time)
