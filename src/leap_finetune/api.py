@@ -67,6 +67,12 @@ def _prepare(resolved: ResolvedConfig):
     init_kwargs = resolved.training.get("model_init_kwargs")
     tokenizer = load_tokenizer(resolved.model_id, init_kwargs)
     _check_lora_targets(resolved, tokenizer)
+    if resolved.retrieval is not None:  # embedding / colbert: no chat template; prompts and lengths per side
+        from leap_finetune.data.retrieval_tokens import RetrievalEncoder
+
+        r = resolved.retrieval
+        encoder = RetrievalEncoder(tokenizer, r.prompts, r.query_max_length, r.document_max_length)
+        return tokenizer, encoder, prepare_data(resolved, tokenizer, encoder)
     template = load_chat_template(resolved.chat_template, tokenizer)
     # DPO / KTO split prompt from completion themselves and need no generation markers.
     loss_on = resolved.loss_on if resolved.training_type == "sft" else "all"  # (GRPO renders prompts only)
@@ -467,5 +473,9 @@ def _print_end(console: Console, summary: dict) -> None:
         before = summary.get("initial_eval_loss")
         parts.append(f"eval loss {before:.4f} -> {summary['eval_loss']:.4f}" if before is not None
                      else f"eval loss {summary['eval_loss']:.4f}")
+    if summary.get("ndcg@10") is not None:  # embedding / colbert: held-out retrieval
+        before = summary.get("initial_ndcg@10")
+        parts.append(f"held-out nDCG@10 {before:.2f} -> {summary['ndcg@10']:.2f}" if before is not None
+                     else f"held-out nDCG@10 {summary['ndcg@10']:.2f}")
     console.print(", ".join(parts))
     console.print(f"model: {summary['model_dir']}" + (f"  adapter: {summary['adapter_dir']}" if summary.get("adapter_dir") else ""))

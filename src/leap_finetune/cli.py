@@ -159,6 +159,16 @@ def inspect(
             continue
         console.rule(f"row {item['row']}  ({item['source']['file']}, {item['source']['location']}; "
                      f"{item['tokens']} tokens, {item['trained_tokens']} trained)")
+        if "query" in item:  # embedding / colbert: each text as the encoder reads it (prompts included)
+            for name, value in [("query", item["query"]), ("positive", item["positive"])] + \
+                    [(f"negative {i + 1}", text) for i, text in enumerate(item["negatives"])]:
+                console.print(Text(f"{name}: ", style="bold") + Text(value))
+            if item["unused_negatives"]:
+                console.print(Text(f"({item['unused_negatives']} more negative(s) not used: rows have different "
+                                   "numbers of negatives)"))
+            if item["truncated"]:
+                console.print(Text("(cut to retrieval.query_max_length / document_max_length)"))
+            continue
         if "text" in item:  # sft: one conversation, trained spans highlighted
             text = Text(item["text"])
             for start, end in item["trained_spans"]:

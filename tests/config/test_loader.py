@@ -89,9 +89,9 @@ def test_hub_dataset_ids_are_kept(folder):
 
 
 @pytest.mark.parametrize("kind", ["embedding", "colbert"])
-def test_later_training_types_say_not_supported_yet(folder, kind):
+def test_the_tiny_models_are_not_retrieval_backbones_yet(folder, kind):
     message = _error(folder, tiny_config(training_type=kind))
-    assert "not supported yet" in message and kind in message
+    assert f"the built-in tiny models do not train as {kind} models yet" in message and "all-MiniLM-L6-v2" in message
 
 
 def test_unknown_training_type_suggests(folder):

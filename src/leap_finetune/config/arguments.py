@@ -74,11 +74,36 @@ def _options(config_cls) -> dict:
     """field name -> argparse action, as transformers' HfArgumentParser builds them."""
     from transformers import HfArgumentParser
 
+    try:
+        parser = HfArgumentParser(config_cls)
+    except ValueError:
+        # A field argparse cannot express (sentence-transformers' ColBERT `max_length`: a number or a dict per
+        # side): the parser is built over the other fields; such a field's value is checked by the class itself.
+        parser = HfArgumentParser(_parseable_fields(config_cls))
     actions = {}
-    for action in HfArgumentParser(config_cls)._actions:
+    for action in parser._actions:
         if action.option_strings and action.dest not in actions and action.dest != "help":
             actions[action.dest] = action
     return actions
+
+
+def _parseable_fields(config_cls):
+    hints = typing.get_type_hints(config_cls)
+
+    def parseable(hint) -> bool:
+        if typing.get_origin(hint) not in (typing.Union, types.UnionType):
+            return True
+        args = [a for a in typing.get_args(hint) if a is not type(None)]
+        return len(args) <= 1 or str in args
+
+    fields = []
+    for f in dataclasses.fields(config_cls):
+        if not f.init or not parseable(hints[f.name]):
+            continue
+        default = {"default": f.default} if f.default is not dataclasses.MISSING else \
+            {"default_factory": f.default_factory} if f.default_factory is not dataclasses.MISSING else {}
+        fields.append((f.name, hints[f.name], dataclasses.field(metadata=f.metadata, **default)))
+    return dataclasses.make_dataclass(f"{config_cls.__name__}Parseable", fields)
 
 
 @functools.cache

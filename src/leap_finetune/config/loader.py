@@ -60,7 +60,7 @@ def load_config(source: str | Path | dict, *, base_dir: Path | None = None) -> R
 
     _check_keys(raw, LeapConfigModel.model_fields, where, "the top level")
     for block in ("peft_config", "training_config", "dataset", "evals", "async_eval", "ray", "slurm", "grpo_rollout",
-                  "rewards"):
+                  "rewards", "retrieval"):
         if block in raw and raw[block] is None:
             raise LeapError(f"'{block}:' is empty", where=where, fix={
                 "peft_config": "for LoRA with the defaults write `peft_config: {extends: DEFAULT_LORA}`; for a full "
@@ -85,6 +85,12 @@ def load_config(source: str | Path | dict, *, base_dir: Path | None = None) -> R
         _check_keys(raw["rewards"], RewardsConfig.model_fields, where, "rewards")
         if isinstance(raw["rewards"].get("judge"), dict):
             _check_keys(raw["rewards"]["judge"], JudgeConfig.model_fields, where, "rewards.judge")
+    if isinstance(raw.get("retrieval"), dict):
+        from leap_finetune.config.schema import RetrievalConfig, RetrievalPrompts
+
+        _check_keys(raw["retrieval"], RetrievalConfig.model_fields, where, "retrieval")
+        if isinstance(raw["retrieval"].get("prompts"), dict):
+            _check_keys(raw["retrieval"]["prompts"], RetrievalPrompts.model_fields, where, "retrieval.prompts")
     if isinstance(raw.get("async_eval"), dict):
         from leap_finetune.config.schema import AsyncEvalConfig
 
@@ -113,6 +119,7 @@ def load_config(source: str | Path | dict, *, base_dir: Path | None = None) -> R
     from leap_finetune.config.grpo import resolve_grpo
 
     grpo_rollout, rewards = resolve_grpo(model, training, base, where)
+    retrieval = _resolve_retrieval(model, training, where)
 
     from leap_finetune.data.chat_templates import resolve_chat_template
     from leap_finetune.models.registry import model_family, resolve_model_id
@@ -153,7 +160,46 @@ def load_config(source: str | Path | dict, *, base_dir: Path | None = None) -> R
         slurm=model.slurm,
         grpo_rollout=grpo_rollout,
         rewards=rewards,
+        retrieval=retrieval,
     )
+
+
+RETRIEVAL_TYPES = ("embedding", "colbert")
+
+
+def _resolve_retrieval(model: LeapConfigModel, training: dict, where: str):
+    from leap_finetune.config.schema import RetrievalConfig
+
+    if model.training_type not in RETRIEVAL_TYPES:
+        if model.retrieval is not None:
+            raise LeapError(f"'retrieval:' applies to training_type embedding or colbert, and training_type is "
+                            f"{model.training_type}", where=where, fix="remove retrieval, or set training_type: embedding")
+        return None
+    import importlib.util
+
+    from leap_finetune.models.tiny import TINY_MODELS
+
+    if importlib.util.find_spec("sentence_transformers") is None:
+        raise LeapError(f"training_type {model.training_type} trains with sentence-transformers, which is not installed",
+                        where=f"{where}: training_type", fix="pip install 'leap-finetune[retrieval]'")
+    if model.model_name in TINY_MODELS:
+        raise LeapError(f"the built-in tiny models do not train as {model.training_type} models yet",
+                        where=f"{where}: model_name",
+                        fix="use a sentence-transformers model or an encoder folder (e.g. all-MiniLM-L6-v2), or an "
+                        "LFM2 model")
+    for block, what in (("peft_config", "LoRA"), ("evals", "generation / log-prob benchmarks")):
+        if getattr(model, block) is not None:
+            raise LeapError(f"'{block}:' ({what}) does not apply to {model.training_type} training in this version",
+                            where=f"{where}: {block}", fix=f"remove {block}; retrieval metrics (nDCG@10, MRR@10, "
+                            "recall@k) are computed on the held-out rows (dataset.val_path or test_size)")
+    accumulation = training.get("gradient_accumulation_steps", 1)
+    if accumulation > 1:
+        raise LeapError(f"training_config.gradient_accumulation_steps is {accumulation}: with in-batch negatives, "
+                        "accumulated small batches are not one large batch (each query only sees the documents of "
+                        "its own small batch)", where=f"{where}: training_config.gradient_accumulation_steps",
+                        fix="set it to 1, and for a large effective batch use retrieval.loss: cached_mnrl with a large "
+                        "per_device_train_batch_size (GradCache keeps memory at mini_batch_size rows)")
+    return model.retrieval or RetrievalConfig()
 
 
 def _resolve_dataset(model: LeapConfigModel, base: Path, where: str) -> DatasetConfig | None:

@@ -82,6 +82,19 @@ TRAINING_PROFILES: dict[str, dict] = {
     },
 }
 
+# embedding / colbert (sentence-transformers' trainer: no max_length; lengths are retrieval.*_max_length)
+_RETRIEVAL = {
+    **{k: v for k, v in _COMMON.items() if k != "max_length"},
+    "per_device_train_batch_size": 32,  # in-batch negatives: the batch is the number of negatives per query
+    "per_device_eval_batch_size": 32,
+    "learning_rate": 5e-5,
+    "warmup_steps": 0.1,
+    "lr_scheduler_type": "linear",
+    "batch_sampler": "no_duplicates",  # a text twice in a batch would be its own false negative
+}
+TRAINING_PROFILES["DEFAULT_EMBEDDING"] = dict(_RETRIEVAL)
+TRAINING_PROFILES["DEFAULT_COLBERT"] = {**_RETRIEVAL, "learning_rate": 3e-5}
+
 PEFT_PROFILES: dict[str, dict] = {
     "DEFAULT_LORA": {
         "use_peft": True,
@@ -94,7 +107,8 @@ PEFT_PROFILES: dict[str, dict] = {
     },
 }
 
-DEFAULT_TRAINING_PROFILE = {"sft": "DEFAULT_SFT", "dpo": "DEFAULT_DPO", "kto": "DEFAULT_KTO", "grpo": "DEFAULT_GRPO"}
+DEFAULT_TRAINING_PROFILE = {"sft": "DEFAULT_SFT", "dpo": "DEFAULT_DPO", "kto": "DEFAULT_KTO", "grpo": "DEFAULT_GRPO",
+                            "embedding": "DEFAULT_EMBEDDING", "colbert": "DEFAULT_COLBERT"}
 
 
 def training_profile(name: str) -> dict:

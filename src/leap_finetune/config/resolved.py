@@ -12,6 +12,7 @@ from leap_finetune.config.schema import (
     EvalsConfig,
     GrpoRolloutConfig,
     RayConfig,
+    RetrievalConfig,
     RewardsConfig,
     SlurmConfig,
 )
@@ -41,6 +42,7 @@ class ResolvedConfig(BaseModel):
     slurm: SlurmConfig | None = None  # the user's slurm: block (for `leap-finetune slurm`)
     grpo_rollout: GrpoRolloutConfig | None = None  # grpo: GPU counts for servers (set for every grpo config)
     rewards: RewardsConfig | None = None  # grpo: checked reward specs (custom paths absolute)
+    retrieval: RetrievalConfig | None = None  # embedding / colbert (set for every such config)
     # Decided by the driver's plan (None until then):
     run_dir: str | None = None
     run_name: str | None = None

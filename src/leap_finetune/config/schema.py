@@ -12,7 +12,7 @@ from typing import Literal
 from pydantic import BaseModel, ConfigDict, Field, field_validator
 
 TRAINING_TYPES = ("sft", "dpo", "kto", "grpo", "embedding", "colbert")
-SUPPORTED_TRAINING_TYPES = ("sft", "dpo", "kto", "grpo")
+SUPPORTED_TRAINING_TYPES = ("sft", "dpo", "kto", "grpo", "embedding", "colbert")
 
 
 class StrictModel(BaseModel):
@@ -163,6 +163,30 @@ class GrpoRolloutConfig(StrictModel):
                                           "server to answer its health check.")
 
 
+class RetrievalPrompts(StrictModel):
+    query: str | None = Field(default=None, description="Text put before every query, e.g. \"query: \".")
+    document: str | None = Field(default=None, description="Text put before every document (positive and "
+                                 "negatives), e.g. \"document: \".")
+
+
+class RetrievalConfig(StrictModel):
+    """embedding / colbert: the loss, prompts, lengths and (for a backbone that is not yet an embedding
+    model) the pooling. Built on sentence-transformers."""
+
+    loss: Literal["mnrl", "cached_mnrl"] = Field(
+        default="mnrl", description="`mnrl`: in-batch negatives (multiple negatives ranking; ColBERT: its "
+        "contrastive MaxSim loss); `cached_mnrl`: the same with GradCache, for large batches in little memory.")
+    mini_batch_size: int = Field(default=32, gt=0, description="`cached_mnrl`: rows encoded at once.")
+    prompts: RetrievalPrompts = Field(default_factory=RetrievalPrompts, description="Query and document prompts.")
+    query_max_length: int | None = Field(default=None, gt=0, description="Tokens kept of a query, prompt included "
+                                         "(default: the model's maximum); longer queries are cut and counted.")
+    document_max_length: int | None = Field(default=None, gt=0, description="Tokens kept of a document, prompt "
+                                            "included (default: the model's maximum); longer ones are cut and counted.")
+    pooling: Literal["auto", "mean", "lasttoken", "cls"] = Field(
+        default="auto", description="embedding, for a model without a sentence-transformers config: `auto` is "
+        "last-token pooling for a causal LM (LFM2), mean pooling for an encoder.")
+
+
 DEFAULT_JUDGE_PROMPT = (
     "You are grading an answer.\n\nQuestion:\n{prompt}\n\nReference answer:\n{solution}\n\n"
     "Answer to grade:\n{completion}\n\nReply with a JSON object {{\"score\": S}}, S an integer from {min_score} "
@@ -245,6 +269,8 @@ class LeapConfigModel(StrictModel):
         default=None, description="GRPO: GPUs for the rollout server, the judge and training (keys below).")
     rewards: RewardsConfig | list | None = Field(
         default=None, description="GRPO's rewards (keys below); a list is shorthand for `funcs`.")
+    retrieval: RetrievalConfig | None = Field(
+        default=None, description="embedding / colbert: loss, prompts, lengths, pooling (keys below).")
     checkpoint: str | None = Field(
         default=None,
         min_length=1,

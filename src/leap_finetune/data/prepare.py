@@ -19,6 +19,7 @@ from leap_finetune.data.preference_rows import check_dpo_row, check_kto_row
 from leap_finetune.data.preference_tokens import tokenize_kto, tokenize_pair
 from leap_finetune.data.readers import SUFFIXES, SourceRow, read_dataset
 from leap_finetune.data.render import Renderer
+from leap_finetune.data.retrieval_rows import check_retrieval_row
 from leap_finetune.data.sft_rows import Conversation, RowWarning, check_sft_row
 from leap_finetune.errors import DataError, LeapError, RowProblem
 
@@ -66,7 +67,12 @@ class _ValidRow:
     parsed: object  # Conversation, PreferenceRow or KtoRow
 
 
+RETRIEVAL = ("embedding", "colbert")
+
+
 def _contract(resolved: ResolvedConfig):
+    if resolved.training_type in RETRIEVAL:
+        return check_retrieval_row
     family = render_family(resolved.chat_template, resolved.model_family)
     if resolved.training_type == "sft":
         return functools.partial(check_sft_row, needs_assistant=resolved.loss_on != "all", family=family)
@@ -75,6 +81,8 @@ def _contract(resolved: ResolvedConfig):
 
 
 def _tokenize(resolved: ResolvedConfig, renderer: Renderer, parsed):
+    if resolved.training_type in RETRIEVAL:
+        return renderer.encode(parsed)  # a RetrievalEncoder (data/retrieval_tokens.py)
     if resolved.training_type == "sft":
         return renderer.tokenize(parsed.messages, parsed.tools)
     if resolved.training_type == "dpo":
@@ -206,7 +214,24 @@ def prepare_data(resolved: ResolvedConfig, tokenizer, renderer: Renderer) -> Pre
         )
     if resolved.training_type == "kto":
         _check_kto_batches(prepared, resolved)
+    if resolved.training_type in RETRIEVAL:
+        _same_negatives(prepared)
     return prepared
+
+
+def _same_negatives(prepared: PreparedData) -> None:
+    """The loss reads (query, positive, negative_1..k) with the same k in every row: k is the fewest hard
+    negatives a training row has; when rows have more, the report says how many are not used."""
+    counts = [len(r.negatives) for r in prepared.train]
+    used = min(counts)
+    for row in prepared.train + prepared.eval:
+        row.negatives_used = used
+    unused = sum(c - used for c in counts)
+    if unused:
+        prepared.notices.append(
+            f"retrieval: every training row uses {used} hard negative(s), the fewest a row has ({min(counts)}-"
+            f"{max(counts)} per row): {unused} negative(s) are not trained on; give every row the same number to use "
+            "them all (the other rows' documents are negatives too: in-batch)")
 
 
 def _check_kto_batches(prepared: PreparedData, resolved: ResolvedConfig) -> None:

