@@ -349,12 +349,13 @@ def _resolve_training(model: LeapConfigModel, where: str) -> tuple[dict, str, st
         if key == "compile_layers" and not isinstance(user[key], bool):
             raise LeapError(f"training_config.compile_layers is {user[key]!r}", where=where, fix="use true or false")
         if key not in allowed and key != "assistant_only_loss":
-            raise LeapError(
-                f"unknown key '{key}' in training_config (not a leap-finetune key, nor an argument of TRL's "
-                f"{model.training_type.upper()}Config)",
-                where=where,
-                fix=unknown_key_fix(key, allowed),
-            )
+            retrieval = model.training_type in RETRIEVAL_TYPES
+            owner = "sentence-transformers' training arguments" if retrieval else \
+                f"TRL's {model.training_type.upper()}Config"
+            fix = "set the lengths per side: retrieval.query_max_length and retrieval.document_max_length" \
+                if retrieval and key == "max_length" else unknown_key_fix(key, allowed)
+            raise LeapError(f"unknown key '{key}' in training_config (not a leap-finetune key, nor one of {owner})",
+                            where=where, fix=fix)
     if "assistant_only_loss" in user:
         value = user.pop("assistant_only_loss")
         mapped = "assistant" if value else "all"
