@@ -88,16 +88,11 @@ def test_hub_dataset_ids_are_kept(folder):
     assert resolved.dataset.path == "HuggingFaceTB/smoltalk"
 
 
-@pytest.mark.parametrize("kind", ["embedding", "colbert"])
-def test_the_tiny_models_are_not_retrieval_backbones_yet(folder, kind):
-    config = tiny_config(training_type=kind)
+def test_embedding_takes_its_lengths_per_side(folder):
+    config = tiny_config(training_type="embedding")
     config["training_config"].pop("extends")
-    if kind == "embedding":  # (sentence-transformers' ColBERT arguments have a max_length of their own)
-        message = _error(folder, config)
-        assert "retrieval.query_max_length and retrieval.document_max_length" in message  # tiny_config's key
-    config["training_config"].pop("max_length")
-    message = _error(folder, config)
-    assert f"the built-in tiny models do not train as {kind} models yet" in message and "all-MiniLM-L6-v2" in message
+    message = _error(folder, config)  # tiny_config has max_length
+    assert "retrieval.query_max_length and retrieval.document_max_length" in message
 
 
 def test_unknown_training_type_suggests(folder):

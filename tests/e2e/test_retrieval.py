@@ -122,3 +122,25 @@ def test_what_retrieval_does_not_do_yet_is_refused(workdir, minilm):
     with pytest.raises(LeapError) as info:
         plan_config(_small(workdir, minilm, "colbert"), gpus=2)
     assert "runs in one process in this version" in info.value.format() and "num_workers: 1" in info.value.format()
+
+
+@pytest.mark.slow
+@pytest.mark.parametrize("training_type", ["embedding", "colbert"])
+def test_the_tiny_lfm2_backbone_trains_end_to_end(workdir, training_type):
+    """tiny-lfm2 as a retrieval backbone (last-token pooling for embedding, a token projection for ColBERT):
+    the loss falls and the saved model encodes."""
+    pairs = [(c, o) for c in range(8) for o in range(8)]
+    write_jsonl(workdir / "train.jsonl", _rows(pairs[:48]))
+    write_jsonl(workdir / "held_out.jsonl", _rows(pairs[48:]))
+    config = {"project_name": "tiny", "model_name": "tiny-lfm2", "training_type": training_type,
+              "dataset": {"path": "train.jsonl", "val_path": "held_out.jsonl"},
+              "training_config": {"max_steps": 12, "per_device_train_batch_size": 16, "learning_rate": 1e-3,
+                                  "warmup_steps": 0, "logging_steps": 1, "save_strategy": "no", "eval_strategy": "no"}}
+    summary = run_config(write_config(workdir, config))
+    losses = [m["loss"] for m in map(json.loads, (Path(summary["run_dir"]) / "metrics.jsonl").read_text().splitlines())
+              if "loss" in m]
+    assert sum(losses[-3:]) / 3 < 0.8 * sum(losses[:3]) / 3, losses
+    from sentence_transformers import MultiVectorEncoder, SentenceTransformer
+
+    cls = MultiVectorEncoder if training_type == "colbert" else SentenceTransformer
+    assert len(cls(summary["model_dir"], device="cpu").encode(["zorp vantu"])) == 1

@@ -182,11 +182,10 @@ def _resolve_retrieval(model: LeapConfigModel, training: dict, where: str):
     if importlib.util.find_spec("sentence_transformers") is None:
         raise LeapError(f"training_type {model.training_type} trains with sentence-transformers, which is not installed",
                         where=f"{where}: training_type", fix="pip install 'leap-finetune[retrieval]'")
-    if model.model_name in TINY_MODELS:
-        raise LeapError(f"the built-in tiny models do not train as {model.training_type} models yet",
-                        where=f"{where}: model_name",
-                        fix="use a sentence-transformers model or an encoder folder (e.g. all-MiniLM-L6-v2), or an "
-                        "LFM2 model")
+    if model.model_name in TINY_MODELS and model.model_name not in ("tiny-lfm2", "tiny-lfm2.5"):
+        raise LeapError(f"{model.model_name} is not a text model: it cannot be a {model.training_type} backbone",
+                        where=f"{where}: model_name", fix="use tiny-lfm2, an LFM2 model, or a sentence-transformers "
+                        "model or encoder folder (e.g. all-MiniLM-L6-v2)")
     for block, what in (("peft_config", "LoRA"), ("evals", "generation / log-prob benchmarks")):
         if getattr(model, block) is not None:
             raise LeapError(f"'{block}:' ({what}) does not apply to {model.training_type} training in this version",

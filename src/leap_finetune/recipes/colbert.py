@@ -24,7 +24,7 @@ def build_model(resolved: ResolvedConfig, console):
     from sentence_transformers import MultiVectorEncoder
 
     device = "cuda" if torch.cuda.is_available() else "cpu"
-    model = MultiVectorEncoder(resolved.model_id, device=device)
+    model = MultiVectorEncoder(retrieval.backbone(resolved), device=device)
     console.print(f"model: {resolved.model_id} as a multi-vector (ColBERT) encoder")
     retrieval.set_prompts_and_length(model, resolved, _max_length(resolved))
     return model

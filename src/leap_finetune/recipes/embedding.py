@@ -37,12 +37,12 @@ def build_model(resolved: ResolvedConfig, console):
     from sentence_transformers.sentence_transformer.modules import Normalize, Pooling, Transformer
 
     device = "cuda" if torch.cuda.is_available() else "cpu"
-    folder = Path(resolved.model_id)
+    folder = Path(retrieval.backbone(resolved))
     if (folder / "modules.json").exists():  # already a sentence-transformers model
         model = SentenceTransformer(str(folder), device=device)
         console.print(f"model: the sentence-transformers model {resolved.model_id}")
     else:
-        transformer = Transformer(resolved.model_id)
+        transformer = Transformer(str(folder))
         mode = pooling_mode(resolved, transformer.auto_model.config)
         pooling = Pooling(transformer.get_embedding_dimension(), pooling_mode=mode)
         model = SentenceTransformer(modules=[transformer, pooling, Normalize()], device=device)

@@ -124,6 +124,21 @@ def train(resolved_json: dict, *, model_factory, loss_factory, trainer_cls, args
     return summary
 
 
+def backbone(resolved: ResolvedConfig) -> str:
+    """What sentence-transformers loads: the model id, or for a built-in tiny model a folder it is saved to
+    (in the run folder: sentence-transformers loads models by name or path only)."""
+    from leap_finetune.models.tiny import TINY_MODELS, build_tiny_model, load_tiny_tokenizer
+
+    if resolved.model_id not in TINY_MODELS:
+        return resolved.model_id
+    folder = Path(resolved.run_dir) / "base_model"
+    if not (folder / "config.json").exists():
+        tokenizer = load_tiny_tokenizer(resolved.model_id)
+        build_tiny_model(resolved.model_id, tokenizer).save_pretrained(folder)
+        tokenizer.save_pretrained(folder)
+    return str(folder)
+
+
 def set_prompts_and_length(model, resolved: ResolvedConfig, encoder_max: int | None) -> None:
     """The prompts travel with the saved model (encode(..., prompt_name="query")); the model reads texts up to
     the longer side's limit (each side was already cut to its own in the data step)."""
