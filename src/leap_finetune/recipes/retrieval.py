@@ -97,11 +97,13 @@ def train(resolved_json: dict, *, model_factory, loss_factory, trainer_cls, args
     main = common.is_main_process()
     resume = resolved.resume_checkpoint_path
     baseline = trainer.evaluate() if eval_dataset is not None and not resume else None
-    trainer.train(resume_from_checkpoint=resume)
+    result = trainer.train(resume_from_checkpoint=resume)
     if not main:
         return {"global_step": trainer.state.global_step}
     history = common.metrics_history(run_dir / "metrics.jsonl")
-    summary = {"global_step": trainer.state.global_step, "train_loss": history["train_loss"]}
+    # (fewer steps than logging_steps log no loss: the Trainer's own mean then)
+    train_loss = history["train_loss"] if history["train_loss"] is not None else result.training_loss
+    summary = {"global_step": trainer.state.global_step, "train_loss": train_loss}
     if trainer.state.global_step < trainer.state.max_steps:
         summary.update(stopped_early=True, stopped_by_signal=stop_on_signal.received)
         write_atomic(run_dir / "summary.json", json.dumps(summary, indent=2))

@@ -1,0 +1,159 @@
+"""Embedding training throughput on a CUDA machine: LFM2-350M architecture (random weights) through
+leap-finetune's `run_config`, against sentence-transformers' own trainer with the same loss, batch and
+model in the same run; then the largest batch the cached (GradCache) loss trains in memory.
+
+python bench/retrieval_throughput.py [--steps 30] [--batch 64] [--out FILE]
+
+Pairs/s = rows per step x steps after the first 5 / their wall time (a callback with CUDA syncs). Queries
+~16 tokens, documents ~200 tokens.
+"""
+
+from __future__ import annotations
+
+import argparse
+import datetime
+import json
+import random
+import statistics
+import sys
+import time
+from pathlib import Path
+
+import torch
+
+sys.path.insert(0, str(Path(__file__).resolve().parent))
+WARMUP = 5
+
+
+def make_rows(path: Path, count: int, seed: int = 0) -> None:
+    words = "the quick brown fox jumps over a lazy dog while seven wizards quietly hex jolly mice".split()
+    rng = random.Random(seed)
+    with path.open("w") as handle:
+        for i in range(count):
+            handle.write(json.dumps({"query": f"q{i} " + " ".join(rng.choice(words) for _ in range(12)),
+                                     "positive": f"d{i} " + " ".join(rng.choice(words) for _ in range(180))}) + "\n")
+
+
+class Clock:
+    def __init__(self):
+        self.times: list[float] = []
+
+    def callback(self):
+        from transformers import TrainerCallback
+
+        clock = self
+
+        class StepClock(TrainerCallback):
+            def on_step_end(self, args, state, control, **kwargs):
+                if torch.cuda.is_available():
+                    torch.cuda.synchronize()
+                clock.times.append(time.perf_counter())
+
+        return StepClock()
+
+    def pairs_per_s(self, batch: int) -> float:
+        times = self.times[WARMUP:]
+        return batch * (len(times) - 1) / (times[-1] - times[0]) if len(times) > 1 else float("nan")
+
+
+def leap(model_dir: Path, data: Path, work: Path, steps: int, batch: int, loss: str = "mnrl") -> float:
+    from leap_finetune.api import run_config
+
+    clock = Clock()
+    config = {"project_name": f"bench-{loss}-{batch}", "model_name": str(model_dir), "training_type": "embedding",
+              "dataset": {"path": str(data), "limit": batch * steps}, "retrieval": {"loss": loss, "mini_batch_size": 64,
+                                                             "query_max_length": 32, "document_max_length": 256},
+              "training_config": {"max_steps": steps, "per_device_train_batch_size": batch, "logging_steps": 5,
+                                  "save_strategy": "no", "learning_rate": 1e-5}}
+    run_config(config, outputs_root=work / "outputs", callbacks=[clock.callback()])
+    return clock.pairs_per_s(batch)
+
+
+def sentence_transformers_own(model_dir: Path, data: Path, work: Path, steps: int, batch: int) -> float:
+    from datasets import load_dataset
+    from sentence_transformers import SentenceTransformer, SentenceTransformerTrainer, SentenceTransformerTrainingArguments
+    from sentence_transformers import losses
+    from sentence_transformers.sentence_transformer.modules import Normalize, Pooling, Transformer
+
+    transformer = Transformer(str(model_dir), max_seq_length=256)
+    model = SentenceTransformer(modules=[transformer, Pooling(transformer.get_embedding_dimension(), "lasttoken"),
+                                         Normalize()], device="cuda" if torch.cuda.is_available() else "cpu")
+    dataset = load_dataset("json", data_files=str(data), split="train").select(range(batch * steps))
+    args = SentenceTransformerTrainingArguments(output_dir=str(work / "st"), max_steps=steps,
+                                                per_device_train_batch_size=batch, bf16=torch.cuda.is_available(),
+                                                use_cpu=not torch.cuda.is_available(), logging_steps=5,
+                                                save_strategy="no", report_to="none", learning_rate=1e-5,
+                                                batch_sampler="no_duplicates")
+    clock = Clock()
+    trainer = SentenceTransformerTrainer(model=model, args=args, train_dataset=dataset,
+                                         loss=losses.MultipleNegativesRankingLoss(model), callbacks=[clock.callback()])
+    trainer.train()
+    return clock.pairs_per_s(batch)
+
+
+def main() -> None:
+    parser = argparse.ArgumentParser()
+    parser.add_argument("--steps", type=int, default=30)
+    parser.add_argument("--batch", type=int, default=64)
+    parser.add_argument("--cached", default="1024,4096,8192")
+    parser.add_argument("--smoke", action="store_true", help="CPU check of this script with tiny-lfm2")
+    parser.add_argument("--work", default="/tmp/leap-retrieval-bench")
+    parser.add_argument("--out", default=None)
+    args = parser.parse_args()
+    from sft_throughput import build_model
+
+    import sentence_transformers
+    import transformers
+
+    work = Path(args.work)
+    work.mkdir(parents=True, exist_ok=True)
+    model_dir = work / "lfm2-350m"
+    if args.smoke:
+        from leap_finetune.models.tiny import build_tiny_model, load_tiny_tokenizer
+
+        tokenizer = load_tiny_tokenizer("tiny-lfm2")
+        build_tiny_model("tiny-lfm2", tokenizer).save_pretrained(model_dir)
+        tokenizer.save_pretrained(model_dir)
+    else:
+        build_model("350m", model_dir)
+    data = work / "pairs.jsonl"
+    make_rows(data, max(args.batch * args.steps, max(int(b) for b in args.cached.split(",")) * 2))
+    device = torch.cuda.get_device_name(0) if torch.cuda.is_available() else "CPU (smoke)"
+    lines = [f"### {datetime.date.today()} - embedding training - {device} - torch "
+             f"{torch.__version__}, transformers {transformers.__version__}, sentence-transformers "
+             f"{sentence_transformers.__version__}", "", f"Command: `python {' '.join(sys.argv)}`", "",
+             f"LFM2-350M architecture, last-token pooling; queries ~16 tokens, documents ~200 tokens; batch {args.batch}, "
+             f"{args.steps} steps, pairs/s over steps {WARMUP + 1}-{args.steps}.", "",
+             "| path | pairs/s | peak GiB |", "| --- | --- | --- |"]
+
+    def record(label, fn):
+        cuda = torch.cuda.is_available()
+        if cuda:
+            torch.cuda.reset_peak_memory_stats()
+        try:
+            speed = fn()
+            peak = torch.cuda.max_memory_allocated() / 2**30 if cuda else 0.0
+            lines.append(f"| {label} | {speed:,.0f} | {peak:.1f} |")
+        except torch.cuda.OutOfMemoryError:
+            lines.append(f"| {label} | out of memory | |")
+        except Exception as err:  # noqa: BLE001 - a failed variant is a row
+            lines.append(f"| {label} | failed: {type(err).__name__}: {str(err).splitlines()[0][:120]} | |")
+        if torch.cuda.is_available():
+            torch.cuda.empty_cache()
+        print(lines[-1], flush=True)
+        if args.out:
+            Path(args.out).write_text("\n".join(lines) + "\n")
+
+    record(f"sentence-transformers' own trainer, MNRL, bf16, batch {args.batch}",
+           lambda: sentence_transformers_own(model_dir, data, work, args.steps, args.batch))
+    record(f"leap-finetune (DEFAULT_EMBEDDING), MNRL, batch {args.batch}",
+           lambda: leap(model_dir, data, work, args.steps, args.batch))
+    for size in (int(b) for b in args.cached.split(",")):
+        # 2 steps: whether it fits, and its memory (too few steps for a speed figure)
+        record(f"leap-finetune, cached_mnrl (mini-batch 64), batch {size} (fits?)",
+               lambda size=size: leap(model_dir, data, work, 2, size, loss="cached_mnrl"))
+    print("\n".join(lines))
+
+
+if __name__ == "__main__":
+    main()
