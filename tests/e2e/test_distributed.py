@@ -173,3 +173,4 @@ def test_grpo_on_two_workers_asks_the_judge_the_driver_started(workdir, ray_cpus
     console = capfd.readouterr()
     assert "HTTP Request:" not in console.err + console.out
     assert "PlacementGroupCleaner" not in console.err + console.out
+

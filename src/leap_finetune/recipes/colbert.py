@@ -36,9 +36,11 @@ def build_loss(resolved: ResolvedConfig, model):
         MultiVectorMultipleNegativesRankingLoss,
     )
 
+    gather = retrieval.several_workers()
     if resolved.retrieval.loss == "cached_mnrl":
-        return CachedMultiVectorMultipleNegativesRankingLoss(model, mini_batch_size=resolved.retrieval.mini_batch_size)
-    return MultiVectorMultipleNegativesRankingLoss(model)
+        return CachedMultiVectorMultipleNegativesRankingLoss(model, mini_batch_size=resolved.retrieval.mini_batch_size,
+                                                             gather_across_devices=gather)
+    return MultiVectorMultipleNegativesRankingLoss(model, gather_across_devices=gather)
 
 
 def train(resolved_json: dict, callbacks: list | None = None) -> dict:

@@ -60,9 +60,11 @@ def _max_length(resolved: ResolvedConfig) -> int | None:
 def build_loss(resolved: ResolvedConfig, model):
     from sentence_transformers import losses
 
+    gather = retrieval.several_workers()
     if resolved.retrieval.loss == "cached_mnrl":
-        return losses.CachedMultipleNegativesRankingLoss(model, mini_batch_size=resolved.retrieval.mini_batch_size)
-    return losses.MultipleNegativesRankingLoss(model)
+        return losses.CachedMultipleNegativesRankingLoss(model, mini_batch_size=resolved.retrieval.mini_batch_size,
+                                                         gather_across_devices=gather)
+    return losses.MultipleNegativesRankingLoss(model, gather_across_devices=gather)
 
 
 def train(resolved_json: dict, callbacks: list | None = None) -> dict:

@@ -98,18 +98,20 @@ def train(resolved_json: dict, *, model_factory, loss_factory, trainer_cls, args
     resume = resolved.resume_checkpoint_path
     baseline = trainer.evaluate() if eval_dataset is not None and not resume else None
     result = trainer.train(resume_from_checkpoint=resume)
+    finished = trainer.state.global_step >= trainer.state.max_steps
+    # every rank evaluates (the evaluation loss is gathered over the workers)
+    final = trainer.evaluate() if finished and eval_dataset is not None else None
     if not main:
         return {"global_step": trainer.state.global_step}
     history = common.metrics_history(run_dir / "metrics.jsonl")
     # (fewer steps than logging_steps log no loss: the Trainer's own mean then)
     train_loss = history["train_loss"] if history["train_loss"] is not None else result.training_loss
     summary = {"global_step": trainer.state.global_step, "train_loss": train_loss}
-    if trainer.state.global_step < trainer.state.max_steps:
+    if not finished:
         summary.update(stopped_early=True, stopped_by_signal=stop_on_signal.received)
         write_atomic(run_dir / "summary.json", json.dumps(summary, indent=2))
         return summary
-    if eval_dataset is not None:
-        final = trainer.evaluate()
+    if final is not None:
         summary["eval_metrics"] = {k: float(v) for k, v in final.items() if isinstance(v, (int, float))}
         score = main_score(final)
         if score is not None:
@@ -139,6 +141,14 @@ def backbone(resolved: ResolvedConfig) -> str:
         build_tiny_model(resolved.model_id, tokenizer).save_pretrained(folder)
         tokenizer.save_pretrained(folder)
     return str(folder)
+
+
+def several_workers() -> bool:
+    """Several training processes (Ray Train workers): the losses gather every worker's documents, so each
+    query is scored against the whole global batch, as on one device."""
+    import os
+
+    return int(os.environ.get("WORLD_SIZE", "1")) > 1
 
 
 def set_prompts_and_length(model, resolved: ResolvedConfig, encoder_max: int | None) -> None:
