@@ -186,7 +186,7 @@ def inspect(
                 label = f" (label: {'desirable' if item['label'] else 'undesirable'})" if "label" in item else ""
                 console.print(Text(f"{name}{label}", style="bold"))
                 console.print(Text(item[name], style=TRAINED_STYLE))
-    if grpo:
+    if grpo or any("query" in item for item in items):  # generated / retrieval rows: nothing is highlighted
         return
     console.print(Text.assemble(("highlighted", TRAINED_STYLE), " text carries loss")
                   + (Text("; struck-through text is cut by max_length")

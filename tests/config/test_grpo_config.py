@@ -65,6 +65,7 @@ def test_the_grpo_defaults(tmp_path):
     (dict(grpo_rollout={"judge_gpus": 1}), ["judge_gpus is 1, but no local judge is configured"]),
     (dict(grpo_rollout={"sever_gpus": 1}), ["sever_gpus", "server_gpus"]),
     (dict(training_config={"beta": -1}), ["beta is -1", ">= 0"]),
+    (dict(training_config={"cache_implementation": "statc"}), ["cache_implementation is 'statc'", "use static"]),
 ])
 def test_grpo_mistakes_are_caught_at_validate(tmp_path, overrides, expected):
     message = _error(tmp_path, _config(**overrides))

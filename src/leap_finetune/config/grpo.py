@@ -93,6 +93,14 @@ def _check_judge(judge, where: str) -> None:
 
 
 def _check_rollout(rollout: GrpoRolloutConfig, rewards: RewardsConfig, training: dict, where: str) -> None:
+    cache = training.get("cache_implementation")
+    if cache is not None:
+        from transformers.generation.configuration_utils import ALL_CACHE_IMPLEMENTATIONS
+
+        if cache not in ALL_CACHE_IMPLEMENTATIONS:  # TRL's config takes any text; its generation config would not
+            raise LeapError(f"training_config.cache_implementation is {cache!r}", where=where,
+                            fix="use static (DEFAULT_GRPO: compiled decoding on a GPU), null (TRL's dynamic cache), or "
+                            f"one of: {', '.join(ALL_CACHE_IMPLEMENTATIONS)}")
     mode = training.get("vllm_mode", "colocate")
     use_vllm = bool(training.get("use_vllm"))
     external = training.get("vllm_server_base_url")
