@@ -89,7 +89,8 @@ def _check_lora_targets(resolved: ResolvedConfig, tokenizer) -> None:
         return
     from leap_finetune.models.structure import check_lora_targets, module_names
 
-    names = module_names(resolved.model_id, tokenizer, resolved.training.get("model_init_kwargs"))
+    names = module_names(resolved.model_id, tokenizer, resolved.training.get("model_init_kwargs"),
+                         head=resolved.retrieval is None)
     if names is not None:
         check_lora_targets(resolved.peft, names, resolved.model_id, resolved.config_path or "config")
 
@@ -347,6 +348,10 @@ def _stage_run_folder(resolved: ResolvedConfig, prepared: PreparedData, renderer
             Dataset.from_list([{k: c.get(k) for k in keys} for c in columns]).save_to_disk(str(data / name))
     (data / "samples.json").write_text(json.dumps(_samples(prepared, renderer)), encoding="utf-8")
     (data / "fingerprint.json").write_text(json.dumps(fingerprint(prepared)), encoding="utf-8")
+    if resolved.retrieval is not None:  # a built-in tiny backbone, as a folder sentence-transformers loads
+        from leap_finetune.recipes.retrieval import save_tiny_backbone
+
+        save_tiny_backbone(resolved, staging)
     if prepared.dropped:
         with (staging / "dropped_rows.jsonl").open("w", encoding="utf-8") as handle:
             for row in prepared.dropped:

@@ -46,13 +46,17 @@ def _same(got: dict, expected: dict, rel: float = 1e-4) -> None:
 def test_two_workers_train_like_one_worker_with_twice_the_batch_and_resume_with_one(workdir, ray_cpus):
     """SFT, full fine-tune, padding-free batches (the GPU default; leap-finetune's token-balanced sampler):
     2 workers x 4 rows give the losses of 1 worker x 8 rows; the 2-worker run then resumes with 1 worker and
-    continues the uninterrupted 1-worker run step for step."""
+    continues the uninterrupted 1-worker run step for step. With held-out data: the evaluation before training
+    must not keep the workers from synchronising their gradients (it did, through accelerate)."""
     write_jsonl(workdir / "train.jsonl", fact_rows(48))
-    constant = {**STEPS, "lr_scheduler_type": "constant", "save_steps": 3, "max_steps": 3, "padding_free": True}
+    write_jsonl(workdir / "held_out.jsonl", fact_rows(8))
+    constant = {**STEPS, "lr_scheduler_type": "constant", "save_steps": 3, "max_steps": 3, "padding_free": True,
+                "eval_steps": 100}
 
     def config(name: str, project: str, batch: int, workers: int | None = None, **training):
         data = tiny_config(project_name=project, training_config={**constant, "per_device_train_batch_size": batch,
-                                                                  **training})
+                                                                  **training},
+                           dataset={"path": "train.jsonl", "val_path": "held_out.jsonl"})
         if workers:
             data["ray"] = {"num_workers": workers}
         return write_config(workdir, data, f"{name}.yaml")
@@ -66,8 +70,36 @@ def test_two_workers_train_like_one_worker_with_twice_the_batch_and_resume_with_
     # rank 0 alone wrote the metrics: each step once
     steps = [r["step"] for r in map(json.loads, (run_dir / "metrics.jsonl").read_text().splitlines()) if "loss" in r]
     assert steps == sorted(set(steps))
+    assert two["initial_eval_loss"] == pytest.approx(reference["initial_eval_loss"], rel=1e-4)
     resumed = run_config(config("resume", "two", 8, max_steps=6, resume_from_checkpoint="latest"))
     _same(_losses(resumed), expected)
+    assert resumed["eval_loss"] == pytest.approx(reference["eval_loss"], rel=1e-3)
+
+
+@pytest.mark.slow
+@pytest.mark.parametrize("training_type", ["embedding"])
+def test_retrieval_on_two_workers_trains_like_one_worker_with_the_whole_batch(workdir, ray_cpus, training_type):
+    """Embedding training with in-batch negatives: 2 workers x 8 rows, each query scored against the documents
+    of both workers (gathered), train step for step like 1 worker x 16 rows - the same rows in each batch (one
+    no-duplicates batch drawn and split) and one model (gradients synchronised)."""
+    from tests.e2e.test_retrieval import retrieval_rows
+
+    write_jsonl(workdir / "train.jsonl", retrieval_rows(48))
+    write_jsonl(workdir / "held_out.jsonl", retrieval_rows(8, start=48))
+
+    def config(name: str, batch: int, workers: int | None = None):
+        data = {"project_name": name, "model_name": "tiny-lfm2", "training_type": training_type,
+                "dataset": {"path": "train.jsonl", "val_path": "held_out.jsonl"},
+                "training_config": {**STEPS, "max_steps": 3, "per_device_train_batch_size": batch,
+                                    "lr_scheduler_type": "constant", "save_strategy": "no", "eval_strategy": "no"}}
+        if workers:
+            data["ray"] = {"num_workers": workers}
+        return write_config(workdir, data, f"{name}.yaml")
+
+    one = run_config(config("one", 16))
+    two = run_config(config("two", 8, workers=2))
+    _same(_losses(two), _losses(one), rel=1e-3)
+    assert two["ndcg@10"] == pytest.approx(one["ndcg@10"], abs=1e-6)
 
 
 @pytest.mark.slow

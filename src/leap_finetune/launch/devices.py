@@ -136,13 +136,6 @@ def device_plan(resolved, *, gpus: int | None = None, nodes: int | None = None) 
     plan = plan_devices(gpus=visible_gpus() if gpus is None else gpus, nodes=nodes or 1,
                         num_workers=ray.num_workers if ray else None, address=address,
                         fsdp=bool(resolved.training.get("fsdp")), where=where, **servers)
-    if resolved.training_type in ("embedding", "colbert") and not plan.in_process:
-        # Tried with 2 CPU workers and negatives gathered across them (recipes/retrieval.py): the MiniLM test
-        # task reached nDCG@10 0.65 where one process with the same global batch reaches 1.00; until that is
-        # understood, retrieval trains in one process.
-        raise LeapError(f"training_type {resolved.training_type} runs in one process in this version, and the plan has "
-                        f"{plan.workers} workers", where=where,
-                        fix="set ray: {num_workers: 1} (or make one GPU visible: CUDA_VISIBLE_DEVICES=0)")
     judge = getattr(resolved, "rewards", None) and resolved.rewards.judge
     local_servers = plan.server or plan.judge or (judge is not None and judge.base_url is None)
     if local_servers and address:

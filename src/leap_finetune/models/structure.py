@@ -9,8 +9,10 @@ import re
 from leap_finetune.errors import LeapError
 
 
-def module_names(model_id: str, tokenizer, init_kwargs: dict | None = None) -> dict[str, str] | None:
-    """Every module name of the model with its class name, or None when its config.json is not at hand."""
+def module_names(model_id: str, tokenizer, init_kwargs: dict | None = None,
+                 head: bool = True) -> dict[str, str] | None:
+    """Every module name of the model with its class name, or None when its config.json is not at hand.
+    `head=False`: the bare model (AutoModel), as sentence-transformers loads a retrieval backbone."""
     import torch
 
     from leap_finetune.models.tiny import TINY_MODELS, build_tiny_model
@@ -19,7 +21,7 @@ def module_names(model_id: str, tokenizer, init_kwargs: dict | None = None) -> d
         with torch.device("meta"):
             model = build_tiny_model(model_id, tokenizer)
         return _names(model)
-    from transformers import AutoConfig, AutoModelForCausalLM, AutoModelForImageTextToText
+    from transformers import AutoConfig, AutoModel, AutoModelForCausalLM, AutoModelForImageTextToText
 
     from leap_finetune.models.vision import is_vision_model
 
@@ -29,7 +31,7 @@ def module_names(model_id: str, tokenizer, init_kwargs: dict | None = None) -> d
         config = AutoConfig.from_pretrained(model_id, **kwargs)
     except Exception:  # noqa: BLE001 - unreachable or not a transformers model: loading will say so
         return None
-    auto = AutoModelForImageTextToText if is_vision_model(model_id) else AutoModelForCausalLM
+    auto = AutoModelForImageTextToText if is_vision_model(model_id) else AutoModelForCausalLM if head else AutoModel
     try:
         with torch.device("meta"):
             model = auto.from_config(config, trust_remote_code=kwargs.get("trust_remote_code", False))

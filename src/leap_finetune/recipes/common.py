@@ -68,6 +68,11 @@ def common_arguments(resolved: ResolvedConfig, *, run_dir: str, has_eval: bool, 
     args.setdefault("use_cpu", not cuda)
     if has_eval:
         args.setdefault("eval_strategy", "steps")
+        # The baseline evaluation runs inside train(), after the model is wrapped for distributed training:
+        # an evaluate() before train() leaves the model marked as prepared by accelerate, train() then skips
+        # the DDP wrapper and every worker trains its own copy (measured on 2 workers: the losses left the
+        # 1-worker run's at step 2). A resumed run has its baseline in metrics.jsonl already.
+        args.setdefault("eval_on_start", not resolved.resume_checkpoint_path)
     else:
         args["eval_strategy"] = "no"
     # Checkpoint rotation is leap-finetune's (recipes/checkpoints.py: a checkpoint is unmarked before
@@ -167,8 +172,7 @@ def train_evaluate_save(trainer, resolved: ResolvedConfig, run_dir: Path, tokeni
         if getattr(trainer, "is_fsdp_enabled", False):
             console.print(f"fsdp: the model is sharded over {trainer.accelerator.num_processes} workers "
                           "(the final model is gathered on rank 0 to be saved)")
-    has_eval = trainer.eval_dataset is not None
-    baseline = trainer.evaluate() if has_eval and not resume else None  # logged at step 0 (every rank evaluates)
+    has_eval = trainer.eval_dataset is not None  # the baseline evaluation is logged at step 0 (eval_on_start)
     run_benchmarks = benchmarks is not None and main  # once, not once per rank
     baseline_benchmarks = benchmarks.evaluate("before training") if run_benchmarks and not resume else {}
     result = trainer.train(resume_from_checkpoint=resume)
@@ -192,8 +196,8 @@ def train_evaluate_save(trainer, resolved: ResolvedConfig, run_dir: Path, tokeni
         window = min(5, len(rewards))
         summary["initial_reward"] = sum(rewards[:window]) / window
         summary["final_reward"] = sum(rewards[-window:]) / window
+    baseline = history["initial_eval"] or None
     if resume:
-        baseline = history["initial_eval"] or None
         baseline_benchmarks = history["initial_benchmarks"]
     if trainer.state.global_step < trainer.state.max_steps:
         summary["stopped_early"] = True
@@ -280,7 +284,7 @@ def metrics_history(path: Path) -> dict:
             steps += span
             previous = record["step"]
     rewards = [float(r["reward"]) for r in records if "reward" in r and _is_number(r["reward"])]
-    initial_eval = next((r for r in records if r.get("step") == 0 and "eval_loss" in r), {})
+    initial_eval = next((r for r in records if r.get("step") == 0 and any(k.startswith("eval_") for k in r)), {})
     initial_benchmarks = {k: v for r in records if r.get("step") == 0 for k, v in r.items() if k.startswith("benchmark/")}
     return {"train_loss": total / steps if steps else None, "initial_eval": initial_eval,
             "initial_benchmarks": initial_benchmarks, "rewards": rewards}

@@ -29,7 +29,40 @@ def training_arguments(resolved: ResolvedConfig, *, run_dir: str, has_eval: bool
         columns = {"query": prompts.query, "positive": prompts.document}
         columns.update({f"negative_{i}": prompts.document for i in range(1, 65)})
         args["prompts"] = {k: v for k, v in columns.items() if v}
+    if several_workers():
+        # one batch of per_device x workers rows is drawn and split among the workers: see global_batches
+        args["accelerator_config"] = {**(args.get("accelerator_config") or {}), "split_batches": True}
     return args
+
+
+def global_batches(trainer_cls):
+    """The trainer, drawing each batch for all workers at once when there are several.
+
+    Left as it is, every worker draws its own no-duplicates batch; with the documents gathered across workers,
+    the same text could then be one query's positive on one worker and its "negative" from another (data with
+    repeated rows). With this, 2 workers x N rows train exactly like 1 worker x 2N rows (tests/e2e). Here
+    the sampler draws per_device x workers rows with no duplicate text, and accelerate's split_batches gives each
+    worker its slice. A last, smaller batch is completed with rows from the epoch's first one (even_batches):
+    every worker must gather the same number of rows, and no row is dropped.
+    """
+    if not several_workers():
+        return trainer_cls
+
+    class GlobalBatchTrainer(trainer_cls):
+        # sentence-transformers builds train and eval loaders through this method (pinned range, tests/e2e)
+        def _build_dataloader(self, dataset, batch_size, dataset_kind):
+            return super()._build_dataloader(dataset, batch_size * self.accelerator.num_processes, dataset_kind)
+
+        def get_train_dataloader(self):
+            if self.train_dataset is None:
+                return super().get_train_dataloader()
+            self.accelerator.even_batches = True
+            self._train_dataloader = self.accelerator.prepare(
+                self._build_dataloader(self.train_dataset, self.args.train_batch_size, dataset_kind="train"))
+            return self._train_dataloader
+
+    GlobalBatchTrainer.__name__ = trainer_cls.__name__
+    return GlobalBatchTrainer
 
 
 def evaluator(resolved: ResolvedConfig, train, eval_rows, multi_vector: bool):
@@ -85,8 +118,10 @@ def train(resolved_json: dict, *, model_factory, loss_factory, trainer_cls, args
     train_dataset, eval_dataset = common.load_prepared(run_dir)
     args = args_cls(**training_arguments(resolved, run_dir=str(run_dir), has_eval=eval_dataset is not None))
     model = model_factory(resolved, console)
+    if resolved.peft is not None:
+        add_lora(model, resolved, console)
     stop_on_signal = StopOnSignal()
-    trainer = trainer_cls(
+    trainer = global_batches(trainer_cls)(
         model=model, args=args, train_dataset=train_dataset,
         eval_dataset=eval_dataset.select_columns(["query", "positive"]) if eval_dataset is not None else None,
         loss=loss_factory(resolved, model), evaluator=evaluator(resolved, train_dataset, eval_dataset, multi_vector),
@@ -96,7 +131,6 @@ def train(resolved_json: dict, *, model_factory, loss_factory, trainer_cls, args
     trainer.remove_callback(PrinterCallback)
     main = common.is_main_process()
     resume = resolved.resume_checkpoint_path
-    baseline = trainer.evaluate() if eval_dataset is not None and not resume else None
     result = trainer.train(resume_from_checkpoint=resume)
     finished = trainer.state.global_step >= trainer.state.max_steps
     # every rank evaluates (the evaluation loss is gathered over the workers)
@@ -116,8 +150,14 @@ def train(resolved_json: dict, *, model_factory, loss_factory, trainer_cls, args
         score = main_score(final)
         if score is not None:
             summary["ndcg@10"] = score[1]
-            first = main_score(baseline or history.get("initial_eval") or {})
+            first = main_score(history["initial_eval"])
             summary["initial_ndcg@10"] = first[1] if first else None
+    if resolved.peft is not None:
+        # the backbone's adapter on its own (peft's format), then the model with it merged: a
+        # sentence-transformers folder that loads without peft
+        common._save_atomic(run_dir / "adapter", lambda path: save_adapter(model, resolved, path))
+        summary["adapter_dir"] = str(run_dir / "adapter")
+        merge_lora(model)
     common._save_atomic(run_dir / "model", lambda path: model.save_pretrained(str(path)))
     summary["model_dir"] = str(run_dir / "model")
     cls = "MultiVectorEncoder" if multi_vector else "SentenceTransformer"
@@ -131,16 +171,72 @@ def train(resolved_json: dict, *, model_factory, loss_factory, trainer_cls, args
 def backbone(resolved: ResolvedConfig) -> str:
     """What sentence-transformers loads: the model id, or for a built-in tiny model a folder it is saved to
     (in the run folder: sentence-transformers loads models by name or path only)."""
-    from leap_finetune.models.tiny import TINY_MODELS, build_tiny_model, load_tiny_tokenizer
+    from leap_finetune.models.tiny import TINY_MODELS
 
     if resolved.model_id not in TINY_MODELS:
         return resolved.model_id
     folder = Path(resolved.run_dir) / "base_model"
-    if not (folder / "config.json").exists():
-        tokenizer = load_tiny_tokenizer(resolved.model_id)
-        build_tiny_model(resolved.model_id, tokenizer).save_pretrained(folder)
-        tokenizer.save_pretrained(folder)
+    if not (folder / "config.json").exists():  # the driver saves it (api._stage_run_folder), before any worker
+        save_tiny_backbone(resolved, Path(resolved.run_dir))
     return str(folder)
+
+
+def save_tiny_backbone(resolved: ResolvedConfig, run_folder: Path) -> None:
+    """A built-in tiny model saved as run_folder/base_model (nothing for other models)."""
+    from leap_finetune.models.tiny import TINY_MODELS, build_tiny_model, load_tiny_tokenizer
+
+    if resolved.model_id not in TINY_MODELS:
+        return
+    tokenizer = load_tiny_tokenizer(resolved.model_id)
+    build_tiny_model(resolved.model_id, tokenizer).save_pretrained(run_folder / "base_model")
+    tokenizer.save_pretrained(run_folder / "base_model")
+
+
+def add_lora(model, resolved: ResolvedConfig, console) -> None:
+    """LoRA layers put into the transformer backbone with peft (its other modules - a ColBERT projection, a
+    Dense layer - stay fully trainable). Not sentence-transformers' add_adapter: that goes through transformers'
+    peft integration, which needs peft >= 0.22, newer than the peft this release is tested with."""
+    from peft import LoraConfig, inject_adapter_in_model
+
+    config = LoraConfig(task_type="FEATURE_EXTRACTION", **resolved.peft)
+    inject_adapter_in_model(config, model.transformers_model)
+    model.transformers_model.leap_lora_config = config
+    trainable = sum(p.numel() for p in model.parameters() if p.requires_grad)
+    total = sum(p.numel() for p in model.parameters())
+    if common.is_main_process():
+        console.print(f"lora: {trainable:,} of {total:,} parameters train ({100 * trainable / total:.2f}%)")
+
+
+def save_adapter(model, resolved: ResolvedConfig, folder: Path) -> None:
+    """The backbone's LoRA weights in peft's format (PeftModel.from_pretrained(AutoModel...(base), folder))."""
+    from peft.utils import get_peft_model_state_dict
+    from safetensors.torch import save_file
+
+    folder = Path(folder)
+    backbone = model.transformers_model
+    config = backbone.leap_lora_config
+    config.base_model_name_or_path = resolved.model_id
+    config.save_pretrained(str(folder))
+    weights = get_peft_model_state_dict(backbone)
+    # named as PeftModel.save_pretrained names them (the backbone is PeftModel's base_model.model)
+    save_file({f"base_model.model.{k}": v.detach().cpu().contiguous() for k, v in weights.items()},
+              str(folder / "adapter_model.safetensors"))
+
+
+def merge_lora(model) -> None:
+    """The LoRA weights merged into the backbone's layers, in place: peft's layers merge, then the base layer
+    takes the adapted layer's place, so the model saves and loads without peft."""
+    from peft.tuners.tuners_utils import BaseTunerLayer
+
+    backbone = model.transformers_model
+    for name, module in list(backbone.named_modules()):
+        if isinstance(module, BaseTunerLayer):
+            module.merge()
+            parent, _, child = name.rpartition(".")
+            setattr(backbone.get_submodule(parent) if parent else backbone, child, module.get_base_layer())
+    del backbone.leap_lora_config
+    for parameter in backbone.parameters():
+        parameter.requires_grad_(True)
 
 
 def several_workers() -> bool:
