@@ -482,5 +482,9 @@ def _print_end(console: Console, summary: dict) -> None:
         before = summary.get("initial_ndcg@10")
         parts.append(f"held-out nDCG@10 {before:.2f} -> {summary['ndcg@10']:.2f}" if before is not None
                      else f"held-out nDCG@10 {summary['ndcg@10']:.2f}")
+    for name, after in (summary.get("retrieval_benchmarks") or {}).items():
+        before = (summary.get("initial_retrieval_benchmarks") or {}).get(name)
+        parts.append(f"{name} nDCG@10 {before:.2f} -> {after:.2f}" if before is not None
+                     else f"{name} nDCG@10 {after:.2f}")
     console.print(", ".join(parts))
     console.print(f"model: {summary['model_dir']}" + (f"  adapter: {summary['adapter_dir']}" if summary.get("adapter_dir") else ""))

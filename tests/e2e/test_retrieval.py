@@ -39,6 +39,21 @@ def _rows(pairs):
              "positive": f"The {COLORS[c]} {OBJECTS[o]} is on the table."} for c, o in pairs]
 
 
+def _benchmark(folder: Path, pairs) -> Path:
+    """A retrieval benchmark in the BEIR layout: every colour/object sentence is a document; the queries are
+    the held-out invented-word combinations, their relevance in qrels/test.tsv."""
+    bench = folder / "bench"
+    (bench / "qrels").mkdir(parents=True, exist_ok=True)
+    docs = [(c, o) for c in range(8) for o in range(8)]
+    write_jsonl(bench / "corpus.jsonl", [{"_id": f"d{c}{o}", "title": "", "text": f"The {COLORS[c]} {OBJECTS[o]} is on "
+                                          "the table."} for c, o in docs])
+    write_jsonl(bench / "queries.jsonl", [{"_id": f"q{c}{o}", "text": f"{INVENTED_COLORS[c]} {INVENTED_OBJECTS[o]}"}
+                                          for c, o in pairs])
+    (bench / "qrels" / "test.tsv").write_text("query-id\tcorpus-id\tscore\n" + "".join(
+        f"q{c}{o}\td{c}{o}\t1\n" for c, o in pairs))
+    return bench
+
+
 def _config(folder: Path, model: Path, training_type: str) -> Path:
     pairs = [(c, o) for c in range(8) for o in range(8)]
     random.Random(0).shuffle(pairs)
@@ -48,7 +63,9 @@ def _config(folder: Path, model: Path, training_type: str) -> Path:
               "dataset": {"path": "train.jsonl", "val_path": "held_out.jsonl"},
               "training_config": {"num_train_epochs": 3, "per_device_train_batch_size": 16, "learning_rate": 1e-4,
                                   "warmup_steps": 0, "logging_steps": 10, "save_strategy": "no",
-                                  "eval_strategy": "no"}}
+                                  "eval_strategy": "no"},
+              "evals": {"benchmarks": [{"name": "held-out-search", "path": str(_benchmark(folder, pairs[40:])),
+                                        "metric": "retrieval"}]}}
     return write_config(folder, config)
 
 
@@ -68,6 +85,18 @@ def test_minilm_learns_a_retrieval_task_it_does_not_solve(workdir, minilm, train
     assert np.allclose(np.asarray(a[0]), np.asarray(b[0]))
     metrics = [json.loads(line) for line in (Path(summary["run_dir"]) / "metrics.jsonl").read_text().splitlines()]
     assert any("loss" in m for m in metrics)
+    # the retrieval benchmark of evals: before and after training, and `leap-finetune eval` on the saved run
+    # gives the score the run logged
+    before, after = (summary[k]["held-out-search"] for k in ("initial_retrieval_benchmarks", "retrieval_benchmarks"))
+    assert before < 0.3 and after > 0.9, summary
+    from leap_finetune.evaluation.standalone import evaluate_config
+
+    data = yaml.safe_load((workdir / "config.yaml").read_text())
+    data["checkpoint"] = summary["run_dir"]
+    report = evaluate_config(write_config(workdir, data, "eval.yaml"), output=workdir / "results.json")
+    assert report["results"]["benchmark/held-out-search/score"] == pytest.approx(after, abs=1e-6)
+    assert report["results"]["benchmark/held-out-search/queries"] == 24
+    assert json.loads((workdir / "results.json").read_text())["results"] == report["results"]
 
 
 def _small(folder: Path, model: Path, training_type: str = "embedding", **extra) -> Path:
@@ -117,6 +146,27 @@ def test_retrieval_mistakes_are_caught_at_validate(workdir, minilm):
     with pytest.raises(LeapError) as info:
         validate_config(write_config(workdir, config, "sft.yaml"))
     assert "'retrieval:' applies to training_type embedding or colbert" in info.value.format()
+    # retrieval benchmarks: every row and judgement checked, and only for embedding / colbert models
+    bench = _benchmark(workdir, [(0, 0), (1, 1)])
+    write_jsonl(bench / "queries.jsonl", [{"_id": "q00", "text": "zorp vantu"}, {"_id": "q11", "text": ""}])
+    (bench / "qrels" / "test.tsv").write_text("query-id\tcorpus-id\tscore\nq00\td99\t1\nq11\td11\tmany\n")
+    config = {"model_name": str(minilm), "training_type": "embedding", "dataset": {"path": "train.jsonl"},
+              "evals": {"benchmarks": [{"name": "search", "path": "bench", "metric": "retrieval"}]}}
+    write_jsonl(workdir / "train.jsonl", _rows([(0, 0), (1, 1)]))
+    with pytest.raises(LeapError) as info:
+        validate_config(write_config(workdir, config, "bench.yaml"))
+    message = info.value.format()
+    assert "queries.jsonl, line 2, field 'text': missing or empty" in message
+    assert "test.tsv, line 2, field 'corpus-id': 'd99' is not a document of corpus.jsonl" in message
+    assert "test.tsv, line 3, field 'score': expected a number, got 'many'" in message
+    config["evals"]["benchmarks"][0]["metric"] = "exact_match"
+    with pytest.raises(LeapError) as info:
+        validate_config(write_config(workdir, config, "bench.yaml"))
+    assert "only retrieval benchmarks apply" in info.value.format()
+    config.update(training_type="sft", evals={"benchmarks": [{"name": "s", "path": "bench", "metric": "retrieval"}]})
+    with pytest.raises(LeapError) as info:
+        validate_config(write_config(workdir, config, "bench.yaml"))
+    assert "metric retrieval, which scores embedding and ColBERT models" in info.value.format()
 
 
 @pytest.mark.slow

@@ -131,6 +131,14 @@ def load_config(source: str | Path | dict, *, base_dir: Path | None = None) -> R
 
     dataset = _resolve_dataset(model, base, where)
     evals = _resolve_evals(model.evals, base, where)
+    if model.training_type not in ("embedding", "colbert"):
+        for index, bench in enumerate(evals.benchmarks if evals is not None else []):
+            if bench.metric == "retrieval":
+                raise LeapError(f"benchmark '{bench.name}' has metric retrieval, which scores embedding and ColBERT "
+                                f"models, and training_type is {model.training_type}",
+                                where=f"{where}: evals.benchmarks[{index}].metric",
+                                fix="use a generation or log-prob metric (README \"Benchmarks\"), or training_type: "
+                                "embedding / colbert")
 
     output_dir = str(local_path(model.output_dir, base)) if model.output_dir else None
     training["model_init_kwargs"] = check_model_init_kwargs(
@@ -186,11 +194,13 @@ def _resolve_retrieval(model: LeapConfigModel, training: dict, where: str):
         raise LeapError(f"{model.model_name} is not a text model: it cannot be a {model.training_type} backbone",
                         where=f"{where}: model_name", fix="use tiny-lfm2, an LFM2 model, or a sentence-transformers "
                         "model or encoder folder (e.g. all-MiniLM-L6-v2)")
-    if model.evals is not None:
-        raise LeapError(f"'evals:' (generation / log-prob benchmarks) does not apply to {model.training_type} training",
-                        where=f"{where}: evals", fix="remove evals; retrieval metrics (nDCG@10, MRR@10, recall@k) are "
-                        "computed on the held-out rows (dataset.val_path or test_size), and `leap-finetune eval` scores "
-                        "a saved model on a retrieval benchmark")
+    for index, bench in enumerate(model.evals.benchmarks if model.evals is not None else []):
+        if bench.metric != "retrieval":
+            raise LeapError(f"benchmark '{bench.name}' has metric {bench.metric}: an {model.training_type} model "
+                            "generates no text, so only retrieval benchmarks apply",
+                            where=f"{where}: evals.benchmarks[{index}].metric",
+                            fix="use metric: retrieval with a folder of corpus.jsonl, queries.jsonl and qrels/test.tsv "
+                            "(README \"Retrieval benchmarks\"); the held-out rows are scored anyway")
     accumulation = training.get("gradient_accumulation_steps", 1)
     if accumulation > 1:
         raise LeapError(f"training_config.gradient_accumulation_steps is {accumulation}: with in-batch negatives, "
@@ -240,13 +250,16 @@ def _resolve_evals(evals: EvalsConfig | None, base: Path, where: str) -> EvalsCo
                     fix="write it as ./my_metrics.py::function_name (the path relative to the config file)",
                 )
             bench.metric = f"{path}::{function}"
+        elif bench.metric == "retrieval":
+            bench.path = str(local_path(bench.path, base))  # a folder (BEIR layout), never a Hub id
         elif bench.metric not in GENERATION_METRICS + LOGPROB_METRICS:
-            hint = did_you_mean(bench.metric, GENERATION_METRICS + LOGPROB_METRICS)
+            hint = did_you_mean(bench.metric, GENERATION_METRICS + LOGPROB_METRICS + ("retrieval",))
             raise LeapError(
                 f"unknown metric '{bench.metric}'",
                 where=f"{here}.metric",
                 fix=(hint + " " if hint else "") + "generation metrics: " + ", ".join(GENERATION_METRICS)
-                + "; log-prob multiple choice: logprob_mcq; or ./file.py::function",
+                + "; log-prob multiple choice: logprob_mcq; or ./file.py::function; for embedding/colbert models: "
+                "retrieval",
             )
     return evals
 

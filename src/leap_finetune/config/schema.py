@@ -60,7 +60,8 @@ class BenchmarkConfig(StrictModel):
     path: str = Field(min_length=1, description="A .jsonl, .json, .parquet or .csv file (or folder) of benchmark rows.")
     metric: str = Field(
         description="Generation: " + ", ".join(GENERATION_METRICS) + ", or ./file.py::function. "
-        "Log-prob multiple choice: logprob_mcq (also logprob_zero_shot)."
+        "Log-prob multiple choice: logprob_mcq (also logprob_zero_shot). Embedding / ColBERT models: retrieval "
+        "(path: a folder of corpus.jsonl, queries.jsonl, qrels/test.tsv)."
     )
     limit: int | None = Field(default=None, gt=0, description="Use only the first N rows.")
 

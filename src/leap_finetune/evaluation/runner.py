@@ -37,6 +37,11 @@ def load_benchmarks(evals: EvalsConfig, *, vision: bool, model_name: str) -> lis
     """Validate every benchmark row (and custom metric) before any model loads."""
     loaded = []
     for bench in evals.benchmarks:
+        if bench.metric == "retrieval":  # embedding / colbert: scored by sentence-transformers' evaluators
+            from leap_finetune.evaluation.retrieval_benchmark import load_retrieval_benchmark
+
+            loaded.append(LoadedBenchmark(bench.name, bench.metric, load_retrieval_benchmark(bench)))
+            continue
         items = load_benchmark(bench, vision=vision, model_name=model_name)
         if "::" in bench.metric:  # a custom metric that cannot import or fails on its own references fails now
             check_custom_metric(bench.metric, bench.name, items)

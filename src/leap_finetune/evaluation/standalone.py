@@ -41,6 +41,10 @@ def evaluate_config(source, *, output: str | Path | None = None, console: Consol
     benchmarks = _check_benchmarks(resolved, target.model_id)
     if output is not None:
         _check_output(Path(output), resolved)
+    if resolved.retrieval is not None:  # an embedding / ColBERT model on retrieval benchmarks
+        report = _evaluate_retrieval(resolved, target, benchmarks, console)
+        _write_report(report, output, console)
+        return report
 
     import torch
 
@@ -75,13 +79,55 @@ def evaluate_config(source, *, output: str | Path | None = None, console: Consol
     report = {"model": str(target.adapter_dir or target.model_id), "results": results}
     if target.adapter_dir is not None:
         report["base_model"] = target.model_id
+    _write_report(report, output, console)
+    return report
+
+
+def _write_report(report: dict, output, console) -> None:
     if output:
         from leap_finetune.recipes.callbacks import write_atomic
 
         Path(output).parent.mkdir(parents=True, exist_ok=True)
         write_atomic(Path(output), json.dumps(report, indent=2))
         console.print(f"results: {output}")
-    return report
+
+
+def _evaluate_retrieval(resolved: ResolvedConfig, target: ModelToEvaluate, benchmarks, console) -> dict:
+    """nDCG@10 (the score), MRR@10 and recall@1/@10 of a saved sentence-transformers / ColBERT model (or any
+    encoder given as model_name: the recipe's model, pooling and prompts) on each retrieval benchmark."""
+    import time
+
+    from leap_finetune.evaluation.retrieval_benchmark import evaluator, scores
+    from leap_finetune.evaluation.runner import print_summary
+    from leap_finetune.recipes.common import quiet_libraries
+
+    if target.adapter_dir is not None:
+        raise LeapError("a retrieval run's adapter folder is evaluated through its merged model",
+                        where=f"checkpoint: {target.adapter_dir}", fix="point checkpoint at the run folder or its model/")
+    quiet_libraries()
+    multi_vector = resolved.training_type == "colbert"
+    if multi_vector:
+        from leap_finetune.recipes.colbert import build_model
+    else:
+        from leap_finetune.recipes.embedding import build_model
+    import tempfile
+
+    # (a built-in tiny backbone is saved to run_dir first: a temporary one here)
+    with tempfile.TemporaryDirectory() as scratch:
+        model = build_model(resolved.model_copy(update={"model_id": target.model_id, "run_dir": scratch}), console)
+    results: dict[str, float] = {}
+    for bench in benchmarks:
+        data = bench.items
+        start = time.perf_counter()
+        name = f"benchmark_{data.name}"
+        found = scores(evaluator(data, resolved.retrieval.prompts, multi_vector=multi_vector)(model), name)
+        results[f"benchmark/{data.name}/score"] = found["ndcg@10"]
+        results.update({f"benchmark/{data.name}/{k}": v for k, v in found.items() if k != "ndcg@10"})
+        results[f"benchmark/{data.name}/queries"] = data.scored_queries
+        results[f"benchmark/{data.name}/documents"] = len(data.corpus)
+        results[f"benchmark/{data.name}/seconds"] = time.perf_counter() - start
+    print_summary(console, results, 0, f"of {target.name} (score: nDCG@10)")
+    return {"model": target.model_id, "results": results}
 
 
 def _check_output(output: Path, resolved: ResolvedConfig) -> None:

@@ -20,7 +20,10 @@ EVAL_NAME = "retrieval"  # metrics are logged as eval_retrieval_<score>_ndcg@10,
 
 
 def training_arguments(resolved: ResolvedConfig, *, run_dir: str, has_eval: bool, cuda: bool | None = None) -> dict:
-    args = common.common_arguments(resolved, run_dir=run_dir, has_eval=has_eval, cuda=cuda)
+    evals = resolved.evals  # retrieval benchmarks: scored with the held-out rows, on the same schedule
+    args = common.common_arguments(resolved, run_dir=run_dir, has_eval=has_eval or evals is not None, cuda=cuda)
+    if evals is not None and evals.eval_steps:
+        args["eval_steps"] = evals.eval_steps
     # sentence-transformers' inputs have no input_ids column for the Trainer to count
     args["include_num_input_tokens_seen"] = "no"
     prompts = resolved.retrieval.prompts if resolved.retrieval is not None else None
@@ -66,36 +69,45 @@ def global_batches(trainer_cls):
 
 
 def evaluator(resolved: ResolvedConfig, train, eval_rows, multi_vector: bool):
-    """nDCG@10, MRR@10, recall@k of the held-out queries over every document of the data (train and held-out
-    positives and negatives), each held-out query's positive the relevant one."""
-    if eval_rows is None:
-        return None
-    documents: dict[str, str] = {}
+    """The held-out queries over every document of the data (train and held-out positives and negatives), each
+    held-out query's positive the relevant one; then each retrieval benchmark of `evals:` (its own metrics)."""
+    from leap_finetune.evaluation.retrieval_benchmark import evaluator as benchmark_evaluator
+    from leap_finetune.evaluation.retrieval_benchmark import ir_evaluator
 
-    def doc_id(text: str) -> str:
-        return documents.setdefault(text, f"d{len(documents)}")
-
-    relevant, queries = {}, {}
-    for index, row in enumerate(eval_rows):
-        queries[f"q{index}"] = row["query"]
-        relevant[f"q{index}"] = {doc_id(row["positive"])}
-    for split in (train, eval_rows):
-        for row in split:
-            for key, value in row.items():
-                if key != "query" and value:
-                    doc_id(value)
-    corpus = {i: text for text, i in documents.items()}
     prompts = resolved.retrieval.prompts
-    kwargs = dict(name=EVAL_NAME, mrr_at_k=[10], ndcg_at_k=[10], accuracy_at_k=[1, 10],
-                  precision_recall_at_k=[1, 10], map_at_k=[10], query_prompt=prompts.query,
-                  corpus_prompt=prompts.document, write_csv=False)
-    if multi_vector:
-        from sentence_transformers.multi_vector_encoder.evaluation import MultiVectorInformationRetrievalEvaluator
+    evaluators = []
+    if eval_rows is not None:
+        documents: dict[str, str] = {}
 
-        return MultiVectorInformationRetrievalEvaluator(queries, corpus, relevant, **kwargs)
-    from sentence_transformers.evaluation import InformationRetrievalEvaluator
+        def doc_id(text: str) -> str:
+            return documents.setdefault(text, f"d{len(documents)}")
 
-    return InformationRetrievalEvaluator(queries, corpus, relevant, **kwargs)
+        relevant, queries = {}, {}
+        for index, row in enumerate(eval_rows):
+            queries[f"q{index}"] = row["query"]
+            relevant[f"q{index}"] = {doc_id(row["positive"])}
+        for split in (train, eval_rows):
+            for row in split:
+                for key, value in row.items():
+                    if key != "query" and value:
+                        doc_id(value)
+        corpus = {i: text for text, i in documents.items()}
+        evaluators.append(ir_evaluator(EVAL_NAME, queries, corpus, relevant, prompts, multi_vector=multi_vector))
+    for bench in retrieval_benchmarks(resolved):
+        evaluators.append(benchmark_evaluator(bench, prompts, multi_vector=multi_vector))
+    if len(evaluators) <= 1:
+        return evaluators[0] if evaluators else None
+    from sentence_transformers.evaluation import SequentialEvaluator
+
+    return SequentialEvaluator(evaluators)
+
+
+def retrieval_benchmarks(resolved: ResolvedConfig) -> list:
+    if resolved.evals is None:
+        return []
+    from leap_finetune.evaluation.retrieval_benchmark import load_retrieval_benchmark
+
+    return [load_retrieval_benchmark(bench) for bench in resolved.evals.benchmarks]
 
 
 def main_score(metrics: dict) -> tuple[str, float] | None:
@@ -134,7 +146,8 @@ def train(resolved_json: dict, *, model_factory, loss_factory, trainer_cls, args
     result = trainer.train(resume_from_checkpoint=resume)
     finished = trainer.state.global_step >= trainer.state.max_steps
     # every rank evaluates (the evaluation loss is gathered over the workers)
-    final = trainer.evaluate() if finished and eval_dataset is not None else None
+    has_eval = eval_dataset is not None or resolved.evals is not None
+    final = trainer.evaluate() if finished and has_eval else None
     if not main:
         return {"global_step": trainer.state.global_step}
     history = common.metrics_history(run_dir / "metrics.jsonl")
@@ -152,6 +165,14 @@ def train(resolved_json: dict, *, model_factory, loss_factory, trainer_cls, args
             summary["ndcg@10"] = score[1]
             first = main_score(history["initial_eval"])
             summary["initial_ndcg@10"] = first[1] if first else None
+        benchmarks = [b.name for b in resolved.evals.benchmarks] if resolved.evals is not None else []
+        if benchmarks:
+            from leap_finetune.evaluation.retrieval_benchmark import scores
+
+            summary["retrieval_benchmarks"] = {name: scores(final, f"benchmark_{name}").get("ndcg@10")
+                                               for name in benchmarks}
+            summary["initial_retrieval_benchmarks"] = {
+                name: scores(history["initial_eval"], f"benchmark_{name}").get("ndcg@10") for name in benchmarks}
     if resolved.peft is not None:
         # the backbone's adapter on its own (peft's format), then the model with it merged: a
         # sentence-transformers folder that loads without peft
