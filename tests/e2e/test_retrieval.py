@@ -225,3 +225,29 @@ def test_the_tiny_lfm2_backbone_trains_end_to_end(workdir, training_type, lora):
 
     cls = MultiVectorEncoder if training_type == "colbert" else SentenceTransformer
     assert len(cls(summary["model_dir"], device="cpu").encode(["zorp vantu"])) == 1
+
+
+def test_a_folder_of_parquet_and_jsonl_with_bad_rows_skipped(workdir):
+    """Retrieval rows are read like SFT rows (a folder of files, Parquet included); with on_invalid: skip the
+    bad rows are dropped, counted and listed with file, row and field - never silently."""
+    import pyarrow as pa
+    import pyarrow.parquet as pq
+
+    folder = workdir / "data"
+    folder.mkdir()
+    good = retrieval_rows(20)
+    write_jsonl(folder / "a.jsonl", good[:10] + [{"query": "zorp", "positive": ""}])
+    rows = good[10:] + [{"query": "blix", "positive": "The blue boat.", "negative": "The blue boat."}]
+    pq.write_table(pa.Table.from_pylist([{**r, "negative": r.get("negative")} for r in rows]), folder / "b.parquet")
+    config = {"project_name": "skip", "model_name": "tiny-lfm2", "training_type": "embedding",
+              "dataset": {"path": "data", "on_invalid": "skip"},
+              "training_config": {"max_steps": 1, "per_device_train_batch_size": 4, "save_strategy": "no"}}
+    summary = run_config(write_config(workdir, config))
+    run_dir = Path(summary["run_dir"])
+    dropped = [json.loads(line) for line in (run_dir / "dropped_rows.jsonl").read_text().splitlines()]
+    assert sorted((Path(d["file"]).name, d["location"], d["reason"].split(":")[0]) for d in dropped) == [
+        ("a.jsonl", "line 11", "positive"), ("b.parquet", "row 11", "negative")]
+    from datasets import load_from_disk
+
+    prepared = run_dir / "prepared"
+    assert sum(len(load_from_disk(str(prepared / s))) for s in ("train", "eval") if (prepared / s).exists()) == 20

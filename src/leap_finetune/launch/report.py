@@ -38,6 +38,14 @@ def config_table(resolved: ResolvedConfig) -> Table:
                    f"{t.get('max_completion_length')} tokens")
         rows.append(("rollouts", ("vLLM, " + str(t.get("vllm_mode"))) if t.get("use_vllm")
                      else "transformers' generation" + (" (paged)" if t.get("use_transformers_paged") else "")))
+    if resolved.retrieval is not None:  # embedding / colbert: no chat template, no loss mask, lengths per side
+        r = resolved.retrieval
+        rows[1] = ("prompts", f"query {r.prompts.query!r}, document {r.prompts.document!r}"
+                   if (r.prompts.query or r.prompts.document) else "none")
+        loss = {"mnrl": "in-batch negatives", "cached_mnrl": f"in-batch negatives, cached (mini-batches of "
+                f"{r.mini_batch_size})"}[r.loss]
+        rows[2] = ("training", f"{resolved.training_type}, {loss}, pooling {r.pooling}")
+        rows[8] = ("max length query / document", f"{r.query_max_length} / {r.document_max_length}")
     if resolved.evals:
         rows.append(("benchmarks", ", ".join(f"{b.name} ({b.metric.rsplit('::', 1)[-1]})" for b in resolved.evals.benchmarks)))
     for key, value in rows:
@@ -62,6 +70,9 @@ def data_report(console: Console, prepared: PreparedData, resolved: ResolvedConf
         console.print(f"data: {prepared.rows_read} rows read -> {len(prepared.train)} train prompts "
                       f"({with_solution} with a solution), {len(prepared.eval)} eval; {prepared.train_tokens:,} "
                       "prompt tokens")
+    elif resolved is not None and resolved.retrieval is not None:
+        console.print(f"data: {prepared.rows_read} rows read -> {len(prepared.train)} train, {len(prepared.eval)} eval "
+                      f"(query, positive, negatives); {prepared.train_tokens:,} train tokens")
     else:
         console.print(
             f"data: {prepared.rows_read} rows read -> {len(prepared.train)} train, {len(prepared.eval)} eval; "
