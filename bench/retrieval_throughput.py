@@ -25,13 +25,13 @@ sys.path.insert(0, str(Path(__file__).resolve().parent))
 WARMUP = 5
 
 
-def make_rows(path: Path, count: int, seed: int = 0) -> None:
+def make_rows(path: Path, count: int, seed: int = 0, doc_words: int = 180) -> None:
     words = "the quick brown fox jumps over a lazy dog while seven wizards quietly hex jolly mice".split()
     rng = random.Random(seed)
     with path.open("w") as handle:
         for i in range(count):
             handle.write(json.dumps({"query": f"q{i} " + " ".join(rng.choice(words) for _ in range(12)),
-                                     "positive": f"d{i} " + " ".join(rng.choice(words) for _ in range(180))}) + "\n")
+                                     "positive": f"d{i} " + " ".join(rng.choice(words) for _ in range(doc_words))}) + "\n")
 
 
 class Clock:
@@ -97,6 +97,10 @@ def main() -> None:
     parser.add_argument("--batch", type=int, default=64)
     parser.add_argument("--cached", default="1024,4096,8192")
     parser.add_argument("--smoke", action="store_true", help="CPU check of this script with tiny-lfm2")
+    parser.add_argument("--only-cached", action="store_true",
+                        help="only the cached-loss batch sizes, 1 step each, documents of ~20 tokens (memory: the "
+                        "batch x batch score matrix and the stored embeddings grow with the batch, activations with "
+                        "the mini-batch only; short texts keep the search fast)")
     parser.add_argument("--work", default="/tmp/leap-retrieval-bench")
     parser.add_argument("--out", default=None)
     args = parser.parse_args()
@@ -117,7 +121,8 @@ def main() -> None:
     else:
         build_model("350m", model_dir)
     data = work / "pairs.jsonl"
-    make_rows(data, max(args.batch * args.steps, max(int(b) for b in args.cached.split(",")) * 2))
+    make_rows(data, max(args.batch * args.steps, max(int(b) for b in args.cached.split(",")) * 2),
+              doc_words=20 if args.only_cached else 180)
     device = torch.cuda.get_device_name(0) if torch.cuda.is_available() else "CPU (smoke)"
     lines = [f"### {datetime.date.today()} - embedding training - {device} - torch "
              f"{torch.__version__}, transformers {transformers.__version__}, sentence-transformers "
@@ -144,14 +149,16 @@ def main() -> None:
         if args.out:
             Path(args.out).write_text("\n".join(lines) + "\n")
 
-    record(f"sentence-transformers' own trainer, MNRL, bf16, batch {args.batch}",
-           lambda: sentence_transformers_own(model_dir, data, work, args.steps, args.batch))
-    record(f"leap-finetune (DEFAULT_EMBEDDING), MNRL, batch {args.batch}",
-           lambda: leap(model_dir, data, work, args.steps, args.batch))
+    if not args.only_cached:
+        record(f"sentence-transformers' own trainer, MNRL, bf16, batch {args.batch}",
+               lambda: sentence_transformers_own(model_dir, data, work, args.steps, args.batch))
+        record(f"leap-finetune (DEFAULT_EMBEDDING), MNRL, batch {args.batch}",
+               lambda: leap(model_dir, data, work, args.steps, args.batch))
     for size in (int(b) for b in args.cached.split(",")):
-        # 2 steps: whether it fits, and its memory (too few steps for a speed figure)
+        # 2 steps (1 with --only-cached): whether it fits, and its memory (too few steps for a speed figure)
+        steps = 1 if args.only_cached else 2
         record(f"leap-finetune, cached_mnrl (mini-batch 64), batch {size} (fits?)",
-               lambda size=size: leap(model_dir, data, work, 2, size, loss="cached_mnrl"))
+               lambda size=size, steps=steps: leap(model_dir, data, work, steps, size, loss="cached_mnrl"))
     print("\n".join(lines))
 
 

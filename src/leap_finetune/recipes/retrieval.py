@@ -277,3 +277,5 @@ def set_prompts_and_length(model, resolved: ResolvedConfig, encoder_max: int | N
         model.prompts = {**(model.prompts or {}), **saved}
     if encoder_max:
         model.max_seq_length = encoder_max
+    # (its model card's widget examples print a progress bar at the start of training)
+    model.model_card_data.generate_widget_examples = False
