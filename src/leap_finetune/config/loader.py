@@ -169,6 +169,7 @@ def load_config(source: str | Path | dict, *, base_dir: Path | None = None) -> R
         grpo_rollout=grpo_rollout,
         rewards=rewards,
         retrieval=retrieval,
+        async_eval=model.async_eval,
     )
 
 

@@ -8,6 +8,7 @@ from __future__ import annotations
 from pydantic import BaseModel, ConfigDict
 
 from leap_finetune.config.schema import (
+    AsyncEvalConfig,
     DatasetConfig,
     EvalsConfig,
     GrpoRolloutConfig,
@@ -43,6 +44,7 @@ class ResolvedConfig(BaseModel):
     grpo_rollout: GrpoRolloutConfig | None = None  # grpo: GPU counts for servers (set for every grpo config)
     rewards: RewardsConfig | None = None  # grpo: checked reward specs (custom paths absolute)
     retrieval: RetrievalConfig | None = None  # embedding / colbert (set for every such config)
+    async_eval: AsyncEvalConfig | None = None  # where benchmarks run, and the failure policy
     # Decided by the driver's plan (None until then):
     run_dir: str | None = None
     run_name: str | None = None

@@ -90,7 +90,8 @@ class ReservedEvalConfig(StrictModel):
 
 
 class EvalFailureConfig(StrictModel):
-    max_consecutive: int = Field(default=3, gt=0, description="Stop training after this many failed evaluations in a row.")
+    max_consecutive: int = Field(default=3, gt=0, description="After this many failed evaluations in a row, evaluation "
+                                 "is switched off for the rest of the run; training goes on.")
 
 
 class AsyncEvalConfig(StrictModel):

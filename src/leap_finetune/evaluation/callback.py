@@ -1,5 +1,9 @@
 """Benchmarks during training (the `sync` mode): training pauses every N steps while the
-benchmarks run; scores go to the metrics log and the enabled trackers at that step."""
+benchmarks run; scores go to the metrics log and the enabled trackers at that step.
+
+A failed evaluation (an exception in a benchmark, out of memory) never stops training: it is logged with its
+reason and its traceback file, and after `async_eval.failure.max_consecutive` failures in a row evaluation is
+switched off for the rest of the run."""
 
 from __future__ import annotations
 
@@ -11,7 +15,8 @@ from leap_finetune.evaluation.runner import print_summary, run_benchmarks
 
 
 class BenchmarkCallback(TrainerCallback):
-    def __init__(self, evals, benchmarks, renderer, run_dir: Path, console, every: int, processor=None):
+    def __init__(self, evals, benchmarks, renderer, run_dir: Path, console, every: int, processor=None,
+                 max_failures: int = 3):
         self.evals = evals
         self.processor = processor  # a vision-language model's, for rows with images
         self.benchmarks = benchmarks
@@ -21,6 +26,10 @@ class BenchmarkCallback(TrainerCallback):
         self.every = every
         self.trainer = None  # set once the trainer exists
         self.last_step = None
+        self.max_failures = max_failures
+        self.failures_in_a_row = 0
+        self.failures = 0
+        self.switched_off = False
 
     def evaluate(self, when: str) -> dict:
         trainer = self.trainer
@@ -28,11 +37,44 @@ class BenchmarkCallback(TrainerCallback):
         if self.last_step == step:  # already evaluated at this step (e.g. the last step is also an eval step)
             return {}
         self.last_step = step
-        results = run_benchmarks(trainer.model, self.renderer, self.evals, self.benchmarks,
-                                 predictions_dir=self.predictions_dir, processor=self.processor)
+        if self.switched_off:
+            return {}
+        try:
+            results = run_benchmarks(trainer.model, self.renderer, self.evals, self.benchmarks,
+                                     predictions_dir=self.predictions_dir, processor=self.processor)
+        except Exception as err:  # noqa: BLE001 - an evaluation must never stop training
+            self._failed(step, when, err)
+            return {}
+        self.failures_in_a_row = 0
         print_summary(self.console, results, step, when)
         trainer.log(dict(results))
         return results
+
+    def _failed(self, step: int, when: str, err: BaseException) -> None:
+        import traceback
+
+        import torch
+
+        if torch.cuda.is_available():
+            torch.cuda.empty_cache()  # an out-of-memory evaluation leaves its blocks cached
+        self.failures += 1
+        self.failures_in_a_row += 1
+        log = self.predictions_dir / "failures" / f"step-{step}.txt"
+        reason = f"{type(err).__name__}: {str(err).splitlines()[0] if str(err) else ''}"
+        try:
+            log.parent.mkdir(parents=True, exist_ok=True)
+            log.write_text("".join(traceback.format_exception(err)), encoding="utf-8")
+            where = f" (traceback: {log})"
+        except OSError:
+            where = ""
+        self.console.print(f"[yellow]evaluation at step {step} ({when}) failed: {reason}{where}; training goes on "
+                           f"({self.failures_in_a_row} failure(s) in a row of {self.max_failures} allowed)[/yellow]")
+        self.trainer.log({"benchmark/failures": float(self.failures)})
+        if self.failures_in_a_row >= self.max_failures:
+            self.switched_off = True
+            self.console.print(f"[yellow]evaluation switched off for the rest of the run after {self.failures_in_a_row} "
+                               "failed evaluations in a row (async_eval.failure.max_consecutive); training goes "
+                               "on[/yellow]")
 
     def on_step_end(self, args, state, control, **kwargs):
         # rank 0 only: the other ranks wait for it at the next step's gradient all-reduce

@@ -150,7 +150,9 @@ def benchmark_callback(resolved: ResolvedConfig, tokenizer, run_dir: Path, conso
     benchmarks = load_benchmarks(resolved.evals, vision=vision, model_name=resolved.model_name)
     processor = load_processor(resolved.model_id, tokenizer) if vision and has_images(benchmarks) else None
     every = resolved.evals.eval_steps or resolved.training.get("eval_steps") or 500
-    return BenchmarkCallback(resolved.evals, benchmarks, renderer, run_dir, console, every, processor=processor)
+    max_failures = resolved.async_eval.failure.max_consecutive if resolved.async_eval else 3
+    return BenchmarkCallback(resolved.evals, benchmarks, renderer, run_dir, console, every, processor=processor,
+                             max_failures=max_failures)
 
 
 def train_evaluate_save(trainer, resolved: ResolvedConfig, run_dir: Path, tokenizer, console,
