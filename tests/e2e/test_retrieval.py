@@ -202,7 +202,7 @@ def test_lora_on_minilm_learns_and_saves_an_adapter_and_a_merged_model(workdir, 
 
 
 @pytest.mark.slow
-@pytest.mark.parametrize("training_type,lora", [("embedding", False), ("colbert", False), ("colbert", True)])
+@pytest.mark.parametrize("training_type,lora", [("embedding", False), ("colbert", False)])
 def test_the_tiny_lfm2_backbone_trains_end_to_end(workdir, training_type, lora):
     """tiny-lfm2 as a retrieval backbone (last-token pooling for embedding, a token projection for ColBERT;
     LoRA on LFM2's layers with DEFAULT_LORA): the loss falls and the saved model encodes."""
@@ -251,3 +251,40 @@ def test_a_folder_of_parquet_and_jsonl_with_bad_rows_skipped(workdir):
 
     prepared = run_dir / "prepared"
     assert sum(len(load_from_disk(str(prepared / s))) for s in ("train", "eval") if (prepared / s).exists()) == 20
+
+
+@pytest.mark.slow
+def test_a_lora_colbert_run_resumes_from_its_checkpoint_like_an_uninterrupted_run(workdir):
+    """A LoRA retrieval checkpoint holds the adapted layers; resuming loads them into the model as it is, and
+    the resumed run continues the uninterrupted one step for step. `eval` refuses the unmerged checkpoint."""
+    write_jsonl(workdir / "train.jsonl", retrieval_rows(48))
+    base = {"model_name": "tiny-lfm2", "training_type": "colbert", "dataset": {"path": "train.jsonl"},
+            "peft_config": {"extends": "DEFAULT_LORA", "lora_dropout": 0.0},
+            "training_config": {"per_device_train_batch_size": 8, "learning_rate": 1e-2, "warmup_steps": 0,
+                                "lr_scheduler_type": "constant", "logging_steps": 1, "save_steps": 3}}
+
+    def losses(summary):
+        records = map(json.loads, (Path(summary["run_dir"]) / "metrics.jsonl").read_text().splitlines())
+        return {r["step"]: r["loss"] for r in records if "loss" in r}
+
+    whole = run_config(write_config(workdir, {**base, "project_name": "whole",
+                                              "training_config": {**base["training_config"], "max_steps": 6}}, "a.yaml"))
+    part = run_config(write_config(workdir, {**base, "project_name": "part",
+                                             "training_config": {**base["training_config"], "max_steps": 3}}, "b.yaml"))
+    resumed = run_config(write_config(workdir, {**base, "project_name": "part", "training_config": {
+        **base["training_config"], "max_steps": 6, "resume_from_checkpoint": "latest"}}, "c.yaml"))
+    expected = losses(whole)
+    got = losses(resumed)
+    assert sorted(got) == sorted(expected) == list(range(1, 7)) and losses(part)
+    assert "adapter_dir" in resumed and (Path(resumed["adapter_dir"]) / "adapter_config.json").exists()
+    for step in range(4, 7):
+        assert got[step] == pytest.approx(expected[step], rel=1e-3), (step, got, expected)
+    from leap_finetune.errors import LeapError
+    from leap_finetune.evaluation.standalone import evaluate_config
+
+    bench = _benchmark(workdir, [(0, 0), (1, 1)])
+    with pytest.raises(LeapError) as info:
+        evaluate_config(write_config(workdir, {**base, "checkpoint": str(Path(part["run_dir"]) / "checkpoint-3"),
+                                               "evals": {"benchmarks": [{"name": "b", "path": str(bench),
+                                                                         "metric": "retrieval"}]}}, "e.yaml"))
+    assert "checkpoint of a LoRA retrieval run" in info.value.format()

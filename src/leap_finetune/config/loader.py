@@ -202,6 +202,18 @@ def _resolve_retrieval(model: LeapConfigModel, training: dict, where: str):
                             where=f"{where}: evals.benchmarks[{index}].metric",
                             fix="use metric: retrieval with a folder of corpus.jsonl, queries.jsonl and qrels/test.tsv "
                             "(README \"Retrieval benchmarks\"); the held-out rows are scored anyway")
+    if training.get("fsdp"):
+        raise LeapError(f"training_config.fsdp does not apply to {model.training_type} training: its workers each "
+                        "hold the whole model (DDP) and gather the documents of every worker",
+                        where=f"{where}: training_config.fsdp", fix="remove fsdp (a retrieval model fits on each GPU; "
+                        "for a large one use LoRA with peft_config, or a smaller per_device_train_batch_size with "
+                        "retrieval.loss: cached_mnrl)")
+    for key in ("modules_to_save", "trainable_token_indices"):
+        if (model.peft_config or {}).get(key):
+            raise LeapError(f"peft_config.{key} does not apply to {model.training_type} training: the LoRA layers are "
+                            "merged into the saved model, and these modules would not be",
+                            where=f"{where}: peft_config.{key}", fix=f"remove {key} (a ColBERT projection or Dense "
+                            "layer after the backbone is trained fully anyway)")
     accumulation = training.get("gradient_accumulation_steps", 1)
     if accumulation > 1:
         raise LeapError(f"training_config.gradient_accumulation_steps is {accumulation}: with in-batch negatives, "

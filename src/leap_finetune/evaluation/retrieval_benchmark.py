@@ -48,15 +48,19 @@ def load_retrieval_benchmark(bench) -> RetrievalBenchmark:
     problems += result.problems
     for row in result.rows:
         doc_id = _id(row, problems)
-        text = _text(row, "text", problems)
         title = row.data.get("title") if isinstance(row.data, dict) else None
         if title is not None and not isinstance(title, str):
             problems.append(RowProblem(row.file, row.location, "title", f"expected text, got {type(title).__name__}"))
+            title = None
+        has_title = isinstance(title, str) and bool(title.strip())
+        # (BEIR corpora have documents with a title and an empty text)
+        text = row.data.get("text") if has_title and isinstance(row.data, dict) else None
+        text = text if isinstance(text, str) else _text(row, "text", problems)
         if doc_id is None or text is None:
             continue
         if doc_id in corpus:
             problems.append(RowProblem(row.file, row.location, "_id", f"'{doc_id}' is used by another document"))
-        corpus[doc_id] = f"{title} {text}" if isinstance(title, str) and title.strip() else text
+        corpus[doc_id] = f"{title} {text}".strip() if has_title else text
     queries: dict[str, str] = {}
     relevant: dict[str, set[str]] = {}
     result = read_dataset(str(folder / "queries.jsonl"), limit=bench.limit, key=key)
@@ -103,7 +107,7 @@ def _qrels_file(folder: Path) -> Path | None:
 def _read_qrels(path: Path, queries, corpus, relevant, problems, *, limited: bool) -> None:
     with path.open(encoding="utf-8", newline="") as handle:
         for number, fields in enumerate(csv.reader(handle, delimiter="\t"), start=1):
-            if number == 1 and fields[:2] == ["query-id", "corpus-id"]:
+            if (number == 1 and fields[:2] == ["query-id", "corpus-id"]) or not any(f.strip() for f in fields):
                 continue
             where = f"line {number}"
             if len(fields) < 2:
@@ -135,6 +139,8 @@ def _id(row, problems) -> str | None:
         problems.append(RowProblem(row.file, row.location, "<row>", "expected an object with _id and text"))
         return None
     value = data.get("_id", data.get("id"))
+    if isinstance(value, float) and value.is_integer():
+        value = int(value)  # 1.0 from a JSON writer that wrote numbers as floats
     if value is None or isinstance(value, bool) or not isinstance(value, (str, int)) or str(value) == "":
         problems.append(RowProblem(row.file, row.location, "_id", "missing or empty (a text or number id; `id` "
                                    "is also accepted)"))
@@ -172,11 +178,15 @@ def ir_evaluator(name: str, queries: dict, corpus: dict, relevant: dict, prompts
 
 
 def scores(metrics: dict, name: str) -> dict[str, float]:
-    """nDCG@10, MRR@10, recall@1/@10 out of an evaluator's metrics, whatever the score function is called."""
+    """nDCG@10, MRR@10, recall@1/@10 out of an evaluator's metrics (`[eval_]<name>_<score function>_<metric>`,
+    whatever the score function is called - cosine, maxsim, dot; never another benchmark whose name starts
+    with this one's)."""
+    import re
+
+    pattern = re.compile(rf"^(?:eval_)?{re.escape(name)}_([a-z]+)_(ndcg@10|mrr@10|recall@1|recall@10)$")
     found = {}
     for key, value in metrics.items():
-        for wanted, short in (("_ndcg@10", "ndcg@10"), ("_mrr@10", "mrr@10"), ("_recall@1", "recall@1"),
-                              ("_recall@10", "recall@10")):
-            if key.startswith((f"{name}_", f"eval_{name}_")) and key.endswith(wanted):
-                found[short] = float(value)
+        match = pattern.match(key)
+        if match:
+            found[match.group(2)] = float(value)
     return found

@@ -83,6 +83,19 @@ def evaluate_config(source, *, output: str | Path | None = None, console: Consol
     return report
 
 
+def _refuse_lora_checkpoint(folder: Path) -> None:
+    """A LoRA retrieval run's checkpoint-N holds the adapted layers (base_layer, lora_A/B): loaded as a plain
+    model, those layers would start fresh and the scores would be wrong without a word."""
+    from safetensors import safe_open
+
+    for file in folder.glob("*.safetensors") if folder.is_dir() else []:
+        with safe_open(str(file), framework="pt") as handle:
+            if any(".lora_A." in key for key in handle.keys()):
+                raise LeapError("this is a checkpoint of a LoRA retrieval run (its layers hold the adapter unmerged)",
+                                where=f"checkpoint: {folder}", fix="evaluate the finished run (its model/ folder holds "
+                                "the merged model), or resume the run to finish it")
+
+
 def _write_report(report: dict, output, console) -> None:
     if output:
         from leap_finetune.recipes.callbacks import write_atomic
@@ -104,6 +117,7 @@ def _evaluate_retrieval(resolved: ResolvedConfig, target: ModelToEvaluate, bench
     if target.adapter_dir is not None:
         raise LeapError("a retrieval run's adapter folder is evaluated through its merged model",
                         where=f"checkpoint: {target.adapter_dir}", fix="point checkpoint at the run folder or its model/")
+    _refuse_lora_checkpoint(Path(target.model_id))
     quiet_libraries()
     multi_vector = resolved.training_type == "colbert"
     if multi_vector:

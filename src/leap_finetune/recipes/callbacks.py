@@ -43,6 +43,10 @@ class MetricsLog(TrainerCallback):
         with self.path.open("a", encoding="utf-8") as handle:
             handle.write(json.dumps(record) + "\n")
 
+    def on_evaluate(self, args, state, control, **kwargs):
+        if state.global_step == 0:  # the baseline evaluation (eval_on_start) is not training time
+            self._last_time = time.perf_counter()
+
 
 class RichProgress(TrainerCallback):
     """One progress bar: step, loss (GRPO: the mean reward), tokens/s and ETA."""
@@ -88,6 +92,10 @@ class RichProgress(TrainerCallback):
             self.progress.update(self.task, loss=f"loss {float(logs['loss']):.4f}")
         if "eval_loss" in logs:
             self.progress.console.print(f"  step {state.global_step}: eval loss {float(logs['eval_loss']):.4f}")
+
+    def on_evaluate(self, args, state, control, **kwargs):
+        if self.progress is not None and state.global_step == 0:  # the baseline evaluation: not training speed
+            self._start = time.perf_counter()
 
     def on_train_end(self, args, state, control, **kwargs):
         if self.progress is not None:

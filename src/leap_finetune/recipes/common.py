@@ -75,6 +75,7 @@ def common_arguments(resolved: ResolvedConfig, *, run_dir: str, has_eval: bool, 
         args.setdefault("eval_on_start", not resolved.resume_checkpoint_path)
     else:
         args["eval_strategy"] = "no"
+        args["eval_on_start"] = False
     # Checkpoint rotation is leap-finetune's (recipes/checkpoints.py: a checkpoint is unmarked before
     # it is deleted); the Trainer's own would delete folders that are still marked complete.
     args["save_total_limit"] = None
@@ -286,7 +287,7 @@ def metrics_history(path: Path) -> dict:
             steps += span
             previous = record["step"]
     rewards = [float(r["reward"]) for r in records if "reward" in r and _is_number(r["reward"])]
-    initial_eval = next((r for r in records if r.get("step") == 0 and any(k.startswith("eval_") for k in r)), {})
+    initial_eval = {k: v for r in records if r.get("step") == 0 for k, v in r.items() if k.startswith("eval_")}
     initial_benchmarks = {k: v for r in records if r.get("step") == 0 for k, v in r.items() if k.startswith("benchmark/")}
     return {"train_loss": total / steps if steps else None, "initial_eval": initial_eval,
             "initial_benchmarks": initial_benchmarks, "rewards": rewards}

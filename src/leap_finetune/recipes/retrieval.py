@@ -33,39 +33,102 @@ def training_arguments(resolved: ResolvedConfig, *, run_dir: str, has_eval: bool
         columns.update({f"negative_{i}": prompts.document for i in range(1, 65)})
         args["prompts"] = {k: v for k, v in columns.items() if v}
     if several_workers():
-        # one batch of per_device x workers rows is drawn and split among the workers: see global_batches
+        # one batch of per_device x workers rows is drawn and split among the workers: see leap_trainer
         args["accelerator_config"] = {**(args.get("accelerator_config") or {}), "split_batches": True}
     return args
 
 
-def global_batches(trainer_cls):
-    """The trainer, drawing each batch for all workers at once when there are several.
+def leap_trainer(trainer_cls):
+    """The sentence-transformers trainer with two additions.
 
-    Left as it is, every worker draws its own no-duplicates batch; with the documents gathered across workers,
-    the same text could then be one query's positive on one worker and its "negative" from another (data with
-    repeated rows). With this, 2 workers x N rows train exactly like 1 worker x 2N rows (tests/e2e). Here
-    the sampler draws per_device x workers rows with no duplicate text, and accelerate's split_batches gives each
-    worker its slice. A last, smaller batch is completed with rows from the epoch's first one (even_batches):
-    every worker must gather the same number of rows, and no row is dropped.
+    Several workers: each batch is drawn for all workers at once. Left as it is, every worker draws its own
+    no-duplicates batch; with the documents gathered across workers, the same text could then be one query's
+    positive on one worker and its "negative" from another (data with repeated rows). Here the sampler draws
+    per_device x workers rows with no duplicate text and accelerate's split_batches gives each worker its slice,
+    so 2 workers x N rows train exactly like 1 worker x 2N rows (tests/e2e). accelerate skips a short batch in
+    the middle of an epoch (the sampler makes one when the remaining rows repeat texts) and completes the last
+    one: FullBatches completes every short batch with rows of the epoch's first batch instead, so that no row is
+    dropped (a few rows are seen twice in such an epoch).
+
+    LoRA: a checkpoint holds the adapted layers' weights (base_layer, lora_A/B), which sentence-transformers'
+    resume (a plain model built from the checkpoint) cannot load; they are loaded into the model as it is.
     """
-    if not several_workers():
-        return trainer_cls
+    several = several_workers()
 
-    class GlobalBatchTrainer(trainer_cls):
-        # sentence-transformers builds train and eval loaders through this method (pinned range, tests/e2e)
+    class LeapRetrievalTrainer(trainer_cls):
+        # sentence-transformers builds its train and eval loaders through this method (pinned range, tests/e2e)
         def _build_dataloader(self, dataset, batch_size, dataset_kind):
-            return super()._build_dataloader(dataset, batch_size * self.accelerator.num_processes, dataset_kind)
+            if several:
+                batch_size *= self.accelerator.num_processes
+            return super()._build_dataloader(dataset, batch_size, dataset_kind)
+
+        def get_batch_sampler(self, dataset, batch_size, *args, **kwargs):
+            sampler = super().get_batch_sampler(dataset, batch_size, *args, **kwargs)
+            return FullBatches(sampler, batch_size) if several and sampler is not None else sampler
 
         def get_train_dataloader(self):
-            if self.train_dataset is None:
+            if not several or self.train_dataset is None:
                 return super().get_train_dataloader()
             self.accelerator.even_batches = True
             self._train_dataloader = self.accelerator.prepare(
                 self._build_dataloader(self.train_dataset, self.args.train_batch_size, dataset_kind="train"))
             return self._train_dataloader
 
-    GlobalBatchTrainer.__name__ = trainer_cls.__name__
-    return GlobalBatchTrainer
+        def _load_from_checkpoint(self, checkpoint_path):
+            if getattr(self.model.transformers_model, "leap_lora_config", None) is None:
+                return super()._load_from_checkpoint(checkpoint_path)
+            load_lora_checkpoint(self.model, Path(checkpoint_path))
+
+    LeapRetrievalTrainer.__name__ = trainer_cls.__name__
+    return LeapRetrievalTrainer
+
+
+class FullBatches:
+    """A batch sampler whose batches all have batch_size rows: a short one is completed with rows of the
+    epoch's first batch (see leap_trainer)."""
+
+    def __init__(self, sampler, batch_size: int):
+        self.sampler, self.batch_size = sampler, batch_size
+        self.drop_last = getattr(sampler, "drop_last", False)
+
+    def __len__(self) -> int:
+        return len(self.sampler)
+
+    def __iter__(self):
+        first: list[int] = []
+        for batch in self.sampler:
+            batch = list(batch)
+            if not first:
+                first = batch
+            if len(batch) < self.batch_size:
+                extra = [i for i in first if i not in batch] or first
+                while len(batch) < self.batch_size:
+                    batch += extra[: self.batch_size - len(batch)]
+            yield batch
+
+    def set_epoch(self, epoch: int) -> None:
+        if hasattr(self.sampler, "set_epoch"):
+            self.sampler.set_epoch(epoch)
+
+
+def load_lora_checkpoint(model, checkpoint: Path) -> None:
+    """Every weight file of a LoRA run's checkpoint (one per module folder of modules.json) into the model as
+    it is, strictly: a key that does not match is an error, not a silently fresh layer."""
+    from safetensors.torch import load_file
+
+    own = model.state_dict()
+    loaded = {}
+    for entry in json.loads((checkpoint / "modules.json").read_text()):
+        prefix = f"{entry['idx']}."
+        names = [k for k in own if k.startswith(prefix)]
+        for file in sorted((checkpoint / entry["path"]).glob("*.safetensors")):
+            for key, value in load_file(str(file)).items():
+                match = [k for k in names if k == prefix + key or k.endswith("." + key)]
+                if len(match) != 1:
+                    raise RuntimeError(f"checkpoint {checkpoint}: weight {key} of {file.name} matches "
+                                       f"{len(match)} parameters of the model")
+                loaded[match[0]] = value
+    model.load_state_dict(loaded, strict=True)
 
 
 def evaluator(resolved: ResolvedConfig, train, eval_rows, multi_vector: bool):
@@ -129,11 +192,14 @@ def train(resolved_json: dict, *, model_factory, loss_factory, trainer_cls, args
     console = Console(stderr=True)
     train_dataset, eval_dataset = common.load_prepared(run_dir)
     args = args_cls(**training_arguments(resolved, run_dir=str(run_dir), has_eval=eval_dataset is not None))
+    from transformers import set_seed
+
+    set_seed(args.seed)  # new layers (a pooling projection, LoRA) start the same in every run of this config
     model = model_factory(resolved, console)
     if resolved.peft is not None:
         add_lora(model, resolved, console)
     stop_on_signal = StopOnSignal()
-    trainer = global_batches(trainer_cls)(
+    trainer = leap_trainer(trainer_cls)(
         model=model, args=args, train_dataset=train_dataset,
         eval_dataset=eval_dataset.select_columns(["query", "positive"]) if eval_dataset is not None else None,
         loss=loss_factory(resolved, model), evaluator=evaluator(resolved, train_dataset, eval_dataset, multi_vector),
