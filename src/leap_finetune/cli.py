@@ -120,12 +120,17 @@ def slurm(
 def evaluate(
     config: Path = _config_arg(),
     output: Path = typer.Option(None, "--output", "-o", help="Write the results as JSON here."),
+    server: str = typer.Option(None, "--server", help="Base URL of an OpenAI-compatible server (vLLM, transformers "
+                               "serve, llama.cpp), e.g. http://127.0.0.1:8000/v1: it answers the generation "
+                               "benchmarks; log-prob benchmarks still run through transformers."),
+    server_model: str = typer.Option(None, "--server-model", help="The model name to ask the server for "
+                                     "(default: the first model it lists)."),
 ) -> None:
     """Run the config's evals: benchmarks on `checkpoint` (a run or checkpoint folder) or
     `model_name`, without training."""
     from leap_finetune.api import evaluate_config
 
-    evaluate_config(config, output=output)
+    evaluate_config(config, output=output, server=server, server_model=server_model)
 
 
 @app.command()

@@ -49,14 +49,16 @@ def load_benchmarks(evals: EvalsConfig, *, vision: bool, model_name: str) -> lis
     return loaded
 
 
-def run_benchmarks(model, renderer: Renderer, evals: EvalsConfig, benchmarks: list[LoadedBenchmark], *,
-                   predictions_dir: Path | None = None, processor=None) -> dict[str, float]:
+def run_benchmarks(model, renderer: Renderer | None, evals: EvalsConfig, benchmarks: list[LoadedBenchmark], *,
+                   predictions_dir: Path | None = None, processor=None, server=None) -> dict[str, float]:
     """Evaluate every benchmark; returns flat metrics: benchmark/{name}/score and extras.
-    `processor`: a vision-language model's, for rows with images."""
+    `processor`: a vision-language model's, for rows with images. `server` (evaluation/server.py): generation
+    benchmarks are answered by it; `model` is then only needed for log-prob benchmarks (None without them)."""
     import torch
 
-    was_training = model.training
-    model.eval()
+    was_training = model.training if model is not None else False
+    if model is not None:
+        model.eval()
     results: dict[str, float] = {}
     # Layers compiled for training shapes (recipes/speed.py) would recompile for every decoding shape.
     stance = torch.compiler.set_stance("force_eager")
@@ -67,7 +69,7 @@ def run_benchmarks(model, renderer: Renderer, evals: EvalsConfig, benchmarks: li
             if is_logprob(bench.metric):
                 metrics, predictions = _logprob(model, renderer, evals, bench, processor)
             else:
-                metrics, predictions = _generation(model, renderer, evals, bench, processor)
+                metrics, predictions = _generation(model, renderer, evals, bench, processor, server)
             metrics["seconds"] = time.perf_counter() - start
             results.update({f"benchmark/{bench.name}/{key}": value for key, value in metrics.items()})
             if predictions_dir is not None:
@@ -81,12 +83,16 @@ def run_benchmarks(model, renderer: Renderer, evals: EvalsConfig, benchmarks: li
     return results
 
 
-def _generation(model, renderer, evals, bench, processor=None):
+def _generation(model, renderer, evals, bench, processor=None, server=None):
     metric = load_metric(bench.metric)
-    prompts = [renderer.prompt_text(item.prompt) for item in bench.items]
-    outputs = generate(model, renderer.tokenizer, prompts, max_new_tokens=evals.max_new_tokens,
-                       batch_size=evals.batch_size, do_sample=evals.do_sample, temperature=evals.temperature,
-                       top_p=evals.top_p, images=[item.images for item in bench.items], processor=processor)
+    if server is not None:  # the server applies the model's chat template to the messages
+        prompts = [item.prompt for item in bench.items]
+        outputs = server.generate(bench.name, bench.items, evals)
+    else:
+        prompts = [renderer.prompt_text(item.prompt) for item in bench.items]
+        outputs = generate(model, renderer.tokenizer, prompts, max_new_tokens=evals.max_new_tokens,
+                           batch_size=evals.batch_size, do_sample=evals.do_sample, temperature=evals.temperature,
+                           top_p=evals.top_p, images=[item.images for item in bench.items], processor=processor)
     scores, unparsed, predictions = [], 0, []
     errors = getattr(metric, "errors", None)  # a custom metric's exceptions (scored 0), counted, not hidden
     for item, prompt, output in zip(bench.items, prompts, outputs, strict=True):

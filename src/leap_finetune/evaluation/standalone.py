@@ -27,9 +27,11 @@ class ModelToEvaluate:
         return f"{self.adapter_dir} (LoRA adapter over {self.model_id})" if self.adapter_dir else self.model_id
 
 
-def evaluate_config(source, *, output: str | Path | None = None, console: Console | None = None) -> dict:
+def evaluate_config(source, *, output: str | Path | None = None, console: Console | None = None,
+                    server: str | None = None, server_model: str | None = None) -> dict:
     """Run the `evals:` block on `checkpoint` (a run, checkpoint or adapter folder) or `model_name`,
-    without training. Writes the results as JSON to `output` when given."""
+    without training. Writes the results as JSON to `output` when given. `server`: the base URL of an
+    OpenAI-compatible server that answers the generation benchmarks (log-prob ones still run here)."""
     from leap_finetune.api import _check_benchmarks, _config, _console
 
     console = _console(console)
@@ -42,9 +44,32 @@ def evaluate_config(source, *, output: str | Path | None = None, console: Consol
     if output is not None:
         _check_output(Path(output), resolved)
     if resolved.retrieval is not None:  # an embedding / ColBERT model on retrieval benchmarks
+        if server:
+            raise LeapError("--server answers generation benchmarks; retrieval benchmarks encode with the model "
+                            "itself", where="--server", fix="leave out --server for an embedding/ColBERT config")
         report = _evaluate_retrieval(resolved, target, benchmarks, console)
         _write_report(report, output, console)
         return report
+    from leap_finetune.evaluation.rows import is_logprob
+
+    generator = None
+    if server:
+        from leap_finetune.evaluation.server import ServerGenerator
+
+        with_images = [b.name for b in benchmarks if not is_logprob(b.metric) and any(i.images for i in b.items)]
+        if with_images:
+            raise LeapError(f"benchmark(s) {', '.join(with_images)} have images: --server sends text messages only "
+                            "in this version", where="--server", fix="evaluate image benchmarks without --server")
+        generator = ServerGenerator(server, server_model)  # asks the server first: a wrong URL fails now
+        console.print(f"generation benchmarks: {generator.model} at {generator.base_url}")
+        if not any(is_logprob(b.metric) for b in benchmarks):
+            results = _run_on_server(resolved, benchmarks, generator, output)
+            from leap_finetune.evaluation.runner import print_summary
+
+            print_summary(console, results, 0, f"of {generator.model} at {generator.base_url}")
+            report = {"model": generator.model, "server": generator.base_url, "results": results}
+            _write_report(report, output, console)
+            return report
 
     import torch
 
@@ -74,9 +99,12 @@ def evaluate_config(source, *, output: str | Path | None = None, console: Consol
     predictions = Path(output).resolve().parent / "predictions" if output else None
     processor = _processor_for(target.model_id, resolved.model_id, tokenizer, benchmarks)
     results = run_benchmarks(model, renderer, resolved.evals, benchmarks, predictions_dir=predictions,
-                             processor=processor)
-    print_summary(console, results, 0, f"of {target.name}")
+                             processor=processor, server=generator)
+    print_summary(console, results, 0, f"of {target.name}" + (f" (generation: {generator.model} at "
+                                                              f"{generator.base_url})" if generator else ""))
     report = {"model": str(target.adapter_dir or target.model_id), "results": results}
+    if generator is not None:
+        report.update(server=generator.base_url, server_model=generator.model)
     if target.adapter_dir is not None:
         report["base_model"] = target.model_id
     _write_report(report, output, console)
@@ -94,6 +122,14 @@ def _refuse_lora_checkpoint(folder: Path) -> None:
                 raise LeapError("this is a checkpoint of a LoRA retrieval run (its layers hold the adapter unmerged)",
                                 where=f"checkpoint: {folder}", fix="evaluate the finished run (its model/ folder holds "
                                 "the merged model), or resume the run to finish it")
+
+
+def _run_on_server(resolved: ResolvedConfig, benchmarks, generator, output) -> dict:
+    """Generation benchmarks only: nothing loads here, the server answers."""
+    from leap_finetune.evaluation.runner import run_benchmarks
+
+    predictions = Path(output).resolve().parent / "predictions" if output else None
+    return run_benchmarks(None, None, resolved.evals, benchmarks, predictions_dir=predictions, server=generator)
 
 
 def _write_report(report: dict, output, console) -> None:
