@@ -61,7 +61,8 @@ def _config(folder: Path, model: Path, training_type: str) -> Path:
     write_jsonl(folder / "held_out.jsonl", _rows(pairs[40:]))
     config = {"project_name": training_type, "model_name": str(model), "training_type": training_type,
               "dataset": {"path": "train.jsonl", "val_path": "held_out.jsonl"},
-              "training_config": {"num_train_epochs": 3, "per_device_train_batch_size": 16, "learning_rate": 1e-4,
+              "training_config": {"num_train_epochs": 2 if training_type == "embedding" else 3,
+                                  "per_device_train_batch_size": 16, "learning_rate": 1e-4,
                                   "warmup_steps": 0, "logging_steps": 10, "save_strategy": "no",
                                   "eval_strategy": "no"},
               "evals": {"benchmarks": [{"name": "held-out-search", "path": str(_benchmark(folder, pairs[40:])),
@@ -183,7 +184,7 @@ def test_lora_on_minilm_learns_and_saves_an_adapter_and_a_merged_model(workdir, 
         validate_config(write_config(workdir, data, "lfm2_names.yaml"))
     assert "'q_proj'" in info.value.format() and "query" in info.value.format()
     data["peft_config"] = {"extends": "DEFAULT_LORA", "target_modules": ["query", "key", "value", "dense"], "r": 16}
-    data["training_config"]["learning_rate"] = 1e-3
+    data["training_config"]["learning_rate"] = 2e-3
     summary = run_config(write_config(workdir, data, "lora.yaml"))
     assert summary["initial_ndcg@10"] < 0.3 and summary["ndcg@10"] > 0.9, summary
     import torch
