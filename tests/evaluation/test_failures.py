@@ -48,6 +48,10 @@ def test_a_failing_benchmark_does_not_stop_training_and_is_switched_off(workdir,
     assert scored == [0]  # before training; the evaluations at steps 2 and 4 failed, then none ran
     assert failed == {2: 1.0, 4: 2.0}
     assert "IsADirectoryError" in (run_dir / "benchmarks" / "failures" / "step-2.txt").read_text()
+    # the evaluation that succeeded is also kept per training step in the run folder
+    saved = json.loads((run_dir / "benchmarks" / "results" / "step-0.json").read_text())
+    assert saved["step"] == 0 and "benchmark/capitals/score" in saved["results"]
+    assert sorted(p.name for p in (run_dir / "benchmarks" / "results").iterdir()) == ["step-0.json"]
     err = capfd.readouterr().err
     assert "evaluation at step 2 (during training) failed: IsADirectoryError" in err
     assert "evaluation switched off for the rest of the run after 2 failed evaluations in a row" in err

@@ -48,7 +48,20 @@ class BenchmarkCallback(TrainerCallback):
         self.failures_in_a_row = 0
         print_summary(self.console, results, step, when)
         trainer.log(dict(results))
+        self._write_results(step, when, results)
         return results
+
+    def _write_results(self, step: int, when: str, results: dict) -> None:
+        """RUN/benchmarks/results/step-N.json: the scores of the evaluation of training step N (the same file
+        whichever mode evaluated it), written whole or not at all."""
+        import json
+
+        from leap_finetune.recipes.callbacks import write_atomic
+
+        folder = self.predictions_dir / "results"
+        folder.mkdir(parents=True, exist_ok=True)
+        write_atomic(folder / f"step-{step}.json", json.dumps({"step": step, "when": when, "results": results},
+                                                              indent=2))
 
     def _failed(self, step: int, when: str, err: BaseException) -> None:
         import traceback
