@@ -203,7 +203,7 @@ def _resolve_retrieval(model: LeapConfigModel, training: dict, where: str):
                             fix="use metric: retrieval with a folder of corpus.jsonl, queries.jsonl and qrels/test.tsv "
                             "(README \"Retrieval benchmarks\"); the held-out rows are scored anyway")
     if training.get("fsdp"):
-        raise LeapError(f"training_config.fsdp does not apply to {model.training_type} training: its workers each "
+        raise LeapError(f"FSDP does not apply to {model.training_type} training: its workers each "
                         "hold the whole model (DDP) and gather the documents of every worker",
                         where=f"{where}: training_config.fsdp", fix="remove fsdp (a retrieval model fits on each GPU; "
                         "for a large one use LoRA with peft_config, or a smaller per_device_train_batch_size with "
@@ -216,7 +216,7 @@ def _resolve_retrieval(model: LeapConfigModel, training: dict, where: str):
                             "layer after the backbone is trained fully anyway)")
     accumulation = training.get("gradient_accumulation_steps", 1)
     if accumulation > 1:
-        raise LeapError(f"training_config.gradient_accumulation_steps is {accumulation}: with in-batch negatives, "
+        raise LeapError(f"{accumulation} accumulation steps: with in-batch negatives, "
                         "accumulated small batches are not one large batch (each query only sees the documents of "
                         "its own small batch)", where=f"{where}: training_config.gradient_accumulation_steps",
                         fix="set it to 1, and for a large effective batch use retrieval.loss: cached_mnrl with a large "

@@ -147,7 +147,7 @@ def print_summary(console, results: dict[str, float], step: int, when: str) -> N
     from rich.table import Table
 
     names = sorted({key.split("/")[1] for key in results if key.startswith("benchmark/")})
-    table = Table(title=f"benchmarks {when} (step {step})", title_justify="left")
+    table = Table(title=f"benchmarks {when}" + (f" (step {step})" if step is not None else ""), title_justify="left")
     for column in ("benchmark", "score", "details"):
         table.add_column(column)
     for name in names:

@@ -66,7 +66,7 @@ def evaluate_config(source, *, output: str | Path | None = None, console: Consol
             results = _run_on_server(resolved, benchmarks, generator, output)
             from leap_finetune.evaluation.runner import print_summary
 
-            print_summary(console, results, 0, f"of {generator.model} at {generator.base_url}")
+            print_summary(console, results, None, f"of {generator.model} at {generator.base_url}")
             report = {"model": generator.model, "server": generator.base_url, "results": results}
             _write_report(report, output, console)
             return report
@@ -100,7 +100,7 @@ def evaluate_config(source, *, output: str | Path | None = None, console: Consol
     processor = _processor_for(target.model_id, resolved.model_id, tokenizer, benchmarks)
     results = run_benchmarks(model, renderer, resolved.evals, benchmarks, predictions_dir=predictions,
                              processor=processor, server=generator)
-    print_summary(console, results, 0, f"of {target.name}" + (f" (generation: {generator.model} at "
+    print_summary(console, results, None, f"of {target.name}" + (f" (generation: {generator.model} at "
                                                               f"{generator.base_url})" if generator else ""))
     report = {"model": str(target.adapter_dir or target.model_id), "results": results}
     if generator is not None:
@@ -176,7 +176,12 @@ def _evaluate_retrieval(resolved: ResolvedConfig, target: ModelToEvaluate, bench
         results[f"benchmark/{data.name}/queries"] = data.scored_queries
         results[f"benchmark/{data.name}/documents"] = len(data.corpus)
         results[f"benchmark/{data.name}/seconds"] = time.perf_counter() - start
-    print_summary(console, results, 0, f"of {target.name} (score: nDCG@10)")
+    for bench in benchmarks:
+        unscored = len(bench.items.queries) - bench.items.scored_queries
+        if unscored:
+            console.print(f"note: benchmark '{bench.name}': {unscored} of {len(bench.items.queries)} queries have no "
+                          "relevant document (in qrels or their `relevant` list) and are not scored")
+    print_summary(console, results, None, f"of {target.name} (score: nDCG@10)")
     return {"model": target.model_id, "results": results}
 
 

@@ -81,7 +81,7 @@ def _check(targets, key: str, names: dict[str, str], model_id: str, where: str) 
     missing = [t for t in targets if not any(name == t or name.endswith("." + t) for name in names)]
     if missing:
         raise LeapError(f"peft_config.{key} names {', '.join(repr(m) for m in missing)}, which "
-                        f"{'is' if len(missing) == 1 else 'are'} not a module of {model_id}", where=where,
+                        f"{'is not a module' if len(missing) == 1 else 'are not modules'} of {model_id}", where=where,
                         fix=_suggest(names))
 
 

@@ -300,11 +300,12 @@ def save_adapter(model, resolved: ResolvedConfig, folder: Path) -> None:
     from safetensors.torch import save_file
 
     folder = Path(folder)
-    backbone = model.transformers_model
-    config = backbone.leap_lora_config
-    config.base_model_name_or_path = resolved.model_id
+    adapted = model.transformers_model
+    config = adapted.leap_lora_config
+    # a built-in tiny backbone is the run's base_model/ folder (its name resolves nowhere else)
+    config.base_model_name_or_path = backbone(resolved)
     config.save_pretrained(str(folder))
-    weights = get_peft_model_state_dict(backbone)
+    weights = get_peft_model_state_dict(adapted)
     # named as PeftModel.save_pretrained names them (the backbone is PeftModel's base_model.model)
     save_file({f"base_model.model.{k}": v.detach().cpu().contiguous() for k, v in weights.items()},
               str(folder / "adapter_model.safetensors"))
@@ -343,5 +344,7 @@ def set_prompts_and_length(model, resolved: ResolvedConfig, encoder_max: int | N
         model.prompts = {**(model.prompts or {}), **saved}
     if encoder_max:
         model.max_seq_length = encoder_max
-    # (its model card's widget examples print a progress bar at the start of training)
+    # (its model card's widget examples print a progress bar into the run's output at the start of training,
+    # whatever generate_widget_examples says)
     model.model_card_data.generate_widget_examples = False
+    model.model_card_data.set_widget_examples = lambda dataset: None
