@@ -20,8 +20,9 @@ from leap_finetune.config.resolved import ResolvedConfig
 from leap_finetune.config.yaml_io import dump_yaml
 from leap_finetune.data.prepare import PreparedData, prepare_data
 from leap_finetune.errors import LeapError
+from leap_finetune.evaluation.standalone import check_benchmarks as _check_benchmarks
 from leap_finetune.evaluation.standalone import evaluate_config
-from leap_finetune.launch.devices import device_plan
+from leap_finetune.launch.devices import device_plan, physical_ids
 from leap_finetune.launch.plan import check_resume_matches, plan_run
 from leap_finetune.launch.report import config_table, data_report
 from leap_finetune.launch.rl_servers import judge_url, local_servers
@@ -35,24 +36,15 @@ def _console(console: Console | None) -> Console:
     return console or Console(stderr=True)
 
 
+def _check_async_eval(resolved: ResolvedConfig, devices) -> None:
+    if resolved.async_eval is not None and resolved.async_eval.mode != "sync":
+        from leap_finetune.evaluation.async_eval import check_async_eval
+
+        check_async_eval(resolved, devices)
+
+
 def _config(source) -> ResolvedConfig:
     return source if isinstance(source, ResolvedConfig) else load_config(source)
-
-
-def _check_benchmarks(resolved: ResolvedConfig, model_id: str | None = None):
-    """Every benchmark row (and custom metric) is validated before any model loads; image rows need
-    a vision-language model and, for its processor, torchvision."""
-    if resolved.evals is None:
-        return []
-    from leap_finetune.evaluation.runner import has_images, load_benchmarks
-    from leap_finetune.models.vision import is_vision_model, require_torchvision
-
-    model_id = model_id or resolved.model_id
-    vision = is_vision_model(model_id)
-    benchmarks = load_benchmarks(resolved.evals, vision=vision, model_name=resolved.model_name)
-    if vision and has_images(benchmarks):
-        require_torchvision(model_id)
-    return benchmarks
 
 
 def _prepare(resolved: ResolvedConfig):
@@ -133,6 +125,7 @@ def validate_config(source, *, console: Console | None = None,
     check_rollout_engine(resolved)  # vLLM installed where use_vllm says so (plan does not need it)
     devices = device_plan(resolved)
     check_generation_batch(resolved, devices.workers)
+    _check_async_eval(resolved, devices)
     check_resume_matches(resolved, plan, fingerprint(prepared), devices.workers)
     console.print(config_table(resolved))
     data_report(console, prepared, resolved)
@@ -227,6 +220,7 @@ def run_config(source, *, console: Console | None = None, callbacks: list | None
     check_rollout_engine(resolved)  # vLLM installed where use_vllm says so (plan does not need it)
     devices = device_plan(resolved)
     check_generation_batch(resolved, devices.workers)
+    _check_async_eval(resolved, devices)
     check_resume_matches(resolved, plan, fingerprint(prepared), devices.workers)
     if callbacks and (not devices.in_process or devices.own_process):
         raise ValueError("run_config(callbacks=...) needs an in-process run (one device, the machine's only GPU or "
@@ -240,6 +234,7 @@ def run_config(source, *, console: Console | None = None, callbacks: list | None
     resolved = resolved.model_copy(update={
         "run_dir": str(plan.run_dir), "run_name": plan.run_name, "workers": devices.workers,
         "resume_checkpoint_path": str(plan.resume_checkpoint) if plan.resume_checkpoint else None,
+        "eval_devices": physical_ids(devices.eval),  # the reserved evaluation server's ("" without GPUs)
     })
     servers = local_servers(resolved, devices)  # GRPO's rollout server and judge, started before training
     resolved = resolved.model_copy(update={"judge_url": judge_url(resolved)})

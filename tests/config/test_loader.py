@@ -227,11 +227,35 @@ def test_training_without_a_dataset_is_a_clear_error(folder):
         validate_config(write_config(folder, config))
 
 
-def test_the_specs_async_eval_block_parses_and_only_sync_runs(folder):
-    block = {"mode": "sync", "vllm_gpus": 1, "tensor_parallel_size": 1, "gpu_memory_utilization": 0.9,
-             "sbatch": {"time": "00:30:00"}, "reserved": {"weight_reload": "respawn", "server_port": 8100}}
-    load_config(write_config(folder, tiny_config(async_eval=block)))
-    for mode in ("sidecar", "reserved"):
-        message = _error(folder, tiny_config(async_eval={**block, "mode": mode}))
-        assert f"async_eval.mode '{mode}' is not supported yet" in message
+def test_the_specs_async_eval_block_parses_in_every_mode_and_its_mistakes_are_errors(folder, monkeypatch):
+    from leap_finetune.api import validate_config
+
+    write_jsonl(folder / "train.jsonl", fact_rows(16))
+    (folder / "bench.jsonl").write_text('{"messages": [{"role": "user", "content": "Hi"}, '
+                                        '{"role": "assistant", "content": "Hello"}]}\n')
+    evals = {"benchmarks": [{"name": "hi", "path": "bench.jsonl", "metric": "exact_match"}]}
+    block = {"mode": "sidecar", "vllm_gpus": 1, "tensor_parallel_size": 1, "gpu_memory_utilization": 0.9,
+             "sbatch": {"time": "00:30:00", "partition": "gpu", "account": "team", "extra_args": ["--qos=eval"]},
+             "reserved": {"weight_reload": "respawn", "server_port": 8100}, "failure": {"max_consecutive": 2},
+             "on_overlap": "skip"}
+    for mode in ("sync", "sidecar", "reserved"):
+        resolved = load_config(write_config(folder, tiny_config(evals=evals, async_eval={**block, "mode": mode})))
+        assert resolved.async_eval.mode == mode and resolved.async_eval.sbatch.extra_args == ["--qos=eval"]
+    sidecar = {**block, "vllm_gpus": 0}
+    assert "has no evals: block" in _error(folder, tiny_config(async_eval=sidecar))
+    multi_node = _error(folder, tiny_config(evals=evals, async_eval={**sidecar, "mode": "reserved"},
+                                            slurm={"nodes": 2}))
+    assert "slurm.nodes is 2" in multi_node and "use mode: sidecar" in multi_node
+    assert "sbatch.time" in _error(folder, tiny_config(evals=evals, async_eval={**sidecar, "sbatch": {"time": "soon"}}))
+    assert "did you mean 'partition'" in _error(folder, tiny_config(
+        evals=evals, async_eval={**sidecar, "sbatch": {"partiton": "gpu"}}))
+    assert "on_overlap" in _error(folder, tiny_config(evals=evals, async_eval={**sidecar, "on_overlap": "later"}))
+    assert "vllm_gpus" in _error(folder, tiny_config(evals=evals, async_eval={**sidecar, "vllm_gpus": -1}))
     assert "did you mean 'vllm_gpus'" in _error(folder, tiny_config(async_eval={"vllm_gpu": 1}))
+    # what only the machine can say, at validate: reserved GPUs on a CPU machine, sbatch not installed
+    reserved_gpu = write_config(folder, tiny_config(evals=evals, async_eval={**block, "mode": "reserved"}))
+    with pytest.raises(LeapError, match="no GPU is visible"):
+        validate_config(reserved_gpu)
+    monkeypatch.setenv("PATH", str(folder))
+    with pytest.raises(LeapError, match="submits each evaluation with sbatch, which is not installed here"):
+        validate_config(write_config(folder, tiny_config(evals=evals, async_eval=sidecar)))

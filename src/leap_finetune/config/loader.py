@@ -95,6 +95,10 @@ def load_config(source: str | Path | dict, *, base_dir: Path | None = None) -> R
         from leap_finetune.config.schema import AsyncEvalConfig
 
         _check_keys(raw["async_eval"], AsyncEvalConfig.model_fields, where, "async_eval")
+        for key in ("sbatch", "reserved", "failure"):
+            if isinstance(raw["async_eval"].get(key), dict):
+                _check_keys(raw["async_eval"][key], AsyncEvalConfig.model_fields[key].annotation.model_fields, where,
+                            f"async_eval.{key}")
     if isinstance(raw.get("evals"), dict):
         from leap_finetune.config.schema import BenchmarkConfig
 
@@ -108,18 +112,13 @@ def load_config(source: str | Path | dict, *, base_dir: Path | None = None) -> R
     except ValidationError as err:
         raise _pydantic_error(err, where) from None
 
-    if model.async_eval is not None and model.async_eval.mode != "sync":
-        raise LeapError(
-            f"async_eval.mode '{model.async_eval.mode}' is not supported yet in leap-finetune {_version()}",
-            where=f"{where}: async_eval.mode",
-            fix="use mode: sync (benchmarks pause training); sidecar (SLURM) and reserved (GPU) modes are planned",
-        )
     training, loss_on, resume = _resolve_training(model, where)
     peft = _resolve_peft(model.peft_config, where)
     from leap_finetune.config.grpo import resolve_grpo
 
     grpo_rollout, rewards = resolve_grpo(model, training, base, where)
     retrieval = _resolve_retrieval(model, training, where)
+    _check_async_eval(model, where)
 
     from leap_finetune.data.chat_templates import resolve_chat_template
     from leap_finetune.models.registry import model_family, resolve_model_id
@@ -296,6 +295,27 @@ def _check_keys(data: dict, allowed, where: str, block: str) -> None:
             )
 
 
+def _check_async_eval(model: LeapConfigModel, where: str) -> None:
+    """What sidecar / reserved evaluation cannot do, said before anything runs (the machine-dependent checks -
+    sbatch installed, the nodes of the plan - are in evaluation/async_eval.py's check_async_eval)."""
+    mode = model.async_eval.mode if model.async_eval is not None else "sync"
+    if mode == "sync":
+        return
+    at = f"{where}: async_eval.mode"
+    if model.evals is None:
+        raise LeapError(f"async_eval.mode is {mode}, but the config has no evals: block (nothing to evaluate)",
+                        where=at, fix="add evals: with benchmarks (README \"Benchmarks\"), or remove async_eval")
+    if model.training_type in ("embedding", "colbert"):
+        raise LeapError(f"retrieval benchmarks ({model.training_type}) run with the held-out evaluation inside the "
+                        f"trainer; async_eval.mode {mode} evaluates generation and log-prob benchmarks", where=at,
+                        fix="use mode: sync for an embedding / ColBERT run")
+    # (fsdp: benchmarks during training are refused with fsdp in every mode, in _resolve_training)
+    if mode == "reserved" and model.slurm is not None and model.slurm.nodes > 1:
+        raise LeapError(f"async_eval.mode reserved runs the evaluation server on GPUs of one node, and slurm.nodes is "
+                        f"{model.slurm.nodes}", where=at,
+                        fix="use mode: sidecar for multi-node training (one SLURM job per evaluation)")
+
+
 def _check_training_type(value, where: str) -> None:
     if value in SUPPORTED_TRAINING_TYPES:
         return
@@ -352,7 +372,8 @@ def _resolve_training(model: LeapConfigModel, where: str) -> tuple[dict, str, st
         raise LeapError(
             f"training_config.extends is {profile_name}, a profile for another training type than "
             f"{model.training_type}", where=where, fix=f"use extends: {own_profile} (or leave extends out)")
-    allowed = trainer_arg_fields(model.training_type) | ({"loss_on", "compile_layers"} if model.training_type == "sft" else set())
+    allowed = (trainer_arg_fields(model.training_type) if user else set()) | (
+        {"loss_on", "compile_layers"} if model.training_type == "sft" else set())
     for key in user:
         if key in MANAGED_TRAINING_KEYS:
             raise LeapError(
@@ -395,7 +416,8 @@ def _resolve_training(model: LeapConfigModel, where: str) -> tuple[dict, str, st
     merged.update(user)
     from leap_finetune.recipes import recipe
 
-    merged = check_training_values(recipe(model.training_type).config_class(), merged, where)
+    if user or model.dataset is not None:  # (an evaluation-only config trains nothing: no TRL import, ~8 s)
+        merged = check_training_values(recipe(model.training_type).config_class(), merged, where)
     check_report_to(merged.get("report_to"), where)
     check_training_rules(model.training_type, merged, where)
     if merged.get("fsdp") and model.evals is not None:

@@ -51,6 +51,7 @@ class ResolvedConfig(BaseModel):
     resume_checkpoint_path: str | None = None  # the checkpoint folder "latest" (or a path) resolved to
     workers: int = 1  # training processes of the device plan (launch/devices.py)
     judge_url: str | None = None  # grpo: the local judge server the driver started
+    eval_devices: str | None = None  # async_eval reserved: CUDA_VISIBLE_DEVICES of the evaluation server
 
     def to_json_dict(self) -> dict:
         return self.model_dump(mode="json")

@@ -81,12 +81,22 @@ class EvalsConfig(StrictModel):
 
 
 class SbatchConfig(StrictModel):
-    time: str = Field(default="00:30:00", description="Wall-clock limit of each sidecar evaluation job.")
+    time: str = Field(default="00:30:00", pattern=r"^(\d+-)?\d+(:\d+){0,2}$",
+                      description="Wall-clock limit of each sidecar evaluation job (SLURM's format: MM, HH:MM:SS, "
+                      "D-HH:MM:SS); a job that runs past it counts as a failed evaluation.")
+    partition: str | None = Field(default=None, min_length=1, description="SLURM partition of the evaluation jobs "
+                                  "(default: the cluster's default partition).")
+    account: str | None = Field(default=None, min_length=1, description="SLURM account charged for the jobs.")
+    extra_args: list[str] = Field(default_factory=list, description="More sbatch options, each one string, e.g. "
+                                  "[\"--qos=eval\", \"--mem=32G\"].")
 
 
 class ReservedEvalConfig(StrictModel):
-    weight_reload: Literal["respawn"] = Field(default="respawn", description="How the eval server picks up new weights.")
-    server_port: int = Field(default=8100, gt=0, lt=65536, description="Port of the reserved-GPU eval server.")
+    weight_reload: Literal["respawn"] = Field(default="respawn", description="How the eval server picks up new "
+                                              "weights: `respawn` restarts it on each new snapshot.")
+    server_port: int = Field(default=8100, gt=0, lt=65536, description="Port of the evaluation server (127.0.0.1).")
+    start_timeout_s: float = Field(default=600, gt=0, description="An evaluation server that does not answer its "
+                                   "health check within this time counts as a failed evaluation.")
 
 
 class EvalFailureConfig(StrictModel):
@@ -95,15 +105,24 @@ class EvalFailureConfig(StrictModel):
 
 
 class AsyncEvalConfig(StrictModel):
-    """Where benchmarks run. `sync` (default): training pauses. `sidecar` and `reserved` are planned."""
+    """Where benchmarks run. `sync` (default): training pauses while they run. `sidecar`: one SLURM job per
+    evaluation on a snapshot of the model. `reserved`: an evaluation server on GPUs kept out of training."""
 
-    mode: Literal["sync", "sidecar", "reserved"] = Field(default="sync", description="sync, sidecar or reserved.")
-    vllm_gpus: int = Field(default=1, gt=0, description="GPUs for the evaluation server (sidecar, reserved).")
-    tensor_parallel_size: int = Field(default=1, gt=0, description="Tensor parallelism of the evaluation server.")
+    mode: Literal["sync", "sidecar", "reserved"] = Field(
+        default="sync", description="sync (training pauses), sidecar (an sbatch job per evaluation) or reserved "
+        "(an evaluation server on GPUs taken out of training; one node only).")
+    vllm_gpus: int = Field(default=1, ge=0, description="GPUs of the evaluator (sidecar: per job; reserved: taken out "
+                           "of training). 0: the evaluator runs on CPU.")
+    tensor_parallel_size: int = Field(default=1, gt=0, description="Tensor parallelism of a vLLM evaluation server.")
     gpu_memory_utilization: float = Field(default=0.9, gt=0, le=1, description="vLLM memory fraction.")
+    on_overlap: Literal["queue", "skip"] = Field(
+        default="queue", description="An evaluation due while the previous one still runs: `queue` (its snapshot "
+        "waits its turn; at most 3 wait) or `skip` (not taken, with a line). The final evaluation always queues.")
+    wait_at_end_s: float = Field(default=3600, gt=0, description="At the end of training, how long to wait for "
+                                 "evaluations still running (their results are logged); then they are stopped.")
     sbatch: SbatchConfig = Field(default_factory=SbatchConfig, description="sidecar: the sbatch job's settings.")
     reserved: ReservedEvalConfig = Field(default_factory=ReservedEvalConfig, description="reserved: server settings.")
-    failure: EvalFailureConfig = Field(default_factory=EvalFailureConfig, description="Failure isolation.")
+    failure: EvalFailureConfig = Field(default_factory=EvalFailureConfig, description="Failure isolation (every mode).")
 
 
 class RayConfig(StrictModel):
@@ -260,7 +279,8 @@ class LeapConfigModel(StrictModel):
     output_dir: str | None = Field(default=None, min_length=1, description="Run folder; default outputs/{project_name}/{run_name}.")
     evals: EvalsConfig | None = Field(default=None, description="Benchmarks during training and for `leap-finetune eval`.")
     async_eval: AsyncEvalConfig | None = Field(
-        default=None, description="Where benchmarks run: `mode: sync` (training pauses; the default)."
+        default=None, description="Where benchmarks run: sync (training pauses; the default), sidecar (SLURM jobs) "
+        "or reserved (an evaluation server on GPUs of its own), and the failure policy (keys below)."
     )
     slurm: SlurmConfig | None = Field(
         default=None, description="`leap-finetune slurm`: the sbatch job that runs this config (keys below).")

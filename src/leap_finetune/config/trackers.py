@@ -23,12 +23,14 @@ def trackers(report_to) -> list[str]:
 
 
 def check_report_to(report_to, where: str) -> None:
+    names = trackers(report_to)
+    if not names:  # (nothing to check: transformers' integrations module costs seconds to import)
+        return
     from transformers.integrations.integration_utils import (
         INTEGRATION_TO_CALLBACK,
         get_available_reporting_integrations,
     )
 
-    names = trackers(report_to)
     known = sorted(INTEGRATION_TO_CALLBACK)
     available = set(get_available_reporting_integrations())
     for name in names:

@@ -1,5 +1,5 @@
-"""Benchmarks during training (the `sync` mode): training pauses every N steps while the
-benchmarks run; scores go to the metrics log and the enabled trackers at that step.
+"""Benchmarks during training. In `sync` mode training pauses every N steps while the benchmarks run; scores
+go to the metrics log and the enabled trackers at that step (sidecar and reserved: evaluation/async_eval.py).
 
 A failed evaluation (an exception in a benchmark, out of memory) never stops training: it is logged with its
 reason and its traceback file, and after `async_eval.failure.max_consecutive` failures in a row evaluation is
@@ -14,22 +14,77 @@ from transformers import TrainerCallback
 from leap_finetune.evaluation.runner import print_summary, run_benchmarks
 
 
-class BenchmarkCallback(TrainerCallback):
-    def __init__(self, evals, benchmarks, renderer, run_dir: Path, console, every: int, processor=None,
-                 max_failures: int = 3):
-        self.evals = evals
-        self.processor = processor  # a vision-language model's, for rows with images
-        self.benchmarks = benchmarks
-        self.renderer = renderer
+class EvaluationLog(TrainerCallback):
+    """What every mode shares: results kept per training step, failures counted, evaluation switched off after
+    `max_failures` in a row. `trainer` is set once the trainer exists (rank 0 evaluates)."""
+
+    def __init__(self, run_dir: Path, console, every: int, max_failures: int):
         self.predictions_dir = run_dir / "benchmarks"
         self.console = console
         self.every = every
-        self.trainer = None  # set once the trainer exists
+        self.trainer = None
         self.last_step = None
         self.max_failures = max_failures
         self.failures_in_a_row = 0
         self.failures = 0
         self.switched_off = False
+
+    def log_at(self, step: int, logs: dict) -> None:
+        self.trainer.log(logs)  # sync: the trainer is at that step
+
+    def finish(self, *, wait: bool) -> dict[int, dict] | None:
+        """Async modes: the results of evaluations still running (see async_eval.py); sync: nothing waits."""
+        return None
+
+    def write_results(self, step: int, when: str, results: dict) -> None:
+        """RUN/benchmarks/results/step-N.json: the scores of the evaluation of training step N (the same file
+        whichever mode evaluated it), written whole or not at all."""
+        import json
+
+        from leap_finetune.recipes.callbacks import write_atomic
+
+        folder = self.predictions_dir / "results"
+        folder.mkdir(parents=True, exist_ok=True)
+        write_atomic(folder / f"step-{step}.json", json.dumps({"step": step, "when": when, "results": results},
+                                                              indent=2))
+
+    def _failed(self, step: int, when: str, reason: str, log: Path | None, err: BaseException | None = None) -> None:
+        import traceback
+
+        import torch
+
+        if torch.cuda.is_available():
+            torch.cuda.empty_cache()  # an out-of-memory evaluation leaves its blocks cached
+        self.failures += 1
+        self.failures_in_a_row += 1
+        if err is not None:  # an exception in this process: its traceback is the log
+            log = self.predictions_dir / "failures" / f"step-{step}.txt"
+            try:
+                log.parent.mkdir(parents=True, exist_ok=True)
+                log.write_text("".join(traceback.format_exception(err)), encoding="utf-8")
+            except OSError:
+                log = None
+        where = f" (log: {log})" if log is not None else ""
+        self.console.print(f"[yellow]evaluation at step {step} ({when}) failed: {reason}{where}; training goes on "
+                           f"({self.failures_in_a_row} failure(s) in a row of {self.max_failures} allowed)[/yellow]")
+        self.log_at(step, {"benchmark/failures": float(self.failures)})
+        if self.failures_in_a_row >= self.max_failures:
+            self.switched_off = True
+            self.console.print(f"[yellow]evaluation switched off for the rest of the run after {self.failures_in_a_row} "
+                               "failed evaluations in a row (async_eval.failure.max_consecutive); training goes "
+                               "on[/yellow]")
+
+
+class BenchmarkCallback(EvaluationLog):
+    """Sync mode: the benchmarks run in the training process (rank 0) while training waits."""
+
+    def __init__(self, evals, benchmarks, renderer, run_dir: Path, console, every: int, processor=None,
+                 max_failures: int = 3):
+        super().__init__(run_dir, console, every, max_failures)
+        self.evals = evals
+        self.processor = processor  # a vision-language model's, for rows with images
+        self.benchmarks = benchmarks
+        self.renderer = renderer
 
     def evaluate(self, when: str) -> dict:
         trainer = self.trainer
@@ -43,51 +98,13 @@ class BenchmarkCallback(TrainerCallback):
             results = run_benchmarks(trainer.model, self.renderer, self.evals, self.benchmarks,
                                      predictions_dir=self.predictions_dir, processor=self.processor)
         except Exception as err:  # noqa: BLE001 - an evaluation must never stop training
-            self._failed(step, when, err)
+            self._failed(step, when, f"{type(err).__name__}: {str(err).splitlines()[0] if str(err) else ''}", None, err)
             return {}
         self.failures_in_a_row = 0
         print_summary(self.console, results, step, when)
         trainer.log(dict(results))
-        self._write_results(step, when, results)
+        self.write_results(step, when, results)
         return results
-
-    def _write_results(self, step: int, when: str, results: dict) -> None:
-        """RUN/benchmarks/results/step-N.json: the scores of the evaluation of training step N (the same file
-        whichever mode evaluated it), written whole or not at all."""
-        import json
-
-        from leap_finetune.recipes.callbacks import write_atomic
-
-        folder = self.predictions_dir / "results"
-        folder.mkdir(parents=True, exist_ok=True)
-        write_atomic(folder / f"step-{step}.json", json.dumps({"step": step, "when": when, "results": results},
-                                                              indent=2))
-
-    def _failed(self, step: int, when: str, err: BaseException) -> None:
-        import traceback
-
-        import torch
-
-        if torch.cuda.is_available():
-            torch.cuda.empty_cache()  # an out-of-memory evaluation leaves its blocks cached
-        self.failures += 1
-        self.failures_in_a_row += 1
-        log = self.predictions_dir / "failures" / f"step-{step}.txt"
-        reason = f"{type(err).__name__}: {str(err).splitlines()[0] if str(err) else ''}"
-        try:
-            log.parent.mkdir(parents=True, exist_ok=True)
-            log.write_text("".join(traceback.format_exception(err)), encoding="utf-8")
-            where = f" (traceback: {log})"
-        except OSError:
-            where = ""
-        self.console.print(f"[yellow]evaluation at step {step} ({when}) failed: {reason}{where}; training goes on "
-                           f"({self.failures_in_a_row} failure(s) in a row of {self.max_failures} allowed)[/yellow]")
-        self.trainer.log({"benchmark/failures": float(self.failures)})
-        if self.failures_in_a_row >= self.max_failures:
-            self.switched_off = True
-            self.console.print(f"[yellow]evaluation switched off for the rest of the run after {self.failures_in_a_row} "
-                               "failed evaluations in a row (async_eval.failure.max_consecutive); training goes "
-                               "on[/yellow]")
 
     def on_step_end(self, args, state, control, **kwargs):
         # rank 0 only: the other ranks wait for it at the next step's gradient all-reduce
@@ -95,3 +112,4 @@ class BenchmarkCallback(TrainerCallback):
             return
         if self.trainer is not None and state.global_step % self.every == 0 and state.global_step < state.max_steps:
             self.evaluate("during training")
+        return None

@@ -24,7 +24,7 @@ class ServerGenerator:
             from openai import OpenAI
         except ImportError:
             raise LeapError("--server talks to the server with the `openai` client, which is not installed",
-                            where="--server", fix="pip install openai (or 'leap-finetune[grpo]')") from None
+                            where="--server", fix="pip install 'leap-finetune[serve]' (the openai client and transformers serve)") from None
         self.base_url = base_url.rstrip("/")
         key = os.environ.get(api_key_env) if api_key_env else os.environ.get("OPENAI_API_KEY")
         self.client = OpenAI(base_url=self.base_url, api_key=key or "not-needed", timeout=timeout_s, max_retries=2)

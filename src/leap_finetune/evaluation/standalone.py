@@ -32,15 +32,15 @@ def evaluate_config(source, *, output: str | Path | None = None, console: Consol
     """Run the `evals:` block on `checkpoint` (a run, checkpoint or adapter folder) or `model_name`,
     without training. Writes the results as JSON to `output` when given. `server`: the base URL of an
     OpenAI-compatible server that answers the generation benchmarks (log-prob ones still run here)."""
-    from leap_finetune.api import _check_benchmarks, _config, _console
+    from leap_finetune.config.loader import load_config
 
-    console = _console(console)
-    resolved = _config(source)
+    console = console or Console(stderr=True)
+    resolved = source if isinstance(source, ResolvedConfig) else load_config(source)
     if resolved.evals is None:
         raise LeapError("the config has no evals: block", where=resolved.config_path or "config",
                         fix="add evals: with benchmarks (see README \"Benchmarks\")")
     target = model_to_evaluate(resolved)
-    benchmarks = _check_benchmarks(resolved, target.model_id)
+    benchmarks = check_benchmarks(resolved, target.model_id)
     if output is not None:
         _check_output(Path(output), resolved)
     if resolved.retrieval is not None:  # an embedding / ColBERT model on retrieval benchmarks
@@ -77,7 +77,7 @@ def evaluate_config(source, *, output: str | Path | None = None, console: Consol
     from leap_finetune.data.render import Renderer
     from leap_finetune.evaluation.runner import print_summary, run_benchmarks
     from leap_finetune.models.loading import load_model, load_tokenizer
-    from leap_finetune.recipes.common import quiet_libraries
+    from leap_finetune.quiet import quiet_libraries
 
     quiet_libraries()
     init_kwargs = {k: v for k, v in (resolved.training.get("model_init_kwargs") or {}).items() if k != "dtype"}
@@ -111,6 +111,22 @@ def evaluate_config(source, *, output: str | Path | None = None, console: Consol
     return report
 
 
+def check_benchmarks(resolved: ResolvedConfig, model_id: str | None = None):
+    """Every benchmark row (and custom metric) is validated before any model loads; image rows need
+    a vision-language model and, for its processor, torchvision."""
+    if resolved.evals is None:
+        return []
+    from leap_finetune.evaluation.runner import has_images, load_benchmarks
+    from leap_finetune.models.vision import is_vision_model, require_torchvision
+
+    model_id = model_id or resolved.model_id
+    vision = is_vision_model(model_id)
+    benchmarks = load_benchmarks(resolved.evals, vision=vision, model_name=resolved.model_name)
+    if vision and has_images(benchmarks):
+        require_torchvision(model_id)
+    return benchmarks
+
+
 def _refuse_lora_checkpoint(folder: Path) -> None:
     """A LoRA retrieval run's checkpoint-N holds the adapted layers (base_layer, lora_A/B): loaded as a plain
     model, those layers would start fresh and the scores would be wrong without a word."""
@@ -134,7 +150,7 @@ def _run_on_server(resolved: ResolvedConfig, benchmarks, generator, output) -> d
 
 def _write_report(report: dict, output, console) -> None:
     if output:
-        from leap_finetune.recipes.callbacks import write_atomic
+        from leap_finetune.files import write_atomic
 
         Path(output).parent.mkdir(parents=True, exist_ok=True)
         write_atomic(Path(output), json.dumps(report, indent=2))
@@ -148,7 +164,7 @@ def _evaluate_retrieval(resolved: ResolvedConfig, target: ModelToEvaluate, bench
 
     from leap_finetune.evaluation.retrieval_benchmark import evaluator, scores
     from leap_finetune.evaluation.runner import print_summary
-    from leap_finetune.recipes.common import quiet_libraries
+    from leap_finetune.quiet import quiet_libraries
 
     if target.adapter_dir is not None:
         raise LeapError("a retrieval run's adapter folder is evaluated through its merged model",

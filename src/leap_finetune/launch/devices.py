@@ -5,8 +5,7 @@ Devices are counted over what the driver sees (`CUDA_VISIBLE_DEVICES` respected)
 N` says, and handed out in a fixed order: [server][judge][eval][training]. Servers are GRPO's vLLM
 rollout server (`grpo_rollout.server_gpus`) and its judge (`judge_gpus`); eval is the reserved
 evaluation server (`async_eval.vllm_gpus` with `mode: reserved`); training gets the rest
-(`grpo_rollout.training_gpus` may say how many). Those features plug into this plan; until they
-land, their counts are 0 here.
+(`grpo_rollout.training_gpus` may say how many).
 """
 
 from __future__ import annotations
@@ -133,6 +132,9 @@ def device_plan(resolved, *, gpus: int | None = None, nodes: int | None = None) 
     servers = {}
     if rollout is not None:
         servers = {"server": rollout.server_gpus, "judge": rollout.judge_gpus, "training": rollout.training_gpus}
+    async_eval = getattr(resolved, "async_eval", None)
+    if async_eval is not None and async_eval.mode == "reserved":
+        servers["eval_gpus"] = async_eval.vllm_gpus
     plan = plan_devices(gpus=visible_gpus() if gpus is None else gpus, nodes=nodes or 1,
                         num_workers=ray.num_workers if ray else None, address=address,
                         fsdp=bool(resolved.training.get("fsdp")), where=where, **servers)

@@ -11,6 +11,9 @@ from pathlib import Path
 
 from transformers import TrainerCallback
 
+from leap_finetune.files import write_atomic  # noqa: F401 - also imported from here
+from leap_finetune.recipes.checkpoints import MARKER, _fsync_dir, checkpoints, delete, read_marker
+
 class MetricsLog(TrainerCallback):
     """Appends one JSON object per log event to metrics.jsonl: step, loss, learning rate, eval
     loss, tokens/s (non-padding tokens seen since the previous log, per second)."""
@@ -103,16 +106,6 @@ class RichProgress(TrainerCallback):
             self.progress = None
 
 
-def write_atomic(path: Path, text: str) -> None:
-    """Write a file so that readers see either the old content or the whole new content."""
-    tmp = path.with_name(f".{path.name}.tmp-{os.getpid()}")
-    with tmp.open("w", encoding="utf-8") as handle:
-        handle.write(text)
-        handle.flush()
-        os.fsync(handle.fileno())
-    os.replace(tmp, path)
-
-
 class StopOnSignal(TrainerCallback):
     """Ctrl-C or SIGTERM (a cluster pre-empting the job) finishes the current step, saves a
     complete checkpoint and stops, so `resume_from_checkpoint: latest` continues from there.
@@ -159,3 +152,57 @@ class StopOnSignal(TrainerCallback):
         for signum, handler in self._previous.items():
             signal.signal(signum, handler)
         self._previous.clear()
+
+
+class CheckpointMarker(TrainerCallback):
+    """Marks each checkpoint complete once the Trainer has written it, then rotates old ones.
+
+    `keep`: the user's `save_total_limit` (None keeps all); `metrics`: the metrics log whose length is
+    recorded; `seconds_before`: training time of the run before this process (a resume)."""
+
+    def __init__(self, run_dir: Path, keep: int | None, seconds_before: float = 0.0):
+        import time
+
+        self.run_dir = run_dir
+        self.keep = keep
+        self.seconds_before = seconds_before
+        self._started = time.perf_counter()
+
+    def trained_seconds(self) -> float:
+        import time
+
+        return self.seconds_before + time.perf_counter() - self._started
+
+    def on_save(self, args, state, control, **kwargs):
+        if not state.is_world_process_zero:
+            return
+        folder = Path(args.output_dir) / f"checkpoint-{state.global_step}"
+        if not folder.is_dir():
+            return
+        for path in folder.rglob("*"):  # the files' data first, then the manifest that vouches for them
+            if path.is_file():
+                with path.open("rb") as handle:
+                    os.fsync(handle.fileno())
+        metrics = self.run_dir / "metrics.jsonl"
+        manifest = {
+            "step": state.global_step,
+            "files": {str(p.relative_to(folder)): p.stat().st_size for p in sorted(folder.rglob("*"))
+                      if p.is_file() and p.name != MARKER},
+            "metrics_bytes": metrics.stat().st_size if metrics.exists() else 0,
+            "trained_seconds": round(self.trained_seconds(), 3),
+        }
+        write_atomic(folder / MARKER, json.dumps(manifest, indent=1))
+        _fsync_dir(folder)
+        self._rotate(state)
+
+    def _rotate(self, state) -> None:
+        if not self.keep:
+            return
+        complete = [p for p in checkpoints(self.run_dir) if read_marker(p) is not None]
+        best = Path(state.best_model_checkpoint).name if state.best_model_checkpoint else None
+        keep = complete[-self.keep:]
+        if best and self.keep == 1 and all(p.name != best for p in keep):  # as transformers: best + newest
+            keep = [p for p in complete if p.name == best] + keep
+        for folder in complete:
+            if folder not in keep and folder.name != best:
+                delete(folder)

@@ -10,14 +10,10 @@ import shutil
 from pathlib import Path
 
 from leap_finetune.config.resolved import ResolvedConfig
-from leap_finetune.recipes.callbacks import (
-    MetricsLog,
-    RichProgress,
-    StopOnSignal,
-    write_atomic,
-)
-
-from leap_finetune.recipes.checkpoints import CheckpointMarker, read_marker
+from leap_finetune.files import write_atomic
+from leap_finetune.quiet import quiet_libraries  # noqa: F401 - also imported from here
+from leap_finetune.recipes.callbacks import CheckpointMarker, MetricsLog, RichProgress, StopOnSignal
+from leap_finetune.recipes.checkpoints import read_marker
 
 PREPARED_DIR = "prepared"
 
@@ -26,25 +22,6 @@ def is_main_process() -> bool:
     """Rank 0 of a distributed run (Ray Train sets RANK), or the only process: it alone writes the run
     folder's files, runs the benchmarks and prints samples."""
     return int(os.environ.get("RANK", "0")) == 0
-
-
-def quiet_libraries() -> None:
-    """Our progress bar and reports replace the libraries' per-step bars and notices."""
-    import warnings
-
-    import datasets
-    import transformers
-
-    # transformers' own deprecation notices about arguments TRL passes; nothing a user can act on. The
-    # test suite sets LEAP_FINETUNE_SHOW_WARNINGS=1 so that CI shows them (a coming change is noticed).
-    if not os.environ.get("LEAP_FINETUNE_SHOW_WARNINGS"):
-        warnings.filterwarnings("ignore", category=FutureWarning, module=r"transformers\..*")
-    datasets.disable_progress_bars()
-    # the judge's HTTP client logs every request at INFO (Ray workers show INFO)
-    for name in ("httpx", "httpx2"):  # openai 1-2 use httpx, openai 3 httpx2
-        logging.getLogger(name).setLevel(logging.WARNING)
-    transformers.utils.logging.set_verbosity_error()
-    transformers.utils.logging.disable_progress_bar()
 
 
 def common_arguments(resolved: ResolvedConfig, *, run_dir: str, has_eval: bool, cuda: bool | None = None) -> dict:
@@ -146,11 +123,16 @@ def benchmark_callback(resolved: ResolvedConfig, tokenizer, run_dir: Path, conso
     from leap_finetune.evaluation.runner import has_images, load_benchmarks
     from leap_finetune.models.vision import is_vision_model, load_processor
 
-    renderer = Renderer(tokenizer, load_chat_template(resolved.chat_template, tokenizer), "all", None)
+    template = load_chat_template(resolved.chat_template, tokenizer)
+    every = resolved.evals.eval_steps or resolved.training.get("eval_steps") or 500
+    if resolved.async_eval is not None and resolved.async_eval.mode != "sync":
+        from leap_finetune.evaluation.async_eval import AsyncBenchmarks
+
+        return AsyncBenchmarks(resolved, run_dir, console, every, template.text)
+    renderer = Renderer(tokenizer, template, "all", None)
     vision = is_vision_model(resolved.model_id)
     benchmarks = load_benchmarks(resolved.evals, vision=vision, model_name=resolved.model_name)
     processor = load_processor(resolved.model_id, tokenizer) if vision and has_images(benchmarks) else None
-    every = resolved.evals.eval_steps or resolved.training.get("eval_steps") or 500
     max_failures = resolved.async_eval.failure.max_consecutive if resolved.async_eval else 3
     return BenchmarkCallback(resolved.evals, benchmarks, renderer, run_dir, console, every, processor=processor,
                              max_failures=max_failures)
@@ -161,11 +143,11 @@ def train_evaluate_save(trainer, resolved: ResolvedConfig, run_dir: Path, tokeni
     """Baseline eval -> train (resuming if planned) -> final eval -> save model (+ adapter) -> summary."""
     from transformers.trainer_callback import PrinterCallback, ProgressCallback
 
-    from leap_finetune.evaluation.callback import BenchmarkCallback
+    from leap_finetune.evaluation.callback import EvaluationLog
 
     trainer.remove_callback(ProgressCallback)
     trainer.remove_callback(PrinterCallback)
-    benchmarks = next((c for c in trainer.callback_handler.callbacks if isinstance(c, BenchmarkCallback)), None)
+    benchmarks = next((c for c in trainer.callback_handler.callbacks if isinstance(c, EvaluationLog)), None)
     if benchmarks is not None:
         benchmarks.trainer = trainer
     resume = resolved.resume_checkpoint_path
@@ -203,12 +185,19 @@ def train_evaluate_save(trainer, resolved: ResolvedConfig, run_dir: Path, tokeni
     if resume:
         baseline_benchmarks = history["initial_benchmarks"]
     if trainer.state.global_step < trainer.state.max_steps:
+        if run_benchmarks:
+            benchmarks.finish(wait=False)  # async modes: evaluations still running are stopped
         summary["stopped_early"] = True
         summary["stopped_by_signal"] = stop_on_signal.received
         write_atomic(run_dir / "summary.json", json.dumps(summary, indent=2))
         return summary
     if run_benchmarks:
         final = benchmarks.evaluate("after training")
+        finished = benchmarks.finish(wait=True)  # async modes: every evaluation's results, by training step
+        if finished is not None:
+            final = finished.get(trainer.state.global_step, {})
+            if not resume:  # (resumed: the step-0 results were logged by the first process, read above)
+                baseline_benchmarks = finished.get(0, {})
         summary["benchmarks"] = {k: v for k, v in final.items() if k.endswith("/score")}
         summary["initial_benchmarks"] = {k: v for k, v in baseline_benchmarks.items() if k.endswith("/score")}
     if has_eval:

@@ -1,0 +1,163 @@
+"""Evaluation that does not pause training (async_eval sidecar and reserved), with real components: sidecar
+evaluations run as jobs of the real one-node SLURM cluster (scripts/slurm_local.sh), the reserved evaluator is
+a real `transformers serve` process on 127.0.0.1 answering a real `leap-finetune eval --server` process. Both
+on CPU (vllm_gpus: 0). Their results, logged at the training step of each snapshot, equal the sync run's at
+the same steps; failures (a rejected sbatch, a killed server) are counted and training finishes."""
+
+from __future__ import annotations
+
+import json
+import shutil
+import socket
+import subprocess
+import threading
+import time
+from pathlib import Path
+
+import pytest
+
+from leap_finetune.api import run_config
+from tests.conftest import EXAMPLES, REPO, tiny_config, write_config
+
+# 12 rows answered one at a time: an evaluation that costs seconds on this CPU (sync mode pauses for it).
+BENCH = {"max_new_tokens": 32, "batch_size": 1, "eval_steps": 3, "benchmarks": [
+    {"name": "capitals", "path": "bench.jsonl", "metric": "exact_match"},
+    {"name": "mcq", "path": "mcq.jsonl", "metric": "logprob_mcq"}]}
+
+
+def _config(folder: Path, mode: str, name: str, **async_eval) -> Path:
+    for source, target in (("quickstart.jsonl", "train.jsonl"), ("quickstart_bench_generation.jsonl", "bench.jsonl"),
+                           ("quickstart_bench_mcq.jsonl", "mcq.jsonl")):
+        shutil.copy(EXAMPLES / "data" / source, folder / target)
+    config = tiny_config(training_config={"max_steps": 12, "per_device_train_batch_size": 8, "learning_rate": 3e-3,
+                                          "save_steps": 100},
+                         evals=BENCH, async_eval={"mode": mode, "vllm_gpus": 0, **async_eval})
+    return write_config(folder, config, name)
+
+
+def _scores(run_dir: Path) -> dict[int, dict]:
+    """Benchmark results by the training step they belong to, from metrics.jsonl (timings left out)."""
+    found: dict[int, dict] = {}
+    for line in (run_dir / "metrics.jsonl").read_text().splitlines():
+        record = json.loads(line)
+        scores = {k: v for k, v in record.items() if k.startswith("benchmark/") and not k.endswith("/seconds")
+                  and k != "benchmark/failures"}
+        if scores:
+            assert record["step"] not in found, f"step {record['step']} logged twice"
+            found[record["step"]] = scores
+    return found
+
+
+def _failures(run_dir: Path) -> dict[int, float]:
+    records = [json.loads(line) for line in (run_dir / "metrics.jsonl").read_text().splitlines()]
+    return {r["step"]: r["benchmark/failures"] for r in records if "benchmark/failures" in r}
+
+
+@pytest.fixture(scope="module")
+def sync_run(tmp_path_factory):
+    folder = tmp_path_factory.mktemp("sync")
+    summary = run_config(_config(folder, "sync", "sync.yaml"), outputs_root=folder / "outputs")
+    return summary, _scores(Path(summary["run_dir"]))
+
+
+@pytest.fixture(scope="module")
+def slurm_cluster():
+    result = subprocess.run(["bash", str(REPO / "scripts" / "slurm_local.sh")], capture_output=True, text=True,
+                            timeout=300)
+    assert result.returncode == 0, result.stdout + result.stderr
+
+
+@pytest.mark.slow
+def test_sidecar_jobs_give_the_sync_results_and_training_does_not_wait(slurm_cluster, workdir, sync_run, capfd):
+    sync_summary, sync_scores = sync_run
+    assert sorted(sync_scores) == [0, 3, 6, 9, 12]
+    assert sync_scores[0]["benchmark/mcq/score"] != sync_scores[12]["benchmark/mcq/score"]  # the model learned
+    summary = run_config(_config(workdir, "sidecar", "sidecar.yaml", on_overlap="skip"))
+    run_dir = Path(summary["run_dir"])
+    scores = _scores(run_dir)
+    # every evaluation that ran gives the sync run's results at that training step, logged at that step
+    assert 0 in scores and 12 in scores
+    for step, result in scores.items():
+        assert result == pytest.approx(sync_scores[step], rel=1e-6), step
+    assert summary["benchmarks"] == pytest.approx(sync_summary["benchmarks"])
+    assert summary["initial_benchmarks"] == pytest.approx(sync_summary["initial_benchmarks"])
+    # each evaluation was a real SLURM job that completed; its log is kept, its snapshot deleted
+    logs = sorted((run_dir / "benchmarks" / "jobs").glob("step-*-*.out"))
+    assert len(logs) == len(scores)
+    for log in logs:
+        job = log.stem.split("-")[-1]
+        shown = subprocess.run(["scontrol", "show", "job", job], capture_output=True, text=True).stdout
+        assert "JobState=COMPLETED" in shown, shown
+    assert not (run_dir / "benchmarks" / "snapshots").exists()
+    assert sorted(p.name for p in (run_dir / "benchmarks" / "results").iterdir()) == \
+        sorted(f"step-{s}.json" for s in scores)
+    err = capfd.readouterr().err
+    skipped = [s for s in (3, 6, 9) if s not in scores]
+    for step in skipped:  # on_overlap: skip says so
+        assert f"evaluation of step {step} skipped" in err
+    # training did not pause for the evaluations (sync paused at steps 3, 6 and 9)
+    assert summary["train_runtime_s"] < 0.8 * sync_summary["train_runtime_s"], \
+        (summary["train_runtime_s"], sync_summary["train_runtime_s"])
+    print(f"training time: sidecar {summary['train_runtime_s']:.1f} s, sync {sync_summary['train_runtime_s']:.1f} s")
+
+
+def test_rejected_sbatch_jobs_are_counted_and_evaluation_is_switched_off(slurm_cluster, workdir, capfd):
+    config = _config(workdir, "sidecar", "bad.yaml", sbatch={"extra_args": ["--no-such-option=1"]},
+                     failure={"max_consecutive": 2})
+    summary = run_config(config)
+    assert summary["global_step"] == 12 and summary["model_dir"]  # training finished
+    run_dir = Path(summary["run_dir"])
+    assert _failures(run_dir) == {0: 1.0, 3: 2.0}
+    assert _scores(run_dir) == {}
+    err = " ".join(capfd.readouterr().err.split())
+    assert "evaluation at step 0 (before training) failed: sbatch rejected the job" in err
+    assert "no-such-option" in err
+    assert "evaluation switched off for the rest of the run after 2 failed evaluations in a row" in err
+    assert not (run_dir / "benchmarks" / "snapshots").exists()
+
+
+def _free_port() -> int:
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        return s.getsockname()[1]
+
+
+class KillFirstServer(threading.Thread):
+    """Kills the first evaluation server once it is up and the evaluation client has started (the client's
+    log exists; it is still importing): that evaluation fails, training goes on."""
+
+    def __init__(self, port: int, outputs: Path):
+        super().__init__(daemon=True)
+        self.port, self.outputs, self.killed = port, outputs, False
+
+    def run(self):
+        deadline = time.time() + 300
+        while time.time() < deadline and not list(self.outputs.glob("*/*/benchmarks/jobs/step-0.log")):
+            time.sleep(0.1)
+        subprocess.run(["pkill", "-9", "-f", f"serve .*--port {self.port}"])
+        self.killed = True
+
+
+@pytest.mark.slow
+def test_reserved_server_gives_the_sync_results_and_a_killed_server_is_a_counted_failure(workdir, sync_run, capfd):
+    _, sync_scores = sync_run
+    port = _free_port()
+    killer = KillFirstServer(port, workdir / "outputs")
+    killer.start()
+    summary = run_config(_config(workdir, "reserved", "reserved.yaml", on_overlap="skip",
+                                 reserved={"server_port": port}))
+    killer.join(timeout=5)
+    assert killer.killed
+    run_dir = Path(summary["run_dir"])
+    assert summary["global_step"] == 12
+    assert _failures(run_dir) == {0: 1.0}
+    scores = _scores(run_dir)
+    assert 12 in scores and 0 not in scores
+    for step, result in scores.items():  # the server's greedy answers and the client's log-probs: as sync
+        assert result == pytest.approx(sync_scores[step], rel=1e-6), step
+    err = " ".join(capfd.readouterr().err.split())
+    assert "evaluation at step 0 (before training) failed: leap-finetune eval exited with code 2; the server had " \
+           "exited" in err, err[-3000:]
+    server_log = (run_dir / "benchmarks" / "jobs" / "step-12-server.log").read_text()
+    assert "POST /v1/chat/completions" in server_log  # the generation benchmark went through the server
+    assert summary["benchmarks"] == {k: v for k, v in scores[12].items() if k.endswith("/score")}
