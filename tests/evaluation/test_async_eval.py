@@ -1,6 +1,7 @@
 """Evaluation that does not pause training (async_eval sidecar and reserved), with real components: sidecar
 evaluations run as jobs of the real one-node SLURM cluster (scripts/slurm_local.sh), the reserved evaluator is
-a real `transformers serve` process on 127.0.0.1 answering a real `leap-finetune eval --server` process. Both
+a real evaluation server process (evaluation/serve.py, FastAPI + uvicorn) on 127.0.0.1 answering a real
+`leap-finetune eval --server` process. Both
 on CPU (vllm_gpus: 0). Their results, logged at the training step of each snapshot, equal the sync run's at
 the same steps; failures (a rejected sbatch, a killed server) are counted and training finishes."""
 
@@ -25,13 +26,13 @@ BENCH = {"max_new_tokens": 32, "batch_size": 1, "eval_steps": 3, "benchmarks": [
     {"name": "mcq", "path": "mcq.jsonl", "metric": "logprob_mcq"}]}
 
 
-def _config(folder: Path, mode: str, name: str, **async_eval) -> Path:
+def _config(folder: Path, mode: str, name: str, evals: dict | None = None, **async_eval) -> Path:
     for source, target in (("quickstart.jsonl", "train.jsonl"), ("quickstart_bench_generation.jsonl", "bench.jsonl"),
                            ("quickstart_bench_mcq.jsonl", "mcq.jsonl")):
         shutil.copy(EXAMPLES / "data" / source, folder / target)
     config = tiny_config(training_config={"max_steps": 12, "per_device_train_batch_size": 8, "learning_rate": 3e-3,
                                           "save_steps": 100},
-                         evals=BENCH, async_eval={"mode": mode, "vllm_gpus": 0, **async_eval})
+                         evals={**BENCH, **(evals or {})}, async_eval={"mode": mode, "vllm_gpus": 0, **async_eval})
     return write_config(folder, config, name)
 
 
@@ -144,7 +145,8 @@ def test_reserved_server_gives_the_sync_results_and_a_killed_server_is_a_counted
     port = _free_port()
     killer = KillFirstServer(port, workdir / "outputs")
     killer.start()
-    summary = run_config(_config(workdir, "reserved", "reserved.yaml", on_overlap="skip",
+    # batch_size 4: the server generates requests that arrive together as one batch (sync generated one by one)
+    summary = run_config(_config(workdir, "reserved", "reserved.yaml", evals={"batch_size": 4}, on_overlap="skip",
                                  reserved={"server_port": port}))
     killer.join(timeout=5)
     assert killer.killed
@@ -159,5 +161,5 @@ def test_reserved_server_gives_the_sync_results_and_a_killed_server_is_a_counted
     assert "evaluation at step 0 (before training) failed: leap-finetune eval exited with code 2; the server had " \
            "exited" in err, err[-3000:]
     server_log = (run_dir / "benchmarks" / "jobs" / "step-12-server.log").read_text()
-    assert "POST /v1/chat/completions" in server_log  # the generation benchmark went through the server
+    assert server_log.count("POST /v1/chat/completions") == 12  # the generation benchmark went through the server
     assert summary["benchmarks"] == {k: v for k, v in scores[12].items() if k.endswith("/score")}

@@ -82,7 +82,7 @@ def check_async_eval(resolved: ResolvedConfig, devices) -> None:
 
         missing = [m for m in ("fastapi", "uvicorn", "openai") if importlib.util.find_spec(m) is None]
         if missing:
-            raise LeapError(f"the reserved evaluation server (`transformers serve`; vLLM is not installed) needs "
+            raise LeapError(f"the reserved evaluation server (leap-finetune's own; vLLM is not installed) needs "
                             f"{', '.join(missing)}", where=where, fix="pip install 'leap-finetune[serve]' (or vllm)")
 
 
@@ -370,9 +370,10 @@ def sidecar_job(resolved: ResolvedConfig, snapshot: Snapshot, jobs: Path, stop: 
 
 # -- reserved: an evaluation server on GPUs of its own --------------------------------------------------------
 class ReservedServer:
-    """For each snapshot: the evaluation server is (re)started on it (`weight_reload: respawn`) on the reserved
-    GPUs, `leap-finetune eval --server` runs against it (its log-prob benchmarks on the same GPUs), and the
-    server is stopped."""
+    """For each snapshot: the evaluation server (vLLM where installed, else evaluation/serve.py: batched
+    generation as in sync mode) is (re)started on it (`weight_reload: respawn`) on the reserved GPUs,
+    `leap-finetune eval --server` runs against it (its log-prob benchmarks on the same GPUs), and the server is
+    stopped."""
 
     def __init__(self, resolved: ResolvedConfig, run_dir: Path):
         self.devices = resolved.eval_devices or ""  # physical ids, decided by the driver ("" on CPU)
@@ -383,8 +384,9 @@ class ReservedServer:
             return [sys.executable, "-m", "vllm.entrypoints.openai.api_server", "--model", str(model), "--host",
                     "127.0.0.1", "--port", str(port), "--tensor-parallel-size", str(settings.tensor_parallel_size),
                     "--gpu-memory-utilization", str(settings.gpu_memory_utilization), "--served-model-name", "snapshot"]
-        return [sys.executable, "-m", "transformers.cli.transformers", "serve", str(model), "--host", "127.0.0.1",
-                "--port", str(port), "--device", "cuda" if settings.vllm_gpus else "cpu"]
+        return [sys.executable, "-m", "leap_finetune.evaluation.serve", str(model), "--host", "127.0.0.1",
+                "--port", str(port), "--device", "cuda" if settings.vllm_gpus else "cpu",
+                "--batch-size", str(resolved.evals.batch_size)]
 
     def __call__(self, resolved: ResolvedConfig, snapshot: Snapshot, jobs: Path, stop: threading.Event) -> Outcome:
         from leap_finetune.launch.servers import Server, ServerSpec
