@@ -102,8 +102,16 @@ def test_sidecar_jobs_give_the_sync_results_and_training_does_not_wait(slurm_clu
     print(f"training time: sidecar {summary['train_runtime_s']:.1f} s, sync {sync_summary['train_runtime_s']:.1f} s")
 
 
-def test_rejected_sbatch_jobs_are_counted_and_evaluation_is_switched_off(slurm_cluster, workdir, capfd):
-    config = _config(workdir, "sidecar", "bad.yaml", sbatch={"extra_args": ["--no-such-option=1"]},
+def test_jobs_that_cannot_run_are_counted_and_evaluation_is_switched_off(slurm_cluster, workdir, capfd):
+    from leap_finetune.api import validate_config
+    from leap_finetune.errors import LeapError
+
+    # an option sbatch rejects is found at validate (sbatch --test-only on an evaluation job's script)
+    rejected = _config(workdir, "sidecar", "rejected.yaml", sbatch={"extra_args": ["--no-such-option=1"]})
+    with pytest.raises(LeapError, match="sbatch would reject the evaluation jobs: .*no-such-option"):
+        validate_config(rejected)
+    # jobs SLURM accepts but that cannot start (held): each is cancelled and counted; after 2, evaluation is off
+    config = _config(workdir, "sidecar", "held.yaml", sbatch={"extra_args": ["--hold"]},
                      failure={"max_consecutive": 2})
     summary = run_config(config)
     assert summary["global_step"] == 12 and summary["model_dir"]  # training finished
@@ -111,10 +119,12 @@ def test_rejected_sbatch_jobs_are_counted_and_evaluation_is_switched_off(slurm_c
     assert _failures(run_dir) == {0: 1.0, 3: 2.0}
     assert _scores(run_dir) == {}
     err = " ".join(capfd.readouterr().err.split())
-    assert "evaluation at step 0 (before training) failed: sbatch rejected the job" in err
-    assert "no-such-option" in err
+    assert "evaluation at step 0 (before training) failed: SLURM job" in err
+    assert "cannot start (Reason=JobHeldUser); it was cancelled" in err
     assert "evaluation switched off for the rest of the run after 2 failed evaluations in a row" in err
     assert not (run_dir / "benchmarks" / "snapshots").exists()
+    left = subprocess.run(["squeue", "-h", "-n", f"leap-eval-{run_dir.name}-step-0"], capture_output=True, text=True)
+    assert left.stdout.strip() == ""
 
 
 def _free_port() -> int:
@@ -163,3 +173,39 @@ def test_reserved_server_gives_the_sync_results_and_a_killed_server_is_a_counted
     server_log = (run_dir / "benchmarks" / "jobs" / "step-12-server.log").read_text()
     assert server_log.count("POST /v1/chat/completions") == 12  # the generation benchmark went through the server
     assert summary["benchmarks"] == {k: v for k, v in scores[12].items() if k.endswith("/score")}
+
+
+def test_a_lora_snapshot_is_the_merged_model_and_training_weights_are_untouched(tmp_path):
+    import copy
+
+    import torch
+    from peft import LoraConfig, get_peft_model
+
+    from leap_finetune.evaluation.async_eval import merged_state_dict
+    from leap_finetune.models.tiny import build_tiny_model, load_tiny_tokenizer
+
+    tokenizer = load_tiny_tokenizer("tiny-lfm2")
+    model = get_peft_model(build_tiny_model("tiny-lfm2", tokenizer, dtype=torch.float32),
+                           LoraConfig(r=4, lora_alpha=8, target_modules="all-linear", modules_to_save=["lm_head"]))
+    with torch.no_grad():  # trained-looking adapters (B starts at zero) and a changed saved module
+        for name, parameter in model.named_parameters():
+            if "lora_B" in name or "modules_to_save" in name:
+                parameter.add_(torch.randn_like(parameter) * 0.05)
+    before = {k: v.clone() for k, v in model.state_dict().items()}
+    merged = merged_state_dict(model)
+    assert all(torch.equal(before[k], v) for k, v in model.state_dict().items())  # training weights untouched
+    expected = copy.deepcopy(model).merge_and_unload().state_dict()
+    assert set(merged) == set(expected)
+    for key, value in expected.items():
+        assert torch.allclose(merged[key], value, atol=1e-6), key
+    # the snapshot folder loads as a plain model with the adapted model's outputs (the changed lm_head no longer
+    # tied to the embeddings)
+    from transformers import AutoModelForCausalLM
+
+    from leap_finetune.evaluation.async_eval import save_model_folder
+
+    save_model_folder(model, tmp_path / "snapshot")
+    loaded = AutoModelForCausalLM.from_pretrained(tmp_path / "snapshot", dtype=torch.float32)
+    ids = torch.tensor([[1, 5, 9, 13]])
+    assert torch.allclose(loaded(ids).logits, model(ids).logits, atol=1e-5)
+    assert model.get_base_model().config.tie_word_embeddings  # the training model's config is unchanged

@@ -310,6 +310,10 @@ def _check_async_eval(model: LeapConfigModel, where: str) -> None:
                         f"trainer; async_eval.mode {mode} evaluates generation and log-prob benchmarks", where=at,
                         fix="use mode: sync for an embedding / ColBERT run")
     # (fsdp: benchmarks during training are refused with fsdp in every mode, in _resolve_training)
+    if isinstance(model.peft_config, dict) and model.peft_config.get("trainable_token_indices"):
+        raise LeapError(f"async_eval.mode {mode} evaluates a merged snapshot of the model, and peft_config."
+                        "trainable_token_indices (trained rows of the embedding) cannot be merged into one yet",
+                        where=at, fix="use mode: sync with trainable_token_indices")
     if mode == "reserved" and model.slurm is not None and model.slurm.nodes > 1:
         raise LeapError(f"async_eval.mode reserved runs the evaluation server on GPUs of one node, and slurm.nodes is "
                         f"{model.slurm.nodes}", where=at,

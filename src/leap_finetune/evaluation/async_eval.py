@@ -21,6 +21,7 @@ import copy
 import json
 import os
 import re
+import shlex
 import shutil
 import subprocess
 import sys
@@ -38,6 +39,11 @@ from leap_finetune.launch.distributed import NO_MULTICAST
 
 MAX_WAITING = 3  # snapshots waiting their turn (queue mode): bounded disk
 POLL_S = 1.0
+# A pending job with one of these reasons will not start by waiting (held, or over a limit of its partition,
+# account or QOS): counted as a failed evaluation at once, not waited for until the end of training.
+NEVER_STARTS = {"JobHeldUser", "JobHeldAdmin", "PartitionTimeLimit", "PartitionNodeLimit", "PartitionConfig",
+                "PartitionDown", "PartitionInactive", "AccountNotAllowed", "InvalidAccount", "InvalidQOS",
+                "QOSMaxWallDurationPerJobLimit", "QOSMaxGRESPerJob", "BadConstraints", "DependencyNeverSatisfied"}
 FINISHED_STATES = {"COMPLETED", "FAILED", "CANCELLED", "TIMEOUT", "NODE_FAIL", "OUT_OF_MEMORY", "PREEMPTED",
                    "BOOT_FAIL", "DEADLINE", "REVOKED", "SPECIAL_EXIT"}
 
@@ -65,8 +71,18 @@ def check_async_eval(resolved: ResolvedConfig, devices) -> None:
         raise LeapError("async_eval.mode sidecar submits each evaluation with sbatch, which is not installed here",
                         where=where, fix="run on a SLURM cluster's node (where sbatch works), or use mode: reserved "
                         "(a GPU of this machine) or sync")
+    if mode == "sidecar":
+        _check_sbatch_accepts(resolved, where)
+    settings = resolved.async_eval
+    if settings.vllm_gpus and settings.tensor_parallel_size > settings.vllm_gpus:
+        raise LeapError(f"async_eval.tensor_parallel_size is {settings.tensor_parallel_size}, more than vllm_gpus "
+                        f"({settings.vllm_gpus})", where=where, fix="set tensor_parallel_size to vllm_gpus or fewer")
     if mode != "reserved":
         return
+    if devices.address:
+        raise LeapError(f"async_eval.mode reserved runs the evaluation server on GPUs of the driver's machine, and "
+                        f"this run trains on the Ray cluster at {devices.address}", where=where,
+                        fix="use mode: sidecar on a cluster, or run on one machine without ray.address")
     if devices.nodes > 1:
         raise LeapError(f"async_eval.mode reserved runs the evaluation server on one node, and this run spans "
                         f"{devices.nodes} nodes", where=where, fix="use mode: sidecar for multi-node training")
@@ -84,6 +100,25 @@ def check_async_eval(resolved: ResolvedConfig, devices) -> None:
         if missing:
             raise LeapError(f"the reserved evaluation server (leap-finetune's own; vLLM is not installed) needs "
                             f"{', '.join(missing)}", where=where, fix="pip install 'leap-finetune[serve]' (or vllm)")
+
+
+def _check_sbatch_accepts(resolved: ResolvedConfig, where: str) -> None:
+    """`sbatch --test-only` on an evaluation job's script: a partition, account, time or extra option that SLURM
+    would reject is an error now, not a failed evaluation at every eval step."""
+    import tempfile
+
+    with tempfile.TemporaryDirectory() as scratch:
+        folder = Path(scratch)
+        script = folder / "check.sbatch"
+        script.write_text(job_script(resolved, Snapshot(0, "check", folder), folder), encoding="utf-8")
+        checked = subprocess.run(["sbatch", "--test-only", f"--output={folder}/check.out",
+                                  *resolved.async_eval.sbatch.extra_args, str(script)],
+                                 capture_output=True, text=True, timeout=120)
+    if checked.returncode != 0:
+        said = [line.strip() for line in (checked.stderr + checked.stdout).splitlines()
+                if line.strip() and not line.startswith("Try ")]
+        raise LeapError("sbatch would reject the evaluation jobs: " + "; ".join(said), where=f"{where} (async_eval.sbatch)",
+                        fix="fix async_eval.sbatch (partition, account, time, extra_args) for this cluster")
 
 
 def _use_vllm(resolved: ResolvedConfig) -> bool:
@@ -112,10 +147,10 @@ class AsyncBenchmarks(EvaluationLog):
     def evaluate(self, when: str) -> dict:
         trainer = self.trainer
         step = trainer.state.global_step
+        self.take_outcomes()
         if self.last_step == step or self.switched_off:
             return {}
         self.last_step = step
-        self.take_outcomes()
         busy = [p for p in self.pending if not p[1].done()]
         final = when == "after training"
         if busy and not final and (self.settings.on_overlap == "skip" or len(busy) > MAX_WAITING):
@@ -126,6 +161,7 @@ class AsyncBenchmarks(EvaluationLog):
         try:
             snapshot = self._snapshot(step, when)
         except Exception as err:  # noqa: BLE001 - a full disk while snapshotting must not stop training
+            shutil.rmtree(self.snapshots / f".step-{step}.tmp", ignore_errors=True)
             self._failed(step, when, f"{type(err).__name__}: {err}", None, err)
             return {}
         future = self.pool.submit(self._evaluate_guarded, snapshot)
@@ -239,11 +275,7 @@ def save_full_model(trainer, folder: Path, template_text: str) -> None:
     with the tokenizer whose chat template is the one the benchmarks render with (an evaluation server applies
     the tokenizer's template)."""
     model = trainer.accelerator.unwrap_model(trainer.model) if hasattr(trainer, "accelerator") else trainer.model
-    if hasattr(model, "peft_config"):
-        base, state_dict = model.get_base_model(), merged_state_dict(model)
-    else:
-        base, state_dict = model, None
-    base.save_pretrained(str(folder), state_dict=state_dict)
+    save_model_folder(model, folder)
     tokenizer = trainer.processing_class
     tokenizer = getattr(tokenizer, "tokenizer", tokenizer)  # a processor's tokenizer
     tokenizer.save_pretrained(str(folder))
@@ -254,6 +286,36 @@ def save_full_model(trainer, folder: Path, template_text: str) -> None:
         if "chat_template" in data:
             data["chat_template"] = template_text
             tokenizer_config.write_text(json.dumps(data, indent=2), encoding="utf-8")
+
+
+def save_model_folder(model, folder: Path) -> None:
+    """A model, or a peft model with its adapters merged, saved as a plain from_pretrained folder."""
+    if not hasattr(model, "peft_config"):
+        model.save_pretrained(str(folder))
+        return
+    base, state_dict = model.get_base_model(), merged_state_dict(model)
+    config = base.config.get_text_config() if hasattr(base.config, "get_text_config") else base.config
+    tied = bool(getattr(config, "tie_word_embeddings", False))
+    output, embeddings = base.get_output_embeddings(), base.get_input_embeddings()
+    names = {id(p): n for n, p in base.named_parameters(remove_duplicate=False)}
+    head = next((n.replace(".base_layer", "").replace(".modules_to_save.default", "")
+                 for n, p in base.named_parameters(remove_duplicate=False)
+                 if p is getattr(output, "weight", None)), None) if output is not None else None
+    embed = names.get(id(getattr(embeddings, "weight", None)))
+    untie = tied and head in state_dict and embed in state_dict and not torch_equal(state_dict[head], state_dict[embed])
+    if untie:  # the adapter changed the output head or the embeddings apart: saved as two matrices (as peft does)
+        config.tie_word_embeddings = False
+    try:
+        base.save_pretrained(str(folder), state_dict=state_dict)
+    finally:
+        if untie:
+            config.tie_word_embeddings = True
+
+
+def torch_equal(a, b) -> bool:
+    import torch
+
+    return a.shape == b.shape and bool(torch.equal(a, b))
 
 
 def merged_state_dict(model) -> dict:
@@ -284,11 +346,14 @@ def merged_state_dict(model) -> dict:
 def job_script(resolved: ResolvedConfig, snapshot: Snapshot, jobs: Path) -> str:
     """The sbatch script of one evaluation: `leap-finetune eval` on the snapshot with vllm_gpus GPUs (a vLLM
     server inside the job answers the generation benchmarks when vLLM is installed there)."""
+    from leap_finetune.models.vision import is_vision_model
+
     settings = resolved.async_eval
-    python = sys.executable
-    run = Path(resolved.run_dir).name if resolved.run_dir else resolved.project_name
-    directives = [f"--job-name=leap-eval-{run}-step-{snapshot.step}", "--ntasks=1", f"--time={settings.sbatch.time}",
-                  f"--output={jobs}/step-{snapshot.step}-%j.out"]
+    python = shlex.quote(sys.executable)
+    run = re.sub(r"[^A-Za-z0-9._-]", "_", Path(resolved.run_dir).name if resolved.run_dir else resolved.project_name)
+    # (#SBATCH lines are not shell words: a path with a space cannot be quoted there - sbatch gets --output on
+    # its command line instead, see sidecar_job)
+    directives = [f"--job-name=leap-eval-{run}-step-{snapshot.step}", "--ntasks=1", f"--time={settings.sbatch.time}"]
     if settings.vllm_gpus:
         directives.append(f"--gpus={settings.vllm_gpus}")
     for key, value in (("partition", settings.sbatch.partition), ("account", settings.sbatch.account)):
@@ -297,20 +362,21 @@ def job_script(resolved: ResolvedConfig, snapshot: Snapshot, jobs: Path) -> str:
     exports = " ".join(f"{k}={v}" for k, v in NO_MULTICAST.items())
     # A CPU evaluator (vllm_gpus: 0) may share the training machine's cores: it yields to training (nice).
     nice = "" if settings.vllm_gpus else "nice -n 19 "
-    eval_cmd = (f'{nice}"$PYTHON" -m leap_finetune.cli eval {snapshot.folder}/eval.yaml '
-                f"--output {snapshot.folder}/results.json")
+    folder = shlex.quote(str(snapshot.folder))
+    eval_cmd = (f'{nice}"$PYTHON" -m leap_finetune.cli eval {folder}/eval.yaml --output {folder}/results.json')
     lines = ["#!/bin/bash",
              f"# leap-finetune: the evaluation of training step {snapshot.step} of {resolved.run_dir} (sidecar).",
              *[f"#SBATCH {d}" for d in directives], "", "set -euo pipefail", f"export {exports}",
-             f"PYTHON={python}", f"cd {snapshot.folder}"]
-    if not settings.vllm_gpus:  # a CPU evaluator uses the CPUs SLURM gave it, not every core of the node
-        lines.append("export OMP_NUM_THREADS=${SLURM_CPUS_PER_TASK:-1}")
-    if settings.vllm_gpus:
+             f"PYTHON={python}", f"cd {folder}"]
+    if not settings.vllm_gpus:  # a CPU evaluator: no GPU (not the trainer's, inherited), the CPUs SLURM gave it
+        lines += ["export CUDA_VISIBLE_DEVICES=", "export OMP_NUM_THREADS=${SLURM_CPUS_PER_TASK:-1}"]
+    # vLLM answers text generation; a vision-language model's image rows are not sent to servers
+    if settings.vllm_gpus and not is_vision_model(resolved.model_id):
         lines += [
             "# vLLM answers the generation benchmarks when it is installed; otherwise transformers generates.",
             'if "$PYTHON" -c "import vllm" 2>/dev/null; then',
             "  port=$((20000 + SLURM_JOB_ID % 20000))",
-            f'  "$PYTHON" -m vllm.entrypoints.openai.api_server --model {snapshot.folder}/model --host 127.0.0.1 '
+            f'  "$PYTHON" -m vllm.entrypoints.openai.api_server --model {folder}/model --host 127.0.0.1 '
             f'--port "$port" --tensor-parallel-size {settings.tensor_parallel_size} --gpu-memory-utilization '
             f"{settings.gpu_memory_utilization} --served-model-name snapshot &",
             "  server=$!",
@@ -332,7 +398,8 @@ def sidecar_job(resolved: ResolvedConfig, snapshot: Snapshot, jobs: Path, stop: 
     script = jobs / f"step-{snapshot.step}.sbatch"
     script.write_text(job_script(resolved, snapshot, jobs), encoding="utf-8")
     extra = list(resolved.async_eval.sbatch.extra_args)
-    submitted = subprocess.run(["sbatch", "--parsable", *extra, str(script)], capture_output=True, text=True,
+    output = f"--output={jobs}/step-{snapshot.step}-%j.out"
+    submitted = subprocess.run(["sbatch", "--parsable", output, *extra, str(script)], capture_output=True, text=True,
                                timeout=120)
     if submitted.returncode != 0:
         said = [line.strip() for line in (submitted.stderr + submitted.stdout).splitlines()
@@ -342,7 +409,7 @@ def sidecar_job(resolved: ResolvedConfig, snapshot: Snapshot, jobs: Path, stop: 
     job = submitted.stdout.strip().split(";")[0]
     log = jobs / f"step-{snapshot.step}-{job}.out"
     results = snapshot.folder / "results.json"
-    state, detail = "PENDING", ""
+    state, detail, reason = "PENDING", "", None
     while True:
         if stop.is_set():
             subprocess.run(["scancel", job], capture_output=True, timeout=60)
@@ -360,6 +427,9 @@ def sidecar_job(resolved: ResolvedConfig, snapshot: Snapshot, jobs: Path, stop: 
             state = "COMPLETED" if results.exists() else "GONE"
         if state in FINISHED_STATES or state == "GONE":
             break
+        if state == "PENDING" and reason and reason.group(1) in NEVER_STARTS:
+            subprocess.run(["scancel", job], capture_output=True, timeout=60)
+            return Outcome(reason=f"SLURM job {job} cannot start (Reason={reason.group(1)}); it was cancelled", log=log)
         time.sleep(POLL_S)
     if state == "COMPLETED" and results.exists():
         return Outcome(results=json.loads(results.read_text(encoding="utf-8"))["results"], log=log)

@@ -36,14 +36,24 @@ class ServerSpec:
     start_timeout_s: float = 600
 
 
-def _die_with_parent() -> None:  # runs in the child, before exec
-    os.setsid()
+def _libc():
     try:
         import ctypes
 
-        ctypes.CDLL("libc.so.6", use_errno=True).prctl(1, signal.SIGTERM)  # PR_SET_PDEATHSIG
+        return ctypes.CDLL("libc.so.6", use_errno=True)
     except OSError:
-        pass
+        return None
+
+
+# Loaded here, not in the child: the child of a multi-threaded process (the reserved evaluation server is started
+# from a background thread) must not dlopen between fork and exec (a lock held by another thread deadlocks it).
+_LIBC = _libc()
+
+
+def _die_with_parent() -> None:  # runs in the child, before exec
+    os.setsid()
+    if _LIBC is not None:
+        _LIBC.prctl(1, signal.SIGTERM)  # PR_SET_PDEATHSIG
 
 
 def port_in_use(host: str, port: int) -> bool:

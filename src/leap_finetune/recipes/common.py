@@ -160,7 +160,12 @@ def train_evaluate_save(trainer, resolved: ResolvedConfig, run_dir: Path, tokeni
     has_eval = trainer.eval_dataset is not None  # the baseline evaluation is logged at step 0 (eval_on_start)
     run_benchmarks = benchmarks is not None and main  # once, not once per rank
     baseline_benchmarks = benchmarks.evaluate("before training") if run_benchmarks and not resume else {}
-    result = trainer.train(resume_from_checkpoint=resume)
+    try:
+        result = trainer.train(resume_from_checkpoint=resume)
+    except BaseException:
+        if run_benchmarks:  # async modes: no job or server outlives a crashed run
+            benchmarks.finish(wait=False)
+        raise
     if not main:
         if trainer.state.global_step >= trainer.state.max_steps:
             if has_eval:
@@ -192,7 +197,10 @@ def train_evaluate_save(trainer, resolved: ResolvedConfig, run_dir: Path, tokeni
         write_atomic(run_dir / "summary.json", json.dumps(summary, indent=2))
         return summary
     if run_benchmarks:
-        final = benchmarks.evaluate("after training")
+        final = benchmarks.evaluate("after training")  # (async modes: the snapshot is handed over)
+    if has_eval:  # before waiting for async evaluations: the other ranks are in this collective evaluation
+        last = _final_eval(trainer)
+    if run_benchmarks:
         finished = benchmarks.finish(wait=True)  # async modes: every evaluation's results, by training step
         if finished is not None:
             final = finished.get(trainer.state.global_step, {})
@@ -201,7 +209,6 @@ def train_evaluate_save(trainer, resolved: ResolvedConfig, run_dir: Path, tokeni
         summary["benchmarks"] = {k: v for k, v in final.items() if k.endswith("/score")}
         summary["initial_benchmarks"] = {k: v for k, v in baseline_benchmarks.items() if k.endswith("/score")}
     if has_eval:
-        last = _final_eval(trainer)
         summary["eval_loss"] = float(last["eval_loss"])
         summary["initial_eval_loss"] = baseline.get("eval_loss") if baseline else None
         summary["eval_metrics"] = {k: float(v) for k, v in last.items() if k.startswith("eval_") and _is_number(v)}
