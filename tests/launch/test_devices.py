@@ -85,6 +85,24 @@ def test_plan_json_for_a_machine_we_are_not_on(config, workdir):
     assert "workers: 2 on 1 node(s) - Ray Train, nccl" in text and "16 rows per step" in text
 
 
+def test_a_reserved_evaluation_gpu_is_taken_out_of_training_before_anything_starts(workdir, config):
+    (workdir / "bench.jsonl").write_text('{"messages": [{"role": "user", "content": "Hi"}, '
+                                         '{"role": "assistant", "content": "Hello"}]}\n')
+    data = tiny_config(evals={"benchmarks": [{"name": "hi", "path": "bench.jsonl", "metric": "exact_match"}]},
+                       async_eval={"mode": "reserved", "vllm_gpus": 1, "reserved": {"server_port": 8123}})
+    result = invoke("plan", str(write_config(workdir, data, "reserved.yaml")), "--gpus", "4", "--json", cwd=workdir)
+    assert result.returncode == 0, result.stderr
+    plan = json.loads(result.stdout)
+    assert plan["devices"]["eval"] == [0] and plan["devices"]["training"] == [1, 2, 3] and plan["workers"] == 3
+    [server] = [p for p in plan["processes"] if p["name"].startswith("evaluation server")]
+    assert server["env"]["CUDA_VISIBLE_DEVICES"] == "0" and "8123" in server["command"]
+    workers = [p for p in plan["processes"] if p["name"].startswith("training worker")]
+    assert [p["env"]["CUDA_VISIBLE_DEVICES"] for p in workers] == ["1", "2", "3"]
+    two_nodes = invoke("plan", str(write_config(workdir, data, "reserved.yaml")), "--gpus", "4", "--nodes", "2",
+                       cwd=workdir)
+    assert two_nodes.returncode == 2 and "async_eval mode: sidecar" in " ".join(two_nodes.stderr.split())
+
+
 def test_plan_errors_exit_2(workdir, config):
     data = tiny_config(training_config={"per_device_train_batch_size": 4}, ray={"num_workers": 3})
     result = invoke("plan", str(write_config(workdir, data, "three.yaml")), "--gpus", "2", cwd=workdir)

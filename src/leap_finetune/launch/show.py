@@ -31,7 +31,26 @@ def processes(devices: DevicePlan, config_path: str | None, resolved=None) -> li
     """Every process the run would start, with its command and CUDA_VISIBLE_DEVICES (device indices
     as the driver sees them): servers first, then training."""
     servers = server_processes(devices, resolved) if resolved is not None else []
-    return servers + _training_processes(devices, config_path)
+    return servers + _training_processes(devices, config_path) + _evaluation_processes(devices, resolved)
+
+
+def _evaluation_processes(devices: DevicePlan, resolved) -> list[dict]:
+    """async_eval: what rank 0 starts at each evaluation (evaluation/async_eval.py)."""
+    settings = getattr(resolved, "async_eval", None)
+    if settings is None or settings.mode == "sync":
+        return []
+    from leap_finetune.launch.distributed import NO_MULTICAST
+
+    snapshot = "RUN/benchmarks/snapshots/step-N"
+    if settings.mode == "sidecar":
+        return [{"name": "evaluation job (sbatch, one per evaluation, submitted by rank 0)", "node": 0,
+                 "command": ["sbatch", "RUN/benchmarks/jobs/step-N.sbatch", "->", "leap-finetune", "eval",
+                             f"{snapshot}/eval.yaml"], "env": {}}]
+    env = {"CUDA_VISIBLE_DEVICES": ",".join(map(str, devices.eval)), **NO_MULTICAST} if devices.eval else {}
+    port = settings.reserved.server_port
+    return [{"name": "evaluation server (respawned by rank 0 on each snapshot)", "node": 0, "env": env,
+             "command": ["python", "-m", "leap_finetune.evaluation.serve", f"{snapshot}/model", "--port", str(port),
+                         "(vLLM if installed)", "+", "leap-finetune", "eval", "--server", f"http://127.0.0.1:{port}/v1"]}]
 
 
 def _training_processes(devices: DevicePlan, config_path: str | None) -> list[dict]:
