@@ -42,7 +42,8 @@ def test_cpu_workers():
 
 @pytest.mark.parametrize(("counts", "message"), [
     (dict(gpus=8, server=1, judge=1, training=7), "requests 1 server + 1 judge + 0 eval + 7 training GPU(s), but 8 are visible"),
-    (dict(gpus=2, server=1, judge=1), "requests 1 server + 1 judge + 0 eval + 0 training GPU(s), but 2 are visible"),
+    (dict(gpus=2, server=1, judge=1), "reserves 2 of the 2 visible GPU(s) for servers (server 1, judge 1, eval 0): "
+                                      "none is left for training"),
     (dict(gpus=4, nodes=2, server=1), "single-node only"),
     (dict(gpus=0, server=1), "no GPU is visible"),
     (dict(gpus=2, num_workers=3), "ray.num_workers is 3, but the plan has 2 training GPU(s)"),

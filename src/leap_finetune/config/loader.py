@@ -314,6 +314,11 @@ def _check_async_eval(model: LeapConfigModel, where: str) -> None:
         raise LeapError(f"async_eval.mode {mode} evaluates a merged snapshot of the model, and peft_config."
                         "trainable_token_indices (trained rows of the embedding) cannot be merged into one yet",
                         where=at, fix="use mode: sync with trainable_token_indices")
+    settings = model.async_eval
+    if settings.tensor_parallel_size > max(1, settings.vllm_gpus):
+        raise LeapError(f"async_eval.tensor_parallel_size is {settings.tensor_parallel_size}, more than the evaluator's "
+                        f"GPUs (vllm_gpus: {settings.vllm_gpus})", where=f"{where}: async_eval.tensor_parallel_size",
+                        fix="set tensor_parallel_size to vllm_gpus or fewer (1 for a CPU evaluator)")
     if mode == "reserved" and model.slurm is not None and model.slurm.nodes > 1:
         raise LeapError(f"async_eval.mode reserved runs the evaluation server on GPUs of one node, and slurm.nodes is "
                         f"{model.slurm.nodes}", where=at,

@@ -7,6 +7,7 @@ underlying library classes in `loader.py` rather than copied here.
 
 from __future__ import annotations
 
+import re
 from typing import Literal
 
 from pydantic import BaseModel, ConfigDict, Field, field_validator
@@ -81,7 +82,7 @@ class EvalsConfig(StrictModel):
 
 
 class SbatchConfig(StrictModel):
-    time: str = Field(default="00:30:00", pattern=r"^(\d+-)?\d+(:\d+){0,2}$",
+    time: str = Field(default="00:30:00",
                       description="Wall-clock limit of each sidecar evaluation job (SLURM's format: MM, HH:MM:SS, "
                       "D-HH:MM:SS); a job that runs past it counts as a failed evaluation.")
     partition: str | None = Field(default=None, min_length=1, description="SLURM partition of the evaluation jobs "
@@ -89,6 +90,14 @@ class SbatchConfig(StrictModel):
     account: str | None = Field(default=None, min_length=1, description="SLURM account charged for the jobs.")
     extra_args: list[str] = Field(default_factory=list, description="More sbatch options, each one string, e.g. "
                                   "[\"--qos=eval\", \"--mem=32G\"].")
+
+
+    @field_validator("time")
+    @classmethod
+    def _slurm_time(cls, value: str) -> str:
+        if not re.fullmatch(r"(\d+-)?\d+(:\d+){0,2}", value):
+            raise ValueError(f"'{value}' is not a SLURM time limit; expected e.g. 00:30:00, 90 (minutes) or 1-00:00:00")
+        return value
 
 
 class ReservedEvalConfig(StrictModel):

@@ -53,6 +53,7 @@ class Snapshot:
     step: int
     when: str
     folder: Path  # model/ (a full model folder) and eval.yaml; results.json once evaluated
+    epoch: float | None = None  # the trainer's epoch at that step (logged with the results)
 
 
 @dataclass
@@ -73,16 +74,19 @@ def check_async_eval(resolved: ResolvedConfig, devices) -> None:
                         "(a GPU of this machine) or sync")
     if mode == "sidecar":
         _check_sbatch_accepts(resolved, where)
-    settings = resolved.async_eval
-    if settings.vllm_gpus and settings.tensor_parallel_size > settings.vllm_gpus:
-        raise LeapError(f"async_eval.tensor_parallel_size is {settings.tensor_parallel_size}, more than vllm_gpus "
-                        f"({settings.vllm_gpus})", where=where, fix="set tensor_parallel_size to vllm_gpus or fewer")
     if mode != "reserved":
         return
     if devices.address:
         raise LeapError(f"async_eval.mode reserved runs the evaluation server on GPUs of the driver's machine, and "
                         f"this run trains on the Ray cluster at {devices.address}", where=where,
                         fix="use mode: sidecar on a cluster, or run on one machine without ray.address")
+    from leap_finetune.launch.servers import port_in_use
+
+    port = resolved.async_eval.reserved.server_port
+    if port_in_use("127.0.0.1", port):
+        raise LeapError(f"port {port} is in use by another process: the evaluation server could not start there",
+                        where=f"{resolved.config_path or 'config'}: async_eval.reserved.server_port",
+                        fix="stop what listens there, or choose another server_port")
     if devices.nodes > 1:
         raise LeapError(f"async_eval.mode reserved runs the evaluation server on one node, and this run spans "
                         f"{devices.nodes} nodes", where=where, fix="use mode: sidecar for multi-node training")
@@ -117,8 +121,12 @@ def _check_sbatch_accepts(resolved: ResolvedConfig, where: str) -> None:
     if checked.returncode != 0:
         said = [line.strip() for line in (checked.stderr + checked.stdout).splitlines()
                 if line.strip() and not line.startswith("Try ")]
-        raise LeapError("sbatch would reject the evaluation jobs: " + "; ".join(said), where=f"{where} (async_eval.sbatch)",
-                        fix="fix async_eval.sbatch (partition, account, time, extra_args) for this cluster")
+        gpus = resolved.async_eval.vllm_gpus
+        raise LeapError("sbatch would reject the evaluation jobs (checked with sbatch --test-only): " + "; ".join(said),
+                        where=f"{resolved.config_path or 'config'}: async_eval.sbatch",
+                        fix="fix async_eval.sbatch (partition, account, time, extra_args) for this cluster"
+                        + (f"; each job asks for --gpus={gpus} (async_eval.vllm_gpus): a cluster without GPUs needs "
+                           "vllm_gpus: 0" if gpus else ""))
 
 
 def _use_vllm(resolved: ResolvedConfig) -> bool:
@@ -142,6 +150,8 @@ class AsyncBenchmarks(EvaluationLog):
         self.pending: list[tuple[Snapshot, Future]] = []
         self.run = sidecar_job if self.settings.mode == "sidecar" else ReservedServer(resolved, run_dir)
         self.finished: dict[int, dict] = {}
+        self.epoch: float | None = None  # the epoch of the snapshot whose outcome is being logged
+        self.training_ended = False
 
     # -- taking snapshots ------------------------------------------------------------------------------------
     def evaluate(self, when: str) -> dict:
@@ -184,7 +194,7 @@ class AsyncBenchmarks(EvaluationLog):
                   "chat_template": self.resolved.chat_template, "checkpoint": str(final), "evals": evals}
         (staging / "eval.yaml").write_text(dump_yaml(config), encoding="utf-8")
         os.replace(staging, final)
-        return Snapshot(step, when, final)
+        return Snapshot(step, when, final, self.trainer.state.epoch)
 
     def _evaluate_guarded(self, snapshot: Snapshot) -> Outcome:
         if self.stop_event.is_set():
@@ -199,6 +209,7 @@ class AsyncBenchmarks(EvaluationLog):
         while self.pending and self.pending[0][1].done():
             snapshot, future = self.pending.pop(0)
             outcome = future.result()
+            self.epoch = snapshot.epoch
             if outcome.results is not None:
                 self._succeeded(snapshot, outcome.results)
             elif not self.switched_off:
@@ -211,7 +222,8 @@ class AsyncBenchmarks(EvaluationLog):
         self.failures_in_a_row = 0
         self.finished[snapshot.step] = results
         current = self.trainer.state.global_step
-        late = f", arrived at step {current}" if current != snapshot.step else ""
+        late = (", arrived after training" if self.training_ended and current != snapshot.step else
+                f", arrived at step {current}" if current != snapshot.step else "")
         from leap_finetune.evaluation.runner import print_summary
 
         print_summary(self.console, results, None, f"of step {snapshot.step} ({snapshot.when}; {self.settings.mode}{late})")
@@ -225,7 +237,7 @@ class AsyncBenchmarks(EvaluationLog):
         the results arrived: the callbacks get the trainer's state with that step."""
         trainer = self.trainer
         state = copy.copy(trainer.state)
-        state.global_step = step
+        state.global_step, state.epoch = step, self.epoch
         trainer.state.log_history.append({**logs, "step": step})
         trainer.callback_handler.on_log(trainer.args, state, trainer.control, logs)
 
@@ -239,9 +251,10 @@ class AsyncBenchmarks(EvaluationLog):
     def finish(self, *, wait: bool) -> dict[int, dict]:
         """After training: wait (at most wait_at_end_s) for the evaluations still running and log their
         results; stopped early (or past the wait), stop them. Returns every evaluation's results by step."""
+        self.training_ended = True
         if wait and self.pending:
             left = [s.step for s, f in self.pending]
-            self.console.print(f"waiting for {len(left)} evaluation(s) still running (steps "
+            self.console.print(f"waiting for {len(left)} evaluation(s) still running or queued (steps "
                                f"{', '.join(map(str, left))}; at most {self.settings.wait_at_end_s:g} s)")
             deadline = time.monotonic() + self.settings.wait_at_end_s
             while self.pending and time.monotonic() < deadline:
@@ -260,6 +273,22 @@ class AsyncBenchmarks(EvaluationLog):
         self.pending.clear()
         shutil.rmtree(self.snapshots, ignore_errors=True)
         return self.finished
+
+    def on_train_begin(self, args, state, control, **kwargs):
+        """A resumed run (the checkpoint's weights and step are loaded by now): evaluations that had not reported
+        when the run stopped lost their snapshots - said, not silent; the checkpoint's own step, if an evaluation
+        was due there, is evaluated again now."""
+        step = state.global_step
+        if not state.is_world_process_zero or self.trainer is None or step == 0:
+            return None
+        done = {int(p.stem.split("-")[1]) for p in (self.predictions_dir / "results").glob("step-*.json")}
+        lost = [s for s in range(0, step, self.every) if s not in done]
+        if lost:
+            self.console.print(f"note: evaluation(s) of step(s) {', '.join(map(str, lost))} have no results (failed, or "
+                               "not finished when the run stopped; their snapshots are gone): not evaluated")
+        if step % self.every == 0 and step not in done and step < state.max_steps:
+            self.evaluate("at the resumed checkpoint")
+        return None
 
     def on_step_end(self, args, state, control, **kwargs):
         if not state.is_world_process_zero or self.trainer is None:
@@ -413,7 +442,8 @@ def sidecar_job(resolved: ResolvedConfig, snapshot: Snapshot, jobs: Path, stop: 
     while True:
         if stop.is_set():
             subprocess.run(["scancel", job], capture_output=True, timeout=60)
-            return Outcome(reason=f"SLURM job {job} cancelled (training ended)", log=log)
+            return Outcome(reason=f"SLURM job {job} cancelled while {state}" + (f" ({detail})" if detail else ""),
+                           log=log)
         shown = subprocess.run(["scontrol", "show", "job", "-o", job], capture_output=True, text=True, timeout=60)
         if shown.returncode == 0:
             found = re.search(r"JobState=(\S+)", shown.stdout)
@@ -429,7 +459,8 @@ def sidecar_job(resolved: ResolvedConfig, snapshot: Snapshot, jobs: Path, stop: 
             break
         if state == "PENDING" and reason and reason.group(1) in NEVER_STARTS:
             subprocess.run(["scancel", job], capture_output=True, timeout=60)
-            return Outcome(reason=f"SLURM job {job} cannot start (Reason={reason.group(1)}); it was cancelled", log=log)
+            return Outcome(reason=f"SLURM job {job} cannot start (Reason={reason.group(1)}); it was cancelled",
+                           log=script)  # (the job never ran: its script is the thing to read)
         time.sleep(POLL_S)
     if state == "COMPLETED" and results.exists():
         return Outcome(results=json.loads(results.read_text(encoding="utf-8"))["results"], log=log)
@@ -477,8 +508,8 @@ class ReservedServer:
                 server.start()
                 server.wait_healthy()
             except LeapError as err:
-                return Outcome(reason="the evaluation server did not start: " + err.message.splitlines()[0],
-                               log=server_log)
+                said = err.message.splitlines()[0].removeprefix("the evaluation server ")
+                return Outcome(reason=f"the evaluation server {said}", log=server_log)
             log = jobs / f"step-{snapshot.step}.log"
             command = (["nice", "-n", "19"] if cpu else []) + [
                 sys.executable, "-m", "leap_finetune.cli", "eval", str(snapshot.folder / "eval.yaml"),

@@ -85,8 +85,11 @@ def plan_devices(*, gpus: int, nodes: int = 1, server: int = 0, judge: int = 0, 
     plan = DevicePlan(nodes=nodes, gpus_per_node=gpus, address=address)
     if gpus == 0:
         if reserved:
-            raise LeapError(f"the plan reserves {reserved} GPU(s) for servers, but no GPU is visible", where=where,
-                            fix="run on a GPU machine, or plan for one: leap-finetune plan CONFIG --gpus N")
+            keys = ", ".join(k for k, n in (("grpo_rollout.server_gpus", server), ("grpo_rollout.judge_gpus", judge),
+                                            ("async_eval.vllm_gpus", eval_gpus)) if n)
+            raise LeapError(f"the plan reserves {reserved} GPU(s) for servers ({keys}), but no GPU is visible",
+                            where=where, fix="run on a GPU machine, or plan for one: leap-finetune plan CONFIG --gpus N"
+                            + (", or set async_eval.vllm_gpus: 0 (a CPU evaluator)" if eval_gpus else ""))
         plan.workers = (num_workers or 1) if nodes == 1 else (num_workers or nodes)
         _check_fsdp(fsdp, plan.workers, where)
         if fsdp:
@@ -97,6 +100,10 @@ def plan_devices(*, gpus: int, nodes: int = 1, server: int = 0, judge: int = 0, 
         return plan
     available = gpus - reserved
     wanted = training if training is not None else available
+    if wanted <= 0 and training is None:
+        raise LeapError(f"the plan reserves {reserved} of the {gpus} visible GPU(s) for servers (server {server}, judge "
+                        f"{judge}, eval {eval_gpus}): none is left for training", where=where,
+                        fix="reserve fewer GPUs, or run where more GPUs are visible")
     if wanted <= 0 or wanted > available:
         raise LeapError(
             f"the plan requests {server} server + {judge} judge + {eval_gpus} eval + {wanted} training GPU(s), but "
