@@ -209,3 +209,24 @@ def test_a_lora_snapshot_is_the_merged_model_and_training_weights_are_untouched(
     ids = torch.tensor([[1, 5, 9, 13]])
     assert torch.allclose(loaded(ids).logits, model(ids).logits, atol=1e-5)
     assert model.get_base_model().config.tie_word_embeddings  # the training model's config is unchanged
+
+
+def test_a_resume_logs_again_the_async_results_up_to_its_checkpoint(tmp_path):
+    """Async results arrive after the checkpoint of their step is marked, so the resume's cut of metrics.jsonl
+    drops them: they are logged again from results/step-N.json; later steps' results are removed (re-evaluated)."""
+    from leap_finetune.api import _restore_benchmark_results
+
+    results = tmp_path / "benchmarks" / "results"
+    results.mkdir(parents=True)
+    for step, score in ((0, 0.25), (3, 0.5), (6, 0.75)):
+        (results / f"step-{step}.json").write_text(json.dumps(
+            {"step": step, "when": "x", "results": {"benchmark/mcq/score": score}}))
+    metrics = tmp_path / "metrics.jsonl"
+    # as cut back to the checkpoint of step 3: step 0's results had arrived before that save, step 3's after
+    metrics.write_text(json.dumps({"step": 0, "benchmark/mcq/score": 0.25}) + "\n"
+                       + json.dumps({"step": 3, "loss": 1.0}) + "\n")
+    _restore_benchmark_results(tmp_path, metrics, 3)
+    records = [json.loads(line) for line in metrics.read_text().splitlines()]
+    assert [r["step"] for r in records if "benchmark/mcq/score" in r] == [0, 3]
+    assert records[-1] == {"step": 3, "benchmark/mcq/score": 0.5}
+    assert sorted(p.name for p in results.iterdir()) == ["step-0.json", "step-3.json"]
