@@ -171,7 +171,9 @@ def test_the_issue_block_plans_for_1_to_8_gpus(tmp_path, gpus):
     if gpus < 3:
         with pytest.raises(LeapError) as info:
             device_plan(resolved, gpus=gpus)
-        assert f"requests 1 server + 1 judge + 0 eval + {gpus - 2} training GPU(s), but {gpus}" in info.value.format()
+        expected = (f"requests 1 server + 1 judge + 0 eval + {gpus - 2} training GPU(s), but {gpus}" if gpus == 1 else
+                    "reserves 2 of the 2 visible GPU(s) for servers (server 1, judge 1, eval 0): none is left for training")
+        assert expected in info.value.format()
         return
     plan = device_plan(resolved, gpus=gpus)
     assert (plan.server, plan.judge, plan.training) == ([0], [1], list(range(2, gpus)))

@@ -100,7 +100,7 @@ def plan_devices(*, gpus: int, nodes: int = 1, server: int = 0, judge: int = 0, 
         return plan
     available = gpus - reserved
     wanted = training if training is not None else available
-    if wanted <= 0 and training is None:
+    if wanted == 0 and training is None:
         raise LeapError(f"the plan reserves {reserved} of the {gpus} visible GPU(s) for servers (server {server}, judge "
                         f"{judge}, eval {eval_gpus}): none is left for training", where=where,
                         fix="reserve fewer GPUs, or run where more GPUs are visible")
