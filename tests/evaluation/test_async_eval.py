@@ -54,6 +54,19 @@ def _failures(run_dir: Path) -> dict[int, float]:
     return {r["step"]: r["benchmark/failures"] for r in records if "benchmark/failures" in r}
 
 
+@pytest.fixture(scope="module", autouse=True)
+def one_core_each():
+    """Training (in this process) uses one core and a CPU evaluator the other, as a trainer and its evaluation
+    job each have their own resources on a cluster: on 2 cores, torch's two training threads stall at every
+    parallel region whenever any other process is scheduled, which would measure this machine, not the mode."""
+    import torch
+
+    threads = torch.get_num_threads()
+    torch.set_num_threads(1)
+    yield
+    torch.set_num_threads(threads)
+
+
 @pytest.fixture(scope="module")
 def sync_run(tmp_path_factory):
     folder = tmp_path_factory.mktemp("sync")
@@ -108,7 +121,7 @@ def test_jobs_that_cannot_run_are_counted_and_evaluation_is_switched_off(slurm_c
 
     # an option sbatch rejects is found at validate (sbatch --test-only on an evaluation job's script)
     rejected = _config(workdir, "sidecar", "rejected.yaml", sbatch={"extra_args": ["--no-such-option=1"]})
-    with pytest.raises(LeapError, match="sbatch would reject the evaluation jobs: .*no-such-option"):
+    with pytest.raises(LeapError, match="sbatch would reject the evaluation jobs .*no-such-option"):
         validate_config(rejected)
     # jobs SLURM accepts but that cannot start (held): each is cancelled and counted; after 2, evaluation is off
     config = _config(workdir, "sidecar", "held.yaml", sbatch={"extra_args": ["--hold"]},
