@@ -120,3 +120,45 @@ def test_rows_cut_off_by_max_length_are_reported_not_trained(tmp_path):
     assert all(len(r.input_ids) <= 48 for r in prepared.train)
     cut = prepared.train[3]
     assert cut.truncated_at is not None and all(end <= cut.truncated_at for _, end in cut.trained_spans)
+
+
+def test_loss_masks_in_numpy_equal_the_per_token_definition():
+    """A token carries loss when it is not empty and overlaps a trained character span; trained tokens that touch
+    or overlap are reported as one span. Checked against that definition, written out per token, on random
+    offsets (empty tokens, tokens that step back a character) and spans (unsorted, touching)."""
+    import random
+
+    import numpy as np
+
+    from leap_finetune.data.render import _merge, _overlaps
+
+    def per_token(offsets, spans):
+        return [end > start and any(start < b and end > a for a, b in spans) for start, end in offsets]
+
+    def joined(offsets):
+        merged = []
+        for start, end in offsets:
+            if merged and start <= merged[-1][1]:
+                merged[-1][1] = max(merged[-1][1], end)
+            else:
+                merged.append([start, end])
+        return [tuple(m) for m in merged]
+
+    rng = random.Random(1)
+    for _ in range(2000):
+        position, offsets = 0, []
+        for _ in range(rng.randint(0, 40)):
+            width = rng.choice([0, 1, 2, 3])
+            position = max(0, position - 1) if rng.random() < 0.1 else position
+            offsets.append((position, position + width))
+            position += width
+        spans, cursor = [], 0
+        for _ in range(rng.randint(0, 4)):
+            start = rng.randint(cursor, cursor + 10)
+            spans.append((start, rng.randint(start, start + 10)))
+            cursor = spans[-1][1] + rng.randint(0, 3)
+        rng.shuffle(spans)
+        array = np.asarray(offsets, dtype=np.int64).reshape(-1, 2)
+        expected = per_token(offsets, spans)
+        assert _overlaps(array, spans).tolist() == expected
+        assert _merge(array[np.asarray(expected, dtype=bool)]) == joined([o for o, on in zip(offsets, expected) if on])
