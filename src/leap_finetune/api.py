@@ -23,7 +23,7 @@ from leap_finetune.errors import LeapError
 from leap_finetune.evaluation.standalone import check_benchmarks as _check_benchmarks
 from leap_finetune.evaluation.standalone import evaluate_config
 from leap_finetune.launch.devices import device_plan, physical_ids
-from leap_finetune.launch.plan import check_resume_matches, plan_run
+from leap_finetune.launch.plan import check_resume_matches, plan_run, rewind
 from leap_finetune.launch.report import config_table, data_report
 from leap_finetune.launch.rl_servers import judge_url, local_servers
 from leap_finetune.launch.servers import running
@@ -295,7 +295,7 @@ def _write_run_folder(resolved: ResolvedConfig, prepared: PreparedData, renderer
     try:
         _stage_run_folder(resolved, prepared, renderer, plan.new_run, run_dir, staging)
         if not plan.new_run:
-            _rewind(plan)
+            rewind(plan)
     except OSError as err:
         shutil.rmtree(staging, ignore_errors=True)
         raise LeapError(f"cannot write the run folder: {err.strerror or err}", where=str(run_dir),
@@ -303,53 +303,6 @@ def _write_run_folder(resolved: ResolvedConfig, prepared: PreparedData, renderer
     except BaseException:
         shutil.rmtree(staging, ignore_errors=True)
         raise
-
-
-def _rewind(plan) -> None:
-    """A resume continues from its checkpoint: checkpoint folders that never completed (or are newer
-    and damaged) are removed, and the metrics log is cut back to what it held when the checkpoint was
-    marked, so no step is logged twice."""
-    from leap_finetune.recipes.checkpoints import delete, step_of
-
-    for folder in plan.stale:
-        delete(folder)
-    metrics = plan.run_dir / "metrics.jsonl"
-    if plan.metrics_bytes is not None and metrics.exists() and metrics.stat().st_size > plan.metrics_bytes:
-        with metrics.open("r+b") as handle:
-            handle.truncate(plan.metrics_bytes)
-            handle.flush()
-            os.fsync(handle.fileno())
-    if plan.resume_checkpoint is not None:
-        _restore_benchmark_results(plan.run_dir, metrics, step_of(Path(plan.resume_checkpoint)))
-
-
-def _restore_benchmark_results(run_dir: Path, metrics: Path, step: int) -> None:
-    """Async evaluations (sidecar, reserved) report after the checkpoint of their step was marked, so the cut
-    above drops them: the results of steps up to the checkpoint's are logged again from
-    benchmarks/results/step-N.json; those of later steps belong to the discarded steps and are evaluated again
-    by the resumed run."""
-    folder = run_dir / "benchmarks" / "results"
-    if not folder.is_dir():
-        return
-    logged = set()
-    if metrics.exists():
-        for line in metrics.read_text(encoding="utf-8").splitlines():
-            try:
-                record = json.loads(line)
-            except json.JSONDecodeError:
-                continue
-            if any(key.startswith("benchmark/") and key.endswith("/score") for key in record):
-                logged.add(record.get("step"))
-    restored = []
-    for path in sorted(folder.glob("step-*.json"), key=lambda p: int(p.stem.split("-")[1])):
-        evaluated = int(path.stem.split("-")[1])
-        if evaluated > step:
-            path.unlink()
-        elif evaluated not in logged:
-            restored.append({"step": evaluated, **json.loads(path.read_text(encoding="utf-8"))["results"]})
-    if restored:
-        with metrics.open("a", encoding="utf-8") as handle:
-            handle.writelines(json.dumps(record) + "\n" for record in restored)
 
 
 def _stage_run_folder(resolved: ResolvedConfig, prepared: PreparedData, renderer, new_run: bool,

@@ -194,7 +194,7 @@ def test_a_lora_snapshot_is_the_merged_model_and_training_weights_are_untouched(
     import torch
     from peft import LoraConfig, get_peft_model
 
-    from leap_finetune.evaluation.async_eval import merged_state_dict
+    from leap_finetune.evaluation.snapshot import merged_state_dict
     from leap_finetune.models.tiny import build_tiny_model, load_tiny_tokenizer
 
     tokenizer = load_tiny_tokenizer("tiny-lfm2")
@@ -215,7 +215,7 @@ def test_a_lora_snapshot_is_the_merged_model_and_training_weights_are_untouched(
     # tied to the embeddings)
     from transformers import AutoModelForCausalLM
 
-    from leap_finetune.evaluation.async_eval import save_model_folder
+    from leap_finetune.evaluation.snapshot import save_model_folder
 
     save_model_folder(model, tmp_path / "snapshot")
     loaded = AutoModelForCausalLM.from_pretrained(tmp_path / "snapshot", dtype=torch.float32)
@@ -227,7 +227,7 @@ def test_a_lora_snapshot_is_the_merged_model_and_training_weights_are_untouched(
 def test_a_resume_logs_again_the_async_results_up_to_its_checkpoint(tmp_path):
     """Async results arrive after the checkpoint of their step is marked, so the resume's cut of metrics.jsonl
     drops them: they are logged again from results/step-N.json; later steps' results are removed (re-evaluated)."""
-    from leap_finetune.api import _restore_benchmark_results
+    from leap_finetune.launch.plan import restore_benchmark_results
 
     results = tmp_path / "benchmarks" / "results"
     results.mkdir(parents=True)
@@ -238,7 +238,7 @@ def test_a_resume_logs_again_the_async_results_up_to_its_checkpoint(tmp_path):
     # as cut back to the checkpoint of step 3: step 0's results had arrived before that save, step 3's after
     metrics.write_text(json.dumps({"step": 0, "benchmark/mcq/score": 0.25}) + "\n"
                        + json.dumps({"step": 3, "loss": 1.0}) + "\n")
-    _restore_benchmark_results(tmp_path, metrics, 3)
+    restore_benchmark_results(tmp_path, metrics, 3)
     records = [json.loads(line) for line in metrics.read_text().splitlines()]
     assert [r["step"] for r in records if "benchmark/mcq/score" in r] == [0, 3]
     assert records[-1] == {"step": 3, "benchmark/mcq/score": 0.5}

@@ -30,6 +30,7 @@ from leap_finetune.config.rules import check_training_rules
 from leap_finetune.config.suggest import did_you_mean, unknown_key_fix
 from leap_finetune.config.trackers import check_report_to
 from leap_finetune.config.yaml_io import read_yaml
+from leap_finetune.config.async_eval import check_async_eval_config
 from leap_finetune.errors import LeapError
 
 LOSS_ON = ("assistant", "all", "final_assistant")
@@ -118,7 +119,7 @@ def load_config(source: str | Path | dict, *, base_dir: Path | None = None) -> R
 
     grpo_rollout, rewards = resolve_grpo(model, training, base, where)
     retrieval = _resolve_retrieval(model, training, where)
-    _check_async_eval(model, where)
+    check_async_eval_config(model, where)
 
     from leap_finetune.data.chat_templates import resolve_chat_template
     from leap_finetune.models.registry import model_family, resolve_model_id
@@ -293,36 +294,6 @@ def _check_keys(data: dict, allowed, where: str, block: str) -> None:
                 where=where,
                 fix=unknown_key_fix(str(key), allowed),
             )
-
-
-def _check_async_eval(model: LeapConfigModel, where: str) -> None:
-    """What sidecar / reserved evaluation cannot do, said before anything runs (the machine-dependent checks -
-    sbatch installed, the nodes of the plan - are in evaluation/async_eval.py's check_async_eval)."""
-    mode = model.async_eval.mode if model.async_eval is not None else "sync"
-    if mode == "sync":
-        return
-    at = f"{where}: async_eval.mode"
-    if model.evals is None:
-        raise LeapError(f"async_eval.mode is {mode}, but the config has no evals: block (nothing to evaluate)",
-                        where=at, fix="add evals: with benchmarks (README \"Benchmarks\"), or remove async_eval")
-    if model.training_type in ("embedding", "colbert"):
-        raise LeapError(f"retrieval benchmarks ({model.training_type}) run with the held-out evaluation inside the "
-                        f"trainer; async_eval.mode {mode} evaluates generation and log-prob benchmarks", where=at,
-                        fix="use mode: sync for an embedding / ColBERT run")
-    # (fsdp: benchmarks during training are refused with fsdp in every mode, in _resolve_training)
-    if isinstance(model.peft_config, dict) and model.peft_config.get("trainable_token_indices"):
-        raise LeapError(f"async_eval.mode {mode} evaluates a merged snapshot of the model, and peft_config."
-                        "trainable_token_indices (trained rows of the embedding) cannot be merged into one yet",
-                        where=at, fix="use mode: sync with trainable_token_indices")
-    settings = model.async_eval
-    if settings.tensor_parallel_size > max(1, settings.vllm_gpus):
-        raise LeapError(f"async_eval.tensor_parallel_size is {settings.tensor_parallel_size}, more than the evaluator's "
-                        f"GPUs (vllm_gpus: {settings.vllm_gpus})", where=f"{where}: async_eval.tensor_parallel_size",
-                        fix="set tensor_parallel_size to vllm_gpus or fewer (1 for a CPU evaluator)")
-    if mode == "reserved" and model.slurm is not None and model.slurm.nodes > 1:
-        raise LeapError(f"async_eval.mode reserved runs the evaluation server on GPUs of one node, and slurm.nodes is "
-                        f"{model.slurm.nodes}", where=at,
-                        fix="use mode: sidecar for multi-node training (one SLURM job per evaluation)")
 
 
 def _check_training_type(value, where: str) -> None:

@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+import json
+import os
 import time
 from dataclasses import dataclass, field
 from pathlib import Path
@@ -244,3 +246,50 @@ def latest_checkpoint(folder: Path) -> Path | None:
     """The newest intact checkpoint in a run folder, or in the newest run of a project folder."""
     run_dir = newest_run(folder)
     return newest_intact(run_dir)[0] if run_dir is not None else None
+
+
+def rewind(plan) -> None:
+    """A resume continues from its checkpoint: checkpoint folders that never completed (or are newer
+    and damaged) are removed, and the metrics log is cut back to what it held when the checkpoint was
+    marked, so no step is logged twice."""
+    from leap_finetune.recipes.checkpoints import delete
+
+    for folder in plan.stale:
+        delete(folder)
+    metrics = plan.run_dir / "metrics.jsonl"
+    if plan.metrics_bytes is not None and metrics.exists() and metrics.stat().st_size > plan.metrics_bytes:
+        with metrics.open("r+b") as handle:
+            handle.truncate(plan.metrics_bytes)
+            handle.flush()
+            os.fsync(handle.fileno())
+    if plan.resume_checkpoint is not None:
+        restore_benchmark_results(plan.run_dir, metrics, step_of(Path(plan.resume_checkpoint)))
+
+
+def restore_benchmark_results(run_dir: Path, metrics: Path, step: int) -> None:
+    """Async evaluations (sidecar, reserved) report after the checkpoint of their step was marked, so the cut
+    above drops them: the results of steps up to the checkpoint's are logged again from
+    benchmarks/results/step-N.json; those of later steps belong to the discarded steps and are evaluated again
+    by the resumed run."""
+    folder = run_dir / "benchmarks" / "results"
+    if not folder.is_dir():
+        return
+    logged = set()
+    if metrics.exists():
+        for line in metrics.read_text(encoding="utf-8").splitlines():
+            try:
+                record = json.loads(line)
+            except json.JSONDecodeError:
+                continue
+            if any(key.startswith("benchmark/") and key.endswith("/score") for key in record):
+                logged.add(record.get("step"))
+    restored = []
+    for path in sorted(folder.glob("step-*.json"), key=lambda p: int(p.stem.split("-")[1])):
+        evaluated = int(path.stem.split("-")[1])
+        if evaluated > step:
+            path.unlink()
+        elif evaluated not in logged:
+            restored.append({"step": evaluated, **json.loads(path.read_text(encoding="utf-8"))["results"]})
+    if restored:
+        with metrics.open("a", encoding="utf-8") as handle:
+            handle.writelines(json.dumps(record) + "\n" for record in restored)
