@@ -18,6 +18,11 @@ os.environ.setdefault("TOKENIZERS_PARALLELISM", "false")
 os.environ["COLUMNS"] = "200"  # rich wraps at the terminal width; messages are asserted whole
 # Library FutureWarnings are shown in the test summary (in-process runs), not hidden as for users.
 os.environ["LEAP_FINETUNE_SHOW_WARNINGS"] = "1"
+# The prepared-data cache of this test session (not the user's ~/.cache); tests of the cache set their own.
+if "LEAP_FINETUNE_CACHE" not in os.environ:
+    import tempfile
+
+    os.environ["LEAP_FINETUNE_CACHE"] = tempfile.mkdtemp(prefix="leap-test-cache-")
 
 # After the environment above: huggingface_hub reads HF_HUB_OFFLINE when it is first imported.
 from transformers import TrainerCallback  # noqa: E402
@@ -29,6 +34,15 @@ EXAMPLES = REPO / "examples"
 def write_jsonl(path: Path, rows: list) -> Path:
     path.write_text("".join(json.dumps(r) + "\n" for r in rows), encoding="utf-8")
     return path
+
+
+def row_texts(rows) -> list[str]:
+    """The text of each prepared SFT row (its token ids decoded: the byte-level tokenizer gives the rendered
+    text back exactly)."""
+    from leap_finetune.models.tiny import load_tiny_tokenizer
+
+    tokenizer = load_tiny_tokenizer("tiny-lfm2")
+    return [tokenizer.decode(ids) for ids in rows.column("input_ids")]
 
 
 def chat(user: str, answer: str, system: str | None = None) -> dict:

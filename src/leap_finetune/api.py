@@ -47,7 +47,7 @@ def _config(source) -> ResolvedConfig:
     return source if isinstance(source, ResolvedConfig) else load_config(source)
 
 
-def _prepare(resolved: ResolvedConfig):
+def _prepare(resolved: ResolvedConfig, console: Console | None = None, examples: int = 5):
     from leap_finetune.config.loader import require_dataset
 
     require_dataset(resolved)
@@ -64,7 +64,7 @@ def _prepare(resolved: ResolvedConfig):
 
         r = resolved.retrieval
         encoder = RetrievalEncoder(tokenizer, r.prompts, r.query_max_length, r.document_max_length)
-        return tokenizer, encoder, prepare_data(resolved, tokenizer, encoder)
+        return tokenizer, encoder, prepare_data(resolved, tokenizer, encoder, console=console, examples=examples)
     template = load_chat_template(resolved.chat_template, tokenizer)
     # DPO / KTO split prompt from completion themselves and need no generation markers.
     loss_on = resolved.loss_on if resolved.training_type == "sft" else "all"  # (GRPO renders prompts only)
@@ -72,7 +72,7 @@ def _prepare(resolved: ResolvedConfig):
         tokenizer, template, loss_on, resolved.training.get("max_length"),
         resolved.training.get("truncation_mode", "keep_start"),
     )
-    return tokenizer, renderer, prepare_data(resolved, tokenizer, renderer)
+    return tokenizer, renderer, prepare_data(resolved, tokenizer, renderer, console=console, examples=examples)
 
 
 def _check_lora_targets(resolved: ResolvedConfig, tokenizer) -> None:
@@ -108,7 +108,8 @@ def validate_config(source, *, console: Console | None = None,
                     outputs_root: str | Path | None = None) -> PreparedData | None:
     """Validate the config, EVERY dataset row (rendered and tokenized), every benchmark row and the
     run folder `run` would use (writable, not taken, the checkpoint to resume from); no model is
-    loaded and nothing is written. An evaluation-only config (no dataset) checks its benchmarks."""
+    loaded and nothing is written to the run folder (the prepared rows go to the data cache, for `run`).
+    An evaluation-only config (no dataset) checks its benchmarks."""
     console = _console(console)
     resolved = _config(source)
     if resolved.dataset is None and resolved.evals is not None:  # an evaluation-only config
@@ -119,7 +120,7 @@ def validate_config(source, *, console: Console | None = None,
         console.print(f"model: {target.name}")
         console.print(f"benchmarks: {', '.join(f'{b.name} ({len(b.items)} rows)' for b in benchmarks)}")
         return None
-    _, _, prepared = _prepare(resolved)
+    _, _, prepared = _prepare(resolved, console)
     _check_training_arguments(resolved, has_eval=bool(prepared.eval))
     plan = plan_run(resolved, outputs_root=Path(outputs_root) if outputs_root else None)
     check_rollout_engine(resolved)  # vLLM installed where use_vllm says so (plan does not need it)
@@ -200,11 +201,8 @@ def inspect_config(source, *, rows: int = 5) -> list[dict]:
     """The first `rows` training rows exactly as the model sees them, with the character spans
     whose tokens carry loss."""
     resolved = _config(source)
-    _, _, prepared = _prepare(resolved)
-    return [
-        {"row": index, **row.inspect(), "source": row.meta, "tokens": row.tokens, "trained_tokens": row.trained_tokens}
-        for index, row in enumerate(prepared.train[:rows])
-    ]
+    _, _, prepared = _prepare(resolved, examples=rows)
+    return [{"row": index, **item} for index, item in enumerate(prepared.train.examples[:rows])]
 
 
 def run_config(source, *, console: Console | None = None, callbacks: list | None = None,
@@ -214,7 +212,7 @@ def run_config(source, *, console: Console | None = None, callbacks: list | None
     resolved = _config(source)
     if resolved.dataset is None and resolved.evals is not None:  # an evaluation-only config
         return evaluate_config(resolved, console=console)
-    tokenizer, renderer, prepared = _prepare(resolved)
+    tokenizer, renderer, prepared = _prepare(resolved, console)
     _check_training_arguments(resolved, has_eval=bool(prepared.eval))
     plan = plan_run(resolved, outputs_root=Path(outputs_root) if outputs_root else None)
     check_rollout_engine(resolved)  # vLLM installed where use_vllm says so (plan does not need it)
@@ -307,8 +305,6 @@ def _write_run_folder(resolved: ResolvedConfig, prepared: PreparedData, renderer
 
 def _stage_run_folder(resolved: ResolvedConfig, prepared: PreparedData, renderer, new_run: bool,
                       run_dir: Path, staging: Path) -> None:
-    from datasets import Dataset
-
     from leap_finetune.recipes.common import PREPARED_DIR
 
     if staging.exists():
@@ -319,12 +315,8 @@ def _stage_run_folder(resolved: ResolvedConfig, prepared: PreparedData, renderer
         shutil.copy(resolved.config_path, staging / "config.yaml")
     data = staging / PREPARED_DIR
     for name, rows in (("train", prepared.train), ("eval", prepared.eval)):
-        if rows:
-            columns = [r.columns() for r in rows]
-            # Dataset.from_list takes its columns from the first row: a column that only later rows have
-            # (a GRPO row's extra field) would be dropped, so every row gets every column (None if absent)
-            keys = list(dict.fromkeys(k for c in columns for k in c))
-            Dataset.from_list([{k: c.get(k) for k in keys} for c in columns]).save_to_disk(str(data / name))
+        if len(rows):
+            rows.dataset().save_to_disk(str(data / name))
     (data / "samples.json").write_text(json.dumps(_samples(prepared, renderer)), encoding="utf-8")
     (data / "fingerprint.json").write_text(json.dumps(fingerprint(prepared)), encoding="utf-8")
     if resolved.retrieval is not None:  # a built-in tiny backbone, as a folder sentence-transformers loads
@@ -356,15 +348,8 @@ def _stage_run_folder(resolved: ResolvedConfig, prepared: PreparedData, renderer
 def fingerprint(prepared: PreparedData) -> dict:
     """A hash of the token ids the trainer will read (train and eval), in order: a resume checks that
     the data are the run's (the data position in a checkpoint means nothing for other data)."""
-    import hashlib
-
-    digests = {}
-    for name, rows in (("train", prepared.train), ("eval", prepared.eval)):
-        digest = hashlib.sha256()
-        for row in rows:
-            digest.update(json.dumps(row.columns(), separators=(",", ":")).encode())
-        digests[name] = digest.hexdigest()
-    return {**digests, "train_rows": len(prepared.train), "eval_rows": len(prepared.eval)}
+    return {"train": prepared.train.fingerprint(), "eval": prepared.eval.fingerprint(), "train_rows": len(prepared.train),
+            "eval_rows": len(prepared.eval)}
 
 
 def _samples(prepared: PreparedData, renderer) -> list[dict]:

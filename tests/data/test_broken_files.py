@@ -10,7 +10,7 @@ import pytest
 
 from leap_finetune.api import validate_config
 from leap_finetune.errors import DataError, LeapError
-from tests.conftest import chat, tiny_config, write_jsonl
+from tests.conftest import chat, row_texts, tiny_config, write_jsonl
 
 BROKEN = Path(__file__).parent / "broken"
 
@@ -96,7 +96,7 @@ def test_formats_jsonl_json_csv_parquet_and_folder_read_the_same_rows(tmp_path):
         '"' + json.dumps(r["messages"]).replace('"', '""') + '"\n' for r in rows[4:5]))
     pq.write_table(pa.Table.from_pylist(rows[5:6]), folder / "d.parquet")
     prepared = validate_config(tiny_config(data=str(folder)))
-    texts = [r.text for r in prepared.train]
+    texts = row_texts(prepared.train)
     assert len(texts) == 6
     for i in range(6):
         assert f"question {i}<|im_end|>" in texts[i]
@@ -111,8 +111,8 @@ def test_aliases_and_typed_text_parts(tmp_path):
     ]
     write_jsonl(tmp_path / "train.jsonl", rows)
     prepared = validate_config(tiny_config(data=str(tmp_path / "train.jsonl")))
-    assert "<|im_start|>user\nhello<|im_end|>\n<|im_start|>assistant\nhi<|im_end|>" in prepared.train[0].text
-    assert "<|im_start|>user\nab<|im_end|>\n<|im_start|>assistant\nok<|im_end|>" in prepared.train[1].text
+    assert "<|im_start|>user\nhello<|im_end|>\n<|im_start|>assistant\nhi<|im_end|>" in row_texts(prepared.train)[0]
+    assert "<|im_start|>user\nab<|im_end|>\n<|im_start|>assistant\nok<|im_end|>" in row_texts(prepared.train)[1]
 
 
 def test_limit_and_test_size_and_val_path(tmp_path):
@@ -124,7 +124,7 @@ def test_limit_and_test_size_and_val_path(tmp_path):
     assert (len(prepared.train), len(prepared.eval)) == (40, 10)
     prepared = validate_config(tiny_config(dataset={"path": str(tmp_path / "train.jsonl"), "val_path": str(tmp_path / "val.jsonl")}))
     assert (len(prepared.train), len(prepared.eval)) == (50, 7)
-    assert "v0" in prepared.eval[0].text
+    assert "v0" in row_texts(prepared.eval)[0]
 
 
 def test_unreachable_hub_dataset_is_a_clear_error(tmp_path):

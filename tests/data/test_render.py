@@ -117,9 +117,9 @@ def test_rows_cut_off_by_max_length_are_reported_not_trained(tmp_path):
     assert prepared.partially_truncated == 1
     dropped = [d for d in prepared.dropped if "max_length" in d.reason]
     assert dropped[0].location == "line 4"
-    assert all(len(r.input_ids) <= 48 for r in prepared.train)
-    cut = prepared.train[3]
-    assert cut.truncated_at is not None and all(end <= cut.truncated_at for _, end in cut.trained_spans)
+    assert all(len(ids) <= 48 for ids in prepared.train.column("input_ids"))
+    cut = prepared.train.examples[3]
+    assert cut["truncated_at"] is not None and all(end <= cut["truncated_at"] for _, end in cut["trained_spans"])
 
 
 def test_loss_masks_in_numpy_equal_the_per_token_definition():

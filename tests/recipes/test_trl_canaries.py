@@ -46,7 +46,7 @@ def test_sft_skip_prepare_equals_trls_own_preparation(tmp_path, tokenizer, packi
     _quiet()
     write_jsonl(tmp_path / "train.jsonl", fact_rows(24))
     prepared = validate_config(tiny_config(data=str(tmp_path / "train.jsonl")))
-    dataset = Dataset.from_list([row.columns() for row in prepared.train])
+    dataset = prepared.train.dataset()
     common = dict(output_dir=str(tmp_path / "out"), use_cpu=True, bf16=False, report_to="none", max_length=64,
                   packing=packing, shuffle_dataset=True, seed=3, per_device_train_batch_size=2)
     ours_args = SFTConfig(**common, dataset_kwargs={"skip_prepare_dataset": True})
@@ -88,7 +88,7 @@ def test_dpo_token_ids_equal_trls_own_tokenization(tmp_path, tokenizer):
                       args=args, processing_class=tokenizer, train_dataset=Dataset.from_list(rows))
     ours = trainer_class()(model=build_tiny_model("tiny-lfm2", tokenizer),
                            ref_model=build_tiny_model("tiny-lfm2", tokenizer), args=args, processing_class=tokenizer,
-                           train_dataset=Dataset.from_list([r.columns() for r in prepared.train]))
+                           train_dataset=prepared.train.dataset())
     newline = tokenizer.convert_tokens_to_ids(tokenizer.tokenize("\n"))
     for mine, theirs in zip(ours.train_dataset.to_list(), trls.train_dataset.to_list(), strict=True):
         assert mine["prompt_ids"] == theirs["prompt_ids"]
@@ -116,7 +116,7 @@ def test_kto_token_ids_and_kl_pairs_equal_trls_own(tmp_path, tokenizer):
                       args=args, processing_class=tokenizer, train_dataset=Dataset.from_list(rows))
     ours = trainer_class()(model=build_tiny_model("tiny-lfm2", tokenizer),
                            ref_model=build_tiny_model("tiny-lfm2", tokenizer), args=args, processing_class=tokenizer,
-                           train_dataset=Dataset.from_list([r.columns() for r in prepared.train]))
+                           train_dataset=prepared.train.dataset())
     newline = tokenizer.convert_tokens_to_ids(tokenizer.tokenize("\n"))
     assert set(ours.train_dataset.column_names) <= set(trls.train_dataset.column_names)
     for mine, theirs in zip(ours.train_dataset.to_list(), trls.train_dataset.to_list(), strict=True):

@@ -66,8 +66,8 @@ def load_config(source: str | Path | dict, *, base_dir: Path | None = None) -> R
             raise LeapError(f"'{block}:' is empty", where=where, fix={
                 "peft_config": "for LoRA with the defaults write `peft_config: {extends: DEFAULT_LORA}`; for a full "
                 "fine-tune remove the key"}.get(block, f"give {block} its keys, or remove it"))
-    if isinstance(raw.get("dataset"), dict):
-        _check_keys(raw["dataset"], DatasetConfig.model_fields, where, "dataset")
+    if isinstance(raw.get("dataset"), (dict, list)):
+        raw = {**raw, "dataset": _validate_dataset(raw["dataset"], where)}
     if isinstance(raw.get("ray"), dict):
         from leap_finetune.config.schema import RayConfig
 
@@ -224,22 +224,55 @@ def _resolve_retrieval(model: LeapConfigModel, training: dict, where: str):
     return model.retrieval or RetrievalConfig()
 
 
-def _resolve_dataset(model: LeapConfigModel, base: Path, where: str) -> DatasetConfig | None:
+def _validate_dataset(raw, where: str):
+    """`dataset:` as one mapping or a list of them (several sources), each checked on its own so an error
+    names the entry (`dataset[1].limit`)."""
+    items = raw if isinstance(raw, list) else [raw]
+    if not items:
+        raise LeapError("'dataset:' is an empty list", where=where, fix="give at least one source: - path: data.jsonl")
+    validated = []
+    for index, item in enumerate(items):
+        name = f"dataset[{index}]" if isinstance(raw, list) else "dataset"
+        if not isinstance(item, dict):
+            raise LeapError(f"{name} must be a mapping with a path (got {type(item).__name__})", where=where,
+                            fix="write each source as `- path: data.jsonl` (with its own limit, weight, ...)")
+        _check_keys(item, DatasetConfig.model_fields, where, name)
+        try:
+            validated.append(DatasetConfig.model_validate(item))
+        except ValidationError as err:
+            raise _pydantic_error(err, where, prefix=name) from None
+    weighted = [item.weight is not None for item in validated]
+    if isinstance(raw, dict) and validated[0].weight is not None:
+        raise LeapError("dataset.weight is a share of several sources, and there is one", where=f"{where}: dataset.weight",
+                        fix="remove it (or use epochs: N to repeat the rows; or list several sources)")
+    if any(weighted) and not all(weighted):
+        missing = ", ".join(f"dataset[{i}]" for i, w in enumerate(weighted) if not w)
+        raise LeapError(f"some sources have a weight and some do not ({missing})", where=f"{where}: dataset",
+                        fix="give every source a weight (their shares of the mix), or none (use epochs per source)")
+    return validated if isinstance(raw, list) else validated[0]
+
+
+def _resolve_dataset(model: LeapConfigModel, base: Path, where: str):
     if model.dataset is None:
         return None
-    dataset = model.dataset.model_copy()
-    dataset_type = dataset.type or model.training_type
-    if dataset_type != model.training_type:
-        raise LeapError(
-            f"dataset.type is '{dataset_type}' but training_type is '{model.training_type}'",
-            where=f"{where}: dataset.type",
-            fix=f"set dataset.type: {model.training_type} (or remove it: it defaults to the training type)",
-        )
-    dataset.type = dataset_type
-    dataset.path = _resolve_data_path(dataset.path, base)
-    if dataset.val_path:
-        dataset.val_path = _resolve_data_path(dataset.val_path, base)
-    return dataset
+    items = model.dataset if isinstance(model.dataset, list) else [model.dataset]
+    resolved = []
+    for index, item in enumerate(items):
+        name = f"dataset[{index}]" if isinstance(model.dataset, list) else "dataset"
+        dataset = item.model_copy()
+        dataset_type = dataset.type or model.training_type
+        if dataset_type != model.training_type:
+            raise LeapError(
+                f"{name}.type is '{dataset_type}' but training_type is '{model.training_type}'",
+                where=f"{where}: {name}.type",
+                fix=f"set {name}.type: {model.training_type} (or remove it: it defaults to the training type)",
+            )
+        dataset.type = dataset_type
+        dataset.path = _resolve_data_path(dataset.path, base)
+        if dataset.val_path:
+            dataset.val_path = _resolve_data_path(dataset.val_path, base)
+        resolved.append(dataset)
+    return resolved if isinstance(model.dataset, list) else resolved[0]
 
 
 def _resolve_evals(evals: EvalsConfig | None, base: Path, where: str) -> EvalsConfig | None:
@@ -319,9 +352,9 @@ def _version() -> str:
     return __version__
 
 
-def _pydantic_error(err: ValidationError, where: str) -> LeapError:
+def _pydantic_error(err: ValidationError, where: str, prefix: str = "") -> LeapError:
     first = err.errors()[0]
-    loc = ".".join(str(p) for p in first["loc"])
+    loc = ".".join([prefix] * bool(prefix) + [str(p) for p in first["loc"]])
     got = first.get("input")
     got_text = f" (got {got!r})" if not isinstance(got, dict) else ""
     more = f" [and {err.error_count() - 1} more problem(s)]" if err.error_count() > 1 else ""

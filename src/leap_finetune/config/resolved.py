@@ -30,7 +30,7 @@ class ResolvedConfig(BaseModel):
     model_family: str  # "lfm2", "lfm2.5" or "other"
     chat_template: str  # a built-in template name, "model", or an absolute .jinja path
     loss_on: str  # "assistant", "all" or "final_assistant"
-    dataset: DatasetConfig | None  # local paths made absolute; None for evaluation-only configs
+    dataset: DatasetConfig | list[DatasetConfig] | None  # local paths made absolute; None for evaluation-only configs
     training: dict  # TRL / transformers training arguments (profile merged with the user's keys)
     peft: dict | None  # LoRA options, None for a full fine-tune
     output_dir: str | None  # the user's output_dir, absolute

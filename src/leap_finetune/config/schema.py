@@ -10,7 +10,7 @@ from __future__ import annotations
 import re
 from typing import Literal
 
-from pydantic import BaseModel, ConfigDict, Field, field_validator
+from pydantic import BaseModel, ConfigDict, Field, field_validator, model_validator
 
 TRAINING_TYPES = ("sft", "dpo", "kto", "grpo", "embedding", "colbert")
 SUPPORTED_TRAINING_TYPES = ("sft", "dpo", "kto", "grpo", "embedding", "colbert")
@@ -41,6 +41,30 @@ class DatasetConfig(StrictModel):
         default="error",
         description="`error`: stop and list invalid rows. `skip`: drop them, print why, and save them to dropped_rows.jsonl.",
     )
+    weight: float | None = Field(
+        default=None, gt=0,
+        description="With several sources (`dataset:` as a list): this source's share of the training rows, relative "
+        "to the other sources' weights (sampled with `seed`; a share above its rows repeats rows). Give every source a "
+        "weight, or none.")
+    epochs: float | None = Field(
+        default=None, gt=0,
+        description="This source's rows per training epoch, as a multiple of its rows: 2 repeats each row twice, 0.5 "
+        "takes half of them (sampled with `seed`). Not with `weight`.")
+    num_proc: int | None = Field(
+        default=None, ge=1,
+        description="Processes that check and tokenize the rows; default: every core of the machine when there are "
+        "more than ~4,000 rows, one otherwise.")
+    cache: bool = Field(
+        default=True,
+        description="Keep the prepared rows on disk ($LEAP_FINETUNE_CACHE, default ~/.cache/leap-finetune/prepared), "
+        "keyed by everything they depend on: `run` after `validate` reads them instead of preparing again.")
+
+    @model_validator(mode="after")
+    def check_mixing(self) -> "DatasetConfig":
+        if self.weight is not None and self.epochs is not None:
+            raise ValueError("give a source either weight (its share of the mix) or epochs (a multiple of its rows), "
+                             "not both")
+        return self
 
     @field_validator("test_size")
     @classmethod
@@ -280,8 +304,9 @@ class LeapConfigModel(StrictModel):
         default=None,
         description="`lfm2`, `lfm2.5`, `lfm2-v1`, `model` (the tokenizer's own) or a .jinja file; default: chosen from the model family.",
     )
-    dataset: DatasetConfig | None = Field(
-        default=None, description="Where the training rows come from (keys below); required to train."
+    dataset: DatasetConfig | list[DatasetConfig] | None = Field(
+        default=None, description="Where the training rows come from (keys below); required to train. A list of such "
+        "mappings mixes several sources (each with its own keys, `weight` or `epochs`)."
     )
     training_config: dict = Field(default_factory=dict, description="Any TRL / transformers training argument, plus `extends` and `loss_on`.")
     peft_config: dict | None = Field(default=None, description="LoRA options (any peft LoraConfig field), plus `extends` and `use_peft`.")

@@ -138,7 +138,7 @@ def column_kind_problems(rows: list[tuple[SourceRow, dict]]) -> list[RowProblem]
         for name, value in extra.items():
             if value is None:
                 continue
-            kind = _category(value)
+            kind = category(value)
             if name not in first:
                 first[name] = (kind, source)
             elif first[name][0] != kind:
@@ -149,7 +149,7 @@ def column_kind_problems(rows: list[tuple[SourceRow, dict]]) -> list[RowProblem]
     return problems
 
 
-def _category(value: Any) -> str:
+def category(value: Any) -> str:
     if isinstance(value, bool):
         return "a boolean"
     if isinstance(value, (int, float)):

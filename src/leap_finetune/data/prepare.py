@@ -1,5 +1,9 @@
-"""The data pipeline the driver runs before any model loads: read -> validate every row ->
-split -> render + mask + tokenize -> report.
+"""The data pipeline the driver runs before any model loads: read -> validate every row -> split ->
+render + mask + tokenize -> mix -> report, cached on disk (data/cache.py).
+
+Two passes over each source, chunk by chunk, on every core (data/chunks.py): the first checks every row
+(so every problem is listed before anything is tokenized, as `validate` promises), the second tokenizes
+the valid rows into Arrow tables. Only the current chunks are in memory as Python objects.
 
 Nothing is dropped silently: invalid rows (with `on_invalid: skip`) and rows whose trained tokens
 were all cut off by `max_length` are counted, listed, and saved by the driver.
@@ -7,20 +11,23 @@ were all cut off by `max_length` are counted, listed, and saved by the driver.
 
 from __future__ import annotations
 
-import functools
+import os
 import random
 import re
+import shutil
+import time
 from dataclasses import dataclass, field
 
+import numpy as np
+import pyarrow as pa
+
 from leap_finetune.config.resolved import ResolvedConfig
-from leap_finetune.data.chat_templates import render_family
-from leap_finetune.data.grpo_rows import check_grpo_row, column_kind_problems, prepare_prompt
-from leap_finetune.data.preference_rows import check_dpo_row, check_kto_row
-from leap_finetune.data.preference_tokens import tokenize_kto, tokenize_pair
-from leap_finetune.data.readers import SUFFIXES, SourceRow, read_dataset
-from leap_finetune.data.render import Renderer
-from leap_finetune.data.retrieval_rows import check_retrieval_row
-from leap_finetune.data.sft_rows import Conversation, RowWarning, check_sft_row
+from leap_finetune.config.schema import DatasetConfig
+from leap_finetune.data.chunks import (RETRIEVAL, CheckedChunk, Job, TokenizeRequest, Workers,
+                                       check_chunk, chunked, processes_for, tokenize_chunk)
+from leap_finetune.data.readers import SUFFIXES, Source
+from leap_finetune.data.sft_rows import Conversation, RowWarning
+from leap_finetune.data.table import RowTable, SplitWriter, read_table
 from leap_finetune.errors import DataError, LeapError, RowProblem
 
 
@@ -35,12 +42,28 @@ class DroppedRow:
 
 
 @dataclass
-class PreparedData:
-    """Tokenized rows (TokenizedRow for SFT, TokenizedPair for DPO, TokenizedKto for KTO): each has
-    `.columns()` (what the trainer reads), `.inspect()`, `.meta`, `.tokens`, `.trained_tokens`."""
+class SourceReport:
+    """One entry of `dataset:` in the data report."""
 
-    train: list
-    eval: list
+    path: str
+    rows_read: int = 0
+    valid: int = 0
+    train_rows: int = 0  # after truncation, before mixing
+    eval_rows: int = 0
+    used_rows: int = 0  # training rows per epoch after `weight` / `epochs`
+    train_tokens: int = 0  # of the used rows
+    mixing: str = ""  # "weight 0.3", "epochs 2", or ""
+
+    def to_json(self) -> dict:
+        return dict(self.__dict__)
+
+
+@dataclass
+class PreparedData:
+    """The prepared splits as Arrow tables (RowTable: `.table`, `.tokens`, `.trained_tokens`, `.examples`)."""
+
+    train: RowTable
+    eval: RowTable
     rows_read: int = 0
     dropped: list[DroppedRow] = field(default_factory=list)
     invalid_skipped: int = 0
@@ -51,45 +74,23 @@ class PreparedData:
     sample_messages: list[Conversation] = field(default_factory=list)
     warnings: list[RowWarning] = field(default_factory=list)
     notices: list[str] = field(default_factory=list)  # about the data as a whole (skipped folder entries, ...)
+    sources: list[SourceReport] = field(default_factory=list)
+    from_cache: str | None = None  # the cache entry these were read from (None: prepared now)
+    seconds: float = 0.0  # preparation time (0 when read from the cache)
 
     @property
     def train_tokens(self) -> int:
-        return sum(r.tokens for r in self.train)
+        return self.train.tokens
 
     @property
     def trained_tokens(self) -> int:
-        return sum(r.trained_tokens for r in self.train)
+        return self.train.trained_tokens
 
 
-@dataclass
-class _ValidRow:
-    source: SourceRow
-    parsed: object  # Conversation, PreferenceRow or KtoRow
-
-
-RETRIEVAL = ("embedding", "colbert")
-
-
-def _contract(resolved: ResolvedConfig):
-    if resolved.training_type in RETRIEVAL:
-        return check_retrieval_row
-    family = render_family(resolved.chat_template, resolved.model_family)
-    if resolved.training_type == "sft":
-        return functools.partial(check_sft_row, needs_assistant=resolved.loss_on != "all", family=family)
-    return functools.partial({"dpo": check_dpo_row, "kto": check_kto_row, "grpo": check_grpo_row}[resolved.training_type],
-                             family=family)
-
-
-def _tokenize(resolved: ResolvedConfig, renderer: Renderer, parsed):
-    if resolved.training_type in RETRIEVAL:
-        return renderer.encode(parsed)  # a RetrievalEncoder (data/retrieval_tokens.py)
-    if resolved.training_type == "sft":
-        return renderer.tokenize(parsed.messages, parsed.tools)
-    if resolved.training_type == "dpo":
-        return tokenize_pair(renderer, parsed)
-    if resolved.training_type == "grpo":
-        return prepare_prompt(renderer, parsed)
-    return tokenize_kto(renderer, parsed)
+def dataset_items(resolved: ResolvedConfig) -> list[DatasetConfig]:
+    """`dataset:` as a list of sources (one entry when it is a single mapping)."""
+    ds = resolved.dataset
+    return list(ds) if isinstance(ds, list) else [ds]
 
 
 # The columns that identify each training type's rows (to say "these are DPO rows" instead of listing
@@ -103,38 +104,301 @@ ROW_SHAPES = (
 )
 
 
-def validate_rows(
-    path: str, resolved: ResolvedConfig, *, limit: int | None, notices: list[str] | None = None
-) -> tuple[list[_ValidRow], list[RowProblem], list[RowWarning], int]:
-    """Every row of one dataset source: (valid rows, problems, warnings, rows read)."""
-    ds = resolved.dataset
-    key = "dataset.val_path" if path == ds.val_path else "dataset.path"
-    result = read_dataset(path, split=ds.split, subset=ds.subset, limit=limit, key=key)
-    if result.skipped and notices is not None:
-        notices.append(f"{path}: not read (sub-folders and files that are not {', '.join(SUFFIXES)}): "
-                       + ", ".join(result.skipped[:10]) + (f" and {len(result.skipped) - 10} more" if len(result.skipped) > 10 else ""))
-    problems = list(result.problems)
-    warnings: list[RowWarning] = []
-    check = _contract(resolved)
-    valid = []
-    for row in result.rows:
-        parsed, row_problems, row_warnings = check(row)
-        warnings.extend(row_warnings)
-        if row_problems:
-            problems.extend(row_problems)
-        else:
-            valid.append(_ValidRow(row, parsed))
+@dataclass
+class _Stream:
+    """One file set read by the data step: a source's `path` (training rows, maybe split) or its `val_path`."""
+
+    item: int
+    source: Source
+    held_out: bool  # every valid row is an evaluation row (val_path)
+    chunks: list[CheckedChunk] = field(default_factory=list)
+    skip: set = field(default_factory=set)  # (file, location): valid rows the column-kind check rejected
+    problems: list[RowProblem] = field(default_factory=list)
+    eval_mask: np.ndarray | None = None  # per valid row: held out for evaluation
+
+    @property
+    def valid(self) -> int:
+        return sum(c.valid for c in self.chunks) - len(self.skip)
+
+    @property
+    def rows(self) -> int:
+        return sum(c.rows for c in self.chunks)
+
+
+def prepare_data(resolved: ResolvedConfig, tokenizer, renderer, *, console=None, examples: int = 5,
+                 use_cache: bool = True) -> PreparedData:
+    from leap_finetune.data import cache
+
+    items = dataset_items(resolved)
+    notices: list[str] = []
+    streams = []
+    for index, item in enumerate(items):
+        key = "dataset.path" if len(items) == 1 else f"dataset[{index}].path"
+        source = Source(item.path, split=item.split, subset=item.subset, limit=item.limit, key=key)
+        streams.append(_Stream(index, source, held_out=False))
+        if item.val_path:
+            val = Source(item.val_path, split=item.split, subset=item.subset, limit=None, key=key.replace("path", "val_path"))
+            streams.append(_Stream(index, val, held_out=True))
+    for stream in streams:
+        skipped = stream.source.skipped
+        if skipped:
+            notices.append(f"{stream.source.path}: not read (sub-folders and files that are not {', '.join(SUFFIXES)}): "
+                           + ", ".join(skipped[:10]) + (f" and {len(skipped) - 10} more" if len(skipped) > 10 else ""))
+
+    entry = cache.entry_for(resolved, tokenizer, renderer, [s.source for s in streams], examples) \
+        if use_cache and all(item.cache for item in items) else None
+    prepared = cache.load(entry, console) if entry is not None else None
+    if prepared is None:
+        folder = cache.working_folder(entry)
+        try:
+            prepared = _prepare_now(resolved, renderer, items, streams, notices, console, examples, folder)
+        except BaseException:
+            shutil.rmtree(folder, ignore_errors=True)
+            raise
+        if entry is not None:
+            cache.store(entry, prepared, folder, console)
+    if resolved.training_type == "kto":  # (depends on batch sizes, not on the data: after the cache)
+        _check_kto_batches(prepared, resolved)
+    return prepared
+
+
+def _prepare_now(resolved: ResolvedConfig, renderer, items: list[DatasetConfig], streams: list[_Stream],
+                 notices: list[str], console, examples: int, folder) -> PreparedData:
+    started = time.perf_counter()
+    estimate = sum(_estimate_rows(s.source) for s in streams)
+    requested = max((item.num_proc for item in items if item.num_proc is not None), default=None)
+    with Workers(Job(resolved, renderer), processes_for(requested, estimate)) as workers, \
+            _Progress(console, workers.processes) as progress:
+        # pass 1: every row checked; every problem listed before anything is tokenized
+        for stream in streams:
+            progress.start(f"checking {_short(stream.source.path)}", stream.source.limit)
+            for checked in workers.map(check_chunk, chunked(stream.source.rows())):
+                stream.chunks.append(checked)
+                progress.advance(checked.rows)
+            _after_check(stream, resolved)
+        read = sum(s.rows for s in streams)
+        problems = [p for s in streams if items[s.item].on_invalid == "error" for p in s.problems]
+        if problems:
+            raise DataError(problems=problems, total_rows=read)
+        dropped = _dropped([p for s in streams for p in s.problems])
+        for stream in streams:
+            if not stream.rows:
+                raise LeapError("the dataset has no rows", where=stream.source.path,
+                                fix="add rows, or check dataset.path / split")
+        _choose_held_out(streams, items, resolved.training.get("seed", 42))
+
+        any_eval = any(s.eval_mask is not None and s.eval_mask.any() for s in streams)
+        wanted = _wanted(streams, examples, resolved.samples, any_eval)
+        # pass 2: render + mask + tokenize the valid rows
+        # SFT, DPO and KTO rows (the large sets) go to Arrow files as they come: memory stays bounded
+        spill = resolved.training_type in ("sft", "dpo", "kto")
+        train_out = SplitWriter(folder / "train-sources.arrow", spill)
+        eval_out = SplitWriter(folder / "eval.arrow", spill)
+        train_rows, eval_rows = [0] * len(items), [0] * len(items)
+        truncated_train, truncated_eval = [], []
+        negatives_train: list[np.ndarray] = []
+        partially, samples, example_rows = 0, {}, {}
+        total = sum(s.valid for s in streams)
+        progress.start("tokenizing", total)
+        for number, stream in enumerate(streams):
+            base = 0
+            requests = _requests(stream, wanted[number])
+            for result in workers.map(tokenize_chunk, requests):
+                if result.error is not None:
+                    raise result.error
+                count = len(result.kept)
+                held = stream.eval_mask[base:base + count] if stream.eval_mask is not None else np.zeros(count, bool)
+                kept_positions = np.flatnonzero(result.kept)  # row i of result.table is valid row kept_positions[i]
+                to_eval = held[kept_positions]
+                train_out.add(result.table.take(np.flatnonzero(~to_eval)))
+                eval_out.add(result.table.take(np.flatnonzero(to_eval)))
+                train_rows[stream.item] += int((~to_eval).sum())
+                eval_rows[stream.item] += int(to_eval.sum())
+                if result.negatives is not None:
+                    negatives_train.append(result.negatives[~to_eval])
+                for position, file, location, reason in result.truncated_away:
+                    (truncated_eval if held[position] else truncated_train).append(DroppedRow(file, location, reason))
+                partially += result.partially_truncated
+                for position, row in result.examples.items():
+                    example_rows[(number, base + position)] = row
+                for position, conversation in result.samples.items():
+                    samples[(number, base + position)] = conversation
+                base += count
+                progress.advance(count)
+
+    reports = [SourceReport(item.path, rows_read=sum(s.rows for s in streams if s.item == i),
+                            valid=sum(s.valid for s in streams if s.item == i),
+                            train_rows=train_rows[i], eval_rows=eval_rows[i])
+               for i, item in enumerate(items)]
+    train = _mix(train_out.finish(), items, reports, resolved.training.get("seed", 42), folder / "train.arrow")
+    prepared = PreparedData(
+        train=train, eval=eval_out.finish(), rows_read=read,
+        dropped=dropped + truncated_train + truncated_eval, invalid_skipped=len(dropped),
+        fully_truncated=len(truncated_train) + len(truncated_eval), partially_truncated=partially,
+        sample_messages=[samples[k] for k in sorted(samples)][: resolved.samples],
+        warnings=[w for s in streams for c in s.chunks for w in c.warnings], notices=notices, sources=reports,
+    )
+    first_rows = [example_rows[k] for k in sorted(example_rows) if example_rows[k].trained_tokens > 0]
+    _check_left(prepared, items)
+    if resolved.training_type in RETRIEVAL:
+        _same_negatives(prepared, np.concatenate(negatives_train) if negatives_train else np.zeros(0, np.int64),
+                        first_rows)
+    prepared.train.examples = [_inspect_item(row) for row in first_rows[:examples]]
+    prepared.seconds = time.perf_counter() - started
+    return prepared
+
+
+def _short(path: str) -> str:
+    return path if len(path) <= 50 else "..." + path[-47:]
+
+
+def _estimate_rows(source: Source) -> int:
+    if source.limit is not None:
+        return source.limit
+    if source.hub is not None:
+        return len(source.hub)
+    return sum(f.stat().st_size for f in source.files) // 1500  # a chat row is ~1-3 KB
+
+
+def _after_check(stream: _Stream, resolved: ResolvedConfig) -> None:
+    """The stream's problems in file order; GRPO's column kinds across rows; another training type's rows."""
+    for checked in stream.chunks:
+        stream.problems.extend(checked.problems)
     if resolved.training_type == "grpo":
-        problems.extend(column_kind_problems([(v.source, v.parsed.extra) for v in valid]))
-    if problems and len(valid) < len(result.rows) / 2:
-        _check_row_shape(result.rows, resolved, path)
-    problems.sort(key=lambda p: (p.file, _position(p.location)))
-    return valid, problems, warnings, len(result.rows) + len(result.problems)
+        first: dict[str, tuple[str, str]] = {}
+        for file, location, kinds in (k for c in stream.chunks for k in c.extra_kinds):
+            for name, kind in kinds.items():
+                if name not in first:
+                    first[name] = (kind, location)
+                elif first[name][0] != kind:
+                    seen_kind, seen_location = first[name]
+                    stream.skip.add((file, location))
+                    stream.problems.append(RowProblem(
+                        file, location, name, f"is {kind}, but {seen_kind} in {seen_location}: a column passed to "
+                        "the reward functions holds one kind of value in every row"))
+    valid = stream.valid
+    if stream.problems and valid < stream.rows / 2:
+        _check_row_shape([c for chunk in stream.chunks for c in chunk.columns_seen][:50], resolved,
+                         stream.source.path)
+    stream.problems.sort(key=lambda p: (p.file, _position(p.location)))
 
 
-def _check_row_shape(rows: list[SourceRow], resolved: ResolvedConfig, path: str) -> None:
+def _dropped(problems: list[RowProblem]) -> list[DroppedRow]:
+    dropped: list[DroppedRow] = []
+    seen = set()
+    for p in problems:
+        key = (p.file, p.location)
+        reason = f"{p.field}: {p.problem}"
+        if key in seen:
+            dropped[-1].reason += "; " + reason
+        else:
+            seen.add(key)
+            dropped.append(DroppedRow(p.file, p.location, reason))
+    return dropped
+
+
+def _choose_held_out(streams: list[_Stream], items: list[DatasetConfig], seed: int) -> None:
+    for stream in streams:
+        item = items[stream.item]
+        if stream.held_out:
+            stream.eval_mask = np.ones(stream.valid, dtype=bool)
+        elif not item.val_path and item.test_size:
+            stream.eval_mask = _split(stream.valid, item.test_size, seed, stream.source.path)
+
+
+def _wanted(streams: list[_Stream], examples: int, samples: int, any_eval: bool) -> dict:
+    """Which valid rows (stream number, index) to return in full: the first training rows (what `inspect`
+    shows; a few more in case some are cut away by max_length) and the sample conversations."""
+    wanted: dict = {number: {"examples": set(), "samples": set()} for number in range(len(streams))}
+    need_examples, need_samples = examples + 50, samples
+    for number, stream in enumerate(streams):
+        mask = stream.eval_mask if stream.eval_mask is not None else np.zeros(stream.valid, bool)
+        if need_examples > 0:
+            rows = np.flatnonzero(~mask)[:need_examples]
+            wanted[number]["examples"].update(int(i) for i in rows)
+            need_examples -= len(rows)
+        if need_samples > 0:
+            rows = np.flatnonzero(mask if any_eval else ~mask)[:need_samples]
+            wanted[number]["samples"].update(int(i) for i in rows)
+            need_samples -= len(rows)
+    return wanted
+
+
+def _requests(stream: _Stream, wanted: dict):
+    base = 0
+    for rows, checked in zip(chunked(stream.source.rows()), stream.chunks, strict=False):
+        skip = frozenset(stream.skip & {(r.file, r.location) for r in rows}) if stream.skip else frozenset()
+        count = checked.valid - len(skip)
+        yield TokenizeRequest(rows, skip=skip,
+                              examples=frozenset(i - base for i in wanted["examples"] if base <= i < base + count),
+                              samples=frozenset(i - base for i in wanted["samples"] if base <= i < base + count))
+        base += count
+
+
+def _inspect_item(row) -> dict:
+    return {**row.inspect(), "source": row.meta, "tokens": row.tokens, "trained_tokens": row.trained_tokens}
+
+
+def _mix(table: RowTable, items: list[DatasetConfig], reports: list[SourceReport], seed: int, path) -> RowTable:
+    """Each source's training rows per epoch (the sources' rows are consecutive in `table`): as they are,
+    `epochs` times, or its `weight`'s share of the mix. Without weights or epochs the table is used as it is."""
+    rng = np.random.default_rng(seed)
+    weights = [item.weight for item in items if item.weight is not None]
+    total = sum(r.train_rows for r in reports)
+    orders, start = [], 0
+    for index, (item, report) in enumerate(zip(items, reports, strict=True)):
+        rows = report.train_rows
+        if not rows and len(items) > 1:
+            raise LeapError(
+                f"no training rows are left from this source ({report.rows_read} read, {report.valid} valid, "
+                f"{report.eval_rows} held out for evaluation, the rest cut off by max_length): nothing of it would "
+                "be trained", where=f"dataset[{index}]: {item.path}",
+                fix="raise training_config.max_length, lower its test_size, or remove the source")
+        if item.weight is not None:
+            target = round(total * item.weight / sum(weights))
+            report.mixing = f"weight {item.weight:g}"
+        else:
+            target = round(rows * (item.epochs if item.epochs is not None else 1))
+            report.mixing = f"epochs {item.epochs:g}" if item.epochs is not None else ""
+        if rows and target != rows:
+            whole, rest = divmod(target, rows)
+            order = np.concatenate([np.tile(np.arange(rows), whole), np.sort(rng.choice(rows, size=rest, replace=False))])
+        else:
+            order = np.arange(rows if rows else 0)
+        orders.append(order + start)
+        report.used_rows = len(order)
+        report.train_tokens = int(table.tokens_per_row[order + start].sum())
+        start += rows
+    order = np.concatenate(orders) if orders else np.zeros(0, np.int64)
+    if len(order) == len(table) and (order == np.arange(len(table))).all():
+        if table.table.num_columns and hasattr(path, "parent") and (path.parent / "train-sources.arrow").exists():
+            os.replace(path.parent / "train-sources.arrow", path)  # (still mapped: the same file)
+        return table
+    mixed = table.take(order)
+    if (path.parent / "train-sources.arrow").exists():
+        with pa.OSFile(str(path), "wb") as sink, pa.ipc.new_file(sink, mixed.table.schema) as writer:
+            writer.write_table(mixed.table)
+        os.remove(path.parent / "train-sources.arrow")
+        mixed = RowTable(read_table(path), mixed.tokens_per_row, mixed.trained_per_row)
+    return mixed
+
+
+def _check_left(prepared: PreparedData, items: list[DatasetConfig]) -> None:
+    if len(prepared.train):
+        return
+    examples = "; ".join(f"{r.location}: {r.reason}" for r in prepared.dropped[:3])
+    raise LeapError(
+        f"no training rows are left: {prepared.rows_read} row(s) read, {prepared.invalid_skipped} invalid and skipped "
+        f"(dataset.on_invalid: skip), {prepared.fully_truncated} with every trained token beyond max_length"
+        + (f"; e.g. {examples}" if examples else ""),
+        where=items[0].path,
+        fix="set dataset.on_invalid: error to see every problem" if prepared.invalid_skipped
+        else "raise training_config.max_length",
+    )
+
+
+def _check_row_shape(columns: list[set], resolved: ResolvedConfig, path: str) -> None:
     """Most rows invalid, and they have the columns of another training type: say that, once."""
-    columns = [set(row.data) for row in rows[:50] if isinstance(row.data, dict)]
     if not columns:
         return
     for kind, needed in ROW_SHAPES:
@@ -156,93 +420,34 @@ def _position(location: str) -> int:
     return int(digits.group()) if digits else 0
 
 
-def prepare_data(resolved: ResolvedConfig, tokenizer, renderer: Renderer) -> PreparedData:
-    ds = resolved.dataset
-    notices: list[str] = []
-    train_rows, problems, warnings, read = validate_rows(ds.path, resolved, limit=ds.limit, notices=notices)
-    eval_rows: list[_ValidRow] = []
-    if ds.val_path:
-        eval_rows, eval_problems, eval_warnings, eval_read = validate_rows(ds.val_path, resolved, limit=None,
-                                                                           notices=notices)
-        problems += eval_problems
-        warnings += eval_warnings
-        read += eval_read
-    dropped: list[DroppedRow] = []
-    if problems:
-        if ds.on_invalid == "error":
-            raise DataError(problems=problems, total_rows=read)
-        seen = set()
-        for p in problems:
-            key = (p.file, p.location)
-            reason = f"{p.field}: {p.problem}"
-            if key in seen:
-                dropped[-1].reason += "; " + reason
-            else:
-                seen.add(key)
-                dropped.append(DroppedRow(p.file, p.location, reason))
-    invalid_skipped = len(dropped)
-
-    if not ds.val_path and ds.test_size:
-        train_rows, eval_rows = _split(train_rows, ds.test_size, resolved.training.get("seed", 42))
-
-    samples = [r.parsed for r in (eval_rows or train_rows)[: resolved.samples] if isinstance(r.parsed, Conversation)]
-    prepared = PreparedData(train=[], eval=[], rows_read=read, dropped=dropped, invalid_skipped=invalid_skipped,
-                            sample_messages=samples, warnings=warnings, notices=notices)
-    for split_rows, target in ((train_rows, prepared.train), (eval_rows, prepared.eval)):
-        for row in split_rows:
-            tokenized = _tokenize(resolved, renderer, row.parsed)
-            tokenized.meta = {"file": row.source.file, "location": row.source.location}
-            if tokenized.trained_tokens == 0:
-                prepared.fully_truncated += 1
-                prepared.dropped.append(DroppedRow(
-                    row.source.file, row.source.location,
-                    f"every trained token is beyond max_length={renderer.max_length} ({tokenized.tokens} tokens)",
-                ))
-                continue
-            if _partially_truncated(tokenized):
-                prepared.partially_truncated += 1
-            target.append(tokenized)
-    if not prepared.train:
-        examples = "; ".join(f"{r.location}: {r.reason}" for r in prepared.dropped[:3])
-        raise LeapError(
-            f"no training rows are left: {read} row(s) read, {prepared.invalid_skipped} invalid and skipped "
-            f"(dataset.on_invalid: skip), {prepared.fully_truncated} with every trained token beyond max_length"
-            + (f"; e.g. {examples}" if examples else ""),
-            where=ds.path,
-            fix="set dataset.on_invalid: error to see every problem" if prepared.invalid_skipped
-            else "raise training_config.max_length",
-        )
-    if resolved.training_type == "kto":
-        _check_kto_batches(prepared, resolved)
-    if resolved.training_type in RETRIEVAL:
-        _same_negatives(prepared)
-    return prepared
-
-
-def _same_negatives(prepared: PreparedData) -> None:
+def _same_negatives(prepared: PreparedData, counts: np.ndarray, first_rows: list) -> None:
     """The loss reads (query, positive, negative_1..k) with the same k in every row: k is the fewest hard
     negatives a training row has; when rows have more, the report says how many are not used."""
-    counts = [len(r.negatives) for r in prepared.train]
-    used = min(counts)
-    for row in prepared.train + prepared.eval:
+    used = int(counts.min())
+    for split in (prepared.train, prepared.eval):
+        extra = [c for c in split.table.column_names if c.startswith("negative_") and int(c.split("_")[1]) > used]
+        split.table = split.table.drop_columns(extra)
+        split.known_fingerprint = None
+    for row in first_rows:
         row.negatives_used = used
-    unused = sum(c - used for c in counts)
+    unused = int((counts - used).sum())
     if unused:
         prepared.notices.append(
-            f"retrieval: every training row uses {used} hard negative(s), the fewest a row has ({min(counts)}-"
-            f"{max(counts)} per row): {unused} negative(s) are not trained on; give every row the same number to use "
+            f"retrieval: every training row uses {used} hard negative(s), the fewest a row has ({counts.min()}-"
+            f"{counts.max()} per row): {unused} negative(s) are not trained on; give every row the same number to use "
             "them all (the other rows' documents are negatives too: in-batch)")
 
 
 def _check_kto_batches(prepared: PreparedData, resolved: ResolvedConfig) -> None:
     """KTO's KL term pairs each prompt with another completion of its batch (recipes/kto.py): a split
     of one row cannot, and a last batch of one row borrows the completion of the row before it."""
+    where = dataset_items(resolved)[0]
     for split, rows, key in (("train", prepared.train, "per_device_train_batch_size"),
                              ("eval", prepared.eval, "per_device_eval_batch_size")):
         size = resolved.training.get(key, 8)
         if len(rows) == 1:
             raise LeapError(f"the {split} split has 1 row: KTO's KL term pairs each prompt with another row's "
-                            "completion, so it needs at least 2", where=resolved.dataset.val_path or resolved.dataset.path,
+                            "completion, so it needs at least 2", where=where.val_path or where.path,
                             fix="add rows" + (", or a larger dataset.test_size" if split == "eval" else ""))
         if len(rows) > 1 and len(rows) % size == 1:
             prepared.notices.append(
@@ -250,21 +455,80 @@ def _check_kto_batches(prepared: PreparedData, resolved: ResolvedConfig) -> None
                 "completion of the row before it, from the previous batch")
 
 
-def _partially_truncated(tokenized) -> bool:
-    lost = getattr(tokenized, "trained_tokens_lost", None)
-    return bool(lost) if lost is not None else tokenized.truncated
-
-
-def _split(rows: list[_ValidRow], test_size: float, seed: int) -> tuple[list[_ValidRow], list[_ValidRow]]:
-    count = int(test_size) if test_size >= 1 else max(1, round(len(rows) * test_size))
-    if count >= len(rows):
+def _split(valid: int, test_size: float, seed: int, path: str) -> np.ndarray:
+    """Which of `valid` rows are held out (a mask): `test_size` rows (a count) or that share, chosen by `seed`."""
+    count = int(test_size) if test_size >= 1 else max(1, round(valid * test_size))
+    if count >= valid:
         raise LeapError(
-            f"dataset.test_size asks for {count} evaluation rows, but the dataset has {len(rows)} valid rows "
+            f"dataset.test_size asks for {count} evaluation rows, but the dataset has {valid} valid rows "
             "(at least one must be left to train on)",
-            where=rows[0].source.file if rows else "dataset",
+            where=path,
             fix="use a smaller test_size, or a separate val_path",
         )
-    order = list(range(len(rows)))
+    order = list(range(valid))
     random.Random(seed).shuffle(order)
-    held_out = set(order[:count])
-    return ([r for i, r in enumerate(rows) if i not in held_out], [r for i, r in enumerate(rows) if i in held_out])
+    mask = np.zeros(valid, dtype=bool)
+    mask[order[:count]] = True
+    return mask
+
+
+class _Progress:
+    """Rows checked / tokenized, with rows/s and the time left: a bar on a terminal, a line every 30 s in
+    a log (SLURM, CI). Silent for data that takes under two seconds."""
+
+    def __init__(self, console, processes: int):
+        self.console, self.processes = console, processes
+        self.bar = None
+        self.task = None
+        self.done, self.total, self.label = 0, None, ""
+        self.started = self.last_line = time.perf_counter()
+
+    def __enter__(self) -> "_Progress":
+        return self
+
+    def start(self, label: str, total: int | None) -> None:
+        self._line(final=True)
+        self.label, self.total, self.done = label, total, 0
+        self.started = self.last_line = time.perf_counter()
+        if self.bar is not None:
+            self.bar.update(self.task, description=label, total=total, completed=0)
+            self.bar.reset(self.task, total=total, description=label)
+
+    def advance(self, rows: int) -> None:
+        self.done += rows
+        now = time.perf_counter()
+        if self.console is None or now - self.started < 2:
+            return
+        if self.console.is_terminal:
+            if self.bar is None:
+                from rich.progress import (BarColumn, MofNCompleteColumn, Progress, TextColumn, TimeRemainingColumn)
+
+                self.bar = Progress(TextColumn("{task.description}"), BarColumn(), MofNCompleteColumn(),
+                                    TextColumn("{task.fields[speed]} rows/s"), TimeRemainingColumn(),
+                                    console=self.console, transient=True)
+                self.bar.start()
+                self.task = self.bar.add_task(self.label, total=self.total, speed="")
+            self.bar.update(self.task, completed=self.done, speed=f"{self._speed():,.0f}")
+        elif now - self.last_line >= 30:
+            self._line()
+
+    def _speed(self) -> float:
+        return self.done / max(1e-9, time.perf_counter() - self.started)
+
+    def _line(self, final: bool = False) -> None:
+        if self.console is None or self.console.is_terminal or not self.label or self.done == 0:
+            return
+        if final and self.last_line == self.started:  # never printed: short enough to stay quiet
+            return
+        self.last_line = time.perf_counter()
+        left = "" if not self.total else f", {max(0, self.total - self.done) / max(1e-9, self._speed()):.0f} s left"
+        of = f"/{self.total:,}" if self.total else ""
+        self.console.print(f"data: {self.label}: {self.done:,}{of} rows ({self._speed():,.0f} rows/s, "
+                           f"{self.processes} process(es){left})")
+
+    def __exit__(self, *exc) -> None:
+        if self.bar is not None:
+            self.bar.stop()
+        elif exc[0] is None:
+            self._line(final=True)
+

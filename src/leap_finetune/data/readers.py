@@ -9,8 +9,10 @@ string in one message, a list of parts in the next). Hub datasets go through `da
 from __future__ import annotations
 
 import csv
+import itertools
 import json
 import sys
+from collections.abc import Iterator
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
@@ -26,6 +28,19 @@ class SourceRow:
     location: str  # "line 12" (JSONL), "row 3" (1-based for JSON arrays, Parquet, CSV, Hub)
     data: Any
     from_text_table: bool = False  # CSV: structured fields arrive as JSON text
+    raw_json: bool = False  # JSONL: `data` is the line's text, parsed where the row is checked (parse_row)
+
+
+def parse_row(row: SourceRow) -> RowProblem | None:
+    """Parse a JSONL line in place (done by the process that checks the row, not by the reader)."""
+    if not row.raw_json:
+        return None
+    try:
+        row.data = json.loads(row.data)
+    except json.JSONDecodeError as err:
+        return RowProblem(row.file, row.location, "<line>", f"not valid JSON ({err.msg} at character {err.pos + 1})")
+    row.raw_json = False
+    return None
 
 
 @dataclass
@@ -35,41 +50,66 @@ class ReadResult:
     skipped: list[str] = field(default_factory=list)  # folder entries that are not data files (not read)
 
 
+class Source:
+    """One dataset source (a file, a folder of files or a Hub dataset), read as a stream of rows - twice
+    by the data step (check, then tokenize), so nothing but the current chunk is held in memory."""
+
+    def __init__(self, path: str, *, split: str = "train", subset: str | None = None, limit: int | None = None,
+                 key: str = "dataset.path"):
+        self.path, self.split, self.subset, self.limit, self.key = path, split, subset, limit, key
+        self.skipped: list[str] = []
+        self.hub = None
+        local = Path(path)
+        if local.is_dir():
+            entries = sorted(p for p in local.iterdir() if not p.name.startswith("."))
+            self.files = [p for p in entries if p.suffix.lower() in SUFFIXES and p.is_file()]
+            self.skipped = [p.name + ("/" if p.is_dir() else "") for p in entries if p not in self.files]
+            if not self.files:
+                raise LeapError(
+                    f"the folder holds no {', '.join(SUFFIXES)} files"
+                    + (f" (it holds {', '.join(self.skipped[:5])}{' ...' if len(self.skipped) > 5 else ''}; "
+                       "sub-folders are not read)" if self.skipped else ""),
+                    where=path, fix=f"point {key} at the folder (or file) that holds your data",
+                )
+        elif local.is_absolute() or local.exists():
+            if not local.exists():
+                raise LeapError("file not found", where=f"{key}: {path}",
+                                fix=f"check {key} (relative paths start at the config file's folder)")
+            self.files = [local]
+        else:
+            self.files = []
+            self.hub = _read_hub(path, split=split, subset=subset, limit=limit, key=key)
+        for file in self.files:
+            _check_file(file)
+
+    @property
+    def local(self) -> bool:
+        return self.hub is None
+
+    def rows(self) -> Iterator[SourceRow]:
+        """The rows in order (at most `limit`)."""
+        if self.hub is not None:
+            name = f"{self.path}[{self.split}]"
+            rows = (SourceRow(name, f"row {i}", row) for i, row in enumerate(self.hub, start=1))
+        else:
+            rows = (row for file in self.files for row in _file_rows(file))
+        return itertools.islice(rows, self.limit)
+
+
 def read_dataset(path: str, *, split: str = "train", subset: str | None = None, limit: int | None = None,
                  key: str = "dataset.path") -> ReadResult:
-    """Every row of a file, a folder of files or a Hub dataset; `key` is the config key that named it."""
-    local = Path(path)
-    if local.is_dir():
-        entries = sorted(p for p in local.iterdir() if not p.name.startswith("."))
-        files = [p for p in entries if p.suffix.lower() in SUFFIXES and p.is_file()]
-        skipped = [p.name + ("/" if p.is_dir() else "") for p in entries if p not in files]
-        if not files:
-            raise LeapError(
-                f"the folder holds no {', '.join(SUFFIXES)} files"
-                + (f" (it holds {', '.join(skipped[:5])}{' ...' if len(skipped) > 5 else ''}; sub-folders are not read)"
-                   if skipped else ""),
-                where=path, fix=f"point {key} at the folder (or file) that holds your data",
-            )
-        result = ReadResult([], [], skipped=skipped)
-        for file in files:
-            part = _read_file(file)
-            result.rows.extend(part.rows)
-            result.problems.extend(part.problems)
-    elif local.is_absolute() or local.exists():
-        if not local.exists():
-            raise LeapError("file not found", where=f"{key}: {path}",
-                            fix=f"check {key} (relative paths start at the config file's folder)")
-        result = _read_file(local)
-    else:
-        result = _read_hub(path, split=split, subset=subset)
-    if limit is not None:
-        result.rows = result.rows[:limit]
+    """Every row of a file, a folder of files or a Hub dataset, parsed; `key` is the config key that named it."""
+    source = Source(path, split=split, subset=subset, limit=limit, key=key)
+    result = ReadResult([], [], skipped=source.skipped)
+    for row in source.rows():
+        problem = parse_row(row)
+        (result.problems if problem else result.rows).append(problem or row)
     if not result.rows and not result.problems:
         raise LeapError("the dataset has no rows", where=path, fix="add rows, or check dataset.path / split")
     return result
 
 
-def _read_file(path: Path) -> ReadResult:
+def _check_file(path: Path) -> None:
     suffix = path.suffix.lower()
     if suffix not in SUFFIXES:
         raise LeapError(
@@ -77,26 +117,21 @@ def _read_file(path: Path) -> ReadResult:
         )
     if path.stat().st_size == 0:
         raise LeapError("the file is empty", where=str(path), fix="add rows or remove the file")
-    reader = {".jsonl": _read_jsonl, ".json": _read_json, ".parquet": _read_parquet, ".csv": _read_csv}[suffix]
-    return reader(path)
 
 
-def _read_jsonl(path: Path) -> ReadResult:
-    rows, problems = [], []
+def _file_rows(path: Path) -> Iterator[SourceRow]:
+    reader = {".jsonl": _read_jsonl, ".json": _read_json, ".parquet": _read_parquet, ".csv": _read_csv}
+    return reader[path.suffix.lower()](path)
+
+
+def _read_jsonl(path: Path) -> Iterator[SourceRow]:
     with path.open(encoding="utf-8", errors="strict") as handle:
         try:
             for number, line in enumerate(handle, start=1):
-                if not line.strip():
-                    continue
-                try:
-                    rows.append(SourceRow(str(path), f"line {number}", json.loads(line)))
-                except json.JSONDecodeError as err:
-                    problems.append(
-                        RowProblem(str(path), f"line {number}", "<line>", f"not valid JSON ({err.msg} at character {err.pos + 1})")
-                    )
+                if line.strip():
+                    yield SourceRow(str(path), f"line {number}", line, raw_json=True)
         except UnicodeDecodeError:
             raise _not_utf8(path) from None
-    return ReadResult(rows, problems)
 
 
 def _not_utf8(path: Path) -> LeapError:
@@ -111,7 +146,7 @@ def _not_utf8(path: Path) -> LeapError:
                      where=f"{path}:{line}", fix="save the file as UTF-8 (e.g. iconv -f latin1 -t utf-8)")
 
 
-def _read_json(path: Path) -> ReadResult:
+def _read_json(path: Path) -> Iterator[SourceRow]:
     try:
         text = path.read_text(encoding="utf-8")
     except UnicodeDecodeError:
@@ -133,7 +168,9 @@ def _read_json(path: Path) -> ReadResult:
                     fix="write the rows as a JSON array, or one object per line in a .jsonl file"
                     + (f" (e.g. the items of {lists[0]!r})" if lists else ""),
                 )
-        return _read_jsonl(path)
+        del text
+        yield from _read_jsonl(path)
+        return
     try:
         data = json.loads(text)
     except json.JSONDecodeError as err:
@@ -142,48 +179,58 @@ def _read_json(path: Path) -> ReadResult:
             where=str(path),
             fix="a .json dataset must be one JSON array of row objects (or use .jsonl, one object per line)",
         ) from None
-    return ReadResult([SourceRow(str(path), f"row {i}", row) for i, row in enumerate(data, start=1)], [])
+    del text
+    for i, row in enumerate(data, start=1):
+        yield SourceRow(str(path), f"row {i}", row)
 
 
-def _read_parquet(path: Path) -> ReadResult:
+def _read_parquet(path: Path) -> Iterator[SourceRow]:
     import pyarrow.parquet as pq
 
     try:
-        table = pq.read_table(path)
+        handle = pq.ParquetFile(path)
     except Exception as err:  # noqa: BLE001 - pyarrow raises many types for a broken file
         raise LeapError(f"cannot read the Parquet file: {err}", where=str(path), fix="re-export the file") from None
-    return ReadResult([SourceRow(str(path), f"row {i}", row) for i, row in enumerate(table.to_pylist(), start=1)], [])
+    number = 0
+    try:
+        for batch in handle.iter_batches(batch_size=1024):  # a row group at a time, not the whole table
+            for row in batch.to_pylist():
+                number += 1
+                yield SourceRow(str(path), f"row {number}", row)
+    except OSError as err:  # a damaged row group
+        raise LeapError(f"cannot read the Parquet file after row {number}: {err}", where=str(path),
+                        fix="re-export the file") from None
 
 
-def _read_csv(path: Path) -> ReadResult:
+def _read_csv(path: Path) -> Iterator[SourceRow]:
     csv.field_size_limit(min(sys.maxsize, 2**31 - 1))
-    rows = []
     try:
         with path.open(encoding="utf-8", newline="") as handle:
             reader = csv.DictReader(handle)
             if not reader.fieldnames:
                 raise LeapError("the CSV file has no header row", where=str(path))
             for number, row in enumerate(reader, start=1):
-                rows.append(SourceRow(str(path), f"row {number} (line {reader.line_num})", dict(row), from_text_table=True))
+                yield SourceRow(str(path), f"row {number} (line {reader.line_num})", dict(row), from_text_table=True)
     except csv.Error as err:
         raise LeapError(f"malformed CSV: {err}", where=str(path)) from None
     except UnicodeDecodeError:
         raise _not_utf8(path) from None
-    return ReadResult(rows, [])
 
 
-def _read_hub(name: str, *, split: str, subset: str | None) -> ReadResult:
+def _read_hub(name: str, *, split: str, subset: str | None, limit: int | None, key: str = "dataset.path"):
+    """A Hub dataset as an iterable of rows. With `limit`, streamed: only the first rows are downloaded
+    (the whole split is never read), and they are kept (the data step reads them twice)."""
     import datasets
 
     try:
-        data = datasets.load_dataset(name, subset, split=split)
+        if limit is None:
+            return datasets.load_dataset(name, subset, split=split)  # Arrow, memory-mapped from the HF cache
+        return list(datasets.load_dataset(name, subset, split=split, streaming=True).take(limit))
     except Exception as err:  # noqa: BLE001 - offline, missing, gated: all user-fixable
         raise LeapError(
             f"cannot load the Hugging Face dataset '{name}' (split '{split}'"
             + (f", subset '{subset}'" if subset else "")
             + f"): {type(err).__name__}: {str(err).splitlines()[0] if str(err) else ''}",
-            where="dataset.path",
+            where=key,
             fix="check the dataset id, split and subset; offline, use a local file or a dataset already in the HF cache",
         ) from None
-    source = f"{name}[{split}]"
-    return ReadResult([SourceRow(source, f"row {i}", row) for i, row in enumerate(data, start=1)], [])

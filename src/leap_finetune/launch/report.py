@@ -25,8 +25,7 @@ def config_table(resolved: ResolvedConfig) -> Table:
         ("chat template", resolved.chat_template),
         ("training", f"{resolved.training_type}, loss on {resolved.loss_on} tokens"),
         ("fine-tune", f"LoRA r={resolved.peft['r']} alpha={resolved.peft['lora_alpha']}" if resolved.peft else "full"),
-        ("dataset", (resolved.dataset.path + (f"  (eval: {resolved.dataset.val_path})" if resolved.dataset.val_path else ""))
-         if resolved.dataset else "-"),
+        ("dataset", _datasets(resolved)),
         ("learning rate", str(t.get("learning_rate"))),
         ("epochs / max steps", f"{t.get('num_train_epochs')} / {t.get('max_steps', -1)}"),
         ("batch x accumulation", f"{t.get('per_device_train_batch_size')} x {t.get('gradient_accumulation_steps', 1)}"),
@@ -63,10 +62,18 @@ def _reward_names(resolved: ResolvedConfig) -> list[str]:
     return [f"{n} x{w:g}" for n, w in zip(names, weights)] if weights else names
 
 
+def _datasets(resolved: ResolvedConfig) -> str:
+    if resolved.dataset is None:
+        return "-"
+    from leap_finetune.data.prepare import dataset_items
+
+    return "\n".join(d.path + (f"  (eval: {d.val_path})" if d.val_path else "") for d in dataset_items(resolved))
+
+
 def data_report(console: Console, prepared: PreparedData, resolved: ResolvedConfig | None = None,
                 max_listed: int = 5) -> None:
     if resolved is not None and resolved.training_type == "grpo":
-        with_solution = sum(1 for r in prepared.train if r.solution)
+        with_solution = sum(1 for solution in prepared.train.column("solution") if solution)
         console.print(f"data: {prepared.rows_read} rows read -> {len(prepared.train)} train prompts "
                       f"({with_solution} with a solution), {len(prepared.eval)} eval; {prepared.train_tokens:,} "
                       "prompt tokens")
@@ -78,6 +85,20 @@ def data_report(console: Console, prepared: PreparedData, resolved: ResolvedConf
             f"data: {prepared.rows_read} rows read -> {len(prepared.train)} train, {len(prepared.eval)} eval; "
             f"{prepared.train_tokens:,} train tokens, {prepared.trained_tokens:,} carry loss"
         )
+    if len(prepared.sources) > 1:
+        table = Table(title="data sources", title_justify="left")
+        for column in ("source", "read", "valid", "train", "eval", "mix", "used", "used tokens"):
+            table.add_column(column, justify="left" if column in ("source", "mix") else "right")
+        for s in prepared.sources:
+            table.add_row(escape("/".join(s.path.split("/")[-2:])), f"{s.rows_read:,}", f"{s.valid:,}", f"{s.train_rows:,}", f"{s.eval_rows:,}",
+                          s.mixing or "-", f"{s.used_rows:,}", f"{s.train_tokens:,}")
+        console.print(table)
+    if prepared.from_cache:
+        console.print(f"data: prepared rows read from the cache ({escape(prepared.from_cache)}); nothing changed since "
+                      "they were prepared")
+    elif prepared.seconds >= 1:
+        rows = len(prepared.train) + len(prepared.eval)
+        console.print(f"data: prepared in {prepared.seconds:.1f} s ({rows / prepared.seconds:,.0f} rows/s)")
     by_kind: dict[str, list] = {}
     for warning in prepared.warnings:
         by_kind.setdefault(warning.kind, []).append(warning)
@@ -90,7 +111,7 @@ def data_report(console: Console, prepared: PreparedData, resolved: ResolvedConf
     if resolved is not None and resolved.training_type == "kto":
         from leap_finetune.data.preference_tokens import kto_balance_advice
 
-        advice = kto_balance_advice([r.label for r in prepared.train], resolved.training.get("desirable_weight", 1.0),
+        advice = kto_balance_advice(prepared.train.column("label"), resolved.training.get("desirable_weight", 1.0),
                                     resolved.training.get("undesirable_weight", 1.0))
         if advice:
             console.print(f"[yellow]warning: {escape(advice)}[/yellow]")

@@ -1,0 +1,256 @@
+"""The work done on each chunk of rows - check, then render + tokenize - in this process or in a pool
+of forked processes (every core of the machine). A chunk's result is small: problems, counts and an
+Arrow table, never the parsed rows.
+"""
+
+from __future__ import annotations
+
+import functools
+import os
+from collections import deque
+from collections.abc import Callable, Iterable, Iterator
+from dataclasses import dataclass, field
+
+import numpy as np
+
+from leap_finetune.config.resolved import ResolvedConfig
+from leap_finetune.data.chat_templates import render_family
+from leap_finetune.data.grpo_rows import category, check_grpo_row, prepare_prompt
+from leap_finetune.data.preference_rows import check_dpo_row, check_kto_row
+from leap_finetune.data.preference_tokens import tokenize_kto, tokenize_pair
+from leap_finetune.data.readers import SourceRow, parse_row
+from leap_finetune.data.render import tokenize_many
+from leap_finetune.data.retrieval_rows import check_retrieval_row
+from leap_finetune.data.sft_rows import Conversation, RowWarning, check_sft_row
+from leap_finetune.data.table import RowTable, columns_to_table
+from leap_finetune.errors import LeapError, RowProblem
+
+CHUNK_ROWS = 512
+RETRIEVAL = ("embedding", "colbert")
+
+
+@dataclass
+class Job:
+    """What every chunk needs; forked workers inherit it (nothing is pickled)."""
+
+    resolved: ResolvedConfig
+    renderer: object  # a Renderer, or a RetrievalEncoder for embedding / colbert
+
+
+_JOB: Job | None = None
+
+
+def set_job(job: Job) -> None:
+    global _JOB
+    _JOB = job
+    if job is not None and os.environ.get("LEAP_FINETUNE_DATA_WORKER"):
+        os.environ["TOKENIZERS_PARALLELISM"] = "false"  # one core per process
+
+
+def contract(resolved: ResolvedConfig):
+    if resolved.training_type in RETRIEVAL:
+        return check_retrieval_row
+    family = render_family(resolved.chat_template, resolved.model_family)
+    if resolved.training_type == "sft":
+        return functools.partial(check_sft_row, needs_assistant=resolved.loss_on != "all", family=family)
+    return functools.partial({"dpo": check_dpo_row, "kto": check_kto_row, "grpo": check_grpo_row}[resolved.training_type],
+                             family=family)
+
+
+def tokenize_row(resolved: ResolvedConfig, renderer, parsed):
+    """One row in full (text, spans): what `inspect` shows."""
+    if resolved.training_type in RETRIEVAL:
+        return renderer.encode(parsed)  # a RetrievalEncoder (data/retrieval_tokens.py)
+    if resolved.training_type == "sft":
+        return renderer.tokenize(parsed.messages, parsed.tools)
+    if resolved.training_type == "dpo":
+        return tokenize_pair(renderer, parsed)
+    if resolved.training_type == "grpo":
+        return prepare_prompt(renderer, parsed)
+    return tokenize_kto(renderer, parsed)
+
+
+# ---- pass 1: check every row ---------------------------------------------------------------------------
+
+@dataclass
+class CheckedChunk:
+    rows: int
+    valid: int
+    problems: list[RowProblem] = field(default_factory=list)
+    warnings: list[RowWarning] = field(default_factory=list)
+    columns_seen: list[set] = field(default_factory=list)  # of the first 50 rows: another training type's data?
+    extra_kinds: list[tuple[str, str, dict]] = field(default_factory=list)  # GRPO: (file, location, {column: kind})
+
+
+def check_chunk(rows: list[SourceRow]) -> CheckedChunk:
+    resolved = _JOB.resolved
+    check = contract(resolved)
+    result = CheckedChunk(rows=len(rows), valid=0)
+    for row in rows:
+        problem = parse_row(row)
+        if problem:
+            result.problems.append(problem)
+            continue
+        if len(result.columns_seen) < 50 and isinstance(row.data, dict):
+            result.columns_seen.append(set(row.data))
+        parsed, problems, warnings = check(row)
+        result.warnings.extend(warnings)
+        if problems:
+            result.problems.extend(problems)
+            continue
+        result.valid += 1
+        if resolved.training_type == "grpo":
+            result.extra_kinds.append((row.file, row.location,
+                                       {k: category(v) for k, v in parsed.extra.items() if v is not None}))
+    return result
+
+
+# ---- pass 2: tokenize the valid rows -------------------------------------------------------------------
+
+@dataclass
+class TokenizeRequest:
+    rows: list[SourceRow]
+    skip: frozenset = frozenset()  # (file, location) of rows pass 1 found valid but the chunk set rejected
+    examples: frozenset = frozenset()  # positions among the chunk's valid rows to return in full
+    samples: frozenset = frozenset()  # positions whose conversation to return
+
+
+@dataclass
+class TokenizedChunk:
+    table: RowTable  # the kept rows (every trained token beyond max_length: not kept)
+    kept: np.ndarray  # bool per valid row
+    truncated_away: list[tuple[int, str, str, str]] = field(default_factory=list)  # (position, file, location, reason)
+    partially_truncated: int = 0
+    negatives: np.ndarray | None = None  # retrieval: hard negatives per kept row
+    examples: dict = field(default_factory=dict)  # position -> full tokenized row
+    samples: dict = field(default_factory=dict)  # position -> Conversation
+    error: LeapError | None = None
+
+
+def tokenize_chunk(request: TokenizeRequest) -> TokenizedChunk:
+    resolved, renderer = _JOB.resolved, _JOB.renderer
+    check = contract(resolved)
+    valid: list[tuple[SourceRow, object]] = []
+    for row in request.rows:
+        if parse_row(row) is not None or (row.file, row.location) in request.skip:
+            continue
+        parsed, problems, _ = check(row)
+        if not problems:
+            valid.append((row, parsed))
+    result = TokenizedChunk(table=RowTable.empty(), kept=np.zeros(len(valid), dtype=bool))
+    try:
+        if resolved.training_type == "sft":
+            compact = tokenize_many(renderer, [parsed for _, parsed in valid])
+        else:
+            compact = [tokenize_row(resolved, renderer, parsed) for _, parsed in valid]
+        for position in request.examples:
+            source, parsed = valid[position]
+            full = compact[position] if resolved.training_type != "sft" else tokenize_row(resolved, renderer, parsed)
+            full.meta = {"file": source.file, "location": source.location}
+            result.examples[position] = full
+    except LeapError as err:  # raised by the data step in order, after the problems of every row
+        result.error = err
+        return result
+    for position in request.samples:
+        if isinstance(valid[position][1], Conversation):
+            result.samples[position] = valid[position][1]
+    columns, tokens, trained, negatives = [], [], [], []
+    for position, ((source, _), row) in enumerate(zip(valid, compact, strict=True)):
+        if row.trained_tokens == 0:
+            result.truncated_away.append((
+                position, source.file, source.location,
+                f"every trained token is beyond max_length={renderer.max_length} ({row.tokens} tokens)"))
+            continue
+        result.kept[position] = True
+        lost = getattr(row, "trained_tokens_lost", None)
+        result.partially_truncated += bool(lost) if lost is not None else bool(row.truncated)
+        columns.append(_columns(row))
+        tokens.append(row.tokens)
+        trained.append(row.trained_tokens)
+        if resolved.training_type in RETRIEVAL:
+            negatives.append(len(row.negatives))
+    result.table = RowTable(columns_to_table(columns), np.asarray(tokens, dtype=np.int64),
+                            np.asarray(trained, dtype=np.int64))
+    if resolved.training_type in RETRIEVAL:
+        result.negatives = np.asarray(negatives, dtype=np.int64)
+    return result
+
+
+def _columns(row) -> dict:
+    """The trainer's columns, token ids as NumPy (stored as list<int32> without a loop over tokens)."""
+    columns = row.columns()
+    return {k: np.asarray(v, dtype=np.int32) if k.endswith("_ids") and isinstance(v, list) else v
+            for k, v in columns.items()}
+
+
+# ---- running chunks ------------------------------------------------------------------------------------
+
+def chunked(rows: Iterable[SourceRow], size: int = CHUNK_ROWS) -> Iterator[list[SourceRow]]:
+    chunk = []
+    for row in rows:
+        chunk.append(row)
+        if len(chunk) == size:
+            yield chunk
+            chunk = []
+    if chunk:
+        yield chunk
+
+
+def processes_for(requested: int | None, rows_estimate: int) -> int:
+    """Every core for data worth it (a forked process costs ~0.1 s), or what dataset.num_proc says."""
+    if requested is not None:
+        return requested
+    cores = len(os.sched_getaffinity(0)) if hasattr(os, "sched_getaffinity") else (os.cpu_count() or 1)
+    return max(1, min(cores, rows_estimate // 2000))
+
+
+class Workers:
+    """Chunks of work in this process (processes=1) or in a pool of forked processes, results in order,
+    with at most two chunks per process in flight (so reading never runs ahead of the work)."""
+
+    def __init__(self, job: Job, processes: int):
+        self.processes = processes
+        self.pool = None
+        set_job(job)
+        if processes > 1:
+            import multiprocessing
+
+            # fork: the workers inherit the tokenizer and template (nothing to pickle or load again).
+            # The tokenizer's own threads are off in them (one core each; see set_job).
+            saved = os.environ.get("TOKENIZERS_PARALLELISM")
+            os.environ["TOKENIZERS_PARALLELISM"] = "false"
+            os.environ["LEAP_FINETUNE_DATA_WORKER"] = "1"
+            try:
+                self.pool = multiprocessing.get_context("fork").Pool(processes, initializer=set_job, initargs=(job,))
+            finally:
+                os.environ.pop("LEAP_FINETUNE_DATA_WORKER", None)
+                if saved is None:
+                    os.environ.pop("TOKENIZERS_PARALLELISM", None)
+                else:
+                    os.environ["TOKENIZERS_PARALLELISM"] = saved
+
+    def map(self, function: Callable, items: Iterable) -> Iterator:
+        if self.pool is None:
+            for item in items:
+                yield function(item)
+            return
+        pending: deque = deque()
+        for item in items:
+            pending.append(self.pool.apply_async(function, (item,)))
+            if len(pending) >= 2 * self.processes:
+                yield pending.popleft().get()
+        while pending:
+            yield pending.popleft().get()
+
+    def close(self) -> None:
+        if self.pool is not None:
+            self.pool.terminate()
+            self.pool.join()
+            self.pool = None
+
+    def __enter__(self) -> "Workers":
+        return self
+
+    def __exit__(self, *exc) -> None:
+        self.close()
+        set_job(None)
