@@ -43,6 +43,18 @@ def test_broken_file_is_reported_precisely(name, expected):
         assert text in message, f"{text!r} not in:\n{message}"
 
 
+def test_the_corpus_reads_the_same_with_several_processes():
+    """The same message for every broken file whether one process or two check the rows."""
+    for name, _ in CASES:
+        messages = []
+        for processes in (1, 2):
+            config = tiny_config(data=str(BROKEN / name), dataset={"path": str(BROKEN / name), "num_proc": processes})
+            with pytest.raises(LeapError) as info:
+                validate_config(config)
+            messages.append(info.value.format())
+        assert messages[0] == messages[1], name
+
+
 def test_every_row_is_validated_and_the_first_20_listed_with_a_total(tmp_path):
     rows = [chat("q", "a") for _ in range(100)]
     bad_lines = list(range(5, 100, 3))  # 32 bad rows spread through the file, each with its own mistake

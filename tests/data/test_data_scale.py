@@ -340,3 +340,47 @@ def test_progress_is_a_line_in_logs(monkeypatch):
     progress.advance(400)
     line = out.getvalue()
     assert "data: tokenizing: 400/1,000 rows" in line and "rows/s" in line and "s left" in line
+
+
+@pytest.mark.parametrize("data, model, loss_on", [
+    ("quickstart.jsonl", "tiny-lfm2", "assistant"),
+    ("tool_calls.jsonl", "tiny-lfm2", "assistant"),
+    ("tool_calls.jsonl", "tiny-lfm2.5", "final_assistant"),
+    ("colors_sft.jsonl", "tiny-lfm2.5", "all"),
+])
+def test_the_shipped_data_prepares_to_the_per_row_renderers_rows(data, model, loss_on):
+    """The whole data step (chunks, processes, Arrow) against the per-row path it replaces, row by row, on the
+    example data (tool calls in both LFM formats, OpenAI-style calls converted)."""
+    from leap_finetune.api import _prepare
+    from leap_finetune.data.readers import read_dataset
+    from leap_finetune.data.sft_rows import check_sft_row
+    from tests.conftest import EXAMPLES
+
+    path = str(EXAMPLES / "data" / data)
+    config = tiny_config(data=path, model_name=model, dataset={"path": path, "num_proc": 2, "cache": False},
+                         training_config={"max_length": 1024, "loss_on": loss_on})
+    resolved = load_config(config)
+    _, renderer, prepared = _prepare(resolved)
+    family = "lfm2.5" if model == "tiny-lfm2.5" else "lfm2"
+    expected = []
+    for row in read_dataset(path).rows:
+        conversation = check_sft_row(row, needs_assistant=loss_on != "all", family=family)[0]
+        expected.append(renderer.tokenize(conversation.messages, conversation.tools))
+    assert prepared.train.column("input_ids") == [r.input_ids for r in expected]
+    assert prepared.train.column("labels") == [r.labels for r in expected]
+    assert prepared.train.tokens == sum(r.tokens for r in expected)
+    assert prepared.train.trained_tokens == sum(r.trained_tokens for r in expected) > 0
+
+
+def test_progress_is_a_bar_with_rows_per_second_on_a_terminal():
+    from leap_finetune.data import prepare
+
+    out = io.StringIO()
+    progress = prepare._Progress(Console(file=out, width=200, force_terminal=True), processes=2)
+    with progress:
+        progress.start("tokenizing", 1000)
+        progress.started -= 5
+        progress.advance(500)
+        assert progress.bar is not None
+        progress.bar.refresh()
+    assert "tokenizing" in out.getvalue() and "500/1000" in out.getvalue() and "rows/s" in out.getvalue()
