@@ -384,3 +384,44 @@ def test_progress_is_a_bar_with_rows_per_second_on_a_terminal():
         assert progress.bar is not None
         progress.bar.refresh()
     assert "tokenizing" in out.getvalue() and "500/1000" in out.getvalue() and "rows/s" in out.getvalue()
+
+
+def test_a_warning_on_every_row_is_counted_not_kept_row_by_row(tmp_path):
+    from leap_finetune.launch.report import data_report
+
+    rows = [{"messages": [{"role": "user", "content": f"q{i}"}, {"role": "assistant", "content": f"a{i}"},
+                          {"role": "system", "content": "late"}, {"role": "user", "content": "again"},
+                          {"role": "system", "content": "later"}, {"role": "assistant", "content": "b"}]}
+            for i in range(1200)]
+    path = write_jsonl(tmp_path / "train.jsonl", rows)
+    config = tiny_config(data=str(path), dataset={"path": str(path), "num_proc": 2})
+    for attempt in range(2):  # prepared, then read from the cache
+        prepared, _ = _validate(config)
+        assert (prepared.from_cache is not None) == bool(attempt)
+        assert prepared.warning_rows == {"system_not_first": 1200} and len(prepared.warnings) == 20
+        out = io.StringIO()
+        data_report(Console(file=out, width=300), prepared, load_config(config))
+        text = " ".join(out.getvalue().split())
+        assert "system_not_first" in text and "1200 row(s), e.g." in text
+        assert "line 1 (messages[2]), line 1 (messages[4]), line 2 (messages[2])" in text
+
+
+def test_a_grpo_column_of_two_kinds_is_an_error_or_its_rows_are_skipped(tmp_path):
+    """GRPO passes extra columns to the reward functions through Arrow: one kind per column. The check runs
+    across every chunk (several processes), and `on_invalid: skip` drops exactly the rows that break it."""
+    rows = [{"prompt": f"What is {i} + 1?", "solution": str(i + 1), "level": i % 3} for i in range(1500)]
+    for i in (700, 1400):
+        rows[i]["level"] = "hard"
+    path = write_jsonl(tmp_path / "grpo.jsonl", rows)
+    config = tiny_config(training_type="grpo", data=str(path),
+                         dataset={"path": str(path), "num_proc": 2, "cache": False})
+    config["training_config"] = {"extends": "DEFAULT_GRPO", "max_steps": 1, "use_vllm": False}
+    config["rewards"] = ["accuracy"]
+    with pytest.raises(DataError) as info:
+        _validate(config)
+    assert [(p.location, p.field) for p in info.value.problems] == [("line 701", "level"), ("line 1401", "level")]
+    assert "is a string, but a number in line 1" in info.value.problems[0].problem
+    config["dataset"]["on_invalid"] = "skip"
+    prepared, _ = _validate(config)
+    assert len(prepared.train) == 1498 and prepared.invalid_skipped == 2
+    assert set(prepared.train.column("level")) == {0, 1, 2}

@@ -53,7 +53,7 @@ class DatasetConfig(StrictModel):
     num_proc: int | None = Field(
         default=None, ge=1,
         description="Processes that check and tokenize the rows; default: one per ~2,000 rows, up to every core of "
-        "the machine.")
+        "the machine (Linux; one elsewhere).")
     cache: bool = Field(
         default=True,
         description="Keep the prepared rows on disk ($LEAP_FINETUNE_CACHE, default ~/.cache/leap-finetune/prepared), "

@@ -114,7 +114,8 @@ def load(entry: Entry, console):
         dropped=[DroppedRow(**d) for d in report["dropped"]], invalid_skipped=report["invalid_skipped"],
         fully_truncated=report["fully_truncated"], partially_truncated=report["partially_truncated"],
         sample_messages=[Conversation(**c) for c in report["sample_messages"]],
-        warnings=[RowWarning(**w) for w in report["warnings"]], notices=report["notices"],
+        warnings=[RowWarning(**w) for w in report["warnings"]], warning_rows=report["warning_rows"],
+        notices=report["notices"],
         sources=[SourceReport(**s) for s in report["sources"]], from_cache=str(entry.folder),
     )
 
@@ -162,7 +163,8 @@ def store(entry: Entry, prepared, staging: Path, console) -> None:
             "invalid_skipped": prepared.invalid_skipped, "fully_truncated": prepared.fully_truncated,
             "partially_truncated": prepared.partially_truncated,
             "sample_messages": [{"messages": c.messages, "tools": c.tools} for c in prepared.sample_messages],
-            "warnings": [w.__dict__ for w in prepared.warnings], "notices": prepared.notices,
+            "warnings": [w.__dict__ for w in prepared.warnings], "warning_rows": prepared.warning_rows,
+            "notices": prepared.notices,
             "sources": [s.to_json() for s in prepared.sources], "examples": prepared.train.examples,
             "fingerprints": [prepared.train.fingerprint(), prepared.eval.fingerprint()],
         }

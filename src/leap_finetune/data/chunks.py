@@ -7,6 +7,7 @@ from __future__ import annotations
 
 import functools
 import os
+import sys
 from collections import deque
 from collections.abc import Callable, Iterable, Iterator
 from dataclasses import dataclass, field
@@ -197,7 +198,10 @@ def chunked(rows: Iterable[SourceRow], size: int = CHUNK_ROWS) -> Iterator[list[
 
 
 def processes_for(requested: int | None, rows_estimate: int) -> int:
-    """Every core for data worth it (a forked process costs ~0.1 s), or what dataset.num_proc says."""
+    """Every core for data worth it (a forked process costs ~0.1 s), or what dataset.num_proc says. Workers are
+    forked, which is safe on Linux only (macOS's system libraries are not fork-safe): one process elsewhere."""
+    if sys.platform != "linux":
+        return 1
     if requested is not None:
         return requested
     cores = len(os.sched_getaffinity(0)) if hasattr(os, "sched_getaffinity") else (os.cpu_count() or 1)

@@ -129,22 +129,21 @@ def prepare_prompt(renderer, row: GrpoRow) -> GrpoPrompt:
     return GrpoPrompt(text, ids, row.solution, plain, row.extra)
 
 
-def column_kind_problems(rows: list[tuple[SourceRow, dict]]) -> list[RowProblem]:
+def column_kind_problems(kinds) -> list[RowProblem]:
     """The passed-through columns are stored in Arrow: each must hold one kind of value in every row (or be
-    missing / null). A row that breaks that is a problem naming the column and the first row's kind."""
-    first: dict[str, tuple[str, SourceRow]] = {}
+    missing / null). `kinds` gives (file, location, {column: kind}) per valid row, in order (the data step's
+    chunks send these, not the rows); a row that breaks that is a problem naming the column and the first
+    row's kind."""
+    first: dict[str, tuple[str, str]] = {}
     problems = []
-    for source, extra in rows:
-        for name, value in extra.items():
-            if value is None:
-                continue
-            kind = category(value)
+    for file, location, row_kinds in kinds:
+        for name, kind in row_kinds.items():
             if name not in first:
-                first[name] = (kind, source)
+                first[name] = (kind, location)
             elif first[name][0] != kind:
-                seen_kind, seen_row = first[name]
-                problems.append(RowProblem(source.file, source.location, name,
-                                           f"is {kind}, but {seen_kind} in {seen_row.location}: a column passed to the "
+                seen_kind, seen_location = first[name]
+                problems.append(RowProblem(file, location, name,
+                                           f"is {kind}, but {seen_kind} in {seen_location}: a column passed to the "
                                            "reward functions holds one kind of value in every row"))
     return problems
 

@@ -25,6 +25,7 @@ from leap_finetune.config.resolved import ResolvedConfig
 from leap_finetune.config.schema import DatasetConfig
 from leap_finetune.data.chunks import (RETRIEVAL, CheckedChunk, Job, TokenizeRequest, Workers,
                                        check_chunk, chunked, processes_for, tokenize_chunk)
+from leap_finetune.data.grpo_rows import column_kind_problems
 from leap_finetune.data.readers import SUFFIXES, Source
 from leap_finetune.data.sft_rows import Conversation, RowWarning
 from leap_finetune.data.table import RowTable, SplitWriter, read_table
@@ -72,7 +73,8 @@ class PreparedData:
     # conversations of the first `samples` held-out rows (training rows when nothing is held out), for
     # the answers printed before and after training
     sample_messages: list[Conversation] = field(default_factory=list)
-    warnings: list[RowWarning] = field(default_factory=list)
+    warnings: list[RowWarning] = field(default_factory=list)  # the first 20 of each kind
+    warning_rows: dict[str, int] = field(default_factory=dict)  # rows with each kind of warning
     notices: list[str] = field(default_factory=list)  # about the data as a whole (skipped folder entries, ...)
     sources: list[SourceReport] = field(default_factory=list)
     from_cache: str | None = None  # the cache entry these were read from (None: prepared now)
@@ -170,9 +172,12 @@ def _prepare_now(resolved: ResolvedConfig, renderer, items: list[DatasetConfig],
     with Workers(Job(resolved, renderer), processes_for(requested, estimate)) as workers, \
             _Progress(console, workers.processes) as progress:
         # pass 1: every row checked; every problem listed before anything is tokenized
+        warnings = _Warnings()
         for stream in streams:
             progress.start(f"checking {_short(stream.source.path)}", stream.source.limit)
             for checked in workers.map(check_chunk, chunked(stream.source.rows())):
+                warnings.add(checked.warnings)
+                checked.warnings = []
                 stream.chunks.append(checked)
                 progress.advance(checked.rows)
             _after_check(stream, resolved)
@@ -236,7 +241,7 @@ def _prepare_now(resolved: ResolvedConfig, renderer, items: list[DatasetConfig],
         dropped=dropped + truncated_train + truncated_eval, invalid_skipped=len(dropped),
         fully_truncated=len(truncated_train) + len(truncated_eval), partially_truncated=partially,
         sample_messages=[samples[k] for k in sorted(samples)][: resolved.samples],
-        warnings=[w for s in streams for c in s.chunks for w in c.warnings], notices=notices, sources=reports,
+        warnings=warnings.kept, warning_rows=warnings.rows, notices=notices, sources=reports,
     )
     first_rows = [example_rows[k] for k in sorted(example_rows) if example_rows[k].trained_tokens > 0]
     _check_left(prepared, items)
@@ -246,6 +251,30 @@ def _prepare_now(resolved: ResolvedConfig, renderer, items: list[DatasetConfig],
     prepared.train.examples = [_inspect_item(row) for row in first_rows[:examples]]
     prepared.seconds = time.perf_counter() - started
     return prepared
+
+
+class _Warnings:
+    """Every row's warnings counted per kind (rows, not warnings), the first 20 of each kind kept: a warning on
+    each of 1M rows is 1M objects otherwise. A row's warnings arrive together, so rows are counted as
+    changes of (file, location)."""
+
+    KEPT = 20
+
+    def __init__(self):
+        self.kept: list[RowWarning] = []
+        self.rows: dict[str, int] = {}
+        self.last: dict[str, tuple[str, str]] = {}
+        self.count: dict[str, int] = {}
+
+    def add(self, warnings: list[RowWarning]) -> None:
+        for warning in warnings:
+            key = (warning.file, warning.location)
+            if self.last.get(warning.kind) != key:
+                self.last[warning.kind] = key
+                self.rows[warning.kind] = self.rows.get(warning.kind, 0) + 1
+            if self.count.get(warning.kind, 0) < self.KEPT:
+                self.count[warning.kind] = self.count.get(warning.kind, 0) + 1
+                self.kept.append(warning)
 
 
 def _short(path: str) -> str:
@@ -265,17 +294,9 @@ def _after_check(stream: _Stream, resolved: ResolvedConfig) -> None:
     for checked in stream.chunks:
         stream.problems.extend(checked.problems)
     if resolved.training_type == "grpo":
-        first: dict[str, tuple[str, str]] = {}
-        for file, location, kinds in (k for c in stream.chunks for k in c.extra_kinds):
-            for name, kind in kinds.items():
-                if name not in first:
-                    first[name] = (kind, location)
-                elif first[name][0] != kind:
-                    seen_kind, seen_location = first[name]
-                    stream.skip.add((file, location))
-                    stream.problems.append(RowProblem(
-                        file, location, name, f"is {kind}, but {seen_kind} in {seen_location}: a column passed to "
-                        "the reward functions holds one kind of value in every row"))
+        for problem in column_kind_problems(k for c in stream.chunks for k in c.extra_kinds):
+            stream.skip.add((problem.file, problem.location))
+            stream.problems.append(problem)
     valid = stream.valid
     if stream.problems and valid < stream.rows / 2:
         _check_row_shape([c for chunk in stream.chunks for c in chunk.columns_seen][:50], resolved,

@@ -103,7 +103,7 @@ def data_report(console: Console, prepared: PreparedData, resolved: ResolvedConf
     for warning in prepared.warnings:
         by_kind.setdefault(warning.kind, []).append(warning)
     for kind, items in by_kind.items():
-        rows = len({(w.file, w.location) for w in items})
+        rows = prepared.warning_rows.get(kind) or len({(w.file, w.location) for w in items})
         examples = ", ".join(f"{w.location} ({w.field})" for w in items[:3])
         label, colour = ("note", "dim") if kind == "converted_tool_calls" else ("warning", "yellow")
         console.print(f"[{colour}]{label} ({kind}): {escape(WARNINGS[kind])}: {rows} row(s), "
