@@ -313,6 +313,9 @@ def _stage_run_folder(resolved: ResolvedConfig, prepared: PreparedData, renderer
     (staging / "resolved_config.yaml").write_text(dump_yaml(resolved.to_json_dict()), encoding="utf-8")
     if resolved.config_path:
         shutil.copy(resolved.config_path, staging / "config.yaml")
+        if resolved.overrides:  # the file as written, and what the command line changed (resolved_config.yaml has both)
+            with (staging / "config.yaml").open("a", encoding="utf-8") as handle:
+                handle.write("\n# overridden on the command line:\n" + "".join(f"#   --set {o}\n" for o in resolved.overrides))
     data = staging / PREPARED_DIR
     for name, rows in (("train", prepared.train), ("eval", prepared.eval)):
         if len(rows):

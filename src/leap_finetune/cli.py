@@ -22,6 +22,8 @@ app = typer.Typer(
 )
 SUBCOMMANDS = {"run", "validate", "inspect", "eval", "plan", "slurm"}
 TRAINED_STYLE = "bold green on grey15"
+VALUE_OPTIONS = {"--set", "--rows", "-n", "--gpus", "--nodes", "--gpus-per-node", "--output", "-o", "--server",
+                 "--server-model"}
 _state = {"debug": False}
 
 
@@ -55,26 +57,41 @@ def _config_arg():
     return typer.Argument(..., help="The YAML config file.", show_default=False)
 
 
+def _set_option():
+    return typer.Option(None, "--set", metavar="KEY=VALUE",
+                        help="Override a value of the YAML (repeatable), e.g. --set training_config.learning_rate=1e-4 "
+                        "--set dataset.limit=1000; list items as dataset[1].weight=2. Checked like the file.")
+
+
+def _source(config: Path, sets: list[str] | None):
+    """The config path, or with --set the config loaded with the overrides (the API takes either)."""
+    if not sets:
+        return config
+    from leap_finetune.config.loader import load_config
+
+    return load_config(config, overrides=sets)
+
+
 @app.command()
 @_user_errors
-def run(config: Path = _config_arg()) -> None:
+def run(config: Path = _config_arg(), sets: list[str] = _set_option()) -> None:
     """Validate the config and every dataset row, plan the run, and train."""
     from leap_finetune.api import run_config
 
-    summary = run_config(config)
+    summary = run_config(_source(config, sets))
     if summary.get("stopped_by_signal"):
         raise typer.Exit(128 + summary["stopped_by_signal"])
 
 
 @app.command()
 @_user_errors
-def validate(config: Path = _config_arg()) -> None:
+def validate(config: Path = _config_arg(), sets: list[str] = _set_option()) -> None:
     """Check the config and EVERY dataset row; no model is loaded, nothing is trained.
 
     Exit code 0 when everything is valid, 2 when not."""
     from leap_finetune.api import validate_config
 
-    validate_config(config)
+    validate_config(_source(config, sets))
     Console(stderr=True).print("[green]valid[/green]")
 
 
@@ -85,12 +102,13 @@ def plan(
     gpus: int = typer.Option(None, "--gpus", min=0, help="Plan for N GPUs per node (default: the GPUs visible here)."),
     nodes: int = typer.Option(None, "--nodes", min=1, help="Plan for M nodes (default: 1, or the Ray cluster's)."),
     as_json: bool = typer.Option(False, "--json", help="Print the plan as JSON to stdout."),
+    sets: list[str] = _set_option(),
 ) -> None:
     """Show what a run would do - which GPU does what, workers, batch sizes, steps, and every process
     with its command and CUDA_VISIBLE_DEVICES - without starting anything."""
     from leap_finetune.api import plan_config
 
-    report = plan_config(config, gpus=gpus, nodes=nodes)
+    report = plan_config(_source(config, sets), gpus=gpus, nodes=nodes)
     if as_json:
         sys.stdout.write(json.dumps(report, indent=2) + "\n")
         return
@@ -107,12 +125,13 @@ def slurm(
     gpus_per_node: int = typer.Option(None, "--gpus-per-node", min=0,
                                       help="GPUs per node (default: slurm.gpus_per_node, 0)."),
     submit: bool = typer.Option(False, "--submit", help="Submit the job with sbatch (else only write the script)."),
+    sets: list[str] = _set_option(),
 ) -> None:
     """Write an sbatch script that brings up a Ray cluster over the allocation and runs the config on it
     (checked with `sbatch --test-only`); with --submit, submit it and print the job id and its log."""
     from leap_finetune.api import slurm_config
 
-    slurm_config(config, nodes=nodes, gpus_per_node=gpus_per_node, submit=submit)
+    slurm_config(_source(config, sets), nodes=nodes, gpus_per_node=gpus_per_node, submit=submit)
 
 
 @app.command("eval")
@@ -125,12 +144,13 @@ def evaluate(
                                "benchmarks; log-prob benchmarks still run through transformers."),
     server_model: str = typer.Option(None, "--server-model", help="The model name to ask the server for "
                                      "(default: the first model it lists)."),
+    sets: list[str] = _set_option(),
 ) -> None:
     """Run the config's evals: benchmarks on `checkpoint` (a run or checkpoint folder) or
     `model_name`, without training."""
     from leap_finetune.api import evaluate_config
 
-    evaluate_config(config, output=output, server=server, server_model=server_model)
+    evaluate_config(_source(config, sets), output=output, server=server, server_model=server_model)
 
 
 @app.command()
@@ -139,12 +159,13 @@ def inspect(
     config: Path = _config_arg(),
     rows: int = typer.Option(3, "--rows", "-n", min=1, help="How many training rows to show."),
     as_json: bool = typer.Option(False, "--json", help="Print a JSON array to stdout instead of coloured text."),
+    sets: list[str] = _set_option(),
 ) -> None:
     """Show the first training rows exactly as the model sees them, with the tokens that carry
     loss highlighted (or, with --json, their character spans)."""
     from leap_finetune.api import inspect_config
 
-    items = inspect_config(config, rows=rows)
+    items = inspect_config(_source(config, sets), rows=rows)
     if as_json:
         sys.stdout.write(json.dumps(items, ensure_ascii=False, indent=2) + "\n")
         return
@@ -203,10 +224,12 @@ def main(argv: list[str] | None = None) -> None:
     # --debug is a global option; accept it anywhere (`leap-finetune run x.yaml --debug`).
     if "--debug" in args:
         args = ["--debug"] + [a for a in args if a != "--debug"]
-    # `leap-finetune CONFIG.yaml` means `leap-finetune run CONFIG.yaml`.
-    positional = [a for a in args if not a.startswith("-")]
+    # `leap-finetune CONFIG.yaml` means `leap-finetune run CONFIG.yaml`. (The word after an option that
+    # takes a value, such as `--set KEY=VALUE`, is not a positional argument.)
+    positional = [a for i, a in enumerate(args) if not a.startswith("-")
+                  and not (i > 0 and args[i - 1] in VALUE_OPTIONS)]
     if positional and positional[0] not in SUBCOMMANDS:
-        args.insert(args.index(positional[0]), "run")
+        args.insert(1 if args[:1] == ["--debug"] else 0, "run")  # (options before the config are run's)
     os.environ.setdefault("TOKENIZERS_PARALLELISM", "false")
     app(args=args, prog_name="leap-finetune")  # click exits: 0, 2 for usage errors, or a command's code
 

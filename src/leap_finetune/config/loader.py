@@ -47,9 +47,11 @@ MANAGED_TRAINING_KEYS = {
 }
 
 
-def load_config(source: str | Path | dict, *, base_dir: Path | None = None) -> ResolvedConfig:
+def load_config(source: str | Path | dict, *, base_dir: Path | None = None,
+                overrides: list[str] | None = None) -> ResolvedConfig:
     """Read and validate a config from a YAML path or a dict; relative paths resolve against the
-    YAML file's folder (or `base_dir`, default the current folder, for a dict)."""
+    YAML file's folder (or `base_dir`, default the current folder, for a dict). `overrides` are the
+    command line's `--set KEY=VALUE`, applied before anything is checked."""
     if isinstance(source, dict):
         raw, config_path = dict(source), None
         base = (base_dir or Path.cwd()).resolve()
@@ -58,6 +60,16 @@ def load_config(source: str | Path | dict, *, base_dir: Path | None = None) -> R
         raw = read_yaml(config_path)
         base = config_path.parent
     where = str(config_path) if config_path else "config"
+    if overrides:
+        from leap_finetune.config.overrides import apply_overrides
+
+        raw = apply_overrides(raw, overrides)
+        where += " (with " + " ".join(f"--set {o}" for o in overrides) + ")"
+        return _load(raw, config_path, base, where).model_copy(update={"overrides": list(overrides)})
+    return _load(raw, config_path, base, where)
+
+
+def _load(raw: dict, config_path: Path | None, base: Path, where: str) -> ResolvedConfig:
 
     _check_keys(raw, LeapConfigModel.model_fields, where, "the top level")
     for block in ("peft_config", "training_config", "dataset", "evals", "async_eval", "ray", "slurm", "grpo_rollout",

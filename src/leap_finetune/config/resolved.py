@@ -23,6 +23,7 @@ class ResolvedConfig(BaseModel):
     model_config = ConfigDict(extra="forbid")
 
     config_path: str | None
+    overrides: list[str] = []  # the command line's --set KEY=VALUE, in order
     project_name: str
     training_type: str
     model_name: str  # as the user wrote it

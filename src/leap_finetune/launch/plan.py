@@ -146,7 +146,7 @@ def _check_is_checkpoint(folder: Path, key: str) -> None:
 
 # What a resume must keep: the run's model, data and the settings that decide what one step is.
 RESUME_KEEPS = ("model_id", "training_type", "chat_template", "loss_on", "peft")
-RESUME_KEEPS_DATA = ("path", "val_path", "limit", "test_size", "split", "subset", "on_invalid")
+RESUME_KEEPS_DATA = ("path", "val_path", "limit", "test_size", "split", "subset", "on_invalid", "weight", "epochs")
 RESUME_KEEPS_TRAINING = ("max_length", "packing", "padding_free", "seed", "truncation_mode", "model_init_kwargs")
 
 
@@ -156,6 +156,17 @@ def global_batch(config: dict) -> int:
     training = config.get("training") or {}
     return (training.get("per_device_train_batch_size", 8) * training.get("gradient_accumulation_steps", 1)
             * config.get("workers", 1))
+
+
+def _dataset_changes(before, now) -> list[tuple]:
+    """The dataset keys a resume must keep, for one source or a list of them (`dataset[1].weight`)."""
+    many = isinstance(before, list) or isinstance(now, list)
+    before = before if isinstance(before, list) else [before or {}]
+    now = now if isinstance(now, list) else [now or {}]
+    if len(before) != len(now):
+        return [("dataset (the sources)", len(before), len(now))]
+    return [(f"dataset[{i}].{k}" if many else f"dataset.{k}", old.get(k), new.get(k))
+            for i, (old, new) in enumerate(zip(before, now)) for k in RESUME_KEEPS_DATA if old.get(k) != new.get(k)]
 
 
 def check_resume_matches(resolved: ResolvedConfig, plan: RunPlan, data_fingerprint: dict | None,
@@ -177,8 +188,7 @@ def check_resume_matches(resolved: ResolvedConfig, plan: RunPlan, data_fingerpri
     changed = [("the global batch (per_device_train_batch_size x gradient_accumulation_steps x workers)",
                 global_batch(before), global_batch(now))] if global_batch(before) != global_batch(now) else []
     changed += [(k, before.get(k), now.get(k)) for k in RESUME_KEEPS if before.get(k) != now.get(k)]
-    changed += [(f"dataset.{k}", (before.get("dataset") or {}).get(k), (now.get("dataset") or {}).get(k))
-                for k in RESUME_KEEPS_DATA if (before.get("dataset") or {}).get(k) != (now.get("dataset") or {}).get(k)]
+    changed += _dataset_changes(before.get("dataset"), now.get("dataset"))
     changed += [(f"training_config.{k}", (before.get("training") or {}).get(k), (now.get("training") or {}).get(k))
                 for k in RESUME_KEEPS_TRAINING
                 if (before.get("training") or {}).get(k) != (now.get("training") or {}).get(k)]

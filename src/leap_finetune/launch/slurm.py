@@ -88,7 +88,7 @@ def script_text(resolved: ResolvedConfig, slurm: SlurmConfig, log_folder: Path, 
         f'"$PYTHON" -m leap_finetune.launch.slurm wait --address "$RAY_ADDRESS" --nodes {nodes} --gpus {nodes * gpus} '
         f"--timeout {slurm.ray_start_timeout_s}",
         "",
-        f'"$PYTHON" -m leap_finetune.cli run {config}',
+        f'"$PYTHON" -m leap_finetune.cli run {config}' + "".join(f" --set {shlex.quote(o)}" for o in resolved.overrides),
         "",
     ]
     return "\n".join(lines)
