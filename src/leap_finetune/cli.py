@@ -20,9 +20,9 @@ app = typer.Typer(
     help="Fine-tune LFM2 / LFM2.5 (and any Hugging Face causal LM) from one YAML file.\n\n"
     "`leap-finetune CONFIG.yaml` is the same as `leap-finetune run CONFIG.yaml`.",
 )
-SUBCOMMANDS = {"run", "validate", "inspect", "eval", "plan", "slurm"}
+SUBCOMMANDS = {"run", "validate", "inspect", "eval", "plan", "slurm", "init"}
 TRAINED_STYLE = "bold green on grey15"
-VALUE_OPTIONS = {"--set", "--rows", "-n", "--gpus", "--nodes", "--gpus-per-node", "--output", "-o", "--server",
+VALUE_OPTIONS = {"--set", "--type", "-t", "--model", "--rows", "-n", "--gpus", "--nodes", "--gpus-per-node", "--output", "-o", "--server",
                  "--server-model"}
 _state = {"debug": False}
 
@@ -217,6 +217,38 @@ def inspect(
     console.print(Text.assemble(("highlighted", TRAINED_STYLE), " text carries loss")
                   + (Text("; struck-through text is cut by max_length")
                      if any("truncated_at" in i for i in items) else Text("")))
+
+
+@app.command("init")
+@_user_errors
+def init(
+    output: Path = typer.Argument(Path("config.yaml"), help="Where to write the config."),
+    training_type: str = typer.Option("sft", "--type", "-t", help="sft, dpo, kto, grpo, embedding or colbert."),
+    model: str = typer.Option("tiny-lfm2", "--model", help="The model to fine-tune (a Hub id, LFM2-1.2B, a folder)."),
+    force: bool = typer.Option(False, "--force", help="Replace the file if it exists."),
+) -> None:
+    """Write a commented starter config for a training type, linked to the config's JSON schema for
+    completion and checking in your editor."""
+    from leap_finetune.config.schema import TRAINING_TYPES
+    from leap_finetune.config.starters import schema_path, starter
+    from leap_finetune.config.suggest import did_you_mean
+
+    if training_type not in TRAINING_TYPES:
+        raise LeapError(f"unknown training type '{training_type}'", where="--type",
+                        fix=(did_you_mean(training_type, TRAINING_TYPES) + " " if did_you_mean(training_type, TRAINING_TYPES)
+                             else "") + "one of: " + ", ".join(TRAINING_TYPES))
+    if output.exists() and not force:
+        raise LeapError("the file exists", where=str(output), fix="choose another name, or add --force to replace it")
+    if output.suffix not in (".yaml", ".yml"):
+        raise LeapError(f"a config is a YAML file, not '{output.suffix or output.name}'", where=str(output),
+                        fix="name it e.g. config.yaml")
+    output.parent.mkdir(parents=True, exist_ok=True)
+    output.write_text(starter(training_type, model, str(output)), encoding="utf-8")
+    console = Console(stderr=True)
+    console.print(f"wrote {output} ({training_type} on {model}); put your rows in data/train.jsonl (the format is "
+                  f"in the file), then: leap-finetune validate {output}")
+    console.print(f"editor completion: the first line points the YAML language server at {schema_path()}",
+                  markup=False)
 
 
 def main(argv: list[str] | None = None) -> None:

@@ -1,0 +1,136 @@
+"""`leap-finetune init`: a commented starter config per training type, and the config's JSON schema.
+
+The schema is generated from the pydantic schema (scripts/gen_config_docs.py writes it beside the config
+reference; a test keeps it current) and ships inside the package, so the starter's first line points an
+editor (the YAML language server: VS Code, Neovim, JetBrains) at it for completion and checking.
+"""
+
+from __future__ import annotations
+
+import json
+from importlib import resources
+from pathlib import Path
+
+from leap_finetune.config.schema import TRAINING_TYPES
+
+SCHEMA_FILE = "leap-finetune.schema.json"
+
+ROWS = {
+    "sft": ('{"messages": [{"role": "user", "content": "Capital of France?"}, '
+            '{"role": "assistant", "content": "Paris."}]}'),
+    "dpo": '{"prompt": "Say gold twice.", "chosen": "gold gold", "rejected": "No."}',
+    "kto": ('{"prompt": [{"role": "user", "content": "Say plum twice."}], '
+            '"completion": [{"role": "assistant", "content": "plum plum"}], "label": true}'),
+    "grpo": '{"prompt": "What is 12 * 7? Put the final answer in \\\\boxed{}.", "solution": "84"}',
+    "embedding": '{"query": "capital of france", "positive": "Paris is the capital of France.", '
+                 '"negative": "Lyon is a city in France."}',
+}
+ROWS["colbert"] = ROWS["embedding"]
+
+TRAINING = {
+    "sft": """training_config:
+  extends: DEFAULT_SFT              # TRL's SFT defaults plus ours (docs/config.md lists every profile)
+  num_train_epochs: 3
+  per_device_train_batch_size: 8
+  learning_rate: 2e-5
+  max_length: 2048                  # longer conversations are cut; a row with nothing trained left is listed
+  # loss_on: assistant              # assistant (default) | final_assistant | all
+  # packing: true                   # several conversations per row (faster on GPUs)
+""",
+    "dpo": """training_config:
+  extends: DEFAULT_DPO              # beta 0.1, learning rate 5e-7, ...
+  num_train_epochs: 1
+  per_device_train_batch_size: 8
+  max_length: 2048
+""",
+    "kto": """training_config:
+  extends: DEFAULT_KTO
+  num_train_epochs: 1
+  per_device_train_batch_size: 8    # more than 1: KTO's KL term uses the other rows of the batch
+  max_length: 2048
+  # desirable_weight: 1.0           # the data report says which weights balance your labels
+""",
+    "grpo": """rewards: [accuracy]                # the completion's final answer against the row's solution; more in README
+training_config:
+  extends: DEFAULT_GRPO             # rollouts on vLLM (use_vllm: true): needs vLLM on a CUDA machine
+  # use_vllm: false                 # rollouts with transformers' generation (CPU, or no vLLM)
+  per_device_train_batch_size: 16   # prompts x num_generations
+  num_generations: 8
+  max_completion_length: 256
+""",
+    "embedding": """retrieval:
+  loss: mnrl                        # in-batch negatives; cached_mnrl for large batches in little memory
+  prompts: {query: "query: ", document: "document: "}
+training_config:
+  extends: DEFAULT_EMBEDDING
+  per_device_train_batch_size: 64   # each query is scored against the batch's other documents
+  learning_rate: 2e-5
+  num_train_epochs: 1
+""",
+    "colbert": """retrieval:
+  prompts: {query: "query: ", document: "document: "}
+training_config:
+  extends: DEFAULT_COLBERT
+  per_device_train_batch_size: 64
+  learning_rate: 2e-5
+  num_train_epochs: 1
+""",
+}
+
+
+def schema_path() -> Path:
+    """The JSON schema shipped in the package."""
+    return Path(str(resources.files("leap_finetune.config") / SCHEMA_FILE))
+
+
+def json_schema() -> dict:
+    from leap_finetune.config.schema import LeapConfigModel
+
+    schema = LeapConfigModel.model_json_schema()
+    schema["$schema"] = "https://json-schema.org/draft/2020-12/schema"
+    schema["title"] = "leap-finetune config"
+    return schema
+
+
+def schema_text() -> str:
+    return json.dumps(json_schema(), indent=2, sort_keys=True) + "\n"
+
+
+def starter(training_type: str, model: str, file_name: str) -> str:
+    lora = "" if training_type in ("embedding", "colbert") else """
+# LoRA instead of a full fine-tune (remove the # of both lines):
+# peft_config:
+#   extends: DEFAULT_LORA
+"""
+    evals = "" if training_type in ("embedding", "colbert", "grpo") else """
+# Benchmarks before, during and after training (rows in the messages format; README "Benchmarks"):
+# evals:
+#   benchmarks:
+#     - {name: my_bench, path: data/bench.jsonl, metric: exact_match}
+"""
+    held_out = "  val_path: data/held_out.jsonl        # held-out rows (or test_size: 0.05 to split them off)" \
+        if training_type in ("embedding", "colbert") else \
+        "  test_size: 0.05                     # held out for eval loss (or val_path: a file of its own)"
+    return f"""# yaml-language-server: $schema={schema_path().as_uri()}
+# A leap-finetune starter config: {training_type} on {model}. Every key: docs/config.md, or the schema above
+# (your editor completes and checks keys with it).
+#
+#   leap-finetune validate {file_name}     # the config and EVERY data row, no model loaded
+#   leap-finetune inspect {file_name}      # rows as the model sees them, trained tokens highlighted
+#   leap-finetune {file_name}              # validate, plan, train
+project_name: my-{training_type}
+model_name: {model}               # a Hub id, an LFM short name (LFM2-1.2B), a local folder; tiny-lfm2 for a CPU try
+training_type: {training_type}
+
+dataset:
+  path: data/train.jsonl              # .jsonl, .json, .parquet, .csv, a folder of them, or a Hub dataset id
+  # one row per line, e.g.:
+  # {ROWS[training_type]}
+{held_out}
+  # limit: 1000                       # the first N rows only
+  # on_invalid: skip                  # drop invalid rows (listed in dropped_rows.jsonl) instead of stopping
+
+{TRAINING[training_type]}{lora}{evals}"""
+
+
+assert set(ROWS) == set(TRAINING) == set(TRAINING_TYPES)
