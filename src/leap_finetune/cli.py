@@ -20,9 +20,10 @@ app = typer.Typer(
     help="Fine-tune LFM2 / LFM2.5 (and any Hugging Face causal LM) from one YAML file.\n\n"
     "`leap-finetune CONFIG.yaml` is the same as `leap-finetune run CONFIG.yaml`.",
 )
-SUBCOMMANDS = {"run", "validate", "inspect", "eval", "plan", "slurm", "init"}
+SUBCOMMANDS = {"run", "validate", "inspect", "eval", "plan", "slurm", "init", "chat", "export"}
 TRAINED_STYLE = "bold green on grey15"
-VALUE_OPTIONS = {"--set", "--type", "-t", "--model", "--rows", "-n", "--gpus", "--nodes", "--gpus-per-node", "--output", "-o", "--server",
+VALUE_OPTIONS = {"--set", "--type", "-t", "--model", "--prompt", "-p", "--system", "--max-new-tokens",
+                 "--temperature", "--rows", "-n", "--gpus", "--nodes", "--gpus-per-node", "--output", "-o", "--server",
                  "--server-model"}
 _state = {"debug": False}
 
@@ -249,6 +250,39 @@ def init(
                   f"in the file), then: leap-finetune validate {output}")
     console.print(f"editor completion: the first line points the YAML language server at {schema_path()}",
                   markup=False)
+
+
+@app.command("chat")
+@_user_errors
+def chat_command(
+    model: str = typer.Argument(..., help="A run folder, checkpoint-N, adapter or model folder, or a model id."),
+    prompt: str = typer.Option(None, "--prompt", "-p", help="Print one answer to this prompt and exit."),
+    system: str = typer.Option(None, "--system", help="A system message first."),
+    max_new_tokens: int = typer.Option(256, "--max-new-tokens", min=1, help="Answer length limit."),
+    temperature: float = typer.Option(0.0, "--temperature", min=0.0, help="0: greedy (the default)."),
+) -> None:
+    """Chat with a trained model in the terminal (its LoRA adapter over the base model, the chat template
+    it was trained with); --prompt for a single answer on stdout."""
+    from leap_finetune.chat import chat
+
+    reply = chat(model, prompt=prompt, system=system, max_new_tokens=max_new_tokens, temperature=temperature)
+    if reply is not None:
+        sys.stdout.write(reply + "\n")
+
+
+@app.command("export")
+@_user_errors
+def export(
+    model: str = typer.Argument(..., help="A run folder, checkpoint-N folder or adapter folder."),
+    merge: bool = typer.Option(False, "--merge", help="Merge a LoRA adapter into its base model: a full model."),
+    output: Path = typer.Option(None, "--output", "-o", help="The folder to write (default: export/ or "
+                                "export-merged/ inside the given folder)."),
+) -> None:
+    """Write a trained model as a folder of its own (model, tokenizer, the chat template it trained with);
+    --merge merges a LoRA adapter into its base for vLLM, llama.cpp (GGUF) or plain transformers."""
+    from leap_finetune.export import export_model
+
+    export_model(model, merge=merge, output=output)
 
 
 def main(argv: list[str] | None = None) -> None:

@@ -1,0 +1,82 @@
+"""`leap-finetune export`: a trained model as a folder of its own, ready for transformers, vLLM or a GGUF
+conversion - with `--merge`, a LoRA adapter merged into its base model (what vLLM and llama.cpp load best).
+
+Written to a temporary folder beside the target and renamed into place: an interrupted export leaves
+nothing half-written.
+"""
+
+from __future__ import annotations
+
+import shutil
+from pathlib import Path
+
+from rich.console import Console
+
+from leap_finetune.errors import LeapError
+from leap_finetune.models.trained import chat_template_text, find_trained, load_trained
+
+
+def export_model(source: str, *, merge: bool = False, output: str | Path | None = None,
+                 console: Console | None = None) -> Path:
+    console = console or Console(stderr=True)
+    trained = find_trained(source)
+    if output is None:
+        base = Path(source).expanduser()
+        output = (base if base.is_dir() else Path.cwd()) / ("export-merged" if merge else "export")
+    output = Path(output).expanduser().resolve()
+    if output.exists() and any(output.iterdir()):
+        raise LeapError("the output folder exists and is not empty", where=str(output),
+                        fix="choose another --output, or remove the folder")
+    if trained.adapter_dir is not None and not merge:
+        _stage(output, lambda path: shutil.copytree(trained.adapter_dir, path))
+        console.print(f"exported the LoRA adapter {trained.adapter_dir} (over {trained.model_id}) to {output}; "
+                      "--merge writes a full model instead")
+        return output
+    model, tokenizer = load_trained(trained, merge=True)  # merged in float32
+    dtype = _base_dtype(trained.model_id)
+    if dtype is not None:
+        model = model.to(dtype)  # saved in the dtype of the base model's weights (bf16 for LFM2 checkpoints)
+    template = chat_template_text(trained, tokenizer)
+    if template:
+        tokenizer.chat_template = template  # the template the run trained with travels with the model
+
+    def write(path: Path) -> None:
+        model.save_pretrained(path)
+        tokenizer.save_pretrained(path)
+
+    _stage(output, write)
+    what = f"{trained.adapter_dir} merged into {trained.model_id}" if trained.adapter_dir else trained.model_id
+    console.print(f"exported {what} to {output} (a full model: AutoModelForCausalLM.from_pretrained, vLLM, or a "
+                  "GGUF conversion; README \"Export\")")
+    return output
+
+
+def _base_dtype(model_id: str):
+    """The dtype the base model's config records (None: keep float32; the built-in tiny models)."""
+    import torch
+
+    from leap_finetune.models.tiny import TINY_MODELS
+
+    if model_id in TINY_MODELS:
+        return None
+    try:
+        from transformers import AutoConfig
+
+        recorded = getattr(AutoConfig.from_pretrained(model_id), "dtype", None)
+    except Exception:  # noqa: BLE001 - no config to read: keep float32
+        return None
+    recorded = getattr(torch, recorded) if isinstance(recorded, str) else recorded
+    return recorded if recorded in (torch.bfloat16, torch.float16) else None
+
+
+def _stage(output: Path, write) -> None:
+    staging = output.with_name(f".{output.name}.partial")
+    shutil.rmtree(staging, ignore_errors=True)
+    try:
+        write(staging)
+        if output.exists():
+            output.rmdir()
+        staging.rename(output)
+    except BaseException:
+        shutil.rmtree(staging, ignore_errors=True)
+        raise

@@ -1,0 +1,77 @@
+"""`chat` answers from a trained model; `export --merge` writes base + adapter as one full model."""
+
+from __future__ import annotations
+
+import json
+
+import pytest
+import torch
+
+from tests.conftest import fact_rows, invoke, tiny_config, write_config, write_jsonl
+
+
+@pytest.fixture(scope="module")
+def trained(tmp_path_factory):
+    """A full fine-tune that learns `Say W twice.` -> `W W`, and a LoRA run, both through the CLI."""
+    folder = tmp_path_factory.mktemp("chat")
+    write_jsonl(folder / "train.jsonl", fact_rows(48))
+    full = write_config(folder, tiny_config(data="train.jsonl", project_name="full", training_config={
+        "max_steps": 90, "learning_rate": 3e-3, "per_device_train_batch_size": 8, "save_steps": 45,
+        "warmup_steps": 0}), name="full.yaml")
+    lora = write_config(folder, {**tiny_config(data="train.jsonl", project_name="lora", training_config={
+        "max_steps": 8, "learning_rate": 1e-2, "save_steps": 4}),
+        "peft_config": {"extends": "DEFAULT_LORA", "r": 8}}, name="lora.yaml")
+    for config in (full, lora):
+        result = invoke(str(config), cwd=folder)
+        assert result.returncode == 0, result.stderr
+    [full_run] = list((folder / "outputs" / "full").iterdir())
+    [lora_run] = list((folder / "outputs" / "lora").iterdir())
+    return {"full": full_run, "lora": lora_run, "folder": folder}
+
+
+def test_chat_prompt_answers_from_the_trained_model(trained):
+    for word in ("gold", "teal"):
+        result = invoke("chat", str(trained["full"]), "--prompt", f"Say {word} twice.", "--max-new-tokens", "8")
+        assert result.returncode == 0, result.stderr
+        assert result.stdout.strip() == f"{word} {word}"
+    # a checkpoint of the same run (before the end) and a LoRA run's adapter load too
+    checkpoint = invoke("chat", str(trained["full"] / "checkpoint-45"), "--prompt", "Say red twice.",
+                        "--max-new-tokens", "4")
+    assert checkpoint.returncode == 0, checkpoint.stderr
+    adapter = invoke("chat", str(trained["lora"] / "checkpoint-4"), "--prompt", "Say red twice.", "--max-new-tokens", "4")
+    assert adapter.returncode == 0, adapter.stderr
+    missing = invoke("chat", str(trained["folder"] / "nowhere"), "--prompt", "hi")
+    assert missing.returncode == 2 and "no such folder" in missing.stderr
+
+
+def test_export_merge_equals_base_plus_adapter(trained):
+    from peft import PeftModel
+    from transformers import AutoModelForCausalLM
+
+    from leap_finetune.models.loading import load_model
+    from leap_finetune.models.tiny import load_tiny_tokenizer
+
+    checkpoint = trained["lora"] / "checkpoint-4"  # an adapter, not yet merged (the run's model/ is)
+    out = trained["folder"] / "merged"
+    result = invoke("export", str(checkpoint), "--merge", "--output", str(out))
+    assert result.returncode == 0, result.stderr
+    assert (out / "config.json").exists() and not (out / "adapter_config.json").exists()
+    assert "<|im_start|>" in json.loads((out / "tokenizer_config.json").read_text()).get("chat_template", "") or \
+        (out / "chat_template.jinja").exists()
+    merged = AutoModelForCausalLM.from_pretrained(out).eval()
+    tokenizer = load_tiny_tokenizer("tiny-lfm2")
+    base = load_model("tiny-lfm2", tokenizer)
+    reference = PeftModel.from_pretrained(base, str(checkpoint)).eval()
+    ids = tokenizer("<|im_start|>user\nSay gold twice.<|im_end|>\n<|im_start|>assistant\n", return_tensors="pt",
+                    add_special_tokens=False)["input_ids"]
+    with torch.no_grad():
+        expected, got = reference(ids).logits, merged(ids).logits
+        with reference.disable_adapter():
+            untrained = reference(ids).logits
+    assert torch.allclose(got, expected, atol=1e-4), (got - expected).abs().max()
+    assert not torch.allclose(untrained, expected, atol=1e-3)  # the adapter changed the model: it was merged
+    # without --merge: the adapter as it is; an existing folder is not overwritten
+    adapter_only = invoke("export", str(checkpoint), "--output", str(trained["folder"] / "adapter-copy"))
+    assert adapter_only.returncode == 0 and (trained["folder"] / "adapter-copy" / "adapter_config.json").exists()
+    again = invoke("export", str(checkpoint), "--merge", "--output", str(out))
+    assert again.returncode == 2 and "not empty" in again.stderr
