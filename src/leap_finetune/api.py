@@ -208,6 +208,13 @@ def inspect_config(source, *, rows: int = 5) -> list[dict]:
 def run_config(source, *, console: Console | None = None, callbacks: list | None = None,
                outputs_root: str | Path | None = None) -> dict:
     """Validate, plan and train. Returns the run summary (run folder, losses, model folder)."""
+    from leap_finetune.launch.train_log import TrainLog
+
+    with TrainLog() as log:  # train.log in the run folder: what this prints, from here on
+        return _run(source, console, callbacks, outputs_root, log)
+
+
+def _run(source, console, callbacks, outputs_root, log) -> dict:
     console = _console(console)
     resolved = _config(source)
     if resolved.dataset is None and resolved.evals is not None:  # an evaluation-only config
@@ -237,6 +244,7 @@ def run_config(source, *, console: Console | None = None, callbacks: list | None
     servers = local_servers(resolved, devices)  # GRPO's rollout server and judge, started before training
     resolved = resolved.model_copy(update={"judge_url": judge_url(resolved)})
     _write_run_folder(resolved, prepared, renderer, plan)
+    log.attach(plan.run_dir / "train.log")
     _print_plan(console, resolved, prepared, plan, devices)
 
     from leap_finetune.recipes import recipe

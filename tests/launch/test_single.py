@@ -57,6 +57,9 @@ def test_the_child_trains_and_a_ctrl_c_to_the_driver_saves_a_checkpoint(workdir)
     [checkpoint] = metrics.parent.glob("checkpoint-*")
     assert 3 <= int(checkpoint.name.split("-")[1]) == summary["global_step"] < 300
     assert (checkpoint / "leap_checkpoint_complete.json").exists()
+    # the child's own lines (its model, its progress) are appended to the run's train.log by the child
+    log = (metrics.parent / "train.log").read_text()
+    assert "model: 898,944 parameters" in log and "training " in log and "\x1b[" not in log
 
 
 @pytest.mark.slow

@@ -86,8 +86,12 @@ def main(folder: str) -> int:
 
     folder = Path(folder)
     payload = json.loads((folder / "payload.json").read_text(encoding="utf-8"))
+    from leap_finetune.launch.train_log import TrainLog
+
     try:
-        summary = recipe(payload["training_type"]).train(payload)
+        with TrainLog(header=False) as log:  # (the driver's train.log: this process's lines, appended)
+            log.attach(Path(payload["run_dir"]) / "train.log")
+            summary = recipe(payload["training_type"]).train(payload)
     except LeapError as err:
         outcome = {"error": {"message": err.message, "where": err.where, "fix": err.fix}}
         (folder / "outcome.json").write_text(json.dumps(outcome), encoding="utf-8")
