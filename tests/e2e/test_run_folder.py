@@ -1,14 +1,19 @@
-"""What a person reads in the run folder: train.log."""
+"""What a person reads in the run folder: train.log, the plots."""
 
 from __future__ import annotations
+
+import json
+
+from PIL import Image
 
 from tests.conftest import fact_rows, invoke, tiny_config, write_config, write_jsonl
 
 
 def test_train_log_holds_the_runs_output_as_plain_text_and_a_resume_appends(tmp_path):
     write_jsonl(tmp_path / "train.jsonl", fact_rows(24))
-    config = write_config(tmp_path, tiny_config(data="train.jsonl", training_config={
-        "max_steps": 4, "save_steps": 2, "logging_steps": 1}))
+    config = write_config(tmp_path, tiny_config(data="train.jsonl", dataset={"path": "train.jsonl", "test_size": 4},
+                                                training_config={"max_steps": 4, "save_steps": 2, "logging_steps": 1,
+                                                                 "eval_steps": 2}))
     first = invoke(str(config), cwd=tmp_path)
     assert first.returncode == 0, first.stderr
     [run_dir] = list((tmp_path / "outputs" / "test").iterdir())
@@ -24,10 +29,44 @@ def test_train_log_holds_the_runs_output_as_plain_text_and_a_resume_appends(tmp_
     for line in printed:
         position = logged.index(line, position) + 1
     # a resumed run appends (a header of its own), the first run's lines are kept
-    more = write_config(tmp_path, tiny_config(data="train.jsonl", output_dir=str(run_dir), training_config={
-        "max_steps": 6, "save_steps": 2, "logging_steps": 1, "resume_from_checkpoint": "latest"}), name="more.yaml")
+    assert _series(run_dir / "plots" / "loss.png") == {"train loss": 4, "eval loss": 3}  # (step 0 is the baseline)
+    more = write_config(tmp_path, tiny_config(data="train.jsonl", output_dir=str(run_dir),
+                                              dataset={"path": "train.jsonl", "test_size": 4}, training_config={
+        "max_steps": 6, "save_steps": 2, "logging_steps": 1, "eval_steps": 2, "resume_from_checkpoint": "latest"}),
+        name="more.yaml")
     second = invoke(str(more), cwd=tmp_path)
     assert second.returncode == 0, second.stderr
     log = (run_dir / "train.log").read_text()
     assert log.count("==== ") == 2 and "done: 4 steps" in log and "done: 6 steps" in log
     assert log.index("done: 4 steps") < log.index("resuming from") < log.index("done: 6 steps")
+    # the plots were drawn again with the resumed steps
+    assert _series(run_dir / "plots" / "loss.png") == {"train loss": 6, "eval loss": 4}
+    assert _series(run_dir / "plots" / "learning_rate.png") == {"learning rate": 6}
+
+
+def _series(path) -> dict:
+    """A valid PNG's recorded series (label -> points)."""
+    with Image.open(path) as image:
+        image.load()  # decodes every byte: a truncated file fails here
+        assert image.format == "PNG" and image.size[0] > 300
+        return json.loads(image.text["leap-finetune series"])
+
+
+def test_benchmark_and_reward_plots_draw_every_series(tmp_path):
+    from leap_finetune.recipes.plots import write_plots
+
+    records = []
+    for step in range(0, 21, 5):
+        records.append({"step": step, "eval_loss": 2 - step / 20, "benchmark/capitals/score": step / 20,
+                        "benchmark/mcq/score": 0.25 + step / 40, "eval_rewards/accuracies": step / 20})
+        if step:
+            records.append({"step": step, "loss": 1.0 / step, "learning_rate": 1e-3, "num_input_tokens_seen": 100 * step,
+                            "rewards/chosen": 0.1 * step, "rewards/rejected": -0.1 * step, "rewards/margins": 0.2 * step})
+    (tmp_path / "metrics.jsonl").write_text("".join(json.dumps(r) + "\n" for r in records) + '{"step": 2')
+    written = {p.name for p in write_plots(tmp_path)}
+    assert written == {"loss.png", "learning_rate.png", "benchmarks.png", "rewards.png"}
+    assert _series(tmp_path / "plots" / "benchmarks.png") == {"capitals": 5, "mcq": 5}
+    assert _series(tmp_path / "plots" / "rewards.png") == {"rewards/chosen": 4, "rewards/rejected": 4,
+                                                           "rewards/margins": 4, "eval_rewards/accuracies": 5}
+    assert _series(tmp_path / "plots" / "loss.png") == {"train loss": 4, "eval loss": 5}
+    assert not list((tmp_path / "plots").glob(".*"))  # no partial files left

@@ -105,7 +105,11 @@ def standard_callbacks(resolved: ResolvedConfig, run_dir: Path, console, stop_on
     resumed = read_marker(Path(resolved.resume_checkpoint_path)) if resolved.resume_checkpoint_path else None
     marker = CheckpointMarker(run_dir, resolved.training.get("save_total_limit"),
                               seconds_before=(resumed or {}).get("trained_seconds", 0.0))
-    callbacks = [MetricsLog(run_dir / "metrics.jsonl"), marker, RichProgress(console), stop_on_signal]
+    from leap_finetune.recipes.plots import Plots
+
+    # (Plots after MetricsLog: the last log of the run is in metrics.jsonl when the plots are drawn)
+    callbacks = [MetricsLog(run_dir / "metrics.jsonl"), marker, RichProgress(console), stop_on_signal,
+                 Plots(run_dir, console)]
     if os.environ.get("LEAP_FINETUNE_PROFILE"):  # a developer's tool for the benchmarks (recipes/profiling.py)
         from leap_finetune.recipes.profiling import StepProfile
 

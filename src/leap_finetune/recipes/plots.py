@@ -1,0 +1,117 @@
+"""Plots of a run as PNG files in `plots/`, drawn from metrics.jsonl at every checkpoint and at the end (so a
+running job can be looked at): loss (train and eval, against steps and against tokens), learning rate,
+benchmark scores, and rewards for DPO / KTO / GRPO.
+
+Each PNG records the series it draws (label -> number of points) in its metadata (`leap-finetune series`):
+what the tests read back, and a way to see at a glance what a figure holds. Drawing never stops training: a
+failure is reported once.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+from pathlib import Path
+
+from transformers import TrainerCallback
+
+FOLDER = "plots"
+
+
+def _records(metrics: Path) -> list[dict]:
+    if not metrics.exists():
+        return []
+    records = []
+    for line in metrics.read_text(encoding="utf-8").splitlines():
+        try:
+            records.append(json.loads(line))
+        except json.JSONDecodeError:  # a line being written
+            continue
+    return records
+
+
+def _series(records: list[dict], key: str) -> tuple[list, list, list]:
+    """(steps, tokens seen, values) of `key`; tokens carried from the latest training log."""
+    steps, tokens, values, seen = [], [], [], None
+    for record in records:
+        seen = record.get("num_input_tokens_seen", seen)
+        value = record.get(key)
+        if isinstance(value, (int, float)):
+            steps.append(record["step"])
+            tokens.append(seen)
+            values.append(value)
+    return steps, tokens, values
+
+
+def write_plots(run_dir: Path) -> list[Path]:
+    import matplotlib
+
+    matplotlib.use("Agg")  # files only, no display
+    import matplotlib.pyplot as plt
+
+    records = _records(run_dir / "metrics.jsonl")
+    if not records:
+        return []
+    keys = list(dict.fromkeys(k for r in records for k in r))
+    figures = {
+        "loss.png": ("loss", [("train loss", "loss"), ("eval loss", "eval_loss")], True),
+        "learning_rate.png": ("learning rate", [("learning rate", "learning_rate")], False),
+        "benchmarks.png": ("benchmark scores", [(k.split("/")[1], k) for k in keys
+                                                if k.startswith("benchmark/") and k.endswith("/score")], False),
+        "rewards.png": ("rewards", [(k, k) for k in keys if k.startswith(("rewards/", "eval_rewards/"))
+                                    or k in ("reward", "eval_reward", "kl", "eval_kl")], False),
+    }
+    folder = run_dir / FOLDER
+    folder.mkdir(exist_ok=True)
+    written = []
+    for name, (title, wanted, by_tokens) in figures.items():
+        drawn = {label: _series(records, key) for label, key in wanted}
+        drawn = {label: s for label, s in drawn.items() if s[0]}
+        if not drawn:
+            continue
+        with_tokens = by_tokens and any(t is not None for s in drawn.values() for t in s[1])
+        fig, axes = plt.subplots(1, 2 if with_tokens else 1, figsize=(11 if with_tokens else 6.5, 4), squeeze=False)
+        for label, (steps, tokens, values) in drawn.items():
+            marker = "o" if len(values) < 30 else None
+            axes[0][0].plot(steps, values, label=label, marker=marker, markersize=3)
+            if with_tokens:
+                points = [(t, v) for t, v in zip(tokens, values) if t is not None]
+                axes[0][1].plot([t for t, _ in points], [v for _, v in points], label=label, marker=marker, markersize=3)
+        for index, axis in enumerate(axes[0]):
+            axis.set_xlabel("tokens seen" if index else "step")
+            axis.set_title(title + (" (by tokens)" if index else ""))
+            axis.grid(alpha=0.3)
+            axis.legend(fontsize=8)
+        fig.suptitle(run_dir.name, fontsize=9)
+        fig.tight_layout()
+        path = folder / name
+        partial = folder / f".{name}.partial"
+        series = {label: len(s[2]) for label, s in drawn.items()}
+        fig.savefig(partial, format="png", dpi=110, metadata={"leap-finetune series": json.dumps(series)})
+        plt.close(fig)
+        os.replace(partial, path)  # a reader never sees half a file
+        written.append(path)
+    return written
+
+
+class Plots(TrainerCallback):
+    """Redraws the plots at every checkpoint and at the end of training (the main process only)."""
+
+    def __init__(self, run_dir: Path, console):
+        self.run_dir, self.console, self.failed = run_dir, console, False
+
+    def _draw(self, state) -> None:
+        if not state.is_world_process_zero or self.failed:
+            return
+        try:
+            write_plots(self.run_dir)
+        except Exception as err:  # noqa: BLE001 - a plot never stops training
+            self.failed = True
+            self.console.print(f"[yellow]note: the plots could not be drawn ({type(err).__name__}: {err}); "
+                               "training goes on[/yellow]")
+
+    def on_save(self, args, state, control, **kwargs):
+        self._draw(state)
+
+    def on_train_end(self, args, state, control, **kwargs):
+        self._draw(state)
