@@ -273,6 +273,10 @@ def _run(source, console, callbacks, outputs_root, log) -> dict:
             shutil.rmtree(plan.run_dir, ignore_errors=True)
         raise
     summary["run_dir"] = str(plan.run_dir)
+    if summary.get("model_dir") and not summary.get("stopped_early"):
+        from leap_finetune.launch.model_card import write_model_cards
+
+        write_model_cards(resolved, prepared, summary, devices_line(devices))
     _print_end(console, summary)
     return summary
 

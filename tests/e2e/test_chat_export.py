@@ -1,4 +1,5 @@
-"""`chat` answers from a trained model; `export --merge` writes base + adapter as one full model."""
+"""`chat` answers from a trained model; `export --merge` writes base + adapter as one full model; the model card's
+snippet runs as pasted."""
 
 from __future__ import annotations
 
@@ -75,3 +76,29 @@ def test_export_merge_equals_base_plus_adapter(trained):
     assert adapter_only.returncode == 0 and (trained["folder"] / "adapter-copy" / "adapter_config.json").exists()
     again = invoke("export", str(checkpoint), "--merge", "--output", str(out))
     assert again.returncode == 2 and "not empty" in again.stderr
+
+
+@pytest.mark.parametrize("kind, folder", [("full", "model"), ("lora", "adapter"), ("lora", "model")])
+def test_the_model_card_is_valid_and_its_snippet_runs_as_pasted(trained, kind, folder):
+    import re
+    import subprocess
+    import sys
+
+    from huggingface_hub import ModelCard
+
+    run_dir = trained[kind]
+    card = ModelCard.load(run_dir / folder / "README.md")
+    assert "leap-finetune" in card.data.tags and "sft" in card.data.tags
+    assert card.data.library_name == ("peft" if folder == "adapter" else "transformers")
+    assert card.data.pipeline_tag == "text-generation"
+    text = card.text
+    for part in ("## Data", "## Training", "## Results", "## Use it", "resolved_config.yaml",
+                 str(trained["folder"] / "train.jsonl"), "| 48 | 48 | 48 | 0 |"):
+        assert part in text, part
+    assert ("LoRA (r=8" in text) == (kind == "lora")
+    [code] = re.findall(r"```python\n(.*?)```", text, re.S)
+    assert ("PeftModel" in code) == (folder == "adapter")
+    result = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, timeout=300)
+    assert result.returncode == 0, result.stderr[-2000:]
+    if kind == "full":  # the run folder holds the same card as its model
+        assert (run_dir / "README.md").read_text() == (run_dir / "model" / "README.md").read_text()

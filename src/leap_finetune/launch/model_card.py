@@ -1,0 +1,174 @@
+"""The model card of a finished run (README.md in the run folder, in model/ and in adapter/): what was
+trained on what, how, with which results, and how to load it - valid Hub model-card metadata
+(huggingface_hub's ModelCard), so the folder can be uploaded as it is.
+
+Written by the driver after training, from the summary, the data report and the resolved config; it
+replaces the generic card TRL writes into the output folder.
+"""
+
+from __future__ import annotations
+
+import json
+from pathlib import Path
+
+from leap_finetune import __version__
+from leap_finetune.config.yaml_io import dump_yaml
+from leap_finetune.models.tiny import TINY_MODELS
+
+RETRIEVAL = ("embedding", "colbert")
+
+
+def _hub_id(name: str) -> str | None:
+    return name if name.count("/") == 1 and not name.startswith((".", "/", "~")) and not Path(name).exists() else None
+
+
+def snippet(resolved, summary: dict, adapter: bool) -> str:
+    """Python that loads the trained model and answers (or encodes), as pasted by the user."""
+    model_dir = summary["model_dir"]
+    if resolved.training_type == "embedding":
+        return (f'from sentence_transformers import SentenceTransformer\n\nmodel = SentenceTransformer("{model_dir}")\n'
+                'embeddings = model.encode(["What is the capital of France?"], prompt_name="query")\n'
+                'print(embeddings.shape)')
+    if resolved.training_type == "colbert":
+        return (f'from sentence_transformers import MultiVectorEncoder\n\nmodel = MultiVectorEncoder("{model_dir}")\n'
+                'vectors = model.encode(["What is the capital of France?"])\nprint(len(vectors[0]))')
+    if adapter:
+        base = resolved.model_id
+        if base in TINY_MODELS:  # a built-in tiny model is not a Hub id: leap-finetune builds it
+            load_base = (f'from leap_finetune.models.loading import load_model, load_tokenizer\n\n'
+                         f'tokenizer = AutoTokenizer.from_pretrained("{summary["adapter_dir"]}")\n'
+                         f'base = load_model("{base}", tokenizer)\n')
+        else:
+            load_base = (f'base = AutoModelForCausalLM.from_pretrained("{base}")\n'
+                         f'tokenizer = AutoTokenizer.from_pretrained("{summary["adapter_dir"]}")\n')
+        load = (f'from peft import PeftModel\nfrom transformers import AutoModelForCausalLM, AutoTokenizer\n'
+                f'{load_base}model = PeftModel.from_pretrained(base, "{summary["adapter_dir"]}")\n')
+    else:
+        load = (f'from transformers import AutoModelForCausalLM, AutoTokenizer\n\n'
+                f'model = AutoModelForCausalLM.from_pretrained("{model_dir}")\n'
+                f'tokenizer = AutoTokenizer.from_pretrained("{model_dir}")\n')
+    return load + (
+        'messages = [{"role": "user", "content": "What is the capital of France?"}]\n'
+        'inputs = tokenizer.apply_chat_template(messages, add_generation_prompt=True, return_tensors="pt", '
+        'return_dict=True)\n'
+        'output = model.generate(**inputs, max_new_tokens=64)\n'
+        'print(tokenizer.decode(output[0][inputs["input_ids"].shape[1]:], skip_special_tokens=True))')
+
+
+def _metadata(resolved, prepared, adapter: bool) -> dict:
+    from leap_finetune.data.prepare import dataset_items
+
+    tags = ["leap-finetune", resolved.training_type]
+    if resolved.model_family in ("lfm2", "lfm2.5"):
+        tags += ["liquid", resolved.model_family]
+    if adapter:
+        tags.append("lora")
+    data = {
+        "library_name": "sentence-transformers" if resolved.training_type in RETRIEVAL else
+        "peft" if adapter else "transformers",
+        "pipeline_tag": "sentence-similarity" if resolved.training_type in RETRIEVAL else "text-generation",
+        "tags": tags,
+    }
+    base = _hub_id(resolved.model_id)
+    if base:
+        data["base_model"] = base
+    hub_data = [d.path for d in dataset_items(resolved) if _hub_id(d.path)]
+    if hub_data:
+        data["datasets"] = hub_data
+    return data
+
+
+def _number(value, digits: int = 4) -> str:
+    return f"{value:.{digits}f}" if isinstance(value, (int, float)) else "-"
+
+
+def _best_eval(run_dir: Path) -> tuple[float, int] | None:
+    best = None
+    metrics = run_dir / "metrics.jsonl"
+    if metrics.exists():
+        for line in metrics.read_text(encoding="utf-8").splitlines():
+            try:
+                record = json.loads(line)
+            except json.JSONDecodeError:
+                continue
+            loss = record.get("eval_loss")
+            if isinstance(loss, (int, float)) and (best is None or loss < best[0]):
+                best = (loss, record["step"])
+    return best
+
+
+def card_text(resolved, prepared, summary: dict, devices_line: str, adapter: bool) -> str:
+    from huggingface_hub import ModelCard, ModelCardData
+
+    run_dir = Path(resolved.run_dir)
+    training = resolved.training
+    method = f"LoRA (r={resolved.peft.get('r')}, alpha={resolved.peft.get('lora_alpha')})" if resolved.peft else \
+        "full fine-tune"
+    lines = [f"# {resolved.run_name}", "",
+             f"**{resolved.training_type.upper()}** of `{resolved.model_name}`, {method}, trained with "
+             f"leap-finetune {__version__}.", ""]
+    lines += ["## Data", "", "| source | rows read | valid | train | eval | mix | tokens used |",
+              "| --- | --- | --- | --- | --- | --- | --- |"]
+    for s in prepared.sources:
+        lines.append(f"| `{s.path}` | {s.rows_read:,} | {s.valid:,} | {s.train_rows:,} | {s.eval_rows:,} | "
+                     f"{s.mixing or '-'} | {s.train_tokens:,} |")
+    lines += ["", f"{len(prepared.train):,} training rows, {prepared.train_tokens:,} tokens "
+              f"({prepared.trained_tokens:,} carrying loss); {len(prepared.eval):,} held out. "
+              f"Not trained on: {prepared.invalid_skipped:,} invalid row(s) skipped, {prepared.fully_truncated:,} "
+              f"with every trained token beyond max_length"
+              + (" (listed in dropped_rows.jsonl)." if prepared.dropped else "."), ""]
+    lines += ["## Training", "",
+              "| setting | value |", "| --- | --- |",
+              f"| learning rate | {training.get('learning_rate')} |",
+              f"| epochs / max steps | {training.get('num_train_epochs')} / {training.get('max_steps', -1)} |",
+              f"| batch per device x accumulation x workers | {training.get('per_device_train_batch_size')} x "
+              f"{training.get('gradient_accumulation_steps', 1)} x {resolved.workers} |",
+              f"| max length / packing | {training.get('max_length')} / {training.get('packing', False)} |",
+              f"| steps | {summary.get('global_step')} |",
+              f"| training time | {_number(summary.get('train_runtime_s'), 1)} s |",
+              f"| tokens seen | {summary.get('tokens_seen', '-')} |",
+              f"| hardware | {devices_line.removeprefix('devices: ')} |", ""]
+    lines += ["## Results", "", "| metric | before | after |", "| --- | --- | --- |"]
+    if summary.get("train_loss") is not None:
+        lines.append(f"| train loss (mean) | - | {_number(summary['train_loss'])} |")
+    if summary.get("eval_loss") is not None:
+        lines.append(f"| eval loss | {_number(summary.get('initial_eval_loss'))} | {_number(summary['eval_loss'])} |")
+        best = _best_eval(run_dir)
+        if best:
+            lines.append(f"| best eval loss | - | {_number(best[0])} (step {best[1]}) |")
+    for key, after in (summary.get("eval_metrics") or {}).items():
+        if key.startswith("eval_rewards/") or key in ("eval_kl",):
+            before = (summary.get("initial_eval_metrics") or {}).get(key)
+            lines.append(f"| {key.removeprefix('eval_')} | {_number(before)} | {_number(after)} |")
+    for key, after in (summary.get("benchmarks") or {}).items():
+        before = (summary.get("initial_benchmarks") or {}).get(key)
+        lines.append(f"| {key} | {_number(before)} | {_number(after)} |")
+    if summary.get("final_reward") is not None:
+        lines.append(f"| reward (first / last 5 steps) | {_number(summary.get('initial_reward'))} | "
+                     f"{_number(summary['final_reward'])} |")
+    if summary.get("ndcg@10") is not None:
+        lines.append(f"| held-out nDCG@10 | {_number(summary.get('initial_ndcg@10'))} | {_number(summary['ndcg@10'])} |")
+    lines += ["", "Plots: `plots/` in the run folder; every logged value: `metrics.jsonl`.", ""]
+    lines += ["## Use it", "", "```python", snippet(resolved, summary, adapter), "```", "",
+              "Or in the terminal: `leap-finetune chat " + str(run_dir) + "`.", ""]
+    lines += ["## Config", "", "<details><summary>resolved_config.yaml (every value after profiles and defaults)"
+              "</summary>", "", "```yaml", dump_yaml(resolved.to_json_dict()).rstrip(), "```", "", "</details>", ""]
+    card = ModelCard.from_template(ModelCardData(**_metadata(resolved, prepared, adapter)),
+                                   template_str="---\n{{ card_data }}\n---\n\n{{ body }}\n", body="\n".join(lines))
+    return str(card)
+
+
+def write_model_cards(resolved, prepared, summary: dict, devices_line: str) -> list[Path]:
+    """README.md in the run folder and in model/ (and adapter/, with the adapter's snippet)."""
+    from leap_finetune.files import write_atomic
+
+    run_dir = Path(resolved.run_dir)
+    written = []
+    adapter = bool(summary.get("adapter_dir"))
+    for folder, as_adapter in ((run_dir, False), (Path(summary["model_dir"]), False),
+                               (Path(summary["adapter_dir"]) if adapter else None, True)):
+        if folder is None or not folder.is_dir():
+            continue
+        write_atomic(folder / "README.md", card_text(resolved, prepared, summary, devices_line, as_adapter))
+        written.append(folder / "README.md")
+    return written
