@@ -278,6 +278,10 @@ def _run(source, console, callbacks, outputs_root, log) -> dict:
 
         write_model_cards(resolved, prepared, summary, devices_line(devices))
     _print_end(console, summary)
+    if not summary.get("stopped_early"):
+        from leap_finetune.launch.report import end_report
+
+        end_report(console, resolved, summary)
     return summary
 
 

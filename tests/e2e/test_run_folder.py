@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import json
 
+import pytest
 from PIL import Image
 
 from tests.conftest import fact_rows, invoke, tiny_config, write_config, write_jsonl
@@ -22,6 +23,10 @@ def test_train_log_holds_the_runs_output_as_plain_text_and_a_resume_appends(tmp_
     for printed in ("resolved config", "data: 24 rows read", f"run: {run_dir}", "done: 4 steps"):
         assert printed in log, printed
     assert "\x1b[" not in log and "\r" not in log
+    # the end of run report, in the log too
+    report = log[log.index("run report"):]
+    assert "SFT of tiny-lfm2, full fine-tune" in report and "4 steps in" in report and "tokens/s" in report
+    assert "(best " in report and "at step" in report and f"run folder {run_dir}" in report
     # every line the run printed is in the log, in order
     printed = [line.strip() for line in first.stderr.splitlines() if line.strip()]
     logged = [line.strip() for line in log.splitlines() if line.strip()]
@@ -70,3 +75,31 @@ def test_benchmark_and_reward_plots_draw_every_series(tmp_path):
                                                            "rewards/margins": 4, "eval_rewards/accuracies": 5}
     assert _series(tmp_path / "plots" / "loss.png") == {"train loss": 4, "eval loss": 5}
     assert not list((tmp_path / "plots").glob(".*"))  # no partial files left
+
+
+@pytest.mark.parametrize("training_type, metrics, expected", [
+    ("dpo", {"eval_rewards/accuracies": 0.9, "eval_rewards/margins": 1.5},
+     ["reward accuracies (held out) | 0.500 -> 0.900", "reward margins (held out) | 0.000 -> 1.500"]),
+    ("kto", {"eval_rewards/chosen": 0.8, "eval_rewards/rejected": -0.4},
+     ["reward gap, desirable - undesirable (held out) | 0.000 -> 1.200"]),
+])
+def test_the_end_report_shows_the_preference_metrics(tmp_path, training_type, metrics, expected):
+    import io
+
+    from rich.console import Console
+
+    from leap_finetune.config.loader import load_config
+    from leap_finetune.launch.report import end_report
+
+    (tmp_path / "train.jsonl").write_text("")
+    resolved = load_config(tiny_config(training_type=training_type, data=str(tmp_path / "train.jsonl"),
+                                       training_config={"extends": f"DEFAULT_{training_type.upper()}"}))
+    starts = {k: (0.5 if k.endswith("accuracies") else 0.0) for k in metrics}
+    summary = {"run_dir": str(tmp_path), "global_step": 10, "train_runtime_s": 5.0, "tokens_seen": 1000,
+               "eval_loss": 0.5, "initial_eval_loss": 0.7, "eval_metrics": metrics, "initial_eval_metrics": starts,
+               "model_dir": str(tmp_path / "model")}
+    out = io.StringIO()
+    end_report(Console(file=out, width=200), resolved, summary)
+    text = " ".join(out.getvalue().replace("│", "|").split())
+    for row in expected + ["10 steps in 5.0 s, 200 tokens/s", "eval loss | 0.7000 -> 0.5000"]:
+        assert row in text, (row, text)

@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+from pathlib import Path
+
 from rich.console import Console
 from rich.markup import escape
 from rich.table import Table
@@ -138,3 +140,77 @@ def data_report(console: Console, prepared: PreparedData, resolved: ResolvedConf
         console.print(
             f"[yellow]{prepared.partially_truncated} row(s) lose some trained tokens to max_length truncation[/yellow]"
         )
+
+
+def _last_logged(run_dir: Path, keys: tuple[str, ...]) -> dict:
+    """The last value of each key in metrics.jsonl (training logs)."""
+    import json
+
+    found: dict = {}
+    metrics = run_dir / "metrics.jsonl"
+    if metrics.exists():
+        for line in metrics.read_text(encoding="utf-8").splitlines():
+            try:
+                record = json.loads(line)
+            except json.JSONDecodeError:
+                continue
+            found.update({k: record[k] for k in keys if isinstance(record.get(k), (int, float))})
+    return found
+
+
+def end_report(console: Console, resolved: ResolvedConfig, summary: dict) -> None:
+    """The run in one table: what trained, how long and how fast, the results before -> after, where it all is."""
+    from leap_finetune.launch.model_card import _best_eval
+
+    run_dir = Path(summary["run_dir"])
+    table = Table(title="run report", show_header=False, title_justify="left")
+    table.add_column(style="bold")
+    table.add_column()
+    method = f"LoRA r={resolved.peft.get('r')}" if resolved.peft else "full fine-tune"
+    table.add_row("trained", f"{resolved.training_type.upper()} of {resolved.model_name}, {method}")
+    seconds = summary.get("train_runtime_s")
+    tokens = summary.get("tokens_seen")
+    if seconds:
+        speed = f", {tokens / seconds:,.0f} tokens/s" if tokens else ""
+        table.add_row("steps / time", f"{summary['global_step']} steps in {seconds:,.1f} s{speed}")
+    if summary.get("eval_loss") is not None:
+        before = summary.get("initial_eval_loss")
+        text = (f"{before:.4f} -> " if before is not None else "") + f"{summary['eval_loss']:.4f}"
+        best = _best_eval(run_dir)
+        if best:
+            text += f" (best {best[0]:.4f} at step {best[1]})"
+        table.add_row("eval loss", text)
+    for key, after in (summary.get("benchmarks") or {}).items():
+        before = (summary.get("initial_benchmarks") or {}).get(key)
+        table.add_row(key, (f"{before:.3f} -> " if before is not None else "") + f"{after:.3f}")
+    after, before = summary.get("eval_metrics") or {}, summary.get("initial_eval_metrics") or {}
+    trained = _last_logged(run_dir, ("rewards/accuracies", "rewards/margins", "rewards/chosen", "rewards/rejected"))
+    if resolved.training_type == "dpo":
+        for name in ("accuracies", "margins"):
+            key = f"eval_rewards/{name}"
+            if key in after:
+                table.add_row(f"reward {name} (held out)",
+                              (f"{before[key]:.3f} -> " if key in before else "") + f"{after[key]:.3f}")
+            elif f"rewards/{name}" in trained:
+                table.add_row(f"reward {name} (last training log)", f"{trained[f'rewards/{name}']:.3f}")
+    if resolved.training_type == "kto":
+        def gap(values: dict, prefix: str):
+            chosen, rejected = values.get(f"{prefix}rewards/chosen"), values.get(f"{prefix}rewards/rejected")
+            return chosen - rejected if chosen is not None and rejected is not None else None
+
+        held, start, last = gap(after, "eval_"), gap(before, "eval_"), gap(trained, "")
+        if held is not None:
+            table.add_row("reward gap, desirable - undesirable (held out)",
+                          (f"{start:.3f} -> " if start is not None else "") + f"{held:.3f}")
+        elif last is not None:
+            table.add_row("reward gap, desirable - undesirable (last training log)", f"{last:.3f}")
+    if summary.get("final_reward") is not None:
+        table.add_row("reward (first / last 5 steps)", f"{summary['initial_reward']:.3f} -> {summary['final_reward']:.3f}")
+    where = [f"run folder {run_dir}"]
+    if summary.get("model_dir"):
+        where.append(f"model {summary['model_dir']}")
+    if summary.get("adapter_dir"):
+        where.append(f"adapter {summary['adapter_dir']}")
+    where.append("card README.md, plots/, train.log, metrics.jsonl")
+    table.add_row("where", "\n".join(where))
+    console.print(table)
