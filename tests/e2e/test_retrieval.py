@@ -84,6 +84,13 @@ def test_minilm_learns_a_retrieval_task_it_does_not_solve(workdir, minilm, train
     import numpy as np
 
     assert np.allclose(np.asarray(a[0]), np.asarray(b[0]))
+    # the model card's snippet loads it with sentence-transformers, as pasted
+    import re
+
+    card = (Path(summary["model_dir"]) / "README.md").read_text()
+    assert "library_name: sentence-transformers" in card and "pipeline_tag: sentence-similarity" in card
+    [code] = re.findall(r"```python\n(.*?)```", card, re.S)
+    exec(compile(code, "model card snippet", "exec"), {})  # noqa: S102 - the card's own code, run as a user would
     metrics = [json.loads(line) for line in (Path(summary["run_dir"]) / "metrics.jsonl").read_text().splitlines()]
     assert any("loss" in m for m in metrics)
     # the retrieval benchmark of evals: before and after training, and `leap-finetune eval` on the saved run

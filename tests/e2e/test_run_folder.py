@@ -103,3 +103,30 @@ def test_the_end_report_shows_the_preference_metrics(tmp_path, training_type, me
     text = " ".join(out.getvalue().replace("│", "|").split())
     for row in expected + ["10 steps in 5.0 s, 200 tokens/s", "eval loss | 0.7000 -> 0.5000"]:
         assert row in text, (row, text)
+
+
+def test_tensorboard_gets_the_run_and_its_resolved_config(tmp_path):
+    """report_to: tensorboard - the run's scalars and leap-finetune's resolved config land in the run folder's
+    tensorboard/ (read back with TensorBoard's own reader); the trainer's arguments carry the run's name and
+    project for the trackers that use them."""
+    from tensorboard.backend.event_processing.event_accumulator import EventAccumulator
+
+    write_jsonl(tmp_path / "train.jsonl", fact_rows(16))
+    config = write_config(tmp_path, tiny_config(data="train.jsonl", project_name="tracked", training_config={
+        "max_steps": 3, "logging_steps": 1, "report_to": "tensorboard"}))
+    result = invoke(str(config), cwd=tmp_path)
+    assert result.returncode == 0, result.stderr
+    [run_dir] = list((tmp_path / "outputs" / "tracked").iterdir())
+    events = EventAccumulator(str(run_dir / "tensorboard"), size_guidance={"tensors": 0, "scalars": 0})
+    events.Reload()
+    tags = events.Tags()
+    assert "train/loss" in tags["scalars"] and len(events.Scalars("train/loss")) == 3
+    [text] = [t for t in tags["tensors"] if t.startswith("leap_finetune/config")]
+    config_text = events.Tensors(text)[0].tensor_proto.string_val[0].decode()
+    assert '"project_name": "tracked"' in config_text and '"max_steps": 3' in config_text
+    from leap_finetune.config.loader import load_config
+    from leap_finetune.recipes import recipe
+
+    resolved = load_config(config).model_copy(update={"run_name": run_dir.name, "run_dir": str(run_dir)})
+    args = recipe("sft").training_arguments(resolved, run_dir=str(run_dir), has_eval=False)
+    assert (args["run_name"], args["project"]) == (run_dir.name, "tracked")

@@ -85,3 +85,63 @@ def test_a_mistake_the_child_finds_is_the_drivers_user_error(workdir):
         run_in_child(json.loads(json.dumps(resolved.to_json_dict())), DevicePlan(nodes=1, gpus_per_node=0),
                      plan.run_dir)
     assert str(workdir / "empty-model") in info.value.format()
+
+
+KILLED_DRIVER = """
+import json, sys
+from pathlib import Path
+from leap_finetune import api
+from leap_finetune.launch.devices import DevicePlan
+from leap_finetune.launch.plan import plan_run
+from leap_finetune.launch.servers import Server, ServerSpec
+from leap_finetune.launch.single import run_in_child
+
+port = int(sys.argv[2])
+server = Server(ServerSpec("test server", [sys.executable, "-m", "http.server", str(port), "--bind", "127.0.0.1"],
+                           port, health_path="/"), Path(sys.argv[3]))
+server.start()
+server.wait_healthy()
+resolved = api._config(sys.argv[1])
+tokenizer, renderer, prepared = api._prepare(resolved)
+plan = plan_run(resolved)
+resolved = resolved.model_copy(update={"run_dir": str(plan.run_dir), "run_name": plan.run_name, "workers": 1})
+api._write_run_folder(resolved, prepared, renderer, plan)
+run_in_child(json.loads(json.dumps(resolved.to_json_dict())), DevicePlan(nodes=1, gpus_per_node=0), plan.run_dir)
+"""
+
+
+@pytest.mark.slow
+def test_a_killed_driver_takes_its_server_and_training_child_with_it(workdir):
+    """SIGKILL gives the driver no chance to clean up: the server and the training child it started get
+    SIGTERM from the kernel (PR_SET_PDEATHSIG) and end; nothing is left holding a port or a GPU."""
+    import socket
+
+    import psutil
+
+    with socket.socket() as probe:
+        probe.bind(("127.0.0.1", 0))
+        port = probe.getsockname()[1]
+    write_jsonl(workdir / "train.jsonl", fact_rows(48))
+    config = write_config(workdir, tiny_config(training_config={"max_steps": 3000, "save_steps": 10000}))
+    driver = subprocess.Popen([sys.executable, "-c", KILLED_DRIVER, str(config), str(port), str(workdir / "server.log")],
+                              cwd=workdir, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
+    deadline, started = time.time() + 300, []
+    while time.time() < deadline and driver.poll() is None:
+        found = list((workdir / "outputs" / "test").glob("*/metrics.jsonl"))
+        if found and found[0].read_text().count('"loss"') >= 2:
+            started = psutil.Process(driver.pid).children(recursive=True)
+            break
+        time.sleep(0.05)
+    commands = [" ".join(p.cmdline()) for p in started]
+    assert any("http.server" in c for c in commands) and any("leap_finetune.launch.single" in c for c in commands), \
+        (commands, driver.communicate()[1][-2000:] if driver.poll() is not None else "")
+    driver.kill()
+    driver.wait()
+    deadline = time.time() + 60
+    while time.time() < deadline and any(p.is_running() and p.status() != psutil.STATUS_ZOMBIE for p in started):
+        time.sleep(0.1)
+    left = [" ".join(p.cmdline()) for p in started if p.is_running() and p.status() != psutil.STATUS_ZOMBIE]
+    assert not left, left
+    from leap_finetune.launch.servers import port_in_use
+
+    assert not port_in_use("127.0.0.1", port)  # the server's port is free again

@@ -25,13 +25,15 @@ def _hub_id(name: str) -> str | None:
 def snippet(resolved, summary: dict, adapter: bool) -> str:
     """Python that loads the trained model and answers (or encodes), as pasted by the user."""
     model_dir = summary["model_dir"]
+    prompts = getattr(getattr(resolved, "retrieval", None), "prompts", None)
+    query_prompt = ', prompt_name="query"' if prompts is not None and prompts.query else ""
     if resolved.training_type == "embedding":
         return (f'from sentence_transformers import SentenceTransformer\n\nmodel = SentenceTransformer("{model_dir}")\n'
-                'embeddings = model.encode(["What is the capital of France?"], prompt_name="query")\n'
+                f'embeddings = model.encode(["What is the capital of France?"]{query_prompt})\n'
                 'print(embeddings.shape)')
     if resolved.training_type == "colbert":
         return (f'from sentence_transformers import MultiVectorEncoder\n\nmodel = MultiVectorEncoder("{model_dir}")\n'
-                'vectors = model.encode(["What is the capital of France?"])\nprint(len(vectors[0]))')
+                f'vectors = model.encode(["What is the capital of France?"]{query_prompt})\nprint(len(vectors[0]))')
     if adapter:
         base = resolved.model_id
         if base in TINY_MODELS:  # a built-in tiny model is not a Hub id: leap-finetune builds it

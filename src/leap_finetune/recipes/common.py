@@ -58,6 +58,10 @@ def common_arguments(resolved: ResolvedConfig, *, run_dir: str, has_eval: bool, 
     args["save_total_limit"] = None
     args.setdefault("disable_tqdm", True)
     args.setdefault("include_num_input_tokens_seen", "non_padding")
+    # trackers name the run and its project as leap-finetune does (recipes/trackers.py)
+    if resolved.run_name:
+        args.setdefault("run_name", resolved.run_name)
+    args.setdefault("project", resolved.project_name)
     return args
 
 
@@ -106,10 +110,13 @@ def standard_callbacks(resolved: ResolvedConfig, run_dir: Path, console, stop_on
     marker = CheckpointMarker(run_dir, resolved.training.get("save_total_limit"),
                               seconds_before=(resumed or {}).get("trained_seconds", 0.0))
     from leap_finetune.recipes.plots import Plots
+    from leap_finetune.recipes.trackers import TrackerConfig, tracker_environment
+
+    tracker_environment(resolved)
 
     # (Plots after MetricsLog: the last log of the run is in metrics.jsonl when the plots are drawn)
     callbacks = [MetricsLog(run_dir / "metrics.jsonl"), marker, RichProgress(console), stop_on_signal,
-                 Plots(run_dir, console)]
+                 Plots(run_dir, console), TrackerConfig(resolved, console)]
     if os.environ.get("LEAP_FINETUNE_PROFILE"):  # a developer's tool for the benchmarks (recipes/profiling.py)
         from leap_finetune.recipes.profiling import StepProfile
 
@@ -181,6 +188,9 @@ def train_evaluate_save(trainer, resolved: ResolvedConfig, run_dir: Path, tokeni
     # over the processes.
     history = metrics_history(run_dir / "metrics.jsonl")
     marker = next(c for c in trainer.callback_handler.callbacks if isinstance(c, CheckpointMarker))
+    from leap_finetune.recipes.plots import Plots
+
+    plots = next(c for c in trainer.callback_handler.callbacks if isinstance(c, Plots))
     train_loss = history["train_loss"] if resume and history["train_loss"] is not None else result.training_loss
     summary = {"global_step": trainer.state.global_step, "train_loss": train_loss,
                "train_runtime_s": round(marker.trained_seconds(), 3),
@@ -198,6 +208,8 @@ def train_evaluate_save(trainer, resolved: ResolvedConfig, run_dir: Path, tokeni
             benchmarks.finish(wait=False)  # async modes: evaluations still running are stopped
         summary["stopped_early"] = True
         summary["stopped_by_signal"] = stop_on_signal.received
+        plots.draw_in_background(trainer.is_world_process_zero())
+        plots.wait()
         write_atomic(run_dir / "summary.json", json.dumps(summary, indent=2))
         return summary
     if run_benchmarks:
@@ -220,6 +232,7 @@ def train_evaluate_save(trainer, resolved: ResolvedConfig, run_dir: Path, tokeni
             summary["initial_eval_metrics"] = {k: float(v) for k, v in baseline.items()
                                                if k.startswith("eval_") and _is_number(v)}
 
+    plots.draw_in_background(trainer.is_world_process_zero())  # every evaluation is logged by now
     # The model (merged for LoRA, plus the adapter) loadable with from_pretrained.
     final_model = trainer.model
     state_dict = _full_state_dict(trainer)
@@ -236,6 +249,7 @@ def train_evaluate_save(trainer, resolved: ResolvedConfig, run_dir: Path, tokeni
     summary["model_dir"] = str(run_dir / "model")
     if samples and not getattr(trainer, "is_fsdp_enabled", False):  # a sharded model generates on every rank only
         print_samples(console, "after training", final_model, tokenizer, samples)
+    plots.wait()
     write_atomic(run_dir / "summary.json", json.dumps(summary, indent=2))
     return summary
 

@@ -44,10 +44,9 @@ def _series(records: list[dict], key: str) -> tuple[list, list, list]:
 
 
 def write_plots(run_dir: Path) -> list[Path]:
-    import matplotlib
-
-    matplotlib.use("Agg")  # files only, no display
-    import matplotlib.pyplot as plt
+    # matplotlib's object API with the Agg canvas (files only, no display, no pyplot state: safe in a thread)
+    from matplotlib.backends.backend_agg import FigureCanvasAgg
+    from matplotlib.figure import Figure
 
     records = _records(run_dir / "metrics.jsonl")
     if not records:
@@ -70,7 +69,9 @@ def write_plots(run_dir: Path) -> list[Path]:
         if not drawn:
             continue
         with_tokens = by_tokens and any(t is not None for s in drawn.values() for t in s[1])
-        fig, axes = plt.subplots(1, 2 if with_tokens else 1, figsize=(11 if with_tokens else 6.5, 4), squeeze=False)
+        fig = Figure(figsize=(11 if with_tokens else 6.5, 4))
+        FigureCanvasAgg(fig)
+        axes = fig.subplots(1, 2 if with_tokens else 1, squeeze=False)
         for label, (steps, tokens, values) in drawn.items():
             marker = "o" if len(values) < 30 else None
             axes[0][0].plot(steps, values, label=label, marker=marker, markersize=3)
@@ -88,21 +89,24 @@ def write_plots(run_dir: Path) -> list[Path]:
         partial = folder / f".{name}.partial"
         series = {label: len(s[2]) for label, s in drawn.items()}
         fig.savefig(partial, format="png", dpi=110, metadata={"leap-finetune series": json.dumps(series)})
-        plt.close(fig)
         os.replace(partial, path)  # a reader never sees half a file
         written.append(path)
     return written
 
 
 class Plots(TrainerCallback):
-    """Redraws the plots at every checkpoint and at the end of training (the main process only)."""
+    """Redraws the plots at checkpoints (at most once every INTERVAL_S: drawing takes ~0.6 s, and a running job
+    is looked at in minutes) and once the run's last evaluation is logged, in a thread beside the saving of
+    the model (`draw_in_background`, then `wait`). The main process only."""
+
+    INTERVAL_S = 60.0
 
     def __init__(self, run_dir: Path, console):
         self.run_dir, self.console, self.failed = run_dir, console, False
+        self.last = float("-inf")
+        self.thread = None
 
-    def _draw(self, state) -> None:
-        if not state.is_world_process_zero or self.failed:
-            return
+    def _draw(self) -> None:
         try:
             write_plots(self.run_dir)
         except Exception as err:  # noqa: BLE001 - a plot never stops training
@@ -111,7 +115,21 @@ class Plots(TrainerCallback):
                                "training goes on[/yellow]")
 
     def on_save(self, args, state, control, **kwargs):
-        self._draw(state)
+        import time
 
-    def on_train_end(self, args, state, control, **kwargs):
-        self._draw(state)
+        if state.is_world_process_zero and not self.failed and time.monotonic() - self.last >= self.INTERVAL_S:
+            self.last = time.monotonic()
+            self._draw()
+
+    def draw_in_background(self, main_process: bool) -> None:
+        """The final drawing (called by the recipe once the last evaluation is logged), beside the saving."""
+        import threading
+
+        if main_process and not self.failed:
+            self.thread = threading.Thread(target=self._draw, name="leap-finetune plots", daemon=True)
+            self.thread.start()
+
+    def wait(self) -> None:
+        if self.thread is not None:
+            self.thread.join()
+            self.thread = None

@@ -220,7 +220,12 @@ def train(resolved_json: dict, *, model_factory, loss_factory, trainer_cls, args
     # (fewer steps than logging_steps log no loss: the Trainer's own mean then)
     train_loss = history["train_loss"] if history["train_loss"] is not None else result.training_loss
     summary = {"global_step": trainer.state.global_step, "train_loss": train_loss}
+    from leap_finetune.recipes.plots import Plots
+
+    plots = next(c for c in trainer.callback_handler.callbacks if isinstance(c, Plots))
+    plots.draw_in_background(True)  # every evaluation is logged by now; drawn beside the saving below
     if not finished:
+        plots.wait()
         summary.update(stopped_early=True, stopped_by_signal=stop_on_signal.received)
         write_atomic(run_dir / "summary.json", json.dumps(summary, indent=2))
         return summary
@@ -251,6 +256,7 @@ def train(resolved_json: dict, *, model_factory, loss_factory, trainer_cls, args
     prompt = ", prompt_name=\"query\"" if resolved.retrieval.prompts.query else ""
     console.print(f"use it:\n  from sentence_transformers import {cls}\n  model = {cls}({str(run_dir / 'model')!r})\n"
                   f"  embeddings = model.encode([\"your query\"]{prompt})")
+    plots.wait()
     write_atomic(run_dir / "summary.json", json.dumps(summary, indent=2))
     return summary
 
