@@ -80,11 +80,10 @@ def test_export_merge_equals_base_plus_adapter(trained):
 
 def test_the_model_cards_are_valid_and_their_snippets_run_as_pasted(trained):
     """The card of a full run's model/, a LoRA run's adapter/ (peft over the base) and its merged model/: valid
-    Hub metadata, the sections, and the snippet run as written (each in a fresh namespace of one Python
-    process: one start-up for the three)."""
+    Hub metadata, the sections, and the snippet run as written (each in a fresh namespace, printing its answer)."""
+    import contextlib
+    import io
     import re
-    import subprocess
-    import sys
 
     from huggingface_hub import ModelCard
 
@@ -104,8 +103,8 @@ def test_the_model_cards_are_valid_and_their_snippets_run_as_pasted(trained):
         assert ("PeftModel" in code) == (folder == "adapter")
         snippets.append(code)
     assert (trained["full"] / "README.md").read_text() == (trained["full"] / "model" / "README.md").read_text()
-    runner = "import json, sys\nfor code in json.loads(sys.argv[1]):\n    exec(compile(code, 'snippet', 'exec'), {})\n"
-    result = subprocess.run([sys.executable, "-c", runner, json.dumps(snippets)], capture_output=True, text=True,
-                            timeout=300)
-    assert result.returncode == 0, result.stderr[-2000:]
-    assert len([line for line in result.stdout.splitlines()]) >= 3  # each printed its answer
+    for code in snippets:
+        out = io.StringIO()
+        with contextlib.redirect_stdout(out):
+            exec(compile(code, "model card snippet", "exec"), {})  # noqa: S102 - the card's code, as a user runs it
+        assert out.getvalue().endswith("\n")  # it printed the model's answer

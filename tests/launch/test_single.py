@@ -126,10 +126,12 @@ def test_a_killed_driver_takes_its_server_and_training_child_with_it(workdir):
     driver = subprocess.Popen([sys.executable, "-c", KILLED_DRIVER, str(config), str(port), str(workdir / "server.log")],
                               cwd=workdir, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
     deadline, started = time.time() + 300, []
-    while time.time() < deadline and driver.poll() is None:
-        found = list((workdir / "outputs" / "test").glob("*/metrics.jsonl"))
-        if found and found[0].read_text().count('"loss"') >= 2:
-            started = psutil.Process(driver.pid).children(recursive=True)
+    while time.time() < deadline and driver.poll() is None:  # both started (the child need not be training yet)
+        children = psutil.Process(driver.pid).children(recursive=True)
+        commands = " ".join(" ".join(p.cmdline()) for p in children if p.is_running())
+        if "http.server" in commands and "leap_finetune.launch.single" in commands:
+            time.sleep(1)  # (past its exec: the kernel's death signal is set before it)
+            started = children
             break
         time.sleep(0.05)
     commands = [" ".join(p.cmdline()) for p in started]
