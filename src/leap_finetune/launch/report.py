@@ -165,7 +165,7 @@ def end_report(console: Console, resolved: ResolvedConfig, summary: dict) -> Non
     run_dir = Path(summary["run_dir"])
     table = Table(title="run report", show_header=False, title_justify="left")
     table.add_column(style="bold")
-    table.add_column()
+    table.add_column(overflow="fold")  # (paths wrap whole, never cut with an ellipsis)
     method = f"LoRA r={resolved.peft.get('r')}" if resolved.peft else "full fine-tune"
     table.add_row("trained", f"{resolved.training_type.upper()} of {resolved.model_name}, {method}")
     seconds = summary.get("train_runtime_s")
