@@ -75,6 +75,21 @@ def test_a_tokenizer_that_trims_offsets_uses_every_offset():
         assert fast.labels.tolist() == row.labels
 
 
+def test_padding_and_truncation_saved_in_a_tokenizer_do_not_change_the_rows():
+    """A tokenizer.json may carry padding and truncation; `tokenizer(text)` turns them off for its call, and the
+    batched path must too (it calls the backend directly)."""
+    saved = load_tiny_tokenizer("tiny-lfm2")
+    saved.backend_tokenizer.enable_truncation(max_length=5)
+    saved.backend_tokenizer.enable_padding(length=400)
+    clean = load_tiny_tokenizer("tiny-lfm2")
+    conversations = [_conversation(random.Random(i)) for i in range(20)]
+    batched = tokenize_many(Renderer(saved, load_chat_template("lfm2", saved), "assistant", None), conversations)
+    reference = Renderer(clean, load_chat_template("lfm2", clean), "assistant", None)
+    for conversation, fast in zip(conversations, batched, strict=True):
+        row = reference.tokenize(conversation.messages)
+        assert fast.input_ids.tolist() == row.input_ids and fast.labels.tolist() == row.labels
+
+
 def _mixed_rows(count: int) -> list:
     rng = random.Random(3)
     rows = []
@@ -412,6 +427,7 @@ def test_a_grpo_column_of_two_kinds_is_an_error_or_its_rows_are_skipped(tmp_path
     rows = [{"prompt": f"What is {i} + 1?", "solution": str(i + 1), "level": i % 3} for i in range(1500)]
     for i in (700, 1400):
         rows[i]["level"] = "hard"
+    rows[1000]["level"] = 2.5  # a number too (a float among ints, in another chunk): one Arrow column of doubles
     path = write_jsonl(tmp_path / "grpo.jsonl", rows)
     config = tiny_config(training_type="grpo", data=str(path),
                          dataset={"path": str(path), "num_proc": 2, "cache": False})
@@ -424,4 +440,18 @@ def test_a_grpo_column_of_two_kinds_is_an_error_or_its_rows_are_skipped(tmp_path
     config["dataset"]["on_invalid"] = "skip"
     prepared, _ = _validate(config)
     assert len(prepared.train) == 1498 and prepared.invalid_skipped == 2
-    assert set(prepared.train.column("level")) == {0, 1, 2}
+    assert set(prepared.train.column("level")) == {0, 1, 2, 2.5}
+
+
+def _die(_):
+    import signal
+
+    os.kill(os.getpid(), signal.SIGKILL)
+
+
+def test_a_data_worker_that_dies_is_an_error_not_a_wait_forever():
+    from leap_finetune.data.chunks import Job, Workers
+
+    with Workers(Job(resolved=None, renderer=None), 2) as workers:
+        with pytest.raises(LeapError, match="a data worker process died"):
+            list(workers.map(_die, range(4)))

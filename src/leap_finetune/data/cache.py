@@ -56,7 +56,7 @@ def entry_for(resolved, tokenizer, renderer, sources, examples: int) -> Entry | 
     def add(label: str, value) -> None:
         digest.update(label.encode() + b"=" + json.dumps(value, sort_keys=True, default=str).encode() + b"\n")
 
-    add("format", [FORMAT, __version__])
+    add("format", [FORMAT, __version__, _code_digest(), _library_versions()])
     add("type", [resolved.training_type, resolved.loss_on, resolved.model_family, resolved.chat_template])
     add("datasets", [item.model_dump(exclude={"num_proc", "cache"}) for item in dataset_items(resolved)])
     add("rows", [resolved.training.get("seed", 42), resolved.samples, examples])
@@ -72,6 +72,27 @@ def entry_for(resolved, tokenizer, renderer, sources, examples: int) -> Entry | 
             add("file", [str(file), file.stat().st_size, _file_digest(file)])
     key = digest.hexdigest()
     return Entry(cache_root() / key[:40], key)
+
+
+def _code_digest() -> str:
+    """The data step's own code: a fix to rendering or masking must not be served stale rows."""
+    digest = hashlib.sha256()
+    folder = Path(__file__).parent
+    for path in sorted(folder.glob("*.py")):
+        digest.update(path.name.encode() + path.read_bytes())
+    return digest.hexdigest()
+
+
+def _library_versions() -> list:
+    from importlib.metadata import PackageNotFoundError, version
+
+    found = []
+    for name in ("tokenizers", "transformers", "jinja2", "pyarrow"):
+        try:
+            found.append(f"{name}=={version(name)}")
+        except PackageNotFoundError:
+            found.append(f"{name}: none")
+    return found
 
 
 def _file_digest(path: Path) -> str:
@@ -100,24 +121,25 @@ def load(entry: Entry, console):
                 raise ValueError(f"{name} does not match the manifest")
         report = json.loads((entry.folder / "report.json").read_text(encoding="utf-8"))
         splits = {name: _read_split(entry.folder, name) for name in ("train", "eval")}
-    except (OSError, ValueError, KeyError, pa.ArrowInvalid) as err:
+        splits["train"].examples = report["examples"]
+        splits["train"].known_fingerprint, splits["eval"].known_fingerprint = report["fingerprints"]
+        prepared = PreparedData(
+            train=splits["train"], eval=splits["eval"], rows_read=report["rows_read"],
+            dropped=[DroppedRow(**d) for d in report["dropped"]], invalid_skipped=report["invalid_skipped"],
+            fully_truncated=report["fully_truncated"], partially_truncated=report["partially_truncated"],
+            sample_messages=[Conversation(**c) for c in report["sample_messages"]],
+            warnings=[RowWarning(**w) for w in report["warnings"]], warning_rows=report["warning_rows"],
+            notices=report["notices"], sources=[SourceReport(**s) for s in report["sources"]],
+            from_cache=str(entry.folder),
+        )
+    except (OSError, ValueError, KeyError, TypeError, pa.ArrowInvalid) as err:
         if console is not None:
             console.print(f"[yellow]note: the cached data at {entry.folder} is incomplete or damaged ({err}); "
                           "preparing again[/yellow]")
         shutil.rmtree(entry.folder, ignore_errors=True)
         return None
     os.utime(manifest_path)  # most recently used (entries beyond KEEP are removed oldest first)
-    splits["train"].examples = report["examples"]
-    splits["train"].known_fingerprint, splits["eval"].known_fingerprint = report["fingerprints"]
-    return PreparedData(
-        train=splits["train"], eval=splits["eval"], rows_read=report["rows_read"],
-        dropped=[DroppedRow(**d) for d in report["dropped"]], invalid_skipped=report["invalid_skipped"],
-        fully_truncated=report["fully_truncated"], partially_truncated=report["partially_truncated"],
-        sample_messages=[Conversation(**c) for c in report["sample_messages"]],
-        warnings=[RowWarning(**w) for w in report["warnings"]], warning_rows=report["warning_rows"],
-        notices=report["notices"],
-        sources=[SourceReport(**s) for s in report["sources"]], from_cache=str(entry.folder),
-    )
+    return prepared
 
 
 def _read_split(folder: Path, name: str) -> RowTable:
@@ -168,7 +190,7 @@ def store(entry: Entry, prepared, staging: Path, console) -> None:
             "sources": [s.to_json() for s in prepared.sources], "examples": prepared.train.examples,
             "fingerprints": [prepared.train.fingerprint(), prepared.eval.fingerprint()],
         }
-        (staging / "report.json").write_text(json.dumps(report), encoding="utf-8")
+        (staging / "report.json").write_text(json.dumps(report, default=str), encoding="utf-8")
         files = {p.name: [p.stat().st_size, _file_digest(p)] for p in sorted(staging.iterdir())}
         (staging / "manifest.json").write_text(json.dumps({"key": entry.key, "files": files, "created": time.time(),
                                                            "seconds": prepared.seconds}), encoding="utf-8")
@@ -176,17 +198,33 @@ def store(entry: Entry, prepared, staging: Path, console) -> None:
             shutil.rmtree(entry.folder)
         os.replace(staging, entry.folder)
         _evict(entry.folder.parent)
-    except OSError as err:
+    except BaseException as err:  # (Ctrl-C or a kill while hashing a large file included: no staging left)
         if staging.parent == entry.folder.parent:
             shutil.rmtree(staging, ignore_errors=True)
+        if not isinstance(err, OSError):
+            raise
         if console is not None:
             console.print(f"[yellow]note: the prepared data could not be cached in {entry.folder.parent} "
                           f"({err.strerror or err}); set LEAP_FINETUNE_CACHE to a writable folder[/yellow]")
 
 
 def _evict(root: Path) -> None:
+    for staging in root.glob(".*.tmp"):  # left by a process that was killed while preparing
+        pid = staging.name.rsplit(".", 2)[-2]
+        if pid.isdigit() and not _alive(int(pid)):
+            shutil.rmtree(staging, ignore_errors=True)
     entries = [p for p in root.iterdir() if p.is_dir() and not p.name.startswith(".")]
     entries.sort(key=lambda p: (p / "manifest.json").stat().st_mtime if (p / "manifest.json").exists() else 0,
                  reverse=True)
     for old in entries[KEEP:]:
         shutil.rmtree(old, ignore_errors=True)
+
+
+def _alive(pid: int) -> bool:
+    try:
+        os.kill(pid, 0)
+    except ProcessLookupError:
+        return False
+    except PermissionError:
+        return True
+    return True

@@ -114,6 +114,7 @@ class TokenizeRequest:
     skip: frozenset = frozenset()  # (file, location) of rows pass 1 found valid but the chunk set rejected
     examples: frozenset = frozenset()  # positions among the chunk's valid rows to return in full
     samples: frozenset = frozenset()  # positions whose conversation to return
+    expected: int = -1  # valid rows pass 1 counted in this chunk (the data step checks the count)
 
 
 @dataclass
@@ -126,6 +127,7 @@ class TokenizedChunk:
     examples: dict = field(default_factory=dict)  # position -> full tokenized row
     samples: dict = field(default_factory=dict)  # position -> Conversation
     error: LeapError | None = None
+    expected: int = -1
 
 
 def tokenize_chunk(request: TokenizeRequest) -> TokenizedChunk:
@@ -138,7 +140,7 @@ def tokenize_chunk(request: TokenizeRequest) -> TokenizedChunk:
         parsed, problems, _ = check(row)
         if not problems:
             valid.append((row, parsed))
-    result = TokenizedChunk(table=RowTable.empty(), kept=np.zeros(len(valid), dtype=bool))
+    result = TokenizedChunk(table=RowTable.empty(), kept=np.zeros(len(valid), dtype=bool), expected=request.expected)
     try:
         if resolved.training_type == "sft":
             compact = tokenize_many(renderer, [parsed for _, parsed in valid])
@@ -210,7 +212,9 @@ def processes_for(requested: int | None, rows_estimate: int) -> int:
 
 class Workers:
     """Chunks of work in this process (processes=1) or in a pool of forked processes, results in order,
-    with at most two chunks per process in flight (so reading never runs ahead of the work)."""
+    with at most two chunks per process in flight (so reading never runs ahead of the work). A worker that
+    dies (the out-of-memory killer) is an error that says so, not a wait forever (concurrent.futures raises
+    BrokenProcessPool where multiprocessing.Pool would hang)."""
 
     def __init__(self, job: Job, processes: int):
         self.processes = processes
@@ -218,6 +222,7 @@ class Workers:
         set_job(job)
         if processes > 1:
             import multiprocessing
+            from concurrent.futures import ProcessPoolExecutor
 
             # fork: the workers inherit the tokenizer and template (nothing to pickle or load again).
             # The tokenizer's own threads are off in them (one core each; see set_job).
@@ -225,7 +230,9 @@ class Workers:
             os.environ["TOKENIZERS_PARALLELISM"] = "false"
             os.environ["LEAP_FINETUNE_DATA_WORKER"] = "1"
             try:
-                self.pool = multiprocessing.get_context("fork").Pool(processes, initializer=set_job, initargs=(job,))
+                self.pool = ProcessPoolExecutor(processes, mp_context=multiprocessing.get_context("fork"),
+                                                initializer=set_job, initargs=(job,))
+                self.pool.submit(int).result()  # the workers are forked now, with the environment above
             finally:
                 os.environ.pop("LEAP_FINETUNE_DATA_WORKER", None)
                 if saved is None:
@@ -238,18 +245,24 @@ class Workers:
             for item in items:
                 yield function(item)
             return
+        from concurrent.futures.process import BrokenProcessPool
+
         pending: deque = deque()
-        for item in items:
-            pending.append(self.pool.apply_async(function, (item,)))
-            if len(pending) >= 2 * self.processes:
-                yield pending.popleft().get()
-        while pending:
-            yield pending.popleft().get()
+        try:
+            for item in items:
+                pending.append(self.pool.submit(function, item))
+                if len(pending) >= 2 * self.processes:
+                    yield pending.popleft().result()
+            while pending:
+                yield pending.popleft().result()
+        except BrokenProcessPool:
+            raise LeapError("a data worker process died (often the system running out of memory)",
+                            where="dataset", fix="set dataset.num_proc lower (each process holds a chunk of rows "
+                            "and the tokenizer), or free memory") from None
 
     def close(self) -> None:
         if self.pool is not None:
-            self.pool.terminate()
-            self.pool.join()
+            self.pool.shutdown(wait=True, cancel_futures=True)
             self.pool = None
 
     def __enter__(self) -> "Workers":

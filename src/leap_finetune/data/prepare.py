@@ -11,6 +11,7 @@ were all cut off by `max_length` are counted, listed, and saved by the driver.
 
 from __future__ import annotations
 
+import itertools
 import os
 import random
 import re
@@ -212,6 +213,8 @@ def _prepare_now(resolved: ResolvedConfig, renderer, items: list[DatasetConfig],
                 if result.error is not None:
                     raise result.error
                 count = len(result.kept)
+                if count != result.expected:
+                    raise _changed(stream.source.path)
                 held = stream.eval_mask[base:base + count] if stream.eval_mask is not None else np.zeros(count, bool)
                 kept_positions = np.flatnonzero(result.kept)  # row i of result.table is valid row kept_positions[i]
                 to_eval = held[kept_positions]
@@ -305,17 +308,16 @@ def _after_check(stream: _Stream, resolved: ResolvedConfig) -> None:
 
 
 def _dropped(problems: list[RowProblem]) -> list[DroppedRow]:
-    dropped: list[DroppedRow] = []
-    seen = set()
+    """One dropped row per (file, location), its problems joined."""
+    rows: dict[tuple[str, str], DroppedRow] = {}
     for p in problems:
-        key = (p.file, p.location)
         reason = f"{p.field}: {p.problem}"
-        if key in seen:
-            dropped[-1].reason += "; " + reason
+        row = rows.get((p.file, p.location))
+        if row is None:
+            rows[(p.file, p.location)] = DroppedRow(p.file, p.location, reason)
         else:
-            seen.add(key)
-            dropped.append(DroppedRow(p.file, p.location, reason))
-    return dropped
+            row.reason += "; " + reason
+    return list(rows.values())
 
 
 def _choose_held_out(streams: list[_Stream], items: list[DatasetConfig], seed: int) -> None:
@@ -347,13 +349,20 @@ def _wanted(streams: list[_Stream], examples: int, samples: int, any_eval: bool)
 
 def _requests(stream: _Stream, wanted: dict):
     base = 0
-    for rows, checked in zip(chunked(stream.source.rows()), stream.chunks, strict=False):
+    for rows, checked in itertools.zip_longest(chunked(stream.source.rows()), stream.chunks):
+        if rows is None or checked is None or len(rows) != checked.rows:
+            raise _changed(stream.source.path)
         skip = frozenset(stream.skip & {(r.file, r.location) for r in rows}) if stream.skip else frozenset()
         count = checked.valid - len(skip)
-        yield TokenizeRequest(rows, skip=skip,
+        yield TokenizeRequest(rows, skip=skip, expected=count,
                               examples=frozenset(i - base for i in wanted["examples"] if base <= i < base + count),
                               samples=frozenset(i - base for i in wanted["samples"] if base <= i < base + count))
         base += count
+
+
+def _changed(path: str) -> LeapError:
+    return LeapError("the data changed while it was being prepared (its rows differ between the check and the "
+                     "tokenization)", where=path, fix="run again once nothing writes to the data")
 
 
 def _inspect_item(row) -> dict:

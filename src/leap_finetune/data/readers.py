@@ -225,7 +225,12 @@ def _read_hub(name: str, *, split: str, subset: str | None, limit: int | None, k
     try:
         if limit is None:
             return datasets.load_dataset(name, subset, split=split)  # Arrow, memory-mapped from the HF cache
-        return list(datasets.load_dataset(name, subset, split=split, streaming=True).take(limit))
+        if "[" not in split:  # (a sliced split such as train[:10%] cannot be streamed)
+            try:
+                return list(datasets.load_dataset(name, subset, split=split, streaming=True).take(limit))
+            except Exception:  # noqa: BLE001 - e.g. offline with the dataset in the HF cache: read from there
+                pass
+        return list(datasets.load_dataset(name, subset, split=split).select(range(limit)))
     except Exception as err:  # noqa: BLE001 - offline, missing, gated: all user-fixable
         raise LeapError(
             f"cannot load the Hugging Face dataset '{name}' (split '{split}'"

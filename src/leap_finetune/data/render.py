@@ -78,6 +78,14 @@ class Renderer:
         self.max_length = max_length
         self.truncation_mode = truncation_mode
         backend = getattr(tokenizer, "backend_tokenizer", None) if getattr(tokenizer, "is_fast", False) else None
+        if backend is not None:
+            # A copy without the padding / truncation a tokenizer.json may carry: `tokenizer(text)` turns those
+            # off for its own call, a direct encode_batch would apply them.
+            from tokenizers import Tokenizer
+
+            backend = Tokenizer.from_str(backend.to_str())
+            backend.no_padding()
+            backend.no_truncation()
         self.backend = backend
         # Offsets trimmed by a post-processor (RoBERTa-style trim_offsets) can leave gaps and empty tokens
         # inside a span, which the boundary shortcut of tokenize_many would count: use every offset there.

@@ -53,7 +53,7 @@ class RowTable:
         parts = [p for p in parts if len(p)]
         if not parts:
             return cls.empty()
-        table = pa.concat_tables([p.table for p in parts], promote_options="default").combine_chunks()
+        table = pa.concat_tables([p.table for p in parts], promote_options="permissive").combine_chunks()
         return cls(table, np.concatenate([p.tokens_per_row for p in parts]),
                    np.concatenate([p.trained_per_row for p in parts]),
                    [e for p in parts for e in p.examples])
