@@ -333,6 +333,9 @@ def test_errors_name_the_source_and_entry(tmp_path):
     config["dataset"] = {"path": first, "weight": 2}
     with pytest.raises(LeapError, match="share of several sources"):
         load_config(config)
+    config["dataset"] = [{"path": first, "epochs": 0.01}, {"path": first}]  # 5 rows x 0.01: none trained
+    with pytest.raises(LeapError, match=r"epochs 0.01 takes 0 of this source's 5 training rows"):
+        _validate(config)
 
 
 def test_inspect_shows_the_first_training_rows_in_full(tmp_path):
@@ -345,10 +348,10 @@ def test_inspect_shows_the_first_training_rows_in_full(tmp_path):
 
 
 def test_progress_is_a_line_in_logs(monkeypatch):
-    from leap_finetune.data import prepare
+    from leap_finetune.data.progress import Progress
 
     out = io.StringIO()
-    progress = prepare._Progress(Console(file=out, width=200), processes=2)
+    progress = Progress(Console(file=out, width=200), processes=2)
     progress.start("tokenizing", 1000)
     progress.started -= 40  # as if it had run for 40 s
     progress.last_line -= 40
@@ -388,10 +391,10 @@ def test_the_shipped_data_prepares_to_the_per_row_renderers_rows(data, model, lo
 
 
 def test_progress_is_a_bar_with_rows_per_second_on_a_terminal():
-    from leap_finetune.data import prepare
+    from leap_finetune.data.progress import Progress
 
     out = io.StringIO()
-    progress = prepare._Progress(Console(file=out, width=200, force_terminal=True), processes=2)
+    progress = Progress(Console(file=out, width=200, force_terminal=True), processes=2)
     with progress:
         progress.start("tokenizing", 1000)
         progress.started -= 5

@@ -18,7 +18,6 @@ from leap_finetune.config.schema import (
     LOGPROB_METRICS,
     SUPPORTED_TRAINING_TYPES,
     TRAINING_TYPES,
-    DatasetConfig,
     EvalsConfig,
     LeapConfigModel,
 )
@@ -31,6 +30,7 @@ from leap_finetune.config.suggest import did_you_mean, unknown_key_fix
 from leap_finetune.config.trackers import check_report_to
 from leap_finetune.config.yaml_io import read_yaml
 from leap_finetune.config.async_eval import check_async_eval_config
+from leap_finetune.config.datasets import resolve_data_path, resolve_dataset, validate_dataset
 from leap_finetune.errors import LeapError
 
 LOSS_ON = ("assistant", "all", "final_assistant")
@@ -79,7 +79,7 @@ def _load(raw: dict, config_path: Path | None, base: Path, where: str) -> Resolv
                 "peft_config": "for LoRA with the defaults write `peft_config: {extends: DEFAULT_LORA}`; for a full "
                 "fine-tune remove the key"}.get(block, f"give {block} its keys, or remove it"))
     if isinstance(raw.get("dataset"), (dict, list)):
-        raw = {**raw, "dataset": _validate_dataset(raw["dataset"], where)}
+        raw = {**raw, "dataset": validate_dataset(raw["dataset"], where)}
     if isinstance(raw.get("ray"), dict):
         from leap_finetune.config.schema import RayConfig
 
@@ -141,7 +141,7 @@ def _load(raw: dict, config_path: Path | None, base: Path, where: str) -> Resolv
     family = model_family(model.model_name, model_id)
     chat_template = resolve_chat_template(model.chat_template, family, base, where)
 
-    dataset = _resolve_dataset(model, base, where)
+    dataset = resolve_dataset(model, base, where)
     evals = _resolve_evals(model.evals, base, where)
     if model.training_type not in ("embedding", "colbert"):
         for index, bench in enumerate(evals.benchmarks if evals is not None else []):
@@ -236,57 +236,6 @@ def _resolve_retrieval(model: LeapConfigModel, training: dict, where: str):
     return model.retrieval or RetrievalConfig()
 
 
-def _validate_dataset(raw, where: str):
-    """`dataset:` as one mapping or a list of them (several sources), each checked on its own so an error
-    names the entry (`dataset[1].limit`)."""
-    items = raw if isinstance(raw, list) else [raw]
-    if not items:
-        raise LeapError("'dataset:' is an empty list", where=where, fix="give at least one source: - path: data.jsonl")
-    validated = []
-    for index, item in enumerate(items):
-        name = f"dataset[{index}]" if isinstance(raw, list) else "dataset"
-        if not isinstance(item, dict):
-            raise LeapError(f"{name} must be a mapping with a path (got {type(item).__name__})", where=where,
-                            fix="write each source as `- path: data.jsonl` (with its own limit, weight, ...)")
-        _check_keys(item, DatasetConfig.model_fields, where, name)
-        try:
-            validated.append(DatasetConfig.model_validate(item))
-        except ValidationError as err:
-            raise _pydantic_error(err, where, prefix=name) from None
-    weighted = [item.weight is not None for item in validated]
-    if isinstance(raw, dict) and validated[0].weight is not None:
-        raise LeapError("dataset.weight is a share of several sources, and there is one", where=f"{where}: dataset.weight",
-                        fix="remove it (or use epochs: N to repeat the rows; or list several sources)")
-    if any(weighted) and not all(weighted):
-        missing = ", ".join(f"dataset[{i}]" for i, w in enumerate(weighted) if not w)
-        raise LeapError(f"some sources have a weight and some do not ({missing})", where=f"{where}: dataset",
-                        fix="give every source a weight (their shares of the mix), or none (use epochs per source)")
-    return validated if isinstance(raw, list) else validated[0]
-
-
-def _resolve_dataset(model: LeapConfigModel, base: Path, where: str):
-    if model.dataset is None:
-        return None
-    items = model.dataset if isinstance(model.dataset, list) else [model.dataset]
-    resolved = []
-    for index, item in enumerate(items):
-        name = f"dataset[{index}]" if isinstance(model.dataset, list) else "dataset"
-        dataset = item.model_copy()
-        dataset_type = dataset.type or model.training_type
-        if dataset_type != model.training_type:
-            raise LeapError(
-                f"{name}.type is '{dataset_type}' but training_type is '{model.training_type}'",
-                where=f"{where}: {name}.type",
-                fix=f"set {name}.type: {model.training_type} (or remove it: it defaults to the training type)",
-            )
-        dataset.type = dataset_type
-        dataset.path = _resolve_data_path(dataset.path, base)
-        if dataset.val_path:
-            dataset.val_path = _resolve_data_path(dataset.val_path, base)
-        resolved.append(dataset)
-    return resolved if isinstance(model.dataset, list) else resolved[0]
-
-
 def _resolve_evals(evals: EvalsConfig | None, base: Path, where: str) -> EvalsConfig | None:
     if evals is None:
         return None
@@ -297,7 +246,7 @@ def _resolve_evals(evals: EvalsConfig | None, base: Path, where: str) -> EvalsCo
         if bench.name in names:
             raise LeapError(f"two benchmarks are named '{bench.name}'", where=here, fix="give each benchmark its own name")
         names.add(bench.name)
-        bench.path = _resolve_data_path(bench.path, base)
+        bench.path = resolve_data_path(bench.path, base)
         if "::" in bench.metric:
             file, _, function = bench.metric.partition("::")
             path = local_path(file, base)
@@ -511,17 +460,3 @@ def _resolve_peft(peft_config: dict | None, where: str) -> dict | None:
         raise LeapError(f"peft_config.use_peft is {use_peft!r}: expected true or false", where=where,
                         fix="use_peft: true (LoRA) or false (a full fine-tune)")
     return check_lora_values(merged, where) if use_peft else None
-
-
-DATA_SUFFIXES = (".jsonl", ".json", ".parquet", ".csv")
-
-
-def _resolve_data_path(path: str, base: Path) -> str:
-    """A local path (made absolute) or a Hub dataset id (kept as written)."""
-    candidate = local_path(path, base)
-    looks_local = (
-        path.startswith((".", "/", "~")) or path.endswith(DATA_SUFFIXES) or path.count("/") != 1
-    )
-    if candidate.exists() or looks_local:
-        return str(candidate)
-    return path

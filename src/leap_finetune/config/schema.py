@@ -52,8 +52,8 @@ class DatasetConfig(StrictModel):
         "takes half of them (sampled with `seed`). Not with `weight`.")
     num_proc: int | None = Field(
         default=None, ge=1,
-        description="Processes that check and tokenize the rows; default: one per ~2,000 rows, up to every core of "
-        "the machine (Linux; one elsewhere).")
+        description="Processes that check and tokenize the rows (at most the machine's cores); default: one per "
+        "~2,000 rows, up to every core (Linux; one elsewhere).")
     cache: bool = Field(
         default=True,
         description="Keep the prepared rows on disk ($LEAP_FINETUNE_CACHE, default ~/.cache/leap-finetune/prepared), "

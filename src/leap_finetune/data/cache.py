@@ -3,7 +3,7 @@ check and tokenize every row again.
 
 An entry is keyed by everything the prepared rows depend on: the data files' bytes, the tokenizer
 (its full serialisation), the chat template, max_length, truncation, loss_on, the training type, the
-dataset keys (limit, split, test_size, seed, weights, ...) and this package's version. Settings that
+dataset keys (limit, split, test_size, seed, weights, ...), this package's version, the data step's own code and its libraries' versions. Settings that
 do not change the rows (packing, learning rate, batch size) are not in the key. Hub datasets are not
 cached: without the Hub their content has no fingerprint here (`datasets` keeps its own download cache).
 

@@ -204,9 +204,9 @@ def processes_for(requested: int | None, rows_estimate: int) -> int:
     forked, which is safe on Linux only (macOS's system libraries are not fork-safe): one process elsewhere."""
     if sys.platform != "linux":
         return 1
-    if requested is not None:
-        return requested
     cores = len(os.sched_getaffinity(0)) if hasattr(os, "sched_getaffinity") else (os.cpu_count() or 1)
+    if requested is not None:
+        return min(requested, cores)  # (more processes than cores only add memory)
     return max(1, min(cores, rows_estimate // 2000))
 
 

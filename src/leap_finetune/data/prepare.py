@@ -12,15 +12,12 @@ were all cut off by `max_length` are counted, listed, and saved by the driver.
 from __future__ import annotations
 
 import itertools
-import os
-import random
 import re
 import shutil
 import time
 from dataclasses import dataclass, field
 
 import numpy as np
-import pyarrow as pa
 
 from leap_finetune.config.resolved import ResolvedConfig
 from leap_finetune.config.schema import DatasetConfig
@@ -29,7 +26,9 @@ from leap_finetune.data.chunks import (RETRIEVAL, CheckedChunk, Job, TokenizeReq
 from leap_finetune.data.grpo_rows import column_kind_problems
 from leap_finetune.data.readers import SUFFIXES, Source
 from leap_finetune.data.sft_rows import Conversation, RowWarning
-from leap_finetune.data.table import RowTable, SplitWriter, read_table
+from leap_finetune.data.mixing import held_out_mask, mix
+from leap_finetune.data.progress import Progress
+from leap_finetune.data.table import RowTable, SplitWriter
 from leap_finetune.errors import DataError, LeapError, RowProblem
 
 
@@ -171,7 +170,7 @@ def _prepare_now(resolved: ResolvedConfig, renderer, items: list[DatasetConfig],
     estimate = sum(_estimate_rows(s.source) for s in streams)
     requested = max((item.num_proc for item in items if item.num_proc is not None), default=None)
     with Workers(Job(resolved, renderer), processes_for(requested, estimate)) as workers, \
-            _Progress(console, workers.processes) as progress:
+            Progress(console, workers.processes) as progress:
         # pass 1: every row checked; every problem listed before anything is tokenized
         warnings = _Warnings()
         for stream in streams:
@@ -238,7 +237,7 @@ def _prepare_now(resolved: ResolvedConfig, renderer, items: list[DatasetConfig],
                             valid=sum(s.valid for s in streams if s.item == i),
                             train_rows=train_rows[i], eval_rows=eval_rows[i])
                for i, item in enumerate(items)]
-    train = _mix(train_out.finish(), items, reports, resolved.training.get("seed", 42), folder / "train.arrow")
+    train = mix(train_out.finish(), items, reports, resolved.training.get("seed", 42), folder / "train.arrow")
     prepared = PreparedData(
         train=train, eval=eval_out.finish(), rows_read=read,
         dropped=dropped + truncated_train + truncated_eval, invalid_skipped=len(dropped),
@@ -326,7 +325,7 @@ def _choose_held_out(streams: list[_Stream], items: list[DatasetConfig], seed: i
         if stream.held_out:
             stream.eval_mask = np.ones(stream.valid, dtype=bool)
         elif not item.val_path and item.test_size:
-            stream.eval_mask = _split(stream.valid, item.test_size, seed, stream.source.path)
+            stream.eval_mask = held_out_mask(stream.valid, item.test_size, seed, stream.source.path)
 
 
 def _wanted(streams: list[_Stream], examples: int, samples: int, any_eval: bool) -> dict:
@@ -367,50 +366,6 @@ def _changed(path: str) -> LeapError:
 
 def _inspect_item(row) -> dict:
     return {**row.inspect(), "source": row.meta, "tokens": row.tokens, "trained_tokens": row.trained_tokens}
-
-
-def _mix(table: RowTable, items: list[DatasetConfig], reports: list[SourceReport], seed: int, path) -> RowTable:
-    """Each source's training rows per epoch (the sources' rows are consecutive in `table`): as they are,
-    `epochs` times, or its `weight`'s share of the mix. Without weights or epochs the table is used as it is."""
-    rng = np.random.default_rng(seed)
-    weights = [item.weight for item in items if item.weight is not None]
-    total = sum(r.train_rows for r in reports)
-    orders, start = [], 0
-    for index, (item, report) in enumerate(zip(items, reports, strict=True)):
-        rows = report.train_rows
-        if not rows and len(items) > 1:
-            raise LeapError(
-                f"no training rows are left from this source ({report.rows_read} read, {report.valid} valid, "
-                f"{report.eval_rows} held out for evaluation, the rest cut off by max_length): nothing of it would "
-                "be trained", where=f"dataset[{index}]: {item.path}",
-                fix="raise training_config.max_length, lower its test_size, or remove the source")
-        if item.weight is not None:
-            target = round(total * item.weight / sum(weights))
-            report.mixing = f"weight {item.weight:g}"
-        else:
-            target = round(rows * (item.epochs if item.epochs is not None else 1))
-            report.mixing = f"epochs {item.epochs:g}" if item.epochs is not None else ""
-        if rows and target != rows:
-            whole, rest = divmod(target, rows)
-            order = np.concatenate([np.tile(np.arange(rows), whole), np.sort(rng.choice(rows, size=rest, replace=False))])
-        else:
-            order = np.arange(rows if rows else 0)
-        orders.append(order + start)
-        report.used_rows = len(order)
-        report.train_tokens = int(table.tokens_per_row[order + start].sum())
-        start += rows
-    order = np.concatenate(orders) if orders else np.zeros(0, np.int64)
-    if len(order) == len(table) and (order == np.arange(len(table))).all():
-        if table.table.num_columns and hasattr(path, "parent") and (path.parent / "train-sources.arrow").exists():
-            os.replace(path.parent / "train-sources.arrow", path)  # (still mapped: the same file)
-        return table
-    mixed = table.take(order)
-    if (path.parent / "train-sources.arrow").exists():
-        with pa.OSFile(str(path), "wb") as sink, pa.ipc.new_file(sink, mixed.table.schema) as writer:
-            writer.write_table(mixed.table)
-        os.remove(path.parent / "train-sources.arrow")
-        mixed = RowTable(read_table(path), mixed.tokens_per_row, mixed.trained_per_row)
-    return mixed
 
 
 def _check_left(prepared: PreparedData, items: list[DatasetConfig]) -> None:
@@ -483,82 +438,3 @@ def _check_kto_batches(prepared: PreparedData, resolved: ResolvedConfig) -> None
             prepared.notices.append(
                 f"KTO: the last {split} batch holds 1 row ({len(rows)} rows, {key} {size}); its KL term uses the "
                 "completion of the row before it, from the previous batch")
-
-
-def _split(valid: int, test_size: float, seed: int, path: str) -> np.ndarray:
-    """Which of `valid` rows are held out (a mask): `test_size` rows (a count) or that share, chosen by `seed`."""
-    count = int(test_size) if test_size >= 1 else max(1, round(valid * test_size))
-    if count >= valid:
-        raise LeapError(
-            f"dataset.test_size asks for {count} evaluation rows, but the dataset has {valid} valid rows "
-            "(at least one must be left to train on)",
-            where=path,
-            fix="use a smaller test_size, or a separate val_path",
-        )
-    order = list(range(valid))
-    random.Random(seed).shuffle(order)
-    mask = np.zeros(valid, dtype=bool)
-    mask[order[:count]] = True
-    return mask
-
-
-class _Progress:
-    """Rows checked / tokenized, with rows/s and the time left: a bar on a terminal, a line every 30 s in
-    a log (SLURM, CI). Silent for data that takes under two seconds."""
-
-    def __init__(self, console, processes: int):
-        self.console, self.processes = console, processes
-        self.bar = None
-        self.task = None
-        self.done, self.total, self.label = 0, None, ""
-        self.started = self.last_line = time.perf_counter()
-
-    def __enter__(self) -> "_Progress":
-        return self
-
-    def start(self, label: str, total: int | None) -> None:
-        self._line(final=True)
-        self.label, self.total, self.done = label, total, 0
-        self.started = self.last_line = time.perf_counter()
-        if self.bar is not None:
-            self.bar.update(self.task, description=label, total=total, completed=0)
-            self.bar.reset(self.task, total=total, description=label)
-
-    def advance(self, rows: int) -> None:
-        self.done += rows
-        now = time.perf_counter()
-        if self.console is None or now - self.started < 2:
-            return
-        if self.console.is_terminal:
-            if self.bar is None:
-                from rich.progress import (BarColumn, MofNCompleteColumn, Progress, TextColumn, TimeRemainingColumn)
-
-                self.bar = Progress(TextColumn("{task.description}"), BarColumn(), MofNCompleteColumn(),
-                                    TextColumn("{task.fields[speed]} rows/s"), TimeRemainingColumn(),
-                                    console=self.console, transient=True)
-                self.bar.start()
-                self.task = self.bar.add_task(self.label, total=self.total, speed="")
-            self.bar.update(self.task, completed=self.done, speed=f"{self._speed():,.0f}")
-        elif now - self.last_line >= 30:
-            self._line()
-
-    def _speed(self) -> float:
-        return self.done / max(1e-9, time.perf_counter() - self.started)
-
-    def _line(self, final: bool = False) -> None:
-        if self.console is None or self.console.is_terminal or not self.label or self.done == 0:
-            return
-        if final and self.last_line == self.started:  # never printed: short enough to stay quiet
-            return
-        self.last_line = time.perf_counter()
-        left = "" if not self.total else f", {max(0, self.total - self.done) / max(1e-9, self._speed()):.0f} s left"
-        of = f"/{self.total:,}" if self.total else ""
-        self.console.print(f"data: {self.label}: {self.done:,}{of} rows ({self._speed():,.0f} rows/s, "
-                           f"{self.processes} process(es){left})")
-
-    def __exit__(self, *exc) -> None:
-        if self.bar is not None:
-            self.bar.stop()
-        elif exc[0] is None:
-            self._line(final=True)
-

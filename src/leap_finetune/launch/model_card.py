@@ -8,11 +8,11 @@ replaces the generic card TRL writes into the output folder.
 
 from __future__ import annotations
 
-import json
 from pathlib import Path
 
 from leap_finetune import __version__
 from leap_finetune.config.yaml_io import dump_yaml
+from leap_finetune.files import read_metrics
 from leap_finetune.models.tiny import TINY_MODELS
 
 RETRIEVAL = ("embedding", "colbert")
@@ -85,18 +85,10 @@ def _number(value, digits: int = 4) -> str:
 
 
 def _best_eval(run_dir: Path) -> tuple[float, int] | None:
-    best = None
-    metrics = run_dir / "metrics.jsonl"
-    if metrics.exists():
-        for line in metrics.read_text(encoding="utf-8").splitlines():
-            try:
-                record = json.loads(line)
-            except json.JSONDecodeError:
-                continue
-            loss = record.get("eval_loss")
-            if isinstance(loss, (int, float)) and (best is None or loss < best[0]):
-                best = (loss, record["step"])
-    return best
+    """(the lowest eval loss, its step) in metrics.jsonl."""
+    losses = [(r["eval_loss"], r["step"]) for r in read_metrics(run_dir / "metrics.jsonl")
+              if isinstance(r.get("eval_loss"), (int, float))]
+    return min(losses, key=lambda pair: pair[0]) if losses else None
 
 
 def card_text(resolved, prepared, summary: dict, devices_line: str, adapter: bool) -> str:

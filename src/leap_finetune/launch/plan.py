@@ -284,15 +284,10 @@ def restore_benchmark_results(run_dir: Path, metrics: Path, step: int) -> None:
     folder = run_dir / "benchmarks" / "results"
     if not folder.is_dir():
         return
-    logged = set()
-    if metrics.exists():
-        for line in metrics.read_text(encoding="utf-8").splitlines():
-            try:
-                record = json.loads(line)
-            except json.JSONDecodeError:
-                continue
-            if any(key.startswith("benchmark/") and key.endswith("/score") for key in record):
-                logged.add(record.get("step"))
+    from leap_finetune.files import read_metrics
+
+    logged = {record.get("step") for record in read_metrics(metrics)
+              if any(key.startswith("benchmark/") and key.endswith("/score") for key in record)}
     restored = []
     for path in sorted(folder.glob("step-*.json"), key=lambda p: int(p.stem.split("-")[1])):
         evaluated = int(path.stem.split("-")[1])

@@ -144,17 +144,11 @@ def data_report(console: Console, prepared: PreparedData, resolved: ResolvedConf
 
 def _last_logged(run_dir: Path, keys: tuple[str, ...]) -> dict:
     """The last value of each key in metrics.jsonl (training logs)."""
-    import json
+    from leap_finetune.files import read_metrics
 
     found: dict = {}
-    metrics = run_dir / "metrics.jsonl"
-    if metrics.exists():
-        for line in metrics.read_text(encoding="utf-8").splitlines():
-            try:
-                record = json.loads(line)
-            except json.JSONDecodeError:
-                continue
-            found.update({k: record[k] for k in keys if isinstance(record.get(k), (int, float))})
+    for record in read_metrics(run_dir / "metrics.jsonl"):
+        found.update({k: record[k] for k in keys if isinstance(record.get(k), (int, float))})
     return found
 
 

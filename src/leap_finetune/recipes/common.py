@@ -286,13 +286,9 @@ def _final_eval(trainer) -> dict:
 def metrics_history(path: Path) -> dict:
     """From metrics.jsonl: the mean training loss per step over the run (each logged loss is the mean
     of the steps since the previous log), and the step-0 evaluation and benchmark results."""
-    records = []
-    if path.exists():
-        for line in path.read_text(encoding="utf-8").splitlines():
-            try:
-                records.append(json.loads(line))
-            except json.JSONDecodeError:
-                continue
+    from leap_finetune.files import read_metrics
+
+    records = read_metrics(path)
     total, steps, previous = 0.0, 0, 0
     for record in records:
         if "loss" in record and _is_number(record["loss"]) and record.get("step", 0) > previous:

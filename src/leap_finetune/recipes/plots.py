@@ -15,19 +15,9 @@ from pathlib import Path
 
 from transformers import TrainerCallback
 
+from leap_finetune.files import read_metrics
+
 FOLDER = "plots"
-
-
-def _records(metrics: Path) -> list[dict]:
-    if not metrics.exists():
-        return []
-    records = []
-    for line in metrics.read_text(encoding="utf-8").splitlines():
-        try:
-            records.append(json.loads(line))
-        except json.JSONDecodeError:  # a line being written
-            continue
-    return records
 
 
 def _series(records: list[dict], key: str) -> tuple[list, list, list]:
@@ -48,7 +38,7 @@ def write_plots(run_dir: Path) -> list[Path]:
     from matplotlib.backends.backend_agg import FigureCanvasAgg
     from matplotlib.figure import Figure
 
-    records = _records(run_dir / "metrics.jsonl")
+    records = read_metrics(run_dir / "metrics.jsonl")
     if not records:
         return []
     keys = list(dict.fromkeys(k for r in records for k in r))
