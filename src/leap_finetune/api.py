@@ -6,6 +6,7 @@ user mistakes surface as LeapError before anything is written to the output fold
 
 from __future__ import annotations
 
+import errno
 import json
 import math
 import os
@@ -14,6 +15,7 @@ from pathlib import Path
 
 from rich.console import Console
 
+from leap_finetune import signals
 from leap_finetune.config.grpo import check_generation_batch, check_rollout_engine
 from leap_finetune.config.loader import load_config
 from leap_finetune.config.resolved import ResolvedConfig
@@ -23,10 +25,11 @@ from leap_finetune.errors import LeapError
 from leap_finetune.evaluation.standalone import check_benchmarks as _check_benchmarks
 from leap_finetune.evaluation.standalone import evaluate_config
 from leap_finetune.launch.devices import device_plan, physical_ids
-from leap_finetune.launch.plan import check_resume_matches, plan_run, rewind
+from leap_finetune.launch.plan import check_resume_matches, plan_run, record_changes, rewind
 from leap_finetune.launch.report import config_table, data_report
 from leap_finetune.launch.rl_servers import judge_url, local_servers
 from leap_finetune.launch.servers import running
+from leap_finetune.rl.judge import check_judge_server
 
 __all__ = ["load_config", "validate_config", "inspect_config", "plan_config", "slurm_config", "run_config",
            "evaluate_config"]
@@ -124,10 +127,12 @@ def validate_config(source, *, console: Console | None = None,
     _check_training_arguments(resolved, has_eval=bool(prepared.eval))
     plan = plan_run(resolved, outputs_root=Path(outputs_root) if outputs_root else None)
     check_rollout_engine(resolved)  # vLLM installed where use_vllm says so (plan does not need it)
+    check_judge_server(resolved)  # an external judge answers and serves its model
     devices = device_plan(resolved)
     check_generation_batch(resolved, devices.workers)
     _check_async_eval(resolved, devices)
-    check_resume_matches(resolved, plan, fingerprint(prepared), devices.workers)
+    plan.changes = check_resume_matches(resolved, plan, fingerprint(prepared), devices.workers)
+    _check_run_folder_free(plan)
     console.print(config_table(resolved))
     data_report(console, prepared, resolved)
     console.print(devices_line(devices))
@@ -136,9 +141,23 @@ def validate_config(source, *, console: Console | None = None,
     return prepared
 
 
+def _check_run_folder_free(plan) -> None:
+    """No live run holds the folder this run would use (checked again, for good, when the lock is taken)."""
+    from leap_finetune.launch.run_lock import check_free
+
+    if plan.run_dir.is_dir():
+        check_free(plan.run_dir, "the run folder" if not plan.new_run else "output_dir")
+
+
 def _print_plan_notes(console: Console, plan) -> None:
     for note in plan.notes:
         console.print(f"[yellow]warning: {note}[/yellow]")
+    if plan.changes:
+        from leap_finetune.recipes.checkpoints import step_of
+
+        listed = "; ".join(f"{k.removeprefix('training_config.')}: {old!r} -> {new!r}" for k, (old, new) in plan.changes.items())
+        console.print(f"resume: from step {step_of(plan.resume_checkpoint)} on, {listed} (resume_allow_changes; "
+                      "recorded in resume_changes.json)")
     if plan.finished is not None:
         console.print(f"[green]already finished[/green]: {plan.run_dir} ended at step {plan.finished['global_step']} "
                       f"with these settings; nothing to train (model: {plan.finished['model_dir']}). To train "
@@ -210,7 +229,8 @@ def run_config(source, *, console: Console | None = None, callbacks: list | None
     """Validate, plan and train. Returns the run summary (run folder, losses, model folder)."""
     from leap_finetune.launch.train_log import TrainLog
 
-    with TrainLog() as log:  # train.log in the run folder: what this prints, from here on
+    # Ctrl-C / SIGTERM: at once before training, a checkpoint while training, the end finished after it
+    with signals.handled(), TrainLog() as log:  # train.log in the run folder: what this prints, from here on
         return _run(source, console, callbacks, outputs_root, log)
 
 
@@ -223,10 +243,12 @@ def _run(source, console, callbacks, outputs_root, log) -> dict:
     _check_training_arguments(resolved, has_eval=bool(prepared.eval))
     plan = plan_run(resolved, outputs_root=Path(outputs_root) if outputs_root else None)
     check_rollout_engine(resolved)  # vLLM installed where use_vllm says so (plan does not need it)
+    check_judge_server(resolved)  # an external judge answers and serves its model
     devices = device_plan(resolved)
     check_generation_batch(resolved, devices.workers)
     _check_async_eval(resolved, devices)
-    check_resume_matches(resolved, plan, fingerprint(prepared), devices.workers)
+    plan.changes = check_resume_matches(resolved, plan, fingerprint(prepared), devices.workers)
+    _check_run_folder_free(plan)
     if callbacks and (not devices.in_process or devices.own_process):
         raise ValueError("run_config(callbacks=...) needs an in-process run (one device, the machine's only GPU or "
                          f"the CPU); this plan has {devices.workers} worker(s) on GPU(s) {devices.training} of "
@@ -239,16 +261,25 @@ def _run(source, console, callbacks, outputs_root, log) -> dict:
     resolved = resolved.model_copy(update={
         "run_dir": str(plan.run_dir), "run_name": plan.run_name, "workers": devices.workers,
         "resume_checkpoint_path": str(plan.resume_checkpoint) if plan.resume_checkpoint else None,
+        "resume_changes": {k: list(v) for k, v in plan.changes.items()},
         "eval_devices": physical_ids(devices.eval),  # the reserved evaluation server's ("" without GPUs)
     })
     servers = local_servers(resolved, devices)  # GRPO's rollout server and judge, started before training
     resolved = resolved.model_copy(update={"judge_url": judge_url(resolved)})
-    _write_run_folder(resolved, prepared, renderer, plan)
+    lock = _write_run_folder(resolved, prepared, renderer, plan)  # (the folder is this run's alone from here)
+    try:
+        return _train(resolved, prepared, plan, devices, servers, lock, console, callbacks, log)
+    finally:
+        lock.release()
+
+
+def _train(resolved, prepared, plan, devices, servers, lock, console, callbacks, log) -> dict:
     log.attach(plan.run_dir / "train.log")
     _print_plan(console, resolved, prepared, plan, devices)
 
     from leap_finetune.recipes import recipe
 
+    resolved = resolved.model_copy(update={"run_token": lock.token})
     payload = json.loads(json.dumps(resolved.to_json_dict()))
     try:
         with running(servers, plan.run_dir / "servers", console):
@@ -263,16 +294,24 @@ def _run(source, console, callbacks, outputs_root, log) -> dict:
 
                 run_on_ray(payload, devices, plan.run_dir)
                 summary = json.loads((plan.run_dir / "summary.json").read_text(encoding="utf-8"))
-    except BaseException:
-        # A new run that failed before its first checkpoint (a mistake only the worker can find, such
-        # as a model folder without weights, or a bug, or Ctrl-C while the model loads) holds nothing
+    except BaseException as err:
+        # A new run that failed before its first complete checkpoint (a mistake only the worker can find,
+        # such as a model folder without weights, or a bug, or Ctrl-C while the model loads) holds nothing
         # worth keeping: it is removed, so the corrected config can use the same output_dir. The
         # servers' logs are kept elsewhere (they explain a server that did not start).
-        if plan.new_run and not any(plan.run_dir.glob("checkpoint-*")):
+        from leap_finetune.launch.plan import newest_intact
+
+        kept = newest_intact(plan.run_dir)[0] if plan.run_dir.is_dir() else None
+        if plan.new_run and kept is None:
             _keep_server_logs(console, plan.run_dir)
             shutil.rmtree(plan.run_dir, ignore_errors=True)
+        if isinstance(err, KeyboardInterrupt):
+            raise _stopped(err, plan, kept) from None
         raise
+    signals.enter("finishing")  # the model card and report are written whatever signal comes now
     summary["run_dir"] = str(plan.run_dir)
+    if summary.get("error"):  # the worker stopped the run on a mistake of the user's (a judge down for good)
+        raise LeapError(summary["error"]["message"], where=summary["error"].get("where"), fix=summary["error"].get("fix"))
     if summary.get("model_dir") and not summary.get("stopped_early"):
         from leap_finetune.launch.model_card import write_model_cards
 
@@ -283,6 +322,21 @@ def _run(source, console, callbacks, outputs_root, log) -> dict:
 
         end_report(console, resolved, summary)
     return summary
+
+
+def _stopped(err: KeyboardInterrupt, plan, kept: Path | None) -> signals.Stopped:
+    """What a stop by a signal left: nothing (a new run without a checkpoint is removed), or a checkpoint."""
+    import signal as signal_module
+
+    stopped = err if isinstance(err, signals.Stopped) else signals.Stopped(signal_module.SIGINT, "")
+    if kept is None and plan.new_run:
+        stopped.note = "nothing was saved (no checkpoint yet); the new run folder was removed"
+    elif kept is not None:
+        stopped.note = (f"the last complete checkpoint is {kept}: continue with training_config."
+                        "resume_from_checkpoint: latest")
+    else:
+        stopped.note = f"no complete checkpoint in {plan.run_dir}"
+    return stopped
 
 
 def _keep_server_logs(console: Console, run_dir: Path) -> None:
@@ -298,34 +352,87 @@ def _keep_server_logs(console: Console, run_dir: Path) -> None:
         pass
 
 
-def _write_run_folder(resolved: ResolvedConfig, prepared: PreparedData, renderer, plan) -> None:
+def _write_run_folder(resolved: ResolvedConfig, prepared: PreparedData, renderer, plan):
     """Everything the worker needs, written to a temporary folder and renamed into place, so a
-    failure here leaves no half-written run folder."""
+    failure here leaves no half-written run folder. Returns the run folder's lock, held by this process
+    (a resume takes it before it changes anything; a new run's folder arrives with it)."""
+    from leap_finetune.launch.run_lock import RunLock
     from leap_finetune.recipes.common import quiet_libraries
+    from leap_finetune.signals import clear_request
 
     quiet_libraries()
     run_dir = Path(resolved.run_dir)
-    staging = run_dir.with_name(f".{run_dir.name}.staging")
+    staging = Path(tempfile_folder(run_dir))
+    lock = None
     try:
-        _stage_run_folder(resolved, prepared, renderer, plan.new_run, run_dir, staging)
+        if not plan.new_run:
+            lock = RunLock.take(run_dir)
+        lock = _stage_run_folder(resolved, prepared, renderer, plan.new_run, run_dir, staging, lock)
         if not plan.new_run:
             rewind(plan)
+            clear_request(run_dir)  # (a stop request of the run that was stopped)
+            record_changes(plan, plan.changes)
     except OSError as err:
         shutil.rmtree(staging, ignore_errors=True)
-        raise LeapError(f"cannot write the run folder: {err.strerror or err}", where=str(run_dir),
-                        fix="check the disk space and permissions there, or set output_dir") from None
+        if lock is not None:
+            lock.release()
+        raise disk_error(err, run_dir) from None
     except BaseException:
         shutil.rmtree(staging, ignore_errors=True)
+        if lock is not None:
+            lock.release()
         raise
+    return lock
+
+
+def tempfile_folder(run_dir: Path) -> str:
+    """A staging folder beside the run folder, of this process alone (two runs never share one); stagings of
+    processes of this host that died are removed."""
+    import tempfile
+
+    run_dir.parent.mkdir(parents=True, exist_ok=True)
+    for old in run_dir.parent.glob(f".{run_dir.name}.staging-*"):
+        pid = old.name.rsplit("-", 2)[-2] if old.name.count("-") >= 2 else ""
+        if pid.isdigit() and not _alive(int(pid)):
+            shutil.rmtree(old, ignore_errors=True)
+    return tempfile.mkdtemp(prefix=f".{run_dir.name}.staging-{os.getpid()}-", dir=run_dir.parent)
+
+
+def _alive(pid: int) -> bool:
+    try:
+        os.kill(pid, 0)
+    except ProcessLookupError:
+        return False
+    except PermissionError:
+        return True
+    return True
+
+
+def disk_error(err: OSError, path: Path) -> LeapError:
+    """An OSError while writing, said in the user's words: which folder, what the system said, what to do."""
+    import errno
+
+    if err.errno == errno.ENOSPC:
+        return LeapError(f"the disk is full ({err.filename or path})", where=str(path),
+                         fix="free space on that disk (or set output_dir to a disk with space) and run again; "
+                         "complete checkpoints of the run are intact: resume with resume_from_checkpoint: latest")
+    if err.errno == errno.EDQUOT:
+        return LeapError(f"the disk quota is exceeded ({err.filename or path})", where=str(path),
+                         fix="free space within your quota, or set output_dir elsewhere; complete checkpoints are "
+                         "intact: resume with resume_from_checkpoint: latest")
+    if err.errno in (errno.EROFS, errno.EACCES, errno.EPERM):
+        return LeapError(f"cannot write there: {err.strerror} ({err.filename or path})", where=str(path),
+                         fix="set output_dir to a folder you can write in")
+    return LeapError(f"cannot write the run folder: {err.strerror or err}", where=str(path),
+                     fix="check the disk space and permissions there, or set output_dir")
 
 
 def _stage_run_folder(resolved: ResolvedConfig, prepared: PreparedData, renderer, new_run: bool,
-                      run_dir: Path, staging: Path) -> None:
+                      run_dir: Path, staging: Path, lock=None):
+    from leap_finetune.launch.run_lock import LOCK_NAME, RunLock, busy_error, read_holder
     from leap_finetune.recipes.common import PREPARED_DIR
 
-    if staging.exists():
-        shutil.rmtree(staging)
-    staging.mkdir(parents=True)
+    staging.mkdir(parents=True, exist_ok=True)
     (staging / "resolved_config.yaml").write_text(dump_yaml(resolved.to_json_dict()), encoding="utf-8")
     if resolved.config_path:
         shutil.copy(resolved.config_path, staging / "config.yaml")
@@ -347,21 +454,38 @@ def _stage_run_folder(resolved: ResolvedConfig, prepared: PreparedData, renderer
             for row in prepared.dropped:
                 handle.write(json.dumps(row.to_json()) + "\n")
     if new_run:
-        if run_dir.exists() and any(run_dir.iterdir()):
-            shutil.rmtree(staging)
+        # The folder arrives locked: the lock is taken in the staging folder, and rename() puts it in place
+        # whole, or fails when another run got there first (a non-empty folder is never replaced).
+        lock = RunLock.take(staging)
+        try:
+            os.rename(staging, run_dir)
+        except OSError as err:
+            lock.release()
+            if err.errno not in (errno.ENOTEMPTY, errno.EEXIST, errno.ENOTDIR):
+                raise
+            shutil.rmtree(staging, ignore_errors=True)
+            if (run_dir / LOCK_NAME).exists():
+                from leap_finetune.launch.run_lock import is_live
+
+                if is_live(run_dir):
+                    raise busy_error(run_dir, read_holder(run_dir), "output_dir") from None
             raise LeapError("the output folder exists and is not empty", where=str(run_dir),
-                            fix="choose another output_dir, remove the folder, or resume with resume_from_checkpoint: latest")
-        run_dir.parent.mkdir(parents=True, exist_ok=True)
-        if run_dir.exists():
-            run_dir.rmdir()
-        staging.rename(run_dir)
-    else:  # resuming: refresh the driver's files, keep checkpoints and metrics
-        for item in staging.iterdir():
-            target = run_dir / item.name
-            if target.is_dir():
-                shutil.rmtree(target)
+                            fix="choose another output_dir, remove the folder, or resume with resume_from_checkpoint: "
+                            "latest") from None
+        lock.moved_to(run_dir)
+        return lock
+    # resuming: refresh the driver's files, keep checkpoints and metrics. Each is swapped by renames (the
+    # old one moved aside, the new one moved in): a kill between them leaves the old or the new, never half.
+    for item in staging.iterdir():
+        target = run_dir / item.name
+        if target.is_dir():
+            aside = staging / f".old-{item.name}"
+            os.rename(target, aside)
+            os.rename(item, target)
+        else:
             os.replace(item, target)
-        shutil.rmtree(staging)
+    shutil.rmtree(staging)
+    return lock
 
 
 def fingerprint(prepared: PreparedData) -> dict:
@@ -455,6 +579,9 @@ def _print_end(console: Console, summary: dict) -> None:
     parts = [f"done: {summary['global_step']} steps"]
     if summary.get("final_reward") is not None:
         parts.append(f"reward {summary['initial_reward']:.2f} -> {summary['final_reward']:.2f} (first / last 5 steps)")
+        judge = summary.get("judge") or {}
+        if judge.get("failures"):
+            parts.append(f"judge failures {judge['failures']:,} of {judge['requests']:,}")
     else:
         parts.append(f"train loss {summary['train_loss']:.4f}")
     if summary.get("eval_loss") is not None:

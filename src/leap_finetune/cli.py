@@ -12,6 +12,7 @@ import typer
 from rich.console import Console
 
 from leap_finetune.errors import LeapError, RunFailed
+from leap_finetune.signals import Stopped
 
 app = typer.Typer(
     add_completion=False,
@@ -50,6 +51,9 @@ def _user_errors(command):
                 raise
             print(f"error: {err}", file=sys.stderr)
             raise typer.Exit(1) from None
+        except Stopped as err:  # Ctrl-C / SIGTERM outside the training loop, or a second one: 128 + signal
+            print(err.message(), file=sys.stderr)
+            raise typer.Exit(128 + err.signum) from None
 
     return wrapper
 

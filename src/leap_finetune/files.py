@@ -31,3 +31,25 @@ def read_metrics(path: Path) -> list[dict]:
         except json.JSONDecodeError:
             continue
     return records
+
+
+DISK_FULL_WORDS = ("No space left", "Disk quota exceeded", "StorageFull", "QuotaExceeded", "file write failed",
+                   "unexpected pos")
+
+
+def is_disk_full(err: BaseException) -> bool:
+    """An error (or one it was raised from) that a full disk or an exhausted quota causes, in the forms the
+    libraries give it: OSError errno 28/122, Arrow's and safetensors' messages, torch.save's "file write failed" and
+    "unexpected pos" (its zip writer found fewer bytes on disk than it wrote)."""
+    import errno
+
+    seen = 0
+    while err is not None and seen < 10:
+        if isinstance(err, OSError) and err.errno in (errno.ENOSPC, errno.EDQUOT):
+            return True
+        if any(word in str(err) for word in DISK_FULL_WORDS):
+            return True
+        err = err.__cause__ or err.__context__
+        seen += 1
+    return False
+

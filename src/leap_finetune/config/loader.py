@@ -347,7 +347,7 @@ def _resolve_training(model: LeapConfigModel, where: str) -> tuple[dict, str, st
             f"training_config.extends is {profile_name}, a profile for another training type than "
             f"{model.training_type}", where=where, fix=f"use extends: {own_profile} (or leave extends out)")
     allowed = (trainer_arg_fields(model.training_type) if user else set()) | (
-        {"loss_on", "compile_layers"} if model.training_type == "sft" else set())
+        {"loss_on", "compile_layers"} if model.training_type == "sft" else set()) | {"resume_allow_changes"}
     for key in user:
         if key in MANAGED_TRAINING_KEYS:
             raise LeapError(
@@ -416,7 +416,44 @@ def _resolve_training(model: LeapConfigModel, where: str) -> tuple[dict, str, st
             where=where,
             fix="resume_from_checkpoint: latest",
         )
+    _check_allow_changes(merged, where)
     return merged, loss_on, resume
+
+
+def _check_allow_changes(training: dict, where: str) -> None:
+    """`resume_allow_changes`: a list of training_config keys (or `rewards`), or [all]."""
+    from leap_finetune.launch.plan import RESUME_ALLOWABLE, RESUME_KEEPS_TRAINING
+
+    value = training.get("resume_allow_changes")
+    if value is None:
+        training.pop("resume_allow_changes", None)
+        return
+    if isinstance(value, str):
+        value = [value]
+    if not isinstance(value, list) or not all(isinstance(v, str) and v for v in value):
+        raise LeapError(f"training_config.resume_allow_changes is {value!r}", where=where,
+                        fix="give a list of training_config keys, e.g. resume_allow_changes: [learning_rate], or [all]")
+    never = [v for v in value if v in RESUME_KEEPS_TRAINING]
+    if never:
+        raise LeapError(f"training_config.resume_allow_changes lists {', '.join(never)}, which a resume cannot change "
+                        "(the data each step reads, the model's shape or the optimizer the checkpoint holds)",
+                        where=where, fix="remove it, or start a new run")
+    if "all" in value and len(value) > 1:
+        raise LeapError("training_config.resume_allow_changes lists `all` with other keys", where=where,
+                        fix="give either [all] or the keys")
+    known = set(training) | set(RESUME_ALLOWABLE) | {"all"}
+    fields = trainer_arg_fields_any()
+    unknown = [v for v in value if v not in known and v not in fields]
+    if unknown:
+        raise LeapError(f"training_config.resume_allow_changes lists {', '.join(unknown)}, not a training_config key",
+                        where=where, fix=unknown_key_fix(unknown[0], sorted(fields | set(RESUME_ALLOWABLE))))
+    training["resume_allow_changes"] = value
+
+
+def trainer_arg_fields_any() -> set[str]:
+    from transformers import TrainingArguments
+
+    return {f.name for f in dataclasses.fields(TrainingArguments) if f.init}
 
 
 def _check_kto_batch_size(training: dict, where: str) -> None:

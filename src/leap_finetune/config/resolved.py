@@ -53,6 +53,8 @@ class ResolvedConfig(BaseModel):
     workers: int = 1  # training processes of the device plan (launch/devices.py)
     judge_url: str | None = None  # grpo: the local judge server the driver started
     eval_devices: str | None = None  # async_eval reserved: CUDA_VISIBLE_DEVICES of the evaluation server
+    resume_changes: dict = {}  # "training_config.KEY" -> [before, now]: what this resume applies from its step on
+    run_token: str | None = None  # the driver's lock on the run folder (launch/run_lock.py): workers watch it
 
     def to_json_dict(self) -> dict:
         return self.model_dump(mode="json")

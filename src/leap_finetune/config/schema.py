@@ -193,6 +193,10 @@ class SlurmConfig(StrictModel):
     setup: list[str] = Field(default_factory=list, description="Shell lines run first on the head node, e.g. "
                              "[\"module load cuda\", \"source ~/venv/bin/activate\"].")
     ray_start_timeout_s: int = Field(default=600, gt=0, description="How long to wait for every node's GPUs to join.")
+    stop_before_time_limit_s: int = Field(default=300, ge=0, description="#SBATCH --signal=B:TERM@N: this many seconds "
+                                          "before the time limit the run is asked to save a checkpoint and stop (SLURM "
+                                          "sends it up to 60 s early); 0: no warning, the limit's own SIGTERM leaves "
+                                          "the cluster's KillWait to save one.")
 
 
 class GrpoRolloutConfig(StrictModel):
@@ -265,10 +269,18 @@ class JudgeConfig(StrictModel):
                           "lists it).")
     failure_score: float = Field(default=0.0, ge=0, le=1, description="The normalised reward of a completion the "
                                  "judge could not score (timeout, error, no number in its answer); such failures "
-                                 "are counted in the metrics.")
-    timeout_s: float = Field(default=60, gt=0, description="Per request.")
+                                 "are counted (`judge/failures` in the metrics, the progress line, the run report).")
+    timeout_s: float = Field(default=30, gt=0, description="Per request attempt (a judge that does not answer costs "
+                             "a step at most timeout_s x (retries + 1): when the first requests of a step all fail, "
+                             "its other completions are not sent).")
     max_concurrency: int = Field(default=8, gt=0, description="Requests in flight at once.")
-    retries: int = Field(default=2, ge=0, description="Retries after a connection error, with exponential backoff.")
+    retries: int = Field(default=1, ge=0, description="Retries after a connection error, a timeout or a 5xx answer, "
+                         "with exponential backoff.")
+    max_failed_steps: int = Field(default=3, ge=0, description="Steps in a row in which every judge request fails "
+                                  "before the run saves a checkpoint and stops with an error naming the judge's last "
+                                  "failure; 0: never stop (failures still show on the progress line and in the report).")
+    check_at_validate: bool = Field(default=True, description="`validate` and `run` ask `base_url` for its models (GET "
+                                    "/models) and check that `model` is served.")
     api_key_env: str | None = Field(default=None, min_length=1, description="The environment variable that holds "
                                     "the API key (the key itself never goes in the config or the logs).")
     temperature: float = Field(default=0.0, ge=0, description="The judge's sampling temperature.")

@@ -19,6 +19,7 @@ from dataclasses import dataclass, field
 
 import numpy as np
 
+from leap_finetune import faults
 from leap_finetune.config.resolved import ResolvedConfig
 from leap_finetune.config.schema import DatasetConfig
 from leap_finetune.data.chunks import (RETRIEVAL, CheckedChunk, Job, TokenizeRequest, Workers,
@@ -29,6 +30,7 @@ from leap_finetune.data.sft_rows import Conversation, RowWarning
 from leap_finetune.data.mixing import held_out_mask, mix
 from leap_finetune.data.progress import Progress
 from leap_finetune.data.table import RowTable, SplitWriter
+from leap_finetune.files import is_disk_full
 from leap_finetune.errors import DataError, LeapError, RowProblem
 
 
@@ -154,9 +156,25 @@ def prepare_data(resolved: ResolvedConfig, tokenizer, renderer, *, console=None,
         folder = cache.working_folder(entry)
         try:
             prepared = _prepare_now(resolved, renderer, items, streams, notices, console, examples, folder)
-        except BaseException:
+        except BaseException as err:
             shutil.rmtree(folder, ignore_errors=True)
-            raise
+            if entry is None or not is_disk_full(err):
+                raise
+            # The cache is optional: its disk is full, so the rows are prepared again in a temporary folder.
+            if console is not None:
+                console.print(f"[yellow]note: the data cache's disk is full ({entry.folder.parent}): preparing without "
+                              "the cache (free space there, or set LEAP_FINETUNE_CACHE to another folder)[/yellow]")
+            entry = None
+            folder = cache.working_folder(None)
+            try:
+                prepared = _prepare_now(resolved, renderer, items, streams, notices, console, examples, folder)
+            except BaseException as again:
+                shutil.rmtree(folder, ignore_errors=True)
+                if is_disk_full(again):
+                    raise LeapError(f"the disk is full: the prepared rows do not fit in {folder.parent}", where="dataset",
+                                    fix="free space there, or set TMPDIR (and LEAP_FINETUNE_CACHE) to a folder on a "
+                                    "disk with space") from None
+                raise
         if entry is not None:
             cache.store(entry, prepared, folder, console)
     if resolved.training_type == "kto":  # (depends on batch sizes, not on the data: after the cache)
@@ -171,6 +189,7 @@ def _prepare_now(resolved: ResolvedConfig, renderer, items: list[DatasetConfig],
     requested = max((item.num_proc for item in items if item.num_proc is not None), default=None)
     with Workers(Job(resolved, renderer), processes_for(requested, estimate)) as workers, \
             Progress(console, workers.processes) as progress:
+        faults.point("data-prep")
         # pass 1: every row checked; every problem listed before anything is tokenized
         warnings = _Warnings()
         for stream in streams:

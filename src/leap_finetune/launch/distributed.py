@@ -13,6 +13,7 @@ import os
 import socket
 from pathlib import Path
 
+from leap_finetune import signals
 from leap_finetune.errors import LeapError, RunFailed
 from leap_finetune.launch.devices import DevicePlan
 
@@ -20,7 +21,8 @@ from leap_finetune.launch.devices import DevicePlan
 # GPUs out of service. Every process the project starts keeps these (Ray workers included).
 NO_MULTICAST = {"NCCL_NVLS_ENABLE": "0", "TORCH_SYMM_MEM_DISABLE_MULTICAST": "1", "NVSHMEM_DISABLE_NVLS": "1"}
 PASSED_ON = ("HF_HUB_OFFLINE", "TRANSFORMERS_OFFLINE", "HF_DATASETS_OFFLINE", "HF_HOME", "HF_TOKEN",
-             "TOKENIZERS_PARALLELISM", "LEAP_FINETUNE_SHOW_WARNINGS", "LEAP_FINETUNE_PROFILE", "WANDB_API_KEY", "WANDB_MODE")
+             "TOKENIZERS_PARALLELISM", "LEAP_FINETUNE_SHOW_WARNINGS", "LEAP_FINETUNE_PROFILE", "WANDB_API_KEY", "WANDB_MODE",
+             "LEAP_FINETUNE_FAULT")
 
 
 def ray_address(resolved) -> str | None:
@@ -69,7 +71,7 @@ def run_on_ray(resolved_json: dict, plan: DevicePlan, run_dir: Path) -> None:
     worker failed (naming its rank and where its log is)."""
     import ray
     from ray.train import FailureConfig, RunConfig, ScalingConfig
-    from ray.train.torch import TorchConfig, TorchTrainer
+    from ray.train.torch import TorchConfig
 
     from leap_finetune.launch.worker import train_worker
 
@@ -87,9 +89,12 @@ def run_on_ray(resolved_json: dict, plan: DevicePlan, run_dir: Path) -> None:
                      logging_config=ray.LoggingConfig(log_level="ERROR"))
         else:
             _init_local(plan, env)
+    # ray.init replaces the SIGTERM handler; the workers do not see this process's signals: the first asks them
+    # (through the run folder) to save a checkpoint and stop, a second stops them at once (ray.shutdown below).
+    signals.reinstall()
+    signals.enter("training", on_first=lambda signum: signals.request_stop(run_dir, signum))
     resources = (resolved_json.get("ray") or {}).get("resources_per_worker")
-    trainer_class = TorchTrainer if _has_dashboard() else _TrainerWithoutCleaner()
-    trainer = trainer_class(
+    trainer = _leap_trainer(cleaner=_has_dashboard())(
         train_worker,
         train_loop_config=resolved_json,
         scaling_config=ScalingConfig(num_workers=plan.workers, use_gpu=plan.use_gpu, resources_per_worker=resources),
@@ -100,8 +105,14 @@ def run_on_ray(resolved_json: dict, plan: DevicePlan, run_dir: Path) -> None:
     try:
         trainer.fit()
     except ray.train.TrainingFailedError as err:
+        from leap_finetune.launch.worker import worker_error
+
+        user = worker_error(run_dir)  # a mistake of the user's that a worker found: said as such (exit 2)
+        if user is not None:
+            raise user from None
         raise RunFailed(_failure_message(err, run_dir)) from None
     finally:
+        signals.clear_request(run_dir)
         if started_here:
             ray.shutdown()
 
@@ -115,27 +126,33 @@ def _has_dashboard() -> bool:
         return True
 
 
-def _TrainerWithoutCleaner():  # noqa: N802 - a class factory (Ray is imported only when used)
+def _leap_trainer(cleaner: bool):
+    """Ray Train's TorchTrainer, with the driver's signals left to leap-finetune (leap_finetune/signals.py: the
+    first Ctrl-C or SIGTERM asks the workers to save a checkpoint and stop; Ray Train's own SIGINT handler aborts
+    the run without one), and, without `cleaner`, without its PlacementGroupCleaner."""
     from ray.train.torch import TorchTrainer
 
     try:
         from ray.train.v2._internal.callbacks.placement_group_callback import PlacementGroupCleanerCallback
-    except ImportError:  # Ray moved it: train with Ray's defaults
-        return TorchTrainer
+    except ImportError:  # Ray moved it: keep Ray's default callbacks
+        PlacementGroupCleanerCallback = None  # noqa: N806
 
-    class TrainerWithoutCleaner(TorchTrainer):
-        """TorchTrainer without Ray Train's PlacementGroupCleaner, on a Ray without its dashboard (our local
-        instance and the SLURM job's cluster). The cleaner asks Ray's State API (served by the dashboard)
-        whether the controller lives; without it each question waits 10 s, and stopping the cleaner at the
-        end of every run failed after ~12 s with a traceback on the console (measured with Ray 2.60): it cannot
-        do its work there. Ray still removes a run's placement groups when the run's driver ends; a cluster
-        with a dashboard keeps the cleaner."""
+    class LeapTorchTrainer(TorchTrainer):
+        def _register_sigint_handler(self, controller):
+            signals.reinstall()
 
         def _create_default_callbacks(self):
-            return [c for c in super()._create_default_callbacks()
-                    if not isinstance(c, PlacementGroupCleanerCallback)]
+            callbacks = super()._create_default_callbacks()
+            if cleaner or PlacementGroupCleanerCallback is None:
+                return callbacks
+            # On a Ray without its dashboard (our local instance and the SLURM job's cluster) the cleaner asks
+            # Ray's State API (served by the dashboard) whether the controller lives; without it each question
+            # waits 10 s, and stopping the cleaner at the end of every run failed after ~12 s with a traceback
+            # on the console (measured with Ray 2.60): it cannot do its work there. Ray still removes a run's
+            # placement groups when the run's driver ends; a cluster with a dashboard keeps the cleaner.
+            return [c for c in callbacks if not isinstance(c, PlacementGroupCleanerCallback)]
 
-    return TrainerWithoutCleaner
+    return LeapTorchTrainer
 
 
 def _init_local(plan: DevicePlan, env: dict) -> None:

@@ -91,6 +91,17 @@ def _best_eval(run_dir: Path) -> tuple[float, int] | None:
     return min(losses, key=lambda pair: pair[0]) if losses else None
 
 
+def _resume_changes(run_dir: Path) -> list[dict]:
+    import json
+
+    try:
+        value = json.loads((run_dir / "resume_changes.json").read_text(encoding="utf-8"))
+    except (OSError, ValueError):
+        return []
+    return [c for c in value if isinstance(c, dict) and {"step", "key", "before", "now"} <= set(c)] \
+        if isinstance(value, list) else []
+
+
 def card_text(resolved, prepared, summary: dict, devices_line: str, adapter: bool) -> str:
     from huggingface_hub import ModelCard, ModelCardData
 
@@ -121,7 +132,11 @@ def card_text(resolved, prepared, summary: dict, devices_line: str, adapter: boo
               f"| steps | {summary.get('global_step')} |",
               f"| training time | {_number(summary.get('train_runtime_s'), 1)} s |",
               f"| tokens seen | {summary.get('tokens_seen', '-')} |",
-              f"| hardware | {devices_line.removeprefix('devices: ')} |", ""]
+              f"| hardware | {devices_line.removeprefix('devices: ')} |"]
+    for change in _resume_changes(run_dir):  # (resume_allow_changes: the values above hold from that step on)
+        lines.append(f"| changed on resume at step {change['step']} | {change['key'].removeprefix('training_config.')}: "
+                     f"{change['before']!r} -> {change['now']!r} |")
+    lines.append("")
     lines += ["## Results", "", "| metric | before | after |", "| --- | --- | --- |"]
     if summary.get("train_loss") is not None:
         lines.append(f"| train loss (mean) | - | {_number(summary['train_loss'])} |")

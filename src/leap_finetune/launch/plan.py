@@ -28,6 +28,7 @@ class RunPlan:
     metrics_bytes: int | None = None
     trained_seconds: float = 0.0
     finished: dict | None = None  # the summary, when the run already ended at this checkpoint
+    changes: dict = field(default_factory=dict)  # resume_allow_changes: {key: (before, now)} applied from the checkpoint
 
 
 def outputs_folder(resolved: ResolvedConfig, outputs_root: Path | None = None) -> Path:
@@ -76,6 +77,14 @@ def plan_run(resolved: ResolvedConfig, *, outputs_root: Path | None = None) -> R
         run_dir = Path(resolved.output_dir)
         check_writable(run_dir, "output_dir")
         if run_dir.is_dir() and any(run_dir.iterdir()):
+            from leap_finetune.launch.run_lock import busy_error, is_live, read_holder
+
+            if is_live(run_dir):
+                raise busy_error(run_dir, read_holder(run_dir), "output_dir")
+            if (run_dir / "resolved_config.yaml").exists() and latest_checkpoint(run_dir) is None:
+                raise LeapError("the output folder holds a run that stopped before its first complete checkpoint: "
+                                "there is nothing in it to resume", where=f"output_dir: {run_dir}",
+                                fix=f"remove the folder (rm -r {run_dir}) and run again, or choose another output_dir")
             raise LeapError("the output folder exists and is not empty", where=f"output_dir: {run_dir}",
                             fix="choose another output_dir, remove the folder, or resume with "
                             "training_config.resume_from_checkpoint: latest")
@@ -103,6 +112,12 @@ def _plan_resume(resolved: ResolvedConfig, root: Path) -> RunPlan:
             checkpoint, damaged = newest_intact(run_dir)
             notes += [f"{folder.name} is damaged ({problem}); not resumed from" for folder, problem in damaged]
         if checkpoint is None:
+            stopped = _stopped_before_checkpoint(searched) if run_dir is None else None
+            if stopped is not None:
+                raise LeapError(
+                    f"resume_from_checkpoint: latest, but the run in {stopped} stopped before its first complete "
+                    "checkpoint: there is nothing to resume" + (f" ({'; '.join(notes)})" if notes else ""), where=key,
+                    fix=f"remove that folder (rm -r {stopped}) and remove resume_from_checkpoint to start the run again")
             raise LeapError(
                 f"resume_from_checkpoint: latest, but no complete checkpoint exists under {searched}"
                 + (f" ({'; '.join(notes)})" if notes else ""),
@@ -145,9 +160,28 @@ def _check_is_checkpoint(folder: Path, key: str) -> None:
 
 
 # What a resume must keep: the run's model, data and the settings that decide what one step is.
-RESUME_KEEPS = ("model_id", "training_type", "chat_template", "loss_on", "peft")
+RESUME_KEEPS = ("model_id", "training_type", "chat_template", "loss_on", "peft", "retrieval")
 RESUME_KEEPS_DATA = ("path", "val_path", "limit", "test_size", "split", "subset", "on_invalid", "weight", "epochs")
-RESUME_KEEPS_TRAINING = ("max_length", "packing", "padding_free", "seed", "truncation_mode", "model_init_kwargs")
+# training_config keys that no key can change on a resume: the data each step reads and its order, the model's
+# shape, and the optimizer whose state the checkpoint holds
+RESUME_KEEPS_TRAINING = ("max_length", "packing", "padding_free", "seed", "truncation_mode", "model_init_kwargs",
+                         "data_seed", "train_sampling_strategy", "shuffle_dataset", "dataloader_drop_last",
+                         "group_by_length", "packing_strategy", "optim", "optim_args", "optim_target_modules")
+# training_config keys a resume may change freely: how long to train, how often to log, evaluate and save,
+# where to report, memory and speed knobs that leave the arithmetic alone (the batch: see global_batch)
+RESUME_FREE_TRAINING = frozenset((
+    "max_steps", "num_train_epochs", "logging_steps", "logging_strategy", "logging_first_step", "logging_nan_inf_filter",
+    "save_steps", "save_strategy", "save_total_limit", "save_only_model", "eval_steps", "eval_strategy", "eval_delay",
+    "eval_on_start", "per_device_eval_batch_size", "eval_accumulation_steps", "prediction_loss_only",
+    "metric_for_best_model", "greater_is_better", "load_best_model_at_end", "report_to", "run_name", "project",
+    "disable_tqdm", "dataloader_num_workers", "dataloader_pin_memory", "dataloader_persistent_workers",
+    "dataloader_prefetch_factor", "include_num_input_tokens_seen", "resume_from_checkpoint", "resume_allow_changes",
+    "ddp_timeout", "ddp_bucket_cap_mb", "ddp_find_unused_parameters", "gradient_checkpointing",
+    "gradient_checkpointing_kwargs", "torch_empty_cache_steps", "push_to_hub", "hub_model_id", "hub_strategy",
+    "hub_private_repo", "log_level", "log_level_replica", "logging_dir", "per_device_train_batch_size",
+    "gradient_accumulation_steps", "trackio_space_id"))
+# other parts of the config a resume may change when resume_allow_changes names them (applied from the resumed step)
+RESUME_ALLOWABLE = ("rewards",)
 
 
 def global_batch(config: dict) -> int:
@@ -169,41 +203,97 @@ def _dataset_changes(before, now) -> list[tuple]:
             for i, (old, new) in enumerate(zip(before, now)) for k in RESUME_KEEPS_DATA if old.get(k) != new.get(k)]
 
 
-def check_resume_matches(resolved: ResolvedConfig, plan: RunPlan, data_fingerprint: dict | None,
-                         workers: int = 1) -> None:
-    """A resume continues the same run: the same model, data and step (the global batch: a different
-    number of workers is fine when per-device batch x accumulation makes up for it); a config that
-    changed one of them would train a different run from this one's optimizer state and data position."""
-    import json
-
+def resumed_config(plan: RunPlan) -> tuple[dict | None, dict | None]:
+    """The config and data fingerprint the run had when its checkpoint was saved: recorded in the checkpoint's
+    marker (since this release), else the run folder's resolved_config.yaml and prepared/fingerprint.json."""
     from leap_finetune.config.yaml_io import read_yaml
 
+    marker = read_marker(Path(plan.resume_checkpoint)) if plan.resume_checkpoint else None
+    config = (marker or {}).get("config")
+    data = (marker or {}).get("data")
+    if config is None:
+        try:
+            config = read_yaml(plan.run_dir / "resolved_config.yaml")
+        except LeapError:
+            config = None
+    if data is None:
+        try:
+            data = json.loads((plan.run_dir / "prepared" / "fingerprint.json").read_text(encoding="utf-8"))
+        except (OSError, json.JSONDecodeError):
+            data = None
+    return config, data
+
+
+def check_resume_matches(resolved: ResolvedConfig, plan: RunPlan, data_fingerprint: dict | None,
+                         workers: int = 1) -> dict:
+    """A resume continues the same run: the same model, data and step (the global batch: a different
+    number of workers is fine when per-device batch x accumulation makes up for it), and the same optimization
+    unless `training_config.resume_allow_changes` names the keys that change (then they apply from the resumed
+    step on, and the run records it). Returns the allowed changes {key: (before, now)}; raises, listing the
+    differences, for anything else."""
     if plan.new_run or plan.finished is not None:
-        return
-    try:
-        before = read_yaml(plan.run_dir / "resolved_config.yaml")
-    except LeapError:
-        return
+        return {}
+    allow = resolved.training.get("resume_allow_changes") or []
+    before, saved_data = resumed_config(plan)
+    key = "training_config.resume_from_checkpoint"
+    if before is None:
+        if allow == ["all"]:
+            return {}
+        raise LeapError(f"cannot check that this config continues the run at {plan.run_dir}: its checkpoint does not "
+                        "record the run's config and resolved_config.yaml is missing", where=key,
+                        fix="restore resolved_config.yaml in the run folder, or set training_config.resume_allow_changes: "
+                        "[all] to resume with this config as it is")
     now = {**resolved.to_json_dict(), "workers": workers}
-    changed = [("the global batch (per_device_train_batch_size x gradient_accumulation_steps x workers)",
-                global_batch(before), global_batch(now))] if global_batch(before) != global_batch(now) else []
-    changed += [(k, before.get(k), now.get(k)) for k in RESUME_KEEPS if before.get(k) != now.get(k)]
-    changed += _dataset_changes(before.get("dataset"), now.get("dataset"))
-    changed += [(f"training_config.{k}", (before.get("training") or {}).get(k), (now.get("training") or {}).get(k))
-                for k in RESUME_KEEPS_TRAINING
-                if (before.get("training") or {}).get(k) != (now.get("training") or {}).get(k)]
-    saved = plan.run_dir / "prepared" / "fingerprint.json"
-    if not changed and data_fingerprint is not None and saved.exists():
-        old = json.loads(saved.read_text(encoding="utf-8"))
-        if old != data_fingerprint:
-            changed.append(("the prepared training data", f"{old.get('train_rows')} rows, {old.get('train')[:12]}",
-                            f"{data_fingerprint.get('train_rows')} rows, {data_fingerprint.get('train')[:12]}"))
-    if changed:
-        listed = "; ".join(f"{key}: {old!r} -> {new!r}" for key, old, new in changed[:6])
-        raise LeapError(f"this config changes what the run at {plan.run_dir} trains: {listed}",
-                        where="training_config.resume_from_checkpoint",
-                        fix="a resume continues the same run: change these back, or start a new run (remove "
-                        "resume_from_checkpoint)")
+    fixed = [("the global batch (per_device_train_batch_size x gradient_accumulation_steps x workers)",
+              global_batch(before), global_batch(now))] if global_batch(before) != global_batch(now) else []
+    fixed += [(k, before.get(k), now.get(k)) for k in RESUME_KEEPS if before.get(k) != now.get(k)]
+    fixed += _dataset_changes(before.get("dataset"), now.get("dataset"))
+    old_training, new_training = before.get("training") or {}, now.get("training") or {}
+    fixed += [(f"training_config.{k}", old_training.get(k), new_training.get(k)) for k in RESUME_KEEPS_TRAINING
+              if old_training.get(k) != new_training.get(k)]
+    scheduler = ("reduce_lr_on_plateau" in (old_training.get("lr_scheduler_type"), new_training.get("lr_scheduler_type"))
+                 and old_training.get("lr_scheduler_type") != new_training.get("lr_scheduler_type"))
+    if scheduler:
+        fixed.append(("training_config.lr_scheduler_type", old_training.get("lr_scheduler_type"),
+                      new_training.get("lr_scheduler_type")))
+    if not fixed and data_fingerprint is not None and saved_data is not None and saved_data != data_fingerprint:
+        fixed.append(("the prepared training data", f"{saved_data.get('train_rows')} rows, {str(saved_data.get('train'))[:12]}",
+                      f"{data_fingerprint.get('train_rows')} rows, {str(data_fingerprint.get('train'))[:12]}"))
+    if fixed:
+        listed = "; ".join(f"{name}: {old!r} -> {new!r}" for name, old, new in fixed[:6])
+        raise LeapError(f"this config changes what the run at {plan.run_dir} trains: {listed}", where=key,
+                        fix="a resume continues the same run (its data, model and optimizer state): change these back, "
+                        "or start a new run (remove resume_from_checkpoint)")
+    changed = {f"training_config.{k}": (old_training.get(k), new_training.get(k))
+               for k in sorted(set(old_training) | set(new_training))
+               if k not in RESUME_FREE_TRAINING and old_training.get(k) != new_training.get(k)}
+    changed.update({k: (before.get(k), now.get(k)) for k in RESUME_ALLOWABLE if before.get(k) != now.get(k)})
+    refused = {k: v for k, v in changed.items() if allow != ["all"] and k.removeprefix("training_config.") not in allow}
+    if refused:
+        listed = "; ".join(f"{name}: {old!r} -> {new!r}" for name, (old, new) in list(refused.items())[:6])
+        names = ", ".join(k.removeprefix("training_config.") for k in refused)
+        raise LeapError(f"this config changes how the run at {plan.run_dir} trains: {listed}", where=key,
+                        fix=f"change them back to continue the run as it was, or apply them from the resumed step on "
+                        f"with training_config.resume_allow_changes: [{names}] (recorded in the run's "
+                        "resume_changes.json and model card)")
+    return changed
+
+
+def record_changes(plan: RunPlan, changed: dict) -> None:
+    """The changes a resume applies, appended to RUN/resume_changes.json (the model card lists them)."""
+    if not changed or plan.resume_checkpoint is None:
+        return
+    from leap_finetune.files import write_atomic
+
+    path = plan.run_dir / "resume_changes.json"
+    try:
+        history = json.loads(path.read_text(encoding="utf-8"))
+    except (OSError, json.JSONDecodeError):
+        history = []
+    step = step_of(Path(plan.resume_checkpoint))
+    history = [h for h in history if isinstance(h, dict) and h.get("step", 0) < step]  # (a resume of a resume)
+    history += [{"step": step, "key": k, "before": old, "now": new} for k, (old, new) in changed.items()]
+    write_atomic(path, json.dumps(history, indent=1))
 
 
 def _finished(resolved: ResolvedConfig, run_dir: Path, checkpoint: Path) -> dict | None:
@@ -233,10 +323,34 @@ def newest_run(folder: Path) -> Path | None:
         return folder
     runs = []
     for run in folder.iterdir():
-        marked = [p / MARKER for p in checkpoints(run) if (p / MARKER).exists()]
+        marked = [p for p in checkpoints(run) if (p / MARKER).exists()]
         if marked:
-            runs.append((max(m.stat().st_mtime for m in marked), run))
+            runs.append((max(_saved_at(p) for p in marked), run))
     return max(runs)[1] if runs else None
+
+
+def _saved_at(checkpoint: Path) -> float:
+    """When the checkpoint was saved, by the clock of the process that saved it (recorded in its marker): a file's
+    time comes from the clock of whichever host wrote it last (measured: clock skew made `latest` pick the wrong
+    run). Markers written before this release: the file time."""
+    saved = (read_marker(checkpoint) or {}).get("saved_at")
+    if isinstance(saved, (int, float)):
+        return float(saved)
+    try:
+        return (checkpoint / MARKER).stat().st_mtime
+    except OSError:
+        return 0.0
+
+
+def _stopped_before_checkpoint(folder: Path) -> Path | None:
+    """A run folder (`folder` or the newest one under it) that a run started in and left without any complete
+    checkpoint (a driver killed before its first save: nothing could clean it up)."""
+    if not folder.is_dir():
+        return None
+    candidates = [folder] if (folder / "resolved_config.yaml").exists() else \
+        [p for p in folder.iterdir() if p.is_dir() and (p / "resolved_config.yaml").exists()]
+    left = [p for p in candidates if newest_intact(p)[0] is None]
+    return max(left, key=lambda p: p.stat().st_mtime) if left else None
 
 
 def newest_intact(run_dir: Path) -> tuple[Path | None, list[tuple[Path, str]]]:

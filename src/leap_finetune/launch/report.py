@@ -200,6 +200,12 @@ def end_report(console: Console, resolved: ResolvedConfig, summary: dict) -> Non
             table.add_row("reward gap, desirable - undesirable (last training log)", f"{last:.3f}")
     if summary.get("final_reward") is not None:
         table.add_row("reward (first / last 5 steps)", f"{summary['initial_reward']:.3f} -> {summary['final_reward']:.3f}")
+    judge = summary.get("judge")
+    if judge and judge.get("requests"):
+        text = f"{judge['failures']:,} of {judge['requests']:,} requests failed"
+        if judge["failures"] and judge.get("last_failure"):
+            text += f" (scored failure_score; last: {judge['last_failure']})"
+        table.add_row("judge", text)
     where = [f"run folder {run_dir}"]
     if summary.get("model_dir"):
         where.append(f"model {summary['model_dir']}")

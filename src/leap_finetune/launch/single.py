@@ -25,6 +25,7 @@ from leap_finetune.errors import LeapError, RunFailed
 from leap_finetune.launch.devices import DevicePlan, physical_ids
 from leap_finetune.launch.distributed import NO_MULTICAST
 from leap_finetune.launch.servers import _die_with_parent
+from leap_finetune.signals import Stopped, handled
 
 # what a process started by a launcher of its own would inherit and mistake for its place in a group
 NOT_INHERITED = ("RANK", "WORLD_SIZE", "LOCAL_RANK", "LOCAL_WORLD_SIZE", "MASTER_ADDR", "MASTER_PORT")
@@ -65,8 +66,10 @@ def run_in_child(payload: dict, devices: DevicePlan, run_dir: Path) -> dict:
         raise LeapError(outcome["error"]["message"], where=outcome["error"]["where"], fix=outcome["error"]["fix"])
     if outcome.get("summary") is not None:
         return outcome["summary"]
-    if signals:  # stopped by the user before training could save anything
-        raise KeyboardInterrupt
+    if outcome.get("stopped"):
+        raise Stopped(outcome["stopped"]["signum"], outcome["stopped"]["when"])
+    if signals:  # stopped by the user before the training process could say how it ended
+        raise Stopped(signals[-1], "(the training process ended)")
     how = f"was killed by signal {-code}" + (" (SIGKILL: often the system running out of memory)"
                                              if code == -signal.SIGKILL else "") if code < 0 else f"exited with code {code}"
     raise RunFailed(f"the training process (CUDA_VISIBLE_DEVICES={ids}) {how}; its output is above. Complete "
@@ -86,17 +89,24 @@ def main(folder: str) -> int:
 
     folder = Path(folder)
     payload = json.loads((folder / "payload.json").read_text(encoding="utf-8"))
+    from leap_finetune.launch.run_lock import watch_driver
     from leap_finetune.launch.train_log import TrainLog
 
+    watch_driver(Path(payload["run_dir"]), payload.get("run_token"))  # (a SIGKILLed driver: stop at once)
     try:
-        with TrainLog(header=False) as log:  # (the driver's train.log: this process's lines, appended)
+        # (the driver passes its signals on: the same phases as an in-process run, leap_finetune/signals.py)
+        with handled(), TrainLog(header=False) as log:  # (the driver's train.log: this process's lines, appended)
             log.attach(Path(payload["run_dir"]) / "train.log")
             summary = recipe(payload["training_type"]).train(payload)
     except LeapError as err:
         outcome = {"error": {"message": err.message, "where": err.where, "fix": err.fix}}
         (folder / "outcome.json").write_text(json.dumps(outcome), encoding="utf-8")
         return 2
-    except KeyboardInterrupt:  # a second Ctrl-C: stop at once
+    except Stopped as err:  # before training, or a second signal: stop at once
+        outcome = {"stopped": {"signum": err.signum, "when": err.when}}
+        (folder / "outcome.json").write_text(json.dumps(outcome), encoding="utf-8")
+        return 128 + err.signum
+    except KeyboardInterrupt:
         return 128 + signal.SIGINT
     (folder / "outcome.json").write_text(json.dumps({"summary": summary}, default=str), encoding="utf-8")
     return 0

@@ -37,6 +37,8 @@ def script_text(resolved: ResolvedConfig, slurm: SlurmConfig, log_folder: Path, 
     ]
     if gpus:
         directives.append(f"--gpus-per-node={gpus}")
+    if slurm.stop_before_time_limit_s:
+        directives.append(f"--signal=B:TERM@{slurm.stop_before_time_limit_s}")
     for key, value in (("partition", slurm.partition), ("account", slurm.account), ("mem", slurm.mem),
                        ("cpus-per-task", slurm.cpus_per_task)):
         if value is not None:
@@ -68,27 +70,38 @@ def script_text(resolved: ResolvedConfig, slurm: SlurmConfig, log_folder: Path, 
         'export RAY_ADDRESS="$head_ip:$port"',
         'cpus=${SLURM_CPUS_ON_NODE:-1}',
         "",
-        "# Always stop this job's Ray on every node, whatever ends the job: ending the `ray start --block`",
-        "# steps stops the Ray processes each started (other jobs' Ray instances are left alone).",
+        "# Always stop this job's Ray on every node, whatever ends the job: killing the `ray start --block`",
+        "# steps' srun ends them and the Ray processes each started (other jobs' Ray instances are left alone).",
         "cleanup() {",
         '  echo "leap-finetune: stopping Ray (srun reports its steps as cancelled: expected)"',
-        '  kill $(jobs -p) 2>/dev/null || true',
+        '  kill -KILL $(jobs -p) 2>/dev/null || true',
         "  wait 2>/dev/null || true",
         "}",
         "trap cleanup EXIT",
         "",
-        f'srun --overlap --nodes=1 --ntasks=1 -w "$head" "$RAY" start --head --node-ip-address="$head_ip" --port="$port" '
-        f'--num-cpus="$cpus" --num-gpus={gpus} --temp-dir="$ray_tmp" --include-dashboard=false --block &',
+        "# SIGTERM (scancel, the time limit, --signal) reaches every process of the job: the run saves a checkpoint",
+        "# and stops. Ray's processes keep SIGTERM blocked (`keep-running`) so that they outlive it until the",
+        "# checkpoint is written; this shell passes it on to the run and waits for it.",
+        'keep=("$PYTHON" -m leap_finetune.launch.slurm keep-running --)',
+        f'srun --overlap --nodes=1 --ntasks=1 -w "$head" "${{keep[@]}}" "$RAY" start --head --node-ip-address="$head_ip" '
+        f'--port="$port" --num-cpus="$cpus" --num-gpus={gpus} --temp-dir="$ray_tmp" --include-dashboard=false --block &',
         '"$PYTHON" -m leap_finetune.launch.slurm wait --address "$RAY_ADDRESS" --nodes 1 --gpus 0 '
         f"--timeout {slurm.ray_start_timeout_s}",
         'for node in "${nodes[@]:1}"; do',
-        f'  srun --overlap --nodes=1 --ntasks=1 -w "$node" "$RAY" start --address="$RAY_ADDRESS" --num-cpus="$cpus" '
-        f'--num-gpus={gpus} --block &',
+        f'  srun --overlap --nodes=1 --ntasks=1 -w "$node" "${{keep[@]}}" "$RAY" start --address="$RAY_ADDRESS" '
+        f'--num-cpus="$cpus" --num-gpus={gpus} --block &',
         "done",
         f'"$PYTHON" -m leap_finetune.launch.slurm wait --address "$RAY_ADDRESS" --nodes {nodes} --gpus {nodes * gpus} '
         f"--timeout {slurm.ray_start_timeout_s}",
         "",
-        f'"$PYTHON" -m leap_finetune.cli run {config}' + "".join(f" --set {shlex.quote(o)}" for o in resolved.overrides),
+        f'"$PYTHON" -m leap_finetune.cli run {config}' + "".join(f" --set {shlex.quote(o)}" for o in resolved.overrides)
+        + " &",
+        "run=$!",
+        "trap 'echo \"leap-finetune: SIGTERM: the run saves a checkpoint and stops\"; kill -TERM $run 2>/dev/null || true' TERM",
+        "status=0",
+        "wait $run || status=$?",
+        "while kill -0 $run 2>/dev/null; do status=0; wait $run || status=$?; done  # (a trap interrupts wait)",
+        "exit $status",
         "",
     ]
     return "\n".join(lines)
@@ -155,9 +168,31 @@ def wait_for_cluster(address: str, nodes: int, gpus: int, timeout: float) -> int
     return 1
 
 
+def keep_running(command: list[str]) -> int:
+    """Run `command` (a `ray start --block`) with SIGTERM and SIGINT blocked, in it and every process it starts.
+
+    SLURM sends SIGTERM to every process of a job at once (scancel, the time limit). Ray's daemons and workers
+    would end on it - the workers with a Ray stack dump - while the run is still saving its checkpoint (measured
+    with Ray 2.60: no checkpoint, a log full of stack dumps). Blocked, not ignored: Ray installs handlers of
+    its own, which replace an ignored disposition but not a blocked mask (exec and fork keep the mask). The
+    job's cleanup ends these processes with SIGKILL, and SLURM's own SIGKILL after KillWait still ends them."""
+    import os
+    import signal
+
+    if not command:
+        print("keep-running: no command given", file=sys.stderr)
+        return 2
+    signal.pthread_sigmask(signal.SIG_BLOCK, {signal.SIGTERM, signal.SIGINT})
+    os.execvp(command[0], command)
+    return 127  # (not reached)
+
+
 def main(argv: list[str] | None = None) -> int:
     import argparse
 
+    argv = list(sys.argv[1:] if argv is None else argv)
+    if argv[:1] == ["keep-running"]:
+        return keep_running(argv[2:] if argv[1:2] == ["--"] else argv[1:])
     parser = argparse.ArgumentParser(prog="python -m leap_finetune.launch.slurm")
     sub = parser.add_subparsers(dest="command", required=True)
     wait = sub.add_parser("wait", help="wait until the Ray cluster has every node and GPU")
@@ -165,6 +200,7 @@ def main(argv: list[str] | None = None) -> int:
     wait.add_argument("--nodes", type=int, required=True)
     wait.add_argument("--gpus", type=int, required=True)
     wait.add_argument("--timeout", type=float, default=600)
+    sub.add_parser("keep-running", help="run a command with SIGTERM blocked: keep-running -- COMMAND ...")
     args = parser.parse_args(argv)
     return wait_for_cluster(args.address, args.nodes, args.gpus, args.timeout)
 

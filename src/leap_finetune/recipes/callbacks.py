@@ -12,7 +12,8 @@ from pathlib import Path
 from transformers import TrainerCallback
 
 from leap_finetune.files import write_atomic  # noqa: F401 - also imported from here
-from leap_finetune.recipes.checkpoints import MARKER, _fsync_dir, checkpoints, delete, read_marker
+from leap_finetune.recipes.checkpoints import (DIGEST_LIMIT, MARKER, _fsync_dir, checkpoints, delete, file_digest,
+                                                read_marker)
 
 class MetricsLog(TrainerCallback):
     """Appends one JSON object per log event to metrics.jsonl: step, loss, learning rate, eval
@@ -90,7 +91,9 @@ class RichProgress(TrainerCallback):
         if self.progress is None or not logs:
             return
         if "reward" in logs and logs["reward"] is not None:
-            self.progress.update(self.task, loss=f"reward {float(logs['reward']):.3f}")
+            failed = logs.get("judge/failures")
+            judge = f" (judge failed {float(failed):g}/{float(logs.get('judge/requests') or 0):g})" if failed else ""
+            self.progress.update(self.task, loss=f"reward {float(logs['reward']):.3f}{judge}")
         elif "loss" in logs:
             self.progress.update(self.task, loss=f"loss {float(logs['loss']):.4f}")
         if "eval_loss" in logs:
@@ -106,52 +109,112 @@ class RichProgress(TrainerCallback):
             self.progress = None
 
 
-class StopOnSignal(TrainerCallback):
-    """Ctrl-C or SIGTERM (a cluster pre-empting the job) finishes the current step, saves a
-    complete checkpoint and stops, so `resume_from_checkpoint: latest` continues from there.
-    A second signal exits at once."""
+class AlreadyTrained(Exception):
+    """Raised by FinishOnly: the resumed checkpoint is the run's last step."""
 
-    SIGNALS = ("SIGINT", "SIGTERM")
+
+class FinishOnly(TrainerCallback):
+    """A resume from the run's last step (the run was interrupted between its final checkpoint and the end:
+    final evaluation, saving the model) has nothing left to train. transformers would train one step more
+    (its loop checks max_steps only after a step; measured: step 17 of 16, final weights that differ from the
+    uninterrupted run's), so training ends here, with the checkpoint's weights, optimizer and state loaded,
+    and the run only finishes (recipes/common.train_or_finish)."""
+
+    def on_train_begin(self, args, state, control, **kwargs):
+        if state.max_steps > 0 and state.global_step >= state.max_steps:
+            raise AlreadyTrained
+
+
+class ResumeChanges(TrainerCallback):
+    """Settings a resume changes (`resume_allow_changes`) apply from the resumed step on, including the first.
+
+    The checkpoint's optimizer and scheduler states carry the old values: the optimizer's groups keep their
+    learning rate, betas, epsilon and weight decay, the scheduler its base learning rates, and the first
+    resumed step uses the learning rate the old schedule computed (measured: a changed learning_rate was
+    ignored, a changed lr_scheduler_type took effect one step late). After the states are loaded, the new
+    values are put in their place and the learning rate of the resumed step is computed by the new schedule.
+    Settings TRL reads at every step (max_grad_norm, beta, temperature, ...) apply by themselves."""
+
+    SCHEDULE = ("learning_rate", "lr_scheduler_type", "lr_scheduler_kwargs", "warmup_steps", "warmup_ratio")
+
+    def __init__(self, changes: dict):
+        self.changes = {k.removeprefix("training_config."): v for k, v in (changes or {}).items()}
+
+    def on_train_begin(self, args, state, control, optimizer=None, lr_scheduler=None, **kwargs):
+        if not self.changes or state.global_step == 0 or optimizer is None:
+            return
+        keys = set(self.changes)
+        for group in optimizer.param_groups:
+            if "weight_decay" in keys and group.get("weight_decay"):  # (groups without decay keep 0)
+                group["weight_decay"] = args.weight_decay
+            if keys & {"adam_beta1", "adam_beta2"} and "betas" in group:
+                group["betas"] = (args.adam_beta1, args.adam_beta2)
+            if "adam_epsilon" in keys and "eps" in group:
+                group["eps"] = args.adam_epsilon
+        scheduler = getattr(lr_scheduler, "scheduler", lr_scheduler)  # (accelerate wraps it)
+        if not keys & set(self.SCHEDULE) or scheduler is None or not hasattr(scheduler, "lr_lambdas"):
+            return
+        if "learning_rate" in keys:
+            before = float(self.changes["learning_rate"][0] or args.learning_rate)
+            scheduler.base_lrs = [base * args.learning_rate / before for base in scheduler.base_lrs]
+        lrs = [base * factor(scheduler.last_epoch) for base, factor in zip(scheduler.base_lrs, scheduler.lr_lambdas)]
+        for group, base, lr in zip(optimizer.param_groups, scheduler.base_lrs, lrs):
+            group["lr"], group["initial_lr"] = lr, base
+        scheduler._last_lr = lrs
+
+
+class StopOnSignal(TrainerCallback):
+    """Ctrl-C or SIGTERM (a cluster pre-empting the job) finishes the current step, saves a complete
+    checkpoint and stops, so `resume_from_checkpoint: latest` continues from there; a second signal stops at
+    once (leap_finetune/signals.py holds the handlers, for every phase of the run).
+
+    The request comes from this process's own signal handler, or - Ray workers, which the driver's signals do
+    not reach - from the stop request the driver writes in the run folder (read by rank 0). Several processes
+    agree through one all-reduce per step, so every rank stops after the same step and saves it together."""
 
     def __init__(self):
         self.received: int | None = None
-        self._previous: dict = {}
 
     def on_train_begin(self, args, state, control, **kwargs):
-        import signal
-        import threading
+        from leap_finetune import signals
 
-        if threading.current_thread() is not threading.main_thread():
-            return
-        for name in self.SIGNALS:
-            signum = getattr(signal, name)
-            self._previous[signum] = signal.signal(signum, self._handle)
-
-    def _handle(self, signum, frame):
-        import time
-
-        if self.received is not None:
-            # The same signal again within a moment is one event delivered twice (SLURM and systemd signal
-            # every process of the job, and the driver passes it on to a training process too): not a
-            # request to stop at once.
-            if signum == self.received and time.monotonic() - self._received_at < 2:
-                return
-            raise KeyboardInterrupt
-        self.received, self._received_at = signum, time.monotonic()
-        print(f"\nsignal {signum} received: saving a checkpoint after this step, then stopping "
-              "(send it again to stop at once)", flush=True)
+        signals.enter("training")
 
     def on_step_end(self, args, state, control, **kwargs):
-        if self.received is not None:
+        from leap_finetune import signals
+
+        if state.is_world_process_zero and not os.path.isdir(args.output_dir):
+            from leap_finetune.errors import LeapError
+
+            raise LeapError(f"the run folder was deleted while the run was training (at step {state.global_step}): "
+                            "nothing more can be saved", where=args.output_dir,
+                            fix="start the run again (nothing of it is left to resume)")
+        flag = signals.received() or 0
+        if not flag and state.is_world_process_zero:
+            flag = signals.read_request(args.output_dir) or 0
+        flag = _agreed(flag, args)
+        if flag:
+            self.received = flag
             control.should_save = True
             control.should_training_stop = True
 
     def on_train_end(self, args, state, control, **kwargs):
-        import signal
+        from leap_finetune import signals
 
-        for signum, handler in self._previous.items():
-            signal.signal(signum, handler)
-        self._previous.clear()
+        signals.enter("finishing")
+
+
+def _agreed(flag: int, args) -> int:
+    """The largest flag over every process of a distributed run (this one's alone otherwise)."""
+    import torch.distributed as dist
+
+    if not (dist.is_available() and dist.is_initialized()) or dist.get_world_size() < 2:
+        return flag
+    import torch
+
+    value = torch.tensor([flag], dtype=torch.int64, device=args.device)
+    dist.all_reduce(value, op=dist.ReduceOp.MAX)
+    return int(value.item())
 
 
 class CheckpointMarker(TrainerCallback):
@@ -160,12 +223,13 @@ class CheckpointMarker(TrainerCallback):
     `keep`: the user's `save_total_limit` (None keeps all); `metrics`: the metrics log whose length is
     recorded; `seconds_before`: training time of the run before this process (a resume)."""
 
-    def __init__(self, run_dir: Path, keep: int | None, seconds_before: float = 0.0):
+    def __init__(self, run_dir: Path, keep: int | None, seconds_before: float = 0.0, record: dict | None = None):
         import time
 
         self.run_dir = run_dir
         self.keep = keep
         self.seconds_before = seconds_before
+        self.record = record or {}  # the run's config and data fingerprint: what a resume from here is checked against
         self._started = time.perf_counter()
 
     def trained_seconds(self) -> float:
@@ -184,12 +248,17 @@ class CheckpointMarker(TrainerCallback):
                 with path.open("rb") as handle:
                     os.fsync(handle.fileno())
         metrics = self.run_dir / "metrics.jsonl"
+        files = [p for p in sorted(folder.rglob("*")) if p.is_file() and p.name != MARKER]
         manifest = {
             "step": state.global_step,
-            "files": {str(p.relative_to(folder)): p.stat().st_size for p in sorted(folder.rglob("*"))
-                      if p.is_file() and p.name != MARKER},
+            "files": {str(p.relative_to(folder)): p.stat().st_size for p in files},
+            # a changed byte is caught where reading the file again is cheap (the states, configs, the weights
+            # of small models); the big files (optimizer, large weights) by their size
+            "sha256": {str(p.relative_to(folder)): file_digest(p) for p in files if p.stat().st_size <= DIGEST_LIMIT},
             "metrics_bytes": metrics.stat().st_size if metrics.exists() else 0,
             "trained_seconds": round(self.trained_seconds(), 3),
+            "saved_at": time.time(),  # (`latest` orders runs by this, not by file times: clocks of other hosts)
+            **self.record,
         }
         write_atomic(folder / MARKER, json.dumps(manifest, indent=1))
         _fsync_dir(folder)

@@ -34,6 +34,19 @@ WEIGHTS = ("model.safetensors", "adapter_model.safetensors", "pytorch_model.bin"
            "adapter_model.bin")
 
 
+DIGEST_LIMIT = 64 * 2**20  # files up to this size get a SHA-256 in the marker
+
+
+def file_digest(path: Path) -> str:
+    import hashlib
+
+    digest = hashlib.sha256()
+    with path.open("rb") as handle:
+        for block in iter(lambda: handle.read(2**20), b""):
+            digest.update(block)
+    return digest.hexdigest()
+
+
 def step_of(folder: Path) -> int:
     match = re.search(r"(\d+)$", folder.name)
     return int(match.group(1)) if match else -1
@@ -67,6 +80,12 @@ def verify(folder: Path) -> Verdict:
                 return Verdict(False, f"{name} is missing")
             if path.stat().st_size != size:
                 return Verdict(False, f"{name} has {path.stat().st_size} bytes, {size} were written")
+    digests = marker.get("sha256")
+    if isinstance(digests, dict):
+        for name, expected in digests.items():
+            path = folder / name
+            if path.is_file() and file_digest(path) != expected:
+                return Verdict(False, f"{name} changed since it was written (its SHA-256 differs)")
     present = {p.name for p in folder.iterdir()}
     missing = [name for name in STATE_FILES if name not in present]
     if missing:

@@ -7,12 +7,15 @@ import json
 import logging
 import os
 import shutil
+from contextlib import contextmanager
 from pathlib import Path
 
+from leap_finetune import faults
 from leap_finetune.config.resolved import ResolvedConfig
 from leap_finetune.files import write_atomic
 from leap_finetune.quiet import quiet_libraries  # noqa: F401 - also imported from here
-from leap_finetune.recipes.callbacks import CheckpointMarker, MetricsLog, RichProgress, StopOnSignal
+from leap_finetune.recipes.callbacks import (AlreadyTrained, CheckpointMarker, FinishOnly, MetricsLog, ResumeChanges,
+                                             RichProgress, StopOnSignal)
 from leap_finetune.recipes.checkpoints import read_marker
 
 PREPARED_DIR = "prepared"
@@ -35,6 +38,7 @@ def common_arguments(resolved: ResolvedConfig, *, run_dir: str, has_eval: bool, 
     args = dict(resolved.training)
     # model_init_kwargs (e.g. dtype) is applied by leap-finetune's own loader; TRL would ignore it
     args.pop("model_init_kwargs", None)
+    args.pop("resume_allow_changes", None)  # (the driver's: launch/plan.check_resume_matches)
     args["output_dir"] = run_dir
     # bf16 where the hardware has it, float32 otherwise; an explicit bf16/fp16 key wins.
     if "bf16" not in args and "fp16" not in args:
@@ -81,6 +85,7 @@ def load_tokenizer_and_model(resolved: ResolvedConfig, *, packing: bool, console
     from leap_finetune.models.packed_conv import enable_exact_packing
     from leap_finetune.models.varlen_attention import use_varlen_attention
 
+    faults.point("model-loading")
     init = resolved.training.get("model_init_kwargs") or {}
     tokenizer = load_tokenizer(resolved.model_id, init)
     # The official chat template travels with the trained model.
@@ -108,20 +113,29 @@ def standard_callbacks(resolved: ResolvedConfig, run_dir: Path, console, stop_on
                        extra: list | None, benchmarks=None) -> list:
     resumed = read_marker(Path(resolved.resume_checkpoint_path)) if resolved.resume_checkpoint_path else None
     marker = CheckpointMarker(run_dir, resolved.training.get("save_total_limit"),
-                              seconds_before=(resumed or {}).get("trained_seconds", 0.0))
+                              seconds_before=(resumed or {}).get("trained_seconds", 0.0),
+                              record={"config": resolved.to_json_dict(), "data": _fingerprint(run_dir)})
     from leap_finetune.recipes.plots import Plots
     from leap_finetune.recipes.trackers import TrackerConfig, tracker_environment
 
     tracker_environment(resolved)
 
     # (Plots after MetricsLog: the last log of the run is in metrics.jsonl when the plots are drawn)
-    callbacks = [MetricsLog(run_dir / "metrics.jsonl"), marker, RichProgress(console), stop_on_signal,
+    callbacks = [FinishOnly(), ResumeChanges(resolved.resume_changes), MetricsLog(run_dir / "metrics.jsonl"), marker,
+                 RichProgress(console), stop_on_signal,
                  Plots(run_dir, console), TrackerConfig(resolved, console)]
     if os.environ.get("LEAP_FINETUNE_PROFILE"):  # a developer's tool for the benchmarks (recipes/profiling.py)
         from leap_finetune.recipes.profiling import StepProfile
 
         callbacks.append(StepProfile(Path(os.environ["LEAP_FINETUNE_PROFILE"])))
     return callbacks + ([benchmarks] if benchmarks is not None else []) + list(extra or [])
+
+
+def _fingerprint(run_dir: Path) -> dict | None:
+    try:
+        return json.loads((run_dir / PREPARED_DIR / "fingerprint.json").read_text(encoding="utf-8"))
+    except (OSError, json.JSONDecodeError):
+        return None
 
 
 def benchmark_callback(resolved: ResolvedConfig, tokenizer, run_dir: Path, console):
@@ -150,8 +164,17 @@ def benchmark_callback(resolved: ResolvedConfig, tokenizer, run_dir: Path, conso
 
 
 def train_evaluate_save(trainer, resolved: ResolvedConfig, run_dir: Path, tokenizer, console,
-                        stop_on_signal: StopOnSignal, samples: list[dict]) -> dict:
-    """Baseline eval -> train (resuming if planned) -> final eval -> save model (+ adapter) -> summary."""
+                        stop_on_signal: StopOnSignal, samples: list[dict], after_training=None) -> dict:
+    """Baseline eval -> train (resuming if planned) -> final eval -> save model (+ adapter) -> summary.
+    `after_training(trainer) -> dict`: called on every rank right after training (it may be a collective); what
+    it returns goes into the summary. A full disk is an error that says so (disk_errors)."""
+    with disk_errors(run_dir, trainer, resolved.training):
+        return _train_evaluate_save(trainer, resolved, run_dir, tokenizer, console, stop_on_signal, samples,
+                                    after_training)
+
+
+def _train_evaluate_save(trainer, resolved: ResolvedConfig, run_dir: Path, tokenizer, console,
+                         stop_on_signal: StopOnSignal, samples: list[dict], after_training=None) -> dict:
     from transformers.trainer_callback import PrinterCallback, ProgressCallback
 
     from leap_finetune.evaluation.callback import EvaluationLog
@@ -172,11 +195,12 @@ def train_evaluate_save(trainer, resolved: ResolvedConfig, run_dir: Path, tokeni
     run_benchmarks = benchmarks is not None and main  # once, not once per rank
     baseline_benchmarks = benchmarks.evaluate("before training") if run_benchmarks and not resume else {}
     try:
-        result = trainer.train(resume_from_checkpoint=resume)
+        result = train_or_finish(trainer, resume)
     except BaseException:
         if run_benchmarks:  # async modes: no job or server outlives a crashed run
             benchmarks.finish(wait=False)
         raise
+    extra = after_training(trainer) if after_training is not None else {}
     if not main:
         if trainer.state.global_step >= trainer.state.max_steps:
             if has_eval:
@@ -191,10 +215,11 @@ def train_evaluate_save(trainer, resolved: ResolvedConfig, run_dir: Path, tokeni
     from leap_finetune.recipes.plots import Plots
 
     plots = next(c for c in trainer.callback_handler.callbacks if isinstance(c, Plots))
-    train_loss = history["train_loss"] if resume and history["train_loss"] is not None else result.training_loss
+    train_loss = history["train_loss"] if (resume or result is None) and history["train_loss"] is not None \
+        else (result.training_loss if result is not None else None)
     summary = {"global_step": trainer.state.global_step, "train_loss": train_loss,
                "train_runtime_s": round(marker.trained_seconds(), 3),
-               "tokens_seen": trainer.state.num_input_tokens_seen}
+               "tokens_seen": trainer.state.num_input_tokens_seen, **extra}
     rewards = history["rewards"]
     if rewards:  # GRPO: the mean reward of the first and the last (up to) 5 logged steps
         window = min(5, len(rewards))
@@ -252,6 +277,62 @@ def train_evaluate_save(trainer, resolved: ResolvedConfig, run_dir: Path, tokeni
     plots.wait()
     write_atomic(run_dir / "summary.json", json.dumps(summary, indent=2))
     return summary
+
+
+OUT_OF_MEMORY = ("out of memory", "can't allocate memory", "DefaultCPUAllocator", "OutOfMemoryError")
+
+
+@contextmanager
+def disk_errors(run_dir: Path, trainer=None, training: dict | None = None):
+    """What the user can fix when training or saving fails, said as such instead of a library's traceback: a
+    full disk (or quota) - where, and that the complete checkpoints are intact (a checkpoint half-written when
+    the disk filled up has no marker) -, running out of memory - which settings to change -, and the run folder
+    deleted under the run."""
+    from leap_finetune.errors import LeapError
+    from leap_finetune.files import is_disk_full
+
+    try:
+        yield
+    except (KeyboardInterrupt, LeapError):
+        raise
+    except BaseException as err:
+        step = f" at step {trainer.state.global_step}" if trainer is not None and trainer.state is not None else ""
+        if isinstance(err, (OSError, RuntimeError)) and not run_dir.is_dir():
+            raise LeapError(f"the run folder was deleted while the run was training ({step.strip() or 'at its end'}): "
+                            "nothing more can be saved", where=str(run_dir),
+                            fix="start the run again (nothing of it is left to resume)") from None
+        if is_disk_full(err):
+            raise LeapError(f"the disk is full{step}: writing the run folder failed ({type(err).__name__})",
+                            where=str(run_dir), fix="free space on that disk (checkpoints: save_total_limit keeps "
+                            "fewer), then resume with training_config.resume_from_checkpoint: latest (complete "
+                            "checkpoints are intact; one cut short by the full disk is never resumed from)") from None
+        if isinstance(err, (MemoryError, RuntimeError)) and any(word in str(err) or word == type(err).__name__
+                                                                 for word in OUT_OF_MEMORY):
+            t = training or {}
+            settings = ", ".join(f"{k} {t[k]}" for k in ("per_device_train_batch_size", "max_length",
+                                                          "gradient_checkpointing") if k in t)
+            where = "GPU" if "CUDA" in str(err) or "cuda" in str(err) else "memory"
+            raise LeapError(f"out of {where}{step} ({settings})", where="training_config",
+                            fix="lower per_device_train_batch_size (raise gradient_accumulation_steps to keep the "
+                            "global batch), lower max_length, set gradient_checkpointing: true, or train LoRA "
+                            "(peft_config); complete checkpoints are intact: resume with resume_from_checkpoint: "
+                            "latest") from None
+        raise
+
+
+def train_or_finish(trainer, resume: str | None):
+    """trainer.train(), or - resumed from the run's last step - nothing to train: the checkpoint is loaded (its
+    weights, optimizer, scheduler and state), and the end of training is done as transformers does it (the
+    callbacks' on_train_end, the best model loaded where asked). Returns TrainOutput, or None when nothing was
+    trained."""
+    try:
+        return trainer.train(resume_from_checkpoint=resume)
+    except AlreadyTrained:
+        trainer.is_in_train = False
+        trainer.control = trainer.callback_handler.on_train_end(trainer.args, trainer.state, trainer.control)
+        if trainer.args.load_best_model_at_end and trainer.state.best_model_checkpoint is not None:
+            trainer._load_best_model()
+        return None
 
 
 def _full_state_dict(trainer) -> dict | None:
@@ -338,6 +419,7 @@ def _save_atomic(target: Path, save) -> None:
     if tmp.exists():
         shutil.rmtree(tmp)
     save(str(tmp))
+    faults.point("final-save")
     if target.exists():
         shutil.rmtree(target)
     tmp.rename(target)

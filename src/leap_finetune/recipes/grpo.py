@@ -115,7 +115,10 @@ def train(resolved_json: dict, callbacks: list | None = None) -> dict:
     train_dataset, eval_dataset = common.load_prepared(run_dir)
     args = config_class()(**training_arguments(resolved, run_dir=str(run_dir), has_eval=eval_dataset is not None))
     tokenizer, model = common.load_tokenizer_and_model(resolved, packing=False, console=console)
+    from leap_finetune.rl.judge import judge_totals, judge_watch, judges
+
     stop_on_signal = StopOnSignal()
+    watch = judge_watch()
     trainer = trainer_class()(
         model=model,
         reward_funcs=reward_functions(resolved, judge_url=resolved.judge_url),
@@ -124,7 +127,25 @@ def train(resolved_json: dict, callbacks: list | None = None) -> dict:
         eval_dataset=eval_dataset,
         processing_class=tokenizer,
         peft_config=common.lora_config(resolved),
-        callbacks=common.standard_callbacks(resolved, run_dir, console, stop_on_signal, callbacks,
+        callbacks=common.standard_callbacks(resolved, run_dir, console, stop_on_signal, [watch, *(callbacks or [])],
                                             common.benchmark_callback(resolved, tokenizer, run_dir, console)),
     )
-    return common.train_evaluate_save(trainer, resolved, run_dir, tokenizer, console, stop_on_signal, [])
+    watch.judges = judges(trainer)
+
+    def after_training(trainer) -> dict:
+        """The judge's requests and failures over every rank; a judge that stopped the run is its error."""
+        totals = judge_totals(trainer)
+        if totals is None:
+            return {}
+        extra = {"judge": totals}
+        if watch.stopped:
+            extra["error"] = {"message": f"{totals['stop_reason'] or 'the judge failed every request'}; the run saved a "
+                                         "checkpoint and stopped",
+                              "where": f"{resolved.config_path or 'config'}: rewards.judge",
+                              "fix": "fix or restart the judge server (its log: servers/judge_server.log for a local "
+                                     "judge), then resume with resume_from_checkpoint: latest; "
+                                     "rewards.judge.max_failed_steps: 0 trains on without it"}
+        return extra
+
+    return common.train_evaluate_save(trainer, resolved, run_dir, tokenizer, console, stop_on_signal, [],
+                                      after_training=after_training)

@@ -183,6 +183,13 @@ def main_score(metrics: dict) -> tuple[str, float] | None:
 
 def train(resolved_json: dict, *, model_factory, loss_factory, trainer_cls, args_cls, multi_vector: bool,
           callbacks: list | None = None) -> dict:
+    with common.disk_errors(Path(resolved_json["run_dir"]), training=resolved_json.get("training")):
+        return _train(resolved_json, model_factory=model_factory, loss_factory=loss_factory, trainer_cls=trainer_cls,
+                      args_cls=args_cls, multi_vector=multi_vector, callbacks=callbacks)
+
+
+def _train(resolved_json: dict, *, model_factory, loss_factory, trainer_cls, args_cls, multi_vector: bool,
+           callbacks: list | None = None) -> dict:
     from rich.console import Console
     from transformers.trainer_callback import PrinterCallback, ProgressCallback
 
@@ -209,7 +216,7 @@ def train(resolved_json: dict, *, model_factory, loss_factory, trainer_cls, args
     trainer.remove_callback(PrinterCallback)
     main = common.is_main_process()
     resume = resolved.resume_checkpoint_path
-    result = trainer.train(resume_from_checkpoint=resume)
+    result = common.train_or_finish(trainer, resume)
     finished = trainer.state.global_step >= trainer.state.max_steps
     # every rank evaluates (the evaluation loss is gathered over the workers)
     has_eval = eval_dataset is not None or resolved.evals is not None
@@ -218,7 +225,7 @@ def train(resolved_json: dict, *, model_factory, loss_factory, trainer_cls, args
         return {"global_step": trainer.state.global_step}
     history = common.metrics_history(run_dir / "metrics.jsonl")
     # (fewer steps than logging_steps log no loss: the Trainer's own mean then)
-    train_loss = history["train_loss"] if history["train_loss"] is not None else result.training_loss
+    train_loss = history["train_loss"] if history["train_loss"] is not None or result is None else result.training_loss
     summary = {"global_step": trainer.state.global_step, "train_loss": train_loss}
     from leap_finetune.recipes.plots import Plots
 

@@ -39,17 +39,24 @@ def training_arguments(resolved: ResolvedConfig, *, run_dir: str, has_eval: bool
 def trainer_class():
     from trl import SFTTrainer
 
-    from leap_finetune.recipes.sampling import balanced_sampler
+    from leap_finetune.recipes.sampling import balanced_sampler, epoch_callback
 
     class LeapSFTTrainer(SFTTrainer):
         """SFTTrainer whose `batch_rebalance` sampler balances tokens for padding-free batches and reads
         row lengths from the Arrow column (recipes/sampling.py)."""
 
+        def __init__(self, *args, **kwargs):
+            super().__init__(*args, **kwargs)
+            self._sampler_epoch = epoch_callback()
+            self.add_callback(self._sampler_epoch)
+
         def _get_train_sampler(self, train_dataset=None):
             dataset = train_dataset if train_dataset is not None else self.train_dataset
             if self.args.train_sampling_strategy != "batch_rebalance" or dataset is None:
                 return super()._get_train_sampler(train_dataset)
-            return balanced_sampler(self.args, dataset, padding_free=bool(self.args.padding_free))
+            sampler = balanced_sampler(self.args, dataset, padding_free=bool(self.args.padding_free))
+            self._sampler_epoch.sampler = sampler  # (its epoch is set at every epoch's start, resumes included)
+            return sampler
 
     return LeapSFTTrainer
 

@@ -1,11 +1,18 @@
 """An LLM judge as a GRPO reward, over the OpenAI-compatible chat-completions API (vLLM, transformers
 serve, llama.cpp's server, hosted APIs), through the `openai` client (its retries with backoff cover
-connection errors, 429 and 5xx answers).
+connection errors, timeouts, 429 and 5xx answers).
 
 Each completion is one request, `max_concurrency` in flight. The score is read from a JSON object
 (`{"score": 7}`) or else the first number of the answer, and normalised from [min_score, max_score]
 to [0, 1]. A request that times out, fails after its retries, or answers without a number gets
-`failure_score` and is counted: `judge/failures` in the step's metrics. A judge never stops training.
+`failure_score` and is counted: `judge/failures` and `judge/requests` in the step's metrics, the progress
+line, the run report (with the last reason).
+
+A judge that is down must not cost hours in silence (measured before: a hanging judge cost ~180 s per step,
+exit 0, "reward 0.00 -> 0.00"): when the first `max_concurrency` requests of a step all fail, the step's other
+completions are not sent (the judge is down; each scores failure_score), and after `max_failed_steps` steps in a
+row in which every request failed, the run saves a checkpoint and stops with an error naming the judge and its
+last failure (JudgeWatch). `validate` asks the server for its models first (`check_judge_server`).
 """
 
 from __future__ import annotations
@@ -17,6 +24,7 @@ import threading
 from concurrent.futures import ThreadPoolExecutor
 
 from leap_finetune.config.schema import JudgeConfig
+from leap_finetune.errors import LeapError
 
 _NUMBER = re.compile(r"-?\d+(?:\.\d+)?")
 _OBJECT = re.compile(r"\{[^{}]*\}")
@@ -39,6 +47,25 @@ def fill_template(template: str, **values) -> str:
     return template.format(**values)
 
 
+def describe_failure(err: Exception) -> str:
+    """One line for a failed request: the HTTP status and the server's words, or the connection error."""
+    status = getattr(err, "status_code", None)
+    message = str(getattr(err, "message", None) or err).strip().splitlines()[0] if str(err).strip() else ""
+    kind = type(err).__name__
+    if status is not None:
+        return f"HTTP {status} ({kind}): {message[:200]}"
+    return f"{kind}: {message[:200]}" if message else kind
+
+
+def _client(config: JudgeConfig, base_url: str, timeout: float | None = None, retries: int | None = None):
+    from openai import OpenAI
+
+    key = os.environ.get(config.api_key_env) if config.api_key_env else None
+    return OpenAI(base_url=base_url, api_key=key or "not-needed",
+                  timeout=config.timeout_s if timeout is None else timeout,
+                  max_retries=config.retries if retries is None else retries)
+
+
 class Judge:
     """The reward function (TRL calls it with the completions and the rows' columns)."""
 
@@ -49,20 +76,19 @@ class Judge:
         self.base_url = base_url.rstrip("/")
         self.failures_total = 0
         self.requests_total = 0
+        self.failed_steps_in_a_row = 0
+        self.last_failure: str | None = None
+        self.stop_reason: str | None = None  # set when max_failed_steps is reached (JudgeWatch stops the run)
         self._client = None
         self._lock = threading.Lock()
 
     def client(self):
         if self._client is None:
-            from openai import OpenAI
-
-            key = os.environ.get(self.config.api_key_env) if self.config.api_key_env else None
-            self._client = OpenAI(base_url=self.base_url, api_key=key or "not-needed",
-                                  timeout=self.config.timeout_s, max_retries=self.config.retries)
+            self._client = _client(self.config, self.base_url)
         return self._client
 
     def score_one(self, prompt: str, completion: str, solution: str) -> float | None:
-        """The normalised score of one completion, or None (a failure)."""
+        """The normalised score of one completion, or None (a failure, its reason kept in last_failure)."""
         c = self.config
         message = fill_template(c.prompt_template, prompt=prompt, completion=completion, solution=solution or "",
                                 min_score=_plain(c.min_score), max_score=_plain(c.max_score))
@@ -71,28 +97,125 @@ class Judge:
                 model=c.model, messages=[{"role": "user", "content": message}], temperature=c.temperature,
                 max_tokens=c.max_tokens)
             text = answer.choices[0].message.content or ""
-        except Exception:  # noqa: BLE001 - any failure of the judge is counted, never raised into training
+        except Exception as err:  # noqa: BLE001 - any failure of the judge is counted, never raised into training
+            self.last_failure = describe_failure(err)
             return None
         score = parse_score(text)
         if score is None:
+            self.last_failure = f"an answer without a score: {text.strip()[:120]!r}"
             return None
         return min(1.0, max(0.0, (score - c.min_score) / (c.max_score - c.min_score)))
+
+    def score_all(self, items: list[tuple]) -> list[float | None]:
+        """Every completion scored, `max_concurrency` at a time; when the first round all fail, the rest are not
+        sent (the judge is down: one round of timeouts per step, not one per completion)."""
+        first = self.config.max_concurrency
+        with ThreadPoolExecutor(max_workers=self.config.max_concurrency) as pool:
+            head = list(pool.map(lambda item: self.score_one(*item), items[:first]))
+            if head and all(score is None for score in head) and len(items) > first:
+                return head + [None] * (len(items) - first)
+            return head + list(pool.map(lambda item: self.score_one(*item), items[first:]))
 
     def __call__(self, completions, prompts=None, solution=None, prompt_text=None, log_metric=None, **_) -> list[float]:
         from leap_finetune.rl.rewards import _text
 
         questions = prompt_text if prompt_text is not None else prompts
         solutions = solution if solution is not None else [""] * len(completions)
-        with ThreadPoolExecutor(max_workers=self.config.max_concurrency) as pool:
-            scores = list(pool.map(lambda item: self.score_one(*item),
-                                   zip(questions, (_text(c) for c in completions), solutions)))
+        scores = self.score_all(list(zip(questions, (_text(c) for c in completions), solutions)))
         failures = sum(score is None for score in scores)
         with self._lock:
             self.failures_total += failures
             self.requests_total += len(scores)
+            self.failed_steps_in_a_row = self.failed_steps_in_a_row + 1 if scores and failures == len(scores) else 0
+            limit = self.config.max_failed_steps
+            if limit and self.failed_steps_in_a_row >= limit and self.stop_reason is None:
+                self.stop_reason = (f"the judge at {self.base_url} failed every request for {self.failed_steps_in_a_row} "
+                                    f"steps in a row (last: {self.last_failure})")
         if log_metric is not None:
             log_metric("judge/failures", float(failures))
+            log_metric("judge/requests", float(len(scores)))
         return [self.config.failure_score if score is None else score for score in scores]
+
+
+def judges(trainer) -> list[Judge]:
+    return [f for f in getattr(trainer, "reward_funcs", []) or [] if isinstance(f, Judge)]
+
+
+def judge_watch():
+    """A callback: a judge that reached max_failed_steps makes every rank save a checkpoint and stop after the
+    same step (the ranks agree, as for signals)."""
+    from transformers import TrainerCallback
+
+    from leap_finetune.recipes.callbacks import _agreed
+
+    class JudgeWatch(TrainerCallback):
+        def __init__(self):
+            self.judges: list[Judge] = []
+            self.stopped = False
+            self._said: tuple | None = None
+
+        def on_step_end(self, args, state, control, **kwargs):
+            flag = int(any(j.stop_reason for j in self.judges))
+            if _agreed(flag, args):
+                self.stopped = True
+                control.should_save = True
+                control.should_training_stop = True
+
+        def on_log(self, args, state, control, logs=None, **kwargs):
+            """Failures said on the console as they happen (rank 0): the first, when the reason changes, and
+            every 20 steps while they last."""
+            failed = (logs or {}).get("judge/failures")
+            if not state.is_world_process_zero or not self.judges or not failed:
+                return
+            reason = self.judges[0].last_failure
+            if self._said is None or self._said[0] != reason or state.global_step - self._said[1] >= 20:
+                requests = (logs or {}).get("judge/requests")
+                share = f"{float(failed):g} of {float(requests):g}" if requests else f"{float(failed):g}"
+                print(f"  step {state.global_step}: the judge failed {share} requests (last: {reason})", flush=True)
+                self._said = (reason, state.global_step)
+
+    return JudgeWatch()
+
+
+def judge_totals(trainer) -> dict | None:
+    """Requests and failures over every rank (a collective in a distributed run: every rank calls it), and the
+    last failure this rank saw; None without a judge."""
+    found = judges(trainer)
+    if not found:
+        return None
+    judge = found[0]
+    counts = [judge.failures_total, judge.requests_total]
+    import torch.distributed as dist
+
+    if dist.is_available() and dist.is_initialized() and dist.get_world_size() > 1:
+        import torch
+
+        value = torch.tensor(counts, dtype=torch.int64, device=trainer.args.device)
+        dist.all_reduce(value)
+        counts = value.tolist()
+    return {"failures": int(counts[0]), "requests": int(counts[1]), "last_failure": judge.last_failure,
+            "stop_reason": judge.stop_reason}
+
+
+def check_judge_server(resolved) -> None:
+    """`validate` and `run`: an external judge (`base_url`) answers GET /models within its timeout and serves
+    `model`. A local judge is started and checked by the driver."""
+    rewards = resolved.rewards
+    judge = rewards.judge if rewards is not None else None
+    if judge is None or judge.base_url is None or not judge.check_at_validate:
+        return
+    where = f"{resolved.config_path or 'config'}: rewards.judge.base_url"
+    try:
+        listed = _client(judge, judge.base_url.rstrip("/"), timeout=min(judge.timeout_s, 15), retries=0).models.list()
+        served = [m.id for m in listed.data]
+    except Exception as err:  # noqa: BLE001 - whatever the server or the network did, said in one line
+        raise LeapError(f"the judge at {judge.base_url} does not answer GET /models ({describe_failure(err)})",
+                        where=where, fix="start the judge server (or correct base_url: an OpenAI-compatible API, "
+                        "usually ending in /v1); rewards.judge.check_at_validate: false skips this check") from None
+    if served and judge.model not in served:
+        raise LeapError(f"the judge at {judge.base_url} does not serve '{judge.model}' (it serves: "
+                        f"{', '.join(served[:8])})", where=f"{resolved.config_path or 'config'}: rewards.judge.model",
+                        fix="set rewards.judge.model to one of the models listed")
 
 
 def _plain(number: float) -> str:

@@ -1,0 +1,26 @@
+"""Named points at which the tests interrupt a run for real: LEAP_FINETUNE_FAULT="POINT=SIGNAL[,POINT=SIGNAL]"
+sends SIGNAL (SIGKILL, SIGTERM, SIGINT, SIGSTOP, ...) to this process when it reaches POINT, the first time.
+
+A kill "at a chosen point" needs no sleeping and no racing against a process from outside. The points:
+`data-prep` (the driver, once the data workers are forked), `model-loading` (the training process, before the
+model loads), `final-save` (the training process, the final model written but not yet in place). Without the
+variable, each point costs one dictionary lookup.
+"""
+
+from __future__ import annotations
+
+import os
+import signal
+
+_fired: set[str] = set()
+
+
+def point(name: str) -> None:
+    spec = os.environ.get("LEAP_FINETUNE_FAULT")
+    if not spec or name in _fired:
+        return
+    for item in spec.split(","):
+        where, _, signame = item.strip().partition("=")
+        if where == name:
+            _fired.add(name)
+            os.kill(os.getpid(), getattr(signal, signame or "SIGKILL"))

