@@ -33,6 +33,9 @@ SlurmctldLogFile=/var/log/slurm/slurmctld.log
 SlurmdLogFile=/var/log/slurm/slurmd.log
 SlurmUser=root
 MpiDefault=none
+# SIGKILL 10 s after a job's SIGTERM (default 30 s): a cancelled run saves its checkpoint well within it, and the
+# tests' cancelled jobs end sooner
+KillWait=10
 ${node_line}
 PartitionName=debug Nodes=${node} Default=YES MaxTime=INFINITE State=UP
 CONF

@@ -127,7 +127,7 @@ def validate_config(source, *, console: Console | None = None,
     _check_training_arguments(resolved, has_eval=bool(prepared.eval))
     plan = plan_run(resolved, outputs_root=Path(outputs_root) if outputs_root else None)
     check_rollout_engine(resolved)  # vLLM installed where use_vllm says so (plan does not need it)
-    check_judge_server(resolved)  # an external judge answers and serves its model
+    check_judge_server(resolved, console)  # an external judge answers (and serves its model)
     devices = device_plan(resolved)
     check_generation_batch(resolved, devices.workers)
     _check_async_eval(resolved, devices)
@@ -243,7 +243,7 @@ def _run(source, console, callbacks, outputs_root, log) -> dict:
     _check_training_arguments(resolved, has_eval=bool(prepared.eval))
     plan = plan_run(resolved, outputs_root=Path(outputs_root) if outputs_root else None)
     check_rollout_engine(resolved)  # vLLM installed where use_vllm says so (plan does not need it)
-    check_judge_server(resolved)  # an external judge answers and serves its model
+    check_judge_server(resolved, console)  # an external judge answers (and serves its model)
     devices = device_plan(resolved)
     check_generation_batch(resolved, devices.workers)
     _check_async_eval(resolved, devices)
@@ -390,12 +390,15 @@ def tempfile_folder(run_dir: Path) -> str:
     processes of this host that died are removed."""
     import tempfile
 
+    import socket
+
+    host = socket.gethostname().replace("-", "_")  # (a shared file system: only this host's processes are known)
     run_dir.parent.mkdir(parents=True, exist_ok=True)
-    for old in run_dir.parent.glob(f".{run_dir.name}.staging-*"):
-        pid = old.name.rsplit("-", 2)[-2] if old.name.count("-") >= 2 else ""
+    for old in run_dir.parent.glob(f".{run_dir.name}.staging-{host}-*"):
+        pid = old.name.rsplit("-", 2)[-2]
         if pid.isdigit() and not _alive(int(pid)):
             shutil.rmtree(old, ignore_errors=True)
-    return tempfile.mkdtemp(prefix=f".{run_dir.name}.staging-{os.getpid()}-", dir=run_dir.parent)
+    return tempfile.mkdtemp(prefix=f".{run_dir.name}.staging-{host}-{os.getpid()}-", dir=run_dir.parent)
 
 
 def _alive(pid: int) -> bool:
@@ -458,6 +461,12 @@ def _stage_run_folder(resolved: ResolvedConfig, prepared: PreparedData, renderer
         # whole, or fails when another run got there first (a non-empty folder is never replaced).
         lock = RunLock.take(staging)
         try:
+            left = run_dir / LOCK_NAME  # the lock file of a run that used the folder and ended before a checkpoint
+            if left.exists() and not any(p.name != LOCK_NAME for p in run_dir.iterdir()):
+                from leap_finetune.launch.run_lock import is_live
+
+                if not is_live(run_dir):
+                    left.unlink(missing_ok=True)
             os.rename(staging, run_dir)
         except OSError as err:
             lock.release()

@@ -1,5 +1,6 @@
 """Named points at which the tests interrupt a run for real: LEAP_FINETUNE_FAULT="POINT=SIGNAL[,POINT=SIGNAL]"
-sends SIGNAL (SIGKILL, SIGTERM, SIGINT, SIGSTOP, ...) to this process when it reaches POINT, the first time.
+sends SIGNAL (SIGKILL, SIGTERM, SIGINT, SIGSTOP, ...) to this process when it reaches POINT, the first time (per
+value of the variable).
 
 A kill "at a chosen point" needs no sleeping and no racing against a process from outside. The points:
 `data-prep` (the driver, once the data workers are forked), `model-loading` (the training process, before the
@@ -12,15 +13,15 @@ from __future__ import annotations
 import os
 import signal
 
-_fired: set[str] = set()
+_fired: set[tuple[str, str]] = set()  # (the variable's value, the point): each fires once per value
 
 
 def point(name: str) -> None:
     spec = os.environ.get("LEAP_FINETUNE_FAULT")
-    if not spec or name in _fired:
+    if not spec or (spec, name) in _fired:
         return
     for item in spec.split(","):
         where, _, signame = item.strip().partition("=")
         if where == name:
-            _fired.add(name)
+            _fired.add((spec, name))
             os.kill(os.getpid(), getattr(signal, signame or "SIGKILL"))

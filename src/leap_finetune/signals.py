@@ -14,7 +14,9 @@ workers, a SLURM job), according to what it is doing when the signal arrives:
 
 Ray's workers never see the driver's signals (their process group is not the terminal's, and Ray's daemons
 block SIGINT): the driver writes STOP_REQUEST in the run folder, rank 0 reads it after every step, and the
-ranks agree through one all-reduce, so that every rank saves the same step (recipes/callbacks.py).
+ranks agree through one all-reduce, so that every rank saves the same step (recipes/callbacks.py). The driver is
+in the training phase once the workers start: a first signal while they load the model stops them after their
+first step, with a checkpoint.
 
 Python installs handlers only in the main thread: where a run is started from another thread, the defaults
 apply (Ctrl-C raises KeyboardInterrupt, SIGTERM ends the process).
@@ -23,6 +25,7 @@ apply (Ctrl-C raises KeyboardInterrupt, SIGTERM ends the process).
 from __future__ import annotations
 
 import signal
+import sys
 import threading
 import time
 from contextlib import contextmanager
@@ -78,10 +81,22 @@ class _State:
         self.received_at = 0.0
         self.on_first = None  # extra action on the first signal while training (the Ray driver's request file)
         self.installed = False
+        self.owner: int | None = None  # the thread whose run installed the handlers (the main thread)
         self.previous: dict = {}
 
 
 _state = _State()
+
+
+def _say(text: str) -> None:
+    """Straight to the terminal: a signal handler must not take a lock the interrupted code may hold (print goes
+    through train.log's tee and its lock: measured, a handler printing there froze the run)."""
+    import os
+
+    try:
+        os.write(2, text.encode("utf-8", "replace"))
+    except OSError:
+        pass
 
 
 def _handle(signum, frame) -> None:
@@ -94,13 +109,13 @@ def _handle(signum, frame) -> None:
         raise Stopped(signum, "before training started")
     _state.received, _state.received_at = signum, now
     if _state.phase == "training":
-        print(f"\n{name(signum)} received: saving a checkpoint after this step, then stopping "
-              "(send it again to stop at once)", flush=True)
+        _say(f"\n{name(signum)} received: saving a checkpoint after this step, then stopping "
+             "(send it again to stop at once)\n")
         if _state.on_first is not None:
             _state.on_first(signum)
     else:
-        print(f"\n{name(signum)} received: training is over, finishing the final evaluation and saving the model "
-              "(send it again to stop at once; the last checkpoint is intact)", flush=True)
+        _say(f"\n{name(signum)} received: training is over, finishing the final evaluation and saving the model "
+             "(send it again to stop at once; the last checkpoint is intact)\n")
 
 
 @contextmanager
@@ -110,7 +125,7 @@ def handled():
     if _state.installed or threading.current_thread() is not threading.main_thread():
         yield
         return
-    _state.installed = True
+    _state.installed, _state.owner = True, threading.get_ident()
     _state.phase, _state.received, _state.on_first = "starting", None, None
     _state.previous = {s: signal.signal(s, _handle) for s in SIGNALS}
     try:
@@ -124,14 +139,21 @@ def handled():
 
 def reinstall() -> None:
     """Put our handler back where a library replaced it (ray.init installs its own SIGTERM handler)."""
-    if _state.installed and threading.current_thread() is threading.main_thread():
+    if _mine():
         for signum in SIGNALS:
             signal.signal(signum, _handle)
+
+
+def _mine() -> bool:
+    """The handlers are installed, by this thread's run (a run in another thread must not change their phase)."""
+    return _state.installed and threading.get_ident() == _state.owner
 
 
 def enter(phase: str, on_first=None) -> None:
     """training: signals request a checkpoint; finishing: signals are noted. `on_first(signum)` runs on the first
     signal of the training phase."""
+    if not _mine():
+        return
     _state.phase = phase
     if phase == "training":
         _state.on_first = on_first
@@ -144,8 +166,8 @@ def installed() -> bool:
 
 
 def received() -> int | None:
-    """The signal that asked the run to stop (None: none)."""
-    return _state.received
+    """The signal that asked this thread's run to stop (None: none)."""
+    return _state.received if _mine() else None
 
 
 def request_stop(run_dir: Path, signum: int) -> None:
@@ -155,7 +177,7 @@ def request_stop(run_dir: Path, signum: int) -> None:
     try:
         write_atomic(Path(run_dir) / STOP_REQUEST, str(int(signum)))
     except OSError as err:  # the folder is gone or full: say so, the second signal still stops at once
-        print(f"could not ask the workers to stop ({err}); send the signal again to stop at once", flush=True)
+        _say(f"could not ask the workers to stop ({err}); send the signal again to stop at once\n")
 
 
 def read_request(run_dir: Path) -> int | None:

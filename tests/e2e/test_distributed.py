@@ -45,9 +45,10 @@ def _same(got: dict, expected: dict, rel: float = 1e-4) -> None:
 @pytest.mark.slow
 def test_two_workers_train_like_one_worker_with_twice_the_batch_and_resume_with_one(workdir, ray_cpus):
     """SFT, full fine-tune, padding-free batches (the GPU default; leap-finetune's token-balanced sampler):
-    2 workers x 4 rows give the losses of 1 worker x 8 rows; the 2-worker run then resumes with 1 worker and
-    continues the uninterrupted 1-worker run step for step. With held-out data: the evaluation before training
-    must not keep the workers from synchronising their gradients (it did, through accelerate)."""
+    2 workers x 4 rows give the losses of 1 worker x 8 rows; the 2-worker run then resumes with 1 worker, and
+    that one with 2 workers in the second epoch, each continuing the uninterrupted 1-worker run step for step.
+    With held-out data: the evaluation before training must not keep the workers from synchronising their
+    gradients (it did, through accelerate)."""
     write_jsonl(workdir / "train.jsonl", fact_rows(48))
     write_jsonl(workdir / "held_out.jsonl", fact_rows(8))
     constant = {**STEPS, "lr_scheduler_type": "constant", "save_steps": 3, "max_steps": 3, "padding_free": True,
@@ -61,7 +62,7 @@ def test_two_workers_train_like_one_worker_with_twice_the_batch_and_resume_with_
             data["ray"] = {"num_workers": workers}
         return write_config(workdir, data, f"{name}.yaml")
 
-    reference = run_config(config("one", "one", 8, max_steps=6))
+    reference = run_config(config("one", "one", 8, max_steps=12))  # 6 steps per epoch: two epochs
     two = run_config(config("two", "two", 4, workers=2))
     expected = _losses(reference)
     _same(_losses(two), {step: loss for step, loss in expected.items() if step <= 3})
@@ -71,9 +72,13 @@ def test_two_workers_train_like_one_worker_with_twice_the_batch_and_resume_with_
     steps = [r["step"] for r in map(json.loads, (run_dir / "metrics.jsonl").read_text().splitlines()) if "loss" in r]
     assert steps == sorted(set(steps))
     assert two["initial_eval_loss"] == pytest.approx(reference["initial_eval_loss"], rel=1e-4)
-    resumed = run_config(config("resume", "two", 8, max_steps=6, resume_from_checkpoint="latest"))
-    _same(_losses(resumed), expected)
-    assert resumed["eval_loss"] == pytest.approx(reference["eval_loss"], rel=1e-3)
+    resumed = run_config(config("resume", "two", 8, max_steps=9, resume_from_checkpoint="latest"))
+    _same(_losses(resumed), {step: loss for step, loss in expected.items() if step <= 9})
+    # 2 workers resumed in the middle of the second epoch (step 9 of 6-step epochs): the sampler's epoch survives
+    # the resume (it replayed epoch 0's order on 2 workers: the losses left the uninterrupted run's at step 10)
+    again = run_config(config("again", "two", 4, workers=2, max_steps=12, resume_from_checkpoint="latest"))
+    _same(_losses(again), expected)
+    assert again["eval_loss"] == pytest.approx(reference["eval_loss"], rel=1e-3)
 
 
 @pytest.mark.slow
@@ -206,3 +211,74 @@ def test_grpo_on_two_workers_asks_the_judge_the_driver_started(workdir, ray_cpus
     assert "HTTP Request:" not in console.err + console.out
     assert "PlacementGroupCleaner" not in console.err + console.out
 
+
+
+@pytest.mark.slow
+def test_ctrl_c_checkpoints_a_ray_run_and_a_killed_driver_takes_its_workers_with_it(workdir, ray_cpus):
+    """Drivers of 2-worker runs on an existing Ray cluster (RAY_ADDRESS; the module's instance). Ctrl-C (SIGINT to
+    the terminal's process group) used to end the run with exit 1, nothing printed and a half-written checkpoint;
+    now the workers save a checkpoint after the step and stop (exit 130). A SIGKILLed driver used to leave its
+    workers training on headless, writing checkpoints; now they stop within a second or two, and the run can be
+    resumed at once."""
+    import signal
+    import subprocess
+    import sys
+    import time
+
+    import psutil
+    import ray
+
+    from leap_finetune.recipes.checkpoints import MARKER, verify
+
+    write_jsonl(workdir / "train.jsonl", fact_rows(48))
+    data = tiny_config(project_name="signals", training_config={**STEPS, "max_steps": 30, "save_steps": 2,
+                                                                "save_total_limit": 2, "per_device_train_batch_size": 4})
+    data["ray"] = {"num_workers": 2}
+    config = write_config(workdir, data)
+    data["training_config"]["resume_from_checkpoint"] = "latest"
+    resume = write_config(workdir, data, "resume.yaml")
+    project = workdir / "outputs" / "signals"
+    env = {**os.environ, "HF_HUB_OFFLINE": "1", "TRANSFORMERS_OFFLINE": "1", "COLUMNS": "200",
+           "RAY_ADDRESS": ray.get_runtime_context().gcs_address}
+
+    def start(path: Path, after: int) -> tuple[subprocess.Popen, Path]:
+        proc = subprocess.Popen([sys.executable, "-m", "leap_finetune.cli", str(path)], cwd=workdir, env=env,
+                                stdout=subprocess.DEVNULL, stderr=subprocess.PIPE, text=True, start_new_session=True)
+        deadline = time.time() + 600
+        while time.time() < deadline:
+            marked = [int(p.parent.name.split("-")[1]) for p in project.glob(f"*/checkpoint-*/{MARKER}")]
+            if marked and max(marked) > after:
+                return proc, next(p for p in project.iterdir() if p.name.startswith("sft-"))
+            assert proc.poll() is None, proc.stderr.read()[-3000:]
+            time.sleep(0.05)
+        proc.kill()
+        pytest.fail("no checkpoint was written")
+
+    proc, run_dir = start(config, 0)
+    os.killpg(proc.pid, signal.SIGINT)  # what Ctrl-C in a terminal does
+    _, stderr = proc.communicate(timeout=300)
+    assert proc.returncode == 128 + signal.SIGINT, stderr[-3000:]
+    text = " ".join(stderr.split())
+    assert "SIGINT received: saving a checkpoint after this step, then stopping" in text
+    summary = json.loads((run_dir / "summary.json").read_text())
+    assert summary["stopped_early"] and summary["stopped_by_signal"] == signal.SIGINT
+    stopped_at = summary["global_step"]
+    assert f"stopped at step {stopped_at} (checkpoint saved)" in text and verify(run_dir / f"checkpoint-{stopped_at}").ok
+    assert not (run_dir / ".leap-stop-request").exists()
+
+    proc, _ = start(resume, stopped_at)
+    proc.kill()  # SIGKILL: nothing of the driver can react
+    proc.communicate(timeout=60)
+    killed = time.time()
+
+    def workers():
+        return [p for p in psutil.process_iter(["cmdline"]) if "RayTrainWorker" in " ".join(p.info["cmdline"] or [])]
+
+    while workers():  # (they look for their driver every 0.5 s)
+        assert time.time() - killed < 15, "the workers outlived their driver"
+        time.sleep(0.2)
+
+    # a resume may start at once: the killed driver's lock went with it (validate checks it as run would)
+    from leap_finetune.api import validate_config
+
+    validate_config(resume)

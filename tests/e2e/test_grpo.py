@@ -1,6 +1,6 @@
 """GRPO through TRL's GRPOTrainer on CPU (transformers' generation): the bundled example raises its reward
 (full and LoRA), and an LLM judge that the driver serves with a real `transformers serve` on 127.0.0.1 scores
-completions; a killed judge is counted as failures and training finishes.
+completions; a killed judge is counted as failures (the report says how many and why) and training finishes.
 
 For the judge test one tiny model plays both parts: asked "Name a color." it answers one of eight colors at
 random, and asked "Grade: ..." it answers 7 (the judge).
@@ -142,5 +142,8 @@ def test_the_driver_runs_a_cpu_judge_whose_death_is_counted(workdir, color_and_j
     # then every request fails (16 completions per step), scored with failure_score 0, and training goes on
     assert all(m["judge/failures"] == 16 and m["rewards/judge/mean"] == 0 for m in after), after
     assert json.loads((Path(summary["run_dir"]) / "summary.json").read_text())["global_step"] == 5
+    # (3 failed steps reach the default max_failed_steps at the last step: the run is finished, not stopped)
+    assert summary["judge"]["failures"] == 48 and summary["judge"]["requests"] == 80
+    assert summary["judge"]["last_failure"].startswith("APIConnectionError"), summary["judge"]
     log = (Path(summary["run_dir"]) / "servers" / "judge_server.log").read_text()
     assert log.count("POST /v1/chat/completions") == 32  # 2 steps x 16 completions reached the server

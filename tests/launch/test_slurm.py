@@ -1,9 +1,11 @@
 """`leap-finetune slurm` against a real SLURM cluster: Debian's slurmctld + slurmd on this machine
 (scripts/slurm_local.sh, started by .ci/run and, if needed, by the fixture below). The quickstart runs
-as a SLURM job end to end, with Ray brought up inside the allocation; the script is the README's."""
+as a SLURM job end to end, with Ray brought up inside the allocation, stopped by scancel with a checkpoint and
+resumed by a second job; the script is the README's."""
 
 from __future__ import annotations
 
+import json
 import re
 import shutil
 import subprocess
@@ -42,27 +44,71 @@ def test_the_script_is_the_one_the_readme_shows():
     assert text.replace(str(EXAMPLES), "/shared/runs") == shown
 
 
-@pytest.mark.slow
-def test_submit_runs_the_quickstart_as_a_slurm_job(slurm_cluster, workdir):
-    shutil.copytree(EXAMPLES / "data", workdir / "data")
-    config = write_config(workdir, QUICK)
-    result = invoke("slurm", str(config), "--submit", cwd=workdir)
-    assert result.returncode == 0, result.stderr
-    job = re.search(r"submitted job (\d+)", " ".join(result.stderr.split())).group(1)
-    deadline = time.time() + 900
+def _wait_for_job(job: str, timeout: float = 900) -> None:
+    deadline = time.time() + timeout
     while subprocess.run(["squeue", "-h", "-j", job], capture_output=True, text=True).stdout.strip():
         assert time.time() < deadline, "the job did not finish"
-        time.sleep(3)
+        time.sleep(1)
+
+
+def _submit(workdir: Path, config: Path, *sets: str) -> str:
+    result = invoke("slurm", str(config), "--submit", *[a for s in sets for a in ("--set", s)], cwd=workdir)
+    assert result.returncode == 0, result.stderr
+    return re.search(r"submitted job (\d+)", " ".join(result.stderr.split())).group(1)
+
+
+@pytest.mark.slow
+def test_scancel_saves_a_checkpoint_and_the_job_resumes_to_the_end(slurm_cluster, workdir):
+    """The quickstart as a SLURM job, Ray brought up inside the allocation. `scancel` (SIGTERM to every process of
+    the job) used to leave no checkpoint at the stop and a log full of Ray stack dumps: now the run saves a
+    checkpoint after the step and stops (Ray's processes outlive the SIGTERM until it is written), and a second
+    job resumes it to the end."""
+    from leap_finetune.recipes.checkpoints import MARKER, verify
+
+    shutil.copytree(EXAMPLES / "data", workdir / "data")
+    config = write_config(workdir, {**QUICK, "training_config": {**QUICK["training_config"], "max_steps": 40,
+                                                                 "save_steps": 5}})
     project = workdir / "outputs" / "slurm-quickstart"
+    job = _submit(workdir, config)
+    deadline = time.time() + 600
+    while not list(project.glob(f"sft-*/checkpoint-*/{MARKER}")):
+        assert time.time() < deadline and subprocess.run(["squeue", "-h", "-j", job], capture_output=True,
+                                                         text=True).stdout.strip(), "no checkpoint before the job ended"
+        time.sleep(0.2)
+    subprocess.run(["scancel", job], check=True)
+    _wait_for_job(job)
     log = (project / "slurm" / f"slurm-{job}.out").read_text()
-    assert "ray: 1 node(s), 0 GPU(s) joined" in log and "done: 20 steps" in log, log[-3000:]
+    text = " ".join(log.split())
+    assert "SIGTERM received: saving a checkpoint after this step, then stopping" in text, log[-3000:]
+    [run] = [p for p in project.iterdir() if p.name.startswith("sft-")]
+    summary = json.loads((run / "summary.json").read_text())
+    stopped = summary["global_step"]
+    assert summary["stopped_by_signal"] == 15 and 5 <= stopped < 40, summary
+    assert f"stopped at step {stopped} (checkpoint saved)" in text and verify(run / f"checkpoint-{stopped}").ok
+    assert "Traceback" not in log and "SystemExit" not in log, log[-3000:]
+    state = subprocess.run(["scontrol", "show", "job", job], capture_output=True, text=True).stdout
+    assert "JobState=CANCELLED" in state, state
+    _no_ray_left(job)
+
+    job = _submit(workdir, config, "training_config.resume_from_checkpoint=latest")
+    _wait_for_job(job)
+    log = (project / "slurm" / f"slurm-{job}.out").read_text()
+    assert "ray: 1 node(s), 0 GPU(s) joined" in log and "done: 40 steps" in log, log[-3000:]
     assert "Traceback" not in log, log[-3000:]  # e.g. Ray Train's placement-group cleaner without a dashboard
     state = subprocess.run(["scontrol", "show", "job", job], capture_output=True, text=True).stdout
     assert "JobState=COMPLETED" in state and "ExitCode=0:0" in state, state
-    [run] = [p for p in project.iterdir() if p.name.startswith("sft-")]
-    assert (run / "model" / "config.json").exists() and (run / "summary.json").exists()
-    left = subprocess.run(["pgrep", "-f", f"ray-leap-{job}"], capture_output=True, text=True).stdout
-    assert not left.strip(), "Ray processes of the job are still running"
+    assert (run / "model" / "config.json").exists() and json.loads((run / "summary.json").read_text())["global_step"] == 40
+    steps = [json.loads(line)["step"] for line in (run / "metrics.jsonl").read_text().splitlines()
+             if "loss" in json.loads(line)]
+    assert steps == list(range(5, 41, 5))  # every logged step once, across the two jobs
+    _no_ray_left(job)
+
+
+def _no_ray_left(job: str) -> None:
+    deadline = time.time() + 60  # (SLURM ends the job's steps after its batch script)
+    while subprocess.run(["pgrep", "-f", f"ray-leap-{job}"], capture_output=True, text=True).stdout.strip():
+        assert time.time() < deadline, "Ray processes of the job are still running"
+        time.sleep(1)
 
 
 def test_keys_sbatch_would_reject_and_a_missing_sbatch(slurm_cluster, workdir, monkeypatch):

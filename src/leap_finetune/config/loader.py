@@ -416,11 +416,11 @@ def _resolve_training(model: LeapConfigModel, where: str) -> tuple[dict, str, st
             where=where,
             fix="resume_from_checkpoint: latest",
         )
-    _check_allow_changes(merged, where)
+    _check_allow_changes(merged, where, model.training_type)
     return merged, loss_on, resume
 
 
-def _check_allow_changes(training: dict, where: str) -> None:
+def _check_allow_changes(training: dict, where: str, training_type: str) -> None:
     """`resume_allow_changes`: a list of training_config keys (or `rewards`), or [all]."""
     from leap_finetune.launch.plan import RESUME_ALLOWABLE, RESUME_KEEPS_TRAINING
 
@@ -442,18 +442,13 @@ def _check_allow_changes(training: dict, where: str) -> None:
         raise LeapError("training_config.resume_allow_changes lists `all` with other keys", where=where,
                         fix="give either [all] or the keys")
     known = set(training) | set(RESUME_ALLOWABLE) | {"all"}
-    fields = trainer_arg_fields_any()
+    fields = trainer_arg_fields(training_type)
     unknown = [v for v in value if v not in known and v not in fields]
     if unknown:
         raise LeapError(f"training_config.resume_allow_changes lists {', '.join(unknown)}, not a training_config key",
                         where=where, fix=unknown_key_fix(unknown[0], sorted(fields | set(RESUME_ALLOWABLE))))
     training["resume_allow_changes"] = value
 
-
-def trainer_arg_fields_any() -> set[str]:
-    from transformers import TrainingArguments
-
-    return {f.name for f in dataclasses.fields(TrainingArguments) if f.init}
 
 
 def _check_kto_batch_size(training: dict, where: str) -> None:

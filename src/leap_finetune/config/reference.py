@@ -176,6 +176,7 @@ def render_reference() -> str:
         "| `loss_on` | " + ", ".join(f"`{v}`" for v in loader.LOSS_ON)
         + " | sft only: which tokens carry the loss: every assistant turn's content and its `<\\|im_end\\|>` (default), every token, or only the last assistant turn (DPO and KTO train on the completions) |",
         "| `resume_from_checkpoint` | `latest` or a `checkpoint-N` folder | continue a run: `latest` is the newest intact checkpoint (every file as it was written) of the newest run of this project |",
+        "| `resume_allow_changes` | a list of keys, or `[all]` | a resume refuses a config that changes how the run trains (learning rate, scheduler, optimizer settings, loss settings, rewards); keys listed here apply from the resumed step on (the new learning-rate schedule from its first step) and are recorded in `resume_changes.json` and the model card. The data, the model's shape, `seed` and `optim` can never change |",
         "| `compile_layers` | `true`, `false` | sft only: torch.compile each decoder layer (the LM head and loss stay eager); default: on for LFM2 on a CUDA GPU, off elsewhere |",
         "",
         "Set by leap-finetune, so refused here (with what to use instead):",

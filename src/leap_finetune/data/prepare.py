@@ -166,10 +166,12 @@ def prepare_data(resolved: ResolvedConfig, tokenizer, renderer, *, console=None,
                               "the cache (free space there, or set LEAP_FINETUNE_CACHE to another folder)[/yellow]")
             entry = None
             folder = cache.working_folder(None)
+            streams = [_Stream(s.item, s.source, s.held_out) for s in streams]  # (read again from the start)
             try:
                 prepared = _prepare_now(resolved, renderer, items, streams, notices, console, examples, folder)
             except BaseException as again:
                 shutil.rmtree(folder, ignore_errors=True)
+                again.__context__ = None  # (the cache's full disk is not this error's cause)
                 if is_disk_full(again):
                     raise LeapError(f"the disk is full: the prepared rows do not fit in {folder.parent}", where="dataset",
                                     fix="free space there, or set TMPDIR (and LEAP_FINETUNE_CACHE) to a folder on a "

@@ -89,6 +89,9 @@ def run_on_ray(resolved_json: dict, plan: DevicePlan, run_dir: Path) -> None:
                      logging_config=ray.LoggingConfig(log_level="ERROR"))
         else:
             _init_local(plan, env)
+    from leap_finetune.launch.worker import worker_error
+
+    worker_error(run_dir)  # (an error file left by a run whose driver was killed before reading it)
     # ray.init replaces the SIGTERM handler; the workers do not see this process's signals: the first asks them
     # (through the run folder) to save a checkpoint and stop, a second stops them at once (ray.shutdown below).
     signals.reinstall()

@@ -76,7 +76,10 @@ def plan_run(resolved: ResolvedConfig, *, outputs_root: Path | None = None) -> R
     if resolved.output_dir:
         run_dir = Path(resolved.output_dir)
         check_writable(run_dir, "output_dir")
-        if run_dir.is_dir() and any(run_dir.iterdir()):
+        from leap_finetune.launch.run_lock import LOCK_NAME
+
+        if run_dir.is_dir() and any(p.name != LOCK_NAME for p in run_dir.iterdir()) or run_dir.is_dir() and \
+                (run_dir / LOCK_NAME).exists() and _held(run_dir):
             from leap_finetune.launch.run_lock import busy_error, is_live, read_holder
 
             if is_live(run_dir):
@@ -97,6 +100,12 @@ def plan_run(resolved: ResolvedConfig, *, outputs_root: Path | None = None) -> R
         suffix += 1
         run_dir = root / f"{run_name}-{suffix}"
     return RunPlan(run_dir, run_dir.name, None, new_run=True)
+
+
+def _held(folder: Path) -> bool:
+    from leap_finetune.launch.run_lock import is_live
+
+    return is_live(folder)
 
 
 def _plan_resume(resolved: ResolvedConfig, root: Path) -> RunPlan:
@@ -179,9 +188,29 @@ RESUME_FREE_TRAINING = frozenset((
     "ddp_timeout", "ddp_bucket_cap_mb", "ddp_find_unused_parameters", "gradient_checkpointing",
     "gradient_checkpointing_kwargs", "torch_empty_cache_steps", "push_to_hub", "hub_model_id", "hub_strategy",
     "hub_private_repo", "log_level", "log_level_replica", "logging_dir", "per_device_train_batch_size",
-    "gradient_accumulation_steps", "trackio_space_id"))
+    "gradient_accumulation_steps", "trackio_space_id", "use_vllm", "cache_implementation"))
+RESUME_FREE_PREFIXES = ("vllm_",)  # GRPO: where and how rollouts are generated
 # other parts of the config a resume may change when resume_allow_changes names them (applied from the resumed step)
 RESUME_ALLOWABLE = ("rewards",)
+# ... of which these keys change how the run is served, not what it trains: free (a judge moved to another host,
+# given more time after it stopped the run)
+OPERATIONAL = {"rewards": {"judge": ("base_url", "timeout_s", "max_concurrency", "retries", "max_failed_steps",
+                                     "check_at_validate", "api_key_env")},
+               "retrieval": {"": ("mini_batch_size",)}}  # (cached_mnrl's memory knob: the same gradients)
+
+
+def _compared(config: dict, key: str):
+    """config[key] without its operational keys."""
+    value = config.get(key)
+    if not isinstance(value, dict):
+        return value
+    value = json.loads(json.dumps(value))
+    for part, names in OPERATIONAL.get(key, {}).items():
+        target = value.get(part) if part else value
+        if isinstance(target, dict):
+            for name in names:
+                target.pop(name, None)
+    return value
 
 
 def global_batch(config: dict) -> int:
@@ -246,7 +275,7 @@ def check_resume_matches(resolved: ResolvedConfig, plan: RunPlan, data_fingerpri
     now = {**resolved.to_json_dict(), "workers": workers}
     fixed = [("the global batch (per_device_train_batch_size x gradient_accumulation_steps x workers)",
               global_batch(before), global_batch(now))] if global_batch(before) != global_batch(now) else []
-    fixed += [(k, before.get(k), now.get(k)) for k in RESUME_KEEPS if before.get(k) != now.get(k)]
+    fixed += [(k, before.get(k), now.get(k)) for k in RESUME_KEEPS if _compared(before, k) != _compared(now, k)]
     fixed += _dataset_changes(before.get("dataset"), now.get("dataset"))
     old_training, new_training = before.get("training") or {}, now.get("training") or {}
     fixed += [(f"training_config.{k}", old_training.get(k), new_training.get(k)) for k in RESUME_KEEPS_TRAINING
@@ -266,8 +295,9 @@ def check_resume_matches(resolved: ResolvedConfig, plan: RunPlan, data_fingerpri
                         "or start a new run (remove resume_from_checkpoint)")
     changed = {f"training_config.{k}": (old_training.get(k), new_training.get(k))
                for k in sorted(set(old_training) | set(new_training))
-               if k not in RESUME_FREE_TRAINING and old_training.get(k) != new_training.get(k)}
-    changed.update({k: (before.get(k), now.get(k)) for k in RESUME_ALLOWABLE if before.get(k) != now.get(k)})
+               if k not in RESUME_FREE_TRAINING and not k.startswith(RESUME_FREE_PREFIXES)
+               and old_training.get(k) != new_training.get(k)}
+    changed.update({k: (before.get(k), now.get(k)) for k in RESUME_ALLOWABLE if _compared(before, k) != _compared(now, k)})
     refused = {k: v for k, v in changed.items() if allow != ["all"] and k.removeprefix("training_config.") not in allow}
     if refused:
         listed = "; ".join(f"{name}: {old!r} -> {new!r}" for name, (old, new) in list(refused.items())[:6])

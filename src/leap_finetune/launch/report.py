@@ -202,7 +202,8 @@ def end_report(console: Console, resolved: ResolvedConfig, summary: dict) -> Non
         table.add_row("reward (first / last 5 steps)", f"{summary['initial_reward']:.3f} -> {summary['final_reward']:.3f}")
     judge = summary.get("judge")
     if judge and judge.get("requests"):
-        text = f"{judge['failures']:,} of {judge['requests']:,} requests failed"
+        text = f"{judge['failures']:,} of {judge['requests']:,} requests failed" + (
+            f" since the resume at step {judge['since_step']}" if judge.get("since_step") else "")
         if judge["failures"] and judge.get("last_failure"):
             text += f" (scored failure_score; last: {judge['last_failure']})"
         table.add_row("judge", text)

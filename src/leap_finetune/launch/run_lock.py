@@ -49,6 +49,24 @@ def _flock():
     return fcntl
 
 
+_HELD: list = []  # the open lock files of this process
+
+
+def _close_in_child() -> None:
+    """A forked child (a DataLoader worker, a pool) shares the parent's open file description, and with it the
+    flock: it must not keep the run folder locked after the driver died."""
+    for handle in _HELD:
+        try:
+            handle.close()  # (the child's copy: the parent's descriptor keeps the lock)
+        except OSError:
+            pass
+    _HELD.clear()
+
+
+if hasattr(os, "register_at_fork"):
+    os.register_at_fork(after_in_child=_close_in_child)
+
+
 class RunLock:
     """The exclusive lock of one run folder, held by the driver."""
 
@@ -85,6 +103,7 @@ class RunLock:
         handle.write(json.dumps({"pid": os.getpid(), "host": socket.gethostname(), "token": token,
                                  "started": time.strftime("%Y-%m-%d %H:%M:%S"), "command": " ".join(sys.argv)}))
         handle.flush()
+        _HELD.append(handle)
         return cls(handle, path, token)
 
     def moved_to(self, folder: Path) -> None:
@@ -93,6 +112,8 @@ class RunLock:
 
     def release(self) -> None:
         if self.handle is not None:
+            if self.handle in _HELD:
+                _HELD.remove(self.handle)
             self.handle.close()  # (closing releases the flock)
             self.handle = None
 
@@ -114,21 +135,29 @@ def busy_error(folder: Path, holder: dict, where: str) -> LeapError:
                      "or give this run another output_dir")
 
 
-def is_live(folder: Path) -> bool:
-    """Some process holds the folder's lock now (a query: takes the lock for an instant at most)."""
+def lock_state(folder: Path) -> bool | None:
+    """True: some process holds the folder's lock now; False: none does; None: cannot tell (no lock file, or a
+    file system without flock). A query: it takes the lock for an instant at most."""
     fcntl = _flock()
     path = Path(folder) / LOCK_NAME
     if fcntl is None or not path.exists():
-        return False
+        return None
     try:
         with open(path, "r", encoding="utf-8") as handle:
             try:
                 fcntl.flock(handle.fileno(), fcntl.LOCK_SH | fcntl.LOCK_NB)
             except OSError as err:
-                return err.errno in (errno.EWOULDBLOCK, errno.EACCES)
+                if err.errno in (errno.EWOULDBLOCK, errno.EACCES):
+                    return True
+                return None
             return False  # (released on close)
     except OSError:
-        return False
+        return None
+
+
+def is_live(folder: Path) -> bool:
+    """Some process holds the folder's lock now."""
+    return lock_state(folder) is True
 
 
 def check_free(folder: Path, where: str = "the run folder") -> None:
@@ -143,14 +172,21 @@ def watch_driver(folder: Path, token: str, every_s: float = 0.5) -> threading.Th
         return None
 
     def watch():
+        # Only a lock this worker has seen held, then free, means its driver is gone: where locks do not reach
+        # this node (a file system whose locks are node-local) it is never seen held, and the worker trains on
+        # (Ray ends a remote job's workers when its driver disconnects). A missing lock file (the run folder
+        # deleted) is the training loop's to report, on every rank.
+        seen_held = False
         while True:
             time.sleep(every_s)
             holder = read_holder(folder)
+            state = lock_state(folder)
             if holder and holder.get("token") != token:
                 reason = f"another run (process {holder.get('pid')} on {holder.get('host')}) now holds the run folder"
-            elif not (Path(folder) / LOCK_NAME).exists():
-                reason = "the run folder is gone"
-            elif not is_live(folder):
+            elif state is True:
+                seen_held = True
+                continue
+            elif state is False and seen_held:
                 reason = "its driver process is gone"
             else:
                 continue

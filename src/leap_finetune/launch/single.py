@@ -72,6 +72,9 @@ def run_in_child(payload: dict, devices: DevicePlan, run_dir: Path) -> dict:
         raise Stopped(signals[-1], "(the training process ended)")
     how = f"was killed by signal {-code}" + (" (SIGKILL: often the system running out of memory)"
                                              if code == -signal.SIGKILL else "") if code < 0 else f"exited with code {code}"
+    if not run_dir.is_dir():
+        raise RunFailed(f"the training process (CUDA_VISIBLE_DEVICES={ids}) {how}: the run folder {run_dir} was deleted "
+                        "while it trained; start the run again")
     raise RunFailed(f"the training process (CUDA_VISIBLE_DEVICES={ids}) {how}; its output is above. Complete "
                     f"checkpoints in {run_dir}, if any, are intact: resume with "
                     "training_config.resume_from_checkpoint: latest")

@@ -144,9 +144,12 @@ class ResumeChanges(TrainerCallback):
         if not self.changes or state.global_step == 0 or optimizer is None:
             return
         keys = set(self.changes)
-        for group in optimizer.param_groups:
-            if "weight_decay" in keys and group.get("weight_decay"):  # (groups without decay keep 0)
+        groups = optimizer.param_groups
+        if "weight_decay" in keys:
+            # transformers' optimizer: group 0 decays, group 1 (biases, norms) never does
+            for group in (groups[:1] if len(groups) == 2 else [g for g in groups if g.get("weight_decay")]):
                 group["weight_decay"] = args.weight_decay
+        for group in groups:
             if keys & {"adam_beta1", "adam_beta2"} and "betas" in group:
                 group["betas"] = (args.adam_beta1, args.adam_beta2)
             if "adam_epsilon" in keys and "eps" in group:
@@ -154,8 +157,8 @@ class ResumeChanges(TrainerCallback):
         scheduler = getattr(lr_scheduler, "scheduler", lr_scheduler)  # (accelerate wraps it)
         if not keys & set(self.SCHEDULE) or scheduler is None or not hasattr(scheduler, "lr_lambdas"):
             return
-        if "learning_rate" in keys:
-            before = float(self.changes["learning_rate"][0] or args.learning_rate)
+        if "learning_rate" in keys and scheduler.base_lrs and scheduler.base_lrs[0]:
+            before = scheduler.base_lrs[0]  # (the checkpoint's: groups keep their ratios to it)
             scheduler.base_lrs = [base * args.learning_rate / before for base in scheduler.base_lrs]
         lrs = [base * factor(scheduler.last_epoch) for base, factor in zip(scheduler.base_lrs, scheduler.lr_lambdas)]
         for group, base, lr in zip(optimizer.param_groups, scheduler.base_lrs, lrs):
@@ -169,11 +172,16 @@ class StopOnSignal(TrainerCallback):
     once (leap_finetune/signals.py holds the handlers, for every phase of the run).
 
     The request comes from this process's own signal handler, or - Ray workers, which the driver's signals do
-    not reach - from the stop request the driver writes in the run folder (read by rank 0). Several processes
-    agree through one all-reduce per step, so every rank stops after the same step and saves it together."""
+    not reach - from the stop request the driver writes in the run folder (read by rank 0). `reasons` are other
+    checks that stop the run the same way (a judge that stays down). Several processes agree through one
+    all-reduce per step, so every rank stops after the same step and saves it together; a run folder deleted
+    under the run is an error on every rank. (transformers already gathers the tokens seen at every step, a
+    device sync of its own: this one adds a few microseconds.)"""
 
     def __init__(self):
         self.received: int | None = None
+        self.stopped_by_reason = False
+        self.reasons: list = []  # callables -> bool, checked on every rank after every step
 
     def on_train_begin(self, args, state, control, **kwargs):
         from leap_finetune import signals
@@ -183,18 +191,21 @@ class StopOnSignal(TrainerCallback):
     def on_step_end(self, args, state, control, **kwargs):
         from leap_finetune import signals
 
-        if state.is_world_process_zero and not os.path.isdir(args.output_dir):
+        flag = signals.received() or 0
+        if not flag and state.is_world_process_zero:
+            flag = signals.read_request(args.output_dir) or 0
+        gone = int(state.is_world_process_zero and not os.path.isdir(args.output_dir))
+        other = int(any(check() for check in self.reasons))
+        flag, gone, other = _agreed([flag, gone, other], args)
+        if gone:
             from leap_finetune.errors import LeapError
 
             raise LeapError(f"the run folder was deleted while the run was training (at step {state.global_step}): "
                             "nothing more can be saved", where=args.output_dir,
                             fix="start the run again (nothing of it is left to resume)")
-        flag = signals.received() or 0
-        if not flag and state.is_world_process_zero:
-            flag = signals.read_request(args.output_dir) or 0
-        flag = _agreed(flag, args)
-        if flag:
-            self.received = flag
+        if flag or other:
+            self.received = flag or None
+            self.stopped_by_reason = bool(other and not flag)
             control.should_save = True
             control.should_training_stop = True
 
@@ -204,17 +215,17 @@ class StopOnSignal(TrainerCallback):
         signals.enter("finishing")
 
 
-def _agreed(flag: int, args) -> int:
-    """The largest flag over every process of a distributed run (this one's alone otherwise)."""
+def _agreed(flags: list[int], args) -> list[int]:
+    """The largest value of each flag over every process of a distributed run (this one's alone otherwise)."""
     import torch.distributed as dist
 
     if not (dist.is_available() and dist.is_initialized()) or dist.get_world_size() < 2:
-        return flag
+        return flags
     import torch
 
-    value = torch.tensor([flag], dtype=torch.int64, device=args.device)
+    value = torch.tensor(flags, dtype=torch.int64, device=args.device)
     dist.all_reduce(value, op=dist.ReduceOp.MAX)
-    return int(value.item())
+    return [int(v) for v in value.tolist()]
 
 
 class CheckpointMarker(TrainerCallback):

@@ -118,7 +118,7 @@ def train(resolved_json: dict, callbacks: list | None = None) -> dict:
     from leap_finetune.rl.judge import judge_totals, judge_watch, judges
 
     stop_on_signal = StopOnSignal()
-    watch = judge_watch()
+    watch = judge_watch(stop_on_signal)
     trainer = trainer_class()(
         model=model,
         reward_funcs=reward_functions(resolved, judge_url=resolved.judge_url),
@@ -137,8 +137,12 @@ def train(resolved_json: dict, callbacks: list | None = None) -> dict:
         totals = judge_totals(trainer)
         if totals is None:
             return {}
+        if resolved.resume_checkpoint_path:  # (this process's requests: the report says since when)
+            from leap_finetune.recipes.checkpoints import step_of
+
+            totals["since_step"] = step_of(Path(resolved.resume_checkpoint_path))
         extra = {"judge": totals}
-        if watch.stopped:
+        if watch.stopped and trainer.state.global_step < trainer.state.max_steps:  # (at the last step: finished)
             extra["error"] = {"message": f"{totals['stop_reason'] or 'the judge failed every request'}; the run saved a "
                                          "checkpoint and stopped",
                               "where": f"{resolved.config_path or 'config'}: rewards.judge",

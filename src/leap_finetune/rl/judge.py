@@ -20,6 +20,7 @@ from __future__ import annotations
 import json
 import os
 import re
+import sys
 import threading
 from concurrent.futures import ThreadPoolExecutor
 
@@ -77,6 +78,7 @@ class Judge:
         self.failures_total = 0
         self.requests_total = 0
         self.failed_steps_in_a_row = 0
+        self._step_failed: tuple[int | None, bool] | None = None  # (training step, every request of it failed)
         self.last_failure: str | None = None
         self.stop_reason: str | None = None  # set when max_failed_steps is reached (JudgeWatch stops the run)
         self._client = None
@@ -89,6 +91,10 @@ class Judge:
 
     def score_one(self, prompt: str, completion: str, solution: str) -> float | None:
         """The normalised score of one completion, or None (a failure, its reason kept in last_failure)."""
+        return self._score(prompt, completion, solution)[0]
+
+    def _score(self, prompt: str, completion: str, solution: str) -> tuple[float | None, bool]:
+        """(score or None, whether a failure was the server's: no answer, a timeout, an HTTP error)."""
         c = self.config
         message = fill_template(c.prompt_template, prompt=prompt, completion=completion, solution=solution or "",
                                 min_score=_plain(c.min_score), max_score=_plain(c.max_score))
@@ -99,24 +105,28 @@ class Judge:
             text = answer.choices[0].message.content or ""
         except Exception as err:  # noqa: BLE001 - any failure of the judge is counted, never raised into training
             self.last_failure = describe_failure(err)
-            return None
+            return None, True
         score = parse_score(text)
         if score is None:
             self.last_failure = f"an answer without a score: {text.strip()[:120]!r}"
-            return None
-        return min(1.0, max(0.0, (score - c.min_score) / (c.max_score - c.min_score)))
+            return None, False
+        return min(1.0, max(0.0, (score - c.min_score) / (c.max_score - c.min_score))), False
 
     def score_all(self, items: list[tuple]) -> list[float | None]:
-        """Every completion scored, `max_concurrency` at a time; when the first round all fail, the rest are not
-        sent (the judge is down: one round of timeouts per step, not one per completion)."""
+        """Every completion scored, `max_concurrency` at a time; when the whole first round failed on the server's
+        side (no answer, timeouts, HTTP errors), the rest are not sent: the judge is down, and a step costs one
+        round of timeouts, not one per completion. (Answers without a score come from a judge that is up: the
+        other completions are still sent.)"""
         first = self.config.max_concurrency
         with ThreadPoolExecutor(max_workers=self.config.max_concurrency) as pool:
-            head = list(pool.map(lambda item: self.score_one(*item), items[:first]))
-            if head and all(score is None for score in head) and len(items) > first:
-                return head + [None] * (len(items) - first)
-            return head + list(pool.map(lambda item: self.score_one(*item), items[first:]))
+            head = list(pool.map(lambda item: self._score(*item), items[:first]))
+            if head and all(score is None and server for score, server in head) and len(items) > first:
+                return [None] * len(items)
+            return [score for score, _ in head] + [score for score, _ in
+                                                     pool.map(lambda item: self._score(*item), items[first:])]
 
-    def __call__(self, completions, prompts=None, solution=None, prompt_text=None, log_metric=None, **_) -> list[float]:
+    def __call__(self, completions, prompts=None, solution=None, prompt_text=None, log_metric=None,
+                 trainer_state=None, **_) -> list[float]:
         from leap_finetune.rl.rewards import _text
 
         questions = prompt_text if prompt_text is not None else prompts
@@ -126,7 +136,7 @@ class Judge:
         with self._lock:
             self.failures_total += failures
             self.requests_total += len(scores)
-            self.failed_steps_in_a_row = self.failed_steps_in_a_row + 1 if scores and failures == len(scores) else 0
+            self._count_step(getattr(trainer_state, "global_step", None), bool(scores) and failures == len(scores))
             limit = self.config.max_failed_steps
             if limit and self.failed_steps_in_a_row >= limit and self.stop_reason is None:
                 self.stop_reason = (f"the judge at {self.base_url} failed every request for {self.failed_steps_in_a_row} "
@@ -136,34 +146,45 @@ class Judge:
             log_metric("judge/requests", float(len(scores)))
         return [self.config.failure_score if score is None else score for score in scores]
 
+    def _count_step(self, step: int | None, all_failed: bool) -> None:
+        """Steps in a row in which every request failed: counted per training step (TRL may call the reward several
+        times in one step: accumulation, generation batches), an evaluation's calls within the step included."""
+        if step is None:  # (called outside a trainer: each call is a step)
+            self.failed_steps_in_a_row = self.failed_steps_in_a_row + 1 if all_failed else 0
+            return
+        previous = self._step_failed
+        if previous is not None and previous[0] == step:
+            if not all_failed and previous[1]:  # a request of this step succeeded after all: no streak
+                self.failed_steps_in_a_row = 0
+                self._step_failed = (step, False)
+            return
+        self._step_failed = (step, all_failed)
+        self.failed_steps_in_a_row = self.failed_steps_in_a_row + 1 if all_failed else 0
+
+
 
 def judges(trainer) -> list[Judge]:
     return [f for f in getattr(trainer, "reward_funcs", []) or [] if isinstance(f, Judge)]
 
 
-def judge_watch():
-    """A callback: a judge that reached max_failed_steps makes every rank save a checkpoint and stop after the
-    same step (the ranks agree, as for signals)."""
+def judge_watch(stop_on_signal):
+    """A callback that says judge failures on the console as they happen (rank 0), and makes a judge that
+    reached max_failed_steps stop the run like a signal does (every rank saves the same step: StopOnSignal's
+    reasons, agreed in its one all-reduce per step)."""
     from transformers import TrainerCallback
-
-    from leap_finetune.recipes.callbacks import _agreed
 
     class JudgeWatch(TrainerCallback):
         def __init__(self):
             self.judges: list[Judge] = []
-            self.stopped = False
             self._said: tuple | None = None
+            stop_on_signal.reasons.append(lambda: any(j.stop_reason for j in self.judges))
 
-        def on_step_end(self, args, state, control, **kwargs):
-            flag = int(any(j.stop_reason for j in self.judges))
-            if _agreed(flag, args):
-                self.stopped = True
-                control.should_save = True
-                control.should_training_stop = True
+        @property
+        def stopped(self) -> bool:
+            return stop_on_signal.stopped_by_reason
 
         def on_log(self, args, state, control, logs=None, **kwargs):
-            """Failures said on the console as they happen (rank 0): the first, when the reason changes, and
-            every 20 steps while they last."""
+            """The first failure, when the reason changes, and every 20 steps while they last."""
             failed = (logs or {}).get("judge/failures")
             if not state.is_world_process_zero or not self.judges or not failed:
                 return
@@ -171,7 +192,8 @@ def judge_watch():
             if self._said is None or self._said[0] != reason or state.global_step - self._said[1] >= 20:
                 requests = (logs or {}).get("judge/requests")
                 share = f"{float(failed):g} of {float(requests):g}" if requests else f"{float(failed):g}"
-                print(f"  step {state.global_step}: the judge failed {share} requests (last: {reason})", flush=True)
+                print(f"  step {state.global_step}: the judge failed {share} requests (last: {reason})", file=sys.stderr,
+                      flush=True)
                 self._said = (reason, state.global_step)
 
     return JudgeWatch()
@@ -197,7 +219,7 @@ def judge_totals(trainer) -> dict | None:
             "stop_reason": judge.stop_reason}
 
 
-def check_judge_server(resolved) -> None:
+def check_judge_server(resolved, console=None) -> None:
     """`validate` and `run`: an external judge (`base_url`) answers GET /models within its timeout and serves
     `model`. A local judge is started and checked by the driver."""
     rewards = resolved.rewards
@@ -212,10 +234,11 @@ def check_judge_server(resolved) -> None:
         raise LeapError(f"the judge at {judge.base_url} does not answer GET /models ({describe_failure(err)})",
                         where=where, fix="start the judge server (or correct base_url: an OpenAI-compatible API, "
                         "usually ending in /v1); rewards.judge.check_at_validate: false skips this check") from None
-    if served and judge.model not in served:
-        raise LeapError(f"the judge at {judge.base_url} does not serve '{judge.model}' (it serves: "
-                        f"{', '.join(served[:8])})", where=f"{resolved.config_path or 'config'}: rewards.judge.model",
-                        fix="set rewards.judge.model to one of the models listed")
+    if served and judge.model not in served and console is not None:
+        # a warning, not an error: some servers answer whatever name is asked (llama.cpp's) or list aliases
+        console.print(f"[yellow]warning: the judge at {judge.base_url} lists {', '.join(served[:8])}, not "
+                      f"'{judge.model}' (rewards.judge.model): a server that needs the name will refuse every "
+                      "request[/yellow]", markup=True)
 
 
 def _plain(number: float) -> str:
