@@ -215,11 +215,11 @@ def test_grpo_on_two_workers_asks_the_judge_the_driver_started(workdir, ray_cpus
 
 @pytest.mark.slow
 def test_ctrl_c_checkpoints_a_ray_run_and_a_killed_driver_takes_its_workers_with_it(workdir, ray_cpus):
-    """Drivers of 2-worker runs on an existing Ray cluster (RAY_ADDRESS; the module's instance). Ctrl-C (SIGINT to
-    the terminal's process group) used to end the run with exit 1, nothing printed and a half-written checkpoint;
-    now the workers save a checkpoint after the step and stop (exit 130). A SIGKILLed driver used to leave its
-    workers training on headless, writing checkpoints; now they stop within a second or two, and the run can be
-    resumed at once."""
+    """Drivers of 2-worker runs. Ctrl-C (SIGINT to the terminal's process group) to a driver on an existing Ray
+    cluster (RAY_ADDRESS; the module's instance) used to end the run with exit 1, nothing printed and a
+    half-written checkpoint; now the workers save a checkpoint after the step and stop (exit 130). A SIGKILLed
+    driver (with its own local Ray instance) used to leave its workers training on headless, writing
+    checkpoints; now they stop within a second or two, and the run can be resumed at once."""
     import signal
     import subprocess
     import sys
@@ -241,8 +241,9 @@ def test_ctrl_c_checkpoints_a_ray_run_and_a_killed_driver_takes_its_workers_with
     env = {**os.environ, "HF_HUB_OFFLINE": "1", "TRANSFORMERS_OFFLINE": "1", "COLUMNS": "200",
            "RAY_ADDRESS": ray.get_runtime_context().gcs_address}
 
-    def start(path: Path, after: int) -> tuple[subprocess.Popen, Path]:
-        proc = subprocess.Popen([sys.executable, "-m", "leap_finetune.cli", str(path)], cwd=workdir, env=env,
+    def start(path: Path, after: int, local: bool = False) -> tuple[subprocess.Popen, Path]:
+        here = {k: v for k, v in env.items() if k != "RAY_ADDRESS"} if local else env
+        proc = subprocess.Popen([sys.executable, "-m", "leap_finetune.cli", str(path)], cwd=workdir, env=here,
                                 stdout=subprocess.DEVNULL, stderr=subprocess.PIPE, text=True, start_new_session=True)
         deadline = time.time() + 600
         while time.time() < deadline:
@@ -266,7 +267,7 @@ def test_ctrl_c_checkpoints_a_ray_run_and_a_killed_driver_takes_its_workers_with
     assert f"stopped at step {stopped_at} (checkpoint saved)" in text and verify(run_dir / f"checkpoint-{stopped_at}").ok
     assert not (run_dir / ".leap-stop-request").exists()
 
-    proc, _ = start(resume, stopped_at)
+    proc, _ = start(resume, stopped_at, local=True)  # the driver's own local Ray instance, as by default
     proc.kill()  # SIGKILL: nothing of the driver can react
     proc.communicate(timeout=60)
     killed = time.time()

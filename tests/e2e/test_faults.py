@@ -317,3 +317,30 @@ def test_a_full_disk_is_an_error_that_says_so_and_the_run_resumes_after(data, sm
     checked = invoke("validate", str(_config(data, "cache", "cache.yaml", dataset={"path": "more.jsonl"})), cwd=data)
     assert checked.returncode == 0, checked.stderr[-3000:]
     assert "the data cache's disk is full" in " ".join(checked.stderr.split())
+
+
+@pytest.mark.slow
+def test_running_out_of_memory_names_the_settings_to_change(data):
+    """A batch that does not fit ended in an allocation traceback. The CLI runs with its address space capped at
+    8 GiB (RLIMIT_AS: the allocator fails for real, and nothing else on the machine is at risk) and a batch of 48
+    rows of ~4,000 tokens whose attention alone needs more."""
+    import resource
+
+    long_rows = [{"messages": [{"role": "user", "content": f"Repeat {w}."},
+                               {"role": "assistant", "content": " ".join([w] * 2000)}]}
+                 for w in ["red", "blue", "teal", "gold"] * 12]
+    write_jsonl(data / "long.jsonl", long_rows)
+    config = _config(data, "oom", "oom.yaml", dataset={"path": "long.jsonl"}, per_device_train_batch_size=48,
+                     max_length=4096, max_steps=2)
+
+    def cap():
+        resource.setrlimit(resource.RLIMIT_AS, (8 * 2**30, 8 * 2**30))
+
+    env = {**os.environ, "HF_HUB_OFFLINE": "1", "TRANSFORMERS_OFFLINE": "1", "COLUMNS": "200"}
+    result = subprocess.run([sys.executable, "-m", "leap_finetune.cli", str(config)], cwd=data, env=env,
+                            capture_output=True, text=True, timeout=600, preexec_fn=cap)
+    text = " ".join(result.stderr.split())
+    assert result.returncode == 2, result.stderr[-3000:]
+    assert "training_config: out of memory at step 0 (per_device_train_batch_size 48, max_length 4096" in text, text[-2000:]
+    assert "lower per_device_train_batch_size (raise gradient_accumulation_steps" in text
+    assert "Traceback" not in result.stderr
