@@ -392,23 +392,15 @@ def tempfile_folder(run_dir: Path) -> str:
 
     import socket
 
+    from leap_finetune.files import pid_alive
+
     host = socket.gethostname().replace("-", "_")  # (a shared file system: only this host's processes are known)
     run_dir.parent.mkdir(parents=True, exist_ok=True)
     for old in run_dir.parent.glob(f".{run_dir.name}.staging-{host}-*"):
         pid = old.name.rsplit("-", 2)[-2]
-        if pid.isdigit() and not _alive(int(pid)):
+        if pid.isdigit() and not pid_alive(int(pid)):
             shutil.rmtree(old, ignore_errors=True)
     return tempfile.mkdtemp(prefix=f".{run_dir.name}.staging-{host}-{os.getpid()}-", dir=run_dir.parent)
-
-
-def _alive(pid: int) -> bool:
-    try:
-        os.kill(pid, 0)
-    except ProcessLookupError:
-        return False
-    except PermissionError:
-        return True
-    return True
 
 
 def disk_error(err: OSError, path: Path) -> LeapError:

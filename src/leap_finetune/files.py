@@ -17,6 +17,18 @@ def write_atomic(path: Path, text: str) -> None:
     os.replace(tmp, path)
 
 
+def pid_alive(pid: int) -> bool:
+    """A process of this host with this id exists (staging folders are named after the process that writes them:
+    a dead one's are swept)."""
+    try:
+        os.kill(pid, 0)
+    except ProcessLookupError:
+        return False
+    except PermissionError:
+        return True
+    return True
+
+
 def read_metrics(path: Path) -> list[dict]:
     """The records of a run's metrics.jsonl, in order (none if it does not exist yet; a line being written
     is skipped)."""
@@ -52,4 +64,3 @@ def is_disk_full(err: BaseException) -> bool:
         err = err.__cause__ or err.__context__
         seen += 1
     return False
-

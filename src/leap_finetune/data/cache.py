@@ -26,6 +26,7 @@ import pyarrow as pa
 
 from leap_finetune import __version__
 from leap_finetune.data.table import RowTable
+from leap_finetune.files import pid_alive
 
 FORMAT = 1
 KEEP = 8  # entries kept (the most recently used); each is about the size of its data's token ids
@@ -211,20 +212,10 @@ def store(entry: Entry, prepared, staging: Path, console) -> None:
 def _evict(root: Path) -> None:
     for staging in root.glob(".*.tmp"):  # left by a process that was killed while preparing
         pid = staging.name.rsplit(".", 2)[-2]
-        if pid.isdigit() and not _alive(int(pid)):
+        if pid.isdigit() and not pid_alive(int(pid)):
             shutil.rmtree(staging, ignore_errors=True)
     entries = [p for p in root.iterdir() if p.is_dir() and not p.name.startswith(".")]
     entries.sort(key=lambda p: (p / "manifest.json").stat().st_mtime if (p / "manifest.json").exists() else 0,
                  reverse=True)
     for old in entries[KEEP:]:
         shutil.rmtree(old, ignore_errors=True)
-
-
-def _alive(pid: int) -> bool:
-    try:
-        os.kill(pid, 0)
-    except ProcessLookupError:
-        return False
-    except PermissionError:
-        return True
-    return True

@@ -306,8 +306,8 @@ def disk_errors(run_dir: Path, trainer=None, training: dict | None = None):
                             where=str(run_dir), fix="free space on that disk (checkpoints: save_total_limit keeps "
                             "fewer), then resume with training_config.resume_from_checkpoint: latest (complete "
                             "checkpoints are intact; one cut short by the full disk is never resumed from)") from None
-        if isinstance(err, (MemoryError, RuntimeError)) and any(word in str(err) or word == type(err).__name__
-                                                                 for word in OUT_OF_MEMORY):
+        if isinstance(err, MemoryError) or isinstance(err, RuntimeError) and any(
+                word in str(err) or word == type(err).__name__ for word in OUT_OF_MEMORY):
             t = training or {}
             settings = ", ".join(f"{k} {t[k]}" for k in ("per_device_train_batch_size", "max_length",
                                                           "gradient_checkpointing") if k in t)
