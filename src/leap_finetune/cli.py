@@ -53,7 +53,18 @@ def _user_errors(command):
             raise typer.Exit(1) from None
         except Stopped as err:  # Ctrl-C / SIGTERM outside the training loop, or a second one: 128 + signal
             print(err.message(), file=sys.stderr)
+            if err.at_once:
+                # "at once": not after the threads of libraries finish what they are waiting for (measured: a
+                # hanging judge's requests held the exit for their timeout); the run folder is consistent
+                sys.stdout.flush()
+                sys.stderr.flush()
+                os._exit(128 + err.signum)
             raise typer.Exit(128 + err.signum) from None
+        except KeyboardInterrupt:  # Ctrl-C in a command that saves nothing (validate, plan, inspect, ...)
+            if _state["debug"]:
+                raise
+            print("stopped by SIGINT (Ctrl-C)", file=sys.stderr)
+            raise typer.Exit(130) from None
 
     return wrapper
 

@@ -57,9 +57,10 @@ _LIBC = _libc()
 class Stopped(KeyboardInterrupt):
     """The run was stopped by a signal outside the training loop (or a second signal inside it)."""
 
-    def __init__(self, signum: int, when: str):
+    def __init__(self, signum: int, when: str, at_once: bool = False):
         self.signum = signum
         self.when = when
+        self.at_once = at_once  # a second signal: the process ends without waiting for anything
         self.note = ""  # what the stop left (the driver adds it)
         super().__init__(f"stopped by {name(signum)} {when}".strip())
 
@@ -104,7 +105,7 @@ def _handle(signum, frame) -> None:
     if _state.received is not None:
         if signum == _state.received and now - _state.received_at < SAME_EVENT_S:
             return  # one event delivered twice
-        raise Stopped(signum, "(a second signal: at once)")
+        raise Stopped(signum, "(a second signal: at once)", at_once=True)
     if _state.phase == "starting":
         raise Stopped(signum, "before training started")
     _state.received, _state.received_at = signum, now

@@ -259,3 +259,32 @@ def test_the_specs_async_eval_block_parses_in_every_mode_and_its_mistakes_are_er
     monkeypatch.setenv("PATH", str(folder))
     with pytest.raises(LeapError, match="submits each evaluation with sbatch, which is not installed here"):
         validate_config(write_config(folder, tiny_config(evals=evals, async_eval=sidecar)))
+
+
+@pytest.mark.parametrize(("change", "expected"), [
+    ({"training_config": {"resume_allow_changes": 5}}, "training_config.resume_allow_changes is 5"),
+    ({"training_config": {"resume_allow_changes": ["learning_rate", "seed"]}},
+     "resume_allow_changes lists seed, which a resume cannot change"),
+    ({"training_config": {"resume_allow_changes": ["dataset"]}}, "a resume never changes the data"),
+    ({"training_config": {"resume_allow_changes": ["all", "learning_rate"]}}, "lists `all` with other keys"),
+    ({"training_config": {"resume_allow_changes": ["learnig_rate"]}}, "did you mean 'learning_rate'"),
+    ({"slurm": {"time": "01:00:00", "stop_before_time_limit_s": 3600}},
+     "stop_before_time_limit_s (3600 s) is not shorter than the job's time limit (01:00:00 = 3600 s)"),
+    ({"slurm": {"stop_before_time_limit_s": 99999}}, "stop_before_time_limit_s"),
+])
+def test_fault_keys_are_checked(folder, change, expected):
+    """The keys of resumes and of stopping before a SLURM time limit: wrong values are errors that say why."""
+    config = tiny_config()
+    for block, values in change.items():
+        config[block] = {**config.get(block, {}), **values} if isinstance(config.get(block), dict) else values
+    assert expected in " ".join(_error(folder, config).split())
+
+
+def test_a_judge_url_needs_its_scheme(folder):
+    write_jsonl(folder / "prompts.jsonl", [{"prompt": "Name a color.", "solution": "teal"}])
+    config = {"project_name": "g", "model_name": "tiny-lfm2", "training_type": "grpo", "dataset": {"path": "prompts.jsonl"},
+              "rewards": {"judge": {"model": "m", "base_url": "127.0.0.1:8000/v1"}},
+              "training_config": {"use_vllm": False}}
+    text = " ".join(_error(folder, config).split())
+    assert "rewards.judge.base_url is '127.0.0.1:8000/v1': expected an http:// or https:// URL" in text
+    assert "http://127.0.0.1:8000/v1" in text

@@ -291,7 +291,7 @@ def small_disk(tmp_path):
 
 
 @pytest.mark.slow
-def test_a_full_disk_is_an_error_that_says_so_and_the_run_resumes_after(data, small_disk, monkeypatch):
+def test_a_full_disk_is_an_error_that_says_so_and_the_run_resumes_after(data, small_disk, monkeypatch, capfd):
     """A full disk while saving a checkpoint ended in a raw traceback ("unexpected pos ..."); a data cache on a
     full disk made `validate` fail although the cache is optional."""
     output = small_disk / "run"
@@ -306,8 +306,12 @@ def test_a_full_disk_is_an_error_that_says_so_and_the_run_resumes_after(data, sm
 
     subprocess.run(["mount", "-o", "remount,size=96m", str(small_disk)], check=True)  # space freed
     config.write_text(config.read_text().replace("save_steps: 4", "save_steps: 4\n  resume_from_checkpoint: latest"))
+    capfd.readouterr()
     resumed = run_config(config)
     assert resumed["global_step"] == 12 and _steps(output) == list(range(1, 13))
+    # the checkpoint the full disk cut short is named as it is removed
+    err = " ".join(capfd.readouterr().err.split())
+    assert "never completed (interrupted while saving): it is removed" in err, err[-3000:]
 
     # the data cache on a full disk: a note, and the data prepared without it
     cache = small_disk / "cache"

@@ -155,3 +155,31 @@ def test_a_judge_that_answers_garbage_or_hangs_costs_one_round_per_step(workdir,
     assert "step 1: the judge failed 16 of 16 requests (last: an answer without a score: 'I cannot grade this.')" in err
     assert "step 2: the judge failed 16 of 16 requests (last: APITimeoutError" in err
     assert "judge │ 48 of 64 requests failed (scored failure_score; last: APITimeoutError" in err
+
+
+def test_a_second_ctrl_c_does_not_wait_for_a_hanging_judge(workdir, judge_server):
+    """A judge that hangs: the first Ctrl-C asks for a checkpoint after the step, which waits for the judge; the
+    second stops at once (it waited for every request in flight to time out)."""
+    import os
+    import signal
+
+    from leap_finetune.signals import Stopped
+
+    judge_server.mode, judge_server.hang_s = "hang", 8.0
+    config = _config(workdir, {"base_url": judge_server.url, "timeout_s": 8, "max_failed_steps": 0}, max_steps=3)
+    second = []
+
+    def interrupt():
+        deadline = time.time() + 120
+        while not judge_server.requests and time.time() < deadline:
+            time.sleep(0.05)
+        os.kill(os.getpid(), signal.SIGINT)  # (run_config's handlers, in this process's main thread)
+        time.sleep(2.5)  # (within 2 s the same signal counts as one event delivered twice)
+        second.append(time.time())
+        os.kill(os.getpid(), signal.SIGINT)
+
+    threading.Thread(target=interrupt, daemon=True).start()
+    with pytest.raises(Stopped) as info:
+        run_config(config)
+    assert info.value.at_once and time.time() - second[0] < 3, time.time() - second[0]
+

@@ -68,6 +68,9 @@ def _absolute(file: str, base: Path) -> str:
 
 
 def _check_judge(judge, where: str) -> None:
+    if judge.base_url is not None and not judge.base_url.startswith(("http://", "https://")):
+        raise LeapError(f"rewards.judge.base_url is {judge.base_url!r}: expected an http:// or https:// URL",
+                        where=where, fix=f"write e.g. http://{judge.base_url.split('://')[-1]}")
     if judge.max_score <= judge.min_score:
         raise LeapError(f"rewards.judge.max_score ({judge.max_score}) must be above min_score ({judge.min_score})",
                         where=where, fix="e.g. min_score: 0, max_score: 10")

@@ -433,6 +433,13 @@ def _check_allow_changes(training: dict, where: str, training_type: str) -> None
     if not isinstance(value, list) or not all(isinstance(v, str) and v for v in value):
         raise LeapError(f"training_config.resume_allow_changes is {value!r}", where=where,
                         fix="give a list of training_config keys, e.g. resume_allow_changes: [learning_rate], or [all]")
+    value = list(dict.fromkeys(value))
+    fixed = [v for v in value if v in ("dataset", "model_name", "training_type", "chat_template", "peft_config",
+                                       "retrieval", "loss_on")]
+    if fixed:
+        raise LeapError(f"training_config.resume_allow_changes lists {', '.join(fixed)}: a resume never changes the "
+                        "data, the model or what is trained", where=where,
+                        fix="remove it; to train on other data or another model, start a new run")
     never = [v for v in value if v in RESUME_KEEPS_TRAINING]
     if never:
         raise LeapError(f"training_config.resume_allow_changes lists {', '.join(never)}, which a resume cannot change "

@@ -193,10 +193,33 @@ class SlurmConfig(StrictModel):
     setup: list[str] = Field(default_factory=list, description="Shell lines run first on the head node, e.g. "
                              "[\"module load cuda\", \"source ~/venv/bin/activate\"].")
     ray_start_timeout_s: int = Field(default=600, gt=0, description="How long to wait for every node's GPUs to join.")
-    stop_before_time_limit_s: int = Field(default=300, ge=0, description="#SBATCH --signal=B:TERM@N: this many seconds "
+    stop_before_time_limit_s: int = Field(default=300, ge=0, le=65535, description="#SBATCH --signal=B:TERM@N: this many seconds "
                                           "before the time limit the run is asked to save a checkpoint and stop (SLURM "
                                           "sends it up to 60 s early); 0: no warning, the limit's own SIGTERM leaves "
                                           "the cluster's KillWait to save one.")
+
+
+    @model_validator(mode="after")
+    def _stop_within_the_limit(self) -> "SlurmConfig":
+        limit = slurm_seconds(self.time)
+        if limit is not None and self.stop_before_time_limit_s and self.stop_before_time_limit_s >= limit:
+            raise ValueError(f"stop_before_time_limit_s ({self.stop_before_time_limit_s} s) is not shorter than the "
+                             f"job's time limit ({self.time} = {limit} s): the run would be asked to stop as it "
+                             "starts; give fewer seconds (or 0) or a longer time")
+        return self
+
+
+def slurm_seconds(value: str) -> int | None:
+    """A SLURM time limit in seconds (MM, MM:SS, HH:MM:SS, D-HH, D-HH:MM, D-HH:MM:SS); None when it is not one."""
+    match = re.fullmatch(r"(?:(\d+)-)?(\d+)(?::(\d+))?(?::(\d+))?", value.strip())
+    if not match:
+        return None
+    days, a, b, c = (int(g) if g is not None else None for g in match.groups())
+    if days is not None:  # D-HH[:MM[:SS]]
+        return days * 86400 + a * 3600 + (b or 0) * 60 + (c or 0)
+    if c is not None:  # HH:MM:SS
+        return a * 3600 + b * 60 + c
+    return a * 60 + (b or 0)  # MM[:SS]
 
 
 class GrpoRolloutConfig(StrictModel):
@@ -270,7 +293,7 @@ class JudgeConfig(StrictModel):
     failure_score: float = Field(default=0.0, ge=0, le=1, description="The normalised reward of a completion the "
                                  "judge could not score (timeout, error, no number in its answer); such failures "
                                  "are counted (`judge/failures` in the metrics, the progress line, the run report).")
-    timeout_s: float = Field(default=30, gt=0, description="Per request attempt (a judge that does not answer costs "
+    timeout_s: float = Field(default=30, gt=0, allow_inf_nan=False, description="Per request attempt (a judge that does not answer costs "
                              "a step at most timeout_s x (retries + 1): when the first requests of a step all fail, "
                              "its other completions are not sent).")
     max_concurrency: int = Field(default=8, gt=0, description="Requests in flight at once.")

@@ -113,6 +113,7 @@ def _plan_resume(resolved: ResolvedConfig, root: Path) -> RunPlan:
     given folder, verified file by file; what the resume will clean up; or "already finished"."""
     key = "training_config.resume_from_checkpoint"
     notes: list[str] = []
+    damaged: list = []
     if resolved.resume_from_checkpoint == "latest":
         searched = Path(resolved.output_dir) if resolved.output_dir else root
         run_dir = newest_run(searched)
@@ -151,6 +152,10 @@ def _plan_resume(resolved: ResolvedConfig, root: Path) -> RunPlan:
     check_writable(run_dir, "the run folder")
     marker = read_marker(checkpoint) or {}
     stale = [p for p in checkpoints(run_dir) if step_of(p) > step_of(checkpoint) or read_marker(p) is None]
+    said = {folder.name for folder, _ in damaged}
+    notes += [f"{p.name} " + ("never completed (interrupted while saving)" if read_marker(p) is None
+                              else "is newer than the checkpoint resumed from") + ": it is removed"
+              for p in stale if p.name not in said]
     plan = RunPlan(run_dir, run_dir.name, checkpoint, new_run=False, notes=notes, stale=stale,
                    metrics_bytes=marker.get("metrics_bytes"), trained_seconds=marker.get("trained_seconds", 0.0))
     plan.finished = _finished(resolved, run_dir, checkpoint)

@@ -297,6 +297,7 @@ def disk_errors(run_dir: Path, trainer=None, training: dict | None = None):
         raise
     except BaseException as err:
         step = f" at step {trainer.state.global_step}" if trainer is not None and trainer.state is not None else ""
+        kept = _saved_so_far(run_dir)
         if isinstance(err, (OSError, RuntimeError)) and not run_dir.is_dir():
             raise LeapError(f"the run folder was deleted while the run was training ({step.strip() or 'at its end'}): "
                             "nothing more can be saved", where=str(run_dir),
@@ -304,8 +305,7 @@ def disk_errors(run_dir: Path, trainer=None, training: dict | None = None):
         if is_disk_full(err):
             raise LeapError(f"the disk is full{step}: writing the run folder failed ({type(err).__name__})",
                             where=str(run_dir), fix="free space on that disk (checkpoints: save_total_limit keeps "
-                            "fewer), then resume with training_config.resume_from_checkpoint: latest (complete "
-                            "checkpoints are intact; one cut short by the full disk is never resumed from)") from None
+                            f"fewer), then {kept}") from None
         if isinstance(err, MemoryError) or isinstance(err, RuntimeError) and any(
                 word in str(err) or word == type(err).__name__ for word in OUT_OF_MEMORY):
             t = training or {}
@@ -315,9 +315,19 @@ def disk_errors(run_dir: Path, trainer=None, training: dict | None = None):
             raise LeapError(f"out of {where}{step} ({settings})", where="training_config",
                             fix="lower per_device_train_batch_size (raise gradient_accumulation_steps to keep the "
                             "global batch), lower max_length, set gradient_checkpointing: true, or train LoRA "
-                            "(peft_config); complete checkpoints are intact: resume with resume_from_checkpoint: "
-                            "latest") from None
+                            f"(peft_config); then {kept}") from None
         raise
+
+
+def _saved_so_far(run_dir: Path) -> str:
+    """What to do after the fix: resume from the last complete checkpoint, or run again when there is none."""
+    from leap_finetune.recipes.checkpoints import checkpoints, verify
+
+    complete = [p for p in checkpoints(run_dir) if verify(p).ok] if run_dir.is_dir() else []
+    if complete:
+        return (f"resume with training_config.resume_from_checkpoint: latest (the last complete checkpoint, "
+                f"{complete[-1].name}, is intact; one cut short is never resumed from)")
+    return "run again (no checkpoint was saved yet: nothing to resume)"
 
 
 def train_or_finish(trainer, resume: str | None):

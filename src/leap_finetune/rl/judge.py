@@ -118,12 +118,16 @@ class Judge:
         round of timeouts, not one per completion. (Answers without a score come from a judge that is up: the
         other completions are still sent.)"""
         first = self.config.max_concurrency
-        with ThreadPoolExecutor(max_workers=self.config.max_concurrency) as pool:
+        pool = ThreadPoolExecutor(max_workers=self.config.max_concurrency)
+        try:
             head = list(pool.map(lambda item: self._score(*item), items[:first]))
             if head and all(score is None and server for score, server in head) and len(items) > first:
                 return [None] * len(items)
             return [score for score, _ in head] + [score for score, _ in
                                                      pool.map(lambda item: self._score(*item), items[first:])]
+        finally:
+            # not `with`: interrupted (a second Ctrl-C), the run must not wait for requests in flight to time out
+            pool.shutdown(wait=False, cancel_futures=True)
 
     def __call__(self, completions, prompts=None, solution=None, prompt_text=None, log_metric=None,
                  trainer_state=None, **_) -> list[float]:
