@@ -1,6 +1,7 @@
 #!/usr/bin/env bash
 # Sets up .venv with leap-finetune and its tested dependencies. Idempotent.
 #   bash scripts/setup.sh          # the package (CPU or GPU machine)
+#   TORCH_INDEX_URL=https://download.pytorch.org/whl/cpu bash scripts/setup.sh   # CPU-only torch
 # torch and torchvision are installed first, as a pair built for each other (LFM2-VL's image
 # processor needs torchvision; a torchvision built for another torch fails to import). A later
 # requirement that let pip choose torch itself could pick an unmatched build. To use another torch
@@ -26,8 +27,15 @@ install() {
   fi
   $PIP install "$@"
 }
+# PyPI's torch for Linux x86_64 is the CUDA build (~6.7 GB with its CUDA libraries). A machine without a GPU can
+# take the CPU build (~200 MB) from PyTorch's own index instead:
+#   TORCH_INDEX_URL=https://download.pytorch.org/whl/cpu bash scripts/setup.sh
+TORCH_INDEX=()
+if [ -n "${TORCH_INDEX_URL:-}" ]; then
+  TORCH_INDEX=(--extra-index-url "$TORCH_INDEX_URL")
+fi
 if ! .venv/bin/python -c "import torch" 2>/dev/null; then
-  install "torch==2.14.1" "torchvision==0.29.1"
+  install "${TORCH_INDEX[@]}" "torch==2.14.1" "torchvision==0.29.1"
 fi
 if ! .venv/bin/python -c "import torchvision" 2>/dev/null; then
   echo "note: torchvision is not importable beside this torch: image benchmarks (LFM2-VL) will be unavailable" >&2

@@ -93,14 +93,33 @@ def fact_rows(n: int = 40) -> list[dict]:
     return rows
 
 
-def run_cli(*args: str, cwd: Path, timeout: int = 1200) -> subprocess.CompletedProcess:
-    """The installed CLI as a user runs it (a generous timeout: a loaded 2-core machine is slow)."""
+def hub_cache_with_tiny_model(cache: Path, repo: str) -> Path:
+    """A Hugging Face cache holding `repo` as a download leaves it (refs/main, snapshots/SHA): the tiny
+    tokenizer and config."""
+    import torch
+
+    from leap_finetune.models.tiny import build_tiny_model, load_tiny_tokenizer
+
+    folder = cache / f"models--{repo.replace('/', '--')}"
+    sha = "0" * 40
+    (folder / "refs").mkdir(parents=True)
+    (folder / "refs" / "main").write_text(sha)
+    tokenizer = load_tiny_tokenizer("tiny-lfm2")
+    tokenizer.save_pretrained(folder / "snapshots" / sha)
+    with torch.device("meta"):
+        build_tiny_model("tiny-lfm2", tokenizer).config.save_pretrained(folder / "snapshots" / sha)
+    return cache
+
+
+def run_cli(*args: str, cwd: Path, cpu_s: float = 3600) -> subprocess.CompletedProcess:
+    """The installed CLI as a user runs it, under a watchdog (tests/watchdog.py): it fails when the run hangs,
+    not when a loaded machine makes it slow."""
+    from tests.watchdog import run
+
     env = {**os.environ, "HF_HUB_OFFLINE": "1", "TRANSFORMERS_OFFLINE": "1", "COLUMNS": "200"}
     env.pop("LEAP_FINETUNE_SHOW_WARNINGS", None)
-    return subprocess.run(
-        [sys.executable, "-m", "leap_finetune.cli", *args],
-        cwd=cwd, env=env, capture_output=True, text=True, timeout=timeout,
-    )
+    return run([sys.executable, "-m", "leap_finetune.cli", *args], what=f"leap-finetune {' '.join(args)}",
+               cpu_s=cpu_s, cwd=cwd, env=env)
 
 
 class StopAt(TrainerCallback):

@@ -29,6 +29,7 @@ from leap_finetune.launch.plan import check_resume_matches, plan_run, record_cha
 from leap_finetune.launch.report import config_table, data_report
 from leap_finetune.launch.rl_servers import judge_url, local_servers
 from leap_finetune.launch.servers import running
+from leap_finetune.rl.custom_rewards import check_custom_rewards
 from leap_finetune.rl.judge import check_judge_server
 
 __all__ = ["load_config", "validate_config", "inspect_config", "plan_config", "slurm_config", "run_config",
@@ -50,7 +51,7 @@ def _config(source) -> ResolvedConfig:
     return source if isinstance(source, ResolvedConfig) else load_config(source)
 
 
-def _prepare(resolved: ResolvedConfig, console: Console | None = None, examples: int = 5):
+def _prepare(resolved: ResolvedConfig, console: Console | None = None, examples: int = 5, tokenizer=None):
     from leap_finetune.config.loader import require_dataset
 
     require_dataset(resolved)
@@ -60,7 +61,7 @@ def _prepare(resolved: ResolvedConfig, console: Console | None = None, examples:
     from leap_finetune.models.loading import load_tokenizer
 
     init_kwargs = resolved.training.get("model_init_kwargs")
-    tokenizer = load_tokenizer(resolved.model_id, init_kwargs)
+    tokenizer = tokenizer if tokenizer is not None else load_tokenizer(resolved.model_id, init_kwargs)
     _check_lora_targets(resolved, tokenizer)
     if resolved.retrieval is not None:  # embedding / colbert: no chat template; prompts and lengths per side
         from leap_finetune.data.retrieval_tokens import RetrievalEncoder
@@ -123,11 +124,13 @@ def validate_config(source, *, console: Console | None = None,
         console.print(f"model: {target.name}")
         console.print(f"benchmarks: {', '.join(f'{b.name} ({len(b.items)} rows)' for b in benchmarks)}")
         return None
-    _, _, prepared = _prepare(resolved, console)
+    tokenizer, _, prepared = _prepare(resolved, console)
     _check_training_arguments(resolved, has_eval=bool(prepared.eval))
     plan = plan_run(resolved, outputs_root=Path(outputs_root) if outputs_root else None)
     check_rollout_engine(resolved)  # vLLM installed where use_vllm says so (plan does not need it)
     check_judge_server(resolved, console)  # an external judge answers (and serves its model)
+    if plan.finished is None:  # (a finished run trains nothing: the user's code is not run for it)
+        check_custom_rewards(resolved, prepared, tokenizer, console)  # called once on the first rows
     devices = device_plan(resolved)
     check_generation_batch(resolved, devices.workers)
     _check_async_eval(resolved, devices)
@@ -167,15 +170,26 @@ def _print_plan_notes(console: Console, plan) -> None:
 def plan_config(source, *, gpus: int | None = None, nodes: int | None = None) -> dict:
     """What a run would do - devices, workers, batches, steps, every process with its command and
     CUDA_VISIBLE_DEVICES - without starting anything; `gpus` / `nodes` plan for another machine. The
-    config and every row are validated first (steps per epoch need the data)."""
+    config and every row are validated first (steps per epoch need the data). The model is never loaded nor
+    downloaded: token counts need its tokenizer, so without it here (not in the Hugging Face cache, a folder of
+    another machine) the rows are checked and counted without tokens, and the plan says why."""
+    from leap_finetune.config.loader import require_dataset
+    from leap_finetune.data.prepare import count_rows
     from leap_finetune.launch.show import plan_report
+    from leap_finetune.models.loading import tokenizer_at_hand
 
     resolved = _config(source)
-    _, _, prepared = _prepare(resolved)
+    require_dataset(resolved)
+    tokenizer, no_tokens = tokenizer_at_hand(resolved.model_id, resolved.training.get("model_init_kwargs"))
+    if tokenizer is not None:
+        _, _, prepared = _prepare(resolved, tokenizer=tokenizer)
+    else:
+        _check_benchmarks(resolved)
+        prepared = count_rows(resolved)
     _check_training_arguments(resolved, has_eval=bool(prepared.eval))
     devices = device_plan(resolved, gpus=gpus, nodes=nodes)
     check_generation_batch(resolved, devices.workers)  # vLLM need not be installed to plan
-    return plan_report(resolved, devices, prepared)
+    return plan_report(resolved, devices, prepared, no_tokens=no_tokens)
 
 
 def slurm_config(source, *, nodes: int | None = None, gpus_per_node: int | None = None, submit: bool = False,
@@ -186,7 +200,7 @@ def slurm_config(source, *, nodes: int | None = None, gpus_per_node: int | None 
     from leap_finetune.config.schema import SlurmConfig
     from leap_finetune.launch.devices import plan_devices
     from leap_finetune.launch.plan import outputs_folder
-    from leap_finetune.launch.slurm import check_with_sbatch, submit as submit_job, write_script
+    from leap_finetune.launch.slurm import check_job_resources, check_with_sbatch, submit as submit_job, write_script
 
     console = _console(console)
     resolved = _config(source)
@@ -195,8 +209,9 @@ def slurm_config(source, *, nodes: int | None = None, gpus_per_node: int | None 
     _, _, prepared = _prepare(resolved)
     _check_training_arguments(resolved, has_eval=bool(prepared.eval))
     where = resolved.config_path or "config"
-    plan_devices(gpus=slurm.gpus_per_node, nodes=slurm.nodes, num_workers=resolved.ray.num_workers if resolved.ray
-                 else None, fsdp=bool(resolved.training.get("fsdp")), where=where)
+    devices = plan_devices(gpus=slurm.gpus_per_node, nodes=slurm.nodes, num_workers=resolved.ray.num_workers
+                           if resolved.ray else None, fsdp=bool(resolved.training.get("fsdp")), where=where)
+    check_job_resources(resolved, devices, where)
     script = write_script(resolved, slurm, outputs_folder(resolved) / "slurm")
     report = {"script": str(script), "log": str(script.parent / "slurm-<job id>.out")}
     if submit:
@@ -244,6 +259,8 @@ def _run(source, console, callbacks, outputs_root, log) -> dict:
     plan = plan_run(resolved, outputs_root=Path(outputs_root) if outputs_root else None)
     check_rollout_engine(resolved)  # vLLM installed where use_vllm says so (plan does not need it)
     check_judge_server(resolved, console)  # an external judge answers (and serves its model)
+    if plan.finished is None:  # (a finished run trains nothing: the user's code is not run for it)
+        check_custom_rewards(resolved, prepared, tokenizer, console)  # called once on the first rows
     devices = device_plan(resolved)
     check_generation_batch(resolved, devices.workers)
     _check_async_eval(resolved, devices)

@@ -4,10 +4,13 @@ chat template the run trained with and its LoRA adapter over the base model."""
 from __future__ import annotations
 
 import sys
+from pathlib import Path
 
 from rich.console import Console
 
-from leap_finetune.models.trained import chat_template_text, find_trained, load_trained
+from leap_finetune.errors import LeapError
+from leap_finetune.models.trained import (RETRIEVAL, chat_template_text, find_trained, load_trained, retrieval_type,
+                                          unmerged_lora)
 
 HELP = "/reset starts a new conversation, /exit (or Ctrl-D) ends"
 
@@ -25,6 +28,27 @@ def answer(model, tokenizer, template: str | None, messages: list[dict], *, max_
     return tokenizer.decode(output[0, inputs["input_ids"].shape[1]:], skip_special_tokens=True).strip()
 
 
+def refuse_retrieval(source: str, trained) -> None:
+    """An embedding or ColBERT model encodes texts and generates none: loaded as a causal LM it would fail
+    or answer nothing, so it is refused before anything loads."""
+    kind = retrieval_type(trained)
+    if kind is None:
+        return
+    cls = "MultiVectorEncoder" if kind == "colbert" else "SentenceTransformer"
+    if trained.adapter_dir is not None:  # (the backbone's LoRA weights alone: the run's model/ has them merged)
+        folder, first = str(trained.adapter_dir.parent / "model"), ""
+    elif unmerged_lora(Path(trained.model_id)):
+        folder = str(Path(trained.model_id).with_name(Path(trained.model_id).name + "-export"))
+        first = f"`leap-finetune export {trained.model_id} --output {folder}` (the adapter merged), then "
+    else:
+        folder, first = trained.model_id, ""
+    raise LeapError(f"this is {RETRIEVAL[kind]}, trained with training_type: {kind}; chat generates text and needs "
+                    "a causal language model (sft, dpo, kto or grpo)", where=source,
+                    fix=f"{first}encode with sentence-transformers: `from sentence_transformers import {cls}; "
+                    f"{cls}({folder!r}).encode([\"your query\"])`, or score it with `leap-finetune eval CONFIG` "
+                    "(checkpoint: the run folder, evals.benchmarks with metric: retrieval; README \"Retrieval\")")
+
+
 def chat(source: str, *, prompt: str | None = None, system: str | None = None, max_new_tokens: int = 256,
          temperature: float = 0.0, console: Console | None = None) -> str | None:
     """One answer to `prompt` (returned), or an interactive conversation on the terminal."""
@@ -32,6 +56,7 @@ def chat(source: str, *, prompt: str | None = None, system: str | None = None, m
 
     console = console or Console(stderr=True)
     trained = find_trained(source)
+    refuse_retrieval(source, trained)
     model, tokenizer = load_trained(trained, dtype=torch.bfloat16 if torch.cuda.is_available() else torch.float32)
     if torch.cuda.is_available():
         model = model.to("cuda")

@@ -5,6 +5,7 @@ from __future__ import annotations
 import functools
 import json
 import os
+import shlex
 import sys
 from pathlib import Path
 
@@ -76,7 +77,19 @@ def _config_arg():
 def _set_option():
     return typer.Option(None, "--set", metavar="KEY=VALUE",
                         help="Override a value of the YAML (repeatable), e.g. --set training_config.learning_rate=1e-4 "
-                        "--set dataset.limit=1000; list items as dataset[1].weight=2. Checked like the file.")
+                        "--set dataset.limit=1000; list items as 'dataset[1].epochs=2' or dataset.1.epochs=2; values as in "
+                        "YAML ('evals.benchmarks=[]'). Checked like the file.")
+
+
+def _no_config_set_option():
+    """--set on a command that reads no config: accepted by the parser so that the refusal can say why."""
+    return typer.Option(None, "--set", hidden=True, metavar="KEY=VALUE")
+
+
+def _refuse_set(sets: list[str] | None, command: str, instead: str) -> None:
+    if sets:
+        raise LeapError(f"`{command}` reads no config, so --set has no value to override", where="--set",
+                        fix=f"{instead}; --set overrides a config's values on run, validate, inspect, plan, eval and slurm")
 
 
 def _source(config: Path, sets: list[str] | None):
@@ -121,7 +134,8 @@ def plan(
     sets: list[str] = _set_option(),
 ) -> None:
     """Show what a run would do - which GPU does what, workers, batch sizes, steps, and every process
-    with its command and CUDA_VISIBLE_DEVICES - without starting anything."""
+    with its command and CUDA_VISIBLE_DEVICES - without starting anything or loading the model (tokens are
+    counted when its tokenizer is here: built in, a folder, the Hugging Face cache)."""
     from leap_finetune.api import plan_config
 
     report = plan_config(_source(config, sets), gpus=gpus, nodes=nodes)
@@ -242,6 +256,7 @@ def init(
     training_type: str = typer.Option("sft", "--type", "-t", help="sft, dpo, kto, grpo, embedding or colbert."),
     model: str = typer.Option("tiny-lfm2", "--model", help="The model to fine-tune (a Hub id, LFM2-1.2B, a folder)."),
     force: bool = typer.Option(False, "--force", help="Replace the file if it exists."),
+    sets: list[str] = _no_config_set_option(),
 ) -> None:
     """Write a commented starter config for a training type, linked to the config's JSON schema for
     completion and checking in your editor."""
@@ -249,6 +264,8 @@ def init(
     from leap_finetune.config.starters import schema_path, starter
     from leap_finetune.config.suggest import did_you_mean
 
+    _refuse_set(sets, "init", f"write the starter, then edit it or give --set to the command that reads it, e.g. "
+                f"leap-finetune validate {output} --set {shlex.quote(sets[0]) if sets else 'KEY=VALUE'}")
     if training_type not in TRAINING_TYPES:
         raise LeapError(f"unknown training type '{training_type}'", where="--type",
                         fix=(did_you_mean(training_type, TRAINING_TYPES) + " " if did_you_mean(training_type, TRAINING_TYPES)
@@ -275,9 +292,12 @@ def chat_command(
     system: str = typer.Option(None, "--system", help="A system message first."),
     max_new_tokens: int = typer.Option(256, "--max-new-tokens", min=1, help="Answer length limit."),
     temperature: float = typer.Option(0.0, "--temperature", min=0.0, help="0: greedy (the default)."),
+    sets: list[str] = _no_config_set_option(),
 ) -> None:
     """Chat with a trained model in the terminal (its LoRA adapter over the base model, the chat template
-    it was trained with); --prompt for a single answer on stdout."""
+    it was trained with); --prompt for a single answer on stdout. Not for embedding or ColBERT models."""
+    _refuse_set(sets, "chat", "chat talks to a trained model as it is; its settings are options (--system, "
+                "--temperature, --max-new-tokens: leap-finetune chat --help)")
     from leap_finetune.chat import chat
 
     reply = chat(model, prompt=prompt, system=system, max_new_tokens=max_new_tokens, temperature=temperature)
@@ -292,9 +312,13 @@ def export(
     merge: bool = typer.Option(False, "--merge", help="Merge a LoRA adapter into its base model: a full model."),
     output: Path = typer.Option(None, "--output", "-o", help="The folder to write (default: export/ or "
                                 "export-merged/ inside the given folder)."),
+    sets: list[str] = _no_config_set_option(),
 ) -> None:
     """Write a trained model as a folder of its own (model, tokenizer, the chat template it trained with);
-    --merge merges a LoRA adapter into its base for vLLM, llama.cpp (GGUF) or plain transformers."""
+    --merge merges a LoRA adapter into its base for vLLM, llama.cpp (GGUF) or plain transformers. An embedding
+    or ColBERT model is written as a sentence-transformers folder, always merged."""
+    _refuse_set(sets, "export", "export writes a trained model as it is (its options: --merge, --output); to train "
+                "with other values, give --set to run")
     from leap_finetune.export import export_model
 
     export_model(model, merge=merge, output=output)

@@ -1,5 +1,7 @@
 """`leap-finetune export`: a trained model as a folder of its own, ready for transformers, vLLM or a GGUF
 conversion - with `--merge`, a LoRA adapter merged into its base model (what vLLM and llama.cpp load best).
+An embedding or ColBERT model is exported as a sentence-transformers folder (its pooling, projection and
+prompts kept), always merged.
 
 Written to a temporary folder beside the target and renamed into place: an interrupted export leaves
 nothing half-written.
@@ -13,7 +15,7 @@ from pathlib import Path
 from rich.console import Console
 
 from leap_finetune.errors import LeapError
-from leap_finetune.models.trained import chat_template_text, find_trained, load_trained
+from leap_finetune.models.trained import chat_template_text, find_trained, load_trained, retrieval_type
 
 
 def export_model(source: str, *, merge: bool = False, output: str | Path | None = None,
@@ -27,6 +29,9 @@ def export_model(source: str, *, merge: bool = False, output: str | Path | None 
     if output.exists() and any(output.iterdir()):
         raise LeapError("the output folder exists and is not empty", where=str(output),
                         fix="choose another --output, or remove the folder")
+    kind = retrieval_type(trained)
+    if kind is not None:
+        return _export_encoder(trained, kind, merge, output, console)
     if trained.adapter_dir is not None and not merge:
         _stage(output, lambda path: shutil.copytree(trained.adapter_dir, path))
         console.print(f"exported the LoRA adapter {trained.adapter_dir} (over {trained.model_id}) to {output}; "
@@ -48,6 +53,28 @@ def export_model(source: str, *, merge: bool = False, output: str | Path | None 
     what = f"{trained.adapter_dir} merged into {trained.model_id}" if trained.adapter_dir else trained.model_id
     console.print(f"exported {what} to {output} (a full model: AutoModelForCausalLM.from_pretrained, vLLM, or a "
                   "GGUF conversion; README \"Export\")")
+    return output
+
+
+def _export_encoder(trained, kind: str, merge: bool, output: Path, console: Console) -> Path:
+    """A sentence-transformers folder (SentenceTransformer / MultiVectorEncoder loads it): a LoRA run's
+    checkpoint is merged whether or not --merge is given - the sentence-transformers this release pins loads no
+    separate adapter, and the adapter alone would lose the pooling and a trained projection."""
+    from leap_finetune.quiet import quiet_libraries
+    from leap_finetune.recipes.retrieval import load_encoder
+
+    if trained.adapter_dir is not None:
+        raise LeapError(f"the adapter of a {kind} run holds the backbone's LoRA weights only, not the model's pooling "
+                        "or its trained projection", where=str(trained.adapter_dir),
+                        fix="export the run folder (its model/ has the adapter merged) or one of its checkpoint-N")
+    quiet_libraries()
+    model, merged = load_encoder(Path(trained.model_id), trained.run_config, kind)
+    _stage(output, lambda path: model.save_pretrained(str(path), create_model_card=False))
+    cls = "MultiVectorEncoder" if kind == "colbert" else "SentenceTransformer"
+    note = " (the LoRA adapter merged: a retrieval model is always exported merged)" if merged and not merge else \
+        " (the LoRA adapter merged)" if merged else ""
+    console.print(f"exported the {kind} model {trained.model_id}{note} to {output} (a sentence-transformers folder: "
+                  f"{cls}({str(output)!r}); README \"Retrieval\")", markup=False)
     return output
 
 

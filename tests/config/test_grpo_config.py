@@ -65,12 +65,54 @@ def test_the_grpo_defaults(tmp_path):
     (dict(grpo_rollout={"judge_gpus": 1}), ["judge_gpus is 1, but no local judge is configured"]),
     (dict(grpo_rollout={"sever_gpus": 1}), ["sever_gpus", "server_gpus"]),
     (dict(training_config={"beta": -1}), ["beta is -1", ">= 0"]),
+    # rewards: what each entry and weight must be (issue 24)
+    (dict(rewards=[42]), ["rewards[0] is 42: expected a reward's name", "rewards: [accuracy]"]),
+    (dict(rewards={"funcs": ["accuracy", 4.5]}), ["rewards.funcs[1] is 4.5: expected a reward's name"]),
+    (dict(rewards=["my_rewards:score"]), ["'my_rewards:score': a custom reward is named by its file and function",
+                                          "write ./my_rewards.py::score"]),
+    (dict(rewards={"funcs": ["accuracy"], "weights": [0]}),
+     ["every reward's weight is 0 (rewards.weights: [0])", "a weight of 0 for one reward is fine when another is not 0"]),
+    (dict(rewards={"judge": {"model": "m", "base_url": "http://x/v1", "weight": 0}}),
+     ["every reward's weight is 0 (rewards.judge.weight: 0, the only reward)"]),
+    (dict(rewards={"funcs": ["accuracy"], "weights": [float("nan")]}),
+     ["rewards.weights[0] is .nan: expected a finite number"]),
+    (dict(rewards={"funcs": ["accuracy", "tool_call_valid"], "weights": [1, float("inf")]}),
+     ["rewards.weights[1] is .inf: expected a finite number"]),
+    (dict(rewards={"funcs": ["accuracy"], "weights": [True]}), ["rewards.weights[0] is true: expected a finite number"]),
+    (dict(rewards={"funcs": ["accuracy"], "weights": [1, 2], "judge": {"model": "m", "base_url": "http://x/v1",
+                                                                       "weight": 2}}),
+     ["the judge's weight is given twice", "keep one"]),
+    # the judge's numbers: key, value, expected range; booleans are not numbers
+    (dict(rewards={"judge": {"model": "m", "base_url": "http://x/v1", "max_failed_steps": True}}),
+     ["rewards.judge.max_failed_steps is true: expected a whole number >= 0",
+      "give rewards.judge.max_failed_steps a whole number >= 0"]),
+    (dict(rewards={"judge": {"model": "m", "base_url": "http://x/v1", "timeout_s": -1}}),
+     ["rewards.judge.timeout_s is -1: expected a number > 0"]),
+    (dict(rewards={"judge": {"model": "m", "base_url": "http://x/v1", "retries": 1.5}}),
+     ["rewards.judge.retries is 1.5: expected a whole number >= 0"]),
+    (dict(rewards={"judge": {"model": "m", "base_url": "http://x/v1", "failure_score": 2}}),
+     ["rewards.judge.failure_score is 2: expected a number from 0 to 1"]),
+    (dict(rewards={"judge": {"model": "m", "base_url": "http://x/v1", "max_score": float("inf")}}),
+     ["rewards.judge.max_score is .inf: expected a finite number"]),
+    (dict(training_config={"reward_weights": [1.0]}), ["training_config.reward_weights is decided by leap-finetune",
+                                                        "set rewards.weights"]),
+    (dict(grpo_rollout={"judge_port": True}), ["grpo_rollout.judge_port is true: expected a whole number from 1 to "
+                                                "65535"]),
     (dict(training_config={"cache_implementation": "statc"}), ["cache_implementation is 'statc'", "use static"]),
 ])
 def test_grpo_mistakes_are_caught_at_validate(tmp_path, overrides, expected):
     message = _error(tmp_path, _config(**overrides))
     for text in expected:
         assert text in message, message
+
+
+def test_one_reward_name_is_a_list_of_one_and_a_zero_weight_beside_another_is_kept(tmp_path):
+    from leap_finetune.config.grpo import reward_weights
+
+    assert load_config(write_config(tmp_path, _config(rewards="accuracy"))).rewards.funcs == ["accuracy"]
+    resolved = load_config(write_config(tmp_path, _config(rewards={"funcs": ["accuracy", "tool_call_valid"],
+                                                                   "weights": [0, 1.5]})))
+    assert reward_weights(resolved.rewards) == [0.0, 1.5]
 
 
 def test_grpo_blocks_belong_to_grpo(tmp_path):
@@ -171,9 +213,8 @@ def test_the_issue_block_plans_for_1_to_8_gpus(tmp_path, gpus):
     if gpus < 3:
         with pytest.raises(LeapError) as info:
             device_plan(resolved, gpus=gpus)
-        expected = (f"requests 1 server + 1 judge + 0 eval + {gpus - 2} training GPU(s), but {gpus}" if gpus == 1 else
-                    "reserves 2 of the 2 visible GPU(s) for servers (server 1, judge 1, eval 0): none is left for training")
-        assert expected in info.value.format()
+        assert (f"the plan needs 3 GPU(s): 1 for the rollout server (grpo_rollout.server_gpus), 1 for the judge "
+                f"(grpo_rollout.judge_gpus), at least 1 for training; {gpus} ") in info.value.format()
         return
     plan = device_plan(resolved, gpus=gpus)
     assert (plan.server, plan.judge, plan.training) == ([0], [1], list(range(2, gpus)))

@@ -242,7 +242,7 @@ def test_the_specs_async_eval_block_parses_in_every_mode_and_its_mistakes_are_er
         resolved = load_config(write_config(folder, tiny_config(evals=evals, async_eval={**block, "mode": mode})))
         assert resolved.async_eval.mode == mode and resolved.async_eval.sbatch.extra_args == ["--qos=eval"]
     sidecar = {**block, "vllm_gpus": 0}
-    assert "has no evals: block" in _error(folder, tiny_config(async_eval=sidecar))
+    assert "has no benchmarks (no evals: block" in _error(folder, tiny_config(async_eval=sidecar))
     multi_node = _error(folder, tiny_config(evals=evals, async_eval={**sidecar, "mode": "reserved"},
                                             slurm={"nodes": 2}))
     assert "slurm.nodes is 2" in multi_node and "use mode: sidecar" in multi_node

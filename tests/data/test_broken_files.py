@@ -137,6 +137,10 @@ def test_limit_and_test_size_and_val_path(tmp_path):
     prepared = validate_config(tiny_config(dataset={"path": str(tmp_path / "train.jsonl"), "val_path": str(tmp_path / "val.jsonl")}))
     assert (len(prepared.train), len(prepared.eval)) == (50, 7)
     assert "v0" in row_texts(prepared.eval)[0]
+    # the report counts each file's rows apart: the held-out file's are not read from the training file
+    [source] = prepared.sources
+    assert (source.rows_read, source.valid, source.train_rows, source.eval_rows) == (50, 50, 50, 7)
+    assert (source.val_path, source.val_rows_read, source.val_valid) == (str(tmp_path / "val.jsonl"), 7, 7)
 
 
 def test_unreachable_hub_dataset_is_a_clear_error(tmp_path):

@@ -320,7 +320,7 @@ def test_errors_name_the_source_and_entry(tmp_path):
     assert info.value.problems[0].file == second and info.value.problems[0].location == "line 6"
     for entry, message in (
         ([{"path": first, "weight": 1}, {"path": second}], "some sources have a weight and some do not (dataset[1])"),
-        ([{"path": first}, {"path": second, "weight": -1}], "dataset[1].weight: Input should be greater than 0"),
+        ([{"path": first}, {"path": second, "weight": -1}], "dataset[1].weight is -1: expected a number > 0"),
         ([{"path": first}, {"path": second, "epochs": 2, "weight": 1}], "either weight"),
         ([{"path": first}, {"path": second, "limt": 2}], "unknown key 'limt' in dataset[1]"),
         ([], "'dataset:' is an empty list"),
@@ -333,9 +333,64 @@ def test_errors_name_the_source_and_entry(tmp_path):
     config["dataset"] = {"path": first, "weight": 2}
     with pytest.raises(LeapError, match="share of several sources"):
         load_config(config)
-    config["dataset"] = [{"path": first, "epochs": 0.01}, {"path": first}]  # 5 rows x 0.01: none trained
+    config["dataset"] = [{"path": first, "epochs": 0.01}, {"path": second, "limit": 5}]  # 5 rows x 0.01: none trained
     with pytest.raises(LeapError, match=r"epochs 0.01 takes 0 of this source's 5 training rows"):
         _validate(config)
+
+
+def test_mixing_numbers_are_finite_and_a_source_is_listed_once(tmp_path):
+    """`weight: .inf` was a traceback (NaN shares) in validate and run; a source listed twice trained every row twice
+    without a word (and the rows one entry held out were trained by the other)."""
+    from tests.conftest import invoke
+
+    first, second = _sources(tmp_path, (6, 6))
+    config = tiny_config(data=first)
+    for entry, message, fix in (
+        ({"weight": float("inf")}, "dataset[1].weight is .inf: expected a finite number > 0", "weight: 2 trains twice"),
+        ({"weight": 0}, "dataset[1].weight is 0: expected a number > 0", "to leave the source out, remove it"),
+        ({"weight": True}, "dataset[1].weight is true", "finite number > 0"),
+        ({"epochs": float("inf")}, "dataset[1].epochs is .inf: expected a finite number > 0", "2 repeats each row"),
+        ({"test_size": float("inf")}, "dataset[1].test_size is .inf: expected a finite number > 0", None),
+    ):
+        weights = {"weight": 1} if "weight" in entry else {}
+        config["dataset"] = [{"path": first, **weights}, {"path": second, **entry}]
+        with pytest.raises(LeapError) as info:
+            load_config(config)
+        assert message in info.value.message and f"(source: {second})" in info.value.message, info.value.format()
+        assert fix is None or fix in info.value.fix
+    config["dataset"] = [{"path": first, "weight": "1e308"}, {"path": second, "weight": 1e308}]  # (inf in all)
+    prepared, _ = _validate(config)
+    assert [source.used_rows for source in prepared.sources] == [6, 6]
+    (tmp_path / "inf.yaml").write_text(f"model_name: tiny-lfm2\ndataset:\n  - {{path: {first}, weight: .inf}}\n"
+                                       f"  - {{path: {second}, weight: 1}}\n")
+    for command in ("validate", "run"):
+        result = invoke(command, str(tmp_path / "inf.yaml"), cwd=tmp_path)
+        assert result.returncode == 2 and "dataset[0].weight is .inf" in result.stderr, result.stderr
+
+    folder = tmp_path / "sources"
+    folder.mkdir()
+    inside = str(write_jsonl(folder / "more.jsonl", [chat("q", "a")]))
+    hub = {"path": "org/chats", "subset": "en"}
+    for sources, overlap, held_out in (
+        ([{"path": first, "test_size": 2}, {"path": "./" + os.path.relpath(first), "limit": 3}], first, True),
+        ([{"path": inside}, {"path": str(folder)}], f"{inside} is in the folder {folder}", False),
+        ([{**hub, "split": "train"}, {**hub, "split": "train[:10%]"}], "org/chats, subset en, split train[:10%]", False),
+    ):
+        config["dataset"] = sources
+        with pytest.raises(LeapError) as info:
+            load_config(config)
+        assert f"dataset[1] reads the rows of dataset[0] ({overlap}): they would be trained twice per epoch" in \
+            info.value.message and ("holds out for evaluation" in info.value.message) == held_out
+        assert "weight: 2" in info.value.fix and "epochs: 2" in info.value.fix
+    (folder / "sub").mkdir()
+    nested = str(write_jsonl(folder / "sub" / "nested.jsonl", [chat("q", "a")]))
+    for sources in ([{**hub, "split": "train"}, {**hub, "split": "test"}],
+                    [{"path": str(folder)}, {"path": str(folder / "sub")}],  # a folder source reads no sub-folder
+                    [{"path": str(folder)}, {"path": nested}],
+                    [{**hub, "split": "train[:50%]"}, {**hub, "split": "train[50%:]"}],
+                    [hub, {"path": "org/chats", "subset": "fr"}], [{"path": first}, {"path": second}]):
+        config["dataset"] = sources
+        load_config(config)  # other rows: accepted
 
 
 def test_inspect_shows_the_first_training_rows_in_full(tmp_path):

@@ -10,6 +10,7 @@ from leap_finetune.models.tiny import load_tiny_tokenizer
 import pytest
 
 from tests.conftest import EXAMPLES, chat, invoke, run_cli, tiny_config, write_config, write_jsonl
+from tests.watchdog import Watchdog, communicate, wait_until
 
 
 @pytest.mark.slow
@@ -132,7 +133,6 @@ def test_ctrl_c_saves_a_checkpoint_and_the_run_resumes_to_the_same_losses(workdi
     import signal
     import subprocess
     import sys
-    import time
 
     from tests.conftest import fact_rows
 
@@ -145,17 +145,13 @@ def test_ctrl_c_saves_a_checkpoint_and_the_run_resumes_to_the_same_losses(workdi
     env = {**__import__("os").environ, "HF_HUB_OFFLINE": "1"}
     proc = subprocess.Popen([sys.executable, "-m", "leap_finetune.cli", str(config)], cwd=workdir, env=env,
                             stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
-    deadline = time.time() + 600
-    metrics = None
-    while time.time() < deadline:
+    def trained_5_steps():
         found = list((workdir / "outputs" / "int").glob("*/metrics.jsonl"))
-        if found and found[0].read_text().count('"loss"') >= 5:
-            metrics = found[0]
-            break
-        time.sleep(0.05)
-    assert metrics is not None, "training never started"
+        return found[0] if found and found[0].read_text().count('"loss"') >= 5 else None
+
+    metrics = wait_until(trained_5_steps, Watchdog(proc.pid, what="the run"), proc=proc)
     proc.send_signal(signal.SIGINT)
-    _, stderr = proc.communicate(timeout=600)
+    _, stderr = communicate(proc)
     assert proc.returncode == 128 + signal.SIGINT, stderr[-2000:]
     assert "checkpoint saved" in stderr and "Traceback" not in stderr
     run_dir = metrics.parent
@@ -188,5 +184,61 @@ def test_hub_model_offline_and_not_cached_is_a_clear_error(workdir):
     write_jsonl(workdir / "train.jsonl", [chat("q", "a")])
     result = invoke("validate", str(write_config(workdir, tiny_config(model_name="LFM2-350M"))), cwd=workdir)
     assert result.returncode == 2
-    assert "cannot load the tokenizer 'LiquidAI/LFM2-350M' (offline mode, and it is not in the Hugging Face cache)" in result.stderr
+    assert ("cannot load the tokenizer 'LiquidAI/LFM2-350M': it is not in the Hugging Face cache, and the Hub cannot "
+            "be used (HF_HUB_OFFLINE=1)") in result.stderr
     assert "Traceback" not in result.stderr
+
+
+OFFLINE_SCRIPT = """
+import json, sys, time
+from leap_finetune.cli import main
+timings = {}
+for name, args in (("plan", ["plan", sys.argv[1], "--gpus", "4"]), ("validate", ["validate", sys.argv[1]]),
+                   ("cached", ["validate", sys.argv[3]])):
+    started = time.monotonic()
+    try:
+        main(args)
+        code = 0
+    except SystemExit as exit_:
+        code = exit_.code or 0
+    print(f"==== {name} done", flush=True)
+    print(f"==== {name} done", file=sys.stderr, flush=True)
+    timings[name] = {"code": code, "seconds": time.monotonic() - started}
+open(sys.argv[2], "w").write(json.dumps(timings))
+"""
+
+
+def test_plan_and_validate_with_no_network_and_hf_hub_offline_unset(tmp_path):
+    """Was: `plan examples/grpo_lfm2.yaml --gpus 4` exited 2 after 93 s of Hub retries (it loaded the tokenizer),
+    and validate spent as long. The Hub here is a port nobody listens on, HF_HUB_OFFLINE unset; the cache holds
+    only leap-test/tiny-cached, which validates from it."""
+    import os
+    import sys
+
+    from tests.conftest import hub_cache_with_tiny_model
+    from tests.watchdog import run
+
+    hub_cache_with_tiny_model(tmp_path / "hf" / "hub", "leap-test/tiny-cached")
+    write_jsonl(tmp_path / "train.jsonl", [chat("q", "a")] * 4)
+    cached = write_config(tmp_path, tiny_config(model_name="leap-test/tiny-cached"))
+    env = {k: v for k, v in os.environ.items() if k not in ("HF_HUB_OFFLINE", "TRANSFORMERS_OFFLINE")}
+    env.update(HF_ENDPOINT="http://127.0.0.1:9", HF_HOME=str(tmp_path / "hf"), COLUMNS="200")
+    result = run([sys.executable, "-c", OFFLINE_SCRIPT, str(EXAMPLES / "grpo_lfm2.yaml"), str(tmp_path / "t.json"),
+                  str(cached)], what="plan + validate offline", cpu_s=600, cwd=tmp_path, env=env)
+    assert (tmp_path / "t.json").exists(), result.stderr[-3000:]
+    timings = json.loads((tmp_path / "t.json").read_text())
+    plan_out = result.stdout.split("==== plan done")[0]
+    validate_err = result.stderr.split("==== plan done")[1].split("==== validate done")[0]
+    assert timings["plan"]["code"] == 0, result.stderr[-3000:]
+    text = " ".join(plan_out.split())
+    assert "rollout server (trl vllm-serve)" in text and "training worker rank 1" in text
+    assert "tokens: not counted (the tokenizer of LiquidAI/LFM2-1.2B is not in the Hugging Face cache, and plan does " \
+           "not download it" in text
+    assert timings["validate"]["code"] == 2
+    assert ("cannot load the tokenizer 'LiquidAI/LFM2-1.2B': it is not in the Hugging Face cache, and the Hub cannot be "
+            "used (http://127.0.0.1:9 cannot be reached") in validate_err
+    # huggingface_hub's retries sleep 1+2+4+8+8 = 23 s at least (the bound is those sleeps, not a guess of this
+    # machine's speed: after plan's imports validate itself needs a second or two)
+    assert timings["validate"]["seconds"] < 23 and "Retrying" not in result.stderr, timings
+    assert timings["cached"]["code"] == 0, result.stderr.split("==== validate done")[1]
+    assert timings["cached"]["seconds"] < 23, timings  # (read from the cache at once, not after the retries)

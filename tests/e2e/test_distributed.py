@@ -13,6 +13,7 @@ import pytest
 
 from leap_finetune.api import run_config
 from tests.conftest import fact_rows, tiny_config, write_config, write_jsonl
+from tests.watchdog import Watchdog, communicate, ray_workers, wait_until
 
 STEPS = {"max_steps": 4, "logging_steps": 1, "save_steps": 4, "learning_rate": 2e-3, "warmup_steps": 0}
 
@@ -105,6 +106,7 @@ def test_retrieval_on_two_workers_trains_like_one_worker_with_the_whole_batch(wo
     two = run_config(config("two", 8, workers=2))
     _same(_losses(two), _losses(one), rel=1e-3)
     assert two["ndcg@10"] == pytest.approx(one["ndcg@10"], abs=1e-6)
+    assert two["tokens_seen"] == one["tokens_seen"] > 0  # every worker's texts counted (gathered), none twice
 
 
 @pytest.mark.slow
@@ -152,14 +154,12 @@ def test_a_killed_worker_ends_the_run_with_its_rank_and_leaves_a_resumable_check
     env = {**os.environ, "HF_HUB_OFFLINE": "1", "TRANSFORMERS_OFFLINE": "1"}
     proc = subprocess.Popen([sys.executable, "-m", "leap_finetune.cli", str(config)], cwd=workdir, env=env,
                             stdout=subprocess.DEVNULL, stderr=subprocess.PIPE, text=True)
-    deadline = time.time() + 600
-    while time.time() < deadline and not list((workdir / "outputs" / "killed").glob(f"*/checkpoint-*/{MARKER}")):
-        assert proc.poll() is None, proc.stderr.read()[-3000:]
-        time.sleep(0.2)
+    watchdog = Watchdog(lambda: [proc.pid, *ray_workers()], what="the 2-worker run")
+    wait_until(lambda: list((workdir / "outputs" / "killed").glob(f"*/checkpoint-*/{MARKER}")), watchdog, proc=proc)
     workers = [p for p in psutil.process_iter(["cmdline"]) if "RayTrainWorker" in " ".join(p.info["cmdline"] or [])]
     assert workers, "no Ray Train worker process found"
     workers[-1].send_signal(signal.SIGKILL)
-    _, stderr = proc.communicate(timeout=300)
+    _, stderr = communicate(proc)
     assert proc.returncode == 1, stderr[-3000:]
     assert "error: worker rank" in stderr and "failed" in stderr and "resume with" in stderr, stderr[-3000:]
     assert "Traceback" not in stderr.split("error: worker rank")[-1]
@@ -245,19 +245,18 @@ def test_ctrl_c_checkpoints_a_ray_run_and_a_killed_driver_takes_its_workers_with
         here = {k: v for k, v in env.items() if k != "RAY_ADDRESS"} if local else env
         proc = subprocess.Popen([sys.executable, "-m", "leap_finetune.cli", str(path)], cwd=workdir, env=here,
                                 stdout=subprocess.DEVNULL, stderr=subprocess.PIPE, text=True, start_new_session=True)
-        deadline = time.time() + 600
-        while time.time() < deadline:
+        watchdog = Watchdog(lambda: [proc.pid, *ray_workers()], what="the 2-worker run")
+
+        def saved_after() -> bool:
             marked = [int(p.parent.name.split("-")[1]) for p in project.glob(f"*/checkpoint-*/{MARKER}")]
-            if marked and max(marked) > after:
-                return proc, next(p for p in project.iterdir() if p.name.startswith("sft-"))
-            assert proc.poll() is None, proc.stderr.read()[-3000:]
-            time.sleep(0.05)
-        proc.kill()
-        pytest.fail("no checkpoint was written")
+            return bool(marked) and max(marked) > after
+
+        wait_until(saved_after, watchdog, proc=proc)
+        return proc, next(p for p in project.iterdir() if p.name.startswith("sft-"))
 
     proc, run_dir = start(config, 0)
     os.killpg(proc.pid, signal.SIGINT)  # what Ctrl-C in a terminal does
-    _, stderr = proc.communicate(timeout=300)
+    _, stderr = communicate(proc)
     assert proc.returncode == 128 + signal.SIGINT, stderr[-3000:]
     text = " ".join(stderr.split())
     assert "SIGINT received: saving a checkpoint after this step, then stopping" in text
@@ -283,3 +282,28 @@ def test_ctrl_c_checkpoints_a_ray_run_and_a_killed_driver_takes_its_workers_with
     from leap_finetune.api import validate_config
 
     validate_config(resume)
+
+
+def test_workers_the_ray_cluster_cannot_hold_are_an_error_before_any_worker_starts(workdir, ray_cpus):
+    """Ray Train waited without end for a resource no node has (measured: a custom resource, more CPUs or memory
+    than the cluster holds). Now: validate and plan ask the cluster named by ray.address, and run asks the Ray it
+    started (here the module's instance: 2 CPUs) before any worker starts; the new run folder is removed."""
+    import ray
+
+    from leap_finetune.errors import LeapError
+    from tests.conftest import invoke
+
+    write_jsonl(workdir / "train.jsonl", fact_rows(16))
+    address = ray.get_runtime_context().gcs_address
+    custom = tiny_config(ray={"address": address, "num_workers": 2, "resources_per_worker": {"my_res": 1}})
+    result = invoke("validate", str(write_config(workdir, custom, "custom.yaml")), cwd=workdir)
+    text = " ".join(result.stderr.split())
+    assert result.returncode == 2 and f"ray.resources_per_worker asks for my_res, which no node of the Ray cluster at " \
+        f"{address} has (it has CPU 2, memory" in text, text
+    assert "ray start ... --resources='{\"my_res\": N}'" in text
+    memory = tiny_config(project_name="memory", ray={"num_workers": 2, "resources_per_worker": {"memory": 1e15}})
+    with pytest.raises(LeapError) as info:
+        run_config(write_config(workdir, memory, "memory.yaml"))
+    assert "the plan's 2 workers, each reserving memory 931322.6 GiB (ray.resources_per_worker), do not fit on the " \
+        "local Ray instance (CPU 2, memory" in info.value.message
+    assert not list((workdir / "outputs" / "memory").glob("*/*")), "the new run folder was left"

@@ -22,8 +22,8 @@ from transformers import TrainerCallback
 from leap_finetune.api import run_config, validate_config
 from leap_finetune.errors import LeapError
 from leap_finetune.recipes.checkpoints import MARKER, verify
-from leap_finetune.signals import Stopped
 from tests.conftest import StopAt, fact_rows, invoke, tiny_config, write_config, write_jsonl
+from tests.watchdog import Watchdog, communicate, run
 
 # A learning rate that is not 0 at the end: one step too many changes the final weights.
 BASE = {"max_steps": 8, "save_steps": 4, "learning_rate": 2e-3, "logging_steps": 1, "lr_scheduler_type": "constant",
@@ -72,7 +72,7 @@ def test_a_kill_while_saving_the_final_model_resumes_to_the_uninterrupted_weight
     finishes (the end is the quickest safe place to stop) and says so."""
     reference = run_config(_config(data, "ref", "ref.yaml"))
     killed = _cli(_config(data, "cut", "cut.yaml"), data, fault="final-save=SIGKILL")
-    _, stderr = killed.communicate(timeout=600)
+    _, stderr = communicate(killed)
     assert killed.returncode == -signal.SIGKILL, stderr[-3000:]
     run_dir = _only_run(data / "outputs" / "cut")
     assert verify(run_dir / "checkpoint-8").ok and not (run_dir / "summary.json").exists()
@@ -121,7 +121,7 @@ def test_sigterm_before_training_leaves_nothing_to_block_a_rerun(data, capfd):
 
     # a run folder a SIGKILLed driver left without any checkpoint: both errors say to remove it
     killed = _cli(config, data, fault="model-loading=SIGKILL")
-    killed.communicate(timeout=600)
+    communicate(killed)
     assert killed.returncode == -signal.SIGKILL and output.is_dir()
     again = invoke("run", str(config), cwd=data)
     assert again.returncode == 2 and "stopped before its first complete checkpoint" in again.stderr
@@ -211,14 +211,14 @@ def test_latest_follows_the_runs_own_record_not_file_times(data):
     assert first != second and latest_checkpoint(data / "outputs" / "skew") == second / "checkpoint-4"
 
 
-def _wait_stopped(process: subprocess.Popen, timeout: float = 300) -> None:
+def _wait_stopped(process: subprocess.Popen) -> None:
     """Until the process stopped itself at its fault point (SIGSTOP)."""
     import psutil
 
-    deadline = time.time() + timeout
+    watchdog = Watchdog(process.pid, what="the run before its fault point")
     while psutil.Process(process.pid).status() != psutil.STATUS_STOPPED:
         assert process.poll() is None, process.communicate()[1][-3000:]
-        assert time.time() < deadline, "the run never reached its fault point"
+        watchdog.check()
         time.sleep(0.05)
 
 
@@ -243,7 +243,7 @@ def test_one_live_run_per_folder(data):
         assert (run_dir / "metrics.jsonl").read_bytes() == before
     finally:
         first.send_signal(signal.SIGCONT)
-    _, stderr = first.communicate(timeout=600)
+    _, stderr = communicate(first)
     assert first.returncode == 0, stderr[-3000:]
     assert _steps(run_dir) == list(range(1, 9))
 
@@ -343,8 +343,8 @@ def test_running_out_of_memory_names_the_settings_to_change(data):
         resource.setrlimit(resource.RLIMIT_AS, (8 * 2**30, 8 * 2**30))
 
     env = {**os.environ, "HF_HUB_OFFLINE": "1", "TRANSFORMERS_OFFLINE": "1", "COLUMNS": "200"}
-    result = subprocess.run([sys.executable, "-m", "leap_finetune.cli", str(config)], cwd=data, env=env,
-                            capture_output=True, text=True, timeout=600, preexec_fn=cap)
+    result = run([sys.executable, "-m", "leap_finetune.cli", str(config)], what="the run", cwd=data, env=env,
+                 preexec_fn=cap)
     text = " ".join(result.stderr.split())
     assert result.returncode == 2, result.stderr[-3000:]
     assert "training_config: out of memory at step 0 (per_device_train_batch_size 48, max_length 4096" in text, text[-2000:]

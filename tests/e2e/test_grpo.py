@@ -147,3 +147,43 @@ def test_the_driver_runs_a_cpu_judge_whose_death_is_counted(workdir, color_and_j
     assert summary["judge"]["last_failure"].startswith("APIConnectionError"), summary["judge"]
     log = (Path(summary["run_dir"]) / "servers" / "judge_server.log").read_text()
     assert log.count("POST /v1/chat/completions") == 32  # 2 steps x 16 completions reached the server
+
+
+FLAKY_REWARD = '''import json, os
+
+def flaky(completions, trainer_state, **kwargs):
+    with open(os.path.join(os.path.dirname(__file__), "calls.jsonl"), "a") as log:
+        log.write(json.dumps([sorted([*kwargs, "trainer_state"]), kwargs["tools"]]) + "\\n")
+    if trainer_state.global_step >= 1:
+        raise KeyError("level")
+    return [0.0] * len(completions)
+'''
+
+
+def test_a_custom_reward_that_raises_while_training_stops_the_run_at_that_step(workdir):
+    """tiny-lfm2, 2 completions per step: the reward passes `run`'s call before the model loads and step 1, then
+    raises at step 2. Exit 2 naming the function, its line, the step and the prompt; checkpoint-1 intact and named,
+    nothing of step 2 saved; the call before training got the same keyword arguments as TRL's."""
+    from tests.conftest import invoke
+
+    (workdir / "flaky_rewards.py").write_text(FLAKY_REWARD)
+    tools = [{"type": "function", "function": {"name": "get_color", "parameters": {"type": "object"}}}]
+    write_jsonl(workdir / "prompts.jsonl", [{"prompt": "Name a color.", "solution": "teal", "tools": tools}] * 4)
+    config = {"model_name": "tiny-lfm2", "training_type": "grpo", "dataset": {"path": "prompts.jsonl"},
+              "rewards": ["./flaky_rewards.py::flaky", "tool_call_valid"], "output_dir": "run",
+              "training_config": {"use_vllm": False, "max_steps": 3, "per_device_train_batch_size": 2,
+                                  "num_generations": 2, "max_completion_length": 4, "logging_steps": 1,
+                                  "save_steps": 1}}
+    ran = invoke("run", str(write_config(workdir, config)), cwd=workdir)
+    assert ran.returncode == 2 and "Traceback" not in ran.stderr, ran.stderr
+    error = " ".join(ran.stderr[ran.stderr.index("error: "):].split())
+    assert ("rewards.funcs[0]: the custom reward flaky_rewards.py::flaky raised KeyError: 'level' (flaky_rewards.py, "
+            "line 7) at training step 2, on 2 completions of the prompt 'Name a color.'") in error, error
+    assert "resume with training_config.resume_from_checkpoint: latest (the last complete checkpoint, checkpoint-1, " \
+           "is intact" in error
+    assert sorted(p.name for p in (workdir / "run").glob("checkpoint-*")) == ["checkpoint-1"]
+    calls = [json.loads(line) for line in (workdir / "calls.jsonl").read_text().splitlines()]
+    names = [names for names, _ in calls]
+    assert len(calls) == 3 and names[0] == names[1] == names[2], calls  # before training, step 1, step 2
+    # the row's tools reach the rewards (tool_call_valid checks the called names against them) as JSON text
+    assert [json.loads(t) for t in calls[1][1]] == [tools, tools]

@@ -88,6 +88,8 @@ CONFIG_CASES = {
                                                 "did you mean 'torch_dtype'"]),
     "init_attention_typo": (_init(attn_implementation="spda"), ["attn_implementation is 'spda'", "did you mean 'sdpa'"]),
     "init_tiny_revision": (_init(revision="v2"), ["model_init_kwargs.revision does not apply to the built-in tiny"]),
+    "key_of_other_types": (_training(beta=0.1), ["training_config.beta is a key of dpo, kto and grpo training",
+                                                 "not of sft", "fix: remove it (sft has no such setting)"]),
 }
 
 
@@ -190,6 +192,12 @@ def _bad_files(folder: Path) -> dict:
     write_jsonl(folder / "kto.jsonl", [{"prompt": "q", "completion": "a", "label": True}] * 4)
     cases["kto_eval_batch_of_one"] = (kto, ["per_device_eval_batch_size is 1", "KTO needs > 1"])
 
+    (folder / "empty_model").mkdir()  # (the message was cut after transformers' "from one of:")
+    cases["model_folder_empty"] = (tiny_config(model_name="empty_model"), [
+        ("empty_model: cannot load the tokenizer from the folder: it has no tokenizer files (tokenizer.json, "
+         "tokenizer.model, vocab.json, tokenizer_config.json); it is empty"),
+        "fix: set model_name to a complete model folder"])
+
     (folder / "a_file").write_text("x")
     cases["output_dir_is_a_file"] = (tiny_config(output_dir="a_file"), ["output_dir", "a file, not a folder"])
     cases["output_dir_under_a_file"] = (tiny_config(output_dir="a_file/run"), ["a_file is a file"])
@@ -210,6 +218,19 @@ def test_bad_files_and_folders_are_caught_by_validate_and_by_run(workdir, capsys
                 assert text in err, f"{name} / {command}: {text!r} not in\n{err}"
             assert err.count("error:") == 1, err
     assert not (workdir / "outputs").exists()
+
+
+def test_an_sft_config_switched_to_grpo_says_what_grpo_uses_instead_of_max_length(workdir, capsys):
+    """Was: "did you mean 'vllm_max_model_length'?" - a near spelling among GRPO's keys, for a key GRPO has not."""
+    write_jsonl(workdir / "train.jsonl", [{"prompt": "1+1?", "solution": "2"}] * 8)
+    path = write_config(workdir, tiny_config())  # (its training_config has max_length: 128)
+    switched = ("--set", "training_type=grpo", "--set", "training_config.extends=DEFAULT_GRPO", "--set",
+                "rewards=[accuracy]", "--set", "training_config.use_vllm=false")
+    for command in ("validate", "run"):
+        code, err = cli(command, str(path), *switched, capsys=capsys)
+        assert code == 2 and "training_config.max_length is a key of sft, dpo, kto and colbert training, not of " \
+            "grpo" in err, err
+        assert "max_completion_length" in err.split("fix:")[1] and "did you mean" not in err, err
 
 
 def test_an_output_dir_that_cannot_be_written_is_caught_before_training(workdir, capsys):
@@ -334,7 +355,8 @@ def test_model_init_kwargs_reach_from_pretrained(workdir, capsys):
     base = tiny_config(model_name="base", training_config={"max_steps": 1})
     without = write_config(workdir, base, "without.yaml")
     code, err = cli("run", str(without), capsys=capsys)
-    assert code == 2 and "cannot load the model from the folder" in err, err
+    assert code == 2 and "cannot load the model from the folder: it has no config.json" in err, err
+    assert "the model is in the sub-folder weights/: set training_config.model_init_kwargs: {subfolder: weights}" in err
     with_kwargs = write_config(workdir, {**base, "training_config": {
         **base["training_config"], "model_init_kwargs": {"subfolder": "weights", "torch_dtype": "bf16"}}}, "with.yaml")
     code, err = cli("run", str(with_kwargs), capsys=capsys)

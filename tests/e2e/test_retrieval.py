@@ -105,6 +105,47 @@ def test_minilm_learns_a_retrieval_task_it_does_not_solve(workdir, minilm, train
     assert report["results"]["benchmark/held-out-search/score"] == pytest.approx(after, abs=1e-6)
     assert report["results"]["benchmark/held-out-search/queries"] == 24
     assert json.loads((workdir / "results.json").read_text())["results"] == report["results"]
+    _check_card_report_chat_and_export(summary, cls, training_type)
+
+
+def _check_card_report_chat_and_export(summary: dict, cls, training_type: str) -> None:
+    """What a retrieval run leaves for its user: a card and a run report with steps, time, real token counts and
+    the held-out metrics before -> after; `chat` refused with what to do instead; `export` (with or without
+    --merge) a sentence-transformers folder that encodes as the run's model/ does."""
+    import numpy as np
+
+    from tests.conftest import invoke
+
+    run_dir, model_dir = Path(summary["run_dir"]), summary["model_dir"]
+    assert summary["train_runtime_s"] > 0 and summary["tokens_seen"] > 0, summary  # (counted per text column)
+    assert summary["eval_loss"] < summary["initial_eval_loss"], summary
+    card = (run_dir / "README.md").read_text()
+    assert f"| steps | {summary['global_step']} |" in card and "| training time | - s |" not in card
+    assert f"| tokens seen | {summary['tokens_seen']:,} |" in card
+    assert "/train.jsonl` | 160 | 160 | 160 | 0 |" in card  # (40 rows x 4; the held-out file's rows apart)
+    assert "/held_out.jsonl` (held out) | 24 | 24 | - | 24 |" in card
+    assert "| eval loss |" in card and "| held-out MRR@10 |" in card and "| held-out-search nDCG@10 |" in card
+    assert "leap-finetune chat" not in card and "leap-finetune eval" in card
+    report = " ".join((run_dir / "train.log").read_text().split("run report")[-1].replace("│", "|").split())
+    assert f"| steps / time | {summary['global_step']} steps in" in report and "tokens/s" in report
+    for row in ("eval loss", "held-out nDCG@10", "held-out recall@10", "held-out-search nDCG@10"):
+        assert f"| {row} | " in report and " -> " in report.split(f"| {row} | ")[1].split("|")[0], (row, report)
+    for source in (str(run_dir), model_dir):
+        refused = invoke("chat", source, "--prompt", "hi")
+        assert refused.returncode == 2 and "Traceback" not in refused.stderr, refused.stderr
+        message = " ".join(refused.stderr.split())
+        assert f"this is {'a ColBERT' if training_type == 'colbert' else 'an embedding'} model" in message
+        assert "needs a causal language model" in message and f"{cls.__name__}('{model_dir}')" in message
+    texts = ["zorp vantu", "The red car is on the table."]
+    expected = cls(model_dir, device="cpu").encode(texts)
+    for flags in ([], ["--merge"]):
+        out = run_dir.parent / f"export{''.join(flags)}"
+        result = invoke("export", str(run_dir), *flags, "--output", str(out))
+        assert result.returncode == 0, result.stderr
+        assert (out / "modules.json").exists() and json.loads((out / "modules.json").read_text()) == \
+            json.loads((Path(model_dir) / "modules.json").read_text())  # the pooling / projection kept
+        got = cls(str(out), device="cpu").encode(texts)
+        assert all(np.allclose(np.asarray(a), np.asarray(b), atol=1e-6) for a, b in zip(expected, got))
 
 
 def _small(folder: Path, model: Path, training_type: str = "embedding", **extra) -> Path:
@@ -233,6 +274,12 @@ def test_the_tiny_lfm2_backbone_trains_end_to_end(workdir, training_type, lora):
 
     cls = MultiVectorEncoder if training_type == "colbert" else SentenceTransformer
     assert len(cls(summary["model_dir"], device="cpu").encode(["zorp vantu"])) == 1
+    # an LFM2 backbone is a causal LM, the trained model an encoder: chat refuses it before loading anything
+    from tests.conftest import invoke
+
+    refused = invoke("chat", summary["model_dir"], "--prompt", "hi")
+    assert refused.returncode == 2
+    assert "chat generates text and needs a causal language model" in " ".join(refused.stderr.split())
 
 
 def test_a_folder_of_parquet_and_jsonl_with_bad_rows_skipped(workdir):
@@ -261,6 +308,30 @@ def test_a_folder_of_parquet_and_jsonl_with_bad_rows_skipped(workdir):
     assert sum(len(load_from_disk(str(prepared / s))) for s in ("train", "eval") if (prepared / s).exists()) == 20
 
 
+def _check_lora_checkpoint_export(run_dir: Path, model_dir: Path) -> None:
+    """The last checkpoint of a LoRA ColBERT run holds the adapter unmerged: `export` (no --merge needed) rebuilds the
+    run's model, merges it and writes the sentence-transformers folder the run's model/ is; `chat` points there; the
+    adapter folder alone (no projection) is refused."""
+    import numpy as np
+    from sentence_transformers import MultiVectorEncoder
+
+    from tests.conftest import invoke
+
+    checkpoint = run_dir / "checkpoint-6"
+    result = invoke("export", str(checkpoint), "--output", str(run_dir.parent / "exported"))
+    assert result.returncode == 0, result.stderr
+    assert "the LoRA adapter merged" in " ".join(result.stderr.split())
+    texts = ["zorp vantu", "The red car is on the table."]
+    expected = MultiVectorEncoder(str(model_dir), device="cpu").encode(texts)
+    got = MultiVectorEncoder(str(run_dir.parent / "exported"), device="cpu").encode(texts)
+    assert all(np.allclose(np.asarray(a), np.asarray(b), atol=1e-5) for a, b in zip(expected, got))
+    refused = invoke("chat", str(checkpoint), "--prompt", "hi")
+    assert refused.returncode == 2 and f"leap-finetune export {checkpoint}" in " ".join(refused.stderr.split())
+    adapter = invoke("export", str(run_dir / "adapter"), "--output", str(run_dir.parent / "from-adapter"))
+    assert adapter.returncode == 2 and "holds the backbone's LoRA weights only" in adapter.stderr
+    assert not (run_dir.parent / "from-adapter").exists()
+
+
 @pytest.mark.slow
 def test_a_lora_colbert_run_resumes_from_its_checkpoint_like_an_uninterrupted_run(workdir):
     """A LoRA retrieval checkpoint holds the adapted layers; resuming loads them into the model as it is, and
@@ -287,6 +358,7 @@ def test_a_lora_colbert_run_resumes_from_its_checkpoint_like_an_uninterrupted_ru
     assert "adapter_dir" in resumed and (Path(resumed["adapter_dir"]) / "adapter_config.json").exists()
     for step in range(4, 7):
         assert got[step] == pytest.approx(expected[step], rel=1e-3), (step, got, expected)
+    _check_lora_checkpoint_export(Path(resumed["run_dir"]), Path(resumed["model_dir"]))
     from leap_finetune.errors import LeapError
     from leap_finetune.evaluation.standalone import evaluate_config
 

@@ -8,17 +8,18 @@ the same steps; failures (a rejected sbatch, a killed server) are counted and tr
 from __future__ import annotations
 
 import json
+import os
 import shutil
 import socket
 import subprocess
 import threading
-import time
 from pathlib import Path
 
 import pytest
 
 from leap_finetune.api import run_config
 from tests.conftest import EXAMPLES, REPO, tiny_config, write_config
+from tests.watchdog import Watchdog, wait_until
 
 # 12 rows answered one at a time: an evaluation that costs seconds on this CPU (sync mode pauses for it).
 BENCH = {"max_new_tokens": 32, "batch_size": 1, "eval_steps": 3, "benchmarks": [
@@ -105,6 +106,10 @@ def test_sidecar_jobs_give_the_sync_results_and_training_does_not_wait(slurm_clu
     assert not (run_dir / "benchmarks" / "snapshots").exists()
     assert sorted(p.name for p in (run_dir / "benchmarks" / "results").iterdir()) == \
         sorted(f"step-{s}.json" for s in scores)
+    # the newest evaluation's predictions, as in sync mode
+    for name in ("capitals", "mcq"):
+        rows = [json.loads(line) for line in (run_dir / "benchmarks" / f"{name}.jsonl").read_text().splitlines()]
+        assert rows and {"prompt", "prediction", "score"} <= set(rows[0]), name
     err = capfd.readouterr().err
     skipped = [s for s in (3, 6, 9) if s not in scores]
     for step in skipped:  # on_overlap: skip says so
@@ -152,12 +157,16 @@ class KillFirstServer(threading.Thread):
 
     def __init__(self, port: int, outputs: Path):
         super().__init__(daemon=True)
-        self.port, self.outputs, self.killed = port, outputs, False
+        self.port, self.outputs, self.killed, self.error = port, outputs, False, None
 
     def run(self):
-        deadline = time.time() + 300
-        while time.time() < deadline and not list(self.outputs.glob("*/*/benchmarks/jobs/step-0.log")):
-            time.sleep(0.1)
+        # (the run trains in this process: the watchdog follows it and the server it started)
+        try:
+            wait_until(lambda: list(self.outputs.glob("*/*/benchmarks/jobs/step-0.log")),
+                       Watchdog(os.getpid(), what="the run"), poll_s=0.1)
+        except AssertionError as err:  # (a thread's exception would be lost: the test reports it)
+            self.error = err
+            return
         subprocess.run(["pkill", "-9", "-f", f"serve .*--port {self.port}"])
         self.killed = True
 
@@ -172,7 +181,7 @@ def test_reserved_server_gives_the_sync_results_and_a_killed_server_is_a_counted
     summary = run_config(_config(workdir, "reserved", "reserved.yaml", evals={"batch_size": 4}, on_overlap="skip",
                                  reserved={"server_port": port}))
     killer.join(timeout=5)
-    assert killer.killed
+    assert killer.killed, killer.error
     run_dir = Path(summary["run_dir"])
     assert summary["global_step"] == 12
     assert _failures(run_dir) == {0: 1.0}
@@ -186,6 +195,8 @@ def test_reserved_server_gives_the_sync_results_and_a_killed_server_is_a_counted
     server_log = (run_dir / "benchmarks" / "jobs" / "step-12-server.log").read_text()
     assert server_log.count("POST /v1/chat/completions") == 12  # the generation benchmark went through the server
     assert summary["benchmarks"] == {k: v for k, v in scores[12].items() if k.endswith("/score")}
+    predictions = (run_dir / "benchmarks" / "capitals.jsonl").read_text().splitlines()  # the last evaluation's
+    assert len(predictions) == 12 and "prediction" in json.loads(predictions[0])
 
 
 def test_a_lora_snapshot_is_the_merged_model_and_training_weights_are_untouched(tmp_path):

@@ -139,7 +139,7 @@ def test_standalone_eval_of_a_vision_model_on_image_benchmarks(vl, tmp_path):
     results = json.loads((tmp_path / "out" / "results.json").read_text())["results"]
     assert results == report["results"]
     assert results["benchmark/describe/rows"] == 3 and results["benchmark/which/rows"] == 3
-    predictions = [json.loads(line) for line in (tmp_path / "out" / "predictions" / "which.jsonl").read_text().splitlines()]
+    predictions = [json.loads(line) for line in (tmp_path / "out" / "results.predictions" / "which.jsonl").read_text().splitlines()]
     assert [len(p["option_logprobs"]) for p in predictions] == [3, 3, 3]
     # the same question about different images gets different option scores: the images were used
     assert predictions[0]["option_logprobs"] != predictions[1]["option_logprobs"]

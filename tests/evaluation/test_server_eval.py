@@ -67,7 +67,7 @@ def test_generation_benchmarks_through_a_server_score_like_local_generation(work
     def answers(folder: str) -> list[str]:
         import json
 
-        path = workdir / folder / "predictions" / "capitals.jsonl"
+        path = workdir / folder / "results.predictions" / "capitals.jsonl"
         return [json.loads(line)["prediction"] for line in path.read_text().splitlines()]
 
     assert answers("remote") == answers("local") and any(answers("local"))

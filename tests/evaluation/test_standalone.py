@@ -55,6 +55,8 @@ def test_a_custom_metric_that_raises_is_counted_and_shown(workdir, capsys):
     report = evaluate_config(write_config(workdir, {"model_name": "tiny-lfm2", "evals": evals}), output="results.json")
     results = report["results"]
     assert results["benchmark/echo/metric_errors"] == 4 and results["benchmark/echo/score"] == 0
-    assert "custom metric of benchmark 'echo' raised on 4 of 4 row(s)" in capsys.readouterr().err
-    predictions = [json.loads(line) for line in (workdir / "predictions" / "echo.jsonl").read_text().splitlines()]
+    err = " ".join(capsys.readouterr().err.split())
+    assert "custom metric of benchmark 'echo' raised on 4 of 4 row(s)" in err
+    assert f"predictions (prompt, prediction, reference, score per row): {workdir / 'results.predictions'}/" in err
+    predictions = [json.loads(line) for line in (workdir / "results.predictions" / "echo.jsonl").read_text().splitlines()]
     assert all(p["metric_error"].startswith("ValueError: cannot score") for p in predictions)

@@ -10,7 +10,7 @@ import pytest
 
 from leap_finetune.errors import LeapError
 from leap_finetune.launch.devices import plan_devices
-from tests.conftest import fact_rows, invoke, tiny_config, write_config, write_jsonl
+from tests.conftest import fact_rows, hub_cache_with_tiny_model, invoke, tiny_config, write_config, write_jsonl
 
 
 @pytest.mark.parametrize("gpus", range(1, 9))
@@ -41,9 +41,12 @@ def test_cpu_workers():
 
 
 @pytest.mark.parametrize(("counts", "message"), [
-    (dict(gpus=8, server=1, judge=1, training=7), "requests 1 server + 1 judge + 0 eval + 7 training GPU(s), but 8 are visible"),
-    (dict(gpus=2, server=1, judge=1), "reserves 2 of the 2 visible GPU(s) for servers (server 1, judge 1, eval 0): "
-                                      "none is left for training"),
+    (dict(gpus=8, server=1, judge=1, training=7), "the plan needs 9 GPU(s): 1 for the rollout server "
+     "(grpo_rollout.server_gpus), 1 for the judge (grpo_rollout.judge_gpus), 7 for training (grpo_rollout.training_gpus); "
+     "8 are visible"),
+    (dict(gpus=8, server=1, judge=1, training=7), "set grpo_rollout.training_gpus to 6 or fewer"),
+    (dict(gpus=2, server=1, judge=1), "the plan needs 3 GPU(s): 1 for the rollout server (grpo_rollout.server_gpus), 1 "
+                                      "for the judge (grpo_rollout.judge_gpus), at least 1 for training; 2 are visible"),
     (dict(gpus=4, nodes=2, server=1), "single-node only"),
     (dict(gpus=0, server=1), "no GPU is visible"),
     (dict(gpus=2, num_workers=3), "ray.num_workers is 3, but the plan has 2 training GPU(s)"),
@@ -56,6 +59,21 @@ def test_impossible_plans_say_the_numbers(counts, message):
     with pytest.raises(LeapError) as info:
         plan_devices(**counts)
     assert message in info.value.format()
+
+
+@pytest.mark.parametrize(("counts", "needed", "ways"), [
+    (dict(gpus=1, server=1, judge=1), 3, ["vllm_mode: colocate", "grpo_rollout.judge_gpus: 0"]),
+    (dict(gpus=2, server=2, judge=1), 4, ["vllm_mode: colocate", "grpo_rollout.judge_gpus: 0"]),
+    (dict(gpus=2, server=1, eval_gpus=2), 4, ["vllm_mode: colocate", "async_eval.vllm_gpus: 0"]),
+    (dict(gpus=1, eval_gpus=1, training=2), 3, ["async_eval.mode: sidecar"]),
+])
+def test_more_reserved_than_visible_says_each_part_and_what_to_change(counts, needed, ways):
+    """Was "... + -1 training GPU(s), but 2 are visible": servers taking more GPUs than the node has."""
+    with pytest.raises(LeapError) as info:
+        plan_devices(**counts)
+    text = info.value.format()
+    assert f"the plan needs {needed} GPU(s)" in text and "-1" not in text, text
+    assert f"--gpus {needed}" in text and all(way in text for way in ways), text
 
 
 @pytest.fixture
@@ -124,3 +142,72 @@ def test_a_ray_address_that_does_not_answer_is_an_error_in_bounded_time(workdir)
         assert result.returncode == 2 and f"the Ray cluster at 127.0.0.1:{port} does not answer" in result.stderr
     assert time.monotonic() - start < 30
     assert not (workdir / "outputs").exists()
+
+
+def test_resources_per_worker_that_ray_would_refuse_or_wait_for_are_errors_before_ray_starts(workdir, config):
+    """`{CPU: -1}` and `{TPU: 1}` passed validate, then Ray failed with a traceback; a resource the local Ray
+    instance does not have, or more than it has, made Ray Train wait without end."""
+    import os
+
+    cores = os.cpu_count()
+    for resources, message, fix in (
+        ({"CPU": -1}, "ray.resources_per_worker.CPU is -1: expected a finite number >= 0", "such as 1"),
+        ({"CPU": float("nan")}, "ray.resources_per_worker.CPU is .nan", "such as 1"),
+        ({"CPU": True}, "ray.resources_per_worker.CPU is true", "such as 1"),
+        ({"memory": -1.0}, "ray.resources_per_worker.memory is -1.0", "a number of bytes"),
+        ({"TPU": 1}, "ray.resources_per_worker.TPU: Ray Train reserves TPUs only for its TPU runs", "remove TPU"),
+        ({"cpu": 1}, "Ray's resource names are case-sensitive, and 'cpu' would be a custom resource", "write CPU"),
+        ({"GPU": 1}, "ray.resources_per_worker.GPU is 1, and the plan has CPU workers", "remove GPU"),
+        ({"CPU": 0}, "reserves nothing for a worker (every amount is 0)", "CPU: 1"),
+        ({"my_res": 1}, "asks for my_res, and the run would start a local Ray instance on this machine, with CPU, GPU "
+                        "and memory only",
+         "--resources='{\"my_res\": N}'"),
+        ({"CPU": cores}, f"the plan's 2 workers, each reserving CPU {cores} (ray.resources_per_worker), do not fit in "
+                         f"a local Ray instance on this machine (CPU {cores}): 1 would", "ray.num_workers: 1"),
+    ):
+        data = tiny_config(ray={"num_workers": 2, "resources_per_worker": resources})
+        result = invoke("validate", str(write_config(workdir, data, "ray.yaml")), cwd=workdir)
+        text = " ".join(result.stderr.split())
+        assert result.returncode == 2 and message in text and fix in text.split("fix:")[-1], (resources, text)
+        assert "Traceback" not in result.stderr
+    plans = ((["--gpus", "8"], {"GPU": 2}, "the plan's 8 workers, each reserving GPU 2", "ray.num_workers: 4"),
+             (["--gpus", "2"], {"GPU": 0.5}, "GPU is 0.5: each data-parallel worker trains on a GPU of its own",
+              "GPU: 1"))
+    for gpus, resources, message, fix in plans:
+        data = tiny_config(ray={"resources_per_worker": resources})
+        result = invoke("plan", str(write_config(workdir, data, "gpus.yaml")), *gpus, cwd=workdir)
+        text = " ".join(result.stderr.split())
+        assert result.returncode == 2 and message in text and fix in text, text
+    fits = tiny_config(ray={"resources_per_worker": {"CPU": 1, "memory": 1e9}})
+    assert invoke("plan", str(write_config(workdir, fits, "fits.yaml")), "--gpus", "4", cwd=workdir).returncode == 0
+    assert not (workdir / "outputs").exists()
+
+
+def test_plan_loads_no_model_and_counts_tokens_only_with_the_tokenizer_at_hand(workdir):
+    """The tokenizer of a Hub model in the cache counts tokens; not there, every row is still checked and counted
+    (through the mix of sources and the held-out split), and the plan says why tokens are not."""
+    write_jsonl(workdir / "a.jsonl", fact_rows(30))
+    write_jsonl(workdir / "b.jsonl", fact_rows(10))
+    cache = hub_cache_with_tiny_model(workdir / "hub", "leap-test/tiny-cached")
+    data = tiny_config(model_name="leap-test/tiny-cached",
+                       dataset=[{"path": "a.jsonl", "weight": 1, "test_size": 5}, {"path": "b.jsonl", "weight": 1}])
+    cached = {**data, "training_config": {**data["training_config"], "model_init_kwargs": {"cache_dir": str(cache)}}}
+    counted = invoke("plan", str(write_config(workdir, cached, "cached.yaml")), "--gpus", "2", "--json")
+    assert counted.returncode == 0, counted.stderr
+    counted = json.loads(counted.stdout)
+    assert counted["tokens_per_step"] > 0 and counted["tokens_not_counted"] is None
+    # the same model, not in the cache (HF_HUB_OFFLINE=1 in the tests: never downloaded)
+    plain = invoke("plan", str(write_config(workdir, data, "plain.yaml")), "--gpus", "2", "--json")
+    assert plain.returncode == 0, plain.stderr
+    plain = json.loads(plain.stdout)
+    assert plain["tokens_per_step"] is None
+    assert plain["tokens_not_counted"].startswith("the tokenizer of leap-test/tiny-cached is not in the Hugging Face "
+                                                  "cache, and plan does not download it")
+    assert "max_length would cut away" in plain["tokens_not_counted"]
+    assert (plain["rows"], plain["steps_per_epoch"]) == (counted["rows"], counted["steps_per_epoch"]) == (36, 5)  # 25 + 10 rows, weighted 1:1 -> 18 + 18
+    text = " ".join(invoke("plan", str(workdir / "plain.yaml"), "--gpus", "2").stdout.split())
+    assert "tokens: not counted (the tokenizer of leap-test/tiny-cached is not in the Hugging Face cache" in text
+    bad = write_jsonl(workdir / "bad.jsonl", [{"messages": [{"role": "usr", "content": "x"}]}])
+    broken = invoke("plan", str(write_config(workdir, tiny_config(model_name="leap-test/tiny-cached", data=str(bad)),
+                                             "bad.yaml")))
+    assert broken.returncode == 2 and "'usr' is not a role" in broken.stderr  # rows are checked without a tokenizer

@@ -13,6 +13,7 @@ import time
 import pytest
 
 from tests.conftest import fact_rows, tiny_config, write_config, write_jsonl
+from tests.watchdog import Watchdog, communicate, wait_until
 
 # What run_config does up to the launch, then the child-process launch (on CPU: the plan of a GPU machine
 # cannot be made here, the launch itself is the same).
@@ -41,16 +42,13 @@ def test_the_child_trains_and_a_ctrl_c_to_the_driver_saves_a_checkpoint(workdir)
     config = write_config(workdir, tiny_config(training_config={"max_steps": 300, "save_steps": 1000}))
     driver = subprocess.Popen([sys.executable, "-c", DRIVER, str(config)], cwd=workdir, stdout=subprocess.PIPE,
                               stderr=subprocess.PIPE, text=True)
-    deadline, metrics = time.time() + 300, None
-    while time.time() < deadline and driver.poll() is None:
+    def trained_3_steps():
         found = list((workdir / "outputs" / "test").glob("*/metrics.jsonl"))
-        if found and found[0].read_text().count('"loss"') >= 3:
-            metrics = found[0]
-            break
-        time.sleep(0.05)
-    assert metrics is not None, driver.communicate()[1][-2000:]
+        return found[0] if found and found[0].read_text().count('"loss"') >= 3 else None
+
+    metrics = wait_until(trained_3_steps, Watchdog(driver.pid, what="the driver and its child"), proc=driver)
     driver.send_signal(signal.SIGINT)  # to the driver only: the child runs in its own process group
-    stdout, stderr = driver.communicate(timeout=300)
+    stdout, stderr = communicate(driver)
     assert driver.returncode == 0, stderr[-2000:]
     summary = json.loads(stdout.split("SUMMARY ", 1)[1])
     assert summary["stopped_by_signal"] == signal.SIGINT
@@ -125,8 +123,9 @@ def test_a_killed_driver_takes_its_server_and_training_child_with_it(workdir):
     config = write_config(workdir, tiny_config(training_config={"max_steps": 3000, "save_steps": 10000}))
     driver = subprocess.Popen([sys.executable, "-c", KILLED_DRIVER, str(config), str(port), str(workdir / "server.log")],
                               cwd=workdir, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
-    deadline, started = time.time() + 300, []
-    while time.time() < deadline and driver.poll() is None:  # both started (the child need not be training yet)
+    watchdog, started = Watchdog(driver.pid, what="the driver"), []
+    while driver.poll() is None:  # both started (the child need not be training yet)
+        watchdog.check()
         children = psutil.Process(driver.pid).children(recursive=True)
         commands = " ".join(" ".join(p.cmdline()) for p in children if p.is_running())
         if "http.server" in commands and "leap_finetune.launch.single" in commands:

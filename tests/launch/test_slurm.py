@@ -12,11 +12,13 @@ import subprocess
 import time
 from pathlib import Path
 
+import psutil
 import pytest
 
 from leap_finetune.config.loader import load_config
 from leap_finetune.launch.slurm import script_text
 from tests.conftest import EXAMPLES, REPO, invoke, write_config
+from tests.watchdog import Watchdog
 
 QUICK = {"project_name": "slurm-quickstart", "model_name": "tiny-lfm2",
          "dataset": {"path": "data/quickstart.jsonl", "test_size": 12},
@@ -44,10 +46,27 @@ def test_the_script_is_the_one_the_readme_shows():
     assert text.replace(str(EXAMPLES), "/shared/runs") == shown
 
 
-def _wait_for_job(job: str, timeout: float = 900) -> None:
-    deadline = time.time() + timeout
+def _job_watchdog(job: str) -> Watchdog:
+    """The CPU time of the job's processes (those with its SLURM_JOB_ID): fails when the job hangs, not when the
+    machine is slow."""
+
+    def pids():
+        found = []
+        for process in psutil.process_iter():
+            try:
+                if process.environ().get("SLURM_JOB_ID") == job:
+                    found.append(process.pid)
+            except psutil.Error:
+                continue
+        return found
+
+    return Watchdog(pids, what=f"SLURM job {job}")
+
+
+def _wait_for_job(job: str) -> None:
+    watchdog = _job_watchdog(job)
     while subprocess.run(["squeue", "-h", "-j", job], capture_output=True, text=True).stdout.strip():
-        assert time.time() < deadline, "the job did not finish"
+        watchdog.check()
         time.sleep(1)
 
 
@@ -70,10 +89,11 @@ def test_scancel_saves_a_checkpoint_and_the_job_resumes_to_the_end(slurm_cluster
                                                                  "save_steps": 5}})
     project = workdir / "outputs" / "slurm-quickstart"
     job = _submit(workdir, config)
-    deadline = time.time() + 600
+    watchdog = _job_watchdog(job)
     while not list(project.glob(f"sft-*/checkpoint-*/{MARKER}")):
-        assert time.time() < deadline and subprocess.run(["squeue", "-h", "-j", job], capture_output=True,
-                                                         text=True).stdout.strip(), "no checkpoint before the job ended"
+        assert subprocess.run(["squeue", "-h", "-j", job], capture_output=True, text=True).stdout.strip(), \
+            "no checkpoint before the job ended"
+        watchdog.check()
         time.sleep(0.2)
     subprocess.run(["scancel", job], check=True)
     _wait_for_job(job)
@@ -127,3 +147,54 @@ def test_keys_sbatch_would_reject_and_a_missing_sbatch(slurm_cluster, workdir, m
     assert result.returncode == 2 and "sbatch is not installed here" in result.stderr
     written = invoke("slurm", str(good), cwd=workdir)  # without --submit: the script alone, said so
     assert written.returncode == 0 and "sbatch is not installed here: copy it" in " ".join(written.stderr.split())
+
+
+def test_sbatch_values_are_one_line_and_options_sbatch_reads_as_written(workdir):
+    """A newline in extra_sbatch became a shell line of the job script, and a quote in job_name made sbatch stop
+    ("Unmatched") with an error that blamed the cluster: `validate` refuses them, naming the key."""
+    for slurm, message in (
+        ({"job_name": "a\nb"}, "slurm.job_name holds a newline ('a\\nb'): it is written into one #SBATCH line"),
+        ({"partition": "gpu\r"}, "slurm.partition holds a carriage return"),
+        ({"extra_sbatch": ["--qos=high", "--comment=x\nrm -rf ~"]}, "slurm.extra_sbatch[1] holds a newline"),
+        ({"extra_sbatch": ["--comment=it's"]}, "slurm.extra_sbatch[0] is \"--comment=it's\": sbatch would stop with "
+                                               "\"Unmatched `'`\""),
+        ({"extra_sbatch": ["--comment=run #2"]}, "sbatch reads '#2' as a comment and drops it"),
+        ({"extra_sbatch": ["--comment=my run"]}, "sbatch would read 'run' as a directive of its own"),
+        ({"extra_sbatch": ["qos=high"]}, "slurm.extra_sbatch[0] is 'qos=high': expected sbatch options"),
+    ):
+        result = invoke("validate", str(write_config(workdir, {**QUICK, "slurm": slurm})), cwd=workdir)
+        assert result.returncode == 2 and message in " ".join(result.stderr.split()), (slurm, result.stderr)
+    # the evaluation jobs' #SBATCH lines too
+    sidecar = {**QUICK, "async_eval": {"mode": "sidecar", "sbatch": {"partition": "eval\n#SBATCH --mem=0"}}}
+    result = invoke("validate", str(write_config(workdir, sidecar)), cwd=workdir)
+    assert result.returncode == 2 and "async_eval.sbatch.partition holds a newline" in result.stderr, result.stderr
+    # the job's Ray cluster is started with CPU and GPU counts: a custom resource would keep its workers waiting
+    shutil.copytree(EXAMPLES / "data", workdir / "data")
+    custom = {**QUICK, "ray": {"resources_per_worker": {"my_res": 1}}}
+    result = invoke("slurm", str(write_config(workdir, custom)), cwd=workdir)
+    assert result.returncode == 2 and "ray.resources_per_worker asks for my_res, and the run would start a Ray cluster " \
+        "of its own in the SLURM job, with CPU, GPU and memory only" in " ".join(result.stderr.split()), result.stderr
+    assert not (workdir / "outputs").exists()
+
+
+def test_a_job_name_with_quotes_and_a_folder_with_spaces_reach_slurm_as_written(slurm_cluster, workdir):
+    """Values sbatch would split or cut (spaces, quotes, `#`, `%` in the log folder) are quoted its way: the held
+    job has the job name as written (read back from SLURM), its log in the folder the command announces."""
+    folder = workdir / "my runs 100%"
+    shutil.copytree(EXAMPLES / "data", folder / "data")
+    name = "it's \"my\" run #2"
+    config = write_config(folder, {**QUICK, "slurm": {**QUICK["slurm"], "job_name": name,
+                                                      "extra_sbatch": ["--comment=\"a b # c\"", "--hold"]}})
+    result = invoke("slurm", str(config), cwd=folder)
+    assert result.returncode == 0 and "sbatch --test-only accepts it" in " ".join(result.stderr.split()), result.stderr
+    [script] = (folder / "outputs" / "slurm-quickstart" / "slurm").glob("*.sbatch")
+    assert script.name.startswith("it-s-my-run-2-")
+    job = subprocess.run(["sbatch", "--parsable", str(script)], capture_output=True, text=True, check=True).stdout
+    job = job.strip().split(";")[0]
+    try:
+        shown = subprocess.run(["scontrol", "show", "job", job], capture_output=True, text=True, check=True).stdout
+    finally:
+        subprocess.run(["scancel", job], check=True)
+    assert f"JobName={name}\n" in shown and "Comment=a b # c" in shown, shown
+    # (scontrol shows --output's pattern with %j filled in and `%%`, SLURM's own escape of a `%`, as written)
+    assert f"StdOut={folder}/outputs/slurm-quickstart/slurm/slurm-{job}.out".replace("%", "%%") in shown, shown

@@ -18,6 +18,7 @@ from leap_finetune.api import run_config, validate_config
 from leap_finetune.errors import LeapError
 from leap_finetune.recipes.checkpoints import verify
 from tests.conftest import write_config, write_jsonl
+from tests.watchdog import Watchdog, wait_until
 
 
 class JudgeServer:
@@ -167,12 +168,14 @@ def test_a_second_ctrl_c_does_not_wait_for_a_hanging_judge(workdir, judge_server
 
     judge_server.mode, judge_server.hang_s = "hang", 8.0
     config = _config(workdir, {"base_url": judge_server.url, "timeout_s": 8, "max_failed_steps": 0}, max_steps=3)
-    second = []
+    second, errors = [], []
 
     def interrupt():
-        deadline = time.time() + 120
-        while not judge_server.requests and time.time() < deadline:
-            time.sleep(0.05)
+        try:
+            wait_until(lambda: judge_server.requests, Watchdog(os.getpid(), what="the run"))
+        except AssertionError as err:  # (a thread's exception would be lost: the test reports it)
+            errors.append(err)
+            return
         os.kill(os.getpid(), signal.SIGINT)  # (run_config's handlers, in this process's main thread)
         time.sleep(2.5)  # (within 2 s the same signal counts as one event delivered twice)
         second.append(time.time())
@@ -181,5 +184,6 @@ def test_a_second_ctrl_c_does_not_wait_for_a_hanging_judge(workdir, judge_server
     threading.Thread(target=interrupt, daemon=True).start()
     with pytest.raises(Stopped) as info:
         run_config(config)
+    assert not errors, errors
     assert info.value.at_once and time.time() - second[0] < 3, time.time() - second[0]
 

@@ -15,8 +15,10 @@ def check_async_eval_config(model: LeapConfigModel, where: str) -> None:
         return
     at = f"{where}: async_eval.mode"
     if model.evals is None:
-        raise LeapError(f"async_eval.mode is {mode}, but the config has no evals: block (nothing to evaluate)",
-                        where=at, fix="add evals: with benchmarks (README \"Benchmarks\"), or remove async_eval")
+        raise LeapError(f"async_eval.mode is {mode}, but the config has no benchmarks (no evals: block, or "
+                        "evals.benchmarks is empty): nothing to evaluate",
+                        where=at, fix="add evals: with benchmarks (README \"Benchmarks\"), or remove async_eval (for one "
+                        "run: --set async_eval.mode=sync)")
     if model.training_type in ("embedding", "colbert"):
         raise LeapError(f"retrieval benchmarks ({model.training_type}) run with the held-out evaluation inside the "
                         f"trainer; async_eval.mode {mode} evaluates generation and log-prob benchmarks", where=at,

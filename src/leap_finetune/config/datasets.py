@@ -30,7 +30,7 @@ def validate_dataset(raw, where: str):
         try:
             validated.append(DatasetConfig.model_validate(item))
         except ValidationError as err:
-            raise _pydantic_error(err, where, prefix=name) from None
+            raise _source_error(_pydantic_error(err, where, prefix=name), err, item) from None
     weighted = [item.weight is not None for item in validated]
     if isinstance(raw, dict) and validated[0].weight is not None:
         raise LeapError("dataset.weight is a share of several sources, and there is one", where=f"{where}: dataset.weight",
@@ -40,6 +40,23 @@ def validate_dataset(raw, where: str):
         raise LeapError(f"some sources have a weight and some do not ({missing})", where=f"{where}: dataset",
                         fix="give every source a weight (their shares of the mix), or none (use epochs per source)")
     return validated if isinstance(raw, list) else validated[0]
+
+
+# Why a mixing key must be a finite number > 0, and what to write instead of 0 (which would train nothing of the source)
+MIXING_FIXES = {
+    "weight": "give it a finite number > 0: its share relative to the other sources' weights (weight: 2 trains twice "
+              "the rows of weight: 1); to leave the source out, remove it from the list",
+    "epochs": "give it a finite number > 0 (2 repeats each row twice, 0.5 takes half of them); to leave the source "
+              "out, remove it from the list",
+}
+
+
+def _source_error(error: LeapError, err: ValidationError, item: dict) -> LeapError:
+    """A source's key error, naming the source's path too (several sources may share a key's index-free name)."""
+    key = next((str(part) for part in err.errors()[0]["loc"]), "")
+    path = item.get("path")
+    message = error.message + (f" (source: {path})" if isinstance(path, str) else "")
+    return LeapError(message, where=error.where, fix=MIXING_FIXES.get(key, error.fix))
 
 
 def resolve_dataset(model, base: Path, where: str):
@@ -62,7 +79,50 @@ def resolve_dataset(model, base: Path, where: str):
         if dataset.val_path:
             dataset.val_path = resolve_data_path(dataset.val_path, base)
         resolved.append(dataset)
+    if isinstance(model.dataset, list):
+        check_distinct_sources(resolved, where)
     return resolved if isinstance(model.dataset, list) else resolved[0]
+
+
+def check_distinct_sources(items: list, where: str) -> None:
+    """The same rows listed twice would be trained twice per epoch, and rows one entry holds out for evaluation
+    would be trained by the other: refused, since `weight` or `epochs` says "more of this source" outright."""
+    for later, item in enumerate(items):
+        for earlier in range(later):
+            overlap = _same_rows(items[earlier], item)
+            if overlap is None:
+                continue
+            held_out = any(source.test_size for source in (items[earlier], item))
+            raise LeapError(
+                f"dataset[{later}] reads the rows of dataset[{earlier}] ({overlap}): they would be trained twice per "
+                "epoch" + (", and the rows one entry holds out for evaluation would be trained by the other"
+                           if held_out else ""),
+                where=where,
+                fix="list the source once; to train its rows more often, give it weight: 2 (twice the share of a "
+                "source with weight: 1) or epochs: 2")
+
+
+def _same_rows(a, b) -> str | None:
+    """Why two sources read the same rows (None when they do not): the same file, a file of a folder source, or
+    the same Hub split (limits aside: both start at the first row)."""
+    local_a, local_b = Path(a.path), Path(b.path)
+    if local_a.is_absolute() and local_b.is_absolute():
+        if local_a == local_b:
+            return a.path
+        for folder, file in ((local_a, local_b), (local_b, local_a)):
+            if folder.is_dir() and file.is_file() and file.parent == folder:  # (a folder source reads the files in it, not sub-folders)
+                return f"{file} is in the folder {folder}"
+        return None
+    if a.path == b.path and a.subset == b.subset and _split_overlaps(a.split, b.split):
+        return f"{a.path}" + (f", subset {a.subset}" if a.subset else "") + f", split {b.split}"
+    return None
+
+
+def _split_overlaps(a: str, b: str) -> bool:
+    """`train` and `train[:10%]` overlap; two different slices of a split are taken as chosen apart."""
+    name_a, _, slice_a = a.partition("[")
+    name_b, _, slice_b = b.partition("[")
+    return name_a == name_b and (not slice_a or not slice_b or slice_a == slice_b)
 
 
 DATA_SUFFIXES = (".jsonl", ".json", ".parquet", ".csv")

@@ -8,10 +8,12 @@ What needs vLLM installed is checked by `check_rollout_engine`, called by valida
 from __future__ import annotations
 
 import importlib.util
+import math
 import os
 import string
 from pathlib import Path
 
+from leap_finetune.config.numbers import plain, shown
 from leap_finetune.config.schema import GrpoRolloutConfig, LeapConfigModel, RewardsConfig
 from leap_finetune.errors import LeapError
 
@@ -32,14 +34,13 @@ def resolve_grpo(model: LeapConfigModel, training: dict, base: Path, where: str
     return rollout, rewards
 
 
-def _resolve_rewards(raw, base: Path, where: str) -> RewardsConfig:
+def _resolve_rewards(rewards: RewardsConfig | None, base: Path, where: str) -> RewardsConfig:
     from leap_finetune.rl.rewards import check_reward_spec
 
     example = "rewards: [accuracy]   (or ./my_rewards.py::my_reward, or a judge: {judge: {model: ..., base_url: ...}})"
-    if raw is None:
+    if rewards is None:
         raise LeapError("training_type grpo needs rewards: the functions that score each completion", where=where,
                         fix=f"add e.g. {example}")
-    rewards = RewardsConfig(funcs=raw) if isinstance(raw, list) else raw
     if not rewards.funcs and rewards.judge is None:
         raise LeapError("rewards has no function and no judge", where=where, fix=f"add e.g. {example}")
     funcs = []
@@ -51,15 +52,43 @@ def _resolve_rewards(raw, base: Path, where: str) -> RewardsConfig:
             file, _, name = spec["name"].partition("::")
             spec = {**spec, "name": f"{_absolute(file, base)}::{name}"}
         funcs.append(check_reward_spec(spec, index, where))
-    count = len(funcs) + (1 if rewards.judge is not None else 0)
-    if rewards.weights is not None and len(rewards.weights) != count:
-        listed = f"{len(funcs)} function(s)" + (" and the judge" if rewards.judge is not None else "")
-        raise LeapError(f"rewards.weights has {len(rewards.weights)} value(s), but there are {count} rewards "
-                        f"({listed})", where=where, fix=f"give {count} weights, in the order of funcs then the judge, "
-                        "or leave weights out (1 each)")
+    _check_weights(rewards, where)
     if rewards.judge is not None:
         _check_judge(rewards.judge, where)
     return rewards.model_copy(update={"funcs": funcs})
+
+
+def reward_weights(rewards: RewardsConfig) -> list[float]:
+    """The weight of each reward, in TRL's order: the functions, then the judge."""
+    if rewards.weights is not None:
+        return list(rewards.weights)
+    return [1.0] * len(rewards.funcs) + ([rewards.judge.weight] if rewards.judge is not None else [])
+
+
+def _check_weights(rewards: RewardsConfig, where: str) -> None:
+    count = len(rewards.funcs) + (1 if rewards.judge is not None else 0)
+    listed = f"{len(rewards.funcs)} function(s)" + (" and the judge" if rewards.judge is not None else "")
+    if rewards.weights is not None:
+        if len(rewards.weights) != count:
+            raise LeapError(f"rewards.weights has {len(rewards.weights)} value(s), but there are {count} rewards "
+                            f"({listed})", where=where, fix=f"give {count} weights, in the order of funcs then the "
+                            "judge, or leave weights out (1 each)")
+        infinite = next((i for i, w in enumerate(rewards.weights) if not math.isfinite(w)), None)
+        if infinite is not None:
+            raise LeapError(f"rewards.weights[{infinite}] is {shown(rewards.weights[infinite])}: expected a finite "
+                            "number", where=where, fix="give every reward a finite weight (1 is the default)")
+        if rewards.judge is not None and "weight" in rewards.judge.model_fields_set:
+            raise LeapError("the judge's weight is given twice: rewards.judge.weight and the last of rewards.weights",
+                            where=where, fix="keep one (rewards.weights lists the judge's weight after the functions')")
+    weights = reward_weights(rewards)
+    if weights and not any(weights):
+        given = f"rewards.weights: [{', '.join(plain(w) for w in weights)}]" if rewards.weights is not None else \
+            "rewards.judge.weight: 0, the only reward"
+        raise LeapError(f"every reward's weight is 0 ({given}): every completion's weighted reward would be 0, "
+                        "and GRPO would learn nothing (a completion's advantage is its reward minus its group's mean)",
+                        where=where,
+                        fix="give at least one reward a non-zero weight; a weight of 0 for one reward is fine when "
+                        "another is not 0 (it is then computed and logged, not trained on)")
 
 
 def _absolute(file: str, base: Path) -> str:

@@ -7,6 +7,7 @@ training / LoRA key against the library that will receive it -> resolve names an
 from __future__ import annotations
 
 import dataclasses
+import importlib.util
 from pathlib import Path
 
 from pydantic import ValidationError
@@ -26,10 +27,11 @@ from leap_finetune.config.lora import check_lora_values
 from leap_finetune.config.model_init import check_model_init_kwargs
 from leap_finetune.config.paths import expand_home, local_path
 from leap_finetune.config.rules import check_training_rules
-from leap_finetune.config.suggest import did_you_mean, unknown_key_fix
+from leap_finetune.config.suggest import did_you_mean, other_type_key, unknown_key_fix
 from leap_finetune.config.trackers import check_report_to
 from leap_finetune.config.yaml_io import read_yaml
 from leap_finetune.config.async_eval import check_async_eval_config
+from leap_finetune.config.cluster_values import check_eval_sbatch_values, check_ray_values, check_slurm_values
 from leap_finetune.config.datasets import resolve_data_path, resolve_dataset, validate_dataset
 from leap_finetune.errors import LeapError
 
@@ -44,6 +46,7 @@ MANAGED_TRAINING_KEYS = {
     "dataset_text_field": "leap-finetune renders `messages` with the chat template itself",
     "dataset_kwargs": "leap-finetune prepares the dataset itself",
     "eos_token": "the chat template's end-of-turn token is used",
+    "reward_weights": "set rewards.weights (GRPO: one per reward function, then the judge's)",
 }
 
 
@@ -64,7 +67,9 @@ def load_config(source: str | Path | dict, *, base_dir: Path | None = None,
         from leap_finetune.config.overrides import apply_overrides
 
         raw = apply_overrides(raw, overrides)
-        where += " (with " + " ".join(f"--set {o}" for o in overrides) + ")"
+        import shlex
+
+        where += " (with " + " ".join(f"--set {shlex.quote(o)}" for o in overrides) + ")"  # (as typed in a shell)
         return _load(raw, config_path, base, where).model_copy(update={"overrides": list(overrides)})
     return _load(raw, config_path, base, where)
 
@@ -84,10 +89,14 @@ def _load(raw: dict, config_path: Path | None, base: Path, where: str) -> Resolv
         from leap_finetune.config.schema import RayConfig
 
         _check_keys(raw["ray"], RayConfig.model_fields, where, "ray")
+        check_ray_values(raw["ray"], where)
     if isinstance(raw.get("slurm"), dict):
         from leap_finetune.config.schema import SlurmConfig
 
         _check_keys(raw["slurm"], SlurmConfig.model_fields, where, "slurm")
+        check_slurm_values(raw["slurm"], where)
+    if isinstance(raw.get("async_eval"), dict) and isinstance(raw["async_eval"].get("sbatch"), dict):
+        check_eval_sbatch_values(raw["async_eval"]["sbatch"], where)
     if isinstance(raw.get("grpo_rollout"), dict):
         from leap_finetune.config.schema import GrpoRolloutConfig
 
@@ -124,6 +133,8 @@ def _load(raw: dict, config_path: Path | None, base: Path, where: str) -> Resolv
         model = LeapConfigModel.model_validate(raw)
     except ValidationError as err:
         raise _pydantic_error(err, where) from None
+    if model.evals is not None and not model.evals.benchmarks:  # `evals.benchmarks: []` switches benchmarks off
+        model = model.model_copy(update={"evals": None})
 
     training, loss_on, resume = _resolve_training(model, where)
     peft = _resolve_peft(model.peft_config, where)
@@ -322,6 +333,12 @@ def _pydantic_error(err: ValidationError, where: str, prefix: str = "") -> LeapE
     fix = "see docs/config.md for every key, its type and default"
     if first["type"] == "missing":
         return LeapError(f"required key '{loc}' is missing{more}", where=where, fix=fix)
+    from leap_finetune.config import schema
+    from leap_finetune.config.numbers import explain
+
+    number = explain(getattr(schema, err.title, None), first, prefix)  # a number's type or range: said in our words
+    if number is not None:
+        return LeapError(f"{number[0]}{more}", where=where, fix=number[1])
     return LeapError(f"{loc}: {first['msg']}{got_text}{more}", where=where, fix=fix)
 
 
@@ -330,6 +347,26 @@ def trainer_arg_fields(training_type: str) -> set[str]:
     from leap_finetune.recipes import recipe
 
     return {f.name for f in dataclasses.fields(recipe(training_type).config_class()) if f.init}
+
+
+def _types_with_key(key: str, training_type: str) -> list[str]:
+    """The other training types whose training_config has `key` (a config switched from one type to another)."""
+    from leap_finetune.config.schema import TRAINING_TYPES
+
+    owners = []
+    for kind in TRAINING_TYPES:
+        if kind == training_type:
+            continue
+        if kind == "sft" and key in ("loss_on", "compile_layers"):
+            owners.append(kind)
+            continue
+        # TRL's config classes come with the package; sentence-transformers' only with the `retrieval` extra (a
+        # config of another type must not need it): a type whose library is missing is not asked
+        if kind in RETRIEVAL_TYPES and importlib.util.find_spec("sentence_transformers") is None:
+            continue
+        if key in trainer_arg_fields(kind):
+            owners.append(kind)
+    return owners
 
 
 def _resolve_training(model: LeapConfigModel, where: str) -> tuple[dict, str, str | None]:
@@ -369,13 +406,15 @@ def _resolve_training(model: LeapConfigModel, where: str) -> tuple[dict, str, st
         if key == "compile_layers" and not isinstance(user[key], bool):
             raise LeapError(f"training_config.compile_layers is {user[key]!r}", where=where, fix="use true or false")
         if key not in allowed and key != "assistant_only_loss":
+            owners = _types_with_key(key, model.training_type)
+            if owners:
+                message, fix = other_type_key(key, model.training_type, owners)
+                raise LeapError(message, where=where, fix=fix)
             retrieval = model.training_type in RETRIEVAL_TYPES
             owner = "sentence-transformers' training arguments" if retrieval else \
                 f"TRL's {model.training_type.upper()}Config"
-            fix = "set the lengths per side: retrieval.query_max_length and retrieval.document_max_length" \
-                if retrieval and key == "max_length" else unknown_key_fix(key, allowed)
             raise LeapError(f"unknown key '{key}' in training_config (not a leap-finetune key, nor one of {owner})",
-                            where=where, fix=fix)
+                            where=where, fix=unknown_key_fix(key, allowed))
     if "assistant_only_loss" in user:
         value = user.pop("assistant_only_loss")
         mapped = "assistant" if value else "all"

@@ -2,7 +2,8 @@
 
 KEY is the dotted path of the key in the YAML (`training_config.learning_rate`, `dataset.limit`, and for a
 list an index: `dataset[1].weight` or `dataset.1.weight`); VALUE is read as YAML, as in the file (`1e-4`
-is a float, `true` a boolean, `[a, b]` a list, `null` removes nothing but sets null). The config is then
+is a float, `true` a boolean, `[a, b]` a list, `{a: 1}` a mapping, `[]` an empty list, `null` removes nothing
+but sets null). The config is then
 validated exactly as if the file said it, so an override gets the same errors.
 """
 
@@ -33,7 +34,8 @@ def apply_overrides(raw: dict, overrides: list[str]) -> dict:
             value = yaml.load(text, Loader=_ConfigLoader) if text.strip() else ""  # noqa: S506 - SafeLoader subclass
         except yaml.YAMLError as err:
             raise LeapError(f"--set {key}: the value {text!r} is not valid YAML ({getattr(err, 'problem', err)})",
-                            where="--set", fix="quote it for your shell, e.g. --set 'evals.benchmarks=[]'") from None
+                            where="--set", fix="write the value as in the YAML file, in quotes for your shell: e.g. "
+                            "--set 'evals.benchmarks=[]' or --set 'peft_config={extends: DEFAULT_LORA}'") from None
         _set(raw, _parts(key), value, key)
     return raw
 
@@ -44,7 +46,8 @@ def _parts(key: str) -> list:
         match = re.fullmatch(r"([^\[\]]*)((?:\[\d+\])*)", piece)
         if not match or (not match.group(1) and not match.group(2)):
             raise LeapError(f"--set {key}: '{piece}' is not a key", where="--set",
-                            fix=f"keys are separated by dots, list items by [N]: e.g. {EXAMPLE} or --set dataset[1].weight=2")
+                            fix=f"keys are separated by dots, list items by [N] (in quotes for your shell) or .N: e.g. "
+                            f"{EXAMPLE}, --set 'dataset[1].epochs=2' or --set dataset.1.epochs=2")
         if match.group(1):
             parts.append(int(match.group(1)) if match.group(1).isdigit() else match.group(1))
         parts += [int(i) for i in re.findall(r"\[(\d+)\]", match.group(2))]

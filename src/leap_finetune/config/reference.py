@@ -128,14 +128,19 @@ def render_reference() -> str:
         "",
         "## `rewards`",
         "",
-        "GRPO only: how each completion is scored. `rewards: [accuracy, ./my_rewards.py::fn]` is shorthand for",
-        "`rewards: {funcs: [...]}`. Built-ins: `accuracy` (the answer matches the row's `solution`; math-aware",
-        "with math-verify, else the normalised final answer or `\\boxed{}` value), `format` (`{name: format,",
+        "GRPO only: how each completion is scored. `rewards: [accuracy, ./my_rewards.py::fn]` (or one name,",
+        "`rewards: accuracy`) is shorthand for `rewards: {funcs: [...]}`. Built-ins: `accuracy` (the answer",
+        "matches the row's `solution`; math-aware with math-verify, else the normalised final answer or",
+        "`\\boxed{}` value), `format` (`{name: format,",
         "pattern: REGEX}`), `length` (`{name: length, target_tokens: N}`), `tool_call_valid` (LFM tool calls that",
         "parse and name the row's tools). A custom reward is `def fn(completions, **kwargs) -> list[float | None]`:",
         "`completions` are the generated texts; kwargs hold the rows' columns (`solution`, `prompt_text` - the",
-        "prompt as plain text -, any other column of your data) and TRL's `prompts`, `completion_ids`,",
-        "`trainer_state`, `log_metric`. None skips a completion for that reward.",
+        "prompt as plain text -, `tools` - the row's tools as JSON text, \"\" without -, any other column of your",
+        "data) and TRL's `prompts`, `completion_ids`,",
+        "`trainer_state`, `log_metric`. None skips a completion for that reward; NaN, infinities and anything",
+        "that is not a number stop the run with an error naming the function, the step and the prompt.",
+        "`validate` and `run` call each custom reward once on the first training rows before the model loads",
+        "(`check_at_validate: false` skips that call).",
         "",
         *_fields_table(RewardsConfig, "rewards."),
         "",
@@ -153,8 +158,13 @@ def render_reference() -> str:
         "",
         "## `training_config`",
         "",
-        "Any argument of the training type's TRL config - `SFTConfig`, `DPOConfig`, `KTOConfig` (and so of",
-        "transformers' `TrainingArguments`) - can be set here; a key it does not accept is an error.",
+        "Any argument of the training type's trainer config (all of them extend transformers'",
+        "`TrainingArguments`) can be set here; a key it does not accept is an error:",
+        "",
+        "| training_type | config class |",
+        "| --- | --- |",
+        *[f"| `{name}` | {_config_class_name(name)} |" for name in TRAINING_TYPES],
+        "",
         "Values are parsed as transformers' `HfArgumentParser` parses its own arguments: by the field's type",
         "(`learning_rate: \"1e-3\"` is the number 1e-3; `learning_rate: fast` is an error naming the key) and",
         "its choices (`lr_scheduler_type`, `optim`, `save_strategy`, ... list their accepted values). These",
@@ -233,3 +243,14 @@ def _profile_tables(named_profiles: dict[str, dict]) -> list[str]:
         lines += [f"| `{k}` | `{v!r}` |" for k, v in values.items()]
         lines.append("")
     return lines
+
+
+def _config_class_name(training_type: str) -> str:
+    """`SFTConfig` (TRL), `SentenceTransformerTrainingArguments` (sentence-transformers), ...: read from the recipe
+    itself, so a new training type cannot be left out of the reference."""
+    from leap_finetune.recipes import recipe
+
+    cls = recipe(training_type).config_class()
+    library = {"trl": "TRL", "sentence_transformers": "sentence-transformers"}.get(cls.__module__.split(".")[0],
+                                                                               cls.__module__.split(".")[0])
+    return f"{library}'s `{cls.__name__}`"

@@ -11,6 +11,9 @@ import re
 from typing import Literal
 
 from pydantic import BaseModel, ConfigDict, Field, field_validator, model_validator
+from pydantic_core import PydanticCustomError
+
+from leap_finetune.config.numbers import LEAP_VALUE, check_field, shown
 
 TRAINING_TYPES = ("sft", "dpo", "kto", "grpo", "embedding", "colbert")
 SUPPORTED_TRAINING_TYPES = ("sft", "dpo", "kto", "grpo", "embedding", "colbert")
@@ -18,6 +21,12 @@ SUPPORTED_TRAINING_TYPES = ("sft", "dpo", "kto", "grpo", "embedding", "colbert")
 
 class StrictModel(BaseModel):
     model_config = ConfigDict(extra="forbid", validate_assignment=True)
+
+    @field_validator("*", mode="before")
+    @classmethod
+    def check_numbers(cls, value, info):
+        """`true` or `.nan` where a number is expected is refused (pydantic would read `true` as 1)."""
+        return check_field(value, cls.model_fields[info.field_name])
 
 
 class DatasetConfig(StrictModel):
@@ -31,7 +40,7 @@ class DatasetConfig(StrictModel):
     limit: int | None = Field(default=None, gt=0, description="Use only the first N rows of `path` (those rows are the dataset: each is validated).")
     test_size: float | None = Field(
         default=None,
-        gt=0,
+        gt=0, allow_inf_nan=False,
         description="Hold out this fraction (0-1) or this many rows (>= 1) for evaluation. Ignored when `val_path` is set.",
     )
     split: str = Field(default="train", description="Split to read from a Hub dataset.")
@@ -42,12 +51,12 @@ class DatasetConfig(StrictModel):
         description="`error`: stop and list invalid rows. `skip`: drop them, print why, and save them to dropped_rows.jsonl.",
     )
     weight: float | None = Field(
-        default=None, gt=0,
+        default=None, gt=0, allow_inf_nan=False,
         description="With several sources (`dataset:` as a list): this source's share of the training rows, relative "
         "to the other sources' weights (sampled with `seed`; a share above its rows repeats rows). Give every source a "
-        "weight, or none.")
+        "weight (a finite number > 0), or none.")
     epochs: float | None = Field(
-        default=None, gt=0,
+        default=None, gt=0, allow_inf_nan=False,
         description="This source's rows per training epoch, as a multiple of its rows: 2 repeats each row twice, 0.5 "
         "takes half of them (sampled with `seed`). Not with `weight`.")
     num_proc: int | None = Field(
@@ -94,7 +103,8 @@ class BenchmarkConfig(StrictModel):
 class EvalsConfig(StrictModel):
     """Benchmarks run before the first step, every `eval_steps`, and after the last step."""
 
-    benchmarks: list[BenchmarkConfig] = Field(min_length=1, description="The benchmarks to run.")
+    benchmarks: list[BenchmarkConfig] = Field(description="The benchmarks to run; `[]` runs none (as without "
+                                              "`evals:`), e.g. `--set 'evals.benchmarks=[]'` for one run.")
     max_new_tokens: int = Field(default=128, gt=0, description="Generation length limit for generation benchmarks.")
     batch_size: int = Field(default=8, gt=0, description="Rows per generation batch / options per scoring batch.")
     do_sample: bool = Field(default=False, description="Sample instead of greedy decoding.")
@@ -172,7 +182,8 @@ class RayConfig(StrictModel):
         "for servers); without GPUs, 1 (in-process). N CPU workers (gloo) run the distributed path on a laptop.")
     resources_per_worker: dict[str, float] | None = Field(
         default=None, description="Ray resources per worker, e.g. {CPU: 8, GPU: 1} (default: 1 GPU on GPUs, 1 CPU "
-        "otherwise).")
+        "otherwise): CPU, GPU, memory (bytes) or a custom resource of the cluster, finite amounts >= 0; the workers "
+        "must fit on the cluster, checked before any starts.")
     connect_timeout_s: float = Field(default=30, gt=0, description="How long to wait for `address` to answer.")
 
 
@@ -189,7 +200,9 @@ class SlurmConfig(StrictModel):
                                       "runs Ray there); default: the partition's default.")
     mem: str | None = Field(default=None, min_length=1, description="#SBATCH --mem, e.g. 200G.")
     job_name: str | None = Field(default=None, min_length=1, description="#SBATCH --job-name; default: project_name.")
-    extra_sbatch: list[str] = Field(default_factory=list, description="More #SBATCH options, e.g. [\"--qos=high\"].")
+    extra_sbatch: list[str] = Field(default_factory=list, description="More #SBATCH options, e.g. [\"--qos=high\"], "
+                                    "one line each, as sbatch reads them (a value with spaces or `#` in double quotes: "
+                                    "--comment=\"run #2\").")
     setup: list[str] = Field(default_factory=list, description="Shell lines run first on the head node, e.g. "
                              "[\"module load cuda\", \"source ~/venv/bin/activate\"].")
     ray_start_timeout_s: int = Field(default=600, gt=0, description="How long to wait for every node's GPUs to join.")
@@ -286,9 +299,9 @@ class JudgeConfig(StrictModel):
     prompt_template: str = Field(default=DEFAULT_JUDGE_PROMPT, min_length=1,
                                  description="The judge's prompt: `{prompt}`, `{completion}`, `{solution}`, "
                                  "`{min_score}`, `{max_score}` are filled in (write `{{`/`}}` for braces).")
-    min_score: float = Field(default=0, description="The lowest score the judge gives (normalised to 0).")
-    max_score: float = Field(default=10, description="The highest score the judge gives (normalised to 1).")
-    weight: float = Field(default=1.0, description="The judge's weight among the rewards (unless `rewards.weights` "
+    min_score: float = Field(default=0, allow_inf_nan=False, description="The lowest score the judge gives (normalised to 0).")
+    max_score: float = Field(default=10, allow_inf_nan=False, description="The highest score the judge gives (normalised to 1).")
+    weight: float = Field(default=1.0, allow_inf_nan=False, description="The judge's weight among the rewards (unless `rewards.weights` "
                           "lists it).")
     failure_score: float = Field(default=0.0, ge=0, le=1, description="The normalised reward of a completion the "
                                  "judge could not score (timeout, error, no number in its answer); such failures "
@@ -306,8 +319,24 @@ class JudgeConfig(StrictModel):
                                     "/models) and check that `model` is served.")
     api_key_env: str | None = Field(default=None, min_length=1, description="The environment variable that holds "
                                     "the API key (the key itself never goes in the config or the logs).")
-    temperature: float = Field(default=0.0, ge=0, description="The judge's sampling temperature.")
+    temperature: float = Field(default=0.0, ge=0, allow_inf_nan=False, description="The judge's sampling temperature.")
     max_tokens: int = Field(default=64, gt=0, description="The judge's answer length limit.")
+
+
+def reward_list(value):
+    """`funcs` as a list: one name alone is a list of one; an entry that is neither a name nor a mapping is refused
+    here, with its index (pydantic would list the union's members)."""
+    if isinstance(value, str):
+        return [value]
+    if isinstance(value, list):
+        for index, entry in enumerate(value):
+            if not isinstance(entry, (str, dict)):
+                raise PydanticCustomError(LEAP_VALUE, "{shown} is not a reward", {
+                    "shown": shown(entry), "index": index,
+                    "expected": "a reward's name: a built-in (accuracy, format, length, tool_call_valid), "
+                                "./file.py::function, or a mapping {name: ..., its options}",
+                    "fix": "write e.g. rewards: [accuracy] or rewards: [./my_rewards.py::my_reward]"})
+    return value
 
 
 class RewardsConfig(StrictModel):
@@ -316,10 +345,20 @@ class RewardsConfig(StrictModel):
     funcs: list[str | dict] = Field(default_factory=list, description="Built-ins: `accuracy`, `format` (with "
                                     "`pattern`), `length` (with `target_tokens`), `tool_call_valid`; or "
                                     "`path/to/file.py::function`. A mapping gives options: `{name: format, pattern: "
-                                    "'^Answer:'}`.")
+                                    "'^Answer:'}`. One name alone is a list of one.")
     weights: list[float] | None = Field(default=None, description="One weight per function, then the judge's; "
-                                        "default: 1 each (the judge: `judge.weight`).")
+                                        "default: 1 each (the judge: `judge.weight`). Finite; 0 leaves a reward out of "
+                                        "training (it is still computed and logged), so at least one must not be 0.")
     judge: JudgeConfig | None = Field(default=None, description="An LLM judge (keys below).")
+    check_at_validate: bool = Field(default=True, description="`validate` and `run` (before the model loads) call "
+                                    "each custom function once on the first 2 training rows, with the row's solution "
+                                    "and an empty text as completions, and check what it returns; false skips the "
+                                    "call (your code is run). The judge has its own `judge.check_at_validate`.")
+
+    @field_validator("funcs", mode="before")
+    @classmethod
+    def check_funcs(cls, value):
+        return reward_list(value)
 
 
 class LeapConfigModel(StrictModel):
@@ -332,7 +371,7 @@ class LeapConfigModel(StrictModel):
     )
     model_name: str = Field(
         min_length=1,
-        description="A Hub id, an LFM short name (LFM2-1.2B), a local folder, or a built-in tiny model (tiny-lfm2, tiny-lfm2.5, tiny-lfm2.5-vl)."
+        description="A Hub id, an LFM short name (LFM2-1.2B), a local folder (a model folder; a run folder: its model/; a project folder ./outputs/PROJECT: the model/ of its newest finished run), or a built-in tiny model (tiny-lfm2, tiny-lfm2.5, tiny-lfm2.5-vl)."
     )
     training_type: str = Field(default="sft", description="One of: " + ", ".join(TRAINING_TYPES) + ".")
     chat_template: str | None = Field(
@@ -358,8 +397,8 @@ class LeapConfigModel(StrictModel):
         "visible GPUs.")
     grpo_rollout: GrpoRolloutConfig | None = Field(
         default=None, description="GRPO: GPUs for the rollout server, the judge and training (keys below).")
-    rewards: RewardsConfig | list | None = Field(
-        default=None, description="GRPO's rewards (keys below); a list is shorthand for `funcs`.")
+    rewards: RewardsConfig | None = Field(
+        default=None, description="GRPO's rewards (keys below); a list (or one name) is shorthand for `funcs`.")
     retrieval: RetrievalConfig | None = Field(
         default=None, description="embedding / colbert: loss, prompts, lengths, pooling (keys below).")
     checkpoint: str | None = Field(
@@ -372,3 +411,11 @@ class LeapConfigModel(StrictModel):
         ge=0,
         description="Print the model's answers to this many held-out prompts before and after training.",
     )
+
+    @field_validator("rewards", mode="before", json_schema_input_type=RewardsConfig | list[str | dict] | str | None)
+    @classmethod
+    def check_rewards(cls, value):
+        """`rewards: [accuracy]` and `rewards: accuracy` are shorthand for `rewards: {funcs: [accuracy]}`."""
+        if isinstance(value, (list, str)):
+            return {"funcs": reward_list(value)}
+        return value

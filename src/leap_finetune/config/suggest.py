@@ -19,3 +19,24 @@ def did_you_mean(word: str, choices: Iterable[str]) -> str:
 def unknown_key_fix(key: str, choices: Iterable[str]) -> str:
     hint = did_you_mean(key, choices)
     return hint or "remove it, or check the spelling against the config reference (docs/config.md)"
+
+
+# A training_config key of other training types, and what this training type uses instead ((key, type) -> text)
+INSTEAD = {
+    ("max_length", "grpo"): "remove it: GRPO keeps each prompt whole and limits the generated tokens with "
+                            "max_completion_length (with vLLM, vllm_max_model_length is the context: prompt + "
+                            "completion)",
+    ("max_length", "embedding"): "set the lengths per side: retrieval.query_max_length and "
+                                 "retrieval.document_max_length",
+    **{("max_completion_length", kind): "use max_length instead (prompt and completion tokens together)"
+       for kind in ("sft", "dpo", "kto")},
+}
+
+
+def other_type_key(key: str, training_type: str, owners: list[str]) -> tuple[str, str]:
+    """(message, fix) for a training_config key that other training types have and this one has not: said as
+    such, with what this type uses instead - a near spelling of this type's keys would mislead (`max_length` in
+    a GRPO config is not a typo of `vllm_max_model_length`)."""
+    listed = ", ".join(owners[:-1]) + f" and {owners[-1]}" if len(owners) > 1 else owners[0]
+    message = f"training_config.{key} is a key of {listed} training, not of {training_type}"
+    return message, INSTEAD.get((key, training_type), f"remove it ({training_type} has no such setting)")

@@ -99,6 +99,7 @@ class GrpoPrompt:
     plain_prompt: str
     extra: dict
     meta: dict = field(default_factory=dict)
+    tools: list | None = None
 
     @property
     def tokens(self) -> int:
@@ -112,12 +113,20 @@ class GrpoPrompt:
     def truncated(self) -> bool:
         return False
 
+    @property
+    def tools_json(self) -> str:
+        # The row's tools as JSON text ("" without): tool schemas differ from row to row, which an Arrow column of
+        # structs cannot hold; a reward gets them as `tools` (tool_call_valid reads them).
+        return json.dumps(self.tools, ensure_ascii=False) if self.tools else ""
+
     def columns(self) -> dict:
         return {"prompt": self.prompt_text, "solution": self.solution or "", "prompt_text": self.plain_prompt,
-                **self.extra}
+                "tools": self.tools_json, **self.extra}
 
     def inspect(self) -> dict:
+        # (prompt_text, tools: what the reward functions get; validate calls custom rewards with them)
         return {"prompt": self.prompt_text, "solution": self.solution, "prompt_tokens": len(self.prompt_ids),
+                "prompt_text": self.plain_prompt, **({"tools": self.tools_json} if self.tools else {}),
                 **({"columns": self.extra} if self.extra else {})}
 
 
@@ -126,7 +135,7 @@ def prepare_prompt(renderer, row: GrpoRow) -> GrpoPrompt:
     ids = renderer.tokenizer(text, add_special_tokens=False)["input_ids"]
     plain = row.prompt[-1]["content"] if len(row.prompt) == 1 else \
         "\n".join(f"{m['role']}: {m.get('content') or ''}" for m in row.prompt)
-    return GrpoPrompt(text, ids, row.solution, plain, row.extra)
+    return GrpoPrompt(text, ids, row.solution, plain, row.extra, tools=row.tools)
 
 
 def column_kind_problems(kinds) -> list[RowProblem]:

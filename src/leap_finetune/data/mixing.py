@@ -33,7 +33,9 @@ def mix(table: RowTable, items: list, reports: list, seed: int, path) -> RowTabl
     """Each source's training rows per epoch (the sources' rows are consecutive in `table`): as they are,
     `epochs` times, or its `weight`'s share of the mix. Without weights or epochs the table is used as it is."""
     rng = np.random.default_rng(seed)
-    weights = [item.weight for item in items if item.weight is not None]
+    # Shares from weights scaled by the largest: finite for any finite weights (1e308 + 1e308 would be inf)
+    largest = max((item.weight for item in items if item.weight is not None), default=1.0)
+    weights = [item.weight / largest for item in items if item.weight is not None]
     total = sum(r.train_rows for r in reports)
     orders, start = [], 0
     for index, (item, report) in enumerate(zip(items, reports, strict=True)):
@@ -45,7 +47,7 @@ def mix(table: RowTable, items: list, reports: list, seed: int, path) -> RowTabl
                 "be trained", where=f"dataset[{index}]: {item.path}",
                 fix="raise training_config.max_length, lower its test_size, or remove the source")
         if item.weight is not None:
-            target = round(total * item.weight / sum(weights))
+            target = round(total * (item.weight / largest) / sum(weights))
             report.mixing = f"weight {item.weight:g}"
         else:
             target = round(rows * (item.epochs if item.epochs is not None else 1))

@@ -49,10 +49,13 @@ class SourceReport:
     """One entry of `dataset:` in the data report."""
 
     path: str
-    rows_read: int = 0
+    rows_read: int = 0  # of `path` (the held-out file's rows are counted apart)
     valid: int = 0
     train_rows: int = 0  # after truncation, before mixing
-    eval_rows: int = 0
+    eval_rows: int = 0  # held out: part of `path` (test_size), or the rows of `val_path`
+    val_path: str = ""
+    val_rows_read: int = 0
+    val_valid: int = 0
     used_rows: int = 0  # training rows per epoch after `weight` / `epochs`
     train_tokens: int = 0  # of the used rows
     mixing: str = ""  # "weight 0.3", "epochs 2", or ""
@@ -81,6 +84,7 @@ class PreparedData:
     sources: list[SourceReport] = field(default_factory=list)
     from_cache: str | None = None  # the cache entry these were read from (None: prepared now)
     seconds: float = 0.0  # preparation time (0 when read from the cache)
+    tokenized: bool = True  # False: counted without a tokenizer (count_rows): no tokens, no max_length cuts
 
     @property
     def train_tokens(self) -> int:
@@ -134,21 +138,7 @@ def prepare_data(resolved: ResolvedConfig, tokenizer, renderer, *, console=None,
     from leap_finetune.data import cache
 
     items = dataset_items(resolved)
-    notices: list[str] = []
-    streams = []
-    for index, item in enumerate(items):
-        key = "dataset.path" if len(items) == 1 else f"dataset[{index}].path"
-        source = Source(item.path, split=item.split, subset=item.subset, limit=item.limit, key=key)
-        streams.append(_Stream(index, source, held_out=False))
-        if item.val_path:
-            val = Source(item.val_path, split=item.split, subset=item.subset, limit=None, key=key.replace("path", "val_path"))
-            streams.append(_Stream(index, val, held_out=True))
-    for stream in streams:
-        skipped = stream.source.skipped
-        if skipped:
-            notices.append(f"{stream.source.path}: not read (sub-folders and files that are not {', '.join(SUFFIXES)}): "
-                           + ", ".join(skipped[:10]) + (f" and {len(skipped) - 10} more" if len(skipped) > 10 else ""))
-
+    streams, notices = _streams(items)
     entry = cache.entry_for(resolved, tokenizer, renderer, [s.source for s in streams], examples) \
         if use_cache and all(item.cache for item in items) else None
     prepared = cache.load(entry, console) if entry is not None else None
@@ -184,6 +174,99 @@ def prepare_data(resolved: ResolvedConfig, tokenizer, renderer, *, console=None,
     return prepared
 
 
+def _streams(items: list[DatasetConfig]) -> tuple[list[_Stream], list[str]]:
+    """Each source's file sets (`path`, and `val_path`), and notices about what in them is not read."""
+    notices: list[str] = []
+    streams = []
+    for index, item in enumerate(items):
+        key = "dataset.path" if len(items) == 1 else f"dataset[{index}].path"
+        source = Source(item.path, split=item.split, subset=item.subset, limit=item.limit, key=key)
+        streams.append(_Stream(index, source, held_out=False))
+        if item.val_path:
+            val = Source(item.val_path, split=item.split, subset=item.subset, limit=None, key=key.replace("path", "val_path"))
+            streams.append(_Stream(index, val, held_out=True))
+    for stream in streams:
+        skipped = stream.source.skipped
+        if skipped:
+            notices.append(f"{stream.source.path}: not read (sub-folders and files that are not {', '.join(SUFFIXES)}): "
+                           + ", ".join(skipped[:10]) + (f" and {len(skipped) - 10} more" if len(skipped) > 10 else ""))
+    return streams, notices
+
+
+def count_rows(resolved: ResolvedConfig, *, console=None) -> PreparedData:
+    """Every row checked as `prepare_data` checks it, split and mixed, without a tokenizer: what `plan` does
+    where the model's tokenizer is not at hand. Its tables hold row positions, not tokens (`tokenized` is
+    False): no token counts, and rows that max_length would cut away entirely are still counted."""
+    import tempfile
+    from pathlib import Path
+
+    import pyarrow as pa
+
+    items = dataset_items(resolved)
+    streams, notices = _streams(items)
+    requested = max((item.num_proc for item in items if item.num_proc is not None), default=None)
+    estimate = sum(_estimate_rows(s.source) for s in streams)
+    with Workers(Job(resolved, None), processes_for(requested, estimate)) as workers, \
+            Progress(console, workers.processes) as progress:
+        read, dropped, warnings = _check_every_row(resolved, items, streams, workers, progress)
+    _choose_held_out(streams, items, resolved.training.get("seed", 42))
+    train_rows, eval_rows = [0] * len(items), [0] * len(items)
+    for stream in streams:
+        held = int(stream.eval_mask.sum()) if stream.eval_mask is not None else 0
+        train_rows[stream.item] += stream.valid - held
+        eval_rows[stream.item] += held
+    reports = _source_reports(items, streams, train_rows, eval_rows)
+
+    def positions(count: int) -> RowTable:
+        return RowTable(pa.table({"row": np.arange(count)}), np.zeros(count, np.int64), np.zeros(count, np.int64))
+
+    with tempfile.TemporaryDirectory(prefix="leap-count-") as folder:  # (mix writes only tables it was given on disk)
+        train = mix(positions(sum(train_rows)), items, reports, resolved.training.get("seed", 42),
+                    Path(folder) / "train.arrow")
+    prepared = PreparedData(train=train, eval=positions(sum(eval_rows)), rows_read=read, dropped=dropped,
+                            invalid_skipped=len(dropped), warnings=warnings.kept, warning_rows=warnings.rows,
+                            notices=notices, sources=reports, tokenized=False)
+    _check_left(prepared, items)
+    if resolved.training_type == "kto":
+        _check_kto_batches(prepared, resolved)
+    return prepared
+
+
+def _source_reports(items: list[DatasetConfig], streams: list[_Stream], train_rows: list[int],
+                    eval_rows: list[int]) -> list[SourceReport]:
+    def count(i: int, held_out: bool, what: str) -> int:
+        return sum(getattr(s, what) for s in streams if s.item == i and s.held_out == held_out)
+
+    return [SourceReport(item.path, rows_read=count(i, False, "rows"), valid=count(i, False, "valid"),
+                         train_rows=train_rows[i], eval_rows=eval_rows[i], val_path=item.val_path or "",
+                         val_rows_read=count(i, True, "rows"), val_valid=count(i, True, "valid"))
+            for i, item in enumerate(items)]
+
+
+def _check_every_row(resolved: ResolvedConfig, items: list[DatasetConfig], streams: list[_Stream], workers,
+                     progress) -> tuple[int, list[DroppedRow], _Warnings]:
+    """Pass 1: every row checked; every problem listed before anything is tokenized. Returns the rows read, the
+    invalid rows skipped (on_invalid: skip) and the warnings."""
+    warnings = _Warnings()
+    for stream in streams:
+        progress.start(f"checking {_short(stream.source.path)}", stream.source.limit)
+        for checked in workers.map(check_chunk, chunked(stream.source.rows())):
+            warnings.add(checked.warnings)
+            checked.warnings = []
+            stream.chunks.append(checked)
+            progress.advance(checked.rows)
+        _after_check(stream, resolved)
+    read = sum(s.rows for s in streams)
+    problems = [p for s in streams if items[s.item].on_invalid == "error" for p in s.problems]
+    if problems:
+        raise DataError(problems=problems, total_rows=read)
+    for stream in streams:
+        if not stream.rows:
+            raise LeapError("the dataset has no rows", where=stream.source.path,
+                            fix="add rows, or check dataset.path / split")
+    return read, _dropped([p for s in streams for p in s.problems]), warnings
+
+
 def _prepare_now(resolved: ResolvedConfig, renderer, items: list[DatasetConfig], streams: list[_Stream],
                  notices: list[str], console, examples: int, folder) -> PreparedData:
     started = time.perf_counter()
@@ -192,25 +275,7 @@ def _prepare_now(resolved: ResolvedConfig, renderer, items: list[DatasetConfig],
     with Workers(Job(resolved, renderer), processes_for(requested, estimate)) as workers, \
             Progress(console, workers.processes) as progress:
         faults.point("data-prep")
-        # pass 1: every row checked; every problem listed before anything is tokenized
-        warnings = _Warnings()
-        for stream in streams:
-            progress.start(f"checking {_short(stream.source.path)}", stream.source.limit)
-            for checked in workers.map(check_chunk, chunked(stream.source.rows())):
-                warnings.add(checked.warnings)
-                checked.warnings = []
-                stream.chunks.append(checked)
-                progress.advance(checked.rows)
-            _after_check(stream, resolved)
-        read = sum(s.rows for s in streams)
-        problems = [p for s in streams if items[s.item].on_invalid == "error" for p in s.problems]
-        if problems:
-            raise DataError(problems=problems, total_rows=read)
-        dropped = _dropped([p for s in streams for p in s.problems])
-        for stream in streams:
-            if not stream.rows:
-                raise LeapError("the dataset has no rows", where=stream.source.path,
-                                fix="add rows, or check dataset.path / split")
+        read, dropped, warnings = _check_every_row(resolved, items, streams, workers, progress)
         _choose_held_out(streams, items, resolved.training.get("seed", 42))
 
         any_eval = any(s.eval_mask is not None and s.eval_mask.any() for s in streams)
@@ -254,10 +319,7 @@ def _prepare_now(resolved: ResolvedConfig, renderer, items: list[DatasetConfig],
                 base += count
                 progress.advance(count)
 
-    reports = [SourceReport(item.path, rows_read=sum(s.rows for s in streams if s.item == i),
-                            valid=sum(s.valid for s in streams if s.item == i),
-                            train_rows=train_rows[i], eval_rows=eval_rows[i])
-               for i, item in enumerate(items)]
+    reports = _source_reports(items, streams, train_rows, eval_rows)
     train = mix(train_out.finish(), items, reports, resolved.training.get("seed", 42), folder / "train.arrow")
     prepared = PreparedData(
         train=train, eval=eval_out.finish(), rows_read=read,

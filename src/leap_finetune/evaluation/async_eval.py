@@ -172,7 +172,10 @@ class AsyncBenchmarks(EvaluationLog):
         print_summary(self.console, results, None, f"of step {snapshot.step} ({snapshot.when}; {self.settings.mode}{late})")
         self.log_at(snapshot.step, dict(results))
         self.write_results(snapshot.step, snapshot.when, results)
-        for predictions in (snapshot.folder / "predictions").glob("*.jsonl"):  # the newest evaluation's
+        from leap_finetune.evaluation.standalone import predictions_dir
+
+        # the newest evaluation's (`eval --output results.json` wrote them beside its results)
+        for predictions in predictions_dir(snapshot.folder / "results.json").glob("*.jsonl"):
             os.replace(predictions, self.predictions_dir / predictions.name)
 
     def log_at(self, step: int, logs: dict) -> None:

@@ -12,6 +12,7 @@ import threading
 import time
 from pathlib import Path
 
+from leap_finetune.config.cluster_values import sbatch_value
 from leap_finetune.config.resolved import ResolvedConfig
 from leap_finetune.errors import LeapError
 from leap_finetune.evaluation.snapshot import Outcome, Snapshot
@@ -35,14 +36,14 @@ def job_script(resolved: ResolvedConfig, snapshot: Snapshot, jobs: Path) -> str:
     settings = resolved.async_eval
     python = shlex.quote(sys.executable)
     run = re.sub(r"[^A-Za-z0-9._-]", "_", Path(resolved.run_dir).name if resolved.run_dir else resolved.project_name)
-    # (#SBATCH lines are not shell words: a path with a space cannot be quoted there - sbatch gets --output on
-    # its command line instead, see sidecar_job)
+    # (#SBATCH lines follow sbatch's own quoting, not the shell's: values through sbatch_value; --output, a path,
+    # goes on sbatch's command line instead, see sidecar_job)
     directives = [f"--job-name=leap-eval-{run}-step-{snapshot.step}", "--ntasks=1", f"--time={settings.sbatch.time}"]
     if settings.vllm_gpus:
         directives.append(f"--gpus={settings.vllm_gpus}")
     for key, value in (("partition", settings.sbatch.partition), ("account", settings.sbatch.account)):
         if value:
-            directives.append(f"--{key}={value}")
+            directives.append(f"--{key}={sbatch_value(value)}")
     exports = " ".join(f"{k}={v}" for k, v in NO_MULTICAST.items())
     # A CPU evaluator (vllm_gpus: 0) may share the training machine's cores: it yields to training (nice).
     nice = "" if settings.vllm_gpus else "nice -n 19 "

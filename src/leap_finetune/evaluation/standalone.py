@@ -37,7 +37,8 @@ def evaluate_config(source, *, output: str | Path | None = None, console: Consol
     console = console or Console(stderr=True)
     resolved = source if isinstance(source, ResolvedConfig) else load_config(source)
     if resolved.evals is None:
-        raise LeapError("the config has no evals: block", where=resolved.config_path or "config",
+        raise LeapError("the config has no benchmarks to run (no evals: block, or evals.benchmarks is empty)",
+                        where=resolved.config_path or "config",
                         fix="add evals: with benchmarks (see README \"Benchmarks\")")
     target = model_to_evaluate(resolved)
     benchmarks = check_benchmarks(resolved, target.model_id)
@@ -96,7 +97,7 @@ def evaluate_config(source, *, output: str | Path | None = None, console: Consol
     if torch.cuda.is_available():
         model = model.to("cuda")
     renderer = Renderer(tokenizer, load_chat_template(resolved.chat_template, tokenizer), "all", None)
-    predictions = Path(output).resolve().parent / "predictions" if output else None
+    predictions = predictions_dir(output)
     processor = _processor_for(target.model_id, resolved.model_id, tokenizer, benchmarks)
     results = run_benchmarks(model, renderer, resolved.evals, benchmarks, predictions_dir=predictions,
                              processor=processor, server=generator)
@@ -144,8 +145,18 @@ def _run_on_server(resolved: ResolvedConfig, benchmarks, generator, output) -> d
     """Generation benchmarks only: nothing loads here, the server answers."""
     from leap_finetune.evaluation.runner import run_benchmarks
 
-    predictions = Path(output).resolve().parent / "predictions" if output else None
+    predictions = predictions_dir(output)
     return run_benchmarks(None, None, resolved.evals, benchmarks, predictions_dir=predictions, server=generator)
+
+
+def predictions_dir(output) -> Path | None:
+    """`--output results.json` puts each benchmark's predictions in `results.predictions/<name>.jsonl`: named
+    after the results file, so two evaluations written to one folder keep their own (a shared `predictions/`
+    was overwritten by the next one, unannounced)."""
+    if not output:
+        return None
+    output = Path(output).resolve()
+    return output.with_name(output.stem + ".predictions")
 
 
 def _write_report(report: dict, output, console) -> None:
@@ -155,6 +166,9 @@ def _write_report(report: dict, output, console) -> None:
         Path(output).parent.mkdir(parents=True, exist_ok=True)
         write_atomic(Path(output), json.dumps(report, indent=2))
         console.print(f"results: {output}")
+        predictions = predictions_dir(output)
+        if predictions.is_dir():
+            console.print(f"predictions (prompt, prediction, reference, score per row): {predictions}/")
 
 
 def _evaluate_retrieval(resolved: ResolvedConfig, target: ModelToEvaluate, benchmarks, console) -> dict:

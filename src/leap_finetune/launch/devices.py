@@ -100,15 +100,8 @@ def plan_devices(*, gpus: int, nodes: int = 1, server: int = 0, judge: int = 0, 
         return plan
     available = gpus - reserved
     wanted = training if training is not None else available
-    if wanted == 0 and training is None:
-        raise LeapError(f"the plan reserves {reserved} of the {gpus} visible GPU(s) for servers (server {server}, judge "
-                        f"{judge}, eval {eval_gpus}): none is left for training", where=where,
-                        fix="reserve fewer GPUs, or run where more GPUs are visible")
-    if wanted <= 0 or wanted > available:
-        raise LeapError(
-            f"the plan requests {server} server + {judge} judge + {eval_gpus} eval + {wanted} training GPU(s), but "
-            f"{gpus} {'is' if gpus == 1 else 'are'} visible" + (" per node" if nodes > 1 else ""), where=where,
-            fix="lower the counts, or run where more GPUs are visible (CUDA_VISIBLE_DEVICES decides what is visible)")
+    if wanted < 1 or wanted > available:
+        raise _too_few_gpus(gpus, nodes, server, judge, eval_gpus, training, where)
     index = 0
     for name, count in (("server", server), ("judge", judge), ("eval", eval_gpus), ("training", wanted)):
         setattr(plan, name, list(range(index, index + count)))
@@ -125,16 +118,50 @@ def plan_devices(*, gpus: int, nodes: int = 1, server: int = 0, judge: int = 0, 
     return plan
 
 
+# Each kind of server's GPUs: its key, what it is, and how to run it without GPUs of this node
+RESERVED = (
+    ("server", "grpo_rollout.server_gpus", "the rollout server",
+     ("grpo_rollout.server_gpus: 0 with training_config.vllm_mode: colocate (vLLM inside the training workers) or "
+      "training_config.vllm_server_base_url (a server you run)")),
+    ("judge", "grpo_rollout.judge_gpus", "the judge",
+     "grpo_rollout.judge_gpus: 0 (the judge then runs on CPU; or give rewards.judge.base_url, a judge you run)"),
+    ("eval", "async_eval.vllm_gpus", "the evaluation server",
+     "async_eval.vllm_gpus: 0 (a CPU evaluator) or async_eval.mode: sidecar"),
+)
+
+
+def _too_few_gpus(gpus: int, nodes: int, server: int, judge: int, eval_gpus: int, training: int | None,
+                  where: str) -> LeapError:
+    """What each part of the plan takes, by its key, against what is visible; and what to change."""
+    counts = {"server": server, "judge": judge, "eval": eval_gpus}
+    reserved = sum(counts.values())
+    parts = [f"{counts[name]} for {what} ({key})" for name, key, what, _ in RESERVED if counts[name]]
+    parts.append(f"{training} for training (grpo_rollout.training_gpus)" if training is not None
+                 else "at least 1 for training")
+    needed = reserved + (training if training is not None else 1)
+    visible = f"{gpus} {'is' if gpus == 1 else 'are'} visible" + (" per node" if nodes > 1 else "")
+    fixes = []
+    if training is not None and gpus - reserved >= 1:
+        fixes.append(f"set grpo_rollout.training_gpus to {gpus - reserved} or fewer (or leave it out: the rest)")
+    fixes.append(f"run where {needed} GPUs are visible (CUDA_VISIBLE_DEVICES decides; plan for them with "
+                 f"leap-finetune plan CONFIG --gpus {needed})")
+    fixes += [f"take {what} off this node's GPUs: {instead}" for name, _, what, instead in RESERVED if counts[name]]
+    return LeapError(f"the plan needs {needed} GPU(s)" + (" per node" if nodes > 1 else "") + ": "
+                     + ", ".join(parts) + f"; {visible}", where=where, fix="; or ".join(fixes))
+
+
 def device_plan(resolved, *, gpus: int | None = None, nodes: int | None = None) -> DevicePlan:
     """The plan for a resolved config: over the GPUs this driver sees (or `gpus`), one node (or
     `nodes`), or the shape of the Ray cluster at ray.address / RAY_ADDRESS (asked, bounded in time)."""
-    from leap_finetune.launch.distributed import cluster_shape, ray_address
+    from leap_finetune.launch.distributed import cluster_nodes, cluster_shape, ray_address
 
     ray = resolved.ray
     address = ray_address(resolved)
     where = resolved.config_path or "config"
+    this_machine, cluster = gpus is None, None
     if address and gpus is None and nodes is None:
-        nodes, gpus = cluster_shape(address, ray.connect_timeout_s if ray else 30)
+        cluster = cluster_nodes(address, ray.connect_timeout_s if ray else 30)
+        nodes, gpus = cluster_shape(cluster)
     rollout = getattr(resolved, "grpo_rollout", None)
     servers = {}
     if rollout is not None:
@@ -145,6 +172,8 @@ def device_plan(resolved, *, gpus: int | None = None, nodes: int | None = None) 
     plan = plan_devices(gpus=visible_gpus() if gpus is None else gpus, nodes=nodes or 1,
                         num_workers=ray.num_workers if ray else None, address=address,
                         fsdp=bool(resolved.training.get("fsdp")), where=where, **servers)
+    if not plan.in_process:
+        _check_resources(ray.resources_per_worker if ray else None, plan, cluster, this_machine, where)
     judge = getattr(resolved, "rewards", None) and resolved.rewards.judge
     local_servers = plan.server or plan.judge or (judge is not None and judge.base_url is None)
     if local_servers and address:
@@ -166,6 +195,24 @@ def device_plan(resolved, *, gpus: int | None = None, nodes: int | None = None) 
                             "not installed", where=where,
                             fix="pip install 'leap-finetune[distributed]' (or set ray.num_workers: 1 for one process)")
     return plan
+
+
+def _check_resources(resources: dict | None, plan: DevicePlan, cluster: list[dict] | None, this_machine: bool,
+                     where: str) -> None:
+    """The workers fit on the cluster (asked) or on the local Ray instance the run starts (its CPUs where this is
+    the machine, its GPUs), before Ray or any worker starts."""
+    from leap_finetune.launch.ray_resources import check_cluster, check_for_plan, check_own_ray
+
+    check_for_plan(resources, plan.use_gpu, where)
+    if cluster is not None:
+        check_cluster(resources, plan.use_gpu, plan.workers, cluster, where, f"the Ray cluster at {plan.address}")
+    elif plan.address is None and plan.nodes == 1:
+        import os
+
+        node = {"GPU": float(len(plan.training))} if plan.use_gpu else {}
+        if this_machine:
+            node["CPU"] = float(os.cpu_count() or 1)
+        check_own_ray(resources, plan.use_gpu, plan.workers, 1, node, where, "a local Ray instance on this machine")
 
 
 def _check_fsdp(fsdp: bool, workers: int, where: str) -> None:

@@ -44,17 +44,30 @@ def check_reachable(address: str, timeout: float) -> None:
                         "a local Ray instance is started") from None
 
 
-def cluster_shape(address: str, timeout: float) -> tuple[int, int]:
-    """(nodes, GPUs per node) of an existing Ray cluster (connects, reads, disconnects)."""
+def cluster_nodes(address: str, timeout: float) -> list[dict]:
+    """The resources of each live node of an existing Ray cluster (connects, reads, disconnects; a connection this
+    process already holds is read as it is, as run_on_ray would use it)."""
     import ray
 
+    if ray.is_initialized():
+        return alive_nodes()
     check_reachable(address, timeout)
     ray.init(address=address, logging_level="ERROR", log_to_driver=False)
     try:
-        nodes = [n for n in ray.nodes() if n.get("Alive")]
-        gpus = [int(n.get("Resources", {}).get("GPU", 0)) for n in nodes]
+        return alive_nodes()
     finally:
         ray.shutdown()
+
+
+def alive_nodes() -> list[dict]:
+    import ray
+
+    return [dict(n.get("Resources", {})) for n in ray.nodes() if n.get("Alive")]
+
+
+def cluster_shape(nodes: list[dict]) -> tuple[int, int]:
+    """(nodes, GPUs per node) of a cluster's live nodes: those with GPUs, when some have them."""
+    gpus = [int(node.get("GPU", 0)) for node in nodes]
     with_gpus = [g for g in gpus if g > 0]
     return (len(with_gpus), min(with_gpus)) if with_gpus else (len(nodes), 0)
 
@@ -89,6 +102,12 @@ def run_on_ray(resolved_json: dict, plan: DevicePlan, run_dir: Path) -> None:
                      logging_config=ray.LoggingConfig(log_level="ERROR"))
         else:
             _init_local(plan, env)
+    try:
+        _check_cluster(resolved_json, plan)
+    except LeapError:
+        if started_here:
+            ray.shutdown()
+        raise
     from leap_finetune.launch.worker import worker_error
 
     worker_error(run_dir)  # (an error file left by a run whose driver was killed before reading it)
@@ -118,6 +137,16 @@ def run_on_ray(resolved_json: dict, plan: DevicePlan, run_dir: Path) -> None:
         signals.clear_request(run_dir)
         if started_here:
             ray.shutdown()
+
+
+def _check_cluster(resolved_json: dict, plan: DevicePlan) -> None:
+    """The workers fit on the Ray cluster as it is now (Ray Train would wait for them without end)."""
+    from leap_finetune.launch.ray_resources import check_cluster
+
+    resources = (resolved_json.get("ray") or {}).get("resources_per_worker")
+    cluster = f"the Ray cluster at {plan.address}" if plan.address else "the local Ray instance"
+    check_cluster(resources, plan.use_gpu, plan.workers, alive_nodes(), resolved_json.get("config_path") or "config",
+                  cluster)
 
 
 def _has_dashboard() -> bool:

@@ -91,6 +91,42 @@ def _best_eval(run_dir: Path) -> tuple[float, int] | None:
     return min(losses, key=lambda pair: pair[0]) if losses else None
 
 
+def _metric(metrics: dict | None, name: str):
+    """A held-out retrieval metric (eval_retrieval_<score function>_<name>: cosine, maxsim, ...)."""
+    return next((v for k, v in (metrics or {}).items() if k.startswith("eval_retrieval_") and k.endswith(f"_{name}")),
+                None)
+
+
+def retrieval_results(summary: dict) -> list[tuple[str, float | None, float]]:
+    """(metric, before, after) of an embedding / ColBERT run: the held-out queries' nDCG@10, MRR@10 and
+    recall@10, then each retrieval benchmark's nDCG@10."""
+    rows = []
+    if summary.get("ndcg@10") is not None:
+        rows.append(("held-out nDCG@10", summary.get("initial_ndcg@10"), summary["ndcg@10"]))
+    for name in ("mrr@10", "recall@10"):
+        after = _metric(summary.get("eval_metrics"), name)
+        if after is not None:
+            rows.append((f"held-out {name.replace('mrr', 'MRR')}", _metric(summary.get("initial_eval_metrics"), name),
+                         after))
+    for name, after in (summary.get("retrieval_benchmarks") or {}).items():
+        if after is not None:
+            rows.append((f"{name} nDCG@10", (summary.get("initial_retrieval_benchmarks") or {}).get(name), after))
+    return rows
+
+
+def _data_rows(prepared) -> list[str]:
+    """One row per file read: a source's `path`, and its `val_path` (every row held out) on a row of its own."""
+    lines = []
+    for s in prepared.sources:
+        held_out = 0 if s.val_path else s.eval_rows
+        lines.append(f"| `{s.path}` | {s.rows_read:,} | {s.valid:,} | {s.train_rows:,} | {held_out:,} | "
+                     f"{s.mixing or '-'} | {s.train_tokens:,} |")
+        if s.val_path:
+            lines.append(f"| `{s.val_path}` (held out) | {s.val_rows_read:,} | {s.val_valid:,} | - | {s.eval_rows:,} | "
+                         "- | - |")
+    return lines
+
+
 def _resume_changes(run_dir: Path) -> list[dict]:
     import json
 
@@ -100,6 +136,23 @@ def _resume_changes(run_dir: Path) -> list[dict]:
         return []
     return [c for c in value if isinstance(c, dict) and {"step", "key", "before", "now"} <= set(c)] \
         if isinstance(value, list) else []
+
+
+def _lengths_row(resolved) -> str:
+    if resolved.training_type in RETRIEVAL:  # (no packing; each side cut to its own length)
+        r = resolved.retrieval
+        own = "the encoder's own"
+        return f"| max length query / document | {r.query_max_length or own} / {r.document_max_length or own} |"
+    return f"| max length / packing | {resolved.training.get('max_length')} / {resolved.training.get('packing', False)} |"
+
+
+def _use_it_too(resolved) -> str:
+    run_dir = resolved.run_dir
+    if resolved.training_type in RETRIEVAL:  # (an encoder: nothing to chat with)
+        return (f"Score it on a retrieval benchmark: `leap-finetune eval CONFIG` with `checkpoint: {run_dir}` and a "
+                f"benchmark of `metric: retrieval`; `leap-finetune export {run_dir}` copies it as a "
+                "sentence-transformers folder.")
+    return f"Or in the terminal: `leap-finetune chat {run_dir}`."
 
 
 def card_text(resolved, prepared, summary: dict, devices_line: str, adapter: bool) -> str:
@@ -114,11 +167,11 @@ def card_text(resolved, prepared, summary: dict, devices_line: str, adapter: boo
              f"leap-finetune {__version__}.", ""]
     lines += ["## Data", "", "| source | rows read | valid | train | eval | mix | tokens used |",
               "| --- | --- | --- | --- | --- | --- | --- |"]
-    for s in prepared.sources:
-        lines.append(f"| `{s.path}` | {s.rows_read:,} | {s.valid:,} | {s.train_rows:,} | {s.eval_rows:,} | "
-                     f"{s.mixing or '-'} | {s.train_tokens:,} |")
-    lines += ["", f"{len(prepared.train):,} training rows, {prepared.train_tokens:,} tokens "
-              f"({prepared.trained_tokens:,} carrying loss); {len(prepared.eval):,} held out. "
+    lines += _data_rows(prepared)
+    retrieval = resolved.training_type in RETRIEVAL
+    loss_tokens = "" if retrieval else f" ({prepared.trained_tokens:,} carrying loss)"  # (every token of a text)
+    lines += ["", f"{len(prepared.train):,} training rows, {prepared.train_tokens:,} tokens{loss_tokens}; "
+              f"{len(prepared.eval):,} held out. "
               f"Not trained on: {prepared.invalid_skipped:,} invalid row(s) skipped, {prepared.fully_truncated:,} "
               f"with every trained token beyond max_length"
               + (" (listed in dropped_rows.jsonl)." if prepared.dropped else "."), ""]
@@ -128,11 +181,13 @@ def card_text(resolved, prepared, summary: dict, devices_line: str, adapter: boo
               f"| epochs / max steps | {training.get('num_train_epochs')} / {training.get('max_steps', -1)} |",
               f"| batch per device x accumulation x workers | {training.get('per_device_train_batch_size')} x "
               f"{training.get('gradient_accumulation_steps', 1)} x {resolved.workers} |",
-              f"| max length / packing | {training.get('max_length')} / {training.get('packing', False)} |",
-              f"| steps | {summary.get('global_step')} |",
-              f"| training time | {_number(summary.get('train_runtime_s'), 1)} s |",
-              f"| tokens seen | {summary.get('tokens_seen', '-')} |",
-              f"| hardware | {devices_line.removeprefix('devices: ')} |"]
+              _lengths_row(resolved),
+              f"| steps | {summary.get('global_step')} |"]
+    if isinstance(summary.get("train_runtime_s"), (int, float)):
+        lines.append(f"| training time | {summary['train_runtime_s']:,.1f} s |")
+    if summary.get("tokens_seen"):  # (a number only where the trainer counts them)
+        lines.append(f"| tokens seen | {summary['tokens_seen']:,} |")
+    lines.append(f"| hardware | {devices_line.removeprefix('devices: ')} |")
     for change in _resume_changes(run_dir):  # (resume_allow_changes: the values above hold from that step on)
         lines.append(f"| changed on resume at step {change['step']} | {change['key'].removeprefix('training_config.')}: "
                      f"{change['before']!r} -> {change['now']!r} |")
@@ -155,11 +210,10 @@ def card_text(resolved, prepared, summary: dict, devices_line: str, adapter: boo
     if summary.get("final_reward") is not None:
         lines.append(f"| reward (first / last 5 steps) | {_number(summary.get('initial_reward'))} | "
                      f"{_number(summary['final_reward'])} |")
-    if summary.get("ndcg@10") is not None:
-        lines.append(f"| held-out nDCG@10 | {_number(summary.get('initial_ndcg@10'))} | {_number(summary['ndcg@10'])} |")
+    for name, before, after in retrieval_results(summary):
+        lines.append(f"| {name} | {_number(before)} | {_number(after)} |")
     lines += ["", "Plots: `plots/` in the run folder; every logged value: `metrics.jsonl`.", ""]
-    lines += ["## Use it", "", "```python", snippet(resolved, summary, adapter), "```", "",
-              "Or in the terminal: `leap-finetune chat " + str(run_dir) + "`.", ""]
+    lines += ["## Use it", "", "```python", snippet(resolved, summary, adapter), "```", "", _use_it_too(resolved), ""]
     lines += ["## Config", "", "<details><summary>resolved_config.yaml (every value after profiles and defaults)"
               "</summary>", "", "```yaml", dump_yaml(resolved.to_json_dict()).rstrip(), "```", "", "</details>", ""]
     card = ModelCard.from_template(ModelCardData(**_metadata(resolved, prepared, adapter)),

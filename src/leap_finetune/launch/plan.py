@@ -200,7 +200,7 @@ RESUME_ALLOWABLE = ("rewards",)
 # ... of which these keys change how the run is served, not what it trains: free (a judge moved to another host,
 # given more time after it stopped the run)
 OPERATIONAL = {"rewards": {"judge": ("base_url", "timeout_s", "max_concurrency", "retries", "max_failed_steps",
-                                     "check_at_validate", "api_key_env")},
+                                     "check_at_validate", "api_key_env"), "": ("check_at_validate",)},
                "retrieval": {"": ("mini_batch_size",)}}  # (cached_mnrl's memory knob: the same gradients)
 
 

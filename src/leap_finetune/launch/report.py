@@ -92,7 +92,8 @@ def data_report(console: Console, prepared: PreparedData, resolved: ResolvedConf
         for column in ("source", "read", "valid", "train", "eval", "mix", "used", "used tokens"):
             table.add_column(column, justify="left" if column in ("source", "mix") else "right")
         for s in prepared.sources:
-            table.add_row(escape("/".join(s.path.split("/")[-2:])), f"{s.rows_read:,}", f"{s.valid:,}", f"{s.train_rows:,}", f"{s.eval_rows:,}",
+            held_out = f" + {s.val_rows_read:,} held out" if s.val_path else ""  # (val_path's rows, read apart)
+            table.add_row(escape("/".join(s.path.split("/")[-2:])), f"{s.rows_read:,}{held_out}", f"{s.valid:,}", f"{s.train_rows:,}", f"{s.eval_rows:,}",
                           s.mixing or "-", f"{s.used_rows:,}", f"{s.train_tokens:,}")
         console.print(table)
     if prepared.from_cache:
@@ -154,7 +155,7 @@ def _last_logged(run_dir: Path, keys: tuple[str, ...]) -> dict:
 
 def end_report(console: Console, resolved: ResolvedConfig, summary: dict) -> None:
     """The run in one table: what trained, how long and how fast, the results before -> after, where it all is."""
-    from leap_finetune.launch.model_card import _best_eval
+    from leap_finetune.launch.model_card import _best_eval, retrieval_results
 
     run_dir = Path(summary["run_dir"])
     table = Table(title="run report", show_header=False, title_justify="left")
@@ -177,6 +178,8 @@ def end_report(console: Console, resolved: ResolvedConfig, summary: dict) -> Non
     for key, after in (summary.get("benchmarks") or {}).items():
         before = (summary.get("initial_benchmarks") or {}).get(key)
         table.add_row(key, (f"{before:.3f} -> " if before is not None else "") + f"{after:.3f}")
+    for name, before, after in retrieval_results(summary):  # embedding / colbert
+        table.add_row(name, (f"{before:.3f} -> " if before is not None else "") + f"{after:.3f}")
     after, before = summary.get("eval_metrics") or {}, summary.get("initial_eval_metrics") or {}
     trained = _last_logged(run_dir, ("rewards/accuracies", "rewards/margins", "rewards/chosen", "rewards/rejected"))
     if resolved.training_type == "dpo":

@@ -81,7 +81,8 @@ def _training_processes(devices: DevicePlan, config_path: str | None) -> list[di
     return listed
 
 
-def plan_report(resolved, devices: DevicePlan, prepared) -> dict:
+def plan_report(resolved, devices: DevicePlan, prepared, no_tokens: str = "") -> dict:
+    """`no_tokens`: why the rows were counted without the tokenizer (prepared.tokenized is False)."""
     from leap_finetune.api import last_batch_note
 
     t = resolved.training
@@ -98,12 +99,20 @@ def plan_report(resolved, devices: DevicePlan, prepared) -> dict:
         "rows": rows,
         "steps_per_epoch": steps_per_epoch,
         "max_steps": t.get("max_steps", -1),
-        "tokens_per_step": round(tokens_per_row * global_batch),
+        "tokens_per_step": round(tokens_per_row * global_batch) if prepared.tokenized else None,
+        "tokens_not_counted": None if prepared.tokenized else _why_no_tokens(resolved, no_tokens),
         "sampling": (f"each prompt {t.get('num_generations', 8)} times (GRPO's groups)"
                      if resolved.training_type == "grpo" else t.get("train_sampling_strategy", "random")),
         "last_batch": last_batch_note(t, rows, global_batch, devices.workers),
         "processes": processes(devices, resolved.config_path, resolved),
     }
+
+
+def _why_no_tokens(resolved, no_tokens: str) -> str:
+    cut = resolved.training_type in ("sft", "dpo", "kto") and resolved.training.get("max_length")
+    return ((no_tokens or "the tokenizer is not at hand") + ", and plan does not download it; `leap-finetune validate` "
+            "does, then plan counts them" + ("; the rows above include any that max_length would cut away entirely"
+                                             if cut else ""))
 
 
 def print_plan(console, report: dict) -> None:
@@ -131,7 +140,10 @@ def print_plan(console, report: dict) -> None:
                   f"{batch['workers']} worker(s) = {batch['global']} rows per step; {report['rows']} rows -> "
                   f"{report['steps_per_epoch']} steps per epoch"
                   + (f" (max_steps {report['max_steps']})" if report["max_steps"] and report["max_steps"] > 0 else "")
-                  + f"; ~{report['tokens_per_step']:,} tokens per step")
+                  + (f"; ~{report['tokens_per_step']:,} tokens per step" if report["tokens_per_step"] is not None
+                     else ""))
+    if report["tokens_per_step"] is None:
+        console.print(f"tokens: not counted ({escape(report['tokens_not_counted'])})")
     console.print(f"sampling: {report['sampling']}" + (" (each step's rows dealt so workers get equal tokens)"
                                                       if report["sampling"] == "batch_rebalance" else ""))
     if report["last_batch"]:

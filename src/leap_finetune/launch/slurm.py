@@ -9,6 +9,7 @@ for SLURM. Steps use `srun --overlap` so the Ray daemons and the driver share th
 
 from __future__ import annotations
 
+import re
 import shlex
 import shutil
 import subprocess
@@ -16,6 +17,7 @@ import sys
 import time
 from pathlib import Path
 
+from leap_finetune.config.cluster_values import sbatch_value
 from leap_finetune.config.resolved import ResolvedConfig
 from leap_finetune.config.schema import SlurmConfig
 from leap_finetune.errors import LeapError
@@ -29,11 +31,11 @@ def script_text(resolved: ResolvedConfig, slurm: SlurmConfig, log_folder: Path, 
     ray_cli = str(Path(python).with_name("ray"))
     nodes, gpus = slurm.nodes, slurm.gpus_per_node
     directives = [
-        f"--job-name={slurm.job_name or resolved.project_name}",
+        f"--job-name={sbatch_value(slurm.job_name or resolved.project_name)}",
         f"--nodes={nodes}",
         "--ntasks-per-node=1",
-        f"--time={slurm.time}",
-        f"--output={log_folder}/slurm-%j.out",
+        f"--time={sbatch_value(slurm.time)}",
+        f"--output={sbatch_value(log_pattern(log_folder))}",
     ]
     if gpus:
         directives.append(f"--gpus-per-node={gpus}")
@@ -42,13 +44,14 @@ def script_text(resolved: ResolvedConfig, slurm: SlurmConfig, log_folder: Path, 
     for key, value in (("partition", slurm.partition), ("account", slurm.account), ("mem", slurm.mem),
                        ("cpus-per-task", slurm.cpus_per_task)):
         if value is not None:
-            directives.append(f"--{key}={value}")
+            directives.append(f"--{key}={sbatch_value(str(value))}")
     directives += [line.removeprefix("#SBATCH").strip() for line in slurm.extra_sbatch]
     exports = " ".join(f"{k}={v}" for k, v in {**NO_MULTICAST, "RAY_USAGE_STATS_ENABLED": "0"}.items())
     config = shlex.quote(resolved.config_path or "CONFIG.yaml")
     lines = [
         "#!/bin/bash",
-        f"# leap-finetune: {resolved.config_path} on {nodes} node(s) x {gpus} GPU(s), Ray Train over the allocation.",
+        (f"# leap-finetune: {one_line(str(resolved.config_path))} on {nodes} node(s) x {gpus} GPU(s), Ray Train over "
+         "the allocation."),
         "# Written by `leap-finetune slurm`; submit with: sbatch <this file>",
         *[f"#SBATCH {d}" for d in directives],
         "",
@@ -111,13 +114,43 @@ def script_text(resolved: ResolvedConfig, slurm: SlurmConfig, log_folder: Path, 
     return "\n".join(lines)
 
 
+def log_pattern(log_folder: Path) -> str:
+    """--output's file name pattern: the job id in the log's name, `%` of the folder's own name kept as it is."""
+    folder = str(log_folder)
+    if "\\" in folder or one_line(folder) != folder:
+        # (sbatch takes a backslash in --output as "no %j patterns": the log would not be where it is announced)
+        raise LeapError(f"the job's log folder {folder!r} holds a backslash or a control character, which sbatch's "
+                        "--output would misread", where="leap-finetune slurm",
+                        fix="keep the config (and outputs/) in a folder whose path has neither")
+    return folder.replace("%", "%%") + "/slurm-%j.out"
+
+
+def one_line(text: str) -> str:
+    """Text for a comment line of the script: a control character (a newline would end the comment) as `?`."""
+    return "".join("?" if ord(char) < 32 or ord(char) == 127 else char for char in text)
+
+
+def check_job_resources(resolved: ResolvedConfig, devices, where: str) -> None:
+    """The workers fit on the Ray cluster the job starts (ray start with the node's CPUs and GPUs only, below)."""
+    from leap_finetune.launch.ray_resources import check_for_plan, check_own_ray
+
+    resources = resolved.ray.resources_per_worker if resolved.ray else None
+    check_for_plan(resources, devices.use_gpu, where)
+    node = {"GPU": float(devices.gpus_per_node)} if devices.use_gpu else {}
+    check_own_ray(resources, devices.use_gpu, devices.workers, devices.nodes, node, where,
+                  "a Ray cluster of its own in the SLURM job")
+
+
 def write_script(resolved: ResolvedConfig, slurm: SlurmConfig, folder: Path) -> Path:
     from leap_finetune.launch.plan import check_writable
 
+    text = script_text(resolved, slurm, folder)
     check_writable(folder, "the slurm folder")
     folder.mkdir(parents=True, exist_ok=True)
-    path = folder / f"{slurm.job_name or resolved.project_name}-{time.strftime('%Y%m%d-%H%M%S')}.sbatch"
-    path.write_text(script_text(resolved, slurm, folder), encoding="utf-8")
+    # (the job name may hold anything sbatch accepts; the file name keeps only what needs no quoting)
+    stem = re.sub(r"[^A-Za-z0-9._-]+", "-", slurm.job_name or "").strip("-.") or resolved.project_name
+    path = folder / f"{stem}-{time.strftime('%Y%m%d-%H%M%S')}.sbatch"
+    path.write_text(text, encoding="utf-8")
     path.chmod(0o755)
     return path
 

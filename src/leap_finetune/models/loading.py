@@ -8,6 +8,7 @@ trust_remote_code, ...) to the tokenizer's too.
 from __future__ import annotations
 
 import os
+from pathlib import Path
 
 from leap_finetune.errors import LeapError
 from leap_finetune.models.tiny import TINY_MODELS, build_tiny_model, load_tiny_tokenizer
@@ -19,8 +20,9 @@ def load_tokenizer(model_id: str, init_kwargs: dict | None = None):
     from transformers import AutoTokenizer
 
     from leap_finetune.config.model_init import TOKENIZER_KEYS
+    from leap_finetune.models.hub import download_kwargs
 
-    kwargs = {k: v for k, v in (init_kwargs or {}).items() if k in TOKENIZER_KEYS}
+    kwargs = {**download_kwargs(model_id), **{k: v for k, v in (init_kwargs or {}).items() if k in TOKENIZER_KEYS}}
     try:
         tokenizer = AutoTokenizer.from_pretrained(model_id, **kwargs)
     except Exception as err:  # noqa: BLE001
@@ -28,6 +30,21 @@ def load_tokenizer(model_id: str, init_kwargs: dict | None = None):
     if tokenizer.pad_token is None:
         tokenizer.pad_token = tokenizer.eos_token
     return tokenizer
+
+
+def tokenizer_at_hand(model_id: str, init_kwargs: dict | None = None):
+    """(the tokenizer, "") when its files are here - built in, a folder, the Hugging Face cache - else (None, why):
+    never downloaded (`plan` works on any machine and needs the tokenizer only to count tokens)."""
+    from leap_finetune.models.hub import is_hub_id
+
+    if is_hub_id(model_id):
+        try:
+            return load_tokenizer(model_id, {**(init_kwargs or {}), "local_files_only": True}), ""
+        except LeapError:
+            return None, f"the tokenizer of {model_id} is not in the Hugging Face cache"
+    if not os.path.exists(model_id) and model_id not in TINY_MODELS:
+        return None, f"the model folder {model_id} is not on this machine"
+    return load_tokenizer(model_id, init_kwargs), ""  # (a broken folder is the user's to fix: its error)
 
 
 def torch_dtype(name):
@@ -50,30 +67,79 @@ def load_model(model_id: str, tokenizer, init_kwargs: dict | None = None, *, dty
         return model
     from transformers import AutoModelForCausalLM, AutoModelForImageTextToText
 
+    from leap_finetune.models.hub import download_kwargs
     from leap_finetune.models.vision import is_vision_model
 
+    kwargs = {**download_kwargs(model_id), **kwargs}
     auto = AutoModelForImageTextToText if is_vision_model(model_id) else AutoModelForCausalLM
     try:
         return auto.from_pretrained(model_id, dtype=dtype, **kwargs)
     except Exception as err:  # noqa: BLE001
-        raise _unavailable(model_id, "model", err) from None
+        raise _unavailable(model_id, "model", err, kwargs.get("subfolder")) from None
 
 
-def _unavailable(model_id: str, what: str, err: Exception) -> LeapError:
-    offline = os.environ.get("HF_HUB_OFFLINE") == "1" or os.environ.get("TRANSFORMERS_OFFLINE") == "1"
-    first_line = (str(err).strip().splitlines() or [type(err).__name__])[0]
+# What a model folder needs, as transformers looks for it: (what, any one of these files)
+FOLDER_FILES = {
+    "tokenizer": (("tokenizer files", ("tokenizer.json", "tokenizer.model", "vocab.json", "tokenizer_config.json")),),
+    "model": (("config.json", ("config.json",)),
+              ("weights", ("model.safetensors", "model.safetensors.index.json", "pytorch_model.bin",
+                           "pytorch_model.bin.index.json"))),
+}
+
+
+def _unavailable(model_id: str, what: str, err: Exception, subfolder: str | None = None) -> LeapError:
+    said = " ".join(str(err).split()) or type(err).__name__  # (transformers' messages run over several lines)
+    said = said if len(said) <= 300 else said[:297] + "..."
     if os.path.isabs(model_id) and not os.path.exists(model_id):
         return LeapError(f"model_name: the folder {model_id} does not exist", where=model_id,
                          fix="check model_name (a relative path starts at the config file's folder); a model another "
                          "config trains exists only once that run finished")
-    if os.path.isabs(model_id):
-        return LeapError(f"cannot load the {what} from the folder: {first_line}", where=model_id,
-                         fix="the folder must hold a transformers checkpoint (config.json, weights, tokenizer files)")
-    return LeapError(
-        f"cannot load the {what} '{model_id}'" + (" (offline mode, and it is not in the Hugging Face cache)" if offline else "")
-        + f": {first_line}",
-        where="model_name",
-        fix="check the model id and your network; offline, download it once with `hf download "
-        f"{model_id}` where the Hub is reachable, or point model_name at a local folder "
-        "(built-in offline models: tiny-lfm2, tiny-lfm2.5)",
-    )
+    if os.path.isdir(model_id):
+        return _folder_error(Path(model_id) / (subfolder or ""), what, said)
+    from leap_finetune.models.hub import hub_unreachable, is_hub_id
+
+    unreachable = hub_unreachable() if is_hub_id(model_id) else None
+    fix = ("check the model id and your network; offline, download it once with `hf download "
+           f"{model_id}` where the Hub is reachable, or point model_name at a local folder "
+           "(built-in offline models: tiny-lfm2, tiny-lfm2.5)")
+    if unreachable is not None and _not_in_cache(err):  # (its files were looked for in the cache only)
+        return LeapError(f"cannot load the {what} '{model_id}': it is not in the Hugging Face cache, and the Hub "
+                         f"cannot be used ({unreachable})", where="model_name", fix=fix)
+    return LeapError(f"cannot load the {what} '{model_id}': {said}", where="model_name", fix=fix)
+
+
+def _not_in_cache(err: Exception) -> bool:
+    """A file was looked for in the cache only and is not there (other errors - a model that needs
+    trust_remote_code, a damaged file - are said as they are)."""
+    from huggingface_hub.errors import LocalEntryNotFoundError
+
+    seen, current = set(), err
+    while current is not None and id(current) not in seen:  # transformers wraps it in an OSError
+        if isinstance(current, LocalEntryNotFoundError):
+            return True
+        seen.add(id(current))
+        current = current.__cause__ or current.__context__
+    text = str(err)
+    return "local_files_only" in text or "offline mode" in text or "outgoing traffic has been disabled" in text
+
+
+def _folder_error(folder: Path, what: str, said: str) -> LeapError:
+    """What the folder lacks, by name (transformers' own message lists its internal fallbacks, over lines)."""
+    entries = sorted(folder.iterdir()) if folder.is_dir() else []
+    present = [p.name + ("/" if p.is_dir() else "") for p in entries]
+    holds = ("it is empty" if not present else "it holds " + ", ".join(present[:8])
+             + (f" and {len(present) - 8} more" if len(present) > 8 else ""))
+    missing = [f"{label} ({', '.join(names)})" if len(names) > 1 else label
+               for label, names in FOLDER_FILES[what] if not any((folder / name).exists() for name in names)]
+    nested = [p.name for p in entries if (p / "config.json").is_file()]
+    if what == "model" and nested and not (folder / "config.json").exists():
+        fix = (f"the model is in the sub-folder {nested[0]}/: set training_config.model_init_kwargs: "
+               f"{{subfolder: {nested[0]}}}, or point model_name at that folder")
+    else:
+        fix = ("set model_name to a complete model folder (a finished run's model/ folder, or `hf download MODEL "
+               "--local-dir FOLDER`)" + (", or copy the base model's tokenizer files into it" if what == "tokenizer"
+                                         else ""))
+    if missing:
+        return LeapError(f"cannot load the {what} from the folder: it has no {' and no '.join(missing)}; {holds}",
+                         where=str(folder), fix=fix)
+    return LeapError(f"cannot load the {what} from the folder ({holds}): {said}", where=str(folder), fix=fix)

@@ -22,10 +22,36 @@ def resolve_model_id(model_name: str, base: Path) -> str:
     local = local_path(model_name, base)
     # A Hub id has one "/" (org/name): more, or a leading . / ~, is a folder path
     if local.is_dir() or model_name.startswith((".", "/", "~")) or model_name.count("/") > 1:
-        return str(local)
+        return str(finished_model(local) or local)
     if "/" not in model_name and _LFM_SHORT_NAME.match(model_name):
         return f"LiquidAI/{model_name}"
     return model_name
+
+
+def finished_model(folder: Path) -> Path | None:
+    """The final model in a run folder (its `model/`) or, for a project folder (`outputs/PROJECT`), in its newest
+    finished run - so that one run can start from another's result without naming its timestamped folder
+    (`model_name: ./outputs/grpo-tiny-warmup`). None when `folder` is itself a model or holds no finished run."""
+    if not folder.is_dir() or (folder / "config.json").exists():
+        return None
+    if (folder / "model" / "config.json").exists():
+        return folder / "model"
+    finished = []
+    for run in folder.iterdir():
+        summary = run / "summary.json"  # written when a run ends, after its model
+        if run.is_dir() and summary.exists() and (run / "model" / "config.json").exists():
+            finished.append((_finished_at(summary), run.name, run / "model"))
+    return max(finished)[2] if finished else None
+
+
+def _finished_at(summary: Path) -> float:
+    """When the run finished, by the clock of the process that ran it (a file's time comes from whichever host
+    wrote it: clock skew between hosts would pick the wrong run); summaries without it: the file's time."""
+    try:
+        recorded = json.loads(summary.read_text(encoding="utf-8")).get("finished_at")
+    except (OSError, ValueError, AttributeError):
+        recorded = None
+    return float(recorded) if isinstance(recorded, (int, float)) else summary.stat().st_mtime
 
 
 def model_family(model_name: str, model_id: str) -> str:

@@ -25,8 +25,10 @@ def module_names(model_id: str, tokenizer, init_kwargs: dict | None = None,
 
     from leap_finetune.models.vision import is_vision_model
 
-    kwargs = {k: v for k, v in (init_kwargs or {}).items() if k in ("revision", "trust_remote_code", "cache_dir",
-                                                                    "token", "subfolder", "local_files_only")}
+    from leap_finetune.models.hub import download_kwargs
+
+    kwargs = {**download_kwargs(model_id), **{k: v for k, v in (init_kwargs or {}).items() if k in (
+        "revision", "trust_remote_code", "cache_dir", "token", "subfolder", "local_files_only")}}
     try:
         config = AutoConfig.from_pretrained(model_id, **kwargs)
     except Exception:  # noqa: BLE001 - unreachable or not a transformers model: loading will say so

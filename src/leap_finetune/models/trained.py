@@ -27,6 +27,7 @@ class TrainedModel:
 
 def find_trained(path: str) -> TrainedModel:
     from leap_finetune.launch.plan import latest_checkpoint, newest_run
+    from leap_finetune.models.registry import finished_model
     from leap_finetune.models.tiny import TINY_MODELS
 
     folder = Path(path).expanduser()
@@ -39,7 +40,8 @@ def find_trained(path: str) -> TrainedModel:
     if not folder.is_dir():
         raise LeapError("not a folder", where=path, fix="give the run folder, not a file in it")
     if not _is_model(folder) and not _is_adapter(folder):
-        run = newest_run(folder) or folder
+        # the run with the newest checkpoint; else (runs that save none) the newest finished run
+        run = newest_run(folder) or (finished.parent if (finished := finished_model(folder)) else folder)
         for candidate in (run / "model", run / "adapter", folder / "model", folder / "adapter"):
             if _is_model(candidate) or _is_adapter(candidate):
                 folder = candidate
@@ -55,6 +57,38 @@ def find_trained(path: str) -> TrainedModel:
     if _is_model(folder):
         return TrainedModel(str(folder.resolve()), run_config=run_config)
     return TrainedModel(_adapter_base(folder, run_config), adapter_dir=folder.resolve(), run_config=run_config)
+
+
+RETRIEVAL = {"embedding": "an embedding model (one vector per text)",
+             "colbert": "a ColBERT model (one vector per token)"}
+
+
+def retrieval_type(trained: TrainedModel) -> str | None:
+    """`embedding` or `colbert` for a retrieval run's model (its run config says so) or any
+    sentence-transformers folder (modules.json; its config_sentence_transformers.json names the class)."""
+    training_type = (trained.run_config or {}).get("training_type")
+    if training_type in RETRIEVAL:
+        return training_type
+    folder = Path(trained.model_id)
+    if trained.adapter_dir is None and (folder / "modules.json").is_file():
+        try:
+            recorded = json.loads((folder / "config_sentence_transformers.json").read_text(encoding="utf-8"))
+        except (OSError, json.JSONDecodeError):
+            recorded = {}
+        return "colbert" if recorded.get("model_type") == "MultiVectorEncoder" else "embedding"
+    return None
+
+
+def unmerged_lora(folder: Path) -> bool:
+    """A LoRA retrieval run's checkpoint-N: its layers hold the adapter unmerged (base_layer, lora_A/B), which
+    sentence-transformers would load as fresh layers without a word."""
+    from safetensors import safe_open
+
+    for file in Path(folder).glob("*.safetensors"):
+        with safe_open(str(file), framework="pt") as handle:
+            if any(".lora_A." in key for key in handle.keys()):
+                return True
+    return False
 
 
 def load_trained(trained: TrainedModel, *, merge: bool = False, dtype=None):

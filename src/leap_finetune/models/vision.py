@@ -49,8 +49,10 @@ def load_processor(model_id: str, tokenizer):
         return build_tiny_processor(tokenizer)
     from transformers import AutoProcessor
 
+    from leap_finetune.models.hub import download_kwargs
+
     try:
-        processor = AutoProcessor.from_pretrained(model_id)
+        processor = AutoProcessor.from_pretrained(model_id, **download_kwargs(model_id))
     except Exception as err:  # noqa: BLE001
         raise LeapError(f"cannot load the processor of '{model_id}': {str(err).splitlines()[0]}", where="model_name",
                         fix="a vision-language model folder needs its processor files "

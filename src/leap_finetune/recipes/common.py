@@ -7,6 +7,7 @@ import json
 import logging
 import os
 import shutil
+import time
 from contextlib import contextmanager
 from pathlib import Path
 
@@ -275,6 +276,7 @@ def _train_evaluate_save(trainer, resolved: ResolvedConfig, run_dir: Path, token
     if samples and not getattr(trainer, "is_fsdp_enabled", False):  # a sharded model generates on every rank only
         print_samples(console, "after training", final_model, tokenizer, samples)
     plots.wait()
+    summary["finished_at"] = time.time()  # by this process's clock: which run finished last (models.registry)
     write_atomic(run_dir / "summary.json", json.dumps(summary, indent=2))
     return summary
 

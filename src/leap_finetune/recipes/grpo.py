@@ -26,11 +26,10 @@ def config_class():
 
 def training_arguments(resolved: ResolvedConfig, *, run_dir: str, has_eval: bool, cuda: bool | None = None) -> dict:
     args = common.common_arguments(resolved, run_dir=run_dir, has_eval=has_eval, cuda=cuda)
-    rewards = resolved.rewards
-    if rewards is not None and rewards.weights is None and rewards.judge is not None:
-        args["reward_weights"] = [1.0] * len(rewards.funcs) + [rewards.judge.weight]
-    elif rewards is not None and rewards.weights is not None:
-        args["reward_weights"] = list(rewards.weights)
+    if resolved.rewards is not None:
+        from leap_finetune.config.grpo import reward_weights
+
+        args["reward_weights"] = reward_weights(resolved.rewards)
     if args.get("vllm_server_host") == "auto":
         # the node the driver runs on: where it starts the rollout server
         args["vllm_server_host"] = socket.gethostname()
@@ -44,7 +43,12 @@ def reward_functions(resolved: ResolvedConfig, judge_url: str | None = None) -> 
     from leap_finetune.rl.judge import Judge
     from leap_finetune.rl.rewards import build_reward
 
-    functions = [build_reward(spec) for spec in resolved.rewards.funcs]
+    where = resolved.config_path or "config"
+    # a custom reward that fails stops the run where it is (the step is not finished: nothing to save); the
+    # checkpoints saved before are complete
+    then = (lambda: common._saved_so_far(Path(resolved.run_dir))) if resolved.run_dir else None
+    functions = [build_reward(spec, where=f"{where}: rewards.funcs[{index}]", then=then)
+                 for index, spec in enumerate(resolved.rewards.funcs)]
     judge = resolved.rewards.judge
     if judge is not None:
         functions.append(Judge(judge, judge.base_url or judge_url))

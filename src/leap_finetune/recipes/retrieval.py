@@ -9,11 +9,12 @@ a batch), evaluators and saving are used as they are.
 from __future__ import annotations
 
 import json
+import time
 from pathlib import Path
 
 from leap_finetune.config.resolved import ResolvedConfig
 from leap_finetune.recipes import common
-from leap_finetune.recipes.callbacks import StopOnSignal
+from leap_finetune.recipes.callbacks import CheckpointMarker, StopOnSignal
 from leap_finetune.recipes.checkpoints import write_atomic
 
 EVAL_NAME = "retrieval"  # metrics are logged as eval_retrieval_<score>_ndcg@10, ...
@@ -24,8 +25,6 @@ def training_arguments(resolved: ResolvedConfig, *, run_dir: str, has_eval: bool
     args = common.common_arguments(resolved, run_dir=run_dir, has_eval=has_eval or evals is not None, cuda=cuda)
     if evals is not None and evals.eval_steps:
         args["eval_steps"] = evals.eval_steps
-    # sentence-transformers' inputs have no input_ids column for the Trainer to count
-    args["include_num_input_tokens_seen"] = "no"
     prompts = resolved.retrieval.prompts if resolved.retrieval is not None else None
     if prompts is not None and (prompts.query or prompts.document):
         # column -> prompt; sentence-transformers puts it before each text (and counts it in pooling)
@@ -73,6 +72,21 @@ def leap_trainer(trainer_cls):
             self._train_dataloader = self.accelerator.prepare(
                 self._build_dataloader(self.train_dataset, self.args.train_batch_size, dataset_kind="train"))
             return self._train_dataloader
+
+        def _track_num_input_tokens(self, inputs):
+            # sentence-transformers' batches hold one `<column>_input_ids` per text column and no `input_ids`:
+            # every column's tokens are counted (the Trainer's own count finds none; pinned range, tests/e2e)
+            import torch
+
+            mode = self.args.include_num_input_tokens_seen
+            if mode == "no":
+                return
+            suffix = "_attention_mask" if mode == "non_padding" else "_input_ids"
+            tokens = torch.zeros((), device=self.args.device, dtype=torch.int64)
+            for key, value in inputs.items():  # summed on the device: one host sync per step, not one per column
+                if key.endswith(suffix) and hasattr(value, "numel"):
+                    tokens += value.sum().to(tokens) if suffix == "_attention_mask" else value.numel()
+            self.state.num_input_tokens_seen += self.accelerator.gather(tokens).sum().item()
 
         def _load_from_checkpoint(self, checkpoint_path):
             if getattr(self.model.transformers_model, "leap_lora_config", None) is None:
@@ -226,7 +240,10 @@ def _train(resolved_json: dict, *, model_factory, loss_factory, trainer_cls, arg
     history = common.metrics_history(run_dir / "metrics.jsonl")
     # (fewer steps than logging_steps log no loss: the Trainer's own mean then)
     train_loss = history["train_loss"] if history["train_loss"] is not None or result is None else result.training_loss
-    summary = {"global_step": trainer.state.global_step, "train_loss": train_loss}
+    marker = next(c for c in trainer.callback_handler.callbacks if isinstance(c, CheckpointMarker))
+    summary = {"global_step": trainer.state.global_step, "train_loss": train_loss,
+               "train_runtime_s": round(marker.trained_seconds(), 3),
+               "tokens_seen": trainer.state.num_input_tokens_seen}
     from leap_finetune.recipes.plots import Plots
 
     plots = next(c for c in trainer.callback_handler.callbacks if isinstance(c, Plots))
@@ -238,6 +255,12 @@ def _train(resolved_json: dict, *, model_factory, loss_factory, trainer_cls, arg
         return summary
     if final is not None:
         summary["eval_metrics"] = {k: float(v) for k, v in final.items() if isinstance(v, (int, float))}
+        initial = history["initial_eval"]
+        if initial:
+            summary["initial_eval_metrics"] = {k: float(v) for k, v in initial.items() if isinstance(v, (int, float))}
+        if "eval_loss" in final:  # (the held-out rows' in-batch loss; benchmarks alone give none)
+            summary["eval_loss"] = float(final["eval_loss"])
+            summary["initial_eval_loss"] = initial.get("eval_loss")
         score = main_score(final)
         if score is not None:
             summary["ndcg@10"] = score[1]
@@ -264,8 +287,42 @@ def _train(resolved_json: dict, *, model_factory, loss_factory, trainer_cls, arg
     console.print(f"use it:\n  from sentence_transformers import {cls}\n  model = {cls}({str(run_dir / 'model')!r})\n"
                   f"  embeddings = model.encode([\"your query\"]{prompt})")
     plots.wait()
+    summary["finished_at"] = time.time()  # by this process's clock: which run finished last (models.registry)
     write_atomic(run_dir / "summary.json", json.dumps(summary, indent=2))
     return summary
+
+
+def load_encoder(folder: Path, run_config: dict | None, training_type: str):
+    """(model, merged) for `export`: a sentence-transformers folder as it is, or a LoRA run's checkpoint-N
+    rebuilt as its run built the model (backbone, pooling or projection, prompts), the checkpoint's weights
+    loaded and the adapter merged."""
+    from rich.console import Console
+
+    from leap_finetune.errors import LeapError
+    from leap_finetune.models.trained import unmerged_lora
+
+    if not unmerged_lora(folder):
+        from sentence_transformers import MultiVectorEncoder, SentenceTransformer
+
+        cls = MultiVectorEncoder if training_type == "colbert" else SentenceTransformer
+        return cls(str(folder), device="cpu"), False
+    if run_config is None:
+        raise LeapError("a checkpoint of a LoRA retrieval run, without its run's resolved_config.yaml beside it "
+                        "(needed to rebuild the model the adapter belongs to)", where=str(folder),
+                        fix="export the checkpoint from inside its run folder (outputs/PROJECT/RUN/checkpoint-N)")
+    import logging
+
+    from leap_finetune.recipes import colbert, embedding
+
+    resolved = ResolvedConfig.model_validate(run_config)
+    quiet = Console(quiet=True)
+    # (sentence-transformers' notice that it converts the backbone, as when the run started: no news here)
+    logging.getLogger("sentence_transformers").setLevel(logging.ERROR)
+    model = (colbert if training_type == "colbert" else embedding).build_model(resolved, quiet)
+    add_lora(model, resolved, quiet)
+    load_lora_checkpoint(model, folder)
+    merge_lora(model)
+    return model, True
 
 
 def backbone(resolved: ResolvedConfig) -> str:

@@ -12,6 +12,9 @@ for that reward (TRL averages the others).
 
 from __future__ import annotations
 
+import functools
+import json
+
 import importlib.util
 import inspect
 import re
@@ -99,9 +102,23 @@ def length_reward(target_tokens: int) -> Callable:
 
 
 def tool_call_valid(completions, tools=None, **_) -> list[float]:
-    """1 when the completion holds LFM tool calls that parse and (with the row's `tools`) name declared tools."""
-    per_row = tools if isinstance(tools, list) else [None] * len(completions)
+    """1 when the completion holds LFM tool calls that parse and (with the row's `tools`) name declared tools.
+    `tools` is one entry per completion: the row's tools as JSON text as the prepared data holds them ("" for a
+    row without), or a list."""
+    per_row = [_row_tools(t) for t in tools] if isinstance(tools, list) else [None] * len(completions)
     return [1.0 if tool_call_is_valid(_text(c), t) else 0.0 for c, t in zip(completions, per_row, strict=True)]
+
+
+def _row_tools(tools) -> list | None:
+    if isinstance(tools, str):
+        return _parsed_tools(tools)
+    return tools or None
+
+
+@functools.lru_cache(maxsize=1024)
+def _parsed_tools(text: str) -> list | None:
+    # (a row's completions share its tools text: parsed once, not once per completion and step)
+    return json.loads(text) if text else None
 
 
 # name -> (factory taking the options, the options it needs, what it does)
@@ -141,6 +158,12 @@ def check_reward_spec(spec, index: int, where: str) -> str | dict:
                             fix="read them from the rows' columns instead, or set them in your file")
         load_custom_reward(name, where=f"{where}: {key}")
         return name
+    if name not in BUILTIN_REWARDS and (":" in name or name.endswith(".py")):
+        file, _, function = name.rpartition(":") if ":" in name else (name, "", "my_reward")
+        file = file if file.endswith(".py") else file.replace(".", "/") + ".py"
+        raise LeapError(f"{key} is '{name}': a custom reward is named by its file and function, with two colons",
+                        where=where, fix=f"write {file if file.startswith(('.', '/')) else './' + file}::{function} "
+                        "(the path relative to the config file's folder)")
     if name not in BUILTIN_REWARDS:
         from leap_finetune.config.suggest import unknown_key_fix
 
@@ -186,11 +209,16 @@ def load_custom_reward(spec: str, where: str) -> Callable:
     return function
 
 
-def build_reward(spec: str | dict) -> Callable:
-    """The callable for a checked `rewards.funcs` entry, named as it is logged."""
+def build_reward(spec: str | dict, where: str | None = None, then: Callable[[], str] | None = None) -> Callable:
+    """The callable for a checked `rewards.funcs` entry, named as it is logged. A custom one is wrapped so that
+    what it raises or returns wrong stops the run with a LeapError at `where` (custom_rewards.checked_reward;
+    `then()`: what to do after the fix)."""
+    from leap_finetune.rl.custom_rewards import checked_reward, label
+
     name = spec["name"] if isinstance(spec, dict) else spec
     if "::" in name:
-        function = load_custom_reward(name, where=name)
+        function = checked_reward(load_custom_reward(name, where=where or name), name, where or label(name),
+                                  then or (lambda: "run again"))
     else:
         factory, needed, _ = BUILTIN_REWARDS[name]
         function = factory(**{k: spec[k] for k in needed}) if needed else factory()
