@@ -1,9 +1,12 @@
 """GRPO rollout speed on a CUDA machine with transformers' generation (use_vllm: false), against TRL's
-defaults in the same run.
+defaults in the same run; with vLLM installed, also leap-finetune's vLLM colocate rollouts (the `leap_vllm*`
+variants; bench/vllm_runs.py runs them with the environment vLLM needs on the lent machine).
 
-python bench/grpo_rollout.py [--steps 6] [--variants trl_default,leap_default,...] [--out FILE] [--record]
+python bench/grpo_rollout.py [--steps 6] [--arch 350m|1.2b] [--variants trl_default,leap_default,...] [--out FILE]
+    [--record]
 
-- LFM2-350M architecture with random weights (no download), saved with the bundled tokenizer.
+- The LFM2-350M (or --arch 1.2b: LFM2-1.2B) architecture with random weights (no download), saved with the
+  bundled tokenizer.
 - 8 prompts x 8 generations per step, 256 new tokens (random weights rarely sample the end token, so
   nearly every completion is 256 tokens long); prompts of 20-150 tokens.
 - Each variant runs in its own process (fresh CUDA context and compile caches): TRL's GRPOTrainer with
@@ -11,6 +14,8 @@ python bench/grpo_rollout.py [--steps 6] [--variants trl_default,leap_default,..
 - Rollout tokens/s = completion tokens / seconds inside the trainer's generation call (CUDA-synchronised),
   median over the steps after the first two (warm-up, compilation); step time the same way. MFU of the
   rollout: 2 x parameters FLOPs per generated token against a bf16 matmul peak measured in the same run.
+- Start-up: seconds from the variant's process start to its first training step (imports, data, model, and
+  for vLLM the engine's start), and the trainer's construction alone (`init_s`: vLLM's engine starts there).
 """
 
 from __future__ import annotations
@@ -18,6 +23,7 @@ from __future__ import annotations
 import argparse
 import datetime
 import json
+import os
 import random
 import statistics
 import subprocess
@@ -25,7 +31,10 @@ import sys
 import time
 from pathlib import Path
 
-import torch
+# when the process started (a parent that launches it passes its own clock: interpreter start and imports count)
+LAUNCHED = float(os.environ.get("BENCH_LAUNCHED_AT") or time.time())
+
+import torch  # noqa: E402
 
 ROOT = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(ROOT / "bench"))
@@ -40,7 +49,16 @@ VARIANTS = {
     "leap_eager": "leap-finetune, cache_implementation: null (TRL's generate path)",
     "leap_default": "leap-finetune default (static cache, compiled decoding step)",
     "leap_default_lora": "leap-finetune default + LoRA (DEFAULT_LORA)",
+    # vLLM inside the training process (TRL's colocate mode; needs vLLM installed)
+    "leap_vllm": "leap-finetune, vLLM colocate (use_vllm: true; TRL's vllm_gpu_memory_utilization 0.3)",
+    "leap_vllm_mem05": "leap-finetune, vLLM colocate, vllm_gpu_memory_utilization: 0.5",
+    "leap_vllm_sleep": "leap-finetune, vLLM colocate, vllm_enable_sleep_mode: true",
+    "leap_vllm_lora": "leap-finetune, vLLM colocate + LoRA (DEFAULT_LORA)",
 }
+VLLM_SETTINGS = {"leap_vllm": {}, "leap_vllm_mem05": {"vllm_gpu_memory_utilization": 0.5},
+                 "leap_vllm_sleep": {"vllm_enable_sleep_mode": True}, "leap_vllm_lora": {}}
+DEFAULT_VARIANTS = "trl_default,trl_static,trl_paged,leap_eager,leap_default,leap_default_lora"
+ARCH_NAMES = {"350m": "LFM2-350M", "1.2b": "LFM2-1.2B", "tiny": "tiny-lfm2"}
 
 
 def _sync() -> None:
@@ -60,16 +78,28 @@ def make_prompts(path: Path, count: int, seed: int = 0) -> None:
 
 
 class Timing:
-    """Wraps a trainer class: times each generation call and each optimizer step (CUDA-synchronised)."""
+    """Wraps a trainer class: times its construction, each generation call and each optimizer step
+    (CUDA-synchronised). With `progress`, the summary so far is written there after every step (a run stopped
+    at its time limit still says how far it got)."""
 
-    def __init__(self):
+    def __init__(self, progress: str | Path | None = None):
         self.rollouts: list[tuple[float, int]] = []
         self.steps: list[float] = []
+        self.init_s: float | None = None
+        self.first_step_at: float | None = None  # seconds after LAUNCHED
+        self.used_gib = 0.0
+        self.progress = Path(progress) if progress else None
+        self.extra: dict = {}  # more fields for the summary (a caller's own measurements)
 
     def wrap(self, trainer_cls):
         timing = self
 
         class Timed(trainer_cls):
+            def __init__(self, *args, **kwargs):
+                start = time.perf_counter()
+                super().__init__(*args, **kwargs)
+                timing.init_s = time.perf_counter() - start
+
             def _generate_single_turn(self, prompt_ids, *args, **kwargs):
                 _sync()
                 start = time.perf_counter()
@@ -88,13 +118,21 @@ class Timing:
         class StepClock(TrainerCallback):
             def on_step_begin(self, args, state, control, **kwargs):
                 _sync()
+                if timing.first_step_at is None:
+                    timing.first_step_at = time.time() - LAUNCHED
                 self.start = time.perf_counter()
 
             def on_step_end(self, args, state, control, **kwargs):
                 _sync()
                 timing.steps.append(time.perf_counter() - self.start)
+                timing.used_gib = max(timing.used_gib, gpu_used_gib())
+                timing.write_progress()
 
         return StepClock()
+
+    def write_progress(self) -> None:
+        if self.progress is not None:
+            self.progress.write_text(json.dumps(self.summary()))
 
     def summary(self) -> dict:
         rollouts = self.rollouts[WARMUP:]
@@ -103,7 +141,20 @@ class Timing:
                 "tokens_per_rollout": statistics.median(t for _, t in rollouts) if rollouts else 0,
                 "step_s": statistics.median(self.steps[WARMUP:]) if self.steps[WARMUP:] else float("nan"),
                 "first_rollout_s": self.rollouts[0][0] if self.rollouts else float("nan"),
-                "peak_gib": torch.cuda.max_memory_allocated() / 2**30 if torch.cuda.is_available() else 0.0}
+                "first_step_s": self.steps[0] if self.steps else float("nan"),
+                "startup_s": self.first_step_at if self.first_step_at is not None else float("nan"),
+                "init_s": self.init_s if self.init_s is not None else float("nan"),
+                "steps_done": len(self.steps),
+                "peak_gib": torch.cuda.max_memory_allocated() / 2**30 if torch.cuda.is_available() else 0.0,
+                # the whole GPU (vLLM's memory pool in sleep mode is not torch's allocator)
+                "gpu_used_gib": self.used_gib, **self.extra}
+
+
+def gpu_used_gib() -> float:
+    if not torch.cuda.is_available():
+        return 0.0
+    free, total = torch.cuda.mem_get_info()
+    return (total - free) / 2**30
 
 
 def length_reward(completions, **kwargs):
@@ -131,28 +182,50 @@ def child_trl(variant: str, model_dir: Path, data: Path, work: Path, steps: int)
     return {**timing.summary(), "weights": dtype}
 
 
-def child_leap(variant: str, model_dir: Path, data: Path, work: Path, steps: int) -> dict:
+def timed_run_config(config: dict, outputs_root: Path, timing: Timing, callbacks: list | None = None) -> dict:
+    """leap-finetune's run_config (the CLI's path) with its GRPO trainer class wrapped by `timing`."""
     import leap_finetune.recipes.grpo as grpo_recipe
     from leap_finetune.api import run_config
 
+    original = grpo_recipe.trainer_class
+    grpo_recipe.trainer_class = lambda: timing.wrap(original())
+    try:
+        return run_config(config, outputs_root=outputs_root, callbacks=[timing.clock(), *(callbacks or [])])
+    finally:
+        grpo_recipe.trainer_class = original
+
+
+def child_leap(variant: str, model_dir: Path, data: Path, work: Path, steps: int, progress: str | None = None) -> dict:
     training = {"use_vllm": False, "max_steps": steps, "per_device_train_batch_size": PROMPTS_PER_STEP * GENERATIONS,
                 "num_generations": GENERATIONS, "max_completion_length": NEW_TOKENS, "logging_steps": 1,
                 "save_strategy": "no", "learning_rate": 1e-6}
     if variant == "leap_eager":
         training["cache_implementation"] = None
-    config = {"project_name": f"bench-{variant}", "model_name": str(model_dir), "training_type": "grpo",
+    if variant in VLLM_SETTINGS:
+        training.update(use_vllm=True, vllm_mode="colocate", **VLLM_SETTINGS[variant])
+    config = {"project_name": f"bench-{variant}-{model_dir.name}", "model_name": str(model_dir), "training_type": "grpo",
               "dataset": {"path": str(data)}, "rewards": [{"name": "length", "target_tokens": NEW_TOKENS}],
               "training_config": training}
     if variant.endswith("_lora"):
         config["peft_config"] = {"extends": "DEFAULT_LORA"}
-    timing = Timing()
-    original = grpo_recipe.trainer_class
-    grpo_recipe.trainer_class = lambda: timing.wrap(original())
-    summary = run_config(config, outputs_root=work / "outputs", callbacks=[timing.clock()])
+    import shutil
+
+    shutil.rmtree(work / "outputs" / config["project_name"], ignore_errors=True)  # a fresh run, never a resume
+    timing = Timing(progress)
+    summary = timed_run_config(config, work / "outputs", timing)
     run_dir = Path(summary["run_dir"])
     logged = [json.loads(line).get("rollout/tokens_per_s") for line in (run_dir / "metrics.jsonl").read_text().splitlines()]
     logged = [v for v in logged if v is not None][WARMUP:]
     return {**timing.summary(), "logged_rollout_tokens_per_s": statistics.median(logged) if logged else None}
+
+
+def error_text(err: BaseException, lines: int = 3) -> str:
+    """The error's type and its first lines (a LeapError with where and fix)."""
+    from leap_finetune.errors import LeapError
+
+    text = err.format() if isinstance(err, LeapError) else str(err)
+    first = [line for line in text.splitlines() if line.strip()][:lines]
+    return f"{type(err).__name__}: " + " / ".join(first)[:400]
 
 
 def matmul_peak() -> float:
@@ -171,7 +244,9 @@ def matmul_peak() -> float:
 def main() -> None:
     parser = argparse.ArgumentParser()
     parser.add_argument("--steps", type=int, default=6)
-    parser.add_argument("--variants", default=",".join(VARIANTS))
+    parser.add_argument("--variants", default=DEFAULT_VARIANTS, help=f"of: {', '.join(VARIANTS)}")
+    parser.add_argument("--arch", default="350m", choices=["350m", "1.2b"])
+    parser.add_argument("--progress", default=None, help="(child) write the summary so far here after every step")
     parser.add_argument("--work", default="/tmp/leap-grpo-bench")
     parser.add_argument("--out", default=None, help="write the table so far to this file after every variant")
     parser.add_argument("--record", action="store_true", help="append the table to bench/RESULTS.md")
@@ -179,16 +254,19 @@ def main() -> None:
     parser.add_argument("--smoke", action="store_true", help="CPU check of this script: the tiny model, 8 tokens")
     args = parser.parse_args()
     global NEW_TOKENS
+    arch = "tiny" if args.smoke else args.arch
     if args.smoke:
         NEW_TOKENS = 8
     work = Path(args.work)
-    model_dir, data = work / "lfm2-350m", work / "prompts.jsonl"
+    model_dir, data = work / f"lfm2-{arch}", work / "prompts.jsonl"
     if args.child:
-        runner = child_trl if args.child.startswith("trl") else child_leap
         try:
-            result = runner(args.child, model_dir, data, work, args.steps)
+            if args.child.startswith("trl"):
+                result = child_trl(args.child, model_dir, data, work, args.steps)
+            else:
+                result = child_leap(args.child, model_dir, data, work, args.steps, args.progress)
         except Exception as err:  # noqa: BLE001 - a variant that fails is a row of the table
-            result = {"error": f"{type(err).__name__}: {str(err).splitlines()[0][:160]}"}
+            result = {"error": error_text(err)}
         print("RESULT " + json.dumps(result), flush=True)
         return
 
@@ -207,14 +285,14 @@ def main() -> None:
         tokenizer.save_pretrained(model_dir)
         n_params, peak = sum(p.numel() for p in model.parameters()), float("nan")
     else:
-        n_params, _ = build_model("350m", model_dir)
+        n_params, _ = build_model(arch, model_dir)
         peak = matmul_peak()
     make_prompts(data, PROMPTS_PER_STEP * args.steps * 2)
     device = torch.cuda.get_device_name(0) if torch.cuda.is_available() else "CPU (smoke)"
     lines = [f"### {datetime.date.today()} - GRPO rollouts - {device} - torch {torch.__version__}, "
              f"transformers {transformers.__version__}, trl {trl.__version__}", "",
              f"Command: `python {' '.join(sys.argv)}`", "",
-             f"LFM2-350M architecture ({n_params / 1e6:.0f}M parameters, random weights, bf16 checkpoint); "
+             f"{ARCH_NAMES[arch]} architecture ({n_params / 1e6:.0f}M parameters, random weights, bf16 checkpoint); "
              f"{PROMPTS_PER_STEP} prompts x {GENERATIONS} generations per step, {NEW_TOKENS} new tokens, {args.steps} "
              f"steps, medians over steps {WARMUP + 1}-{args.steps}. bf16 matmul peak in this run: {peak / 1e12:.0f} TFLOP/s.",
              "", "| variant | rollout tokens/s | vs TRL default | rollout s | step s | first rollout s | MFU (rollout) | "
@@ -223,7 +301,8 @@ def main() -> None:
     for variant in args.variants.split(","):
         start = time.perf_counter()
         proc = subprocess.run([sys.executable, __file__, "--child", variant, "--steps", str(args.steps), "--work",
-                               str(work), *(["--smoke"] if args.smoke else [])], capture_output=True, text=True)
+                               str(work), "--arch", args.arch, *(["--smoke"] if args.smoke else [])],
+                              capture_output=True, text=True)
         found = [l for l in proc.stdout.splitlines() if l.startswith("RESULT ")]
         r = json.loads(found[-1][7:]) if found else {"error": f"exit {proc.returncode}: {proc.stderr[-300:]}"}
         wall = time.perf_counter() - start
@@ -233,7 +312,7 @@ def main() -> None:
             speed = r["rollout_tokens_per_s"]
             base = speed if variant == "trl_default" else base
             ratio = f"{speed / base:.2f}x" if base else "-"
-            notes = [f"wall {wall:.0f} s"]
+            notes = [f"wall {wall:.0f} s", f"start-up {r.get('startup_s', float('nan')):.0f} s"]
             if r.get("weights"):
                 notes.append(f"weights {r['weights']}")
             if r.get("logged_rollout_tokens_per_s"):

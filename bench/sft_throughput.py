@@ -60,6 +60,9 @@ def build_model(name: str, folder: Path):
                                      max_position_embeddings=128000, tie_word_embeddings=True, **arch)
     tokenizer = load_tiny_tokenizer("tiny-lfm2")
     config.pad_token_id, config.bos_token_id, config.eos_token_id = 0, 1, 7
+    from leap_finetune.models.lfm2_keys import add_original_lfm2_keys
+
+    add_original_lfm2_keys(config)  # as LiquidAI's checkpoints: vLLM's LFM2 reads them
     torch.manual_seed(0)
     model = transformers.Lfm2ForCausalLM(config).to(torch.bfloat16)  # as LiquidAI ships its checkpoints
     model.save_pretrained(folder)

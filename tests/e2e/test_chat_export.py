@@ -108,3 +108,20 @@ def test_the_model_cards_are_valid_and_their_snippets_run_as_pasted(trained):
         with contextlib.redirect_stdout(out):
             exec(compile(code, "model card snippet", "exec"), {})  # noqa: S102 - the card's code, as a user runs it
         assert out.getvalue().endswith("\n")  # it printed the model's answer
+
+
+def test_every_saved_lfm2_model_carries_the_config_keys_vllm_reads(trained):
+    """vLLM's LFM2 reads the original LFM2 keys (conv_dim, block_dim, ...) that transformers' Lfm2Config does not
+    write: a model without them fails in vLLM with an AttributeError (measured on the H200). The tiny model, its
+    checkpoints, a run's model/, a merged LoRA run and a merged export all carry them, equal to transformers' own
+    values."""
+    merged = trained["folder"] / "merged-for-vllm"
+    assert invoke("export", str(trained["lora"] / "checkpoint-4"), "--merge", "--output", str(merged)).returncode == 0
+    for folder in (trained["full"] / "model", trained["full"] / "checkpoint-45", trained["lora"] / "model", merged):
+        config = json.loads((folder / "config.json").read_text())
+        attention = [i for i, kind in enumerate(config["layer_types"]) if kind == "full_attention"]
+        assert {key: config.get(key) for key in ("conv_dim", "conv_dim_out", "block_dim", "block_ff_dim",
+                                                  "block_norm_eps", "full_attn_idxs")} == {
+            "conv_dim": config["hidden_size"], "conv_dim_out": config["hidden_size"],
+            "block_dim": config["hidden_size"], "block_ff_dim": config["intermediate_size"],
+            "block_norm_eps": config["norm_eps"], "full_attn_idxs": attention}, folder

@@ -11,6 +11,7 @@ import os
 from pathlib import Path
 
 from leap_finetune.errors import LeapError
+from leap_finetune.models.lfm2_keys import add_original_lfm2_keys
 from leap_finetune.models.tiny import TINY_MODELS, build_tiny_model, load_tiny_tokenizer
 
 
@@ -73,9 +74,11 @@ def load_model(model_id: str, tokenizer, init_kwargs: dict | None = None, *, dty
     kwargs = {**download_kwargs(model_id), **kwargs}
     auto = AutoModelForImageTextToText if is_vision_model(model_id) else AutoModelForCausalLM
     try:
-        return auto.from_pretrained(model_id, dtype=dtype, **kwargs)
+        model = auto.from_pretrained(model_id, dtype=dtype, **kwargs)
     except Exception as err:  # noqa: BLE001
         raise _unavailable(model_id, "model", err, kwargs.get("subfolder")) from None
+    add_original_lfm2_keys(model.config)  # (what it saves loads in vLLM too)
+    return model
 
 
 # What a model folder needs, as transformers looks for it: (what, any one of these files)

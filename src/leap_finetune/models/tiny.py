@@ -77,6 +77,8 @@ def build_tiny_model(name: str, tokenizer, dtype=None):
     import torch
     from transformers import Lfm2Config, Lfm2ForCausalLM
 
+    from leap_finetune.models.lfm2_keys import add_original_lfm2_keys
+
     config = Lfm2Config(
         vocab_size=len(tokenizer),
         bos_token_id=tokenizer.bos_token_id,
@@ -101,5 +103,6 @@ def build_tiny_model(name: str, tokenizer, dtype=None):
         model = model_class(config)
     if dtype is not None:
         model = model.to(dtype)
+    add_original_lfm2_keys(model.config)  # vLLM's LFM2 reads them
     model.config.name_or_path = name
     return model
