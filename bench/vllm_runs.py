@@ -110,6 +110,9 @@ ITEMS = {
     ("rollout_extra", "leap_vllm_sleep", "350m"): (100, 240),
     ("grpo_learns", "full", "350m"): (110, 300),
     ("grpo_learns", "lora", "350m"): (120, 300),
+    # the same LoRA run with transformers' rollouts: tells a LoRA that cannot move this reward from adapter weights
+    # that do not reach vLLM's engine
+    ("grpo_learns", "lora_transformers", "350m"): (100, 300),
     ("grpo_learns", "full", "1.2b"): (150, 300),
     ("judge", "server start", "350m"): (60, 300),
     ("judge", "grpo + judge", "350m"): (50, 200),
@@ -130,7 +133,8 @@ class Item:
 
     @property
     def uses_vllm_in_training(self) -> bool:
-        return self.variant.startswith("leap_vllm") or self.phase == "grpo_learns"
+        return self.variant.startswith("leap_vllm") or (self.phase == "grpo_learns" and
+                                                         self.variant != "lora_transformers")
 
     @property
     def uses_server(self) -> bool:
@@ -492,11 +496,11 @@ def {REWARD_NAME}(completions, completion_ids=None, **kwargs):
         return self.finished(item, run_child(command, log, limit), log, limit, progress)
 
     def grpo_learns(self, item: Item, limit: float) -> dict:
-        lora = item.variant == "lora"
+        lora = item.variant.startswith("lora")
         new_tokens = 8 if self.smoke else 256
         return self.grpo_child(item, limit, {
             "steps": 3 if self.smoke else LEARN_STEPS, "new_tokens": new_tokens, "batch": 16 if self.smoke else 64,
-            "use_vllm": not self.smoke, "lora": lora,
+            "use_vllm": not self.smoke and item.variant != "lora_transformers", "lora": lora,
             "learning_rate": self.args.lora_lr if lora else self.args.full_lr,
             "reward_file": str(self.reward_file(item.arch, new_tokens))})
 
