@@ -8,7 +8,6 @@ from __future__ import annotations
 
 import errno
 import json
-import math
 import os
 import shutil
 from pathlib import Path
@@ -29,6 +28,7 @@ from leap_finetune.launch.plan import check_resume_matches, plan_run, record_cha
 from leap_finetune.launch.report import config_table, data_report
 from leap_finetune.launch.rl_servers import judge_url, local_servers
 from leap_finetune.launch.servers import running
+from leap_finetune.launch.steps import epoch_steps
 from leap_finetune.rl.custom_rewards import check_custom_rewards
 from leap_finetune.rl.judge import check_judge_server
 
@@ -133,6 +133,7 @@ def validate_config(source, *, console: Console | None = None,
         check_custom_rewards(resolved, prepared, tokenizer, console)  # called once on the first rows
     devices = device_plan(resolved)
     check_generation_batch(resolved, devices.workers)
+    epoch_steps(resolved, len(prepared.train), devices.workers)  # GRPO: prompts that fill no generation batch
     _check_async_eval(resolved, devices)
     plan.changes = check_resume_matches(resolved, plan, fingerprint(prepared), devices.workers)
     _check_run_folder_free(plan)
@@ -263,6 +264,7 @@ def _run(source, console, callbacks, outputs_root, log) -> dict:
         check_custom_rewards(resolved, prepared, tokenizer, console)  # called once on the first rows
     devices = device_plan(resolved)
     check_generation_batch(resolved, devices.workers)
+    epoch_steps(resolved, len(prepared.train), devices.workers)  # GRPO: prompts that fill no generation batch
     _check_async_eval(resolved, devices)
     plan.changes = check_resume_matches(resolved, plan, fingerprint(prepared), devices.workers)
     _check_run_folder_free(plan)
@@ -544,37 +546,18 @@ def devices_line(devices) -> str:
             f"{cluster}")
 
 
-def last_batch_note(training: dict, rows: int, per_step: int, workers: int) -> str | None:
-    """What happens to the rows that do not fill the last step of an epoch (nothing is dropped)."""
-    left = rows % per_step
-    if not left or training.get("packing"):
-        return None
-    if training.get("dataloader_drop_last"):
-        return f"last batch: dataloader_drop_last is true: {left} row(s) per epoch are not trained on"
-    groups = workers * training.get("gradient_accumulation_steps", 1)
-    if training.get("train_sampling_strategy", "random") == "batch_rebalance":
-        topped = f", topped up to {groups} with rows from the epoch's start" if left < groups else ""
-        return f"last batch: the last step of each epoch trains the {left} remaining row(s){topped}"
-    if workers > 1:
-        return (f"last batch: the last step of each epoch trains the {left} remaining row(s), topped up to "
-                f"{per_step} with rows from the epoch's start (every worker gets a full batch)")
-    return f"last batch: the last step of each epoch trains the {left} remaining row(s)"
-
-
 def _print_plan(console: Console, resolved: ResolvedConfig, prepared: PreparedData, plan, devices) -> None:
     t = resolved.training
-    per_step = t.get("per_device_train_batch_size", 8) * t.get("gradient_accumulation_steps", 1) * devices.workers
-    steps = t.get("max_steps", -1)
-    if steps is None or steps <= 0:
-        steps = math.ceil(len(prepared.train) / per_step) * math.ceil(t.get("num_train_epochs", 1))
-        if t.get("packing"):
-            steps = f"<= {steps} (packing merges rows)"
+    epoch = epoch_steps(resolved, len(prepared.train), devices.workers)
+    steps = epoch.total(t)
+    if t.get("packing") and not (t.get("max_steps") or 0) > 0:
+        steps = f"<= {steps} (packing merges rows)"
     action = f"resuming from {plan.resume_checkpoint}" if plan.resume_checkpoint else "new run"
-    console.print(f"run: {plan.run_dir} ({action}); {len(prepared.train)} rows, {prepared.train_tokens:,} tokens, {steps} steps"
-                  f" of {per_step} rows")
-    note = last_batch_note(t, len(prepared.train), per_step, devices.workers)
-    if note:
-        console.print(note)
+    rows = "prompts" if epoch.unit == "completions" else "rows"
+    console.print(f"run: {plan.run_dir} ({action}); {len(prepared.train)} {rows}, {prepared.train_tokens:,} tokens, "
+                  f"{steps} steps of {epoch.per_step} {epoch.unit}")
+    if epoch.last_batch:
+        console.print(epoch.last_batch)
     console.print(devices_line(devices))
     if judge_url(resolved) and devices.use_gpu and not devices.judge:
         console.print("[yellow]note: the judge runs on CPU (grpo_rollout.judge_gpus: 0): slow for a model of more "

@@ -89,7 +89,8 @@ def test_plan_json_for_a_machine_we_are_not_on(config, workdir):
     plan = json.loads(result.stdout)
     assert plan["nodes"] == 1 and plan["workers"] == 4
     assert plan["devices"] == {"server": [], "judge": [], "eval": [], "training": [0, 1, 2, 3]}
-    assert plan["batch"] == {"per_device": 4, "gradient_accumulation_steps": 2, "workers": 4, "global": 32}
+    assert plan["batch"] == {"per_device": 4, "gradient_accumulation_steps": 2, "workers": 4, "global": 32,
+                             "unit": "rows", "detail": ""}
     assert plan["steps_per_epoch"] == 2 and plan["rows"] == 40
     workers = [p for p in plan["processes"] if p["name"].startswith("training worker")]
     assert [p["env"]["CUDA_VISIBLE_DEVICES"] for p in workers] == ["0", "1", "2", "3"]

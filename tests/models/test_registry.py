@@ -32,3 +32,17 @@ def test_a_project_folder_means_its_newest_finished_runs_model(tmp_path):
     # a folder without any finished run stays as given (loading it then says what is missing)
     (tmp_path / "empty").mkdir()
     assert resolve_model_id("./empty", tmp_path) == str(tmp_path / "empty")
+
+
+def test_a_run_or_project_without_a_finished_run_is_said_as_such(tmp_path):
+    import pytest
+
+    from leap_finetune.errors import LeapError
+
+    run = tmp_path / "outputs" / "warmup" / "sft-20261201-120000"
+    (run / "checkpoint-4").mkdir(parents=True)
+    (run / "resolved_config.yaml").write_text("model_name: tiny-lfm2\n")  # started, never finished
+    with pytest.raises(LeapError, match="none of its runs has finished .no model/ in sft-20261201-120000"):
+        resolve_model_id("./outputs/warmup", tmp_path)
+    with pytest.raises(LeapError, match="is a run that has not finished"):
+        resolve_model_id("./outputs/warmup/sft-20261201-120000", tmp_path)

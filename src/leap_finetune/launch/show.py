@@ -6,8 +6,6 @@ so what `plan` prints is what `run` does. `--gpus` / `--nodes` plan for a machin
 
 from __future__ import annotations
 
-import math
-
 from leap_finetune.launch.devices import DevicePlan
 from leap_finetune.launch.distributed import NO_MULTICAST
 
@@ -83,27 +81,27 @@ def _training_processes(devices: DevicePlan, config_path: str | None) -> list[di
 
 def plan_report(resolved, devices: DevicePlan, prepared, no_tokens: str = "") -> dict:
     """`no_tokens`: why the rows were counted without the tokenizer (prepared.tokenized is False)."""
-    from leap_finetune.api import last_batch_note
+    from leap_finetune.launch.steps import epoch_steps
 
     t = resolved.training
-    per_device = t.get("per_device_train_batch_size", 8)
-    accumulation = t.get("gradient_accumulation_steps", 1)
-    global_batch = per_device * accumulation * devices.workers
     rows = len(prepared.train)
-    steps_per_epoch = math.ceil(rows / global_batch)
+    steps = epoch_steps(resolved, rows, devices.workers)
     tokens_per_row = prepared.train_tokens / rows if rows else 0
     return {
         **devices.to_json(),
-        "batch": {"per_device": per_device, "gradient_accumulation_steps": accumulation, "workers": devices.workers,
-                  "global": global_batch},
+        "batch": {"per_device": t.get("per_device_train_batch_size", 8),
+                  "gradient_accumulation_steps": t.get("gradient_accumulation_steps", 1), "workers": devices.workers,
+                  "global": steps.per_step, "unit": steps.unit, "detail": steps.per_step_detail},
         "rows": rows,
-        "steps_per_epoch": steps_per_epoch,
+        "steps_per_epoch": steps.steps_per_epoch,
         "max_steps": t.get("max_steps", -1),
-        "tokens_per_step": round(tokens_per_row * global_batch) if prepared.tokenized else None,
+        "total_steps": steps.total(t),
+        # GRPO: the prompts' tokens of a step's completions (the completions add up to max_completion_length each)
+        "tokens_per_step": round(tokens_per_row * steps.per_step) if prepared.tokenized else None,
         "tokens_not_counted": None if prepared.tokenized else _why_no_tokens(resolved, no_tokens),
         "sampling": (f"each prompt {t.get('num_generations', 8)} times (GRPO's groups)"
                      if resolved.training_type == "grpo" else t.get("train_sampling_strategy", "random")),
-        "last_batch": last_batch_note(t, rows, global_batch, devices.workers),
+        "last_batch": steps.last_batch,
         "processes": processes(devices, resolved.config_path, resolved),
     }
 
@@ -136,12 +134,15 @@ def print_plan(console, report: dict) -> None:
         if report["in_process"] else f"Ray Train, {report['backend']}" + (
         f", cluster at {report['address']}" if report["address"] else ", a local Ray instance")
     console.print(f"workers: {report['workers']} on {nodes} node(s) - {mode}")
+    grpo = batch["unit"] == "completions"
     console.print(f"batch: {batch['per_device']} per device x {batch['gradient_accumulation_steps']} accumulation x "
-                  f"{batch['workers']} worker(s) = {batch['global']} rows per step; {report['rows']} rows -> "
-                  f"{report['steps_per_epoch']} steps per epoch"
-                  + (f" (max_steps {report['max_steps']})" if report["max_steps"] and report["max_steps"] > 0 else "")
-                  + (f"; ~{report['tokens_per_step']:,} tokens per step" if report["tokens_per_step"] is not None
-                     else ""))
+                  f"{batch['workers']} worker(s) = {batch['global']} {batch['unit']} per step"
+                  + (f" ({batch['detail']})" if batch["detail"] else "")
+                  + f"; {report['rows']} {'prompts' if grpo else 'rows'} -> {report['steps_per_epoch']} steps per epoch"
+                  + (f" (max_steps {report['max_steps']})" if report["max_steps"] and report["max_steps"] > 0 else
+                     f", {report['total_steps']} in all" if report["total_steps"] != report["steps_per_epoch"] else "")
+                  + (f"; ~{report['tokens_per_step']:,} {'prompt ' if grpo else ''}tokens per step"
+                     if report["tokens_per_step"] is not None else ""))
     if report["tokens_per_step"] is None:
         console.print(f"tokens: not counted ({escape(report['tokens_not_counted'])})")
     console.print(f"sampling: {report['sampling']}" + (" (each step's rows dealt so workers get equal tokens)"

@@ -22,7 +22,10 @@ def resolve_model_id(model_name: str, base: Path) -> str:
     local = local_path(model_name, base)
     # A Hub id has one "/" (org/name): more, or a leading . / ~, is a folder path
     if local.is_dir() or model_name.startswith((".", "/", "~")) or model_name.count("/") > 1:
-        return str(finished_model(local) or local)
+        found = finished_model(local)
+        if found is None:
+            _refuse_unfinished(local, model_name)
+        return str(found or local)
     if "/" not in model_name and _LFM_SHORT_NAME.match(model_name):
         return f"LiquidAI/{model_name}"
     return model_name
@@ -42,6 +45,24 @@ def finished_model(folder: Path) -> Path | None:
         if run.is_dir() and summary.exists() and (run / "model" / "config.json").exists():
             finished.append((_finished_at(summary), run.name, run / "model"))
     return max(finished)[2] if finished else None
+
+
+def _refuse_unfinished(folder: Path, model_name: str) -> None:
+    """A run folder (or a project folder of runs) without a finished run: said as such, not as a folder that lacks
+    tokenizer files."""
+    from leap_finetune.errors import LeapError
+
+    if not folder.is_dir() or (folder / "config.json").exists():
+        return
+    if (folder / "resolved_config.yaml").exists():
+        raise LeapError(f"{folder} is a run that has not finished (it has no model/ yet)", where="model_name",
+                        fix="let the run finish (or resume it), or give one of its checkpoint-N folders")
+    runs = sorted(p.name for p in folder.iterdir() if (p / "resolved_config.yaml").exists())
+    if runs:
+        raise LeapError(f"{folder} is a project folder, and none of its runs has finished (no model/ in "
+                        f"{', '.join(runs[:5])}{' ...' if len(runs) > 5 else ''})", where="model_name",
+                        fix="run (or resume) the config that trains it to the end first, or give a run's "
+                        "checkpoint-N folder")
 
 
 def _finished_at(summary: Path) -> float:

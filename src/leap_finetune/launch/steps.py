@@ -1,0 +1,97 @@
+"""How many optimizer steps a run has, counted the way its trainer counts them: what `plan` and the run's
+`run:` line say, and the note on the rows that do not fill the last step of an epoch.
+
+Every training type but GRPO takes `per_device_train_batch_size` x accumulation x workers rows per step. GRPO's
+batch counts completions, not prompts: TRL's `RepeatSampler` (trl 1.16, trainer/utils.py) cuts the prompts into
+generation batches of `generation_batch_size / num_generations` prompts, drops the last one when it is not
+whole, and repeats each prompt `num_generations` times and each generation batch `num_iterations x
+steps_per_generation` times; the dataloader hands out `per_device_train_batch_size x steps_per_generation`
+completions per worker at a time, and every `gradient_accumulation_steps` of them make an optimizer step
+(transformers' Trainer: ceil(batches / accumulation), at least 1).
+"""
+
+from __future__ import annotations
+
+import math
+from dataclasses import dataclass
+
+from leap_finetune.errors import LeapError
+
+
+@dataclass(frozen=True)
+class EpochSteps:
+    per_step: int  # samples per optimizer step: rows, or GRPO's completions
+    unit: str  # "rows" | "completions"
+    steps_per_epoch: int
+    last_batch: str | None  # what happens to the rows that do not fill the epoch's last step
+    per_step_detail: str = ""  # GRPO: how prompts become the completions of a step
+
+    def total(self, training: dict) -> int:
+        """max_steps, else num_train_epochs x steps per epoch rounded up (transformers' Trainer)."""
+        steps = training.get("max_steps", -1)
+        if steps is not None and steps > 0:
+            return steps
+        return math.ceil(training.get("num_train_epochs", 1) * self.steps_per_epoch)
+
+
+def epoch_steps(resolved, rows: int, workers: int) -> EpochSteps:
+    """The steps of one epoch of `rows` training rows (GRPO: prompts) on `workers` workers. GRPO prompts that
+    fill no generation batch at all are an error: TRL would train nothing (a ValueError without max_steps, a run
+    that stops at step 0 with it)."""
+    t = resolved.training
+    if resolved.training_type == "grpo":
+        return _grpo_steps(t, rows, workers, resolved.config_path or "config")
+    per_step = t.get("per_device_train_batch_size", 8) * t.get("gradient_accumulation_steps", 1) * workers
+    return EpochSteps(per_step, "rows", math.ceil(rows / per_step), last_batch_note(t, rows, per_step, workers))
+
+
+def _grpo_steps(t: dict, prompts: int, workers: int, where: str) -> EpochSteps:
+    per_device = t.get("per_device_train_batch_size", 8)
+    accumulation = t.get("gradient_accumulation_steps", 1)
+    generations = t.get("num_generations", 8)
+    iterations = t.get("num_iterations", 1)
+    # GRPOConfig.__post_init__: one of generation_batch_size / steps_per_generation decides the other
+    completions = t.get("generation_batch_size")
+    per_generation = t.get("steps_per_generation") or (completions // (per_device * workers) if completions
+                                                       else accumulation)
+    completions = completions or per_device * workers * per_generation
+    prompts_per_generation = completions // generations
+    whole = prompts // prompts_per_generation  # RepeatSampler keeps whole generation batches only
+    if not whole:
+        raise LeapError(f"the training data has {prompts} prompt(s), fewer than one generation batch of "
+                        f"{prompts_per_generation} prompts ({completions} completions / num_generations {generations}): "
+                        "TRL trains on whole generation batches only, so nothing would be trained", where=where,
+                        fix=f"add prompts (at least {prompts_per_generation}), or lower per_device_train_batch_size, "
+                        "gradient_accumulation_steps (or generation_batch_size) or the workers, or raise num_generations")
+    batches = whole * iterations * per_generation  # the dataloader's batches per worker
+    steps = math.ceil(batches / accumulation)
+    per_step = per_device * accumulation * workers
+    left = prompts % prompts_per_generation
+    which = "other prompts each epoch (shuffle_dataset)" if t.get("shuffle_dataset", True) else \
+        "the data's last prompts every epoch (shuffle_dataset: false)"
+    note = (f"last batch: {left} prompt(s) per epoch do not fill a generation batch of {prompts_per_generation} "
+            f"prompts and are not trained on: TRL's sampler takes whole generation batches only ({which})") \
+        if left else None
+    prompts_per_step = per_step // generations
+    detail = f"{prompts_per_step} prompt{'s' if prompts_per_step > 1 else ''} x {generations} generations" \
+        if per_step % generations == 0 else f"{generations} generations per prompt"
+    if iterations > 1:
+        detail += f"; each generation batch trained {iterations} times (num_iterations)"
+    return EpochSteps(per_step, "completions", steps, note, detail)
+
+
+def last_batch_note(training: dict, rows: int, per_step: int, workers: int) -> str | None:
+    """What happens to the rows that do not fill the last step of an epoch (nothing is dropped)."""
+    left = rows % per_step
+    if not left or training.get("packing"):
+        return None
+    if training.get("dataloader_drop_last"):
+        return f"last batch: dataloader_drop_last is true: {left} row(s) per epoch are not trained on"
+    groups = workers * training.get("gradient_accumulation_steps", 1)
+    if training.get("train_sampling_strategy", "random") == "batch_rebalance":
+        topped = f", topped up to {groups} with rows from the epoch's start" if left < groups else ""
+        return f"last batch: the last step of each epoch trains the {left} remaining row(s){topped}"
+    if workers > 1:
+        return (f"last batch: the last step of each epoch trains the {left} remaining row(s), topped up to "
+                f"{per_step} with rows from the epoch's start (every worker gets a full batch)")
+    return f"last batch: the last step of each epoch trains the {left} remaining row(s)"
