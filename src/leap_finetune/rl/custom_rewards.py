@@ -22,6 +22,7 @@ from collections.abc import Callable
 from dataclasses import dataclass, field
 from pathlib import Path
 
+from leap_finetune.data.grpo_rows import category  # (the words a column's kind is said in, here too)
 from leap_finetune.errors import LeapError
 
 ROWS_AT_VALIDATE = 2
@@ -47,13 +48,13 @@ def problem(values, count: int) -> tuple[int | None, str] | None:
     """What is wrong with a reward's answer for `count` completions: (the index of the wrong value or None, what
     it is); None when it is one number (or None) per completion."""
     if isinstance(values, (str, bytes, dict)) or not hasattr(values, "__len__") or not hasattr(values, "__iter__"):
-        return None, f"{_kind(values)}, not a list"
+        return None, f"{category(values)}, not a list"
     if len(values) != count:
         return None, f"{len(values)} value(s) for {count} completion(s)"
     for index, value in enumerate(values):
         number = _number(value)
         if number is _NOT_A_NUMBER:
-            return index, f"{_short(value)} ({_kind(value)})"
+            return index, f"{_short(value)} ({category(value)})"
         if number is not None and math.isnan(number):
             return index, "NaN"
         if number is not None and math.isinf(number):
@@ -78,16 +79,6 @@ def _number(value):
         return float(value)
     except (TypeError, ValueError):
         return _NOT_A_NUMBER
-
-
-def _kind(value) -> str:
-    if isinstance(value, bool):
-        return "a boolean"
-    if isinstance(value, (int, float)):
-        return "a number"
-    if isinstance(value, str):
-        return "a string"
-    return "a list" if isinstance(value, list) else "a mapping" if isinstance(value, dict) else type(value).__name__
 
 
 def _short(value, limit: int = 60) -> str:
