@@ -47,15 +47,20 @@ VARIANTS = {
     "trl_static": "TRL GRPOTrainer, cache_implementation: static (TRL turns compile off)",
     "trl_paged": "TRL GRPOTrainer, use_transformers_paged (continuous batching)",
     "leap_eager": "leap-finetune, cache_implementation: null (TRL's generate path)",
-    "leap_default": "leap-finetune default (static cache, compiled decoding step)",
+    "leap_generate": "leap-finetune, transformers' generate with its compiled decoding step (the default before "
+                     "rl/sampler.py)",
+    "leap_default": "leap-finetune default (rl/sampler.py: static cache, the whole step in a CUDA graph)",
     "leap_default_lora": "leap-finetune default + LoRA (DEFAULT_LORA)",
+    "leap_generate_lora": "leap-finetune + LoRA, transformers' generate with its compiled decoding step",
     # vLLM inside the training process (TRL's colocate mode; needs vLLM installed)
     "leap_vllm": "leap-finetune, vLLM colocate (use_vllm: true; TRL's vllm_gpu_memory_utilization 0.3)",
     "leap_vllm_mem05": "leap-finetune, vLLM colocate, vllm_gpu_memory_utilization: 0.5",
+    "leap_vllm_mem015": "leap-finetune, vLLM colocate, vllm_gpu_memory_utilization: 0.15",
     "leap_vllm_sleep": "leap-finetune, vLLM colocate, vllm_enable_sleep_mode: true",
     "leap_vllm_lora": "leap-finetune, vLLM colocate + LoRA (DEFAULT_LORA)",
 }
 VLLM_SETTINGS = {"leap_vllm": {}, "leap_vllm_mem05": {"vllm_gpu_memory_utilization": 0.5},
+                 "leap_vllm_mem015": {"vllm_gpu_memory_utilization": 0.15},
                  "leap_vllm_sleep": {"vllm_enable_sleep_mode": True}, "leap_vllm_lora": {}}
 DEFAULT_VARIANTS = "trl_default,trl_static,trl_paged,leap_eager,leap_default,leap_default_lora"
 ARCH_NAMES = {"350m": "LFM2-350M", "1.2b": "LFM2-1.2B", "tiny": "tiny-lfm2"}
@@ -90,6 +95,9 @@ class Timing:
         self.used_gib = 0.0
         self.progress = Path(progress) if progress else None
         self.extra: dict = {}  # more fields for the summary (a caller's own measurements)
+        self.force_generate = False  # leap_generate: transformers' generate instead of rl/sampler.py
+        self.profile_rollout: int | None = None  # profile this rollout (0-based) with torch.profiler
+        self.vllm_split: dict[str, list[float]] = {"sync_weights": [], "vllm_generate": []}
 
     def wrap(self, trainer_cls):
         timing = self
@@ -99,16 +107,45 @@ class Timing:
                 start = time.perf_counter()
                 super().__init__(*args, **kwargs)
                 timing.init_s = time.perf_counter() - start
+                if timing.force_generate:  # the path every rollout took before rl/sampler.py
+                    self.rollout_engine, self.rollout_why_not = "transformers generate", "bench: leap_generate"
+                    self.generation_config.disable_compile = False
+                if getattr(self, "vllm_generation", None) is not None:  # vLLM's time split: weight sync, generation
+                    for name, key in (("sync_weights", "sync_weights"), ("generate", "vllm_generate")):
+                        setattr(self.vllm_generation, name, timing.timed(getattr(self.vllm_generation, name), key))
 
             def _generate_single_turn(self, prompt_ids, *args, **kwargs):
                 _sync()
                 start = time.perf_counter()
-                completion_ids, logprobs = super()._generate_single_turn(prompt_ids, *args, **kwargs)
-                _sync()
+                if len(timing.rollouts) == timing.profile_rollout:
+                    with timing.profiler() as prof:
+                        completion_ids, logprobs = super()._generate_single_turn(prompt_ids, *args, **kwargs)
+                        _sync()
+                    wall = time.perf_counter() - start
+                    timing.extra["profile"] = kernel_summary(prof, wall)
+                else:
+                    completion_ids, logprobs = super()._generate_single_turn(prompt_ids, *args, **kwargs)
+                    _sync()
                 timing.rollouts.append((time.perf_counter() - start, sum(len(c) for c in completion_ids)))
                 return completion_ids, logprobs
 
         return Timed
+
+    def timed(self, method, key: str):
+        def run(*args, **kwargs):
+            _sync()
+            start = time.perf_counter()
+            result = method(*args, **kwargs)
+            _sync()
+            self.vllm_split[key].append(time.perf_counter() - start)
+            return result
+        return run
+
+    @staticmethod
+    def profiler():
+        from torch.profiler import ProfilerActivity, profile
+
+        return profile(activities=[ProfilerActivity.CPU, ProfilerActivity.CUDA])
 
     def clock(self):
         from transformers import TrainerCallback
@@ -147,7 +184,27 @@ class Timing:
                 "steps_done": len(self.steps),
                 "peak_gib": torch.cuda.max_memory_allocated() / 2**30 if torch.cuda.is_available() else 0.0,
                 # the whole GPU (vLLM's memory pool in sleep mode is not torch's allocator)
-                "gpu_used_gib": self.used_gib, **self.extra}
+                "gpu_used_gib": self.used_gib,
+                **{f"{key}_s": statistics.median(values[WARMUP:]) for key, values in self.vllm_split.items()
+                   if values[WARMUP:]},
+                **self.extra}
+
+
+def kernel_summary(prof, wall_s: float, top: int = 6) -> dict:
+    """GPU kernel time against the wall time of one profiled rollout: near 1, the GPU is the limit; far below, the
+    host (Python, launches, syncs) is. The largest kernels by total time, and how many kernels ran."""
+    def device_us(event) -> float:
+        return getattr(event, "device_time", None) or getattr(event, "cuda_time", 0.0) or 0.0
+
+    kernels = [e for e in prof.events() if getattr(e.device_type, "name", "") == "CUDA"]
+    busy = sum(device_us(e) for e in kernels) / 1e6  # (microseconds)
+    by_name: dict[str, float] = {}
+    for e in kernels:
+        by_name[e.name] = by_name.get(e.name, 0.0) + device_us(e) / 1e6
+    largest = sorted(by_name.items(), key=lambda kv: -kv[1])[:top]
+    return {"wall_s": round(wall_s, 3), "gpu_kernel_s": round(busy, 3), "kernels": len(kernels),
+            "gpu_share": round(busy / wall_s, 3) if wall_s else None,
+            "top": [(name[:60], round(t, 4)) for name, t in largest]}
 
 
 def gpu_used_gib() -> float:
@@ -195,7 +252,8 @@ def timed_run_config(config: dict, outputs_root: Path, timing: Timing, callbacks
         grpo_recipe.trainer_class = original
 
 
-def child_leap(variant: str, model_dir: Path, data: Path, work: Path, steps: int, progress: str | None = None) -> dict:
+def child_leap(variant: str, model_dir: Path, data: Path, work: Path, steps: int, progress: str | None = None,
+               profile: bool = False) -> dict:
     training = {"use_vllm": False, "max_steps": steps, "per_device_train_batch_size": PROMPTS_PER_STEP * GENERATIONS,
                 "num_generations": GENERATIONS, "max_completion_length": NEW_TOKENS, "logging_steps": 1,
                 "save_strategy": "no", "learning_rate": 1e-6}
@@ -212,11 +270,14 @@ def child_leap(variant: str, model_dir: Path, data: Path, work: Path, steps: int
 
     shutil.rmtree(work / "outputs" / config["project_name"], ignore_errors=True)  # a fresh run, never a resume
     timing = Timing(progress)
+    timing.force_generate = variant.startswith("leap_generate")
+    timing.profile_rollout = WARMUP + 1 if profile else None
     summary = timed_run_config(config, work / "outputs", timing)
     run_dir = Path(summary["run_dir"])
     logged = [json.loads(line).get("rollout/tokens_per_s") for line in (run_dir / "metrics.jsonl").read_text().splitlines()]
     logged = [v for v in logged if v is not None][WARMUP:]
-    return {**timing.summary(), "logged_rollout_tokens_per_s": statistics.median(logged) if logged else None}
+    return {**timing.summary(), "logged_rollout_tokens_per_s": statistics.median(logged) if logged else None,
+            "engine": summary.get("rollouts", {}).get("engine")}
 
 
 def error_text(err: BaseException, lines: int = 3) -> str:
@@ -252,6 +313,8 @@ def main() -> None:
     parser.add_argument("--record", action="store_true", help="append the table to bench/RESULTS.md")
     parser.add_argument("--child", default=None)
     parser.add_argument("--smoke", action="store_true", help="CPU check of this script: the tiny model, 8 tokens")
+    parser.add_argument("--profile", action="store_true",
+                        help="profile one rollout per variant (the one after the warm-up): GPU kernel time vs wall")
     args = parser.parse_args()
     global NEW_TOKENS
     arch = "tiny" if args.smoke else args.arch
@@ -264,7 +327,7 @@ def main() -> None:
             if args.child.startswith("trl"):
                 result = child_trl(args.child, model_dir, data, work, args.steps)
             else:
-                result = child_leap(args.child, model_dir, data, work, args.steps, args.progress)
+                result = child_leap(args.child, model_dir, data, work, args.steps, args.progress, args.profile)
         except Exception as err:  # noqa: BLE001 - a variant that fails is a row of the table
             result = {"error": error_text(err)}
         print("RESULT " + json.dumps(result), flush=True)
@@ -301,11 +364,15 @@ def main() -> None:
     for variant in args.variants.split(","):
         start = time.perf_counter()
         proc = subprocess.run([sys.executable, __file__, "--child", variant, "--steps", str(args.steps), "--work",
-                               str(work), "--arch", args.arch, *(["--smoke"] if args.smoke else [])],
+                               str(work), "--arch", args.arch, *(["--smoke"] if args.smoke else []),
+                               *(["--profile"] if args.profile else [])],
                               capture_output=True, text=True)
         found = [l for l in proc.stdout.splitlines() if l.startswith("RESULT ")]
         r = json.loads(found[-1][7:]) if found else {"error": f"exit {proc.returncode}: {proc.stderr[-300:]}"}
         wall = time.perf_counter() - start
+        if args.out:  # every number the child measured (the table keeps the main ones)
+            with Path(args.out + ".jsonl").open("a") as handle:
+                handle.write(json.dumps({"variant": variant, "arch": arch, "wall_s": wall, **r}) + "\n")
         if "error" in r:
             lines.append(f"| {VARIANTS[variant]} | failed: {r['error']} | | | | | | | wall {wall:.0f} s |")
         else:
@@ -315,6 +382,15 @@ def main() -> None:
             notes = [f"wall {wall:.0f} s", f"start-up {r.get('startup_s', float('nan')):.0f} s"]
             if r.get("weights"):
                 notes.append(f"weights {r['weights']}")
+            if r.get("engine"):
+                notes.append(f"engine: {r['engine']}")
+            if r.get("sync_weights_s") is not None:
+                notes.append(f"vLLM weight sync {r['sync_weights_s']:.2f} s + generate {r['vllm_generate_s']:.2f} s")
+            if r.get("profile"):
+                pr = r["profile"]
+                notes.append(f"profiled rollout: wall {pr['wall_s']:.2f} s, GPU kernels {pr['gpu_kernel_s']:.2f} s "
+                             f"({pr['kernels']:,} kernels); largest: "
+                             + ", ".join(f"{n} {t:.3f} s" for n, t in pr["top"][:4]))
             if r.get("logged_rollout_tokens_per_s"):
                 notes.append(f"logged rollout/tokens_per_s {r['logged_rollout_tokens_per_s']:,.0f}")
             lines.append(f"| {VARIANTS[variant]} | {speed:,.0f} | {ratio} | {r['rollout_s']:.2f} | {r['step_s']:.2f} | "

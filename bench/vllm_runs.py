@@ -114,6 +114,7 @@ ITEMS = {
     # that do not reach vLLM's engine
     ("grpo_learns", "lora_transformers", "350m"): (100, 300),
     ("grpo_learns", "full", "1.2b"): (150, 300),
+    ("grpo_learns", "lora", "1.2b"): (150, 300),
     ("judge", "server start", "350m"): (60, 300),
     ("judge", "grpo + judge", "350m"): (50, 200),
     ("eval_server", "leap-finetune eval --server", "350m"): (25, 150),
@@ -401,6 +402,8 @@ class Runs:
 
     def reward_file(self, arch: str, new_tokens: int) -> Path:
         """The grpo_learns reward for this model's vocabulary (written as a file: custom rewards are files)."""
+        if self.args.reward == "half":
+            return self.half_reward_file(arch)
         vocab = json.loads((self.model(arch) / "config.json").read_text())["vocab_size"]
         size = max(vocab // new_tokens, 8)  # about one id of the set per completion at random weights
         first = min(REWARD_FIRST_ID, vocab - size)
@@ -417,6 +420,37 @@ def {REWARD_NAME}(completions, completion_ids=None, **kwargs):
     if completion_ids is None:  # (not passed: nothing to count)
         return [0.0 for _ in completions]
     return [sum(1 for t in ids if FIRST <= t < END) / len(ids) if len(ids) else 0.0 for ids in completion_ids]
+''')
+        return path
+
+    def half_reward_file(self, arch: str) -> Path:
+        """--reward half: the fraction of completion tokens whose (tied) embedding row points along one fixed random
+        direction u - half the vocabulary, so ~0.5 at random weights. Unlike the rare set, every token of a completion
+        carries signal and the set's tokens share a direction the last hidden state can turn towards: reachable by
+        LoRA, which cannot move the embedding rows themselves (tiny-lfm2 on the CPU, 15 steps of 64 x 32 tokens:
+        LoRA lr 1e-2 0.48 -> 0.60, full lr 1e-3 0.50 -> 0.70)."""
+        import torch
+        from safetensors import safe_open
+
+        folder = self.model(arch)
+        path = self.work / f"reward_half_{arch.replace('.', '_')}.py"
+        ids_path = self.work / f"reward_half_{arch.replace('.', '_')}.json"
+        with safe_open(str(folder / "model.safetensors"), framework="pt") as handle:
+            name = next(k for k in handle.keys() if k.endswith("embed_tokens.weight"))
+            embedding = handle.get_tensor(name).float()
+        u = torch.randn(embedding.shape[1], generator=torch.Generator().manual_seed(0))
+        ids_path.write_text(json.dumps((embedding @ u > 0).nonzero().flatten().tolist()))
+        path.write_text(f'''"""bench/vllm_runs.py --reward half: the fraction of completion tokens in a direction-coherent half of
+the vocabulary ({ids_path.name})."""
+import json
+
+IDS = frozenset(json.loads(open({str(ids_path)!r}).read()))
+
+
+def {REWARD_NAME}(completions, completion_ids=None, **kwargs):
+    if completion_ids is None:
+        return [0.0 for _ in completions]
+    return [sum(1 for t in ids if t in IDS) / len(ids) if len(ids) else 0.0 for ids in completion_ids]
 ''')
         return path
 
@@ -502,6 +536,7 @@ def {REWARD_NAME}(completions, completion_ids=None, **kwargs):
             "steps": 3 if self.smoke else LEARN_STEPS, "new_tokens": new_tokens, "batch": 16 if self.smoke else 64,
             "use_vllm": not self.smoke and item.variant != "lora_transformers", "lora": lora,
             "learning_rate": self.args.lora_lr if lora else self.args.full_lr,
+            "vllm_gpu_memory_utilization": self.args.vllm_memory,
             "reward_file": str(self.reward_file(item.arch, new_tokens))})
 
     def judge(self, item: Item, limit: float) -> dict:
@@ -632,6 +667,8 @@ def child_grpo(phase: str, spec: dict) -> dict:
                 "save_strategy": "no", "learning_rate": spec.get("learning_rate", 1e-6)}
     if training["use_vllm"]:
         training["vllm_mode"] = "colocate"
+        if spec.get("vllm_gpu_memory_utilization"):
+            training["vllm_gpu_memory_utilization"] = spec["vllm_gpu_memory_utilization"]
     if phase == "judge":  # small and quick: no compiled decoding
         training["cache_implementation"] = None
         rewards = {"judge": {"model": spec["judge_model"], "base_url": spec["base_url"], "max_tokens": 8,
@@ -697,8 +734,12 @@ def header(args, found: dict, device: str) -> list[str]:
                 f"the bundled tokenizer); prompts of 20-150 tokens. rollout: 8 prompts x 8 generations x 256 new tokens "
                 f"per step, {ROLLOUT_STEPS} steps, medians over steps 3-{ROLLOUT_STEPS}; start-up = process start to the "
                 f"first step, init = the trainer's construction (vLLM's engine starts there). grpo_learns: {LEARN_STEPS} "
-                f"steps x 64 completions x 256 tokens, vLLM colocate, reward = fraction of completion tokens with ids "
-                f"256-511 (~1/256 at random weights), learning rate {args.full_lr:g} (full) / {args.lora_lr:g} (LoRA). "
+                f"steps x 64 completions x 256 tokens, vLLM colocate"
+                + (f" (vllm_gpu_memory_utilization {args.vllm_memory:g})" if args.vllm_memory else "")
+                + (", reward = fraction of completion tokens in a direction-coherent half of the vocabulary (~0.5 at "
+                   "random weights)" if args.reward == "half" else ", reward = fraction of completion tokens with ids "
+                   "256-511 (~1/256 at random weights)")
+                + f", learning rate {args.full_lr:g} (full) / {args.lora_lr:g} (LoRA). "
                 f"judge / eval_server: vllm serve --gpu-memory-utilization {SERVER_UTILIZATION} on 127.0.0.1; the judge "
                 f"run: {JUDGE_STEPS} steps x 16 completions of 32 tokens, use_vllm: false.")
     env = ", ".join(f"{k}={CHILD_ENV[k]}" for k in ("VLLM_HOST_IP", "VLLM_ENABLE_V1_MULTIPROCESSING", "NCCL_NVLS_ENABLE",
@@ -718,6 +759,12 @@ def main() -> None:
     parser.add_argument("--full-lr", type=float, default=2e-4, help="grpo_learns, full fine-tuning (default 2e-4)")
     parser.add_argument("--lora-lr", type=float, default=2e-3, help="grpo_learns, LoRA (default 2e-3)")
     parser.add_argument("--smoke", action="store_true", help="CPU check of the plumbing (tiny-lfm2, no vLLM)")
+    parser.add_argument("--reward", default="rare", choices=["rare", "half"],
+                        help="grpo_learns' reward: rare (ids 256-511, ~1/256 at random weights) or half (a "
+                             "direction-coherent half of the vocabulary, ~0.5 at random weights; LoRA can move it)")
+    parser.add_argument("--vllm-memory", type=float, default=None,
+                        help="grpo_learns: vllm_gpu_memory_utilization (TRL's default 0.3 leaves too little beside "
+                             "full training of 1.2B at 64 x 256 tokens)")
     parser.add_argument("--item-limit-s", type=float, default=None, help="at most this long per item (to check "
                         "the time-limit path)")
     parser.add_argument("--child", default=None, help=argparse.SUPPRESS)

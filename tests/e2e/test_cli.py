@@ -232,6 +232,9 @@ def test_plan_and_validate_with_no_network_and_hf_hub_offline_unset(tmp_path):
     assert timings["plan"]["code"] == 0, result.stderr[-3000:]
     text = " ".join(plan_out.split())
     assert "rollout server (trl vllm-serve)" in text and "training worker rank 1" in text
+    # which rollout engine, and the one measured faster for a 1.2B model (rl/engines.py)
+    assert "rollouts: vLLM, server; vLLM server mode (rollouts on their own GPUs) is not measured yet; on one GPU, " \
+           "faster at LFM2-1.2B size: use_vllm: false (leap-finetune's sampler), 27.8k rollout tokens/s vs 6.0k" in text
     assert "tokens: not counted (the tokenizer of LiquidAI/LFM2-1.2B is not in the Hugging Face cache, and plan does " \
            "not download it" in text
     assert timings["validate"]["code"] == 2

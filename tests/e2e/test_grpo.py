@@ -93,6 +93,8 @@ def test_the_grpo_example_raises_the_accuracy_reward(examples_copy, lora):
     samples = [json.loads(line) for line in (Path(summary["run_dir"]) / "completions.jsonl").read_text().splitlines()]
     assert samples and {"step", "prompt", "completion", "rewards", "advantage"} <= set(samples[0])
     assert (Path(summary["run_dir"]) / "model" / "config.json").exists()
+    # the rollouts came from leap-finetune's decoding loop (rl/sampler.py), with LoRA too
+    assert summary["rollouts"] == {"engine": "leap-finetune sampler", "why_not_sampler": None}
 
 
 def _free_port() -> int:

@@ -37,8 +37,11 @@ def config_table(resolved: ResolvedConfig) -> Table:
         rows[2] = ("training", "grpo, rewards: " + ", ".join(_reward_names(resolved)))
         rows[8] = ("generations / length", f"{t.get('num_generations')} per prompt / up to "
                    f"{t.get('max_completion_length')} tokens")
-        rows.append(("rollouts", ("vLLM, " + str(t.get("vllm_mode"))) if t.get("use_vllm")
-                     else "transformers' generation" + (" (paged)" if t.get("use_transformers_paged") else "")))
+        from leap_finetune.rl.engines import rollout_advice
+
+        rows.append(("rollouts", rollout_engine(resolved) + "\n" + rollout_advice(
+            resolved.model_id, use_vllm=bool(t.get("use_vllm")), lora=resolved.peft is not None,
+            vllm_mode=str(t.get("vllm_mode", "colocate")))))
     if resolved.retrieval is not None:  # embedding / colbert: no chat template, no loss mask, lengths per side
         r = resolved.retrieval
         rows[1] = ("prompts", f"query {r.prompts.query!r}, document {r.prompts.document!r}"
@@ -52,6 +55,20 @@ def config_table(resolved: ResolvedConfig) -> Table:
     for key, value in rows:
         table.add_row(key, value)
     return table
+
+
+def rollout_engine(resolved: ResolvedConfig) -> str:
+    """Which engine generates GRPO's rollouts, as the config says (the run prints the one it uses)."""
+    from leap_finetune.models.vision import is_vision_model
+    from leap_finetune.rl.sampler import why_not_config
+
+    t = resolved.training
+    if t.get("use_vllm"):
+        return f"vLLM, {t.get('vllm_mode')}"
+    if t.get("use_transformers_paged"):
+        return "transformers' generation (paged)"
+    why = why_not_config(t, vision=is_vision_model(resolved.model_id))
+    return "leap-finetune sampler (CUDA graphs on a GPU)" if why is None else f"transformers' generation ({why})"
 
 
 def _reward_names(resolved: ResolvedConfig) -> list[str]:
@@ -203,6 +220,10 @@ def end_report(console: Console, resolved: ResolvedConfig, summary: dict) -> Non
             table.add_row("reward gap, desirable - undesirable (last training log)", f"{last:.3f}")
     if summary.get("final_reward") is not None:
         table.add_row("reward (first / last 5 steps)", f"{summary['initial_reward']:.3f} -> {summary['final_reward']:.3f}")
+    if summary.get("rollouts"):
+        rollouts = summary["rollouts"]
+        table.add_row("rollouts", rollouts["engine"] + (f" ({rollouts['why_not_sampler']})"
+                                                       if rollouts.get("why_not_sampler") else ""))
     judge = summary.get("judge")
     if judge and judge.get("requests"):
         text = f"{judge['failures']:,} of {judge['requests']:,} requests failed" + (

@@ -102,8 +102,22 @@ def plan_report(resolved, devices: DevicePlan, prepared, no_tokens: str = "") ->
         "sampling": (f"each prompt {t.get('num_generations', 8)} times (GRPO's groups)"
                      if resolved.training_type == "grpo" else t.get("train_sampling_strategy", "random")),
         "last_batch": steps.last_batch,
+        "rollouts": _rollouts(resolved),
         "processes": processes(devices, resolved.config_path, resolved),
     }
+
+
+def _rollouts(resolved) -> dict | None:
+    """GRPO: the engine the config chose and the one measured faster for this model's size."""
+    if resolved.training_type != "grpo":
+        return None
+    from leap_finetune.launch.report import rollout_engine
+    from leap_finetune.rl.engines import rollout_advice
+
+    return {"engine": rollout_engine(resolved),
+            "advice": rollout_advice(resolved.model_id, use_vllm=bool(resolved.training.get("use_vllm")),
+                                     lora=resolved.peft is not None,
+                                     vllm_mode=str(resolved.training.get("vllm_mode", "colocate")))}
 
 
 def _why_no_tokens(resolved, no_tokens: str) -> str:
@@ -149,6 +163,8 @@ def print_plan(console, report: dict) -> None:
                                                       if report["sampling"] == "batch_rebalance" else ""))
     if report["last_batch"]:
         console.print(report["last_batch"])
+    if report.get("rollouts"):
+        console.print(f"rollouts: {escape(report['rollouts']['engine'])}; {escape(report['rollouts']['advice'])}")
     console.print("processes:")
     for process in report["processes"]:
         env = " ".join(f"{k}={v}" for k, v in process["env"].items())

@@ -59,34 +59,87 @@ def trainer_class():
     from trl import GRPOTrainer
 
     class LeapGRPOTrainer(GRPOTrainer):
-        """TRL's GRPOTrainer, plus: rollouts with transformers' generate on a GPU decode through a compiled
-        step when the cache is static (DEFAULT_GRPO); the rollout speed is logged (`rollout/tokens_per_s`);
-        a few completions with their rewards go to completions.jsonl at each log step."""
+        """TRL's GRPOTrainer, plus: without vLLM, rollouts through leap-finetune's decoding loop (rl/sampler.py:
+        a static cache, the step compiled into a CUDA graph on a GPU) wherever it samples what generate would;
+        the rollout speed is logged (`rollout/tokens_per_s`); a few completions with their rewards go to
+        completions.jsonl at each log step."""
 
         def __init__(self, *args, **kwargs):
             super().__init__(*args, **kwargs)
             self._rollout_tokens, self._rollout_seconds = 0, 0.0
-            if (not self.use_vllm and not self.use_transformers_continuous_batching
-                    and self.generation_config.cache_implementation == "static"
-                    and self.accelerator.device.type == "cuda"
-                    and not self.is_fsdp_enabled and not self.is_deepspeed_enabled):  # sharded: not measured
-                # TRL builds its GenerationConfig with disable_compile=True. With a static cache, transformers
-                # compiles the one-token decoding step (CUDA graphs): the decode loop stops being bound by
-                # Python and kernel launches (bench/grpo_rollout.py measures it against TRL's default).
-                self.generation_config.disable_compile = False
+            self._sampler, self.rollout_engine = None, "vllm" if self.use_vllm else "transformers generate"
+            self.rollout_why_not = None
+            sharded = self.is_fsdp_enabled or self.is_deepspeed_enabled
+            if sharded:
+                self.rollout_why_not = "FSDP or DeepSpeed (generate gathers the sharded weights)"
+            elif not self.use_vllm and not self.use_transformers_continuous_batching:
+                from trl.models import unwrap_model_for_generation
 
-        def _generate_single_turn(self, prompt_ids, *args, **kwargs):
+                from leap_finetune.rl.sampler import why_not
+
+                # leap-finetune's decoding loop (rl/sampler.py) wherever it samples what generate would sample
+                # (asked with TRL's generation settings applied to the model, as during a rollout)
+                with unwrap_model_for_generation(self.model_wrapped, self.accelerator,
+                                                 generation_kwargs=self.generation_kwargs) as model:
+                    self.rollout_why_not = why_not(model, self.generation_config, multimodal=self._is_vlm)
+                cuda = self.accelerator.device.type == "cuda"
+                if self.rollout_why_not is None:
+                    self.rollout_engine = "leap-finetune sampler" + (" (CUDA graphs)" if cuda else "")
+                elif self.generation_config.cache_implementation == "static" and cuda and not sharded:
+                    # TRL builds its GenerationConfig with disable_compile=True; with a static cache transformers
+                    # then compiles its one-token decoding step (CUDA graphs) - 3.6x TRL's default (bench/NOTES.md)
+                    self.generation_config.disable_compile = False
+
+        def _generate_single_turn(self, prompt_ids, images, multimodal_fields, num_generations,
+                                  has_tool_images=False):
             import time
 
             import torch
 
             start = time.perf_counter()
-            completion_ids, logprobs = super()._generate_single_turn(prompt_ids, *args, **kwargs)
+            if self.rollout_engine.startswith("leap-finetune sampler") and not images and not multimodal_fields:
+                completion_ids, logprobs = self._sample(prompt_ids), None
+            else:
+                completion_ids, logprobs = super()._generate_single_turn(prompt_ids, images, multimodal_fields,
+                                                                         num_generations, has_tool_images)
             if torch.cuda.is_available() and self.accelerator.device.type == "cuda":
                 torch.cuda.synchronize()
             self._rollout_seconds += time.perf_counter() - start
             self._rollout_tokens += sum(len(ids) for ids in completion_ids)
             return completion_ids, logprobs
+
+        def _sample(self, prompt_ids) -> list[list[int]]:
+            """TRL's transformers path (left padding, completions cut after the first end token) with
+            rl/sampler.py's loop in place of generate."""
+            import torch
+            from trl.extras.profiling import profiling_context
+            from trl.models import unwrap_model_for_generation
+            from trl.trainer.utils import pad
+
+            from leap_finetune.rl.sampler import Sampler
+
+            device = self.accelerator.device
+            tensors = [torch.tensor(ids) for ids in prompt_ids]
+            input_ids = pad(tensors, padding_value=self._tokenizer.pad_token_id, padding_side="left",
+                            pad_to_multiple_of=self.pad_to_multiple_of).to(device)
+            attention_mask = pad([torch.ones_like(t) for t in tensors], padding_value=0, padding_side="left",
+                                 pad_to_multiple_of=self.pad_to_multiple_of).to(device)
+            with (profiling_context(self, "transformers.generate"),
+                  unwrap_model_for_generation(self.model_wrapped, self.accelerator,
+                                              generation_kwargs=self.generation_kwargs,
+                                              gradient_checkpointing_kwargs=self.args.gradient_checkpointing_kwargs)
+                  as model):
+                if self._sampler is None or self._sampler.model is not model:
+                    cuda = device.type == "cuda"
+                    # on a GPU: decode with a half-precision copy refreshed every rollout (rl/sampler.py)
+                    half = torch.bfloat16 if self.args.bf16 else torch.float16 if self.args.fp16 else None
+                    self._sampler = Sampler(model, self.generation_config, list(self.eos_token_ids),
+                                            self._tokenizer.pad_token_id, compile=cuda,
+                                            rollout_dtype=half if cuda else None)
+                completions = self._sampler.generate(input_ids, attention_mask, self.max_completion_length)
+            is_eos = torch.isin(completions, torch.tensor(self.eos_token_ids, device=device))
+            ends = torch.where(is_eos.any(dim=1), is_eos.int().argmax(dim=1), completions.size(1))
+            return [row[: end + 1].tolist() for row, end in zip(completions.cpu(), ends.cpu().tolist(), strict=True)]
 
         def log(self, logs, start_time=None):
             if self.model.training and self._rollout_seconds > 0:
@@ -135,17 +188,21 @@ def train(resolved_json: dict, callbacks: list | None = None) -> dict:
                                             common.benchmark_callback(resolved, tokenizer, run_dir, console)),
     )
     watch.judges = judges(trainer)
+    if trainer.accelerator.is_main_process:
+        console.print(f"rollouts: {trainer.rollout_engine}"
+                      + (f" ({trainer.rollout_why_not})" if trainer.rollout_why_not else ""))
 
     def after_training(trainer) -> dict:
         """The judge's requests and failures over every rank; a judge that stopped the run is its error."""
+        rollouts = {"rollouts": {"engine": trainer.rollout_engine, "why_not_sampler": trainer.rollout_why_not}}
         totals = judge_totals(trainer)
         if totals is None:
-            return {}
+            return rollouts
         if resolved.resume_checkpoint_path:  # (this process's requests: the report says since when)
             from leap_finetune.recipes.checkpoints import step_of
 
             totals["since_step"] = step_of(Path(resolved.resume_checkpoint_path))
-        extra = {"judge": totals}
+        extra = {"judge": totals, **rollouts}
         if watch.stopped and trainer.state.global_step < trainer.state.max_steps:  # (at the last step: finished)
             extra["error"] = {"message": f"{totals['stop_reason'] or 'the judge failed every request'}; the run saved a "
                                          "checkpoint and stopped",

@@ -1,0 +1,209 @@
+"""leap-finetune's GRPO decoding loop (rl/sampler.py) samples what transformers' generate samples: the same
+forward (static cache, left padding, positions), the same logits processors, the same categorical draw - and
+leaves the rollout to generate for any setting it does not apply. Real tiny LFM2 models on the CPU; the CUDA-graph
+path is the same code compiled, measured on the H200 (bench/RESULTS.md)."""
+
+from __future__ import annotations
+
+import pytest
+import torch
+from transformers import GenerationConfig
+
+from leap_finetune.models.tiny import build_tiny_model, load_tiny_tokenizer
+from leap_finetune.rl.sampler import (
+    LENGTH_BUCKET,
+    STOP_CHECK_EVERY,
+    Sampler,
+    logits_processors,
+    why_not,
+    why_not_config,
+)
+
+
+@pytest.fixture(scope="module")
+def tokenizer():
+    return load_tiny_tokenizer("tiny-lfm2")
+
+
+@pytest.fixture(scope="module")
+def model(tokenizer):
+    torch.manual_seed(0)
+    model = build_tiny_model("tiny-lfm2", tokenizer).eval()
+    with torch.no_grad():  # (at the tiny init every row repeats one token: larger weights give varied text)
+        for parameter in model.parameters():
+            parameter.mul_(8)
+    return model
+
+
+def left_padded(tokenizer, lengths: list[int], seed: int = 1):
+    generator = torch.Generator().manual_seed(seed)
+    width = max(lengths)
+    ids = torch.full((len(lengths), width), tokenizer.pad_token_id)
+    mask = torch.zeros(len(lengths), width, dtype=torch.long)
+    for row, length in enumerate(lengths):
+        ids[row, width - length:] = torch.randint(10, 400, (length,), generator=generator)
+        mask[row, width - length:] = 1
+    return ids, mask
+
+
+def cut_at_end(rows: torch.Tensor, end: int) -> list[list[int]]:
+    return [row[: row.index(end) + 1] if end in row else row for row in rows.tolist()]
+
+
+def config(tokenizer, **settings) -> GenerationConfig:
+    return GenerationConfig(**{"do_sample": True, "pad_token_id": tokenizer.pad_token_id,
+                               "eos_token_id": [tokenizer.eos_token_id], "cache_implementation": "static",
+                               **settings})
+
+
+@pytest.mark.parametrize("new_tokens", [40, LENGTH_BUCKET + 7])
+def test_the_loop_decodes_what_generate_decodes(model, tokenizer, new_tokens):
+    """top_k 1 makes both draws deterministic: every token of every left-padded row must be generate's."""
+    ids, mask = left_padded(tokenizer, [5, 9, 3, 9, 7, 1, 12, 2], seed=2)
+    settings = config(tokenizer, top_k=1, temperature=0.7, max_new_tokens=new_tokens)
+    expected = model.generate(input_ids=ids, attention_mask=mask, generation_config=settings)[:, ids.shape[1]:]
+    got = Sampler(model, settings, [tokenizer.eos_token_id], tokenizer.pad_token_id).generate(ids, mask, new_tokens)
+    ended = cut_at_end(expected, tokenizer.eos_token_id)
+    assert cut_at_end(got, tokenizer.eos_token_id) == ended
+    # (the comparison covers both kinds of row: ended early, and ran to the length limit)
+    assert any(len(row) < new_tokens for row in ended) and any(len(row) == new_tokens for row in ended)
+
+
+def test_one_sampler_serves_prompts_of_other_lengths_and_batches(model, tokenizer):
+    """The static caches are kept and reset between rollouts: a second rollout of another shape, then the first
+    shape again, decode exactly as fresh ones."""
+    settings = config(tokenizer, top_k=1, max_new_tokens=24)
+    sampler = Sampler(model, settings, [tokenizer.eos_token_id], tokenizer.pad_token_id)
+    for lengths in ([4, 8, 2], [30, 1, 6, 6, 11], [4, 8, 2]):
+        ids, mask = left_padded(tokenizer, lengths, seed=len(lengths))
+        expected = model.generate(input_ids=ids, attention_mask=mask, generation_config=settings)[:, ids.shape[1]:]
+        assert cut_at_end(sampler.generate(ids, mask, 24), tokenizer.eos_token_id) == \
+            cut_at_end(expected, tokenizer.eos_token_id)
+    assert len(sampler._caches) == 2  # (3, 64) and (5, 64): reused, not rebuilt
+
+
+def test_the_draw_follows_the_processed_distribution(model, tokenizer):
+    """temperature, top-k and top-p as generate applies them; the exponential race then draws each token with
+    its probability, and never one the processors removed."""
+    settings = config(tokenizer, temperature=0.7, top_k=6, top_p=0.9, max_new_tokens=4)
+    sampler = Sampler(model, settings, [tokenizer.eos_token_id], tokenizer.pad_token_id)
+    torch.manual_seed(3)
+    logits = torch.randn(1, 12) * 2
+    _, processors = logits_processors(model, settings, prompt_length=1)
+    assert [type(p).__name__ for p in processors] == ["TemperatureLogitsWarper", "TopKLogitsWarper",
+                                                      "TopPLogitsWarper"]
+    expected = processors(None, logits.clone()).softmax(-1)[0]
+    draws = 40_000
+    rows = logits.expand(draws, 12).clone()
+    picked = sampler._pick(rows, torch.empty_like(rows).exponential_())
+    frequency = torch.bincount(picked, minlength=12).float() / draws
+    assert (expected == 0).sum() >= 6  # top-k and top-p removed tokens ...
+    assert frequency[expected == 0].sum() == 0  # ... and none of them was drawn
+    assert torch.allclose(frequency, expected, atol=0.01), (frequency, expected)
+
+
+def test_the_loop_stops_once_every_sequence_has_ended(model, tokenizer):
+    """A model that always says the end token: the rollout stops at the first check, not at max_new_tokens."""
+    import copy
+
+    ending = copy.deepcopy(model)
+    with torch.no_grad():
+        ending.lm_head.weight[tokenizer.eos_token_id] *= 1000  # (tied: the embedding row grows too)
+    ids, mask = left_padded(tokenizer, [3, 6])
+    settings = config(tokenizer, max_new_tokens=4 * STOP_CHECK_EVERY)
+    got = Sampler(ending, settings, [tokenizer.eos_token_id], tokenizer.pad_token_id).generate(ids, mask, 64)
+    assert got.shape == (2, STOP_CHECK_EVERY)
+    assert (got[:, 0] == tokenizer.eos_token_id).all()
+
+
+@pytest.mark.parametrize("settings, reason", [
+    ({"min_p": 0.1}, "MinPLogitsWarper"),
+    ({"repetition_penalty": 1.1}, "RepetitionPenaltyLogitsProcessor"),
+    ({"suppress_tokens": [5]}, "SuppressTokensLogitsProcessor"),
+    ({"cache_implementation": None}, "cache_implementation is not static"),
+    ({"do_sample": False}, "do_sample is false"),
+])
+def test_settings_the_loop_does_not_apply_leave_the_rollout_to_generate(model, tokenizer, settings, reason):
+    assert reason in why_not(model, config(tokenizer, **settings))
+    assert why_not(model, config(tokenizer, temperature=0.9, top_p=0.95, top_k=40)) is None
+
+
+def test_the_config_alone_predicts_the_engine():
+    """What plan and the config table say before any model is loaded."""
+    static = {"cache_implementation": "static"}
+    assert why_not_config(static) is None
+    assert why_not_config({**static, "temperature": 0.8, "top_p": 0.9, "repetition_penalty": 1.0}) is None
+    assert "min_p" in why_not_config({**static, "min_p": 0.05})
+    assert "repetition_penalty" in why_not_config({**static, "repetition_penalty": 1.2})
+    assert "generation_kwargs" in why_not_config({**static, "generation_kwargs": {"typical_p": 0.9}})
+    assert why_not_config({}) == "cache_implementation is not static"
+    assert "vision" in why_not_config(static, vision=True)
+
+
+def test_the_rollout_copy_decodes_like_the_model_and_follows_its_training(model, tokenizer):
+    """On a GPU the loop decodes with a copy of the policy (half precision there; float32 here, so the tokens can
+    be compared exactly) refreshed from the trained weights at every rollout, with its own attention for one new
+    token. A change to the trained weights shows in the next rollout."""
+    import copy
+
+    trained = copy.deepcopy(model)
+    settings = config(tokenizer, top_k=1, max_new_tokens=30)
+    sampler = Sampler(trained, settings, [tokenizer.eos_token_id], tokenizer.pad_token_id,
+                      rollout_dtype=torch.float32)
+    assert sampler.policy is not trained
+    assert sampler.policy.config._attn_implementation == "leap_decode"
+    assert trained.config._attn_implementation != "leap_decode"  # training keeps its attention
+    ids, mask = left_padded(tokenizer, [5, 9, 3, 9, 7, 1, 12, 2], seed=2)
+    for _ in range(2):
+        expected = trained.generate(input_ids=ids, attention_mask=mask, generation_config=settings)[:, ids.shape[1]:]
+        assert cut_at_end(sampler.generate(ids, mask, 30), tokenizer.eos_token_id) == \
+            cut_at_end(expected, tokenizer.eos_token_id)
+        with torch.no_grad():  # "a training step": the next rollout must see it
+            trained.model.layers[-1].feed_forward.w2.weight.mul_(-1.5)
+
+
+def test_the_decode_attention_equals_sdpa_for_one_new_token():
+    from types import SimpleNamespace
+
+    from transformers.integrations.sdpa_attention import sdpa_attention_forward
+
+    from leap_finetune.rl.sampler import decode_attention
+
+    torch.manual_seed(0)
+    batch, heads, kv_heads, length, dim = 3, 8, 2, 10, 16
+    query = torch.randn(batch, heads, 1, dim)
+    key, value = torch.randn(batch, kv_heads, length, dim), torch.randn(batch, kv_heads, length, dim)
+    mask = torch.ones(batch, 1, 1, length, dtype=torch.bool)
+    mask[0, ..., :4] = False  # left padding
+    mask[1, ..., 7:] = False  # cache slots not written yet
+    module = SimpleNamespace(num_key_value_groups=heads // kv_heads, is_causal=True, training=False)
+    expected, _ = sdpa_attention_forward(module, query, key, value, mask, scaling=0.25)
+    got, _ = decode_attention(module, query, key, value, mask, scaling=0.25)
+    assert got.shape == expected.shape == (batch, 1, heads, dim)
+    assert torch.allclose(got, expected, atol=1e-5)
+    additive = torch.zeros(mask.shape).masked_fill(~mask, float("-inf"))
+    assert torch.allclose(decode_attention(module, query, key, value, additive, scaling=0.25)[0], expected, atol=1e-5)
+
+
+def test_the_rollout_copy_never_runs_the_trained_model(model, tokenizer):
+    """TRL patches the model's forward with its fused LM head (a closure holding the model's own bound forward), on
+    the model inside a LoRA adapter too; a deep copy keeps that closure. The copy must decode with its own modules:
+    no module of the trained model runs during a rollout."""
+    import copy
+
+    from peft import LoraConfig, get_peft_model
+    from trl.trainer.utils import add_fused_lm_head
+
+    inner = copy.deepcopy(model)
+    add_fused_lm_head(inner)
+    trained = get_peft_model(inner, LoraConfig(r=4, target_modules=["q_proj", "v_proj"]))
+    sampler = Sampler(trained, config(tokenizer, top_k=1, max_new_tokens=8), [tokenizer.eos_token_id],
+                      tokenizer.pad_token_id, rollout_dtype=torch.bfloat16)
+    calls = []
+    for module in trained.modules():  # (after the copy was made: hooks would be copied with it)
+        module.register_forward_pre_hook(lambda *args: calls.append(1))
+    ids, mask = left_padded(tokenizer, [4, 7])
+    completions = sampler.generate(ids, mask, 8)
+    assert completions.shape == (2, 8)
+    assert calls == []
+    assert {p.dtype for p in sampler.policy.parameters()} == {torch.bfloat16}
