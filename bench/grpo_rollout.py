@@ -3,7 +3,7 @@ defaults in the same run; with vLLM installed, also leap-finetune's vLLM colocat
 variants; bench/vllm_runs.py runs them with the environment vLLM needs on the lent machine).
 
 python bench/grpo_rollout.py [--steps 6] [--arch 350m|1.2b] [--variants trl_default,leap_default,...] [--out FILE]
-    [--record]
+    [--record] [--profile]
 
 - The LFM2-350M (or --arch 1.2b: LFM2-1.2B) architecture with random weights (no download), saved with the
   bundled tokenizer.
@@ -14,6 +14,11 @@ python bench/grpo_rollout.py [--steps 6] [--arch 350m|1.2b] [--variants trl_defa
 - Rollout tokens/s = completion tokens / seconds inside the trainer's generation call (CUDA-synchronised),
   median over the steps after the first two (warm-up, compilation); step time the same way. MFU of the
   rollout: 2 x parameters FLOPs per generated token against a bf16 matmul peak measured in the same run.
+- `leap_default` is leap-finetune's sampler (rl/sampler.py); `leap_generate[_lora]` the path before it
+  (transformers' generate with its compiled decoding step), forced in this script only. vLLM variants also record
+  the median time of TRL's weight sync and of vLLM's generate per step.
+- --profile: the rollout after the warm-up runs under torch.profiler; the row gives its GPU kernel time against
+  its wall time (GPU-bound near 1) and the largest kernels (all of them in OUT.jsonl).
 - Start-up: seconds from the variant's process start to its first training step (imports, data, model, and
   for vLLM the engine's start), and the trainer's construction alone (`init_s`: vLLM's engine starts there).
 """

@@ -26,6 +26,9 @@ Phases, run in the order given (`PHASE@ARCH` keeps one architecture of a phase, 
   (0.059 -> 0.067) and at 4e-3 took it from 0.061 to 0.181 (last step 0.236); LoRA at 1e-2 only 0.065 -> 0.073.
   The push on a logit per unit of learning rate grows with the hidden size (logits are dot products over it),
   so 2e-4 on the 350M (hidden 1024) lies between those two.
+  `--reward half` instead: the fraction of completion tokens in a direction-coherent half of the vocabulary (~0.5
+  at random weights), which LoRA can move too (the rare set did not move under DEFAULT_LORA in 15 steps);
+  `--vllm-memory 0.15` for the 1.2B runs (TRL's 0.3 left too little beside full training).
 - judge: `vllm serve MODEL --gpu-memory-utilization 0.15` (start-up until /v1/models answers), then a
   3-step GRPO run (use_vllm: false) with rewards.judge.base_url at it: the run's judge requests and failures,
   and how many requests the server answered (HTTP 200 lines in its log). Random weights rarely answer with a

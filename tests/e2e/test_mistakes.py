@@ -191,6 +191,23 @@ def _bad_files(folder: Path) -> dict:
     kto["training_config"].update(extends="DEFAULT_KTO", per_device_eval_batch_size=1)
     write_jsonl(folder / "kto.jsonl", [{"prompt": "q", "completion": "a", "label": True}] * 4)
     cases["kto_eval_batch_of_one"] = (kto, ["per_device_eval_batch_size is 1", "KTO needs > 1"])
+    # was: validate passed, then run died with TRL's ValueError and a traceback after the model had loaded
+    kto_random = tiny_config(training_type="kto", data="kto.jsonl")
+    kto_random["training_config"].update(extends="DEFAULT_KTO", train_sampling_strategy="random")
+    cases["kto_random_order"] = (kto_random, ["train_sampling_strategy: random breaks KTO's KL estimate",
+                                              "loss_type: apo_zero_unpaired"])
+    kto_one = tiny_config(training_type="kto", data="kto.jsonl")
+    kto_one["training_config"].update(extends="DEFAULT_KTO", per_device_train_batch_size=1)
+    cases["kto_train_batch_of_one"] = (kto_one, ["per_device_train_batch_size is 1", "at least 2 rows per device"])
+
+    # was: refused for grpo, embedding and colbert with an empty "use one of: "
+    write_jsonl(folder / "prompts.jsonl", [{"prompt": "1+1?", "solution": "2"}] * 8)
+    grpo = tiny_config(training_type="grpo", data="prompts.jsonl", rewards=["accuracy"])
+    grpo["training_config"] = {"extends": "DEFAULT_GRPO", "use_vllm": False,
+                               "metric_for_best_model": "eval_rewards/format/mean"}
+    cases["grpo_best_metric_of_another_reward"] = (grpo, [
+        "metric_for_best_model is 'eval_rewards/format/mean', which grpo evaluation does not log",
+        "eval_reward, eval_reward_std, eval_frac_reward_zero_std, eval_rewards/accuracy/mean"])
 
     (folder / "empty_model").mkdir()  # (the message was cut after transformers' "from one of:")
     cases["model_folder_empty"] = (tiny_config(model_name="empty_model"), [

@@ -207,3 +207,40 @@ def test_the_rollout_copy_never_runs_the_trained_model(model, tokenizer):
     assert completions.shape == (2, 8)
     assert calls == []
     assert {p.dtype for p in sampler.policy.parameters()} == {torch.bfloat16}
+
+
+def test_a_compiled_step_that_fails_costs_speed_not_the_run(model, tokenizer):
+    """The compiled step raising (a compiler that cannot trace a model) falls back to the eager step with a
+    warning that says so, and the rollout decodes exactly as before."""
+    settings = config(tokenizer, top_k=1, max_new_tokens=20)
+    sampler = Sampler(model, settings, [tokenizer.eos_token_id], tokenizer.pad_token_id)
+
+    def broken(*args):
+        raise RuntimeError("backend compiler failed\nmore lines")
+
+    sampler._step = broken  # (what torch.compile's wrapper is on a GPU)
+    ids, mask = left_padded(tokenizer, [5, 9, 3], seed=2)
+    expected = model.generate(input_ids=ids, attention_mask=mask, generation_config=settings)[:, ids.shape[1]:]
+    with pytest.warns(UserWarning, match=r"compiled decoding step failed \(RuntimeError: backend compiler failed\); "
+                                         r"decoding without it"):
+        got = sampler.generate(ids, mask, 20)
+    assert cut_at_end(got, tokenizer.eos_token_id) == cut_at_end(expected, tokenizer.eos_token_id)
+    assert sampler._step == sampler._decode and sampler.compile_error.startswith("RuntimeError")
+
+
+@pytest.mark.parametrize("use_vllm", [True, False])
+def test_out_of_gpu_memory_in_grpo_names_the_engine_share(tmp_path, use_vllm):
+    """Measured on the H200: vLLM colocated at TRL's default share (0.3) left too little for full fine-tuning of
+    LFM2-1.2B; the error says which keys to change, vLLM's share first."""
+    from leap_finetune.errors import LeapError
+    from leap_finetune.recipes.common import disk_errors
+
+    training = {"per_device_train_batch_size": 64, "num_generations": 8, "max_completion_length": 256,
+                "use_vllm": use_vllm, "vllm_mode": "colocate", "vllm_gpu_memory_utilization": 0.3}
+    with pytest.raises(LeapError) as raised, disk_errors(tmp_path, training=training):
+        raise RuntimeError("CUDA out of memory. Tried to allocate 2.00 GiB")
+    text = str(raised.value.message) + " " + str(raised.value.fix)
+    assert "out of GPU (per_device_train_batch_size 64, max_completion_length 256" in text
+    assert ("vllm_gpu_memory_utilization 0.3" in text and "lower vllm_gpu_memory_utilization" in text
+            and "use_vllm: false" in text) == use_vllm
+    assert "lower max_completion_length" in text

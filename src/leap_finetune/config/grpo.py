@@ -187,7 +187,8 @@ def check_rollout_engine(resolved) -> None:
         raise LeapError("training_config.use_vllm is true (DEFAULT_GRPO's rollouts run on vLLM), and vLLM is not "
                         "installed", where=resolved.config_path or "config",
                         fix="pip install 'leap-finetune[vllm]' on a CUDA machine, or set use_vllm: false (rollouts "
-                        "with transformers' generation)")
+                        "through leap-finetune's sampler: measured 3-6x faster than vLLM colocate on one GPU for LFM2 "
+                        "up to 1.2B, README 'Which engine is faster')")
     t = resolved.training
     paged = next((k for k in ("use_transformers_continuous_batching", "use_transformers_paged") if t.get(k)), None)
     if paged and not t.get("use_vllm"):

@@ -432,7 +432,8 @@ def _resolve_training(model: LeapConfigModel, where: str) -> tuple[dict, str, st
     if user or model.dataset is not None:  # (an evaluation-only config trains nothing: no TRL import, ~8 s)
         merged = check_training_values(recipe(model.training_type).config_class(), merged, where)
     check_report_to(merged.get("report_to"), where)
-    check_training_rules(model.training_type, merged, where)
+    check_training_rules(model.training_type, merged, where, rewards=_reward_names(model),
+                         benchmarks=tuple(b.name for b in model.evals.benchmarks) if model.evals else ())
     if merged.get("fsdp") and model.evals is not None:
         raise LeapError("benchmarks during training (evals:) run on rank 0 alone, which a model sharded by "
                         "training_config.fsdp cannot do (every rank holds part of the weights)", where=where,
@@ -538,3 +539,13 @@ def _resolve_peft(peft_config: dict | None, where: str) -> dict | None:
         raise LeapError(f"peft_config.use_peft is {use_peft!r}: expected true or false", where=where,
                         fix="use_peft: true (LoRA) or false (a full fine-tune)")
     return check_lora_values(merged, where) if use_peft else None
+
+
+def _reward_names(model) -> tuple[str, ...]:
+    """GRPO's reward names as TRL logs them (rewards/<name>/mean): each function's, and `judge`."""
+    if model.training_type != "grpo" or model.rewards is None:
+        return ()
+    from leap_finetune.rl.rewards import reward_name
+
+    return tuple(reward_name(spec) for spec in model.rewards.funcs) + (
+        ("judge",) if model.rewards.judge is not None else ())

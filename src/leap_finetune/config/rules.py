@@ -23,11 +23,24 @@ EVAL_METRICS = {
 }
 
 
-def check_training_rules(training_type: str, training: dict, where: str) -> None:
+GRPO_EVAL_METRICS = (  # TRL's GRPOTrainer (a held-out split: test_size or val_path), besides rewards/<name>/mean|std
+    "reward", "reward_std", "frac_reward_zero_std", "loss", "entropy", "num_tokens", "completions/mean_length",
+    "completions/min_length", "completions/max_length", "completions/clipped_ratio",
+    "completions/mean_terminated_length", "completions/min_terminated_length", "completions/max_terminated_length")
+EVAL_METRICS["grpo"] = GRPO_EVAL_METRICS
+# embedding / colbert: sentence-transformers' loss and the recipe's retrieval evaluator, named
+# retrieval_<score>_<metric>@k (score: cosine for embedding, maxsim for colbert) and benchmark_<name>_<score>_...
+EVAL_METRICS["embedding"] = EVAL_METRICS["colbert"] = ("loss", "sequential_score")
+RETRIEVAL_METRIC = r"(accuracy|precision|recall|ndcg|mrr|map)@\d+"
+
+
+def check_training_rules(training_type: str, training: dict, where: str, *, rewards: tuple[str, ...] = (),
+                         benchmarks: tuple[str, ...] = ()) -> None:
+    """`rewards`: GRPO's reward names (rewards/<name>/mean); `benchmarks`: the names of evals.benchmarks."""
     check_multi_process(training, where)
     check_hub_push(training, where)
     check_packing_length(training, where)
-    check_best_model_metric(training_type, training, where)
+    check_best_model_metric(training_type, training, where, rewards=rewards, benchmarks=benchmarks)
     check_sampling(training_type, training, where)
 
 
@@ -41,12 +54,27 @@ def check_multi_process(training: dict, where: str) -> None:
 
 
 def check_sampling(training_type: str, training: dict, where: str) -> None:
-    """The length-aware samplers read each row's `input_ids`; preference rows hold prompt/chosen/rejected ids."""
+    """The length-aware samplers read each row's `input_ids`; preference rows hold prompt/chosen/rejected ids.
+    KTO's KL estimate pairs each row with its neighbours in a fixed order (TRL refuses any other order, and a
+    batch of one, once the model has loaded)."""
     strategy = training.get("train_sampling_strategy")
     if training_type != "sft" and strategy in ("batch_rebalance", "group_by_length"):
         raise LeapError(f"training_config.train_sampling_strategy: {strategy} works for sft only (it balances rows by "
                         f"their length), not for {training_type}", where=where,
                         fix="remove train_sampling_strategy, or set it to random or sequential")
+    loss_type = training.get("loss_type", "kto")
+    if training_type == "kto" and loss_type != "apo_zero_unpaired":  # (TRL: every loss type but this one has a KL)
+        if strategy not in (None, "sequential"):
+            raise LeapError(f"training_config.train_sampling_strategy: {strategy} breaks KTO's KL estimate (loss_type "
+                            f"{loss_type}): each row's KL completion is paired with its neighbours in a fixed order",
+                            where=where, fix="remove train_sampling_strategy (KTO's default is sequential; the "
+                            "rows are shuffled once when the data is prepared), or use loss_type: apo_zero_unpaired")
+        if training.get("per_device_train_batch_size", 8) <= 1:
+            raise LeapError(f"training_config.per_device_train_batch_size is {training['per_device_train_batch_size']}:"
+                            f" KTO's KL estimate (loss_type {loss_type}) needs at least 2 rows per device (with one it "
+                            "equals the reward itself)", where=where,
+                            fix="set per_device_train_batch_size: 2 or more (lower gradient_accumulation_steps to keep "
+                            "the global batch)")
 
 
 def check_hub_push(training: dict, where: str) -> None:
@@ -61,16 +89,38 @@ def check_packing_length(training: dict, where: str) -> None:
                         "null", where=where, fix="set max_length (e.g. 2048), or packing: false")
 
 
-def check_best_model_metric(training_type: str, training: dict, where: str) -> None:
+def check_best_model_metric(training_type: str, training: dict, where: str, *, rewards: tuple[str, ...] = (),
+                            benchmarks: tuple[str, ...] = ()) -> None:
+    import re
+
     name = training.get("metric_for_best_model")
     if name is None:
         return
-    known = EVAL_METRICS.get(training_type, ())
     bare = name.removeprefix("eval_")
-    if bare not in known:
-        raise LeapError(
-            f"training_config.metric_for_best_model is '{name}', which {training_type} evaluation does not log",
-            where=where, fix="use one of: " + ", ".join(f"eval_{m}" for m in known))
+    known = EVAL_METRICS.get(training_type, ())
+    if bare in known:
+        return
+    if training_type == "grpo":
+        found = re.fullmatch(r"rewards/(.+)/(mean|std)", bare)
+        if found and found.group(1) in rewards:
+            return
+        named = ", ".join(f"eval_rewards/{reward}/mean" for reward in rewards)
+        fix = "use one of: " + ", ".join(f"eval_{m}" for m in known[:3]) + (f", {named}" if named else "") + \
+            ", or another of " + ", ".join(f"eval_{m}" for m in known[3:])
+    elif training_type in ("embedding", "colbert"):
+        score = "cosine" if training_type == "embedding" else "maxsim"
+        if re.fullmatch(rf"retrieval_[a-z_]+_{RETRIEVAL_METRIC}", bare):
+            return
+        found = re.fullmatch(rf"benchmark_(.+)_[a-z]+_{RETRIEVAL_METRIC}", bare)
+        if found and found.group(1) in benchmarks:
+            return
+        fix = (f"use eval_retrieval_{score}_ndcg@10 (the held-out split's retrieval; also accuracy, precision, recall "
+               f"@1/@10, mrr@10, map@10), " + "".join(f"eval_benchmark_{b}_{score}_ndcg@10, " for b in benchmarks)
+               + "or eval_loss")
+    else:
+        fix = "use one of: " + ", ".join(f"eval_{m}" for m in known)
+    raise LeapError(f"training_config.metric_for_best_model is '{name}', which {training_type} evaluation does not log",
+                    where=where, fix=fix)
 
 
 def check_trainer_parts(args, where: str) -> None:

@@ -311,12 +311,20 @@ def disk_errors(run_dir: Path, trainer=None, training: dict | None = None):
         if isinstance(err, MemoryError) or isinstance(err, RuntimeError) and any(
                 word in str(err) or word == type(err).__name__ for word in OUT_OF_MEMORY):
             t = training or {}
-            settings = ", ".join(f"{k} {t[k]}" for k in ("per_device_train_batch_size", "max_length",
-                                                          "gradient_checkpointing") if k in t)
+            colocated = bool(t.get("use_vllm")) and t.get("vllm_mode", "colocate") == "colocate"
+            length = "max_completion_length" if "num_generations" in t else "max_length"  # (GRPO)
+            keys = ("per_device_train_batch_size", length, "gradient_checkpointing") + (
+                ("vllm_gpu_memory_utilization",) if colocated else ())
+            settings = ", ".join(f"{k} {t[k]}" for k in keys if k in t)
             where = "GPU" if "CUDA" in str(err) or "cuda" in str(err) else "memory"
+            # vLLM colocated holds its share of the GPU beside training (TRL's default 0.3: out of memory for full
+            # fine-tuning of LFM2-1.2B at 64 completions on an H200, where 0.15 ran - bench/RESULTS.md)
+            engine = ("lower vllm_gpu_memory_utilization (the share of the GPU vLLM keeps beside training; 0.15 ran "
+                      "LFM2-1.2B at 64 completions on an H200) or set use_vllm: false (no engine memory), ") \
+                if colocated else ""
             raise LeapError(f"out of {where}{step} ({settings})", where="training_config",
-                            fix="lower per_device_train_batch_size (raise gradient_accumulation_steps to keep the "
-                            "global batch), lower max_length, set gradient_checkpointing: true, or train LoRA "
+                            fix=f"{engine}lower per_device_train_batch_size (raise gradient_accumulation_steps to keep "
+                            f"the global batch), lower {length}, set gradient_checkpointing: true, or train LoRA "
                             f"(peft_config); then {kept}") from None
         raise
 
