@@ -172,3 +172,11 @@ def workdir(tmp_path, monkeypatch):
     """A temporary folder that is also the current folder (runs go to ./outputs)."""
     monkeypatch.chdir(tmp_path)
     return tmp_path
+
+
+def pytest_collection_modifyitems(config, items):
+    """Every test that starts the SLURM cluster is marked `slurm` (pytest -m 'not slurm' leaves them out): by its
+    fixture, so a new one cannot be forgotten."""
+    for item in items:
+        if "slurm_cluster" in getattr(item, "fixturenames", ()):
+            item.add_marker(pytest.mark.slurm)

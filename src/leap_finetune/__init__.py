@@ -4,15 +4,21 @@ __version__ = "0.1.0"
 
 from leap_finetune.errors import LeapError  # noqa: E402
 
+# what the package offers, by the module that has it: imported when first used - the API imports torch and
+# transformers; `import leap_finetune` (and `--help`) stays fast
+EXPORTS = {
+    "run_config": "api", "validate_config": "api", "plan_config": "api", "slurm_config": "api",
+    "inspect_config": "api", "load_config": "api", "evaluate_config": "api",
+    "export_model": "export",
+}
+
 
 def __getattr__(name: str):
-    # The API imports torch/transformers; keep `import leap_finetune` (and `--help`) fast.
-    if name in {"run_config", "validate_config", "inspect_config", "load_config", "evaluate_config"}:
-        from leap_finetune import api
+    if name in EXPORTS:
+        import importlib
 
-        return getattr(api, name)
-    raise AttributeError(name)
+        return getattr(importlib.import_module(f"leap_finetune.{EXPORTS[name]}"), name)
+    raise AttributeError(f"module 'leap_finetune' has no attribute {name!r}")
 
 
-__all__ = ["LeapError", "run_config", "validate_config", "inspect_config", "load_config", "evaluate_config",
-           "__version__"]
+__all__ = ["LeapError", *EXPORTS, "__version__"]

@@ -24,13 +24,19 @@ from leap_finetune.errors import LeapError
 from leap_finetune.evaluation.standalone import check_benchmarks as _check_benchmarks
 from leap_finetune.evaluation.standalone import evaluate_config
 from leap_finetune.launch.devices import device_plan, physical_ids
-from leap_finetune.launch.plan import check_resume_matches, plan_run, record_changes, rewind
+from leap_finetune.launch.plan import (
+    check_resume_matches,
+    plan_run,
+    record_changes,
+    rewind,
+)
 from leap_finetune.launch.report import config_table, data_report
 from leap_finetune.launch.rl_servers import judge_url, local_servers
 from leap_finetune.launch.servers import running
 from leap_finetune.launch.steps import epoch_steps
 from leap_finetune.rl.custom_rewards import check_custom_rewards
 from leap_finetune.rl.judge import check_judge_server
+from leap_finetune.runs.folder import RunFolder
 
 __all__ = ["load_config", "validate_config", "inspect_config", "plan_config", "slurm_config", "run_config",
            "evaluate_config"]
@@ -93,9 +99,8 @@ def _check_lora_targets(resolved: ResolvedConfig, tokenizer) -> None:
 
 def _check_training_arguments(resolved: ResolvedConfig, has_eval: bool) -> None:
     """Build the trainer's config once, so a bad value fails now, not after the model loads."""
-    from leap_finetune.recipes import recipe
-
     from leap_finetune.config.rules import check_trainer_parts
+    from leap_finetune.recipes import recipe
 
     module = recipe(resolved.training_type)
     config_cls = module.config_class()
@@ -201,7 +206,12 @@ def slurm_config(source, *, nodes: int | None = None, gpus_per_node: int | None 
     from leap_finetune.config.schema import SlurmConfig
     from leap_finetune.launch.devices import plan_devices
     from leap_finetune.launch.plan import outputs_folder
-    from leap_finetune.launch.slurm import check_job_resources, check_with_sbatch, submit as submit_job, write_script
+    from leap_finetune.launch.slurm import (
+        check_job_resources,
+        check_with_sbatch,
+        write_script,
+    )
+    from leap_finetune.launch.slurm import submit as submit_job
 
     console = _console(console)
     resolved = _config(source)
@@ -293,7 +303,7 @@ def _run(source, console, callbacks, outputs_root, log) -> dict:
 
 
 def _train(resolved, prepared, plan, devices, servers, lock, console, callbacks, log) -> dict:
-    log.attach(plan.run_dir / "train.log")
+    log.attach(RunFolder(plan.run_dir).train_log)
     _print_plan(console, resolved, prepared, plan, devices)
 
     from leap_finetune.recipes import recipe
@@ -301,7 +311,7 @@ def _train(resolved, prepared, plan, devices, servers, lock, console, callbacks,
     resolved = resolved.model_copy(update={"run_token": lock.token})
     payload = json.loads(json.dumps(resolved.to_json_dict()))
     try:
-        with running(servers, plan.run_dir / "servers", console):
+        with running(servers, RunFolder(plan.run_dir).servers, console):
             if devices.own_process:
                 from leap_finetune.launch.single import run_in_child
 
@@ -312,7 +322,7 @@ def _train(resolved, prepared, plan, devices, servers, lock, console, callbacks,
                 from leap_finetune.launch.distributed import run_on_ray
 
                 run_on_ray(payload, devices, plan.run_dir)
-                summary = json.loads((plan.run_dir / "summary.json").read_text(encoding="utf-8"))
+                summary = json.loads(RunFolder(plan.run_dir).summary.read_text(encoding="utf-8"))
     except BaseException as err:
         # A new run that failed before its first complete checkpoint (a mistake only the worker can find,
         # such as a model folder without weights, or a bug, or Ctrl-C while the model loads) holds nothing
@@ -407,9 +417,8 @@ def _write_run_folder(resolved: ResolvedConfig, prepared: PreparedData, renderer
 def tempfile_folder(run_dir: Path) -> str:
     """A staging folder beside the run folder, of this process alone (two runs never share one); stagings of
     processes of this host that died are removed."""
-    import tempfile
-
     import socket
+    import tempfile
 
     from leap_finetune.files import pid_alive
 
@@ -443,15 +452,20 @@ def disk_error(err: OSError, path: Path) -> LeapError:
 
 def _stage_run_folder(resolved: ResolvedConfig, prepared: PreparedData, renderer, new_run: bool,
                       run_dir: Path, staging: Path, lock=None):
-    from leap_finetune.launch.run_lock import LOCK_NAME, RunLock, busy_error, read_holder
+    from leap_finetune.launch.run_lock import (
+        LOCK_NAME,
+        RunLock,
+        busy_error,
+        read_holder,
+    )
     from leap_finetune.recipes.common import PREPARED_DIR
 
     staging.mkdir(parents=True, exist_ok=True)
-    (staging / "resolved_config.yaml").write_text(dump_yaml(resolved.to_json_dict()), encoding="utf-8")
+    RunFolder(staging).resolved_config.write_text(dump_yaml(resolved.to_json_dict()), encoding="utf-8")
     if resolved.config_path:
-        shutil.copy(resolved.config_path, staging / "config.yaml")
+        shutil.copy(resolved.config_path, RunFolder(staging).config_copy)
         if resolved.overrides:  # the file as written, and what the command line changed (resolved_config.yaml has both)
-            with (staging / "config.yaml").open("a", encoding="utf-8") as handle:
+            with RunFolder(staging).config_copy.open("a", encoding="utf-8") as handle:
                 handle.write("\n# overridden on the command line:\n" + "".join(f"#   --set {o}\n" for o in resolved.overrides))
     data = staging / PREPARED_DIR
     for name, rows in (("train", prepared.train), ("eval", prepared.eval)):
@@ -464,7 +478,7 @@ def _stage_run_folder(resolved: ResolvedConfig, prepared: PreparedData, renderer
 
         save_tiny_backbone(resolved, staging)
     if prepared.dropped:
-        with (staging / "dropped_rows.jsonl").open("w", encoding="utf-8") as handle:
+        with RunFolder(staging).dropped_rows.open("w", encoding="utf-8") as handle:
             for row in prepared.dropped:
                 handle.write(json.dumps(row.to_json()) + "\n")
     if new_run:

@@ -15,7 +15,12 @@ from pathlib import Path
 from rich.console import Console
 
 from leap_finetune.errors import LeapError
-from leap_finetune.models.trained import chat_template_text, find_trained, load_trained, retrieval_type
+from leap_finetune.models.trained import (
+    chat_template_text,
+    find_trained,
+    load_trained,
+    retrieval_type,
+)
 
 
 def export_model(source: str, *, merge: bool = False, output: str | Path | None = None,
@@ -97,13 +102,6 @@ def _base_dtype(model_id: str):
 
 
 def _stage(output: Path, write) -> None:
-    staging = output.with_name(f".{output.name}.partial")
-    shutil.rmtree(staging, ignore_errors=True)
-    try:
-        write(staging)
-        if output.exists():
-            output.rmdir()
-        staging.rename(output)
-    except BaseException:
-        shutil.rmtree(staging, ignore_errors=True)
-        raise
+    from leap_finetune.runs.atomic import replace_folder
+
+    replace_folder(output, write)  # (an existing output is an empty folder here: a full one was refused)

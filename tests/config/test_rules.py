@@ -45,5 +45,3 @@ def test_kto_keeps_its_rows_in_order_unless_its_loss_has_no_kl():
         check_training_rules("kto", {"train_sampling_strategy": "random"}, "c.yaml")
     check_training_rules("kto", {"train_sampling_strategy": "sequential"}, "c.yaml")
     check_training_rules("kto", {"train_sampling_strategy": "random", "loss_type": "apo_zero_unpaired"}, "c.yaml")
-    with pytest.raises(LeapError, match="at least 2 rows per device"):
-        check_training_rules("kto", {"per_device_train_batch_size": 1}, "c.yaml")

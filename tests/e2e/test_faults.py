@@ -76,11 +76,11 @@ def test_a_kill_while_saving_the_final_model_resumes_to_the_uninterrupted_weight
     assert killed.returncode == -signal.SIGKILL, stderr[-3000:]
     run_dir = _only_run(data / "outputs" / "cut")
     assert verify(run_dir / "checkpoint-8").ok and not (run_dir / "summary.json").exists()
-    assert (run_dir / ".model.tmp").is_dir() and not (run_dir / "model").exists()  # killed mid-save, nothing in place
+    assert (run_dir / ".model.partial").is_dir() and not (run_dir / "model").exists()  # killed mid-save, nothing in place
 
     resumed = run_config(_config(data, "cut", "resume.yaml", resume_from_checkpoint="latest"))
     assert resumed["global_step"] == 8 and _steps(run_dir) == list(range(1, 9))
-    assert not (run_dir / ".model.tmp").exists() and not (run_dir / "checkpoint-9").exists()
+    assert not (run_dir / ".model.partial").exists() and not (run_dir / "checkpoint-9").exists()
     # the final model is the final checkpoint's, bit for bit; and the uninterrupted run's, trained in another
     # process: equal up to float rounding, which Adam's normalised steps amplify for a few near-zero gradients.
     # One step more (the bug) moved every weight by about the learning rate (2e-3) on average.

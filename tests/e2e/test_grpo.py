@@ -78,7 +78,7 @@ def test_the_grpo_example_raises_the_accuracy_reward(examples_copy, lora):
     if lora:
         config["project_name"] = "grpo-tiny-lora"
         config["peft_config"] = {"extends": "DEFAULT_LORA", "r": 16, "lora_alpha": 32, "lora_dropout": 0.0}
-        config["training_config"]["learning_rate"] = 2e-3  # higher rates let the tiny policy collapse
+        config["training_config"]["learning_rate"] = 1e-3  # 2e-3 let the tiny policy collapse (seed 1: 0.5 -> 0.0)
     path = examples_copy / ("grpo_tiny_lora.yaml" if lora else "grpo_tiny.yaml")
     path.write_text(yaml.safe_dump(config))
     summary = run_config(path)
@@ -87,7 +87,7 @@ def test_the_grpo_example_raises_the_accuracy_reward(examples_copy, lora):
     assert len(rewards) == 32
     first, last = sum(rewards[:5]) / 5, sum(rewards[-5:]) / 5
     assert first < 0.45, rewards
-    # measured over seeds 1-3 and 42: full +0.50..+0.66, LoRA +0.27..+0.46
+    # measured over seeds 1-3 and 42 (rollouts through rl/sampler.py): full +0.55..+0.69, LoRA +0.35..+0.41
     assert last > first + (0.2 if lora else 0.35), rewards
     assert summary["initial_reward"] == pytest.approx(first) and summary["final_reward"] == pytest.approx(last)
     samples = [json.loads(line) for line in (Path(summary["run_dir"]) / "completions.jsonl").read_text().splitlines()]

@@ -196,9 +196,6 @@ def _bad_files(folder: Path) -> dict:
     kto_random["training_config"].update(extends="DEFAULT_KTO", train_sampling_strategy="random")
     cases["kto_random_order"] = (kto_random, ["train_sampling_strategy: random breaks KTO's KL estimate",
                                               "loss_type: apo_zero_unpaired"])
-    kto_one = tiny_config(training_type="kto", data="kto.jsonl")
-    kto_one["training_config"].update(extends="DEFAULT_KTO", per_device_train_batch_size=1)
-    cases["kto_train_batch_of_one"] = (kto_one, ["per_device_train_batch_size is 1", "at least 2 rows per device"])
 
     # was: refused for grpo, embedding and colbert with an empty "use one of: "
     write_jsonl(folder / "prompts.jsonl", [{"prompt": "1+1?", "solution": "2"}] * 8)

@@ -55,8 +55,8 @@ def check_multi_process(training: dict, where: str) -> None:
 
 def check_sampling(training_type: str, training: dict, where: str) -> None:
     """The length-aware samplers read each row's `input_ids`; preference rows hold prompt/chosen/rejected ids.
-    KTO's KL estimate pairs each row with its neighbours in a fixed order (TRL refuses any other order, and a
-    batch of one, once the model has loaded)."""
+    KTO's KL estimate pairs each row with its neighbours in a fixed order (TRL refuses any other order once the
+    model has loaded; a batch of one is refused by the loader)."""
     strategy = training.get("train_sampling_strategy")
     if training_type != "sft" and strategy in ("batch_rebalance", "group_by_length"):
         raise LeapError(f"training_config.train_sampling_strategy: {strategy} works for sft only (it balances rows by "
@@ -67,14 +67,8 @@ def check_sampling(training_type: str, training: dict, where: str) -> None:
         if strategy not in (None, "sequential"):
             raise LeapError(f"training_config.train_sampling_strategy: {strategy} breaks KTO's KL estimate (loss_type "
                             f"{loss_type}): each row's KL completion is paired with its neighbours in a fixed order",
-                            where=where, fix="remove train_sampling_strategy (KTO's default is sequential; the "
-                            "rows are shuffled once when the data is prepared), or use loss_type: apo_zero_unpaired")
-        if training.get("per_device_train_batch_size", 8) <= 1:
-            raise LeapError(f"training_config.per_device_train_batch_size is {training['per_device_train_batch_size']}:"
-                            f" KTO's KL estimate (loss_type {loss_type}) needs at least 2 rows per device (with one it "
-                            "equals the reward itself)", where=where,
-                            fix="set per_device_train_batch_size: 2 or more (lower gradient_accumulation_steps to keep "
-                            "the global batch)")
+                            where=where, fix="remove train_sampling_strategy (KTO's default is sequential), or use "
+                            "loss_type: apo_zero_unpaired")
 
 
 def check_hub_push(training: dict, where: str) -> None:

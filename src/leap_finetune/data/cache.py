@@ -27,6 +27,7 @@ import pyarrow as pa
 from leap_finetune import __version__
 from leap_finetune.data.table import RowTable
 from leap_finetune.files import pid_alive
+from leap_finetune.runs.atomic import swap_in
 
 FORMAT = 1
 KEEP = 8  # entries kept (the most recently used); each is about the size of its data's token ids
@@ -195,9 +196,7 @@ def store(entry: Entry, prepared, staging: Path, console) -> None:
         files = {p.name: [p.stat().st_size, _file_digest(p)] for p in sorted(staging.iterdir())}
         (staging / "manifest.json").write_text(json.dumps({"key": entry.key, "files": files, "created": time.time(),
                                                            "seconds": prepared.seconds}), encoding="utf-8")
-        if entry.folder.exists():  # another process wrote it meanwhile
-            shutil.rmtree(entry.folder)
-        os.replace(staging, entry.folder)
+        swap_in(staging, entry.folder)  # (another process may have written it meanwhile: swapped, not merged)
         _evict(entry.folder.parent)
     except BaseException as err:  # (Ctrl-C or a kill while hashing a large file included: no staging left)
         if staging.parent == entry.folder.parent:

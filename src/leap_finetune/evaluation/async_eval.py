@@ -32,6 +32,8 @@ from leap_finetune.evaluation.callback import EvaluationLog
 from leap_finetune.evaluation.reserved import ReservedServer, use_vllm
 from leap_finetune.evaluation.sidecar import check_sbatch_accepts, sidecar_job
 from leap_finetune.evaluation.snapshot import Outcome, Snapshot, save_full_model
+from leap_finetune.runs.atomic import replace_folder
+from leap_finetune.runs.folder import RunFolder
 
 MAX_WAITING = 3  # snapshots waiting their turn (queue mode): bounded disk
 POLL_S = 1.0
@@ -86,8 +88,8 @@ class AsyncBenchmarks(EvaluationLog):
         self.resolved = resolved
         self.settings = resolved.async_eval
         self.template_text = template_text  # the chat template the benchmarks render with (saved with snapshots)
-        self.snapshots = run_dir / "benchmarks" / "snapshots"
-        self.jobs = run_dir / "benchmarks" / "jobs"
+        self.snapshots = RunFolder(run_dir).benchmarks / "snapshots"
+        self.jobs = RunFolder(run_dir).benchmarks / "jobs"
         self.stop_event = threading.Event()
         self.pool = ThreadPoolExecutor(max_workers=1, thread_name_prefix="leap-eval")  # one at a time, in order
         self.pending: list[tuple[Snapshot, Future]] = []
@@ -126,17 +128,16 @@ class AsyncBenchmarks(EvaluationLog):
     def _snapshot(self, step: int, when: str) -> Snapshot:
         """RUN/benchmarks/snapshots/step-N: model/ and eval.yaml, renamed into place when complete."""
         final = self.snapshots / f"step-{step}"
-        staging = self.snapshots / f".step-{step}.tmp"
-        for old in (staging, final):
-            if old.exists():
-                shutil.rmtree(old)
-        staging.mkdir(parents=True)
-        save_full_model(self.trainer, staging / "model", self.template_text)
         evals = self.resolved.evals.model_dump(mode="json", exclude_none=True)
         config = {"project_name": f"{self.resolved.project_name}-eval", "model_name": self.resolved.model_id,
                   "chat_template": self.resolved.chat_template, "checkpoint": str(final), "evals": evals}
-        (staging / "eval.yaml").write_text(dump_yaml(config), encoding="utf-8")
-        os.replace(staging, final)
+
+        def write(staging: Path) -> None:
+            staging.mkdir(parents=True)
+            save_full_model(self.trainer, staging / "model", self.template_text)
+            (staging / "eval.yaml").write_text(dump_yaml(config), encoding="utf-8")
+
+        replace_folder(final, write)
         return Snapshot(step, when, final, self.trainer.state.epoch)
 
     def _evaluate_guarded(self, snapshot: Snapshot) -> Outcome:

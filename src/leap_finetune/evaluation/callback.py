@@ -12,6 +12,7 @@ from pathlib import Path
 from transformers import TrainerCallback
 
 from leap_finetune.evaluation.runner import print_summary, run_benchmarks
+from leap_finetune.runs.folder import RunFolder
 
 
 class EvaluationLog(TrainerCallback):
@@ -19,7 +20,7 @@ class EvaluationLog(TrainerCallback):
     `max_failures` in a row. `trainer` is set once the trainer exists (rank 0 evaluates)."""
 
     def __init__(self, run_dir: Path, console, every: int, max_failures: int):
-        self.predictions_dir = run_dir / "benchmarks"
+        self.predictions_dir = RunFolder(run_dir).benchmarks
         self.console = console
         self.every = every
         self.trainer = None

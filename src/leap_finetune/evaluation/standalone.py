@@ -15,6 +15,7 @@ from rich.console import Console
 
 from leap_finetune.config.resolved import ResolvedConfig
 from leap_finetune.errors import LeapError
+from leap_finetune.runs.folder import RunFolder
 
 
 @dataclass
@@ -234,7 +235,11 @@ def _processor_for(model_id: str, base_model_id: str, tokenizer, benchmarks):
     training checkpoint holds no processor files: fine-tuning does not change image preprocessing,
     so the base model's processor is used."""
     from leap_finetune.evaluation.runner import has_images
-    from leap_finetune.models.vision import has_processor_files, is_vision_model, load_processor
+    from leap_finetune.models.vision import (
+        has_processor_files,
+        is_vision_model,
+        load_processor,
+    )
 
     if not (is_vision_model(model_id) and has_images(benchmarks)):
         return None
@@ -284,7 +289,7 @@ def _adapter_base(adapter: Path, resolved: ResolvedConfig) -> str:
     adapter's own record; else the eval config's model_name."""
     from leap_finetune.config.yaml_io import read_yaml
 
-    for run_config in (adapter.parent / "resolved_config.yaml", adapter.parent.parent / "resolved_config.yaml"):
+    for run_config in (RunFolder(adapter.parent).resolved_config, RunFolder(adapter.parent.parent).resolved_config):
         if run_config.is_file():
             model_id = read_yaml(run_config).get("model_id")
             if model_id:

@@ -14,6 +14,7 @@ from leap_finetune import __version__
 from leap_finetune.config.yaml_io import dump_yaml
 from leap_finetune.files import read_metrics
 from leap_finetune.models.tiny import TINY_MODELS
+from leap_finetune.runs.folder import RunFolder
 
 RETRIEVAL = ("embedding", "colbert")
 
@@ -86,7 +87,7 @@ def _number(value, digits: int = 4) -> str:
 
 def _best_eval(run_dir: Path) -> tuple[float, int] | None:
     """(the lowest eval loss, its step) in metrics.jsonl."""
-    losses = [(r["eval_loss"], r["step"]) for r in read_metrics(run_dir / "metrics.jsonl")
+    losses = [(r["eval_loss"], r["step"]) for r in read_metrics(RunFolder(run_dir).metrics)
               if isinstance(r.get("eval_loss"), (int, float))]
     return min(losses, key=lambda pair: pair[0]) if losses else None
 
@@ -131,7 +132,7 @@ def _resume_changes(run_dir: Path) -> list[dict]:
     import json
 
     try:
-        value = json.loads((run_dir / "resume_changes.json").read_text(encoding="utf-8"))
+        value = json.loads(RunFolder(run_dir).resume_changes.read_text(encoding="utf-8"))
     except (OSError, ValueError):
         return []
     return [c for c in value if isinstance(c, dict) and {"step", "key", "before", "now"} <= set(c)] \

@@ -10,7 +10,14 @@ from pathlib import Path
 
 from leap_finetune.config.resolved import ResolvedConfig
 from leap_finetune.errors import LeapError
-from leap_finetune.recipes.checkpoints import MARKER, checkpoints, read_marker, step_of, verify
+from leap_finetune.recipes.checkpoints import (
+    MARKER,
+    checkpoints,
+    read_marker,
+    step_of,
+    verify,
+)
+from leap_finetune.runs.folder import RunFolder
 
 OUTPUTS_ROOT = Path("outputs")
 
@@ -84,7 +91,7 @@ def plan_run(resolved: ResolvedConfig, *, outputs_root: Path | None = None) -> R
 
             if is_live(run_dir):
                 raise busy_error(run_dir, read_holder(run_dir), "output_dir")
-            if (run_dir / "resolved_config.yaml").exists() and latest_checkpoint(run_dir) is None:
+            if RunFolder(run_dir).is_run() and latest_checkpoint(run_dir) is None:
                 raise LeapError("the output folder holds a run that stopped before its first complete checkpoint: "
                                 "there is nothing in it to resume", where=f"output_dir: {run_dir}",
                                 fix=f"remove the folder (rm -r {run_dir}) and run again, or choose another output_dir")
@@ -247,7 +254,7 @@ def resumed_config(plan: RunPlan) -> tuple[dict | None, dict | None]:
     data = (marker or {}).get("data")
     if config is None:
         try:
-            config = read_yaml(plan.run_dir / "resolved_config.yaml")
+            config = read_yaml(RunFolder(plan.run_dir).resolved_config)
         except LeapError:
             config = None
     if data is None:
@@ -320,7 +327,7 @@ def record_changes(plan: RunPlan, changed: dict) -> None:
         return
     from leap_finetune.files import write_atomic
 
-    path = plan.run_dir / "resume_changes.json"
+    path = RunFolder(plan.run_dir).resume_changes
     try:
         history = json.loads(path.read_text(encoding="utf-8"))
     except (OSError, json.JSONDecodeError):
@@ -339,8 +346,8 @@ def _finished(resolved: ResolvedConfig, run_dir: Path, checkpoint: Path) -> dict
     from leap_finetune.config.yaml_io import read_yaml
 
     try:
-        summary = json.loads((run_dir / "summary.json").read_text(encoding="utf-8"))
-        before = read_yaml(run_dir / "resolved_config.yaml").get("training") or {}
+        summary = json.loads(RunFolder(run_dir).summary.read_text(encoding="utf-8"))
+        before = read_yaml(RunFolder(run_dir).resolved_config).get("training") or {}
     except (OSError, json.JSONDecodeError, LeapError):
         return None
     if summary.get("stopped_early") or summary.get("global_step") != step_of(checkpoint) or "model_dir" not in summary:
@@ -382,8 +389,8 @@ def _stopped_before_checkpoint(folder: Path) -> Path | None:
     checkpoint (a driver killed before its first save: nothing could clean it up)."""
     if not folder.is_dir():
         return None
-    candidates = [folder] if (folder / "resolved_config.yaml").exists() else \
-        [p for p in folder.iterdir() if p.is_dir() and (p / "resolved_config.yaml").exists()]
+    candidates = [folder] if RunFolder(folder).is_run() else \
+        [p for p in folder.iterdir() if p.is_dir() and RunFolder(p).is_run()]
     left = [p for p in candidates if newest_intact(p)[0] is None]
     return max(left, key=lambda p: p.stat().st_mtime) if left else None
 
@@ -415,7 +422,7 @@ def rewind(plan) -> None:
 
     for folder in plan.stale:
         delete(folder)
-    metrics = plan.run_dir / "metrics.jsonl"
+    metrics = RunFolder(plan.run_dir).metrics
     if plan.metrics_bytes is not None and metrics.exists() and metrics.stat().st_size > plan.metrics_bytes:
         with metrics.open("r+b") as handle:
             handle.truncate(plan.metrics_bytes)

@@ -11,7 +11,7 @@ from rich.table import Table
 from leap_finetune.config.resolved import ResolvedConfig
 from leap_finetune.data.prepare import PreparedData
 from leap_finetune.data.tool_use import WARNINGS
-
+from leap_finetune.runs.folder import RunFolder
 
 # Above this share of invalid rows skipped by `on_invalid: skip`, the data report warns loudly.
 SKIPPED_SHARE_WARNING = 0.10
@@ -165,7 +165,7 @@ def _last_logged(run_dir: Path, keys: tuple[str, ...]) -> dict:
     from leap_finetune.files import read_metrics
 
     found: dict = {}
-    for record in read_metrics(run_dir / "metrics.jsonl"):
+    for record in read_metrics(RunFolder(run_dir).metrics):
         found.update({k: record[k] for k in keys if isinstance(record.get(k), (int, float))})
     return found
 

@@ -25,6 +25,7 @@ from leap_finetune.errors import LeapError, RunFailed
 from leap_finetune.launch.devices import DevicePlan, physical_ids
 from leap_finetune.launch.distributed import NO_MULTICAST
 from leap_finetune.launch.servers import _die_with_parent
+from leap_finetune.runs.folder import RunFolder
 from leap_finetune.signals import Stopped, handled
 
 # what a process started by a launcher of its own would inherit and mistake for its place in a group
@@ -99,7 +100,7 @@ def main(folder: str) -> int:
     try:
         # (the driver passes its signals on: the same phases as an in-process run, leap_finetune/signals.py)
         with handled(), TrainLog(header=False) as log:  # (the driver's train.log: this process's lines, appended)
-            log.attach(Path(payload["run_dir"]) / "train.log")
+            log.attach(RunFolder(payload["run_dir"]).train_log)
             summary = recipe(payload["training_type"]).train(payload)
     except LeapError as err:
         outcome = {"error": {"message": err.message, "where": err.where, "fix": err.fix}}

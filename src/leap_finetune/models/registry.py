@@ -7,6 +7,7 @@ import re
 from pathlib import Path
 
 from leap_finetune.models.tiny import TINY_MODELS
+from leap_finetune.runs.folder import RunFolder
 
 _LFM_SHORT_NAME = re.compile(r"^LFM2(\.5)?[-_.]", re.IGNORECASE)
 VL_NAME = re.compile(r"[-_]VL([-_.]|$)", re.IGNORECASE)  # LiquidAI's LFM2-VL-* / LFM2.5-VL-*
@@ -41,7 +42,7 @@ def finished_model(folder: Path) -> Path | None:
         return folder / "model"
     finished = []
     for run in folder.iterdir():
-        summary = run / "summary.json"  # written when a run ends, after its model
+        summary = RunFolder(run).summary  # written when a run ends, after its model
         if run.is_dir() and summary.exists() and (run / "model" / "config.json").exists():
             finished.append((_finished_at(summary), run.name, run / "model"))
     return max(finished)[2] if finished else None
@@ -54,10 +55,10 @@ def _refuse_unfinished(folder: Path, model_name: str) -> None:
 
     if not folder.is_dir() or (folder / "config.json").exists():
         return
-    if (folder / "resolved_config.yaml").exists():
+    if RunFolder(folder).is_run():
         raise LeapError(f"{folder} is a run that has not finished (it has no model/ yet)", where="model_name",
                         fix="let the run finish (or resume it), or give one of its checkpoint-N folders")
-    runs = sorted(p.name for p in folder.iterdir() if (p / "resolved_config.yaml").exists())
+    runs = sorted(p.name for p in folder.iterdir() if RunFolder(p).is_run())
     if runs:
         raise LeapError(f"{folder} is a project folder, and none of its runs has finished (no model/ in "
                         f"{', '.join(runs[:5])}{' ...' if len(runs) > 5 else ''})", where="model_name",

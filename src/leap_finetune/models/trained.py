@@ -12,6 +12,7 @@ from dataclasses import dataclass
 from pathlib import Path
 
 from leap_finetune.errors import LeapError
+from leap_finetune.runs.folder import RunFolder
 
 
 @dataclass
@@ -130,7 +131,7 @@ def chat_template_text(trained: TrainedModel, tokenizer) -> str | None:
 def _run_config(folder: Path) -> dict | None:
     from leap_finetune.config.yaml_io import read_yaml
 
-    for candidate in (folder / "resolved_config.yaml", folder.parent / "resolved_config.yaml"):
+    for candidate in (RunFolder(folder).resolved_config, RunFolder(folder.parent).resolved_config):
         if candidate.is_file():
             try:
                 return read_yaml(candidate)

@@ -12,8 +12,17 @@ from pathlib import Path
 from transformers import TrainerCallback
 
 from leap_finetune.files import write_atomic  # noqa: F401 - also imported from here
-from leap_finetune.recipes.checkpoints import (DIGEST_LIMIT, MARKER, _fsync_dir, checkpoints, delete, file_digest,
-                                                read_marker)
+from leap_finetune.recipes.checkpoints import (
+    DIGEST_LIMIT,
+    MARKER,
+    _fsync_dir,
+    checkpoints,
+    delete,
+    file_digest,
+    read_marker,
+)
+from leap_finetune.runs.folder import RunFolder
+
 
 class MetricsLog(TrainerCallback):
     """Appends one JSON object per log event to metrics.jsonl: step, loss, learning rate, eval
@@ -66,7 +75,13 @@ class RichProgress(TrainerCallback):
     def on_train_begin(self, args, state, control, **kwargs):
         if not state.is_world_process_zero:
             return
-        from rich.progress import BarColumn, MofNCompleteColumn, Progress, TextColumn, TimeRemainingColumn
+        from rich.progress import (
+            BarColumn,
+            MofNCompleteColumn,
+            Progress,
+            TextColumn,
+            TimeRemainingColumn,
+        )
 
         self.progress = Progress(
             TextColumn("[bold]training"), BarColumn(), MofNCompleteColumn(),
@@ -251,14 +266,14 @@ class CheckpointMarker(TrainerCallback):
     def on_save(self, args, state, control, **kwargs):
         if not state.is_world_process_zero:
             return
-        folder = Path(args.output_dir) / f"checkpoint-{state.global_step}"
+        folder = RunFolder(args.output_dir).checkpoint(state.global_step)
         if not folder.is_dir():
             return
         for path in folder.rglob("*"):  # the files' data first, then the manifest that vouches for them
             if path.is_file():
                 with path.open("rb") as handle:
                     os.fsync(handle.fileno())
-        metrics = self.run_dir / "metrics.jsonl"
+        metrics = RunFolder(self.run_dir).metrics
         files = [p for p in sorted(folder.rglob("*")) if p.is_file() and p.name != MARKER]
         manifest = {
             "step": state.global_step,

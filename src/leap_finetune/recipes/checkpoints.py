@@ -24,7 +24,7 @@ import shutil
 from dataclasses import dataclass
 from pathlib import Path
 
-from leap_finetune.files import write_atomic
+from leap_finetune.runs.folder import CHECKPOINT_PREFIX
 
 MARKER = "leap_checkpoint_complete.json"
 # What a resumable checkpoint must hold besides the model weights (transformers silently starts a
@@ -99,7 +99,7 @@ def checkpoints(run_dir: Path) -> list[Path]:
     """The run's checkpoint folders, oldest step first (complete or not)."""
     if not run_dir.is_dir():
         return []
-    return sorted((p for p in run_dir.glob("checkpoint-*") if p.is_dir() and step_of(p) >= 0), key=step_of)
+    return sorted((p for p in run_dir.glob(f"{CHECKPOINT_PREFIX}*") if p.is_dir() and step_of(p) >= 0), key=step_of)
 
 
 def delete(folder: Path) -> None:

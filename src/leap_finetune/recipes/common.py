@@ -4,9 +4,7 @@ callbacks, the train / evaluate / save sequence, and the sample answers."""
 from __future__ import annotations
 
 import json
-import logging
 import os
-import shutil
 import time
 from contextlib import contextmanager
 from pathlib import Path
@@ -15,11 +13,20 @@ from leap_finetune import faults
 from leap_finetune.config.resolved import ResolvedConfig
 from leap_finetune.files import write_atomic
 from leap_finetune.quiet import quiet_libraries  # noqa: F401 - also imported from here
-from leap_finetune.recipes.callbacks import (AlreadyTrained, CheckpointMarker, FinishOnly, MetricsLog, ResumeChanges,
-                                             RichProgress, StopOnSignal)
+from leap_finetune.recipes.callbacks import (
+    AlreadyTrained,
+    CheckpointMarker,
+    FinishOnly,
+    MetricsLog,
+    ResumeChanges,
+    RichProgress,
+    StopOnSignal,
+)
 from leap_finetune.recipes.checkpoints import read_marker
+from leap_finetune.runs import folder as folder_names
+from leap_finetune.runs.folder import RunFolder
 
-PREPARED_DIR = "prepared"
+PREPARED_DIR = folder_names.PREPARED
 
 
 def is_main_process() -> bool:
@@ -79,7 +86,6 @@ def load_prepared(run_dir: Path):
 
 
 def load_tokenizer_and_model(resolved: ResolvedConfig, *, packing: bool, console):
-    import torch
 
     from leap_finetune.data.chat_templates import load_chat_template
     from leap_finetune.models.loading import load_model, load_tokenizer
@@ -122,7 +128,7 @@ def standard_callbacks(resolved: ResolvedConfig, run_dir: Path, console, stop_on
     tracker_environment(resolved)
 
     # (Plots after MetricsLog: the last log of the run is in metrics.jsonl when the plots are drawn)
-    callbacks = [FinishOnly(), ResumeChanges(resolved.resume_changes), MetricsLog(run_dir / "metrics.jsonl"), marker,
+    callbacks = [FinishOnly(), ResumeChanges(resolved.resume_changes), MetricsLog(RunFolder(run_dir).metrics), marker,
                  RichProgress(console), stop_on_signal,
                  Plots(run_dir, console), TrackerConfig(resolved, console)]
     if os.environ.get("LEAP_FINETUNE_PROFILE"):  # a developer's tool for the benchmarks (recipes/profiling.py)
@@ -211,7 +217,7 @@ def _train_evaluate_save(trainer, resolved: ResolvedConfig, run_dir: Path, token
     # The whole run, also after resumes: after a resume the Trainer's loss covers only this process's
     # steps, so it is averaged over every logged step of metrics.jsonl instead; training time is summed
     # over the processes.
-    history = metrics_history(run_dir / "metrics.jsonl")
+    history = metrics_history(RunFolder(run_dir).metrics)
     marker = next(c for c in trainer.callback_handler.callbacks if isinstance(c, CheckpointMarker))
     from leap_finetune.recipes.plots import Plots
 
@@ -236,7 +242,7 @@ def _train_evaluate_save(trainer, resolved: ResolvedConfig, run_dir: Path, token
         summary["stopped_by_signal"] = stop_on_signal.received
         plots.draw_in_background(trainer.is_world_process_zero())
         plots.wait()
-        write_atomic(run_dir / "summary.json", json.dumps(summary, indent=2))
+        write_atomic(RunFolder(run_dir).summary, json.dumps(summary, indent=2))
         return summary
     if run_benchmarks:
         final = benchmarks.evaluate("after training")  # (async modes: the snapshot is handed over)
@@ -277,7 +283,7 @@ def _train_evaluate_save(trainer, resolved: ResolvedConfig, run_dir: Path, token
         print_samples(console, "after training", final_model, tokenizer, samples)
     plots.wait()
     summary["finished_at"] = time.time()  # by this process's clock: which run finished last (models.registry)
-    write_atomic(run_dir / "summary.json", json.dumps(summary, indent=2))
+    write_atomic(RunFolder(run_dir).summary, json.dumps(summary, indent=2))
     return summary
 
 
@@ -434,15 +440,11 @@ def _print_model_summary(console, model) -> None:
 
 
 def _save_atomic(target: Path, save) -> None:
-    """Save into a temporary folder, then rename: a crash never leaves a half-written model."""
-    tmp = target.with_name(f".{target.name}.tmp")
-    if tmp.exists():
-        shutil.rmtree(tmp)
-    save(str(tmp))
-    faults.point("final-save")
-    if target.exists():
-        shutil.rmtree(target)
-    tmp.rename(target)
+    """Save into a staging folder that then takes the target's place whole (runs/atomic.py): a crash never leaves
+    a half-written model, nor (as deleting first did) none."""
+    from leap_finetune.runs.atomic import replace_folder
+
+    replace_folder(target, lambda staging: save(str(staging)), before_swap=lambda: faults.point("final-save"))
 
 
 def load_samples(run_dir: Path) -> list[dict]:

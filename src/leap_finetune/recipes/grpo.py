@@ -14,6 +14,7 @@ from pathlib import Path
 from leap_finetune.config.resolved import ResolvedConfig
 from leap_finetune.recipes import common
 from leap_finetune.recipes.callbacks import StopOnSignal
+from leap_finetune.runs.folder import RunFolder
 
 SAMPLES_PER_LOG = 4  # completions written to completions.jsonl at each log step
 
@@ -151,7 +152,7 @@ def trainer_class():
             if not self.accelerator.is_main_process or not self.model.training or not self._logs["prompt"]:
                 return
             count = min(SAMPLES_PER_LOG, len(self._logs["prompt"]))
-            with (Path(self.args.output_dir) / "completions.jsonl").open("a", encoding="utf-8") as handle:
+            with RunFolder(self.args.output_dir).completions.open("a", encoding="utf-8") as handle:
                 for i in range(count):
                     rewards = {name: values[i] for name, values in self._logs["rewards"].items() if i < len(values)}
                     handle.write(json.dumps({"step": self.state.global_step, "prompt": self._logs["prompt"][i],

@@ -16,8 +16,10 @@ from pathlib import Path
 from transformers import TrainerCallback
 
 from leap_finetune.files import read_metrics
+from leap_finetune.runs import folder as folder_names
+from leap_finetune.runs.folder import RunFolder
 
-FOLDER = "plots"
+FOLDER = folder_names.PLOTS
 
 
 def _series(records: list[dict], key: str) -> tuple[list, list, list]:
@@ -38,7 +40,7 @@ def write_plots(run_dir: Path) -> list[Path]:
     from matplotlib.backends.backend_agg import FigureCanvasAgg
     from matplotlib.figure import Figure
 
-    records = read_metrics(run_dir / "metrics.jsonl")
+    records = read_metrics(RunFolder(run_dir).metrics)
     if not records:
         return []
     keys = list(dict.fromkeys(k for r in records for k in r))

@@ -13,9 +13,10 @@ import time
 from pathlib import Path
 
 from leap_finetune.config.resolved import ResolvedConfig
+from leap_finetune.files import write_atomic
 from leap_finetune.recipes import common
 from leap_finetune.recipes.callbacks import CheckpointMarker, StopOnSignal
-from leap_finetune.recipes.checkpoints import write_atomic
+from leap_finetune.runs.folder import RunFolder
 
 EVAL_NAME = "retrieval"  # metrics are logged as eval_retrieval_<score>_ndcg@10, ...
 
@@ -148,7 +149,9 @@ def load_lora_checkpoint(model, checkpoint: Path) -> None:
 def evaluator(resolved: ResolvedConfig, train, eval_rows, multi_vector: bool):
     """The held-out queries over every document of the data (train and held-out positives and negatives), each
     held-out query's positive the relevant one; then each retrieval benchmark of `evals:` (its own metrics)."""
-    from leap_finetune.evaluation.retrieval_benchmark import evaluator as benchmark_evaluator
+    from leap_finetune.evaluation.retrieval_benchmark import (
+        evaluator as benchmark_evaluator,
+    )
     from leap_finetune.evaluation.retrieval_benchmark import ir_evaluator
 
     prompts = resolved.retrieval.prompts
@@ -237,7 +240,7 @@ def _train(resolved_json: dict, *, model_factory, loss_factory, trainer_cls, arg
     final = trainer.evaluate() if finished and has_eval else None
     if not main:
         return {"global_step": trainer.state.global_step}
-    history = common.metrics_history(run_dir / "metrics.jsonl")
+    history = common.metrics_history(RunFolder(run_dir).metrics)
     # (fewer steps than logging_steps log no loss: the Trainer's own mean then)
     train_loss = history["train_loss"] if history["train_loss"] is not None or result is None else result.training_loss
     marker = next(c for c in trainer.callback_handler.callbacks if isinstance(c, CheckpointMarker))
@@ -251,7 +254,7 @@ def _train(resolved_json: dict, *, model_factory, loss_factory, trainer_cls, arg
     if not finished:
         plots.wait()
         summary.update(stopped_early=True, stopped_by_signal=stop_on_signal.received)
-        write_atomic(run_dir / "summary.json", json.dumps(summary, indent=2))
+        write_atomic(RunFolder(run_dir).summary, json.dumps(summary, indent=2))
         return summary
     if final is not None:
         summary["eval_metrics"] = {k: float(v) for k, v in final.items() if isinstance(v, (int, float))}
@@ -288,7 +291,7 @@ def _train(resolved_json: dict, *, model_factory, loss_factory, trainer_cls, arg
                   f"  embeddings = model.encode([\"your query\"]{prompt})")
     plots.wait()
     summary["finished_at"] = time.time()  # by this process's clock: which run finished last (models.registry)
-    write_atomic(run_dir / "summary.json", json.dumps(summary, indent=2))
+    write_atomic(RunFolder(run_dir).summary, json.dumps(summary, indent=2))
     return summary
 
 
@@ -340,7 +343,11 @@ def backbone(resolved: ResolvedConfig) -> str:
 
 def save_tiny_backbone(resolved: ResolvedConfig, run_folder: Path) -> None:
     """A built-in tiny model saved as run_folder/base_model (nothing for other models)."""
-    from leap_finetune.models.tiny import TINY_MODELS, build_tiny_model, load_tiny_tokenizer
+    from leap_finetune.models.tiny import (
+        TINY_MODELS,
+        build_tiny_model,
+        load_tiny_tokenizer,
+    )
 
     if resolved.model_id not in TINY_MODELS:
         return

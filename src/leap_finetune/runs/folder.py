@@ -1,0 +1,112 @@
+"""Every entry of a run folder (outputs/PROJECT/RUN/), named once.
+
+RUN/
+  config.yaml            the config as written (+ the command line's --set lines as comments)
+  resolved_config.yaml   everything the run decided (profiles merged, paths absolute): what marks a run folder
+  prepared/              the validated, tokenized rows (train/, eval/, samples.json, fingerprint.json)
+  dropped_rows.jsonl     rows left out (on_invalid: skip), with why
+  train.log              everything printed
+  metrics.jsonl          one JSON line per log / evaluation step
+  completions.jsonl      GRPO: a few completions per log step with their rewards
+  resume_changes.json    config changes accepted on resume (resume_allow_changes)
+  checkpoint-N/          checkpoints (complete when their marker is written)
+  benchmarks/            benchmark results, predictions, async snapshots and jobs
+  servers/               the logs of servers the driver started
+  plots/                 loss and metric plots
+  model/, adapter/       the trained model (and a LoRA run's adapter)
+  summary.json           written last, when the run ends
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+from pathlib import Path
+
+CONFIG_COPY = "config.yaml"
+RESOLVED_CONFIG = "resolved_config.yaml"
+PREPARED = "prepared"
+DROPPED_ROWS = "dropped_rows.jsonl"
+TRAIN_LOG = "train.log"
+METRICS = "metrics.jsonl"
+COMPLETIONS = "completions.jsonl"
+RESUME_CHANGES = "resume_changes.json"
+CHECKPOINT_PREFIX = "checkpoint-"
+BENCHMARKS = "benchmarks"
+SERVERS = "servers"
+PLOTS = "plots"
+MODEL = "model"
+ADAPTER = "adapter"
+SUMMARY = "summary.json"
+
+
+@dataclass(frozen=True)
+class RunFolder:
+    """A run folder's entries as paths: `RunFolder(run_dir).metrics`."""
+
+    path: Path
+
+    def __post_init__(self):
+        object.__setattr__(self, "path", Path(self.path))
+
+    @property
+    def config_copy(self) -> Path:
+        return self.path / CONFIG_COPY
+
+    @property
+    def resolved_config(self) -> Path:
+        return self.path / RESOLVED_CONFIG
+
+    @property
+    def prepared(self) -> Path:
+        return self.path / PREPARED
+
+    @property
+    def dropped_rows(self) -> Path:
+        return self.path / DROPPED_ROWS
+
+    @property
+    def train_log(self) -> Path:
+        return self.path / TRAIN_LOG
+
+    @property
+    def metrics(self) -> Path:
+        return self.path / METRICS
+
+    @property
+    def completions(self) -> Path:
+        return self.path / COMPLETIONS
+
+    @property
+    def resume_changes(self) -> Path:
+        return self.path / RESUME_CHANGES
+
+    @property
+    def benchmarks(self) -> Path:
+        return self.path / BENCHMARKS
+
+    @property
+    def servers(self) -> Path:
+        return self.path / SERVERS
+
+    @property
+    def plots(self) -> Path:
+        return self.path / PLOTS
+
+    @property
+    def model(self) -> Path:
+        return self.path / MODEL
+
+    @property
+    def adapter(self) -> Path:
+        return self.path / ADAPTER
+
+    @property
+    def summary(self) -> Path:
+        return self.path / SUMMARY
+
+    def checkpoint(self, step: int) -> Path:
+        return self.path / f"{CHECKPOINT_PREFIX}{step}"
+
+    def is_run(self) -> bool:
+        """A run folder is one with a resolved config (written before anything else is)."""
+        return self.resolved_config.exists()
