@@ -80,3 +80,28 @@ def test_the_run_folder_names_each_entry_once(tmp_path):
     run.resolved_config.write_text("x: 1")
     assert run.is_run()
     assert os.fspath(RunFolder(str(tmp_path)).path) == os.fspath(tmp_path)
+
+
+def test_a_writer_that_writes_nothing_and_a_swap_that_cannot_happen_are_errors(tmp_path):
+    target = tmp_path / "model"
+    replace_folder(target, _fill("good"))
+    with pytest.raises(FileNotFoundError, match="left no folder"):
+        replace_folder(target, lambda folder: None)
+    with pytest.raises(FileNotFoundError):  # (ENOENT from renameat2 is raised, not taken for "cannot swap")
+        atomic._exchange(tmp_path / "missing", target)
+    assert (target / "weights").read_text() == "good"
+    assert sorted(p.name for p in tmp_path.iterdir()) == ["model"]
+
+
+def test_a_kill_between_the_two_renames_of_the_move_aside_swap_is_recovered(tmp_path):
+    """Where the filesystem cannot swap: killed after the old folder was moved aside, before the new one moved in.
+    The next write (or read through replace_folder) puts the old one back first."""
+    target = tmp_path / "model"
+    replace_folder(target, _fill("good"))
+    target.rename(tmp_path / ".model.old-12345")  # (the state such a kill leaves)
+    atomic.recover(target)
+    assert (target / "weights").read_text() == "good"
+    target.rename(tmp_path / ".model.old-12345")
+    replace_folder(target, _fill("next"))
+    assert (target / "weights").read_text() == "next"
+    assert sorted(p.name for p in tmp_path.iterdir()) == ["model"]

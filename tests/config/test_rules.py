@@ -31,6 +31,9 @@ def test_a_metric_the_evaluation_logs_is_accepted(training_type, metric, rewards
     ("embedding", "eval_ndcg@10", (), ("beir",), "use eval_retrieval_cosine_ndcg@10"),
     ("embedding", "eval_benchmark_other_cosine_ndcg@10", (), ("beir",), "eval_benchmark_beir_cosine_ndcg@10"),
     ("colbert", "eval_accuracy", (), (), "use eval_retrieval_maxsim_ndcg@10"),
+    # names of the right shape that the evaluator does not log: another k, another score function
+    ("embedding", "eval_retrieval_cosine_ndcg@5", (), (), "use eval_retrieval_cosine_ndcg@10"),
+    ("colbert", "eval_retrieval_cosine_ndcg@10", (), (), "use eval_retrieval_maxsim_ndcg@10"),
 ])
 def test_an_unknown_metric_names_the_ones_logged(training_type, metric, rewards, benchmarks, fix):
     with pytest.raises(LeapError) as raised:
@@ -45,3 +48,6 @@ def test_kto_keeps_its_rows_in_order_unless_its_loss_has_no_kl():
         check_training_rules("kto", {"train_sampling_strategy": "random"}, "c.yaml")
     check_training_rules("kto", {"train_sampling_strategy": "sequential"}, "c.yaml")
     check_training_rules("kto", {"train_sampling_strategy": "random", "loss_type": "apo_zero_unpaired"}, "c.yaml")
+    with pytest.raises(LeapError) as raised:  # (the length samplers' message offers only what KTO then accepts)
+        check_training_rules("kto", {"train_sampling_strategy": "group_by_length"}, "c.yaml")
+    assert raised.value.fix.endswith("set it to sequential")

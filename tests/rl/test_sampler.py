@@ -80,6 +80,10 @@ def test_one_sampler_serves_prompts_of_other_lengths_and_batches(model, tokenize
         assert cut_at_end(sampler.generate(ids, mask, 24), tokenizer.eos_token_id) == \
             cut_at_end(expected, tokenizer.eos_token_id)
     assert len(sampler._caches) == 2  # (3, 64) and (5, 64): reused, not rebuilt
+    first = sampler._caches[(3, 64)]
+    ids, mask = left_padded(tokenizer, [70, 3, 9])  # a third shape: the least recently used cache goes
+    sampler.generate(ids, mask, 24)
+    assert list(sampler._caches) == [(3, 64), (3, 128)] and sampler._caches[(3, 64)] is first
 
 
 def test_the_draw_follows_the_processed_distribution(model, tokenizer):
@@ -122,6 +126,8 @@ def test_the_loop_stops_once_every_sequence_has_ended(model, tokenizer):
     ({"suppress_tokens": [5]}, "SuppressTokensLogitsProcessor"),
     ({"cache_implementation": None}, "cache_implementation is not static"),
     ({"do_sample": False}, "do_sample is false"),
+    ({"num_beams": 2}, "generation mode beam_sample"),
+    ({"num_return_sequences": 2}, "one sequence per prompt"),
 ])
 def test_settings_the_loop_does_not_apply_leave_the_rollout_to_generate(model, tokenizer, settings, reason):
     assert reason in why_not(model, config(tokenizer, **settings))
@@ -244,3 +250,16 @@ def test_out_of_gpu_memory_in_grpo_names_the_engine_share(tmp_path, use_vllm):
     assert ("vllm_gpu_memory_utilization 0.3" in text and "lower vllm_gpu_memory_utilization" in text
             and "use_vllm: false" in text) == use_vllm
     assert "lower max_completion_length" in text
+
+
+def test_quantized_weights_are_not_copied(model):
+    """QLoRA: 4/8-bit weights cast to bf16 would be garbage; such a model decodes itself."""
+    import copy
+
+    from leap_finetune.rl.sampler import can_copy
+
+    assert can_copy(model)
+    packed = copy.deepcopy(model)
+    packed.model.layers[0].feed_forward.w1.weight = torch.nn.Parameter(
+        torch.zeros(4, 4, dtype=torch.uint8), requires_grad=False)
+    assert not can_copy(packed)

@@ -31,7 +31,9 @@ EVAL_METRICS["grpo"] = GRPO_EVAL_METRICS
 # embedding / colbert: sentence-transformers' loss and the recipe's retrieval evaluator, named
 # retrieval_<score>_<metric>@k (score: cosine for embedding, maxsim for colbert) and benchmark_<name>_<score>_...
 EVAL_METRICS["embedding"] = EVAL_METRICS["colbert"] = ("loss", "sequential_score")
-RETRIEVAL_METRIC = r"(accuracy|precision|recall|ndcg|mrr|map)@\d+"
+# what sentence-transformers' retrieval evaluator logs for the recipe's settings (read from real runs)
+RETRIEVAL_METRIC = r"(accuracy@1|accuracy@10|precision@1|precision@10|recall@1|recall@10|ndcg@10|mrr@10|map@10)"
+RETRIEVAL_SCORE = {"embedding": "cosine", "colbert": "maxsim"}
 
 
 def check_training_rules(training_type: str, training: dict, where: str, *, rewards: tuple[str, ...] = (),
@@ -58,12 +60,14 @@ def check_sampling(training_type: str, training: dict, where: str) -> None:
     KTO's KL estimate pairs each row with its neighbours in a fixed order (TRL refuses any other order once the
     model has loaded; a batch of one is refused by the loader)."""
     strategy = training.get("train_sampling_strategy")
+    loss_type = training.get("loss_type", "kto")
+    kl = training_type == "kto" and loss_type != "apo_zero_unpaired"  # (TRL: every loss type but this one has a KL)
     if training_type != "sft" and strategy in ("batch_rebalance", "group_by_length"):
         raise LeapError(f"training_config.train_sampling_strategy: {strategy} works for sft only (it balances rows by "
                         f"their length), not for {training_type}", where=where,
-                        fix="remove train_sampling_strategy, or set it to random or sequential")
-    loss_type = training.get("loss_type", "kto")
-    if training_type == "kto" and loss_type != "apo_zero_unpaired":  # (TRL: every loss type but this one has a KL)
+                        fix="remove train_sampling_strategy, or set it to " + ("sequential" if kl else
+                                                                               "random or sequential"))
+    if kl:
         if strategy not in (None, "sequential"):
             raise LeapError(f"training_config.train_sampling_strategy: {strategy} breaks KTO's KL estimate (loss_type "
                             f"{loss_type}): each row's KL completion is paired with its neighbours in a fixed order",
@@ -102,10 +106,10 @@ def check_best_model_metric(training_type: str, training: dict, where: str, *, r
         fix = "use one of: " + ", ".join(f"eval_{m}" for m in known[:3]) + (f", {named}" if named else "") + \
             ", or another of " + ", ".join(f"eval_{m}" for m in known[3:])
     elif training_type in ("embedding", "colbert"):
-        score = "cosine" if training_type == "embedding" else "maxsim"
-        if re.fullmatch(rf"retrieval_[a-z_]+_{RETRIEVAL_METRIC}", bare):
+        score = RETRIEVAL_SCORE[training_type]
+        if re.fullmatch(rf"retrieval_{score}_{RETRIEVAL_METRIC}", bare):
             return
-        found = re.fullmatch(rf"benchmark_(.+)_[a-z]+_{RETRIEVAL_METRIC}", bare)
+        found = re.fullmatch(rf"benchmark_(.+)_{score}_{RETRIEVAL_METRIC}", bare)
         if found and found.group(1) in benchmarks:
             return
         fix = (f"use eval_retrieval_{score}_ndcg@10 (the held-out split's retrieval; also accuracy, precision, recall "

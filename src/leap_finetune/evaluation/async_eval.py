@@ -116,7 +116,7 @@ class AsyncBenchmarks(EvaluationLog):
         try:
             snapshot = self._snapshot(step, when)
         except Exception as err:  # noqa: BLE001 - a full disk while snapshotting must not stop training
-            shutil.rmtree(self.snapshots / f".step-{step}.tmp", ignore_errors=True)
+            shutil.rmtree(self.snapshots / f".step-{step}.partial", ignore_errors=True)
             self._failed(step, when, f"{type(err).__name__}: {err}", None, err)
             return {}
         future = self.pool.submit(self._evaluate_guarded, snapshot)

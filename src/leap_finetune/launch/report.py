@@ -39,8 +39,9 @@ def config_table(resolved: ResolvedConfig) -> Table:
                    f"{t.get('max_completion_length')} tokens")
         from leap_finetune.rl.engines import rollout_advice
 
-        rows.append(("rollouts", rollout_engine(resolved) + "\n" + rollout_advice(
-            resolved.model_id, use_vllm=bool(t.get("use_vllm")), lora=resolved.peft is not None,
+        engine = rollout_engine(resolved)
+        rows.append(("rollouts", engine + "\n" + rollout_advice(
+            resolved.model_id, engine=engine, lora=resolved.peft is not None,
             vllm_mode=str(t.get("vllm_mode", "colocate")))))
     if resolved.retrieval is not None:  # embedding / colbert: no chat template, no loss mask, lengths per side
         r = resolved.retrieval
@@ -65,8 +66,10 @@ def rollout_engine(resolved: ResolvedConfig) -> str:
     t = resolved.training
     if t.get("use_vllm"):
         return f"vLLM, {t.get('vllm_mode')}"
-    if t.get("use_transformers_paged"):
-        return "transformers' generation (paged)"
+    if t.get("use_transformers_paged") or t.get("use_transformers_continuous_batching"):
+        return "transformers' generation (continuous batching)"
+    if t.get("fsdp"):
+        return "transformers' generation (FSDP: generate gathers the sharded weights)"
     why = why_not_config(t, vision=is_vision_model(resolved.model_id))
     return "leap-finetune sampler (CUDA graphs on a GPU)" if why is None else f"transformers' generation ({why})"
 

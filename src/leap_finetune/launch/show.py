@@ -114,9 +114,9 @@ def _rollouts(resolved) -> dict | None:
     from leap_finetune.launch.report import rollout_engine
     from leap_finetune.rl.engines import rollout_advice
 
-    return {"engine": rollout_engine(resolved),
-            "advice": rollout_advice(resolved.model_id, use_vllm=bool(resolved.training.get("use_vllm")),
-                                     lora=resolved.peft is not None,
+    engine = rollout_engine(resolved)
+    return {"engine": engine,
+            "advice": rollout_advice(resolved.model_id, engine=engine, lora=resolved.peft is not None,
                                      vllm_mode=str(resolved.training.get("vllm_mode", "colocate")))}
 
 

@@ -132,8 +132,9 @@ def trainer_class():
                   as model):
                 if self._sampler is None or self._sampler.model is not model:
                     cuda = device.type == "cuda"
-                    # on a GPU: decode with a half-precision copy refreshed every rollout (rl/sampler.py)
-                    half = torch.bfloat16 if self.args.bf16 else torch.float16 if self.args.fp16 else None
+                    # on a GPU: decode with a bf16 copy refreshed every rollout (rl/sampler.py); not fp16 (LFM2's
+                    # activations can overflow it without autocast's fp32 residual stream)
+                    half = torch.bfloat16 if self.args.bf16 else None
                     self._sampler = Sampler(model, self.generation_config, list(self.eos_token_ids),
                                             self._tokenizer.pad_token_id, compile=cuda,
                                             rollout_dtype=half if cuda else None)
@@ -196,6 +197,8 @@ def train(resolved_json: dict, callbacks: list | None = None) -> dict:
     def after_training(trainer) -> dict:
         """The judge's requests and failures over every rank; a judge that stopped the run is its error."""
         rollouts = {"rollouts": {"engine": trainer.rollout_engine, "why_not_sampler": trainer.rollout_why_not}}
+        if trainer._sampler is not None and trainer._sampler.compile_error:
+            rollouts["rollouts"]["compile_error"] = trainer._sampler.compile_error  # (decoded without CUDA graphs)
         totals = judge_totals(trainer)
         if totals is None:
             return rollouts

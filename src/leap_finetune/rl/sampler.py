@@ -25,6 +25,10 @@ from __future__ import annotations
 from dataclasses import dataclass, field
 
 DECODE_ATTENTION = "leap_decode"  # registered with transformers' AttentionInterface (the rollout copy only)
+# architectures whose attention decode_attention reproduces (tested against SDPA and generate); others keep their
+# own attention in the copy (softcapping, attention sinks, ... are theirs to apply)
+DECODE_ATTENTION_MODELS = ("lfm2",)
+CACHES_KEPT = 2  # static caches (and their captured graphs) kept, by batch size and length: the most recent ones
 STOP_CHECK_EVERY = 16  # tokens between the one host sync that asks whether every sequence has ended
 LENGTH_BUCKET = 64  # cache lengths are rounded up to this: one compiled graph per bucket, not per prompt length
 SAMPLING_PROCESSORS = ("TemperatureLogitsWarper", "TopKLogitsWarper", "TopPLogitsWarper")
@@ -69,7 +73,9 @@ def rollout_copy(model, dtype):
     import torch
 
     # eval mode: no dropout while sampling (LoRA's lora_dropout), as in vLLM's engine; the trained model keeps its mode
-    shadow = copy.deepcopy(model).eval()
+    # (the memo hands deepcopy each parameter already cast: the copy never holds a second fp32 model)
+    memo = {id(p): torch.nn.Parameter(p.detach().to(dtype), requires_grad=False) for p in model.parameters()}
+    shadow = copy.deepcopy(model, memo).eval()
     # Forwards patched on instances go, at every level: accelerate's autocast wrapper (the copy is bf16 itself) and
     # TRL's fused LM head (trl add_fused_lm_head), whose closure keeps the ORIGINAL model's bound forward - a deep
     # copy rebinds the method but not the closure, so the copy would run the fp32 original (found with LoRA, where
@@ -77,14 +83,17 @@ def rollout_copy(model, dtype):
     for module in shadow.modules():
         for name in ("forward", "_original_forward"):
             module.__dict__.pop(name, None)
-    with torch.no_grad():
-        for parameter in shadow.parameters():
-            parameter.data = parameter.data.to(dtype)
-            parameter.requires_grad_(False)
-    _register_decode_attention()
     base = shadow.get_base_model() if hasattr(shadow, "get_base_model") else shadow
-    base.set_attn_implementation(DECODE_ATTENTION)
+    if getattr(base.config, "model_type", None) in DECODE_ATTENTION_MODELS:
+        _register_decode_attention()
+        base.set_attn_implementation(DECODE_ATTENTION)
     return shadow
+
+
+def can_copy(model) -> bool:
+    """A half-precision copy only of plain floating-point weights (not 4/8-bit quantized ones: QLoRA decodes with
+    the trained model itself)."""
+    return not getattr(model, "is_quantized", False) and all(p.is_floating_point() for p in model.parameters())
 
 
 def refresh(shadow, model) -> None:
@@ -108,9 +117,15 @@ def why_not(model, generation_config, *, multimodal: bool = False) -> str | None
         return "cache_implementation is not static"
     if getattr(model.config, "is_encoder_decoder", False):
         return "an encoder-decoder model"
-    config, processors = logits_processors(model, generation_config, prompt_length=1)
+    config, _ = model._prepare_generation_config(generation_config)
     if not config.do_sample:
         return "do_sample is false"
+    from transformers.generation.configuration_utils import GenerationMode
+
+    mode = config.get_generation_mode()
+    if mode != GenerationMode.SAMPLE or (config.num_return_sequences or 1) > 1:
+        return f"generation mode {getattr(mode, 'value', mode)} (the loop samples one sequence per prompt)"
+    processors = model._get_logits_processor(config, input_ids_seq_length=1)
     others = [type(p).__name__ for p in processors if type(p).__name__ not in SAMPLING_PROCESSORS]
     if others:
         return f"generation settings the loop does not apply ({', '.join(others)})"
@@ -129,6 +144,10 @@ def why_not_config(training: dict, *, vision: bool = False) -> str | None:
                 "generation_kwargs": bool(training.get("generation_kwargs"))}
     named = [name for name, used in settings.items() if used]
     return f"generation settings the loop does not apply ({', '.join(named)})" if named else None
+
+
+class _Restart(Exception):
+    """The compiled step failed: the rollout is decoded again from its start without it."""
 
 
 @dataclass
@@ -152,8 +171,10 @@ class Sampler:
 
         _, self._processors = logits_processors(self.model, self.generation_config, prompt_length=1)
         self.policy = self.model
-        if self.rollout_dtype is not None:
+        if self.rollout_dtype is not None and can_copy(self.model):
             self.policy = rollout_copy(self.model, self.rollout_dtype)
+        if self.compile:  # (each batch size and length bucket is a graph of its own)
+            torch._dynamo.config.recompile_limit = max(torch._dynamo.config.recompile_limit, 64)
         # (reduce-overhead: CUDA graphs; the cache tensors are marked static by transformers' StaticCache, so the
         # graph writes into them in place)
         self._step = torch.compile(self._decode, mode="reduce-overhead", dynamic=False) if self.compile \
@@ -179,28 +200,39 @@ class Sampler:
         try:
             # (the step's output lives in the graph's own memory until the next replay: copied out at once)
             return self._step(token, position, mask, cache, noise).clone()
-        except Exception as err:  # noqa: BLE001 - a compiler failure costs speed, not the run
+        except Exception as err:
+            if isinstance(err, torch.OutOfMemoryError) or "out of memory" in str(err):
+                raise  # (not the compiler's: the run's own out-of-memory error says what to change)
             import warnings
 
             self.compile_error = f"{type(err).__name__}: {str(err).splitlines()[0][:200]}"
             warnings.warn(f"GRPO rollouts: the compiled decoding step failed ({self.compile_error}); decoding "
                           "without it (slower) from here on", stacklevel=2)
             self._step = self._decode
-            return self._decode(token, position, mask, cache, noise)
+            raise _Restart from err  # (the cache may hold part of the failed step: the rollout starts again)
 
     def _cache(self, batch: int, length: int):
         from transformers import StaticCache
 
         key = (batch, length)
-        cache = self._caches.get(key)
+        cache = self._caches.pop(key, None)
         if cache is None:
             # (kept, not rebuilt: a compiled graph holds the addresses of the cache tensors it was captured with)
-            cache = self._caches[key] = StaticCache(config=self.policy.config, max_cache_len=length)
+            while len(self._caches) >= CACHES_KEPT:  # the least recently used goes (its memory with it)
+                self._caches.pop(next(iter(self._caches)))
+            cache = StaticCache(config=self.policy.config, max_cache_len=length)
         else:
             cache.reset()
+        self._caches[key] = cache  # (re-inserted: the dict's order is the order of use)
         return cache
 
     def generate(self, input_ids, attention_mask, max_new_tokens: int):
+        try:
+            return self._generate(input_ids, attention_mask, max_new_tokens)
+        except _Restart:
+            return self._generate(input_ids, attention_mask, max_new_tokens)
+
+    def _generate(self, input_ids, attention_mask, max_new_tokens: int):
         """Completion token ids [batch, n <= max_new_tokens] for left-padded prompts; what follows a sequence's end
         token is whatever was sampled (the caller cuts at the first end token, as after generate)."""
         import torch
