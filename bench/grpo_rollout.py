@@ -56,6 +56,7 @@ VARIANTS = {
                      "rl/sampler.py)",
     "leap_default": "leap-finetune default (rl/sampler.py: static cache, the whole step in a CUDA graph)",
     "leap_default_lora": "leap-finetune default + LoRA (DEFAULT_LORA)",
+    "leap_default_autotune": "leap-finetune default, the decoding step compiled with max-autotune (GEMMs tuned)",
     "leap_generate_lora": "leap-finetune + LoRA, transformers' generate with its compiled decoding step",
     # vLLM inside the training process (TRL's colocate mode; needs vLLM installed)
     "leap_vllm": "leap-finetune, vLLM colocate (use_vllm: true; TRL's vllm_gpu_memory_utilization 0.3)",
@@ -103,6 +104,11 @@ class Timing:
         self.force_generate = False  # leap_generate: transformers' generate instead of rl/sampler.py
         self.profile_rollout: int | None = None  # profile this rollout (0-based) with torch.profiler
         self.vllm_split: dict[str, list[float]] = {"sync_weights": [], "vllm_generate": []}
+        # --logp-gap: per rollout, the engine's sampling log-probabilities against the trainer's own for the same
+        # tokens (one extra no-grad forward per step, outside the timed rollout; TRL's vLLM path logs the mean
+        # absolute difference as sampling/sampling_logp_difference/mean - the same number here, for every engine)
+        self.measure_gap = False
+        self.gaps: list[dict] = []
 
     def wrap(self, trainer_cls):
         timing = self
@@ -133,6 +139,12 @@ class Timing:
                     _sync()
                 timing.rollouts.append((time.perf_counter() - start, sum(len(c) for c in completion_ids)))
                 return completion_ids, logprobs
+
+            def _generate_and_score_completions(self, inputs):
+                output = super()._generate_and_score_completions(inputs)
+                if timing.measure_gap and output.get("sampling_per_token_logps") is not None:
+                    timing.gaps.append(logp_gap(self, output))
+                return output
 
         return Timed
 
@@ -192,7 +204,35 @@ class Timing:
                 "gpu_used_gib": self.used_gib,
                 **{f"{key}_s": statistics.median(values[WARMUP:]) for key, values in self.vllm_split.items()
                    if values[WARMUP:]},
+                **({"logp_gap": {"rollouts": len(self.gaps), **{key: statistics.median(g[key] for g in self.gaps)
+                                                                for key in ("mean_abs", "kl", "p99_abs")},
+                                 "max_abs": max(g["max_abs"] for g in self.gaps), "per_rollout": self.gaps}}
+                   if self.gaps else {}),
                 **self.extra}
+
+
+def logp_gap(trainer, output: dict) -> dict:
+    """How far the rollout engine's distribution is from the trainer's: for every completion token, the sampling
+    log-probability (the engine's, after temperature/top-k/top-p) minus the trainer's own (its model, under its
+    autocast, at the same weights, in eval mode). `kl`: the mean of that difference, an estimate of KL(engine || trainer) per
+    token; `mean_abs` is TRL's sampling/sampling_logp_difference/mean."""
+    prompt_completion = torch.cat([output["prompt_ids"], output["completion_ids"]], dim=1)
+    mask = torch.cat([output["prompt_mask"], output["completion_mask"]], dim=1)
+    keep = output["completion_ids"].size(1)
+    was_training = trainer.model.training
+    trainer.model.eval()  # the policy's distribution: no dropout (DEFAULT_LORA's lora_dropout), as while sampling
+    try:
+        with torch.no_grad():
+            trainer_logps, _ = trainer._get_per_token_logps_and_entropies(
+                trainer.model, prompt_completion, mask, keep, batch_size=trainer.args.per_device_train_batch_size)[:2]
+    finally:
+        trainer.model.train(was_training)
+    tokens = output["completion_mask"].bool()
+    diff = (output["sampling_per_token_logps"] - trainer_logps)[tokens & ~torch.isnan(output["sampling_per_token_logps"])]
+    diff = diff.float()
+    return {"tokens": int(diff.numel()), "mean_abs": diff.abs().mean().item(), "kl": diff.mean().item(),
+            "p99_abs": diff.abs().quantile(0.99).item() if diff.numel() < 16_000_000 else float("nan"),
+            "max_abs": diff.abs().max().item()}
 
 
 def kernel_summary(prof, wall_s: float, top: int = 6) -> dict:
@@ -258,7 +298,7 @@ def timed_run_config(config: dict, outputs_root: Path, timing: Timing, callbacks
 
 
 def child_leap(variant: str, model_dir: Path, data: Path, work: Path, steps: int, progress: str | None = None,
-               profile: bool = False) -> dict:
+               profile: bool = False, gap: bool = False) -> dict:
     training = {"use_vllm": False, "max_steps": steps, "per_device_train_batch_size": PROMPTS_PER_STEP * GENERATIONS,
                 "num_generations": GENERATIONS, "max_completion_length": NEW_TOKENS, "logging_steps": 1,
                 "save_strategy": "no", "learning_rate": 1e-6}
@@ -277,6 +317,11 @@ def child_leap(variant: str, model_dir: Path, data: Path, work: Path, steps: int
     timing = Timing(progress)
     timing.force_generate = variant.startswith("leap_generate")
     timing.profile_rollout = WARMUP + 1 if profile else None
+    timing.measure_gap = gap
+    if variant == "leap_default_autotune":
+        import leap_finetune.rl.sampler as sampler
+
+        sampler.COMPILE_MODE = "max-autotune"
     summary = timed_run_config(config, work / "outputs", timing)
     run_dir = Path(summary["run_dir"])
     logged = [json.loads(line).get("rollout/tokens_per_s") for line in (run_dir / "metrics.jsonl").read_text().splitlines()]
@@ -320,6 +365,9 @@ def main() -> None:
     parser.add_argument("--smoke", action="store_true", help="CPU check of this script: the tiny model, 8 tokens")
     parser.add_argument("--profile", action="store_true",
                         help="profile one rollout per variant (the one after the warm-up): GPU kernel time vs wall")
+    parser.add_argument("--logp-gap", action="store_true",
+                        help="per rollout: the engine's sampling log-probabilities against the trainer's (one extra "
+                             "forward per step, outside the timed rollout; step times then include it)")
     args = parser.parse_args()
     global NEW_TOKENS
     arch = "tiny" if args.smoke else args.arch
@@ -332,7 +380,8 @@ def main() -> None:
             if args.child.startswith("trl"):
                 result = child_trl(args.child, model_dir, data, work, args.steps)
             else:
-                result = child_leap(args.child, model_dir, data, work, args.steps, args.progress, args.profile)
+                result = child_leap(args.child, model_dir, data, work, args.steps, args.progress, args.profile,
+                                    args.logp_gap)
         except Exception as err:  # noqa: BLE001 - a variant that fails is a row of the table
             result = {"error": error_text(err)}
         print("RESULT " + json.dumps(result), flush=True)
@@ -370,7 +419,7 @@ def main() -> None:
         start = time.perf_counter()
         proc = subprocess.run([sys.executable, __file__, "--child", variant, "--steps", str(args.steps), "--work",
                                str(work), "--arch", args.arch, *(["--smoke"] if args.smoke else []),
-                               *(["--profile"] if args.profile else [])],
+                               *(["--profile"] if args.profile else []), *(["--logp-gap"] if args.logp_gap else [])],
                               capture_output=True, text=True)
         found = [l for l in proc.stdout.splitlines() if l.startswith("RESULT ")]
         r = json.loads(found[-1][7:]) if found else {"error": f"exit {proc.returncode}: {proc.stderr[-300:]}"}
@@ -396,6 +445,11 @@ def main() -> None:
                 notes.append(f"profiled rollout: wall {pr['wall_s']:.2f} s, GPU kernels {pr['gpu_kernel_s']:.2f} s "
                              f"({pr['kernels']:,} kernels); largest: "
                              + ", ".join(f"{n} {t:.3f} s" for n, t in pr["top"][:4]))
+            if r.get("logp_gap"):
+                g = r["logp_gap"]
+                notes.append(f"sampling vs trainer log-probs over {g['rollouts']} rollouts: mean |diff| "
+                             f"{g['mean_abs']:.2e}, KL estimate {g['kl']:.2e}, p99 |diff| {g['p99_abs']:.2e}, max "
+                             f"{g['max_abs']:.2e}")
             if r.get("logged_rollout_tokens_per_s"):
                 notes.append(f"logged rollout/tokens_per_s {r['logged_rollout_tokens_per_s']:,.0f}")
             lines.append(f"| {VARIANTS[variant]} | {speed:,.0f} | {ratio} | {r['rollout_s']:.2f} | {r['step_s']:.2f} | "

@@ -29,6 +29,10 @@ Phases, run in the order given (`PHASE@ARCH` keeps one architecture of a phase, 
   `--reward half` instead: the fraction of completion tokens in a direction-coherent half of the vocabulary (~0.5
   at random weights), which LoRA can move too (the rare set did not move under DEFAULT_LORA in 15 steps);
   `--vllm-memory 0.15` for the 1.2B runs (TRL's 0.3 left too little beside full training).
+  Variants `sampler` and `lora_sampler` (and `lora_transformers`, 350m): the same runs with use_vllm: false, the
+  rollouts through leap-finetune's decoding loop (rl/sampler.py). Every grpo_learns row also measures, per step,
+  the engine's sampling log-probabilities against the trainer's own for the same tokens (bench/grpo_rollout.py's
+  logp_gap: mean |difference| - TRL's sampling/sampling_logp_difference/mean - and the KL estimate).
 - judge: `vllm serve MODEL --gpu-memory-utilization 0.15` (start-up until /v1/models answers), then a
   3-step GRPO run (use_vllm: false) with rewards.judge.base_url at it: the run's judge requests and failures,
   and how many requests the server answered (HTTP 200 lines in its log). Random weights rarely answer with a
@@ -101,6 +105,7 @@ ROLLOUT_STEPS, LEARN_STEPS, JUDGE_STEPS = 6, 15, 3
 SERVER_UTILIZATION = 0.15
 SERVER_START = "server start"  # the item that starts the server of judge and eval_server
 REWARD_NAME = "rare_set_fraction"
+WITHOUT_VLLM = ("lora_transformers", "sampler", "lora_sampler")  # grpo_learns variants with use_vllm: false
 REWARD_FIRST_ID = 256  # past the special tokens (pad, bos, eos, im_start/im_end, tool markers: ids 0-13)
 
 # (phase, variant, arch): (usual seconds on the H200 - started only if this much budget is left -, own time limit)
@@ -117,6 +122,10 @@ ITEMS = {
     # that do not reach vLLM's engine
     ("grpo_learns", "lora_transformers", "350m"): (100, 300),
     ("grpo_learns", "full", "1.2b"): (150, 300),
+    # use_vllm: false - rollouts through leap-finetune's decoding loop (rl/sampler.py), full and LoRA
+    ("grpo_learns", "sampler", "350m"): (80, 300),
+    ("grpo_learns", "sampler", "1.2b"): (110, 300),
+    ("grpo_learns", "lora_sampler", "1.2b"): (110, 300),
     ("grpo_learns", "lora", "1.2b"): (150, 300),
     ("judge", "server start", "350m"): (60, 300),
     ("judge", "grpo + judge", "350m"): (50, 200),
@@ -138,7 +147,7 @@ class Item:
     @property
     def uses_vllm_in_training(self) -> bool:
         return self.variant.startswith("leap_vllm") or (self.phase == "grpo_learns" and
-                                                         self.variant != "lora_transformers")
+                                                         self.variant not in WITHOUT_VLLM)
 
     @property
     def uses_server(self) -> bool:
@@ -219,7 +228,10 @@ def key_numbers(row: dict, rows: list[dict]) -> str:
                 f"(steps 1-{min(n, 3)} vs {max(n - 2, 1)}-{n}); step {number(row.get('step_s'), '.2f', ' s')}; "
                 f"rollout {number(row.get('rollout_tokens_per_s'))} tok/s; start-up {number(row.get('startup_s'), '.0f', ' s')}; "
                 f"completion length {number(row.get('completion_length_first'), '.0f')} -> "
-                f"{number(row.get('completion_length_last'), '.0f')}")
+                f"{number(row.get('completion_length_last'), '.0f')}"
+                + (f"; sampling vs trainer log-probs: mean |diff| {row['logp_gap']['mean_abs']:.1e}, KL estimate "
+                   f"{row['logp_gap']['kl']:.1e}, max |diff| {row['logp_gap']['max_abs']:.1e}" if row.get("logp_gap")
+                   else ""))
     if variant == SERVER_START:
         return f"start-up {number(row.get('startup_s'), '.1f', ' s')} (until /v1/models answered)"
     if phase == "judge":
@@ -537,7 +549,7 @@ def {REWARD_NAME}(completions, completion_ids=None, **kwargs):
         new_tokens = 8 if self.smoke else 256
         return self.grpo_child(item, limit, {
             "steps": 3 if self.smoke else LEARN_STEPS, "new_tokens": new_tokens, "batch": 16 if self.smoke else 64,
-            "use_vllm": not self.smoke and item.variant != "lora_transformers", "lora": lora,
+            "use_vllm": not self.smoke and item.variant not in WITHOUT_VLLM, "lora": lora, "logp_gap": True,
             "learning_rate": self.args.lora_lr if lora else self.args.full_lr,
             "vllm_gpu_memory_utilization": self.args.vllm_memory,
             "reward_file": str(self.reward_file(item.arch, new_tokens))})
@@ -657,6 +669,7 @@ def child_grpo(phase: str, spec: dict) -> dict:
 
     timing = Timing(spec["progress"])
     timing.extra = {"rewards": []}
+    timing.measure_gap = bool(spec.get("logp_gap"))  # the engine's sampling log-probs against the trainer's
 
     class Rewards(TrainerCallback):  # (so that a run stopped at its limit still shows its rewards)
         def on_log(self, args, state, control, logs=None, **kwargs):
@@ -737,7 +750,7 @@ def header(args, found: dict, device: str) -> list[str]:
                 f"the bundled tokenizer); prompts of 20-150 tokens. rollout: 8 prompts x 8 generations x 256 new tokens "
                 f"per step, {ROLLOUT_STEPS} steps, medians over steps 3-{ROLLOUT_STEPS}; start-up = process start to the "
                 f"first step, init = the trainer's construction (vLLM's engine starts there). grpo_learns: {LEARN_STEPS} "
-                f"steps x 64 completions x 256 tokens, vLLM colocate"
+                f"steps x 64 completions x 256 tokens, vLLM colocate (variants {', '.join(WITHOUT_VLLM)}: use_vllm false)"
                 + (f" (vllm_gpu_memory_utilization {args.vllm_memory:g})" if args.vllm_memory else "")
                 + (", reward = fraction of completion tokens in a direction-coherent half of the vocabulary (~0.5 at "
                    "random weights)" if args.reward == "half" else ", reward = fraction of completion tokens with ids "

@@ -99,11 +99,33 @@ def test_the_draw_follows_the_processed_distribution(model, tokenizer):
     expected = processors(None, logits.clone()).softmax(-1)[0]
     draws = 40_000
     rows = logits.expand(draws, 12).clone()
-    picked = sampler._pick(rows, torch.empty_like(rows).exponential_())
+    picked, _ = sampler._pick(rows, torch.empty_like(rows).exponential_())
     frequency = torch.bincount(picked, minlength=12).float() / draws
     assert (expected == 0).sum() >= 6  # top-k and top-p removed tokens ...
     assert frequency[expected == 0].sum() == 0  # ... and none of them was drawn
     assert torch.allclose(frequency, expected, atol=0.01), (frequency, expected)
+
+
+def test_each_drawn_token_comes_with_its_log_probability_under_the_processed_distribution(model, tokenizer):
+    """The sampling log-probabilities (what vLLM returns, and TRL's off-policy mask reads): equal to the model's
+    own teacher-forced log-probabilities of the drawn completion, after temperature, top-k and top-p."""
+    settings = config(tokenizer, temperature=0.7, top_k=8, top_p=0.95, max_new_tokens=12)
+    ids, mask = left_padded(tokenizer, [4, 9, 2], seed=4)
+    torch.manual_seed(5)
+    tokens, logps = Sampler(model, settings, [tokenizer.eos_token_id], tokenizer.pad_token_id).generate(
+        ids, mask, 12, logprobs=True)
+    assert logps.shape == tokens.shape and logps.dtype == torch.float32
+    _, processors = logits_processors(model, settings, prompt_length=1)
+    full = torch.cat([ids, tokens], dim=1)
+    full_mask = torch.cat([mask, torch.ones_like(tokens)], dim=1)
+    positions = (full_mask.cumsum(-1) - 1).clamp(min=0)
+    with torch.no_grad():
+        logits = model(input_ids=full, attention_mask=full_mask, position_ids=positions).logits.float()
+    expected = torch.stack([processors(None, logits[:, ids.shape[1] - 1 + i]).log_softmax(-1).gather(
+        -1, tokens[:, i:i + 1])[:, 0] for i in range(tokens.shape[1])], dim=1)
+    assert torch.isfinite(logps).all() and (logps <= 0).all()
+    assert torch.allclose(logps, expected, atol=1e-4), (logps - expected).abs().max()
+    assert logps.std() > 0.1  # (a real spread of probabilities, not a constant that would match by chance)
 
 
 def test_the_loop_stops_once_every_sequence_has_ended(model, tokenizer):

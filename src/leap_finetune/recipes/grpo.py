@@ -99,7 +99,7 @@ def trainer_class():
 
             start = time.perf_counter()
             if self.rollout_engine.startswith("leap-finetune sampler") and not images and not multimodal_fields:
-                completion_ids, logprobs = self._sample(prompt_ids), None
+                completion_ids, logprobs = self._sample(prompt_ids)
             else:
                 completion_ids, logprobs = super()._generate_single_turn(prompt_ids, images, multimodal_fields,
                                                                          num_generations, has_tool_images)
@@ -109,9 +109,10 @@ def trainer_class():
             self._rollout_tokens += sum(len(ids) for ids in completion_ids)
             return completion_ids, logprobs
 
-        def _sample(self, prompt_ids) -> list[list[int]]:
+        def _sample(self, prompt_ids) -> tuple[list[list[int]], list[list[float]]]:
             """TRL's transformers path (left padding, completions cut after the first end token) with
-            rl/sampler.py's loop in place of generate."""
+            rl/sampler.py's loop in place of generate; with each token's sampling log-probability, as vLLM returns
+            it (TRL's off-policy sequence mask, `off_policy_mask_threshold`, then reads the sampler's own)."""
             import torch
             from trl.extras.profiling import profiling_context
             from trl.models import unwrap_model_for_generation
@@ -138,10 +139,13 @@ def trainer_class():
                     self._sampler = Sampler(model, self.generation_config, list(self.eos_token_ids),
                                             self._tokenizer.pad_token_id, compile=cuda,
                                             rollout_dtype=half if cuda else None)
-                completions = self._sampler.generate(input_ids, attention_mask, self.max_completion_length)
+                completions, logps = self._sampler.generate(input_ids, attention_mask, self.max_completion_length,
+                                                            logprobs=True)
             is_eos = torch.isin(completions, torch.tensor(self.eos_token_ids, device=device))
-            ends = torch.where(is_eos.any(dim=1), is_eos.int().argmax(dim=1), completions.size(1))
-            return [row[: end + 1].tolist() for row, end in zip(completions.cpu(), ends.cpu().tolist(), strict=True)]
+            ends = torch.where(is_eos.any(dim=1), is_eos.int().argmax(dim=1), completions.size(1)).cpu().tolist()
+            completions, logps = completions.cpu(), logps.cpu()
+            return ([row[: end + 1].tolist() for row, end in zip(completions, ends, strict=True)],
+                    [row[: end + 1].tolist() for row, end in zip(logps, ends, strict=True)])
 
         def log(self, logs, start_time=None):
             if self.model.training and self._rollout_seconds > 0:

@@ -32,6 +32,9 @@ CACHES_KEPT = 2  # static caches (and their captured graphs) kept, by batch size
 STOP_CHECK_EVERY = 16  # tokens between the one host sync that asks whether every sequence has ended
 LENGTH_BUCKET = 64  # cache lengths are rounded up to this: one compiled graph per bucket, not per prompt length
 SAMPLING_PROCESSORS = ("TemperatureLogitsWarper", "TopKLogitsWarper", "TopPLogitsWarper")
+# torch.compile mode of the decoding step on a GPU (reduce-overhead: CUDA graphs; bench/grpo_rollout.py measures
+# max-autotune, which also tunes the GEMMs of a 64-row decode step, against it)
+COMPILE_MODE = "reduce-overhead"
 
 
 def decode_attention(module, query, key, value, attention_mask, dropout: float = 0.0, scaling=None, **kwargs):
@@ -177,14 +180,20 @@ class Sampler:
             torch._dynamo.config.recompile_limit = max(torch._dynamo.config.recompile_limit, 64)
         # (reduce-overhead: CUDA graphs; the cache tensors are marked static by transformers' StaticCache, so the
         # graph writes into them in place)
-        self._step = torch.compile(self._decode, mode="reduce-overhead", dynamic=False) if self.compile \
+        self._step = torch.compile(self._decode, mode=COMPILE_MODE, dynamic=False) if self.compile \
             else self._decode
 
     def _pick(self, logits, noise):
+        """The drawn token and its log-probability under the processed distribution (what vLLM returns as the
+        sampling logprob: the trainer compares it with its own, bench/NOTES.md)."""
+        import torch
+
         scores = logits
         for processor in self._processors:  # (temperature, top-k, top-p: they read the scores only)
             scores = processor(None, scores)
-        return (scores.softmax(-1) / noise).argmax(-1)
+        probs = scores.softmax(-1)
+        token = (probs / noise).argmax(-1)
+        return token, torch.log(probs.gather(-1, token[:, None])[:, 0])
 
     def _decode(self, token, positions, mask, cache, noise):
         logits = self.policy(input_ids=token, position_ids=positions, attention_mask=mask, cache=cache,
@@ -198,8 +207,8 @@ class Sampler:
             return self._decode(token, position, mask, cache, noise)
         torch.compiler.cudagraph_mark_step_begin()
         try:
-            # (the step's output lives in the graph's own memory until the next replay: copied out at once)
-            return self._step(token, position, mask, cache, noise).clone()
+            # (the step's outputs live in the graph's own memory until the next replay: copied out at once)
+            return tuple(out.clone() for out in self._step(token, position, mask, cache, noise))
         except Exception as err:
             if isinstance(err, torch.OutOfMemoryError) or "out of memory" in str(err):
                 raise  # (not the compiler's: the run's own out-of-memory error says what to change)
@@ -226,15 +235,17 @@ class Sampler:
         self._caches[key] = cache  # (re-inserted: the dict's order is the order of use)
         return cache
 
-    def generate(self, input_ids, attention_mask, max_new_tokens: int):
+    def generate(self, input_ids, attention_mask, max_new_tokens: int, *, logprobs: bool = False):
+        """Completion token ids [batch, n <= max_new_tokens] for left-padded prompts; what follows a sequence's end
+        token is whatever was sampled (the caller cuts at the first end token, as after generate). With
+        `logprobs`: (ids, the log-probability of each drawn token under the processed distribution, float32)."""
         try:
-            return self._generate(input_ids, attention_mask, max_new_tokens)
+            ids, logps = self._generate(input_ids, attention_mask, max_new_tokens)
         except _Restart:
-            return self._generate(input_ids, attention_mask, max_new_tokens)
+            ids, logps = self._generate(input_ids, attention_mask, max_new_tokens)
+        return (ids, logps) if logprobs else ids
 
     def _generate(self, input_ids, attention_mask, max_new_tokens: int):
-        """Completion token ids [batch, n <= max_new_tokens] for left-padded prompts; what follows a sequence's end
-        token is whatever was sampled (the caller cuts at the first end token, as after generate)."""
         import torch
 
         batch, prompt_length = input_ids.shape
@@ -246,6 +257,7 @@ class Sampler:
         # positions as generate computes them for left padding: the count of real tokens before each one
         positions = (attention_mask.long().cumsum(-1) - 1).clamp(min=0)
         out = torch.full((batch, max_new_tokens), self.pad_token_id, dtype=torch.long, device=device)
+        logps = torch.zeros(batch, max_new_tokens, dtype=torch.float32, device=device)
         eos = torch.tensor(self.eos_token_ids, device=device)
         ended = torch.zeros(batch, dtype=torch.bool, device=device)
         vocab = None
@@ -258,11 +270,13 @@ class Sampler:
             logits = self.policy(input_ids=input_ids, attention_mask=attention_mask, position_ids=positions,
                                  cache=cache, logits_to_keep=1, use_cache=True).logits[:, -1].float()
             vocab = logits.shape[-1]
-            token = self._pick(logits, torch.empty_like(logits).exponential_()).view(batch, 1)
+            token, logp = self._pick(logits, torch.empty_like(logits).exponential_())
+            token = token.view(batch, 1)
             position = positions[:, -1:] + 1
             made = max_new_tokens
             for i in range(max_new_tokens):
                 out[:, i] = token[:, 0]
+                logps[:, i] = logp
                 ended |= torch.isin(token[:, 0], eos)
                 if i + 1 == max_new_tokens:
                     break
@@ -271,6 +285,7 @@ class Sampler:
                     break
                 mask[:, prompt_length + i] = 1
                 noise = torch.empty(batch, vocab, device=device).exponential_()
-                token = self._next(token, position, mask, cache, noise).view(batch, 1)
+                token, logp = self._next(token, position, mask, cache, noise)
+                token = token.view(batch, 1)
                 position = position + 1
-        return out[:, :made]
+        return out[:, :made], logps[:, :made]
