@@ -9,7 +9,6 @@ import os
 import signal
 import subprocess
 import sys
-import time
 from pathlib import Path
 
 import pytest
@@ -18,7 +17,7 @@ from leap_finetune.api import run_config
 from leap_finetune.errors import LeapError
 from leap_finetune.recipes.checkpoints import MARKER, verify
 from tests.conftest import StopAt, fact_rows, tiny_config, write_config, write_jsonl
-from tests.watchdog import Watchdog, communicate
+from tests.watchdog import communicate
 
 BASE = {"max_steps": 8, "save_steps": 2, "save_total_limit": 2, "learning_rate": 2e-3, "eval_steps": 4,
         "lr_scheduler_type": "cosine", "logging_steps": 1}
@@ -101,8 +100,11 @@ def test_re_running_a_finished_run_says_it_is_finished_and_changes_nothing(data)
     assert sorted(_losses(run_dir)) == list(range(1, 11))
 
 
-def _cli(config: Path, cwd: Path) -> subprocess.Popen:
+def _cli(config: Path, cwd: Path, fault: str | None = None) -> subprocess.Popen:
+    """The CLI in a process of its own, killed at `fault` (LEAP_FINETUNE_FAULT)."""
     env = {**os.environ, "HF_HUB_OFFLINE": "1", "TRANSFORMERS_OFFLINE": "1"}
+    if fault:
+        env["LEAP_FINETUNE_FAULT"] = fault
     return subprocess.Popen([sys.executable, "-m", "leap_finetune.cli", str(config)], cwd=cwd, env=env,
                             stdout=subprocess.DEVNULL, stderr=subprocess.PIPE, text=True)
 
@@ -113,83 +115,47 @@ def _checkpoints(run_dir: Path) -> list[Path]:
 
 @pytest.mark.slow
 def test_sigkill_at_many_points_then_resume_reproduces_the_uninterrupted_run(data):
-    """Saves every step with save_total_limit 1 (so a rotation follows every save), and the CLI is
-    killed with SIGKILL: while a checkpoint is being written, while the old one is being deleted,
-    and between saves. Each restart resumes with `latest`; at the end every step is logged once with
-    the uninterrupted run's loss, and the summary covers the whole run."""
-    steps = 24
-    training = {"max_steps": steps, "save_steps": 1, "save_total_limit": 1, "eval_steps": 12}
+    """Saves every step with save_total_limit 1 (so a rotation follows every save), and the CLI is killed with
+    SIGKILL at chosen points (LEAP_FINETUNE_FAULT): while a checkpoint is being written (files there, no marker),
+    while the old one is being deleted (unmarked, its files still there), and between saves. Each restart resumes
+    with `latest`; at the end every step is logged once with the uninterrupted run's loss, and the summary covers
+    the whole run."""
+    steps = 12
+    training = {"max_steps": steps, "save_steps": 1, "save_total_limit": 1, "eval_steps": 6}
     reference = run_config(_config(data, "ref", "ref.yaml", **training))
     start = _config(data, "killed", "start.yaml", **training)
     resume = _config(data, "killed", "resume.yaml", resume_from_checkpoint="latest", **training)
     project = data / "outputs" / "killed"
 
-    def saving(run_dir: Path) -> bool:  # the newest checkpoint folder exists but is not marked: mid-save
-        folders = _checkpoints(run_dir)
-        return bool(folders) and not (folders[-1] / MARKER).exists()
+    def run_dir() -> Path:
+        [found] = [p for p in project.iterdir() if p.is_dir() and not p.name.startswith(".")]
+        return found
 
-    def deleting(run_dir: Path) -> bool:  # the oldest folder has lost files the newest has: mid-rotation
-        folders = _checkpoints(run_dir)
-        if len(folders) < 2:
-            return False
-        names = lambda folder: {p.name for p in folder.iterdir()} if folder.exists() else set()  # noqa: E731
-        return names(folders[0]) < names(folders[-1]) - {MARKER}
+    def state() -> dict[str, bool]:  # checkpoint folder -> marked complete
+        return {p.name: (p / MARKER).exists() for p in _checkpoints(run_dir())}
 
-    def rotating(run_dir: Path) -> bool:  # two marked checkpoints with limit 1: the old one is about to go
-        return sum((p / MARKER).exists() for p in _checkpoints(run_dir)) >= 2
-
-    def between(run_dir: Path) -> bool:
-        folders = _checkpoints(run_dir)
-        return bool(folders) and (folders[-1] / MARKER).exists()
-
-    def newest_step(run_dir: Path) -> int:
-        return max((int(p.name.split("-")[1]) for p in _checkpoints(run_dir)), default=0)
-
-    # Each attempt waits for its moment, or kills anyway a few saves later (the moments are brief).
-    triggers = [saving, deleting, between]  # (rotating: the moment before deleting, covered by it)
-    seen_mid_save = kills = 0
-    config = start
-    for trigger in triggers:
-        proc = _cli(config, data)
-        run_dir, armed_at = None, None
-        watchdog, checked = Watchdog(proc.pid, what="the run"), time.monotonic()
-        while proc.poll() is None:
-            if time.monotonic() - checked > 1:
-                watchdog.check()
-                checked = time.monotonic()
-            runs = [p for p in project.iterdir() if p.is_dir() and not p.name.startswith(".")] if project.exists() else []
-            run_dir = runs[0] if runs else None
-            step = newest_step(run_dir) if run_dir else 0
-            if armed_at is None and step >= (2 if config is start else 1):
-                armed_at = step
-            if armed_at is not None and (trigger(run_dir) or step >= armed_at + 4):
-                proc.send_signal(signal.SIGKILL)
-                proc.wait(timeout=60)
-                kills += 1
-                seen_mid_save += any(not (p / MARKER).exists() for p in _checkpoints(run_dir))
-                break
-            time.sleep(0.001)
-        if proc.poll() is None:
-            proc.kill()
-            pytest.fail("the run neither progressed nor ended")
-        if proc.returncode == 0:
-            break
-        assert proc.returncode == -signal.SIGKILL, proc.stderr.read()[-3000:]
-        config = resume
+    # (the N-th time the process reaches the point; a resumed process counts from its own start: it first deletes
+    # the unmarked checkpoint the last kill left, then rotates the one it resumed from away)
+    kills = [(start, "checkpoint-written#3", {"checkpoint-2": True, "checkpoint-3": False}),  # mid-save
+             (resume, "checkpoint-deleting#2", {"checkpoint-2": False, "checkpoint-3": True}),  # mid-rotation
+             (resume, "checkpoint-saved#2", {"checkpoint-5": True})]  # between saves
+    for config, point, expected in kills:
+        proc = _cli(config, data, fault=f"{point}=SIGKILL")
+        _, stderr = communicate(proc)
+        assert proc.returncode == -signal.SIGKILL, (point, stderr[-3000:])
+        assert state() == expected, (point, state())
     final = _cli(resume, data)
     _, stderr = communicate(final)
     assert final.returncode == 0, stderr[-3000:]
 
-    [run_dir] = [p for p in project.iterdir() if p.is_dir() and not p.name.startswith(".")]
     reference_dir = Path(reference["run_dir"])
-    _assert_same_losses(_losses(run_dir), _losses(reference_dir))
-    assert kills >= 3 and seen_mid_save >= 1, (kills, seen_mid_save)
-    assert [r["step"] for r in _records(run_dir) if "eval_loss" in r] == [0, 12, 24]
-    summary = json.loads((run_dir / "summary.json").read_text())
+    _assert_same_losses(_losses(run_dir()), _losses(reference_dir))
+    assert [r["step"] for r in _records(run_dir()) if "eval_loss" in r] == [0, 6, 12]
+    summary = json.loads((run_dir() / "summary.json").read_text())
     assert summary["global_step"] == steps
     assert summary["initial_eval_loss"] == pytest.approx(reference["initial_eval_loss"], rel=1e-6)
     assert summary["train_loss"] == pytest.approx(reference["train_loss"], rel=1e-5)
-    assert [p.name for p in _checkpoints(run_dir)] == [f"checkpoint-{steps}"]
+    assert [p.name for p in _checkpoints(run_dir())] == [f"checkpoint-{steps}"]
 
 
 def test_a_resume_must_continue_the_same_run(data):

@@ -5,6 +5,7 @@ from __future__ import annotations
 
 from leap_finetune.config.schema import LeapConfigModel
 from leap_finetune.errors import LeapError
+from leap_finetune.methods import is_retrieval
 
 
 def check_async_eval_config(model: LeapConfigModel, where: str) -> None:
@@ -19,7 +20,7 @@ def check_async_eval_config(model: LeapConfigModel, where: str) -> None:
                         "evals.benchmarks is empty): nothing to evaluate",
                         where=at, fix="add evals: with benchmarks (README \"Benchmarks\"), or remove async_eval (for one "
                         "run: --set async_eval.mode=sync)")
-    if model.training_type in ("embedding", "colbert"):
+    if is_retrieval(model.training_type):
         raise LeapError(f"retrieval benchmarks ({model.training_type}) run with the held-out evaluation inside the "
                         f"trainer; async_eval.mode {mode} evaluates generation and log-prob benchmarks", where=at,
                         fix="use mode: sync for an embedding / ColBERT run")

@@ -13,7 +13,23 @@ from pathlib import Path
 from pydantic import ValidationError
 
 from leap_finetune.config import profiles
+from leap_finetune.config.arguments import check_training_values
+from leap_finetune.config.async_eval import check_async_eval_config
+from leap_finetune.config.cluster_values import (
+    check_eval_sbatch_values,
+    check_ray_values,
+    check_slurm_values,
+)
+from leap_finetune.config.datasets import (
+    resolve_data_path,
+    resolve_dataset,
+    validate_dataset,
+)
+from leap_finetune.config.lora import check_lora_values
+from leap_finetune.config.model_init import check_model_init_kwargs
+from leap_finetune.config.paths import expand_home, local_path
 from leap_finetune.config.resolved import ResolvedConfig
+from leap_finetune.config.rules import check_training_rules
 from leap_finetune.config.schema import (
     GENERATION_METRICS,
     LOGPROB_METRICS,
@@ -22,18 +38,11 @@ from leap_finetune.config.schema import (
     EvalsConfig,
     LeapConfigModel,
 )
-from leap_finetune.config.arguments import check_training_values
-from leap_finetune.config.lora import check_lora_values
-from leap_finetune.config.model_init import check_model_init_kwargs
-from leap_finetune.config.paths import expand_home, local_path
-from leap_finetune.config.rules import check_training_rules
 from leap_finetune.config.suggest import did_you_mean, other_type_key, unknown_key_fix
 from leap_finetune.config.trackers import check_report_to
 from leap_finetune.config.yaml_io import read_yaml
-from leap_finetune.config.async_eval import check_async_eval_config
-from leap_finetune.config.cluster_values import check_eval_sbatch_values, check_ray_values, check_slurm_values
-from leap_finetune.config.datasets import resolve_data_path, resolve_dataset, validate_dataset
 from leap_finetune.errors import LeapError
+from leap_finetune.methods import RETRIEVAL_TYPES, is_retrieval
 
 LOSS_ON = ("assistant", "all", "final_assistant")
 
@@ -154,7 +163,7 @@ def _load(raw: dict, config_path: Path | None, base: Path, where: str) -> Resolv
 
     dataset = resolve_dataset(model, base, where)
     evals = _resolve_evals(model.evals, base, where)
-    if model.training_type not in ("embedding", "colbert"):
+    if not is_retrieval(model.training_type):
         for index, bench in enumerate(evals.benchmarks if evals is not None else []):
             if bench.metric == "retrieval":
                 raise LeapError(f"benchmark '{bench.name}' has metric retrieval, which scores embedding and ColBERT "
@@ -196,13 +205,10 @@ def _load(raw: dict, config_path: Path | None, base: Path, where: str) -> Resolv
     )
 
 
-RETRIEVAL_TYPES = ("embedding", "colbert")
-
-
 def _resolve_retrieval(model: LeapConfigModel, training: dict, where: str):
     from leap_finetune.config.schema import RetrievalConfig
 
-    if model.training_type not in RETRIEVAL_TYPES:
+    if not is_retrieval(model.training_type):
         if model.retrieval is not None:
             raise LeapError(f"'retrieval:' applies to training_type embedding or colbert, and training_type is "
                             f"{model.training_type}", where=where, fix="remove retrieval, or set training_type: embedding")

@@ -11,6 +11,7 @@ from __future__ import annotations
 import os
 
 from leap_finetune.errors import LeapError
+from leap_finetune.methods import is_retrieval
 
 # Metrics each training type's evaluation logs (what metric_for_best_model may name, without "eval_").
 EVAL_METRICS = {
@@ -105,7 +106,7 @@ def check_best_model_metric(training_type: str, training: dict, where: str, *, r
         named = ", ".join(f"eval_rewards/{reward}/mean" for reward in rewards)
         fix = "use one of: " + ", ".join(f"eval_{m}" for m in known[:3]) + (f", {named}" if named else "") + \
             ", or another of " + ", ".join(f"eval_{m}" for m in known[3:])
-    elif training_type in ("embedding", "colbert"):
+    elif is_retrieval(training_type):
         score = RETRIEVAL_SCORE[training_type]
         if re.fullmatch(rf"retrieval_{score}_{RETRIEVAL_METRIC}", bare):
             return

@@ -14,9 +14,9 @@ from pydantic import BaseModel, ConfigDict, Field, field_validator, model_valida
 from pydantic_core import PydanticCustomError
 
 from leap_finetune.config.numbers import LEAP_VALUE, check_field, shown
+from leap_finetune.methods import TRAINING_TYPES
 
-TRAINING_TYPES = ("sft", "dpo", "kto", "grpo", "embedding", "colbert")
-SUPPORTED_TRAINING_TYPES = ("sft", "dpo", "kto", "grpo", "embedding", "colbert")
+SUPPORTED_TRAINING_TYPES = TRAINING_TYPES  # (every type in methods/ is supported in this version)
 
 
 class StrictModel(BaseModel):

@@ -12,6 +12,7 @@ from importlib import resources
 from pathlib import Path
 
 from leap_finetune.config.schema import TRAINING_TYPES
+from leap_finetune.methods import is_retrieval
 
 SCHEMA_FILE = "leap-finetune.schema.json"
 
@@ -97,19 +98,19 @@ def schema_text() -> str:
 
 
 def starter(training_type: str, model: str, file_name: str) -> str:
-    lora = "" if training_type in ("embedding", "colbert") else """
+    lora = "" if is_retrieval(training_type) else """
 # LoRA instead of a full fine-tune (remove the # of both lines):
 # peft_config:
 #   extends: DEFAULT_LORA
 """
-    evals = "" if training_type in ("embedding", "colbert", "grpo") else """
+    evals = "" if is_retrieval(training_type) or training_type == "grpo" else """
 # Benchmarks before, during and after training (rows in the messages format; README "Benchmarks"):
 # evals:
 #   benchmarks:
 #     - {name: my_bench, path: data/bench.jsonl, metric: exact_match}
 """
     held_out = "  val_path: data/held_out.jsonl        # held-out rows (or test_size: 0.05 to split them off)" \
-        if training_type in ("embedding", "colbert") else \
+        if is_retrieval(training_type) else \
         "  test_size: 0.05                     # held out for eval loss (or val_path: a file of its own)"
     return f"""# yaml-language-server: $schema={schema_path().as_uri()}
 # A leap-finetune starter config: {training_type} on {model}. Every key: docs/config.md, or the schema above

@@ -25,9 +25,10 @@ from leap_finetune.data.retrieval_rows import check_retrieval_row
 from leap_finetune.data.sft_rows import Conversation, RowWarning, check_sft_row
 from leap_finetune.data.table import RowTable, columns_to_table
 from leap_finetune.errors import LeapError, RowProblem
+from leap_finetune.methods import RETRIEVAL_TYPES
 
 CHUNK_ROWS = 512
-RETRIEVAL = ("embedding", "colbert")
+RETRIEVAL = RETRIEVAL_TYPES  # (methods/: the one place that says which types are retrieval)
 
 
 @dataclass

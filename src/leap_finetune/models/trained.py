@@ -12,6 +12,7 @@ from dataclasses import dataclass
 from pathlib import Path
 
 from leap_finetune.errors import LeapError
+from leap_finetune.methods import METHODS, RETRIEVAL_TYPES
 from leap_finetune.runs.folder import RunFolder
 
 
@@ -60,8 +61,7 @@ def find_trained(path: str) -> TrainedModel:
     return TrainedModel(_adapter_base(folder, run_config), adapter_dir=folder.resolve(), run_config=run_config)
 
 
-RETRIEVAL = {"embedding": "an embedding model (one vector per text)",
-             "colbert": "a ColBERT model (one vector per token)"}
+RETRIEVAL = {name: METHODS[name].trains for name in RETRIEVAL_TYPES}  # what each retrieval run trained
 
 
 def retrieval_type(trained: TrainedModel) -> str | None:

@@ -11,6 +11,7 @@ from pathlib import Path
 
 from transformers import TrainerCallback
 
+from leap_finetune import faults
 from leap_finetune.files import write_atomic  # noqa: F401 - also imported from here
 from leap_finetune.recipes.checkpoints import (
     DIGEST_LIMIT,
@@ -286,9 +287,11 @@ class CheckpointMarker(TrainerCallback):
             "saved_at": time.time(),  # (`latest` orders runs by this, not by file times: clocks of other hosts)
             **self.record,
         }
+        faults.point("checkpoint-written")
         write_atomic(folder / MARKER, json.dumps(manifest, indent=1))
         _fsync_dir(folder)
         self._rotate(state)
+        faults.point("checkpoint-saved")
 
     def _rotate(self, state) -> None:
         if not self.keep:

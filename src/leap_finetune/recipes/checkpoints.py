@@ -24,6 +24,7 @@ import shutil
 from dataclasses import dataclass
 from pathlib import Path
 
+from leap_finetune import faults
 from leap_finetune.runs.folder import CHECKPOINT_PREFIX
 
 MARKER = "leap_checkpoint_complete.json"
@@ -109,6 +110,7 @@ def delete(folder: Path) -> None:
     if marker.exists():
         marker.unlink()
         _fsync_dir(folder)
+    faults.point("checkpoint-deleting")
     shutil.rmtree(folder, ignore_errors=True)
 
 

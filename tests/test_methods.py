@@ -1,0 +1,32 @@
+"""methods/: the one list of training types. Each has its profile, its recipe and its row contract; the other
+modules' questions ("retrieval?", "what does it train?") are answered from it, so a type added there is known
+everywhere (issue #26)."""
+
+from __future__ import annotations
+
+import importlib.util
+
+from leap_finetune.config import profiles
+from leap_finetune.config.schema import TRAINING_TYPES
+from leap_finetune.methods import METHODS, RETRIEVAL_TYPES, is_retrieval
+
+
+def test_every_type_has_its_profile_and_its_recipe():
+    assert TRAINING_TYPES == tuple(METHODS) == ("sft", "dpo", "kto", "grpo", "embedding", "colbert")
+    for name, method in METHODS.items():
+        assert profiles.DEFAULT_TRAINING_PROFILE[name] == method.profile, name
+        assert method.profile in profiles.TRAINING_PROFILES, name
+        assert importlib.util.find_spec(f"leap_finetune.recipes.{name}") is not None, name
+
+
+def test_retrieval_is_asked_of_methods():
+    from leap_finetune.data import chunks
+    from leap_finetune.models import trained
+
+    assert RETRIEVAL_TYPES == ("embedding", "colbert")
+    assert [is_retrieval(t) for t in TRAINING_TYPES] == [False, False, False, False, True, True]
+    assert not is_retrieval(None)
+    # the data contract and the trained-model messages use the same list, not spellings of their own
+    assert chunks.RETRIEVAL == RETRIEVAL_TYPES
+    assert trained.RETRIEVAL == {"embedding": "an embedding model (one vector per text)",
+                                 "colbert": "a ColBERT model (one vector per token)"}
