@@ -30,3 +30,16 @@ def test_retrieval_is_asked_of_methods():
     assert chunks.RETRIEVAL == RETRIEVAL_TYPES
     assert trained.RETRIEVAL == {"embedding": "an embedding model (one vector per text)",
                                  "colbert": "a ColBERT model (one vector per token)"}
+
+
+def test_no_module_spells_the_retrieval_types_itself():
+    """The tuple lives in methods/ only: a copy elsewhere would miss the next retrieval type."""
+    from pathlib import Path
+
+    import leap_finetune
+
+    root = Path(leap_finetune.__file__).parent
+    spelled = [str(p.relative_to(root)) for p in root.rglob("*.py")
+               if p.parent.name != "methods" and any(s in p.read_text(encoding="utf-8") for s in (
+                   '("embedding", "colbert")', "('embedding', 'colbert')", '"embedding", "colbert", '))]
+    assert spelled == [], spelled

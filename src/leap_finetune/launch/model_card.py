@@ -13,10 +13,9 @@ from pathlib import Path
 from leap_finetune import __version__
 from leap_finetune.config.yaml_io import dump_yaml
 from leap_finetune.files import read_metrics
+from leap_finetune.methods import RETRIEVAL_TYPES as RETRIEVAL
 from leap_finetune.models.tiny import TINY_MODELS
 from leap_finetune.runs.folder import RunFolder
-
-RETRIEVAL = ("embedding", "colbert")
 
 
 def _hub_id(name: str) -> str | None:
