@@ -15,17 +15,18 @@ from __future__ import annotations
 import os
 import signal
 
-_fired: set[tuple[str, str]] = set()  # (the variable's value, the point): each fires once per value
+_fired: set[tuple[str, str]] = set()  # (the variable's value, its entry): each entry fires once per value
 _reached: dict[tuple[str, str], int] = {}  # (the variable's value, the point): how often reached
 
 
 def point(name: str) -> None:
     spec = os.environ.get("LEAP_FINETUNE_FAULT")
-    if not spec or (spec, name) in _fired:
+    if not spec:
         return
     count = _reached[(spec, name)] = _reached.get((spec, name), 0) + 1
     for item in spec.split(","):
         where, _, signame = item.strip().partition("=")
-        if where in (name, f"{name}#{count}"):
-            _fired.add((spec, name))
+        if where in (name, f"{name}#{count}") and (spec, where) not in _fired:
+            _fired.add((spec, where))  # (so `X=SIGSTOP,X#3=SIGKILL` stops at the first and kills at the third)
             os.kill(os.getpid(), getattr(signal, signame or "SIGKILL"))
+            return

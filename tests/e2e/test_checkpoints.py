@@ -101,8 +101,9 @@ def test_re_running_a_finished_run_says_it_is_finished_and_changes_nothing(data)
 
 
 def _cli(config: Path, cwd: Path, fault: str | None = None) -> subprocess.Popen:
-    """The CLI in a process of its own, killed at `fault` (LEAP_FINETUNE_FAULT)."""
-    env = {**os.environ, "HF_HUB_OFFLINE": "1", "TRANSFORMERS_OFFLINE": "1"}
+    """The CLI in a process of its own, killed at `fault` (LEAP_FINETUNE_FAULT); one training process (no GPUs:
+    with several, the run would go through Ray and the fault would kill a worker instead)."""
+    env = {**os.environ, "HF_HUB_OFFLINE": "1", "TRANSFORMERS_OFFLINE": "1", "CUDA_VISIBLE_DEVICES": ""}
     if fault:
         env["LEAP_FINETUNE_FAULT"] = fault
     return subprocess.Popen([sys.executable, "-m", "leap_finetune.cli", str(config)], cwd=cwd, env=env,
