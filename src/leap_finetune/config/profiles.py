@@ -9,6 +9,8 @@ from __future__ import annotations
 
 import copy
 
+from leap_finetune.methods import METHODS
+
 # What every training type shares; each profile adds or overrides its own keys.
 _COMMON = {
     "num_train_epochs": 1,
@@ -107,8 +109,8 @@ PEFT_PROFILES: dict[str, dict] = {
     },
 }
 
-DEFAULT_TRAINING_PROFILE = {"sft": "DEFAULT_SFT", "dpo": "DEFAULT_DPO", "kto": "DEFAULT_KTO", "grpo": "DEFAULT_GRPO",
-                            "embedding": "DEFAULT_EMBEDDING", "colbert": "DEFAULT_COLBERT"}
+# each training type's starting profile, as methods/ names it
+DEFAULT_TRAINING_PROFILE = {name: method.profile for name, method in METHODS.items()}
 
 
 def training_profile(name: str) -> dict:
