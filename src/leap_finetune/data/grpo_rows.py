@@ -14,9 +14,10 @@ import json
 from dataclasses import dataclass, field
 from typing import Any
 
-from leap_finetune.data.preference_rows import _Checker
+from leap_finetune.data.messages import MESSAGE_COLUMNS, TOOLS_COLUMN, check_tools, describe_value
+from leap_finetune.data.preference_rows import RowChecker
 from leap_finetune.data.readers import SourceRow
-from leap_finetune.data.sft_rows import MESSAGE_COLUMNS, TOOLS_COLUMN, RowWarning, _check_tools, _kind, check_sft_row
+from leap_finetune.data.sft_rows import RowWarning, check_sft_row
 from leap_finetune.errors import RowProblem
 
 OWN_COLUMNS = {"prompt", "solution", TOOLS_COLUMN, *MESSAGE_COLUMNS}
@@ -33,10 +34,11 @@ class GrpoRow:
 
 
 def check_grpo_row(row: SourceRow, *, family: str = "other") -> tuple[GrpoRow | None, list[RowProblem], list[RowWarning]]:
-    c = _Checker(row, family)
+    c = RowChecker(row, family)
     data = row.data
     if not isinstance(data, dict):
-        c.problem("<row>", f"expected an object with `prompt` (and `solution`) or `messages`, got {_kind(data)}")
+        c.problem("<row>", "expected an object with `prompt` (and `solution`) or `messages`, "
+                  f"got {describe_value(data)}")
         return None, c.problems, c.warnings
     extra = {k: v for k, v in data.items() if k not in OWN_COLUMNS}
     for name in ADDED_COLUMNS:
@@ -70,14 +72,14 @@ def check_grpo_row(row: SourceRow, *, family: str = "other") -> tuple[GrpoRow | 
         if c.problems:
             return None, c.problems, c.warnings
         return GrpoRow(messages, solution, conversation.tools, extra), [], c.warnings
-    tools = _check_tools(data.get(TOOLS_COLUMN), row.from_text_table, c.problem)
+    tools = check_tools(data.get(TOOLS_COLUMN), row.from_text_table, c.problem)
     raw = c.field("prompt")
     solution = data.get("solution")
     if solution is not None and not isinstance(solution, str):
         if isinstance(solution, (int, float)) and not isinstance(solution, bool):
             solution = str(solution)
         else:
-            c.problem("solution", f"expected a string (or a number), got {_kind(solution)}")
+            c.problem("solution", f"expected a string (or a number), got {describe_value(solution)}")
     if raw is None or c.problems:
         return None, c.problems, c.warnings
     prompt = c.prompt(raw)

@@ -14,14 +14,9 @@ import json
 from dataclasses import dataclass
 from typing import Any
 
+from leap_finetune.data.messages import TOOLS_COLUMN, check_message, check_tools, describe_value
 from leap_finetune.data.readers import SourceRow
-from leap_finetune.data.sft_rows import (
-    RowWarning,
-    _check_message,
-    _check_tools,
-    _kind,
-    TOOLS_COLUMN,
-)
+from leap_finetune.data.sft_rows import RowWarning
 from leap_finetune.data.tool_use import ToolNote, normalise_tool_use
 from leap_finetune.errors import RowProblem
 
@@ -49,7 +44,9 @@ class KtoRow:
     tools: list | None = None
 
 
-class _Checker:
+class RowChecker:
+    """One row's fields checked into messages, its problems and warnings gathered (GRPO's `prompt` rows too)."""
+
     def __init__(self, row: SourceRow, family: str):
         self.row = row
         self.family = family
@@ -86,10 +83,10 @@ class _Checker:
                 return None
             return [{"role": default_role, "content": value}]
         if not isinstance(value, list):
-            self.problem(name, f"expected a string or a list of messages, got {_kind(value)}")
+            self.problem(name, f"expected a string or a list of messages, got {describe_value(value)}")
             return None
         before = len(self.problems)
-        checked = [_check_message(message, f"{name}[{i}]", self.problem) for i, message in enumerate(value)]
+        checked = [check_message(message, f"{name}[{i}]", self.problem) for i, message in enumerate(value)]
         out = [message for message in checked if message is not None]
         return out if len(self.problems) == before else None
 
@@ -135,13 +132,13 @@ class _Checker:
 
 
 def check_dpo_row(row: SourceRow, *, family: str = "other") -> tuple[PreferenceRow | None, list[RowProblem], list[RowWarning]]:
-    c = _Checker(row, family)
+    c = RowChecker(row, family)
     if not isinstance(row.data, dict):
-        c.problem("<row>", f"expected an object with prompt, chosen and rejected, got {_kind(row.data)}")
+        c.problem("<row>", f"expected an object with prompt, chosen and rejected, got {describe_value(row.data)}")
         return None, c.problems, c.warnings
     implicit = "prompt" not in row.data or row.data.get("prompt") in (None, "", [])
     chosen_raw, rejected_raw = c.field("chosen"), c.field("rejected")
-    tools = _check_tools(row.data.get(TOOLS_COLUMN), row.from_text_table, c.problem)
+    tools = check_tools(row.data.get(TOOLS_COLUMN), row.from_text_table, c.problem)
     if c.problems or not c.same_shape(["prompt", "chosen", "rejected"]):
         return None, c.problems, c.warnings
     if implicit:
@@ -165,7 +162,7 @@ def check_dpo_row(row: SourceRow, *, family: str = "other") -> tuple[PreferenceR
     return PreferenceRow(normal_chosen[0], normal_chosen[1], normal_rejected[1], tools, implicit), [], c.warnings
 
 
-def _implicit_prompt(c: _Checker, chosen_raw, rejected_raw):
+def _implicit_prompt(c: RowChecker, chosen_raw, rejected_raw):
     if isinstance(chosen_raw, str):
         c.problem("prompt", "missing: with plain-string chosen/rejected a `prompt` is required (only full "
                   "conversations can share their prompt implicitly)")
@@ -198,13 +195,13 @@ def _implicit_prompt(c: _Checker, chosen_raw, rejected_raw):
 
 
 def check_kto_row(row: SourceRow, *, family: str = "other") -> tuple[KtoRow | None, list[RowProblem], list[RowWarning]]:
-    c = _Checker(row, family)
+    c = RowChecker(row, family)
     if not isinstance(row.data, dict):
-        c.problem("<row>", f"expected an object with prompt, completion and label, got {_kind(row.data)}")
+        c.problem("<row>", f"expected an object with prompt, completion and label, got {describe_value(row.data)}")
         return None, c.problems, c.warnings
     prompt_raw, completion_raw = c.field("prompt"), c.field("completion")
     label = _label(c, row.data.get("label", None), "label" in row.data)
-    tools = _check_tools(row.data.get(TOOLS_COLUMN), row.from_text_table, c.problem)
+    tools = check_tools(row.data.get(TOOLS_COLUMN), row.from_text_table, c.problem)
     if c.problems or not c.same_shape(["prompt", "completion"]):
         return None, c.problems, c.warnings
     prompt = c.prompt(prompt_raw)
@@ -217,7 +214,7 @@ def check_kto_row(row: SourceRow, *, family: str = "other") -> tuple[KtoRow | No
     return KtoRow(normal[0], normal[1], label, tools), [], c.warnings
 
 
-def _label(c: _Checker, value: Any, present: bool) -> bool | None:
+def _label(c: RowChecker, value: Any, present: bool) -> bool | None:
     if isinstance(value, bool):
         return value
     if isinstance(value, str) and value.strip().lower() in TRUE_STRINGS + FALSE_STRINGS:
@@ -225,5 +222,6 @@ def _label(c: _Checker, value: Any, present: bool) -> bool | None:
     if not present:
         c.problem("label", "missing: KTO rows need a boolean label (true = desirable completion)")
     else:
-        c.problem("label", f"expected true or false (a boolean, or the strings \"true\"/\"false\"), got {_kind(value)}")
+        c.problem("label", "expected true or false (a boolean, or the strings \"true\"/\"false\"), "
+                  f"got {describe_value(value)}")
     return None

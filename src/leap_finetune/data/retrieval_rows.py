@@ -13,8 +13,9 @@ import json
 from dataclasses import dataclass, field
 from typing import Any
 
+from leap_finetune.data.messages import describe_value
 from leap_finetune.data.readers import SourceRow
-from leap_finetune.data.sft_rows import RowWarning, _kind
+from leap_finetune.data.sft_rows import RowWarning
 from leap_finetune.errors import RowProblem
 
 # other names of the same columns in public retrieval datasets -> ours
@@ -37,7 +38,8 @@ def check_retrieval_row(row: SourceRow, **_) -> tuple[RetrievalRow | None, list[
 
     data = row.data
     if not isinstance(data, dict):
-        problem("<row>", f"expected an object with `query`, `positive` (and optionally `negative`), got {_kind(data)}")
+        problem("<row>", "expected an object with `query`, `positive` (and optionally `negative`), "
+                f"got {describe_value(data)}")
         return None, problems, []
     texts = {}
     for name in ("query", "positive"):
@@ -47,7 +49,7 @@ def check_retrieval_row(row: SourceRow, **_) -> tuple[RetrievalRow | None, list[
             problem(name, f"missing (the row has `{alias}`: rename it to `{name}`)" if alias else
                     f"missing; a retrieval row needs `query` and `positive` (found: {', '.join(sorted(data)) or 'nothing'})")
         elif not isinstance(value, str):
-            problem(name, f"expected a string, got {_kind(value)}")
+            problem(name, f"expected a string, got {describe_value(value)}")
         elif not value.strip():
             problem(name, "is empty")
         else:
@@ -83,12 +85,12 @@ def _negatives(data: dict, from_text_table: bool, problem) -> tuple[list[str], b
             return [], False
         return [value], False
     if not isinstance(value, list):
-        problem("negative", f"expected a string or a list of strings, got {_kind(value)}")
+        problem("negative", f"expected a string or a list of strings, got {describe_value(value)}")
         return [], False
     negatives = []
     for index, item in enumerate(value):
         if not isinstance(item, str):
-            problem(f"negative[{index}]", f"expected a string, got {_kind(item)}")
+            problem(f"negative[{index}]", f"expected a string, got {describe_value(item)}")
         elif not item.strip():
             problem(f"negative[{index}]", "is empty")
         else:

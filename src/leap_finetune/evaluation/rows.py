@@ -12,8 +12,8 @@ from dataclasses import dataclass, field
 from pathlib import Path
 
 from leap_finetune.config.schema import LOGPROB_METRICS, BenchmarkConfig
+from leap_finetune.data.messages import MESSAGE_COLUMNS, ROLES, describe_value, parse_content
 from leap_finetune.data.readers import SourceRow, read_dataset
-from leap_finetune.data.sft_rows import MESSAGE_COLUMNS, ROLES, _kind
 from leap_finetune.errors import DataError, RowProblem
 
 
@@ -58,7 +58,7 @@ def _check_row(row: SourceRow, bench: BenchmarkConfig, *, vision: bool, model_na
 
     data = row.data
     if not isinstance(data, dict):
-        problem("<row>", f"expected an object with 'messages', got {_kind(data)}")
+        problem("<row>", f"expected an object with 'messages', got {describe_value(data)}")
         return None
     column = next((c for c in MESSAGE_COLUMNS if c in data), None)
     messages = data.get(column) if column else None
@@ -71,16 +71,19 @@ def _check_row(row: SourceRow, bench: BenchmarkConfig, *, vision: bool, model_na
     if not isinstance(messages, list) or not messages:
         problem("messages", "missing or empty: benchmark rows hold a 'messages' list")
         return None
-    base = Path(row.file).parent
+    # Image paths are relative to the benchmark file. Image parts are always read here, also for a text-only
+    # model: such a row is then one problem naming the model, below, instead of a refused part.
+    folder = Path(row.file).parent
     turns, images = [], []
     for index, message in enumerate(messages):
         field_name = f"messages[{index}]"
         if not isinstance(message, dict) or message.get("role") not in ROLES:
             problem(f"{field_name}.role", f"expected a message with a role in {', '.join(ROLES)}")
             continue
-        text = _content(message.get("content"), f"{field_name}.content", base, images, problem)
-        if text is not None:
-            turns.append({"role": message["role"], "content": text})
+        content = parse_content(message.get("content"), f"{field_name}.content", problem, image_folder=folder)
+        if content is not None:
+            turns.append({"role": message["role"], "content": content.text})
+            images.extend(image.source for image in content.images)
     if images and not vision:
         problem("messages", f"the row has an image, but model '{model_name}' is text-only; use a vision-language "
                 "model (LFM2-VL) or remove image rows from benchmark '" + bench.name + "'")
@@ -113,19 +116,19 @@ def _mcq(row, data, turns, images, problem, bench) -> BenchmarkItem | None:
     if row.from_text_table and isinstance(answer, str) and answer.strip().lstrip("-").isdigit():
         answer = int(answer)
     if not isinstance(options, list) or len(options) < 2:
-        problem("options", f"expected a list of at least two options, got {_kind(options)}"
+        problem("options", f"expected a list of at least two options, got {describe_value(options)}"
                 + (f" with {len(options)}" if isinstance(options, list) else ""))
         return None
     for index, option in enumerate(options):
         if not isinstance(option, str) or not option.strip():
-            problem(f"options[{index}]", f"expected a non-empty string, got {_kind(option)}")
+            problem(f"options[{index}]", f"expected a non-empty string, got {describe_value(option)}")
             return None
         if option in options[:index]:
             problem(f"options[{index}]", f"{option!r} is also options[{options.index(option)}]: two equal options "
                     "score the same, so the question cannot be answered")
             return None
     if isinstance(answer, bool) or not isinstance(answer, int):
-        problem("answer_id", f"expected the index of the correct option (an integer), got {_kind(answer)}")
+        problem("answer_id", f"expected the index of the correct option (an integer), got {describe_value(answer)}")
         return None
     if not 0 <= answer < len(options):
         problem("answer_id", f"{answer} is out of range for {len(options)} options (0 to {len(options) - 1})")
@@ -135,35 +138,3 @@ def _mcq(row, data, turns, images, problem, bench) -> BenchmarkItem | None:
                 "the assistant's reply, so the prompt must end with the user's question")
         return None
     return BenchmarkItem(row.file, row.location, turns, options=options, answer_id=answer, images=images)
-
-
-def _content(content, field_name: str, base: Path, images: list[str], problem) -> str | None:
-    if isinstance(content, str):
-        return content
-    if not isinstance(content, list):
-        problem(field_name, f"expected a string or a list of typed parts, got {_kind(content)}")
-        return None
-    texts = []
-    for index, part in enumerate(content):
-        part_field = f"{field_name}[{index}]"
-        kind = part.get("type") if isinstance(part, dict) else None
-        if kind == "text" and isinstance(part.get("text"), str):
-            texts.append(part["text"])
-        elif kind == "image":
-            image = part.get("image") or part.get("path") or part.get("url")
-            if not isinstance(image, str) or not image:
-                problem(part_field, "an image part needs 'image': a file path")
-                return None
-            if image.startswith(("http://", "https://")):
-                images.append(image)  # fetched when the benchmark runs
-            else:
-                path = (base / image).expanduser()
-                if not path.is_file():
-                    problem(part_field, f"image file not found: {path}")
-                    return None
-                images.append(str(path))
-            texts.append("<image>")
-        else:
-            problem(part_field, "expected {\"type\": \"text\", \"text\": ...} or {\"type\": \"image\", \"image\": path}")
-            return None
-    return "".join(texts)

@@ -1,0 +1,209 @@
+"""Chat messages and their content parts: the one parser behind SFT, preference (DPO/KTO), GRPO and
+benchmark rows.
+
+Every problem goes through `problem(field, text)`, naming the field (`messages[2].content[0]`) and what
+was expected; the row modules wrap it into a RowProblem with the file and row. A content value is a
+string or a list of typed parts; `parse_content` joins the text parts into one string (what LFM2.5's
+template does itself, and what LFM2's would otherwise JSON-dump verbatim into the prompt) and returns
+image parts apart, as `ImageRef`s, with `IMAGE_PLACEHOLDER` standing in the text where each was. Whether
+image parts are taken at all is the caller's choice (`image_folder`): benchmark rows take them, text
+training rows do not (yet: rows with images for vision-language training come through here too).
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import json
+from collections.abc import Callable
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any
+
+from leap_finetune.config.suggest import did_you_mean
+
+MESSAGE_COLUMNS = ("messages", "conversations", "conversation", "chat")
+ROLES = ("system", "user", "assistant", "tool")
+SHAREGPT_ROLES = {"human": "user", "gpt": "assistant", "system": "system", "tool": "tool", "user": "user", "assistant": "assistant"}
+# Passed through to the chat template: LFM2.5 reads `thinking`; structured tool calls are rendered
+# by both LFM templates.
+EXTRA_MESSAGE_KEYS = ("tool_calls", "name", "tool_call_id", "thinking", "reasoning", "reasoning_content")
+TOOLS_COLUMN = "tools"
+# LFM2-VL's processor expands each `<image>` in the text into that image's tokens, in order, so the text
+# keeps one where each image part was.
+IMAGE_PLACEHOLDER = "<image>"
+# Part types that need a model with another modality: named as such for a text-only caller, rather than
+# "unknown part type".
+MEDIA_PART_TYPES = ("image", "image_url", "audio", "video")
+
+Problem = Callable[[str, str], None]  # problem(field, text)
+
+
+@dataclass(frozen=True)
+class ImageRef:
+    source: str  # a file path (resolved against the data file's folder) or an http(s) URL, fetched when used
+    field: str  # the part it came from, e.g. messages[0].content[1], for problems found later (decoding)
+
+
+@dataclass
+class Content:
+    text: str  # the text parts joined, IMAGE_PLACEHOLDER where each image part was
+    images: list[ImageRef] = dataclasses.field(default_factory=list)
+
+
+def describe_value(value: Any) -> str:
+    """A value as a problem shows it: `got a string ('abc')`, `got null`, ..."""
+    if value is None:
+        return "null"
+    if isinstance(value, bool):
+        return "a boolean"
+    if isinstance(value, (int, float)):
+        return f"a number ({value})"
+    if isinstance(value, str):
+        shown = value if len(value) <= 40 else value[:37] + "..."
+        return f"a string ({shown!r})"
+    if isinstance(value, list):
+        return "a list"
+    if isinstance(value, dict):
+        return "an object"
+    return type(value).__name__
+
+
+def check_tools(tools: Any, from_text_table: bool, problem: Problem) -> list | None:
+    """The optional `tools` column: a list of tool definitions (JSON schemas), or its JSON text in CSV."""
+    if tools is None or tools == "" or tools == []:
+        return None
+    if isinstance(tools, str) and from_text_table:
+        try:
+            tools = json.loads(tools)
+        except json.JSONDecodeError as err:
+            problem(TOOLS_COLUMN, f"expected JSON text holding a list of tool definitions ({err.msg})")
+            return None
+    if not isinstance(tools, list):
+        problem(TOOLS_COLUMN, f"expected a list of tool definitions (JSON schemas), got {describe_value(tools)}")
+        return None
+    parsed = []
+    for index, tool in enumerate(tools):
+        if isinstance(tool, str):
+            try:
+                tool = json.loads(tool)
+            except json.JSONDecodeError:
+                problem(f"{TOOLS_COLUMN}[{index}]", "a string that is not a JSON tool definition")
+                return None
+        function = tool.get("function", tool) if isinstance(tool, dict) else None
+        if not isinstance(function, dict) or not isinstance(function.get("name"), str):
+            problem(f"{TOOLS_COLUMN}[{index}]", "expected a tool definition with a 'name' "
+                    "(e.g. {\"name\": \"get_weather\", \"parameters\": {...}} or OpenAI's "
+                    "{\"type\": \"function\", \"function\": {...}})")
+            return None
+        parsed.append(tool)
+    return parsed
+
+
+def check_message(message: Any, field: str, problem: Problem) -> dict | None:
+    """One training message, normalised (ShareGPT `from`/`value` resolved, content as one string), or None
+    after reporting what is wrong with it."""
+    if not isinstance(message, dict):
+        problem(field, f"expected an object with 'role' and 'content', got {describe_value(message)}")
+        return None
+    message = dict(message)
+    if "role" not in message and "from" in message:  # ShareGPT
+        sharegpt_role = message.pop("from")
+        message["role"] = SHAREGPT_ROLES.get(sharegpt_role, sharegpt_role)
+        if "value" in message and "content" not in message:
+            message["content"] = message.pop("value")
+    known = ("role", "content", *EXTRA_MESSAGE_KEYS)
+    for key in message:
+        if key not in known:
+            hint = did_you_mean(str(key), known)
+            problem(f"{field}.{key}", f"unknown message key '{key}' ({hint or 'expected role, content'})")
+            return None
+    role = message.get("role")
+    if role is None:
+        problem(f"{field}.role", "missing: every message needs a role (system, user, assistant or tool)")
+        return None
+    if role not in ROLES:
+        hint = did_you_mean(str(role), ROLES)
+        problem(f"{field}.role", f"'{role}' is not a role; expected one of {', '.join(ROLES)}" + (f" ({hint})" if hint else ""))
+        return None
+    calls_tools = role == "assistant" and bool(message.get("tool_calls"))
+    if "content" not in message:
+        if calls_tools:
+            message["content"] = ""
+        else:
+            problem(f"{field}.content", "missing: every message needs content (a string or a list of typed parts)")
+            return None
+    if message["content"] is None and not calls_tools:
+        article = "an" if role == "assistant" else "a"
+        problem(f"{field}.content", f"null: {article} {role} message needs content (only an assistant message "
+                "with at least one tool call in tool_calls may have content null)")
+        return None
+    # (null content of a tool-calling assistant turn: the template renders it as empty text)
+    raw = "" if message["content"] is None else message["content"]
+    content = parse_content(raw, f"{field}.content", problem)
+    if content is None:
+        return None
+    if role == "assistant" and not (content.text.strip() or message.get("tool_calls") or message.get("thinking")):
+        problem(f"{field}.content", "the assistant message is empty: it would train the model to answer with nothing")
+        return None
+    message["content"] = content.text
+    return message
+
+
+def parse_content(content: Any, field: str, problem: Problem, *,
+                  image_folder: Path | None = None) -> Content | None:
+    """A message's content: a string, or a list of typed parts ({"type": "text", "text": ...}; with
+    `image_folder`, also {"type": "image", "image": path or URL}). None after reporting the first bad part.
+
+    `image_folder` is where relative image paths start (the data file's folder): a caller that takes images
+    gives it; without it an image part is refused (text training)."""
+    if isinstance(content, str):
+        return Content(content)
+    if not isinstance(content, list):
+        problem(field, f"expected a string or a list of typed parts, got {describe_value(content)}")
+        return None
+    texts, images = [], []
+    for index, part in enumerate(content):
+        part_field = f"{field}[{index}]"
+        kind = part.get("type") if isinstance(part, dict) else None
+        if kind == "text" and isinstance(part.get("text"), str):
+            texts.append(part["text"])
+        elif kind == "image" and image_folder is not None:
+            image = _image(part, part_field, image_folder, problem)
+            if image is None:
+                return None
+            images.append(image)
+            texts.append(IMAGE_PLACEHOLDER)
+        else:
+            problem(*_refusal(part, part_field, takes_images=image_folder is not None))
+            return None
+    return Content("".join(texts), images)
+
+
+def _image(part: dict, field: str, folder: Path, problem: Problem) -> ImageRef | None:
+    source = part.get("image") or part.get("path") or part.get("url")
+    if not isinstance(source, str) or not source:
+        problem(field, "an image part needs 'image': a file path")
+        return None
+    if source.startswith(("http://", "https://")):
+        return ImageRef(source, field)  # fetched when used: a row is checked without the network
+    path = folder / Path(source).expanduser()  # (~/x.jpg: the home folder's; an absolute path stays itself)
+    if not path.is_file():
+        problem(field, f"image file not found: {path}")
+        return None
+    return ImageRef(str(path), field)
+
+
+def _refusal(part: Any, field: str, *, takes_images: bool) -> tuple[str, str]:
+    """(field, text) for a part the caller does not take. A caller that takes images says in one line what
+    both kinds of part look like; a text-only caller says what is wrong with this part, and that media parts
+    need another model rather than that they are unknown."""
+    if takes_images:
+        return field, "expected {\"type\": \"text\", \"text\": ...} or {\"type\": \"image\", \"image\": path}"
+    if not isinstance(part, dict) or "type" not in part:
+        return field, ("expected a typed part like {\"type\": \"text\", \"text\": \"...\"}, "
+                       f"got {describe_value(part)}")
+    if part["type"] == "text":
+        return f"{field}.text", f"a text part needs a string 'text', got {describe_value(part.get('text'))}"
+    if part["type"] in MEDIA_PART_TYPES:
+        return field, f"a '{part['type']}' part needs a vision/audio model, and text SFT does not support it yet"
+    return field, f"unknown part type '{part['type']}'; expected 'text'"
