@@ -34,7 +34,7 @@ from pathlib import Path
 
 ROOT = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(ROOT / "bench"))
-from leap_finetune.launch.distributed import NO_MULTICAST  # noqa: E402 - the project's own (NVLink multicast off)
+from leap_finetune.runs.processes import NO_MULTICAST  # noqa: E402 - the project's own (NVLink multicast off)
 
 VLLM_ENV = {"VLLM_HOST_IP": "127.0.0.1", "VLLM_ENABLE_V1_MULTIPROCESSING": "0"}
 
@@ -143,7 +143,7 @@ def main() -> None:
     out, work = Path(args.out), Path(args.work)
     out.mkdir(parents=True, exist_ok=True)
     work.mkdir(parents=True, exist_ok=True)
-    from leap_finetune.config.loader import load_config
+    from leap_finetune.validate.loader import load_config
 
     arch = "tiny" if args.smoke else args.arch
     model = model_folder(arch, work)

@@ -56,15 +56,15 @@ def config(path: Path, model: str, processes: int | None, cache: bool) -> dict:
 
 
 def prepare(cfg: dict):
-    from leap_finetune.api import _prepare
-    from leap_finetune.config.loader import load_config
+    from leap_finetune.launch.checks import prepare
+    from leap_finetune.validate.loader import load_config
 
-    return _prepare(load_config(cfg))
+    return prepare(load_config(cfg))
 
 
 def floor_seconds(cfg: dict) -> tuple[float, float, int]:
     """(tokenizer batched, tokenizer batched with offsets) on the rendered texts, one core; tokens."""
-    from leap_finetune.config.loader import load_config
+    from leap_finetune.validate.loader import load_config
     from leap_finetune.data.readers import read_dataset
     from leap_finetune.data.sft_rows import check_sft_row
 
@@ -85,8 +85,8 @@ def floor_seconds(cfg: dict) -> tuple[float, float, int]:
 
 def memory_child(path: str, model: str, processes: int) -> None:
     """Run in a fresh process: RSS after imports, then peak RSS (this process and its workers) of preparing."""
-    from leap_finetune.api import _prepare  # noqa: F401 - the imports `validate` does
-    from leap_finetune.config.loader import load_config
+    from leap_finetune.launch.checks import prepare  # noqa: F401 - the imports `validate` does
+    from leap_finetune.validate.loader import load_config
     from leap_finetune.data.prepare import prepare_data
     from leap_finetune.models.loading import load_tokenizer
 
@@ -97,7 +97,7 @@ def memory_child(path: str, model: str, processes: int) -> None:
     cfg = config(Path(path), model, processes, cache=True)
     resolved = load_config(cfg)  # (imports TRL and torch: the training arguments are checked)
     baseline = _rss_mb()
-    from leap_finetune.api import _prepare as prepare_fn
+    from leap_finetune.launch.checks import prepare as prepare_fn
 
     started = time.perf_counter()
     _, _, prepared = prepare_fn(resolved)

@@ -323,7 +323,7 @@ def stop_group(process: subprocess.Popen, grace_s: float = 10) -> None:
 def run_child(command: list[str], log: Path, limit_s: float) -> tuple[str, float, int | None]:
     """Runs `command` in its own process group (killed with it at the limit; it dies with this script);
     returns (status ok / failed / timed_out, wall seconds, exit code)."""
-    from leap_finetune.launch.servers import _die_with_parent
+    from leap_finetune.runs.processes import _die_with_parent
 
     log.parent.mkdir(parents=True, exist_ok=True)
     start = time.perf_counter()
@@ -381,7 +381,7 @@ class Runs:
         self.args, self.report, self.smoke = args, report, args.smoke
         self.work = Path(args.work)
         self.deadline = STARTED + args.budget_s
-        self.server = None  # leap_finetune.launch.servers.Server
+        self.server = None  # leap_finetune.runs.processes.Server
         self.server_failed: str | None = None
         self.vllm_stuck: str | None = None  # a colocated vLLM that never reached its first step: the others would too
         self.port = free_port()
@@ -614,7 +614,7 @@ def {REWARD_NAME}(completions, completion_ids=None, **kwargs):
             return json.loads(answer.read())["data"][0]["id"]
 
     def start_server(self, item: Item, limit: float) -> dict:
-        from leap_finetune.launch.servers import Server, ServerSpec
+        from leap_finetune.runs.processes import Server, ServerSpec
 
         model = self.model(item.arch)
         command, env = self.server_command(model)

@@ -3,7 +3,7 @@ schema; tests/config/test_reference.py checks both are current."""
 
 from pathlib import Path
 
-from leap_finetune.config.reference import render_reference
+from leap_finetune.validate.reference import render_reference
 from leap_finetune.config.starters import schema_path, schema_text
 
 path = Path(__file__).resolve().parents[1] / "docs" / "config.md"

@@ -6,6 +6,8 @@ from __future__ import annotations
 
 import importlib.util
 
+import pytest
+
 from leap_finetune.config import profiles
 from leap_finetune.config.schema import TRAINING_TYPES
 from leap_finetune.methods import METHODS, RETRIEVAL_TYPES, is_retrieval
@@ -19,16 +21,15 @@ def test_every_type_has_its_profile_and_its_recipe():
 
 
 def test_retrieval_is_asked_of_methods():
-    from leap_finetune.data import chunks
-    from leap_finetune.models import trained
+    from leap_finetune.methods import method_of, trained_by
 
     assert RETRIEVAL_TYPES == ("embedding", "colbert")
     assert [is_retrieval(t) for t in TRAINING_TYPES] == [False, False, False, False, True, True]
     assert not is_retrieval(None)
-    # the data contract and the trained-model messages use the same list, not spellings of their own
-    assert chunks.RETRIEVAL == RETRIEVAL_TYPES
-    assert trained.RETRIEVAL == {"embedding": "an embedding model (one vector per text)",
-                                 "colbert": "a ColBERT model (one vector per token)"}
+    assert [method_of(t).multi_vector for t in RETRIEVAL_TYPES] == [False, True]
+    # a sentence-transformers folder's class names its training type (an unknown class: an embedding model)
+    assert [trained_by(c) for c in ("SentenceTransformer", "MultiVectorEncoder", "SparseEncoder")] == \
+        ["embedding", "colbert", "embedding"]
 
 
 def test_no_module_spells_the_retrieval_types_itself():
@@ -42,3 +43,55 @@ def test_no_module_spells_the_retrieval_types_itself():
                if p.parent.name != "methods" and any(s in p.read_text(encoding="utf-8") for s in (
                    '("embedding", "colbert")', "('embedding', 'colbert')", '"embedding", "colbert", '))]
     assert spelled == [], spelled
+
+
+@pytest.mark.parametrize("training_type", TRAINING_TYPES)
+def test_every_type_through_every_config_rule(training_type):
+    """Each rule of config/rules.py asked about each type (a new type in methods/ is walked through all of them):
+    its starting profile passes every rule; every metric its evaluation logs may be metric_for_best_model, and
+    an unknown one is refused with a fix whose every suggestion is itself accepted (not an empty "use one of:");
+    the sampling strategies are accepted or refused before the model loads, as TRL would."""
+    import re
+
+    from leap_finetune.config.rules import check_best_model_metric, check_sampling, check_training_rules
+    from leap_finetune.errors import LeapError
+    from leap_finetune.methods import method_of
+
+    m = method_of(training_type)
+    rewards, benchmarks = ("accuracy",) if m.rewards else (), ("bench",) if m.retrieval else ()
+    profile = profiles.training_profile(m.profile)
+    check_training_rules(training_type, profile, "c.yaml", rewards=rewards, benchmarks=benchmarks)
+
+    for name in m.eval_metrics:
+        check_best_model_metric(training_type, {"metric_for_best_model": f"eval_{name}"}, "c.yaml")
+    with pytest.raises(LeapError) as refused:
+        check_best_model_metric(training_type, {"metric_for_best_model": "eval_nonsense"}, "c.yaml", rewards=rewards,
+                                benchmarks=benchmarks)
+    suggested = re.findall(r"eval_[\w/@.]+", refused.value.fix)
+    assert len(suggested) >= 2 and "use one of: ," not in refused.value.fix, refused.value.fix
+    for name in suggested:
+        check_best_model_metric(training_type, {"metric_for_best_model": name}, "c.yaml", rewards=rewards,
+                                benchmarks=benchmarks)
+
+    for strategy in ("random", "sequential", "group_by_length", "batch_rebalance"):
+        allowed = strategy == "sequential" or (strategy == "random" and not m.kl_pairs) or m.length_samplers
+        if allowed:
+            check_sampling(training_type, {"train_sampling_strategy": strategy}, "c.yaml")
+        else:
+            with pytest.raises(LeapError, match=f"train_sampling_strategy: {strategy}"):
+                check_sampling(training_type, {"train_sampling_strategy": strategy}, "c.yaml")
+
+
+@pytest.mark.parametrize("training_type", TRAINING_TYPES)
+def test_every_type_has_a_row_checker_and_a_tokenizer(training_type):
+    """The data step finds each type's row contract from its row kind (a kind without one fails here, not in a
+    user's run)."""
+    from types import SimpleNamespace
+
+    from leap_finetune.data.chunks import contract
+    from leap_finetune.data.prepare import ROW_SHAPES
+    from leap_finetune.methods import method_of
+
+    resolved = SimpleNamespace(training_type=training_type, chat_template="lfm2", model_family="lfm2", loss_on="assistant")
+    assert callable(contract(resolved))
+    assert method_of(training_type).rows in {rows for rows, _ in ROW_SHAPES}

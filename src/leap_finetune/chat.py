@@ -9,7 +9,9 @@ from pathlib import Path
 from rich.console import Console
 
 from leap_finetune.errors import LeapError
-from leap_finetune.models.trained import (RETRIEVAL, chat_template_text, find_trained, load_trained, retrieval_type,
+from leap_finetune.methods import METHODS
+from leap_finetune.runs.folder import RunFolder
+from leap_finetune.models.trained import (chat_template_text, find_trained, load_trained, retrieval_type,
                                           unmerged_lora)
 
 HELP = "/reset starts a new conversation, /exit (or Ctrl-D) ends"
@@ -36,17 +38,17 @@ def refuse_retrieval(source: str, trained) -> None:
         return
     cls = "MultiVectorEncoder" if kind == "colbert" else "SentenceTransformer"
     if trained.adapter_dir is not None:  # (the backbone's LoRA weights alone: the run's model/ has them merged)
-        folder, first = str(trained.adapter_dir.parent / "model"), ""
+        folder, first = str(RunFolder(trained.adapter_dir.parent).model), ""
     elif unmerged_lora(Path(trained.model_id)):
         folder = str(Path(trained.model_id).with_name(Path(trained.model_id).name + "-export"))
         first = f"`leap-finetune export {trained.model_id} --output {folder}` (the adapter merged), then "
     else:
         folder, first = trained.model_id, ""
-    raise LeapError(f"this is {RETRIEVAL[kind]}, trained with training_type: {kind}; chat generates text and needs "
+    raise LeapError(f"this is {METHODS[kind].trains}, trained with training_type: {kind}; chat generates text and needs "
                     "a causal language model (sft, dpo, kto or grpo)", where=source,
                     fix=f"{first}encode with sentence-transformers: `from sentence_transformers import {cls}; "
                     f"{cls}({folder!r}).encode([\"your query\"])`, or score it with `leap-finetune eval CONFIG` "
-                    "(checkpoint: the run folder, evals.benchmarks with metric: retrieval; README \"Retrieval\")")
+                    "(checkpoint: the run folder, evals.benchmarks with metric: retrieval; docs/retrieval.md)")
 
 
 def chat(source: str, *, prompt: str | None = None, system: str | None = None, max_new_tokens: int = 256,

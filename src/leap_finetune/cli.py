@@ -96,7 +96,7 @@ def _source(config: Path, sets: list[str] | None):
     """The config path, or with --set the config loaded with the overrides (the API takes either)."""
     if not sets:
         return config
-    from leap_finetune.config.loader import load_config
+    from leap_finetune.validate.loader import load_config
 
     return load_config(config, overrides=sets)
 

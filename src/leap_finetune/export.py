@@ -57,7 +57,7 @@ def export_model(source: str, *, merge: bool = False, output: str | Path | None 
     _stage(output, write)
     what = f"{trained.adapter_dir} merged into {trained.model_id}" if trained.adapter_dir else trained.model_id
     console.print(f"exported {what} to {output} (a full model: AutoModelForCausalLM.from_pretrained, vLLM, or a "
-                  "GGUF conversion; README \"Export\")")
+                  "GGUF conversion; docs/export.md)")
     return output
 
 
@@ -79,7 +79,7 @@ def _export_encoder(trained, kind: str, merge: bool, output: Path, console: Cons
     note = " (the LoRA adapter merged: a retrieval model is always exported merged)" if merged and not merge else \
         " (the LoRA adapter merged)" if merged else ""
     console.print(f"exported the {kind} model {trained.model_id}{note} to {output} (a sentence-transformers folder: "
-                  f"{cls}({str(output)!r}); README \"Retrieval\")", markup=False)
+                  f"{cls}({str(output)!r}); docs/retrieval.md)", markup=False)
     return output
 
 

@@ -8,7 +8,7 @@ from pathlib import Path
 
 import pytest
 
-from leap_finetune.config.loader import load_config
+from leap_finetune.validate.loader import load_config
 from leap_finetune.errors import LeapError
 from tests.conftest import write_config, write_jsonl
 
@@ -107,7 +107,7 @@ def test_grpo_mistakes_are_caught_at_validate(tmp_path, overrides, expected):
 
 
 def test_one_reward_name_is_a_list_of_one_and_a_zero_weight_beside_another_is_kept(tmp_path):
-    from leap_finetune.config.grpo import reward_weights
+    from leap_finetune.validate.grpo import reward_weights
 
     assert load_config(write_config(tmp_path, _config(rewards="accuracy"))).rewards.funcs == ["accuracy"]
     resolved = load_config(write_config(tmp_path, _config(rewards={"funcs": ["accuracy", "tool_call_valid"],
@@ -188,13 +188,14 @@ def test_a_column_only_later_rows_have_reaches_the_trainer(tmp_path):
     row does not have them (datasets' from_list would take its columns from the first row alone)."""
     from datasets import load_from_disk
 
-    from leap_finetune.api import _stage_run_folder, _prepare
+    from leap_finetune.launch.checks import prepare
+    from leap_finetune.launch.run_folder import stage_run_folder
 
     write_jsonl(tmp_path / "prompts.jsonl", [{"prompt": "Name a color.", "solution": "teal"},
                                              {"prompt": "Name a fruit.", "solution": "plum", "level": 2}])
     resolved = load_config(write_config(tmp_path, _config()))
-    _, renderer, prepared = _prepare(resolved)
-    _stage_run_folder(resolved, prepared, renderer, True, tmp_path / "run", tmp_path / ".staging")
+    _, renderer, prepared = prepare(resolved)
+    stage_run_folder(resolved, prepared, renderer, True, tmp_path / "run", tmp_path / ".staging")
     stored = load_from_disk(str(tmp_path / "run" / "prepared" / "train"))
     assert stored["level"] == [None, 2] and stored["solution"] == ["teal", "plum"]
 

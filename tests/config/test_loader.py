@@ -6,7 +6,7 @@ from pathlib import Path
 
 import pytest
 
-from leap_finetune.config.loader import load_config
+from leap_finetune.validate.loader import load_config
 from leap_finetune.config.profiles import TRAINING_PROFILES
 from leap_finetune.errors import LeapError
 from tests.conftest import fact_rows, tiny_config, write_config, write_jsonl

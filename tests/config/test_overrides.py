@@ -6,7 +6,7 @@ import json
 
 import pytest
 
-from leap_finetune.config.loader import load_config
+from leap_finetune.validate.loader import load_config
 from leap_finetune.config.overrides import apply_overrides
 from leap_finetune.errors import LeapError
 from tests.conftest import chat, invoke, tiny_config, write_config, write_jsonl

@@ -15,7 +15,7 @@ import pytest
 from rich.console import Console
 
 from leap_finetune.api import inspect_config, validate_config
-from leap_finetune.config.loader import load_config
+from leap_finetune.validate.loader import load_config
 from leap_finetune.data.chat_templates import load_chat_template
 from leap_finetune.data.render import IGNORE_INDEX, Renderer, tokenize_many
 from leap_finetune.data.sft_rows import Conversation
@@ -424,7 +424,7 @@ def test_progress_is_a_line_in_logs(monkeypatch):
 def test_the_shipped_data_prepares_to_the_per_row_renderers_rows(data, model, loss_on):
     """The whole data step (chunks, processes, Arrow) against the per-row path it replaces, row by row, on the
     example data (tool calls in both LFM formats, OpenAI-style calls converted)."""
-    from leap_finetune.api import _prepare
+    from leap_finetune.launch.checks import prepare
     from leap_finetune.data.readers import read_dataset
     from leap_finetune.data.sft_rows import check_sft_row
     from tests.conftest import EXAMPLES
@@ -433,7 +433,7 @@ def test_the_shipped_data_prepares_to_the_per_row_renderers_rows(data, model, lo
     config = tiny_config(data=path, model_name=model, dataset={"path": path, "num_proc": 2, "cache": False},
                          training_config={"max_length": 1024, "loss_on": loss_on})
     resolved = load_config(config)
-    _, renderer, prepared = _prepare(resolved)
+    _, renderer, prepared = prepare(resolved)
     family = "lfm2.5" if model == "tiny-lfm2.5" else "lfm2"
     expected = []
     for row in read_dataset(path).rows:

@@ -15,7 +15,7 @@ import pytest
 
 from leap_finetune.api import run_config
 from leap_finetune.errors import LeapError
-from leap_finetune.recipes.checkpoints import MARKER, verify
+from leap_finetune.runs.checkpoints import MARKER, verify
 from tests.conftest import StopAt, fact_rows, tiny_config, write_config, write_jsonl
 from tests.watchdog import communicate
 

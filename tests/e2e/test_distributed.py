@@ -143,7 +143,7 @@ def test_a_killed_worker_ends_the_run_with_its_rank_and_leaves_a_resumable_check
 
     import psutil
 
-    from leap_finetune.recipes.checkpoints import MARKER, verify
+    from leap_finetune.runs.checkpoints import MARKER, verify
 
     write_jsonl(workdir / "train.jsonl", fact_rows(48))
     data = tiny_config(project_name="killed", training_config={**STEPS, "max_steps": 400, "save_steps": 3,
@@ -182,7 +182,7 @@ def test_grpo_on_two_workers_asks_the_judge_the_driver_started(workdir, ray_cpus
     """GRPO on 2 Ray Train workers with a judge the driver serves (transformers serve on CPU, started before
     the workers): every completion of both workers reaches it, its scores are logged per step, the server is
     stopped at the end; the judge's HTTP client and Ray's placement-group cleaner say nothing on the console."""
-    from leap_finetune.launch.servers import port_in_use
+    from leap_finetune.runs.processes import port_in_use
     from leap_finetune.models.tiny import build_tiny_model, load_tiny_tokenizer
 
     tokenizer = load_tiny_tokenizer("tiny-lfm2")
@@ -228,7 +228,7 @@ def test_ctrl_c_checkpoints_a_ray_run_and_a_killed_driver_takes_its_workers_with
     import psutil
     import ray
 
-    from leap_finetune.recipes.checkpoints import MARKER, verify
+    from leap_finetune.runs.checkpoints import MARKER, verify
 
     write_jsonl(workdir / "train.jsonl", fact_rows(48))
     data = tiny_config(project_name="signals", training_config={**STEPS, "max_steps": 30, "save_steps": 2,

@@ -21,7 +21,7 @@ from transformers import TrainerCallback
 
 from leap_finetune.api import run_config, validate_config
 from leap_finetune.errors import LeapError
-from leap_finetune.recipes.checkpoints import MARKER, verify
+from leap_finetune.runs.checkpoints import MARKER, verify
 from tests.conftest import StopAt, fact_rows, invoke, tiny_config, write_config, write_jsonl
 from tests.watchdog import Watchdog, communicate, run
 
@@ -206,7 +206,7 @@ def test_latest_follows_the_runs_own_record_not_file_times(data):
     old = time.time() - 3600
     for marker in second.glob(f"checkpoint-*/{MARKER}"):
         os.utime(marker, (old, old))  # its files look an hour older than the first run's
-    from leap_finetune.launch.plan import latest_checkpoint
+    from leap_finetune.runs.checkpoints import latest_checkpoint
 
     assert first != second and latest_checkpoint(data / "outputs" / "skew") == second / "checkpoint-4"
 

@@ -286,7 +286,7 @@ def test_debug_works_anywhere_on_the_command_line(workdir, capsys):
 
 
 def test_values_given_as_text_are_coerced_like_a_command_line(workdir):
-    from leap_finetune.config.loader import load_config
+    from leap_finetune.validate.loader import load_config
 
     write_jsonl(workdir / "train.jsonl", fact_rows(8))
     resolved = load_config(write_config(workdir, tiny_config(training_config={
@@ -439,7 +439,7 @@ def test_yaml_merge_keys_and_empty_blocks(workdir, capsys):
     assert code == 2 and "'evals:' is empty" in err, err
     merged.write_text("model_name: tiny-lfm2\ndataset: {path: train.jsonl}\n"
                       "training_config:\n  <<: {max_steps: 2, learning_rate: 5e-4}\n  max_steps: 3\n")
-    from leap_finetune.config.loader import load_config
+    from leap_finetune.validate.loader import load_config
 
     training = load_config(merged).training
     assert (training["max_steps"], training["learning_rate"]) == (3, 5e-4)  # merged, then overridden

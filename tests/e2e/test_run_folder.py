@@ -88,7 +88,7 @@ def test_the_end_report_shows_the_preference_metrics(tmp_path, training_type, me
 
     from rich.console import Console
 
-    from leap_finetune.config.loader import load_config
+    from leap_finetune.validate.loader import load_config
     from leap_finetune.launch.report import end_report
 
     (tmp_path / "train.jsonl").write_text("")
@@ -124,7 +124,7 @@ def test_tensorboard_gets_the_run_and_its_resolved_config(tmp_path):
     [text] = [t for t in tags["tensors"] if t.startswith("leap_finetune/config")]
     config_text = events.Tensors(text)[0].tensor_proto.string_val[0].decode()
     assert '"project_name": "tracked"' in config_text and '"max_steps": 3' in config_text
-    from leap_finetune.config.loader import load_config
+    from leap_finetune.validate.loader import load_config
     from leap_finetune.recipes import recipe
 
     resolved = load_config(config).model_copy(update={"run_name": run_dir.name, "run_dir": str(run_dir)})

@@ -46,7 +46,7 @@ def tiny_model(tmp_path_factory) -> Path:
 
 @pytest.mark.slow
 def test_generation_benchmarks_through_a_server_score_like_local_generation(workdir, tiny_model):
-    from leap_finetune.launch.servers import ServerSpec, running
+    from leap_finetune.runs.processes import ServerSpec, running
 
     shutil.copy(EXAMPLES / "data" / "quickstart_bench_generation.jsonl", workdir / "bench.jsonl")
     config = write_config(workdir, {

@@ -1,4 +1,4 @@
-"""The servers the driver runs beside training (launch/servers.py), against real processes (Python's HTTP
+"""The servers the driver runs beside training (runs/processes.py), against real processes (Python's HTTP
 server; tests/e2e/test_grpo.py runs a real `transformers serve` as a judge): a server that exits early,
 one that never becomes healthy, a port in use, and teardown on errors and Ctrl-C."""
 
@@ -13,7 +13,7 @@ import psutil
 import pytest
 
 from leap_finetune.errors import LeapError
-from leap_finetune.launch.servers import ServerSpec, port_in_use, running
+from leap_finetune.runs.processes import ServerSpec, port_in_use, running
 
 
 def _free_port() -> int:

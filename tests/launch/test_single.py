@@ -20,15 +20,17 @@ from tests.watchdog import Watchdog, communicate, wait_until
 DRIVER = """
 import json, sys
 from leap_finetune import api
+from leap_finetune.launch.checks import prepare
+from leap_finetune.launch.run_folder import write_run_folder
 from leap_finetune.launch.devices import DevicePlan
 from leap_finetune.launch.plan import plan_run
 from leap_finetune.launch.single import run_in_child
 
 resolved = api._config(sys.argv[1])
-tokenizer, renderer, prepared = api._prepare(resolved)
+tokenizer, renderer, prepared = prepare(resolved)
 plan = plan_run(resolved)
 resolved = resolved.model_copy(update={"run_dir": str(plan.run_dir), "run_name": plan.run_name, "workers": 1})
-api._write_run_folder(resolved, prepared, renderer, plan)
+write_run_folder(resolved, prepared, renderer, plan)
 print("DRIVER", flush=True)
 summary = run_in_child(json.loads(json.dumps(resolved.to_json_dict())), DevicePlan(nodes=1, gpus_per_node=0),
                        plan.run_dir)
@@ -65,6 +67,8 @@ def test_a_mistake_the_child_finds_is_the_drivers_user_error(workdir):
     """A model folder without weights is found when the child loads the model: the driver raises the same
     LeapError (exit code 2 in the CLI), whatever exit code the child's libraries used."""
     from leap_finetune import api
+    from leap_finetune.launch.checks import prepare
+    from leap_finetune.launch.run_folder import write_run_folder
     from leap_finetune.errors import LeapError
     from leap_finetune.launch.devices import DevicePlan
     from leap_finetune.launch.plan import plan_run
@@ -72,13 +76,13 @@ def test_a_mistake_the_child_finds_is_the_drivers_user_error(workdir):
 
     write_jsonl(workdir / "train.jsonl", fact_rows(8))
     resolved = api._config(write_config(workdir, tiny_config()))
-    _, renderer, prepared = api._prepare(resolved)
+    _, renderer, prepared = prepare(resolved)
     plan = plan_run(resolved)
     (workdir / "empty-model").mkdir()
     (workdir / "empty-model" / "config.json").write_text('{"model_type": "lfm2"}')
     resolved = resolved.model_copy(update={"run_dir": str(plan.run_dir), "run_name": plan.run_name, "workers": 1,
                                            "model_id": str(workdir / "empty-model")})
-    api._write_run_folder(resolved, prepared, renderer, plan)
+    write_run_folder(resolved, prepared, renderer, plan)
     with pytest.raises(LeapError) as info:
         run_in_child(json.loads(json.dumps(resolved.to_json_dict())), DevicePlan(nodes=1, gpus_per_node=0),
                      plan.run_dir)
@@ -89,9 +93,11 @@ KILLED_DRIVER = """
 import json, sys
 from pathlib import Path
 from leap_finetune import api
+from leap_finetune.launch.checks import prepare
+from leap_finetune.launch.run_folder import write_run_folder
 from leap_finetune.launch.devices import DevicePlan
 from leap_finetune.launch.plan import plan_run
-from leap_finetune.launch.servers import Server, ServerSpec
+from leap_finetune.runs.processes import Server, ServerSpec
 from leap_finetune.launch.single import run_in_child
 
 port = int(sys.argv[2])
@@ -100,10 +106,10 @@ server = Server(ServerSpec("test server", [sys.executable, "-m", "http.server", 
 server.start()
 server.wait_healthy()
 resolved = api._config(sys.argv[1])
-tokenizer, renderer, prepared = api._prepare(resolved)
+tokenizer, renderer, prepared = prepare(resolved)
 plan = plan_run(resolved)
 resolved = resolved.model_copy(update={"run_dir": str(plan.run_dir), "run_name": plan.run_name, "workers": 1})
-api._write_run_folder(resolved, prepared, renderer, plan)
+write_run_folder(resolved, prepared, renderer, plan)
 run_in_child(json.loads(json.dumps(resolved.to_json_dict())), DevicePlan(nodes=1, gpus_per_node=0), plan.run_dir)
 """
 
@@ -143,6 +149,6 @@ def test_a_killed_driver_takes_its_server_and_training_child_with_it(workdir):
         time.sleep(0.1)
     left = [" ".join(p.cmdline()) for p in started if p.is_running() and p.status() != psutil.STATUS_ZOMBIE]
     assert not left, left
-    from leap_finetune.launch.servers import port_in_use
+    from leap_finetune.runs.processes import port_in_use
 
     assert not port_in_use("127.0.0.1", port)  # the server's port is free again

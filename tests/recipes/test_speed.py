@@ -69,7 +69,7 @@ def test_padding_free_losses_equal_padded_losses_step_by_step(chat_data):
 
 
 def test_whole_model_torch_compile_is_refused_with_the_alternative(tmp_path):
-    from leap_finetune.config.loader import load_config
+    from leap_finetune.validate.loader import load_config
     from leap_finetune.errors import LeapError
 
     (tmp_path / "train.jsonl").write_text(json.dumps({"messages": [{"role": "user", "content": "hi"},

@@ -16,7 +16,7 @@ from transformers import TrainerCallback
 
 from leap_finetune.api import run_config, validate_config
 from leap_finetune.errors import LeapError
-from leap_finetune.recipes.checkpoints import verify
+from leap_finetune.runs.checkpoints import verify
 from tests.conftest import write_config, write_jsonl
 from tests.watchdog import Watchdog, wait_until
 

@@ -5,7 +5,7 @@ from __future__ import annotations
 
 from leap_finetune.config.schema import LeapConfigModel
 from leap_finetune.errors import LeapError
-from leap_finetune.methods import is_retrieval
+from leap_finetune.methods import method_of
 
 
 def check_async_eval_config(model: LeapConfigModel, where: str) -> None:
@@ -18,9 +18,9 @@ def check_async_eval_config(model: LeapConfigModel, where: str) -> None:
     if model.evals is None:
         raise LeapError(f"async_eval.mode is {mode}, but the config has no benchmarks (no evals: block, or "
                         "evals.benchmarks is empty): nothing to evaluate",
-                        where=at, fix="add evals: with benchmarks (README \"Benchmarks\"), or remove async_eval (for one "
+                        where=at, fix="add evals: with benchmarks (docs/evaluation.md), or remove async_eval (for one "
                         "run: --set async_eval.mode=sync)")
-    if is_retrieval(model.training_type):
+    if method_of(model).retrieval:
         raise LeapError(f"retrieval benchmarks ({model.training_type}) run with the held-out evaluation inside the "
                         f"trainer; async_eval.mode {mode} evaluates generation and log-prob benchmarks", where=at,
                         fix="use mode: sync for an embedding / ColBERT run")

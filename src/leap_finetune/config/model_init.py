@@ -106,7 +106,7 @@ def _check_attention(name, where: str) -> None:
         if not found:
             raise LeapError(f"{here} is {name}, which needs {package}; it is not installed here", where=where,
                             fix=f"install {package} (CUDA GPUs only), or use sdpa (on a CUDA GPU leap-finetune "
-                            "already uses varlen flash attention for LFM2, see README \"Speed\")")
+                            "already uses varlen flash attention for LFM2, see docs/speed.md)")
 
 
 def _dtype(value, where: str) -> str:

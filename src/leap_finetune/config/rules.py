@@ -11,30 +11,16 @@ from __future__ import annotations
 import os
 
 from leap_finetune.errors import LeapError
-from leap_finetune.methods import is_retrieval
+from leap_finetune.methods import METHODS, method_of
 
-# Metrics each training type's evaluation logs (what metric_for_best_model may name, without "eval_").
-EVAL_METRICS = {
-    "sft": ("loss", "mean_token_accuracy", "entropy", "num_tokens"),
-    "dpo": ("loss", "rewards/chosen", "rewards/rejected", "rewards/accuracies", "rewards/margins",
-            "logps/chosen", "logps/rejected", "logits/chosen", "logits/rejected", "mean_token_accuracy", "entropy",
-            "num_tokens"),
-    "kto": ("loss", "kl", "rewards/chosen", "rewards/rejected", "rewards/margins", "logps/chosen", "logps/rejected",
-            "logits/chosen", "logits/rejected", "entropy", "num_tokens"),
-}
-
-
-GRPO_EVAL_METRICS = (  # TRL's GRPOTrainer (a held-out split: test_size or val_path), besides rewards/<name>/mean|std
-    "reward", "reward_std", "frac_reward_zero_std", "loss", "entropy", "num_tokens", "completions/mean_length",
-    "completions/min_length", "completions/max_length", "completions/clipped_ratio",
-    "completions/mean_terminated_length", "completions/min_terminated_length", "completions/max_terminated_length")
-EVAL_METRICS["grpo"] = GRPO_EVAL_METRICS
-# embedding / colbert: sentence-transformers' loss and the recipe's retrieval evaluator, named
+# embedding / colbert: besides each method's eval_metrics (methods/), the recipe's retrieval evaluator logs
 # retrieval_<score>_<metric>@k (score: cosine for embedding, maxsim for colbert) and benchmark_<name>_<score>_...
-EVAL_METRICS["embedding"] = EVAL_METRICS["colbert"] = ("loss", "sequential_score")
-# what sentence-transformers' retrieval evaluator logs for the recipe's settings (read from real runs)
+# (what sentence-transformers' retrieval evaluator logs for the recipe's settings, read from real runs)
 RETRIEVAL_METRIC = r"(accuracy@1|accuracy@10|precision@1|precision@10|recall@1|recall@10|ndcg@10|mrr@10|map@10)"
-RETRIEVAL_SCORE = {"embedding": "cosine", "colbert": "maxsim"}
+
+
+def retrieval_score(training_type: str) -> str:
+    return "maxsim" if method_of(training_type).multi_vector else "cosine"
 
 
 def check_training_rules(training_type: str, training: dict, where: str, *, rewards: tuple[str, ...] = (),
@@ -62,10 +48,11 @@ def check_sampling(training_type: str, training: dict, where: str) -> None:
     model has loaded; a batch of one is refused by the loader)."""
     strategy = training.get("train_sampling_strategy")
     loss_type = training.get("loss_type", "kto")
-    kl = training_type == "kto" and loss_type != "apo_zero_unpaired"  # (TRL: every loss type but this one has a KL)
-    if training_type != "sft" and strategy in ("batch_rebalance", "group_by_length"):
-        raise LeapError(f"training_config.train_sampling_strategy: {strategy} works for sft only (it balances rows by "
-                        f"their length), not for {training_type}", where=where,
+    kl = method_of(training_type).kl_pairs and loss_type != "apo_zero_unpaired"  # (TRL: every loss type but this has a KL)
+    if not method_of(training_type).length_samplers and strategy in ("batch_rebalance", "group_by_length"):
+        able = " and ".join(name for name, m in METHODS.items() if m.length_samplers)
+        raise LeapError(f"training_config.train_sampling_strategy: {strategy} works for {able} only (it balances rows "
+                        f"by their length), not for {training_type}", where=where,
                         fix="remove train_sampling_strategy, or set it to " + ("sequential" if kl else
                                                                                "random or sequential"))
     if kl:
@@ -96,18 +83,18 @@ def check_best_model_metric(training_type: str, training: dict, where: str, *, r
     if name is None:
         return
     bare = name.removeprefix("eval_")
-    known = EVAL_METRICS.get(training_type, ())
+    known = method_of(training_type).eval_metrics
     if bare in known:
         return
-    if training_type == "grpo":
+    if method_of(training_type).rewards:
         found = re.fullmatch(r"rewards/(.+)/(mean|std)", bare)
         if found and found.group(1) in rewards:
             return
         named = ", ".join(f"eval_rewards/{reward}/mean" for reward in rewards)
         fix = "use one of: " + ", ".join(f"eval_{m}" for m in known[:3]) + (f", {named}" if named else "") + \
             ", or another of " + ", ".join(f"eval_{m}" for m in known[3:])
-    elif is_retrieval(training_type):
-        score = RETRIEVAL_SCORE[training_type]
+    elif method_of(training_type).retrieval:
+        score = retrieval_score(training_type)
         if re.fullmatch(rf"retrieval_{score}_{RETRIEVAL_METRIC}", bare):
             return
         found = re.fullmatch(rf"benchmark_(.+)_{score}_{RETRIEVAL_METRIC}", bare)

@@ -12,7 +12,7 @@ from importlib import resources
 from pathlib import Path
 
 from leap_finetune.config.schema import TRAINING_TYPES
-from leap_finetune.methods import is_retrieval
+from leap_finetune.methods import method_of
 
 SCHEMA_FILE = "leap-finetune.schema.json"
 
@@ -51,7 +51,7 @@ TRAINING = {
   max_length: 2048
   # desirable_weight: 1.0           # the data report says which weights balance your labels
 """,
-    "grpo": """rewards: [accuracy]                # the completion's final answer against the row's solution; more in README
+    "grpo": """rewards: [accuracy]                # the completion's final answer against the row's solution; more in docs/grpo.md
 training_config:
   extends: DEFAULT_GRPO             # rollouts on vLLM (use_vllm: true): needs vLLM on a CUDA machine
   # use_vllm: false                 # rollouts with transformers' generation (CPU, or no vLLM)
@@ -98,19 +98,19 @@ def schema_text() -> str:
 
 
 def starter(training_type: str, model: str, file_name: str) -> str:
-    lora = "" if is_retrieval(training_type) else """
+    lora = "" if method_of(training_type).retrieval else """
 # LoRA instead of a full fine-tune (remove the # of both lines):
 # peft_config:
 #   extends: DEFAULT_LORA
 """
-    evals = "" if is_retrieval(training_type) or training_type == "grpo" else """
-# Benchmarks before, during and after training (rows in the messages format; README "Benchmarks"):
+    evals = "" if not method_of(training_type).starter_benchmarks else """
+# Benchmarks before, during and after training (rows in the messages format; docs/evaluation.md):
 # evals:
 #   benchmarks:
 #     - {name: my_bench, path: data/bench.jsonl, metric: exact_match}
 """
     held_out = "  val_path: data/held_out.jsonl        # held-out rows (or test_size: 0.05 to split them off)" \
-        if is_retrieval(training_type) else \
+        if method_of(training_type).retrieval else \
         "  test_size: 0.05                     # held out for eval loss (or val_path: a file of its own)"
     return f"""# yaml-language-server: $schema={schema_path().as_uri()}
 # A leap-finetune starter config: {training_type} on {model}. Every key: docs/config.md, or the schema above

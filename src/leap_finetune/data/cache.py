@@ -30,6 +30,7 @@ from leap_finetune.files import pid_alive
 from leap_finetune.runs.atomic import swap_in
 
 FORMAT = 1
+CACHE_FOLDER = "leap-finetune/prepared"  # under the cache base (not a run folder's prepared/)
 KEEP = 8  # entries kept (the most recently used); each is about the size of its data's token ids
 
 
@@ -44,7 +45,7 @@ def cache_root() -> Path:
     if configured:
         return Path(configured).expanduser()
     base = os.environ.get("XDG_CACHE_HOME") or str(Path.home() / ".cache")
-    return Path(base) / "leap-finetune" / "prepared"
+    return Path(base) / CACHE_FOLDER
 
 
 def entry_for(resolved, tokenizer, renderer, sources, examples: int) -> Entry | None:

@@ -25,10 +25,9 @@ from leap_finetune.data.retrieval_rows import check_retrieval_row
 from leap_finetune.data.sft_rows import Conversation, RowWarning, check_sft_row
 from leap_finetune.data.table import RowTable, columns_to_table
 from leap_finetune.errors import LeapError, RowProblem
-from leap_finetune.methods import RETRIEVAL_TYPES
+from leap_finetune.methods import CONVERSATION, LABELLED, PAIR, PROMPT, TEXT_PAIR, method_of
 
 CHUNK_ROWS = 512
-RETRIEVAL = RETRIEVAL_TYPES  # (methods/: the one place that says which types are retrieval)
 
 
 @dataclass
@@ -58,24 +57,27 @@ def set_job(job: Job, parent: int | None = None) -> None:
 
 
 def contract(resolved: ResolvedConfig):
-    if resolved.training_type in RETRIEVAL:
+    """The checker of the rows the training type reads (methods/ names the row kind)."""
+    rows = method_of(resolved).rows
+    if rows == TEXT_PAIR:
         return check_retrieval_row
     family = render_family(resolved.chat_template, resolved.model_family)
-    if resolved.training_type == "sft":
+    if rows == CONVERSATION:
         return functools.partial(check_sft_row, needs_assistant=resolved.loss_on != "all", family=family)
-    return functools.partial({"dpo": check_dpo_row, "kto": check_kto_row, "grpo": check_grpo_row}[resolved.training_type],
+    return functools.partial({PAIR: check_dpo_row, LABELLED: check_kto_row, PROMPT: check_grpo_row}[rows],
                              family=family)
 
 
 def tokenize_row(resolved: ResolvedConfig, renderer, parsed):
     """One row in full (text, spans): what `inspect` shows."""
-    if resolved.training_type in RETRIEVAL:
+    rows = method_of(resolved).rows
+    if rows == TEXT_PAIR:
         return renderer.encode(parsed)  # a RetrievalEncoder (data/retrieval_tokens.py)
-    if resolved.training_type == "sft":
+    if rows == CONVERSATION:
         return renderer.tokenize(parsed.messages, parsed.tools)
-    if resolved.training_type == "dpo":
+    if rows == PAIR:
         return tokenize_pair(renderer, parsed)
-    if resolved.training_type == "grpo":
+    if rows == PROMPT:
         return prepare_prompt(renderer, parsed)
     return tokenize_kto(renderer, parsed)
 
@@ -109,7 +111,7 @@ def check_chunk(rows: list[SourceRow]) -> CheckedChunk:
             result.problems.extend(problems)
             continue
         result.valid += 1
-        if resolved.training_type == "grpo":
+        if method_of(resolved).rewards:  # (the rewards read the extra columns: each has one kind across rows)
             result.extra_kinds.append((row.file, row.location,
                                        {k: category(v) for k, v in parsed.extra.items() if v is not None}))
     return result
@@ -142,6 +144,7 @@ class TokenizedChunk:
 def tokenize_chunk(request: TokenizeRequest) -> TokenizedChunk:
     resolved, renderer = _JOB.resolved, _JOB.renderer
     check = contract(resolved)
+    retrieval = method_of(resolved).retrieval  # (each row's negatives are counted: every row needs as many)
     valid: list[tuple[SourceRow, object]] = []
     for row in request.rows:
         if parse_row(row) is not None or (row.file, row.location) in request.skip:
@@ -151,13 +154,14 @@ def tokenize_chunk(request: TokenizeRequest) -> TokenizedChunk:
             valid.append((row, parsed))
     result = TokenizedChunk(table=RowTable.empty(), kept=np.zeros(len(valid), dtype=bool), expected=request.expected)
     try:
-        if resolved.training_type == "sft":
+        conversations = method_of(resolved).rows == CONVERSATION  # (tokenized in one batch, compact)
+        if conversations:
             compact = tokenize_many(renderer, [parsed for _, parsed in valid])
         else:
             compact = [tokenize_row(resolved, renderer, parsed) for _, parsed in valid]
         for position in request.examples:
             source, parsed = valid[position]
-            full = compact[position] if resolved.training_type != "sft" else tokenize_row(resolved, renderer, parsed)
+            full = tokenize_row(resolved, renderer, parsed) if conversations else compact[position]
             full.meta = {"file": source.file, "location": source.location}
             result.examples[position] = full
     except LeapError as err:  # raised by the data step in order, after the problems of every row
@@ -179,11 +183,11 @@ def tokenize_chunk(request: TokenizeRequest) -> TokenizedChunk:
         columns.append(_columns(row))
         tokens.append(row.tokens)
         trained.append(row.trained_tokens)
-        if resolved.training_type in RETRIEVAL:
+        if retrieval:
             negatives.append(len(row.negatives))
     result.table = RowTable(columns_to_table(columns), np.asarray(tokens, dtype=np.int64),
                             np.asarray(trained, dtype=np.int64))
-    if resolved.training_type in RETRIEVAL:
+    if retrieval:
         result.negatives = np.asarray(negatives, dtype=np.int64)
     return result
 

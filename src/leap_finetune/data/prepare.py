@@ -22,7 +22,7 @@ import numpy as np
 from leap_finetune import faults
 from leap_finetune.config.resolved import ResolvedConfig
 from leap_finetune.config.schema import DatasetConfig
-from leap_finetune.data.chunks import (RETRIEVAL, CheckedChunk, Job, TokenizeRequest, Workers,
+from leap_finetune.data.chunks import (CheckedChunk, Job, TokenizeRequest, Workers,
                                        check_chunk, chunked, processes_for, tokenize_chunk)
 from leap_finetune.data.grpo_rows import column_kind_problems
 from leap_finetune.data.readers import SUFFIXES, Source
@@ -32,6 +32,7 @@ from leap_finetune.data.progress import Progress
 from leap_finetune.data.table import RowTable, SplitWriter
 from leap_finetune.files import is_disk_full
 from leap_finetune.errors import DataError, LeapError, RowProblem
+from leap_finetune.methods import CONVERSATION, LABELLED, METHODS, PAIR, PROMPT, TEXT_PAIR, method_of
 
 
 @dataclass
@@ -103,12 +104,14 @@ def dataset_items(resolved: ResolvedConfig) -> list[DatasetConfig]:
 
 # The columns that identify each training type's rows (to say "these are DPO rows" instead of listing
 # the same missing field in every row).
+# The columns that mark each row kind (their training types are named from methods/)
 ROW_SHAPES = (
-    ("dpo", ("chosen", "rejected")),
-    ("kto", ("completion", "label")),
-    ("grpo", ("prompt", "solution")),
-    ("embedding or colbert", ("query", "positive")),
-    ("sft", ("messages",)), ("sft", ("conversations",)), ("sft", ("conversation",)), ("sft", ("chat",)),
+    (PAIR, ("chosen", "rejected")),
+    (LABELLED, ("completion", "label")),
+    (PROMPT, ("prompt", "solution")),
+    (TEXT_PAIR, ("query", "positive")),
+    (CONVERSATION, ("messages",)), (CONVERSATION, ("conversations",)), (CONVERSATION, ("conversation",)),
+    (CONVERSATION, ("chat",)),
 )
 
 
@@ -169,7 +172,7 @@ def prepare_data(resolved: ResolvedConfig, tokenizer, renderer, *, console=None,
                 raise
         if entry is not None:
             cache.store(entry, prepared, folder, console)
-    if resolved.training_type == "kto":  # (depends on batch sizes, not on the data: after the cache)
+    if method_of(resolved).kl_pairs:  # (depends on batch sizes, not on the data: after the cache)
         _check_kto_batches(prepared, resolved)
     return prepared
 
@@ -227,7 +230,7 @@ def count_rows(resolved: ResolvedConfig, *, console=None) -> PreparedData:
                             invalid_skipped=len(dropped), warnings=warnings.kept, warning_rows=warnings.rows,
                             notices=notices, sources=reports, tokenized=False)
     _check_left(prepared, items)
-    if resolved.training_type == "kto":
+    if method_of(resolved).kl_pairs:
         _check_kto_batches(prepared, resolved)
     return prepared
 
@@ -282,7 +285,7 @@ def _prepare_now(resolved: ResolvedConfig, renderer, items: list[DatasetConfig],
         wanted = _wanted(streams, examples, resolved.samples, any_eval)
         # pass 2: render + mask + tokenize the valid rows
         # SFT, DPO and KTO rows (the large sets) go to Arrow files as they come: memory stays bounded
-        spill = resolved.training_type in ("sft", "dpo", "kto")
+        spill = method_of(resolved).cut_by_max_length
         train_out = SplitWriter(folder / "train-sources.arrow", spill)
         eval_out = SplitWriter(folder / "eval.arrow", spill)
         train_rows, eval_rows = [0] * len(items), [0] * len(items)
@@ -330,7 +333,7 @@ def _prepare_now(resolved: ResolvedConfig, renderer, items: list[DatasetConfig],
     )
     first_rows = [example_rows[k] for k in sorted(example_rows) if example_rows[k].trained_tokens > 0]
     _check_left(prepared, items)
-    if resolved.training_type in RETRIEVAL:
+    if method_of(resolved).retrieval:
         _same_negatives(prepared, np.concatenate(negatives_train) if negatives_train else np.zeros(0, np.int64),
                         first_rows)
     prepared.train.examples = [_inspect_item(row) for row in first_rows[:examples]]
@@ -378,7 +381,7 @@ def _after_check(stream: _Stream, resolved: ResolvedConfig) -> None:
     """The stream's problems in file order; GRPO's column kinds across rows; another training type's rows."""
     for checked in stream.chunks:
         stream.problems.extend(checked.problems)
-    if resolved.training_type == "grpo":
+    if method_of(resolved).rewards:
         for problem in column_kind_problems(k for c in stream.chunks for k in c.extra_kinds):
             stream.skip.add((problem.file, problem.location))
             stream.problems.append(problem)
@@ -469,16 +472,17 @@ def _check_row_shape(columns: list[set], resolved: ResolvedConfig, path: str) ->
     """Most rows invalid, and they have the columns of another training type: say that, once."""
     if not columns:
         return
-    for kind, needed in ROW_SHAPES:
+    for rows, needed in ROW_SHAPES:
         if all(set(needed) <= c for c in columns):
-            if resolved.training_type in kind.split(" or "):
+            if method_of(resolved).rows == rows:
                 return
+            types = [name for name, m in METHODS.items() if m.rows == rows]
+            kind, first = " or ".join(types), types[0]
             found = ", ".join(sorted(columns[0]))
-            first = kind.split(" or ")[0]
             raise LeapError(
                 f"these rows look like {kind} data (columns: {found}), but training_type is {resolved.training_type}",
                 where=path,
-                fix=f"set training_type: {first} to train on them (see README for the {resolved.training_type} row "
+                fix=f"set training_type: {first} to train on them (see docs/data.md for the {resolved.training_type} row "
                 "format), or point dataset.path at other data",
             )
 

@@ -22,7 +22,7 @@ from leap_finetune.data import tool_calls as tc
 LFM_FAMILIES = ("lfm2", "lfm2.5")
 TOOL_LIST_HINT = "List of tools:"
 
-# Warning kinds -> what each means (printed once per dataset with a count; see README "Tool calling").
+# Warning kinds -> what each means (printed once per dataset with a count; see docs/tool-calling.md).
 WARNINGS = {
     "tool_response_markers": "stripped <|tool_response_start|>/<|tool_response_end|> that were pre-baked into role "
     "'tool' content (the LFM2 template adds them itself; LFM2.5 does not use them)",

@@ -3,11 +3,12 @@
 
 At each evaluation point (the same as sync mode: before training unless resuming, every `eval_steps`, after
 the last step) rank 0 writes a snapshot of the model - a full model folder, LoRA merged, into a temporary
-folder renamed when complete, so a half-written snapshot is never evaluated - and hands it to a background
-thread; training continues at once. The thread runs `leap-finetune eval` on the snapshot (inside an sbatch
-job, or against the respawned evaluation server) and returns an outcome. Outcomes are taken in on rank 0 at
-the next step end and logged keyed by the TRAINING STEP of the snapshot: metrics.jsonl and every tracker get
-the scores at that step, RUN/benchmarks/results/step-N.json holds them, and the snapshot is deleted.
+folder renamed when complete, so a half-written snapshot is never evaluated - and hands it to the driver
+(evaluation/handoff.py); training continues at once. The driver, which starts every process of the run
+(launch/evaluator.py), runs `leap-finetune eval` on the snapshot (inside an sbatch job, or against the
+respawned evaluation server) and writes the outcome beside it. Outcomes are taken in on rank 0 at the next
+step end and logged keyed by the TRAINING STEP of the snapshot: metrics.jsonl and every tracker get the scores
+at that step, RUN/benchmarks/results/step-N.json holds them, and the snapshot is deleted.
 
 One evaluation runs at a time; `on_overlap` says whether one that falls due meanwhile waits (queue, at most
 MAX_WAITING snapshots on disk) or is skipped. A failed evaluation (rejected sbatch, a job that fails, is
@@ -20,23 +21,23 @@ from __future__ import annotations
 import copy
 import os
 import shutil
-import threading
 import time
-from concurrent.futures import Future, ThreadPoolExecutor
 from pathlib import Path
 
 from leap_finetune.config.resolved import ResolvedConfig
 from leap_finetune.config.yaml_io import dump_yaml
 from leap_finetune.errors import LeapError
+from leap_finetune.evaluation import handoff
 from leap_finetune.evaluation.callback import EvaluationLog
-from leap_finetune.evaluation.reserved import ReservedServer, use_vllm
-from leap_finetune.evaluation.sidecar import check_sbatch_accepts, sidecar_job
-from leap_finetune.evaluation.snapshot import Outcome, Snapshot, save_full_model
+from leap_finetune.evaluation.reserved import use_vllm
+from leap_finetune.evaluation.sidecar import check_sbatch_accepts
+from leap_finetune.evaluation.snapshot import Snapshot, save_full_model
 from leap_finetune.runs.atomic import replace_folder
-from leap_finetune.runs.folder import RunFolder
+from leap_finetune.runs.folder import MODEL, RunFolder
 
 MAX_WAITING = 3  # snapshots waiting their turn (queue mode): bounded disk
 POLL_S = 1.0
+STOPPING_S = 120  # after STOP: how long the driver may take to stop the running evaluation and answer
 def check_async_eval(resolved: ResolvedConfig, devices) -> None:
     """The machine-dependent checks (validate and run): sbatch for sidecar; one node, and the server's
     packages, for reserved. `devices`: the device plan (launch/devices.py)."""
@@ -54,7 +55,7 @@ def check_async_eval(resolved: ResolvedConfig, devices) -> None:
         raise LeapError(f"async_eval.mode reserved runs the evaluation server on GPUs of the driver's machine, and "
                         f"this run trains on the Ray cluster at {devices.address}", where=where,
                         fix="use mode: sidecar on a cluster, or run on one machine without ray.address")
-    from leap_finetune.launch.servers import port_in_use
+    from leap_finetune.runs.processes import port_in_use
 
     port = resolved.async_eval.reserved.server_port
     if port_in_use("127.0.0.1", port):
@@ -81,7 +82,8 @@ def check_async_eval(resolved: ResolvedConfig, devices) -> None:
 
 
 class AsyncBenchmarks(EvaluationLog):
-    """The callback of sidecar and reserved mode (rank 0 takes the snapshots and the outcomes)."""
+    """The callback of sidecar and reserved mode (rank 0 takes the snapshots and the outcomes; the driver runs
+    the evaluations)."""
 
     def __init__(self, resolved: ResolvedConfig, run_dir: Path, console, every: int, template_text: str):
         super().__init__(run_dir, console, every, resolved.async_eval.failure.max_consecutive)
@@ -89,11 +91,7 @@ class AsyncBenchmarks(EvaluationLog):
         self.settings = resolved.async_eval
         self.template_text = template_text  # the chat template the benchmarks render with (saved with snapshots)
         self.snapshots = RunFolder(run_dir).benchmarks / "snapshots"
-        self.jobs = RunFolder(run_dir).benchmarks / "jobs"
-        self.stop_event = threading.Event()
-        self.pool = ThreadPoolExecutor(max_workers=1, thread_name_prefix="leap-eval")  # one at a time, in order
-        self.pending: list[tuple[Snapshot, Future]] = []
-        self.run = sidecar_job if self.settings.mode == "sidecar" else ReservedServer(resolved, run_dir)
+        self.pending: list[Snapshot] = []  # handed to the driver, in order; the first may be running
         self.finished: dict[int, dict] = {}
         self.epoch: float | None = None  # the epoch of the snapshot whose outcome is being logged
         self.training_ended = False
@@ -106,12 +104,12 @@ class AsyncBenchmarks(EvaluationLog):
         if self.last_step == step or self.switched_off:
             return {}
         self.last_step = step
-        busy = [p for p in self.pending if not p[1].done()]
+        busy = [p for p in self.pending if handoff.answered(p.folder) is None]
         final = when == "after training"
         if busy and not final and (self.settings.on_overlap == "skip" or len(busy) > MAX_WAITING):
             why = "on_overlap: skip" if self.settings.on_overlap == "skip" else f"{MAX_WAITING} snapshots already wait"
             self.console.print(f"[yellow]evaluation of step {step} skipped: the evaluation of step "
-                               f"{busy[0][0].step} still runs ({why})[/yellow]")
+                               f"{busy[0].step} still runs ({why})[/yellow]")
             return {}
         try:
             snapshot = self._snapshot(step, when)
@@ -119,8 +117,7 @@ class AsyncBenchmarks(EvaluationLog):
             shutil.rmtree(self.snapshots / f".step-{step}.partial", ignore_errors=True)
             self._failed(step, when, f"{type(err).__name__}: {err}", None, err)
             return {}
-        future = self.pool.submit(self._evaluate_guarded, snapshot)
-        self.pending.append((snapshot, future))
+        self.pending.append(snapshot)
         self.console.print(f"evaluation of step {step} ({when}) handed to the {self.settings.mode} evaluator"
                            + (f"; {len(busy)} evaluation(s) ahead of it" if busy else ""))
         return {}
@@ -132,27 +129,21 @@ class AsyncBenchmarks(EvaluationLog):
         config = {"project_name": f"{self.resolved.project_name}-eval", "model_name": self.resolved.model_id,
                   "chat_template": self.resolved.chat_template, "checkpoint": str(final), "evals": evals}
 
+        snapshot = Snapshot(step, when, final, self.trainer.state.epoch)
+
         def write(staging: Path) -> None:
             staging.mkdir(parents=True)
-            save_full_model(self.trainer, staging / "model", self.template_text)
+            save_full_model(self.trainer, staging / MODEL, self.template_text)
             (staging / "eval.yaml").write_text(dump_yaml(config), encoding="utf-8")
+            handoff.describe(Snapshot(step, when, staging, snapshot.epoch))  # (last: the request is complete)
 
         replace_folder(final, write)
-        return Snapshot(step, when, final, self.trainer.state.epoch)
-
-    def _evaluate_guarded(self, snapshot: Snapshot) -> Outcome:
-        if self.stop_event.is_set():
-            return Outcome(reason="stopped before it started")
-        try:
-            return self.run(self.resolved, snapshot, self.jobs, self.stop_event)
-        except Exception as err:  # noqa: BLE001 - reported as a failed evaluation
-            return Outcome(reason=f"{type(err).__name__}: {str(err).splitlines()[0] if str(err) else ''}")
+        return snapshot
 
     # -- taking outcomes (rank 0, between steps) -------------------------------------------------------------
     def take_outcomes(self) -> None:
-        while self.pending and self.pending[0][1].done():
-            snapshot, future = self.pending.pop(0)
-            outcome = future.result()
+        while self.pending and (outcome := handoff.answered(self.pending[0].folder)) is not None:
+            snapshot = self.pending.pop(0)
             self.epoch = snapshot.epoch
             if outcome.results is not None:
                 self._succeeded(snapshot, outcome.results)
@@ -189,9 +180,10 @@ class AsyncBenchmarks(EvaluationLog):
         trainer.callback_handler.on_log(trainer.args, state, trainer.control, logs)
 
     def _cancel_waiting(self) -> None:
-        for snapshot, future in list(self.pending):
-            if future.cancel():
-                self.pending.remove((snapshot, future))
+        """Snapshots the driver has not started: taken back (a claim the driver can no longer make)."""
+        for snapshot in list(self.pending):
+            if handoff.claim(snapshot.folder, "cancel"):
+                self.pending.remove(snapshot)
                 shutil.rmtree(snapshot.folder, ignore_errors=True)
 
     # -- the end -----------------------------------------------------------------------------------------------
@@ -200,7 +192,7 @@ class AsyncBenchmarks(EvaluationLog):
         results; stopped early (or past the wait), stop them. Returns every evaluation's results by step."""
         self.training_ended = True
         if wait and self.pending:
-            left = [s.step for s, f in self.pending]
+            left = [s.step for s in self.pending]
             self.console.print(f"waiting for {len(left)} evaluation(s) still running or queued (steps "
                                f"{', '.join(map(str, left))}; at most {self.settings.wait_at_end_s:g} s)")
             deadline = time.monotonic() + self.settings.wait_at_end_s
@@ -209,14 +201,17 @@ class AsyncBenchmarks(EvaluationLog):
                 time.sleep(POLL_S / 2)
         self.take_outcomes()
         if self.pending:
-            self.stop_event.set()
-            steps = ", ".join(str(s.step) for s, _ in self.pending)
+            handoff.ask_to_stop(self.snapshots)
+            steps = ", ".join(str(s.step) for s in self.pending)
             self.console.print(f"[yellow]evaluations of step(s) {steps} stopped unfinished "
                                + ("(training stopped early)" if not wait else
                                   f"(past async_eval.wait_at_end_s = {self.settings.wait_at_end_s:g} s)")
                                + "[/yellow]")
             self._cancel_waiting()
-        self.pool.shutdown(wait=True)
+            # the running one: the driver stops its job or server, then answers (a stopped evaluation: not logged)
+            deadline = time.monotonic() + STOPPING_S
+            while self.pending and handoff.answered(self.pending[0].folder) is None and time.monotonic() < deadline:
+                time.sleep(POLL_S / 2)
         self.pending.clear()
         shutil.rmtree(self.snapshots, ignore_errors=True)
         return self.finished

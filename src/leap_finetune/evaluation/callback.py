@@ -42,7 +42,7 @@ class EvaluationLog(TrainerCallback):
         whichever mode evaluated it), written whole or not at all."""
         import json
 
-        from leap_finetune.recipes.callbacks import write_atomic
+        from leap_finetune.files import write_atomic
 
         folder = self.predictions_dir / "results"
         folder.mkdir(parents=True, exist_ok=True)

@@ -138,7 +138,7 @@ def as_score(value) -> tuple[float, bool]:
 def check_custom_metric(metric: str, benchmark: str, items) -> None:
     """Run a custom metric on every row's reference answer (as if the model had answered it exactly):
     a metric that raises there would score 0 for every answer during training. Runs the user's code,
-    which the config names (README: "Benchmarks")."""
+    which the config names (docs/evaluation.md, "Benchmarks")."""
     function = load_metric(metric, guarded=False)
     for item in items:
         try:

@@ -1,5 +1,6 @@
 """async_eval mode `reserved`: an evaluation server respawned on each snapshot on GPUs the driver kept out of
-training, and `leap-finetune eval --server` against it (evaluation/async_eval.py hands the snapshots over)."""
+training, and `leap-finetune eval --server` against it (run by the driver, launch/evaluator.py, on the snapshots
+rank 0 hands over)."""
 
 from __future__ import annotations
 
@@ -14,7 +15,8 @@ from pathlib import Path
 from leap_finetune.config.resolved import ResolvedConfig
 from leap_finetune.errors import LeapError
 from leap_finetune.evaluation.snapshot import Outcome, Snapshot
-from leap_finetune.launch.distributed import NO_MULTICAST
+from leap_finetune.runs.folder import MODEL
+from leap_finetune.runs.processes import NO_MULTICAST
 
 POLL_S = 1.0
 
@@ -45,7 +47,7 @@ class ReservedServer:
                 "--batch-size", str(resolved.evals.batch_size)]
 
     def __call__(self, resolved: ResolvedConfig, snapshot: Snapshot, jobs: Path, stop: threading.Event) -> Outcome:
-        from leap_finetune.launch.servers import Server, ServerSpec
+        from leap_finetune.runs.processes import Server, ServerSpec
 
         settings = resolved.async_eval
         port = settings.reserved.server_port
@@ -55,7 +57,7 @@ class ReservedServer:
             env["OMP_NUM_THREADS"] = "1"
         spec = ServerSpec(name="evaluation server", port=port, env=env, start_timeout_s=settings.reserved.start_timeout_s,
                           command=(["nice", "-n", "19"] if cpu else []) + self.server_command(
-                              resolved, snapshot.folder / "model", port))
+                              resolved, snapshot.folder / MODEL, port))
         server_log = jobs / f"step-{snapshot.step}-server.log"
         server = Server(spec, server_log)
         try:

@@ -1,5 +1,5 @@
 """async_eval mode `sidecar`: one sbatch job per evaluation, running `leap-finetune eval` on a snapshot,
-polled with scontrol until it ends (evaluation/async_eval.py hands the snapshots over)."""
+polled with scontrol until it ends (run by the driver, launch/evaluator.py, on the snapshots rank 0 hands over)."""
 
 from __future__ import annotations
 
@@ -16,7 +16,7 @@ from leap_finetune.config.cluster_values import sbatch_value
 from leap_finetune.config.resolved import ResolvedConfig
 from leap_finetune.errors import LeapError
 from leap_finetune.evaluation.snapshot import Outcome, Snapshot
-from leap_finetune.launch.distributed import NO_MULTICAST
+from leap_finetune.runs.processes import NO_MULTICAST
 
 POLL_S = 1.0
 # A pending job with one of these reasons will not start by waiting (held, or over a limit of its partition,

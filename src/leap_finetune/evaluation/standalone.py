@@ -15,6 +15,7 @@ from rich.console import Console
 
 from leap_finetune.config.resolved import ResolvedConfig
 from leap_finetune.errors import LeapError
+from leap_finetune.methods import method_of
 from leap_finetune.runs.folder import RunFolder
 
 
@@ -33,14 +34,14 @@ def evaluate_config(source, *, output: str | Path | None = None, console: Consol
     """Run the `evals:` block on `checkpoint` (a run, checkpoint or adapter folder) or `model_name`,
     without training. Writes the results as JSON to `output` when given. `server`: the base URL of an
     OpenAI-compatible server that answers the generation benchmarks (log-prob ones still run here)."""
-    from leap_finetune.config.loader import load_config
+    from leap_finetune.validate.loader import load_config
 
     console = console or Console(stderr=True)
     resolved = source if isinstance(source, ResolvedConfig) else load_config(source)
     if resolved.evals is None:
         raise LeapError("the config has no benchmarks to run (no evals: block, or evals.benchmarks is empty)",
                         where=resolved.config_path or "config",
-                        fix="add evals: with benchmarks (see README \"Benchmarks\")")
+                        fix="add evals: with benchmarks (see docs/evaluation.md)")
     target = model_to_evaluate(resolved)
     benchmarks = check_benchmarks(resolved, target.model_id)
     if output is not None:
@@ -186,16 +187,13 @@ def _evaluate_retrieval(resolved: ResolvedConfig, target: ModelToEvaluate, bench
                         where=f"checkpoint: {target.adapter_dir}", fix="point checkpoint at the run folder or its model/")
     _refuse_lora_checkpoint(Path(target.model_id))
     quiet_libraries()
-    multi_vector = resolved.training_type == "colbert"
-    if multi_vector:
-        from leap_finetune.recipes.colbert import build_model
-    else:
-        from leap_finetune.recipes.embedding import build_model
+    multi_vector = method_of(resolved).multi_vector
+    from leap_finetune.models.encoders import build_encoder
     import tempfile
 
     # (a built-in tiny backbone is saved to run_dir first: a temporary one here)
     with tempfile.TemporaryDirectory() as scratch:
-        model = build_model(resolved.model_copy(update={"model_id": target.model_id, "run_dir": scratch}), console)
+        model = build_encoder(resolved.model_copy(update={"model_id": target.model_id, "run_dir": scratch}), console)
     results: dict[str, float] = {}
     for bench in benchmarks:
         data = bench.items
@@ -225,7 +223,7 @@ def _check_output(output: Path, resolved: ResolvedConfig) -> None:
     if str(output) in {str(Path(p).resolve()) for p in inputs if p}:
         raise LeapError("--output would overwrite an input of this evaluation (the config or a benchmark file)",
                         where=str(output), fix="give another file path, e.g. results.json")
-    from leap_finetune.launch.plan import check_writable
+    from leap_finetune.files import check_writable
 
     check_writable(output.parent, "--output")
 
@@ -251,37 +249,20 @@ def model_to_evaluate(resolved: ResolvedConfig) -> ModelToEvaluate:
     folder, or an adapter folder; without `checkpoint`, model_name."""
     if not resolved.checkpoint:
         return ModelToEvaluate(resolved.model_id)
-    from leap_finetune.launch.plan import latest_checkpoint
+    from leap_finetune.runs.model import is_model, model_in
 
     folder = Path(resolved.checkpoint)
     if not folder.is_dir():
         raise LeapError("not a folder", where=f"checkpoint: {folder}",
                         fix="point checkpoint at a run folder, a checkpoint-N folder or an adapter folder")
-    if (folder / "model" / "config.json").exists():
-        return ModelToEvaluate(str(folder / "model"))
-    chosen = folder
-    from leap_finetune.launch.plan import newest_run
-
-    run = newest_run(folder) if not _is_model(folder) and not _is_adapter(folder) else None
-    if run is not None and run != folder and (run / "model" / "config.json").exists():
-        return ModelToEvaluate(str(run / "model"))  # a project folder: its newest run's final model
-    if not _is_model(folder) and not _is_adapter(folder):
-        chosen = latest_checkpoint(folder)
-        if chosen is None:
-            raise LeapError("no model in this folder (no config.json, no adapter_config.json, no model/, no complete "
-                            "checkpoint)", where=f"checkpoint: {folder}",
-                            fix="point checkpoint at a run folder, a checkpoint-N folder or an adapter folder")
-    if _is_model(chosen):
+    chosen = model_in(folder)
+    if chosen is None:
+        raise LeapError("no model in this folder (no config.json, no adapter_config.json, no model/, no complete "
+                        "checkpoint)", where=f"checkpoint: {folder}",
+                        fix="point checkpoint at a run folder, a checkpoint-N folder or an adapter folder")
+    if is_model(chosen):
         return ModelToEvaluate(str(chosen))
     return ModelToEvaluate(_adapter_base(chosen, resolved), adapter_dir=chosen)
-
-
-def _is_model(folder: Path) -> bool:
-    return (folder / "config.json").exists()
-
-
-def _is_adapter(folder: Path) -> bool:
-    return (folder / "adapter_config.json").exists()
 
 
 def _adapter_base(adapter: Path, resolved: ResolvedConfig) -> str:

@@ -16,10 +16,10 @@ from pathlib import Path
 from leap_finetune import signals
 from leap_finetune.errors import LeapError, RunFailed
 from leap_finetune.launch.devices import DevicePlan
+from leap_finetune.runs.processes import NO_MULTICAST
 
 # NVLink multicast is off on the machines we run on; a process that uses it can take a shared host's
 # GPUs out of service. Every process the project starts keeps these (Ray workers included).
-NO_MULTICAST = {"NCCL_NVLS_ENABLE": "0", "TORCH_SYMM_MEM_DISABLE_MULTICAST": "1", "NVSHMEM_DISABLE_NVLS": "1"}
 PASSED_ON = ("HF_HUB_OFFLINE", "TRANSFORMERS_OFFLINE", "HF_DATASETS_OFFLINE", "HF_HOME", "HF_TOKEN",
              "TOKENIZERS_PARALLELISM", "LEAP_FINETUNE_SHOW_WARNINGS", "LEAP_FINETUNE_PROFILE", "WANDB_API_KEY", "WANDB_MODE",
              "LEAP_FINETUNE_FAULT")

@@ -13,7 +13,7 @@ from pathlib import Path
 from leap_finetune import __version__
 from leap_finetune.config.yaml_io import dump_yaml
 from leap_finetune.files import read_metrics
-from leap_finetune.methods import RETRIEVAL_TYPES as RETRIEVAL
+from leap_finetune.methods import method_of
 from leap_finetune.models.tiny import TINY_MODELS
 from leap_finetune.runs.folder import RunFolder
 
@@ -27,11 +27,12 @@ def snippet(resolved, summary: dict, adapter: bool) -> str:
     model_dir = summary["model_dir"]
     prompts = getattr(getattr(resolved, "retrieval", None), "prompts", None)
     query_prompt = ', prompt_name="query"' if prompts is not None and prompts.query else ""
-    if resolved.training_type == "embedding":
+    encoder = method_of(resolved).encoder_class
+    if encoder == "SentenceTransformer":
         return (f'from sentence_transformers import SentenceTransformer\n\nmodel = SentenceTransformer("{model_dir}")\n'
                 f'embeddings = model.encode(["What is the capital of France?"]{query_prompt})\n'
                 'print(embeddings.shape)')
-    if resolved.training_type == "colbert":
+    if encoder == "MultiVectorEncoder":
         return (f'from sentence_transformers import MultiVectorEncoder\n\nmodel = MultiVectorEncoder("{model_dir}")\n'
                 f'vectors = model.encode(["What is the capital of France?"]{query_prompt})\nprint(len(vectors[0]))')
     if adapter:
@@ -66,9 +67,9 @@ def _metadata(resolved, prepared, adapter: bool) -> dict:
     if adapter:
         tags.append("lora")
     data = {
-        "library_name": "sentence-transformers" if resolved.training_type in RETRIEVAL else
+        "library_name": "sentence-transformers" if method_of(resolved).retrieval else
         "peft" if adapter else "transformers",
-        "pipeline_tag": "sentence-similarity" if resolved.training_type in RETRIEVAL else "text-generation",
+        "pipeline_tag": "sentence-similarity" if method_of(resolved).retrieval else "text-generation",
         "tags": tags,
     }
     base = _hub_id(resolved.model_id)
@@ -139,7 +140,7 @@ def _resume_changes(run_dir: Path) -> list[dict]:
 
 
 def _lengths_row(resolved) -> str:
-    if resolved.training_type in RETRIEVAL:  # (no packing; each side cut to its own length)
+    if method_of(resolved).retrieval:  # (no packing; each side cut to its own length)
         r = resolved.retrieval
         own = "the encoder's own"
         return f"| max length query / document | {r.query_max_length or own} / {r.document_max_length or own} |"
@@ -148,7 +149,7 @@ def _lengths_row(resolved) -> str:
 
 def _use_it_too(resolved) -> str:
     run_dir = resolved.run_dir
-    if resolved.training_type in RETRIEVAL:  # (an encoder: nothing to chat with)
+    if method_of(resolved).retrieval:  # (an encoder: nothing to chat with)
         return (f"Score it on a retrieval benchmark: `leap-finetune eval CONFIG` with `checkpoint: {run_dir}` and a "
                 f"benchmark of `metric: retrieval`; `leap-finetune export {run_dir}` copies it as a "
                 "sentence-transformers folder.")
@@ -168,7 +169,7 @@ def card_text(resolved, prepared, summary: dict, devices_line: str, adapter: boo
     lines += ["## Data", "", "| source | rows read | valid | train | eval | mix | tokens used |",
               "| --- | --- | --- | --- | --- | --- | --- |"]
     lines += _data_rows(prepared)
-    retrieval = resolved.training_type in RETRIEVAL
+    retrieval = method_of(resolved).retrieval
     loss_tokens = "" if retrieval else f" ({prepared.trained_tokens:,} carrying loss)"  # (every token of a text)
     lines += ["", f"{len(prepared.train):,} training rows, {prepared.train_tokens:,} tokens{loss_tokens}; "
               f"{len(prepared.eval):,} held out. "

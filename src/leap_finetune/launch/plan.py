@@ -9,12 +9,25 @@ from dataclasses import dataclass, field
 from pathlib import Path
 
 from leap_finetune.config.resolved import ResolvedConfig
+from leap_finetune.config.resume import (
+    OPERATIONAL,
+    RESUME_ALLOWABLE,
+    RESUME_FREE_PREFIXES,
+    RESUME_FREE_TRAINING,
+    RESUME_KEEPS,
+    RESUME_KEEPS_DATA,
+    RESUME_KEEPS_TRAINING,
+)
 from leap_finetune.errors import LeapError
-from leap_finetune.recipes.checkpoints import (
-    MARKER,
+from leap_finetune.files import check_writable
+from leap_finetune.runs.checkpoints import (
     checkpoints,
+    latest_checkpoint,
+    newest_intact,
+    newest_run,
     read_marker,
     step_of,
+    stopped_before_checkpoint,
     verify,
 )
 from leap_finetune.runs.folder import RunFolder
@@ -44,35 +57,6 @@ def outputs_folder(resolved: ResolvedConfig, outputs_root: Path | None = None) -
     base = Path(resolved.config_dir) if resolved.config_dir else Path.cwd()
     root = outputs_root if outputs_root is not None else base / OUTPUTS_ROOT
     return Path(root).expanduser().resolve() / resolved.project_name
-
-
-def check_writable(folder: Path, key: str) -> None:
-    """The run folder can be created: its nearest existing parent is a folder we can write in. A
-    probe file is made and removed there (read-only file systems and permissions both show)."""
-    import errno
-    import os
-    import tempfile
-
-    folder = Path(folder)
-    if folder.exists() and not folder.is_dir():
-        raise LeapError("this is a file, not a folder", where=f"{key}: {folder}",
-                        fix=f"set {key} to a folder path (it is created if missing)")
-    parent = folder
-    while not parent.exists():
-        parent = parent.parent
-    if not parent.is_dir():
-        raise LeapError(f"cannot create the folder: {parent} is a file", where=f"{key}: {folder}",
-                        fix=f"set {key} to a path inside a folder")
-    try:
-        handle, probe = tempfile.mkstemp(prefix=".leap-write-check-", dir=parent)
-        os.close(handle)
-        os.unlink(probe)
-    except OSError as err:
-        reason = os.strerror(err.errno) if err.errno else str(err)
-        hint = "a read-only file system" if err.errno == errno.EROFS else "no permission to write" \
-            if err.errno in (errno.EACCES, errno.EPERM) else reason
-        raise LeapError(f"cannot write in {parent} ({hint})", where=f"{key}: {folder}",
-                        fix=f"set {key} to a folder you can write in") from None
 
 
 def plan_run(resolved: ResolvedConfig, *, outputs_root: Path | None = None) -> RunPlan:
@@ -129,7 +113,7 @@ def _plan_resume(resolved: ResolvedConfig, root: Path) -> RunPlan:
             checkpoint, damaged = newest_intact(run_dir)
             notes += [f"{folder.name} is damaged ({problem}); not resumed from" for folder, problem in damaged]
         if checkpoint is None:
-            stopped = _stopped_before_checkpoint(searched) if run_dir is None else None
+            stopped = stopped_before_checkpoint(searched) if run_dir is None else None
             if stopped is not None:
                 raise LeapError(
                     f"resume_from_checkpoint: latest, but the run in {stopped} stopped before its first complete "
@@ -180,37 +164,6 @@ def _check_is_checkpoint(folder: Path, key: str) -> None:
                         fix="resume from a checkpoint-N folder; to fine-tune this model further, set model_name to it")
 
 
-# What a resume must keep: the run's model, data and the settings that decide what one step is.
-RESUME_KEEPS = ("model_id", "training_type", "chat_template", "loss_on", "peft", "retrieval")
-RESUME_KEEPS_DATA = ("path", "val_path", "limit", "test_size", "split", "subset", "on_invalid", "weight", "epochs")
-# training_config keys that no key can change on a resume: the data each step reads and its order, the model's
-# shape, and the optimizer whose state the checkpoint holds
-RESUME_KEEPS_TRAINING = ("max_length", "packing", "padding_free", "seed", "truncation_mode", "model_init_kwargs",
-                         "data_seed", "train_sampling_strategy", "shuffle_dataset", "dataloader_drop_last",
-                         "group_by_length", "packing_strategy", "optim", "optim_args", "optim_target_modules")
-# training_config keys a resume may change freely: how long to train, how often to log, evaluate and save,
-# where to report, memory and speed knobs that leave the arithmetic alone (the batch: see global_batch)
-RESUME_FREE_TRAINING = frozenset((
-    "max_steps", "num_train_epochs", "logging_steps", "logging_strategy", "logging_first_step", "logging_nan_inf_filter",
-    "save_steps", "save_strategy", "save_total_limit", "save_only_model", "eval_steps", "eval_strategy", "eval_delay",
-    "eval_on_start", "per_device_eval_batch_size", "eval_accumulation_steps", "prediction_loss_only",
-    "metric_for_best_model", "greater_is_better", "load_best_model_at_end", "report_to", "run_name", "project",
-    "disable_tqdm", "dataloader_num_workers", "dataloader_pin_memory", "dataloader_persistent_workers",
-    "dataloader_prefetch_factor", "include_num_input_tokens_seen", "resume_from_checkpoint", "resume_allow_changes",
-    "ddp_timeout", "ddp_bucket_cap_mb", "ddp_find_unused_parameters", "gradient_checkpointing",
-    "gradient_checkpointing_kwargs", "torch_empty_cache_steps", "push_to_hub", "hub_model_id", "hub_strategy",
-    "hub_private_repo", "log_level", "log_level_replica", "logging_dir", "per_device_train_batch_size",
-    "gradient_accumulation_steps", "trackio_space_id", "use_vllm", "cache_implementation"))
-RESUME_FREE_PREFIXES = ("vllm_",)  # GRPO: where and how rollouts are generated
-# other parts of the config a resume may change when resume_allow_changes names them (applied from the resumed step)
-RESUME_ALLOWABLE = ("rewards",)
-# ... of which these keys change how the run is served, not what it trains: free (a judge moved to another host,
-# given more time after it stopped the run)
-OPERATIONAL = {"rewards": {"judge": ("base_url", "timeout_s", "max_concurrency", "retries", "max_failed_steps",
-                                     "check_at_validate", "api_key_env"), "": ("check_at_validate",)},
-               "retrieval": {"": ("mini_batch_size",)}}  # (cached_mnrl's memory knob: the same gradients)
-
-
 def _compared(config: dict, key: str):
     """config[key] without its operational keys."""
     value = config.get(key)
@@ -259,7 +212,7 @@ def resumed_config(plan: RunPlan) -> tuple[dict | None, dict | None]:
             config = None
     if data is None:
         try:
-            data = json.loads((plan.run_dir / "prepared" / "fingerprint.json").read_text(encoding="utf-8"))
+            data = json.loads((RunFolder(plan.run_dir).prepared / "fingerprint.json").read_text(encoding="utf-8"))
         except (OSError, json.JSONDecodeError):
             data = None
     return config, data
@@ -356,69 +309,11 @@ def _finished(resolved: ResolvedConfig, run_dir: Path, checkpoint: Path) -> dict
     return summary if same_length else None
 
 
-def newest_run(folder: Path) -> Path | None:
-    """`folder` itself when it holds checkpoints, else its sub-folder (run) whose newest checkpoint
-    marker was written last."""
-    if not folder.is_dir():
-        return None
-    if any(read_marker(p) is not None for p in checkpoints(folder)):
-        return folder
-    runs = []
-    for run in folder.iterdir():
-        marked = [p for p in checkpoints(run) if (p / MARKER).exists()]
-        if marked:
-            runs.append((max(_saved_at(p) for p in marked), run))
-    return max(runs)[1] if runs else None
-
-
-def _saved_at(checkpoint: Path) -> float:
-    """When the checkpoint was saved, by the clock of the process that saved it (recorded in its marker): a file's
-    time comes from the clock of whichever host wrote it last (measured: clock skew made `latest` pick the wrong
-    run). Markers written before this release: the file time."""
-    saved = (read_marker(checkpoint) or {}).get("saved_at")
-    if isinstance(saved, (int, float)):
-        return float(saved)
-    try:
-        return (checkpoint / MARKER).stat().st_mtime
-    except OSError:
-        return 0.0
-
-
-def _stopped_before_checkpoint(folder: Path) -> Path | None:
-    """A run folder (`folder` or the newest one under it) that a run started in and left without any complete
-    checkpoint (a driver killed before its first save: nothing could clean it up)."""
-    if not folder.is_dir():
-        return None
-    candidates = [folder] if RunFolder(folder).is_run() else \
-        [p for p in folder.iterdir() if p.is_dir() and RunFolder(p).is_run()]
-    left = [p for p in candidates if newest_intact(p)[0] is None]
-    return max(left, key=lambda p: p.stat().st_mtime) if left else None
-
-
-def newest_intact(run_dir: Path) -> tuple[Path | None, list[tuple[Path, str]]]:
-    """The newest checkpoint that verifies, and the marked-complete ones newer than it that do not."""
-    damaged = []
-    for folder in reversed(checkpoints(run_dir)):
-        if read_marker(folder) is None:
-            continue  # never completed (or being deleted): not a checkpoint
-        verdict = verify(folder)
-        if verdict.ok:
-            return folder, damaged
-        damaged.append((folder, verdict.problem))
-    return None, damaged
-
-
-def latest_checkpoint(folder: Path) -> Path | None:
-    """The newest intact checkpoint in a run folder, or in the newest run of a project folder."""
-    run_dir = newest_run(folder)
-    return newest_intact(run_dir)[0] if run_dir is not None else None
-
-
 def rewind(plan) -> None:
     """A resume continues from its checkpoint: checkpoint folders that never completed (or are newer
     and damaged) are removed, and the metrics log is cut back to what it held when the checkpoint was
     marked, so no step is logged twice."""
-    from leap_finetune.recipes.checkpoints import delete
+    from leap_finetune.runs.checkpoints import delete
 
     for folder in plan.stale:
         delete(folder)

@@ -11,6 +11,7 @@ from rich.table import Table
 from leap_finetune.config.resolved import ResolvedConfig
 from leap_finetune.data.prepare import PreparedData
 from leap_finetune.data.tool_use import WARNINGS
+from leap_finetune.methods import LABELLED, PAIR, method_of
 from leap_finetune.runs.folder import RunFolder
 
 # Above this share of invalid rows skipped by `on_invalid: skip`, the data report warns loudly.
@@ -33,7 +34,7 @@ def config_table(resolved: ResolvedConfig) -> Table:
         ("batch x accumulation", f"{t.get('per_device_train_batch_size')} x {t.get('gradient_accumulation_steps', 1)}"),
         ("max length / packing", f"{t.get('max_length')} / {t.get('packing', False)}"),
     ]
-    if resolved.training_type == "grpo":
+    if method_of(resolved).rewards:
         rows[2] = ("training", "grpo, rewards: " + ", ".join(_reward_names(resolved)))
         rows[8] = ("generations / length", f"{t.get('num_generations')} per prompt / up to "
                    f"{t.get('max_completion_length')} tokens")
@@ -94,7 +95,7 @@ def _datasets(resolved: ResolvedConfig) -> str:
 
 def data_report(console: Console, prepared: PreparedData, resolved: ResolvedConfig | None = None,
                 max_listed: int = 5) -> None:
-    if resolved is not None and resolved.training_type == "grpo":
+    if resolved is not None and method_of(resolved).rewards:
         with_solution = sum(1 for solution in prepared.train.column("solution") if solution)
         console.print(f"data: {prepared.rows_read} rows read -> {len(prepared.train)} train prompts "
                       f"({with_solution} with a solution), {len(prepared.eval)} eval; {prepared.train_tokens:,} "
@@ -131,7 +132,7 @@ def data_report(console: Console, prepared: PreparedData, resolved: ResolvedConf
         label, colour = ("note", "dim") if kind == "converted_tool_calls" else ("warning", "yellow")
         console.print(f"[{colour}]{label} ({kind}): {escape(WARNINGS[kind])}: {rows} row(s), "
                       f"e.g. {escape(items[0].file)} {escape(examples)}[/{colour}]")
-    if resolved is not None and resolved.training_type == "kto":
+    if resolved is not None and method_of(resolved).kl_pairs:
         from leap_finetune.data.preference_tokens import kto_balance_advice
 
         advice = kto_balance_advice(prepared.train.column("label"), resolved.training.get("desirable_weight", 1.0),
@@ -174,7 +175,11 @@ def _last_logged(run_dir: Path, keys: tuple[str, ...]) -> dict:
 
 
 def end_report(console: Console, resolved: ResolvedConfig, summary: dict) -> None:
-    """The run in one table: what trained, how long and how fast, the results before -> after, where it all is."""
+    """The run's end: one line (steps, loss or reward, held-out results), then - unless it stopped early - the run
+    in one table: what trained, how long and how fast, the results before -> after, where it all is."""
+    _done_line(console, summary)
+    if summary.get("stopped_early"):
+        return
     from leap_finetune.launch.model_card import _best_eval, retrieval_results
 
     run_dir = Path(summary["run_dir"])
@@ -202,7 +207,7 @@ def end_report(console: Console, resolved: ResolvedConfig, summary: dict) -> Non
         table.add_row(name, (f"{before:.3f} -> " if before is not None else "") + f"{after:.3f}")
     after, before = summary.get("eval_metrics") or {}, summary.get("initial_eval_metrics") or {}
     trained = _last_logged(run_dir, ("rewards/accuracies", "rewards/margins", "rewards/chosen", "rewards/rejected"))
-    if resolved.training_type == "dpo":
+    if method_of(resolved).rows == PAIR:
         for name in ("accuracies", "margins"):
             key = f"eval_rewards/{name}"
             if key in after:
@@ -210,7 +215,7 @@ def end_report(console: Console, resolved: ResolvedConfig, summary: dict) -> Non
                               (f"{before[key]:.3f} -> " if key in before else "") + f"{after[key]:.3f}")
             elif f"rewards/{name}" in trained:
                 table.add_row(f"reward {name} (last training log)", f"{trained[f'rewards/{name}']:.3f}")
-    if resolved.training_type == "kto":
+    if method_of(resolved).rows == LABELLED:
         def gap(values: dict, prefix: str):
             chosen, rejected = values.get(f"{prefix}rewards/chosen"), values.get(f"{prefix}rewards/rejected")
             return chosen - rejected if chosen is not None and rejected is not None else None
@@ -242,3 +247,58 @@ def end_report(console: Console, resolved: ResolvedConfig, summary: dict) -> Non
     where.append("card README.md, plots/, train.log, metrics.jsonl")
     table.add_row("where", "\n".join(where))
     console.print(table)
+
+
+def devices_line(devices) -> str:
+    if devices.in_process:
+        where = f"1 GPU (device {devices.training[0]})" if devices.use_gpu else "CPU"
+        return f"devices: {where}, " + ("one training process (it sees only this GPU)" if devices.own_process
+                                         else "in-process")
+    kind = f"{len(devices.training)} GPU(s) per node: {devices.training}" if devices.use_gpu else "CPU workers"
+    cluster = f"the Ray cluster at {devices.address}" if devices.address else "a local Ray instance"
+    return (f"devices: {devices.workers} Ray Train workers ({devices.backend}) on {devices.nodes} node(s), {kind}; "
+            f"{cluster}")
+
+
+def print_plan_notes(console: Console, plan) -> None:
+    for note in plan.notes:
+        console.print(f"[yellow]warning: {note}[/yellow]")
+    if plan.changes:
+        from leap_finetune.runs.checkpoints import step_of
+
+        listed = "; ".join(f"{k.removeprefix('training_config.')}: {old!r} -> {new!r}" for k, (old, new) in plan.changes.items())
+        console.print(f"resume: from step {step_of(plan.resume_checkpoint)} on, {listed} (resume_allow_changes; "
+                      "recorded in resume_changes.json)")
+    if plan.finished is not None:
+        console.print(f"[green]already finished[/green]: {plan.run_dir} ended at step {plan.finished['global_step']} "
+                      f"with these settings; nothing to train (model: {plan.finished['model_dir']}). To train "
+                      "longer, raise max_steps or num_train_epochs; to start again, remove resume_from_checkpoint.")
+
+
+def _done_line(console: Console, summary: dict) -> None:
+    if summary.get("stopped_early"):
+        console.print(f"[yellow]stopped at step {summary['global_step']} (checkpoint saved); continue with "
+                      "training_config.resume_from_checkpoint: latest[/yellow]")
+        return
+    parts = [f"done: {summary['global_step']} steps"]
+    if summary.get("final_reward") is not None:
+        parts.append(f"reward {summary['initial_reward']:.2f} -> {summary['final_reward']:.2f} (first / last 5 steps)")
+        judge = summary.get("judge") or {}
+        if judge.get("failures"):
+            parts.append(f"judge failures {judge['failures']:,} of {judge['requests']:,}")
+    else:
+        parts.append(f"train loss {summary['train_loss']:.4f}")
+    if summary.get("eval_loss") is not None:
+        before = summary.get("initial_eval_loss")
+        parts.append(f"eval loss {before:.4f} -> {summary['eval_loss']:.4f}" if before is not None
+                     else f"eval loss {summary['eval_loss']:.4f}")
+    if summary.get("ndcg@10") is not None:  # embedding / colbert: held-out retrieval
+        before = summary.get("initial_ndcg@10")
+        parts.append(f"held-out nDCG@10 {before:.2f} -> {summary['ndcg@10']:.2f}" if before is not None
+                     else f"held-out nDCG@10 {summary['ndcg@10']:.2f}")
+    for name, after in (summary.get("retrieval_benchmarks") or {}).items():
+        before = (summary.get("initial_retrieval_benchmarks") or {}).get(name)
+        parts.append(f"{name} nDCG@10 {before:.2f} -> {after:.2f}" if before is not None
+                     else f"{name} nDCG@10 {after:.2f}")
+    console.print(", ".join(parts))
+    console.print(f"model: {summary['model_dir']}" + (f"  adapter: {summary['adapter_dir']}" if summary.get("adapter_dir") else ""))

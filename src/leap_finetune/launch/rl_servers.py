@@ -3,7 +3,7 @@ plan's server GPUs and the judge on its judge GPUs - `vllm serve` where vLLM is 
 transformers' own OpenAI-compatible server (`transformers serve`), which also runs a judge on CPU
 (`judge_gpus: 0`, for tiny judges and tests).
 
-`plan` shows these specs; `run` starts them (launch/servers.py) before Ray or any training process.
+`plan` shows these specs; `run` starts them (runs/processes.py) before Ray or any training process.
 """
 
 from __future__ import annotations
@@ -12,10 +12,10 @@ import importlib.util
 import sys
 
 from leap_finetune.launch.devices import DevicePlan, physical_ids
-from leap_finetune.launch.servers import ServerSpec
+from leap_finetune.runs.processes import ServerSpec
 
 # Every process the project starts keeps NVLink multicast off (ENVIRONMENT.md: NCCL NVLS hangs there).
-from leap_finetune.launch.distributed import NO_MULTICAST
+from leap_finetune.runs.processes import NO_MULTICAST
 
 
 # Each server runs as a module of the driver's own Python: the same environment (and versions) as the run,

@@ -7,7 +7,8 @@ so what `plan` prints is what `run` does. `--gpus` / `--nodes` plan for a machin
 from __future__ import annotations
 
 from leap_finetune.launch.devices import DevicePlan
-from leap_finetune.launch.distributed import NO_MULTICAST
+from leap_finetune.runs.processes import NO_MULTICAST
+from leap_finetune.methods import method_of
 
 
 def server_processes(devices: DevicePlan, resolved) -> list[dict]:
@@ -37,7 +38,7 @@ def _evaluation_processes(devices: DevicePlan, resolved) -> list[dict]:
     settings = getattr(resolved, "async_eval", None)
     if settings is None or settings.mode == "sync":
         return []
-    from leap_finetune.launch.distributed import NO_MULTICAST
+    from leap_finetune.runs.processes import NO_MULTICAST
 
     snapshot = "RUN/benchmarks/snapshots/step-N"
     if settings.mode == "sidecar":
@@ -100,7 +101,7 @@ def plan_report(resolved, devices: DevicePlan, prepared, no_tokens: str = "") ->
         "tokens_per_step": round(tokens_per_row * steps.per_step) if prepared.tokenized else None,
         "tokens_not_counted": None if prepared.tokenized else _why_no_tokens(resolved, no_tokens),
         "sampling": (f"each prompt {t.get('num_generations', 8)} times (GRPO's groups)"
-                     if resolved.training_type == "grpo" else t.get("train_sampling_strategy", "random")),
+                     if method_of(resolved).rewards else t.get("train_sampling_strategy", "random")),
         "last_batch": steps.last_batch,
         "rollouts": _rollouts(resolved),
         "processes": processes(devices, resolved.config_path, resolved),
@@ -109,7 +110,7 @@ def plan_report(resolved, devices: DevicePlan, prepared, no_tokens: str = "") ->
 
 def _rollouts(resolved) -> dict | None:
     """GRPO: the engine the config chose and the one measured faster for this model's size."""
-    if resolved.training_type != "grpo":
+    if not method_of(resolved).rewards:
         return None
     from leap_finetune.launch.report import rollout_engine
     from leap_finetune.rl.engines import rollout_advice
@@ -121,7 +122,7 @@ def _rollouts(resolved) -> dict | None:
 
 
 def _why_no_tokens(resolved, no_tokens: str) -> str:
-    cut = resolved.training_type in ("sft", "dpo", "kto") and resolved.training.get("max_length")
+    cut = method_of(resolved).cut_by_max_length and resolved.training.get("max_length")
     return ((no_tokens or "the tokenizer is not at hand") + ", and plan does not download it; `leap-finetune validate` "
             "does, then plan counts them" + ("; the rows above include any that max_length would cut away entirely"
                                              if cut else ""))

@@ -23,8 +23,8 @@ from pathlib import Path
 
 from leap_finetune.errors import LeapError, RunFailed
 from leap_finetune.launch.devices import DevicePlan, physical_ids
-from leap_finetune.launch.distributed import NO_MULTICAST
-from leap_finetune.launch.servers import _die_with_parent
+from leap_finetune.runs.processes import NO_MULTICAST
+from leap_finetune.runs.processes import _die_with_parent
 from leap_finetune.runs.folder import RunFolder
 from leap_finetune.signals import Stopped, handled
 

@@ -21,7 +21,7 @@ from leap_finetune.config.cluster_values import sbatch_value
 from leap_finetune.config.resolved import ResolvedConfig
 from leap_finetune.config.schema import SlurmConfig
 from leap_finetune.errors import LeapError
-from leap_finetune.launch.distributed import NO_MULTICAST
+from leap_finetune.runs.processes import NO_MULTICAST
 
 
 def script_text(resolved: ResolvedConfig, slurm: SlurmConfig, log_folder: Path, python: str | None = None) -> str:
@@ -142,7 +142,7 @@ def check_job_resources(resolved: ResolvedConfig, devices, where: str) -> None:
 
 
 def write_script(resolved: ResolvedConfig, slurm: SlurmConfig, folder: Path) -> Path:
-    from leap_finetune.launch.plan import check_writable
+    from leap_finetune.files import check_writable
 
     text = script_text(resolved, slurm, folder)
     check_writable(folder, "the slurm folder")

@@ -16,6 +16,7 @@ import math
 from dataclasses import dataclass
 
 from leap_finetune.errors import LeapError
+from leap_finetune.methods import method_of
 
 
 @dataclass(frozen=True)
@@ -39,7 +40,7 @@ def epoch_steps(resolved, rows: int, workers: int) -> EpochSteps:
     fill no generation batch at all are an error: TRL would train nothing (a ValueError without max_steps, a run
     that stops at step 0 with it)."""
     t = resolved.training
-    if resolved.training_type == "grpo":
+    if method_of(resolved).rewards:
         return _grpo_steps(t, rows, workers, resolved.config_path or "config")
     per_step = t.get("per_device_train_batch_size", 8) * t.get("gradient_accumulation_steps", 1) * workers
     return EpochSteps(per_step, "rows", math.ceil(rows / per_step), last_batch_note(t, rows, per_step, workers))

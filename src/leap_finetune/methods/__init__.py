@@ -1,37 +1,127 @@
-"""One home for what each training type is (issue #26, first step): its name as the config writes it, its family,
-the profile it starts from, and what a run of it produces, in the words the messages use.
+"""One home for what each training type is (issue #26): its name as the config writes it, the profile it starts
+from, the rows it reads, the metrics its evaluation logs, the keys and blocks it adds, and what a run of it
+produces, in the words the messages use.
 
-Modules ask here ("is this a retrieval type?", "what does a colbert run train?") instead of spelling tuples of
-type names of their own: a new type (image SFT is next) is added once, here, and every question answered about it
-at once. Ground floor: imports nothing of the package, so config, data, models and launch can all ask.
+Modules ask the type's `Method` ("does it read conversations?", "does it train on rewards?", "what does a colbert
+run train?") instead of comparing `training_type` with names of their own: a new type (image SFT is next) is added
+once, here, and every question about it is answered at once - the config rules, the data step, `plan`, the
+reports, the model card. tests/test_methods.py walks every type through every rule.
+
+Ground floor: imports nothing of the package, so config, data, models and launch can all ask. What a type *does*
+(its trainer) is its recipe, `recipes/<name>.py`, found by name (`recipe_module`), not imported here.
 """
 
 from __future__ import annotations
 
 from dataclasses import dataclass
 
+# the rows a method reads (data/: each kind has its checker and its tokenizer)
+CONVERSATION = "conversation"  # messages (+ tools): SFT
+PAIR = "preference pair"  # prompt, chosen, rejected: DPO
+LABELLED = "labelled completion"  # prompt, completion, label: KTO
+PROMPT = "prompt"  # a prompt (+ solution and columns for the rewards): GRPO
+TEXT_PAIR = "text pair"  # query, document (+ negatives): embedding, ColBERT
+
 
 @dataclass(frozen=True)
 class Method:
     name: str  # training_type as written in the config
     family: str  # generation (sft), preference (dpo, kto), reinforcement (grpo), retrieval (embedding, colbert)
-    profile: str  # the training_config profile a starter config extends
+    profile: str  # the training_config profile a config starts from (and `init` extends)
     trains: str  # what the run produces, as messages say it
+    rows: str  # the row kind it reads (one of the constants above)
+    # what metric_for_best_model may name (without "eval_"): the metrics the type's evaluation logs
+    eval_metrics: tuple[str, ...]
+    # training_config keys leap-finetune adds to the trainer's own (loss_on: which tokens SFT trains on)
+    own_keys: tuple[str, ...] = ()
+    # TRL fuses the LM head into the loss (SFT): torch_compile of the whole model is refused for compile_layers
+    fused_lm_loss: bool = False
+    # train_sampling_strategy batch_rebalance / group_by_length (they read each row's input_ids)
+    length_samplers: bool = False
+    # KTO's KL estimate pairs each row with its neighbours: order and batch sizes are constrained
+    kl_pairs: bool = False
+    # GRPO: completions sampled and scored (rewards:, grpo_rollout:, a generation batch, a rollout engine)
+    rewards: bool = False
+    # a sentence-transformers model (no chat template, no LoRA starter, retrieval metrics): the class that loads it
+    encoder_class: str | None = None
+    # max_length cuts rows (and the prepared rows are large enough to spill to Arrow files as they come)
+    cut_by_max_length: bool = False
+    # the starter config (`init`) suggests benchmarks (generation and log-prob benchmarks of chat models)
+    starter_benchmarks: bool = False
+    # the library's training-arguments class the type's training_config keys belong to ("module:Class")
+    arguments: str = ""
 
+    @property
+    def retrieval(self) -> bool:
+        return self.encoder_class is not None
+
+    @property
+    def multi_vector(self) -> bool:
+        """One vector per token (ColBERT's late interaction) rather than one per text."""
+        return self.encoder_class == "MultiVectorEncoder"
+
+    @property
+    def recipe_module(self) -> str:
+        return f"leap_finetune.recipes.{self.name}"
+
+    def arguments_class(self):
+        """TRL's (or sentence-transformers') config class, imported when asked (the library is loaded only then)."""
+        import importlib
+
+        module, _, name = self.arguments.partition(":")
+        return getattr(importlib.import_module(module), name)
+
+
+# What the evaluation of each type logs (read from real runs of TRL's trainers and of the retrieval recipe).
+_CHAT = ("loss", "mean_token_accuracy", "entropy", "num_tokens")
+_DPO = ("loss", "rewards/chosen", "rewards/rejected", "rewards/accuracies", "rewards/margins", "logps/chosen",
+        "logps/rejected", "logits/chosen", "logits/rejected", "mean_token_accuracy", "entropy", "num_tokens")
+_KTO = ("loss", "kl", "rewards/chosen", "rewards/rejected", "rewards/margins", "logps/chosen", "logps/rejected",
+        "logits/chosen", "logits/rejected", "entropy", "num_tokens")
+# TRL's GRPOTrainer on a held-out split, besides rewards/<name>/mean|std (named by the config's rewards)
+_GRPO = ("reward", "reward_std", "frac_reward_zero_std", "loss", "entropy", "num_tokens", "completions/mean_length",
+         "completions/min_length", "completions/max_length", "completions/clipped_ratio",
+         "completions/mean_terminated_length", "completions/min_terminated_length",
+         "completions/max_terminated_length")
+# sentence-transformers' loss; the retrieval evaluator's retrieval_<score>_<metric>@k are matched by pattern
+_RETRIEVAL = ("loss", "sequential_score")
 
 METHODS: dict[str, Method] = {m.name: m for m in (
-    Method("sft", "generation", "DEFAULT_SFT", "a language model (chat)"),
-    Method("dpo", "preference", "DEFAULT_DPO", "a language model (chat) tuned on preference pairs"),
-    Method("kto", "preference", "DEFAULT_KTO", "a language model (chat) tuned on desirable/undesirable answers"),
-    Method("grpo", "reinforcement", "DEFAULT_GRPO", "a language model (chat) tuned on rewards"),
-    Method("embedding", "retrieval", "DEFAULT_EMBEDDING", "an embedding model (one vector per text)"),
-    Method("colbert", "retrieval", "DEFAULT_COLBERT", "a ColBERT model (one vector per token)"),
+    Method("sft", "generation", "DEFAULT_SFT", "a language model (chat)", CONVERSATION, _CHAT,
+           own_keys=("loss_on", "compile_layers"), fused_lm_loss=True, length_samplers=True, cut_by_max_length=True,
+           starter_benchmarks=True, arguments="trl:SFTConfig"),
+    Method("dpo", "preference", "DEFAULT_DPO", "a language model (chat) tuned on preference pairs", PAIR, _DPO,
+           cut_by_max_length=True, starter_benchmarks=True, arguments="trl:DPOConfig"),
+    Method("kto", "preference", "DEFAULT_KTO", "a language model (chat) tuned on desirable/undesirable answers",
+           LABELLED, _KTO, kl_pairs=True, cut_by_max_length=True, starter_benchmarks=True, arguments="trl:KTOConfig"),
+    Method("grpo", "reinforcement", "DEFAULT_GRPO", "a language model (chat) tuned on rewards", PROMPT, _GRPO,
+           rewards=True, arguments="trl:GRPOConfig"),
+    Method("embedding", "retrieval", "DEFAULT_EMBEDDING", "an embedding model (one vector per text)", TEXT_PAIR,
+           _RETRIEVAL, encoder_class="SentenceTransformer", arguments="sentence_transformers:SentenceTransformerTrainingArguments"),
+    Method("colbert", "retrieval", "DEFAULT_COLBERT", "a ColBERT model (one vector per token)", TEXT_PAIR,
+           _RETRIEVAL, encoder_class="MultiVectorEncoder",
+           arguments="sentence_transformers.multi_vector_encoder:MultiVectorEncoderTrainingArguments"),
 )}
 
 TRAINING_TYPES: tuple[str, ...] = tuple(METHODS)
-RETRIEVAL_TYPES: tuple[str, ...] = tuple(name for name, m in METHODS.items() if m.family == "retrieval")
+RETRIEVAL_TYPES: tuple[str, ...] = tuple(name for name, m in METHODS.items() if m.retrieval)
+
+
+def method_of(of) -> Method:
+    """The Method of a training type's name, or of anything with a `training_type` (a config, a resolved config)."""
+    name = of if isinstance(of, str) else of.training_type
+    return METHODS[name]
 
 
 def is_retrieval(training_type: str | None) -> bool:
     """Embedding or ColBERT training: (query, document) pairs, a sentence-transformers model, retrieval metrics."""
     return training_type in RETRIEVAL_TYPES
+
+
+def trained_by(encoder_class: str) -> str:
+    """The retrieval type whose models load with this sentence-transformers class (a folder's
+    config_sentence_transformers.json names it); SentenceTransformer for an unknown one."""
+    for name, m in METHODS.items():
+        if m.encoder_class == encoder_class:
+            return name
+    return trained_by("SentenceTransformer")

@@ -8,6 +8,7 @@ from pathlib import Path
 
 from leap_finetune.models.tiny import TINY_MODELS
 from leap_finetune.runs.folder import RunFolder
+from leap_finetune.runs.model import finished_model
 
 _LFM_SHORT_NAME = re.compile(r"^LFM2(\.5)?[-_.]", re.IGNORECASE)
 VL_NAME = re.compile(r"[-_]VL([-_.]|$)", re.IGNORECASE)  # LiquidAI's LFM2-VL-* / LFM2.5-VL-*
@@ -32,22 +33,6 @@ def resolve_model_id(model_name: str, base: Path) -> str:
     return model_name
 
 
-def finished_model(folder: Path) -> Path | None:
-    """The final model in a run folder (its `model/`) or, for a project folder (`outputs/PROJECT`), in its newest
-    finished run - so that one run can start from another's result without naming its timestamped folder
-    (`model_name: ./outputs/grpo-tiny-warmup`). None when `folder` is itself a model or holds no finished run."""
-    if not folder.is_dir() or (folder / "config.json").exists():
-        return None
-    if (folder / "model" / "config.json").exists():
-        return folder / "model"
-    finished = []
-    for run in folder.iterdir():
-        summary = RunFolder(run).summary  # written when a run ends, after its model
-        if run.is_dir() and summary.exists() and (run / "model" / "config.json").exists():
-            finished.append((_finished_at(summary), run.name, run / "model"))
-    return max(finished)[2] if finished else None
-
-
 def _refuse_unfinished(folder: Path, model_name: str) -> None:
     """A run folder (or a project folder of runs) without a finished run: said as such, not as a folder that lacks
     tokenizer files."""
@@ -64,16 +49,6 @@ def _refuse_unfinished(folder: Path, model_name: str) -> None:
                         f"{', '.join(runs[:5])}{' ...' if len(runs) > 5 else ''})", where="model_name",
                         fix="run (or resume) the config that trains it to the end first, or give a run's "
                         "checkpoint-N folder")
-
-
-def _finished_at(summary: Path) -> float:
-    """When the run finished, by the clock of the process that ran it (a file's time comes from whichever host
-    wrote it: clock skew between hosts would pick the wrong run); summaries without it: the file's time."""
-    try:
-        recorded = json.loads(summary.read_text(encoding="utf-8")).get("finished_at")
-    except (OSError, ValueError, AttributeError):
-        recorded = None
-    return float(recorded) if isinstance(recorded, (int, float)) else summary.stat().st_mtime
 
 
 def model_family(model_name: str, model_id: str) -> str:

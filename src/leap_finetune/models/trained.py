@@ -12,8 +12,9 @@ from dataclasses import dataclass
 from pathlib import Path
 
 from leap_finetune.errors import LeapError
-from leap_finetune.methods import METHODS, RETRIEVAL_TYPES
+from leap_finetune.methods import is_retrieval, trained_by
 from leap_finetune.runs.folder import RunFolder
+from leap_finetune.runs.model import is_model, model_in
 
 
 @dataclass
@@ -28,8 +29,6 @@ class TrainedModel:
 
 
 def find_trained(path: str) -> TrainedModel:
-    from leap_finetune.launch.plan import latest_checkpoint, newest_run
-    from leap_finetune.models.registry import finished_model
     from leap_finetune.models.tiny import TINY_MODELS
 
     folder = Path(path).expanduser()
@@ -41,34 +40,23 @@ def find_trained(path: str) -> TrainedModel:
                         "model folder or a Hub model id")
     if not folder.is_dir():
         raise LeapError("not a folder", where=path, fix="give the run folder, not a file in it")
-    if not _is_model(folder) and not _is_adapter(folder):
-        # the run with the newest checkpoint; else (runs that save none) the newest finished run
-        run = newest_run(folder) or (finished.parent if (finished := finished_model(folder)) else folder)
-        for candidate in (run / "model", run / "adapter", folder / "model", folder / "adapter"):
-            if _is_model(candidate) or _is_adapter(candidate):
-                folder = candidate
-                break
-        else:
-            checkpoint = latest_checkpoint(folder)
-            if checkpoint is None:
-                raise LeapError("no model here (no config.json, no adapter_config.json, no model/ or adapter/, no "
-                                "complete checkpoint)", where=path,
-                                fix="give a run folder that finished or saved a checkpoint, or a model folder")
-            folder = checkpoint
+    found = model_in(folder)
+    if found is None:
+        raise LeapError("no model here (no config.json, no adapter_config.json, no model/ or adapter/, no "
+                        "complete checkpoint)", where=path,
+                        fix="give a run folder that finished or saved a checkpoint, or a model folder")
+    folder = found
     run_config = _run_config(folder)
-    if _is_model(folder):
+    if is_model(folder):
         return TrainedModel(str(folder.resolve()), run_config=run_config)
     return TrainedModel(_adapter_base(folder, run_config), adapter_dir=folder.resolve(), run_config=run_config)
-
-
-RETRIEVAL = {name: METHODS[name].trains for name in RETRIEVAL_TYPES}  # what each retrieval run trained
 
 
 def retrieval_type(trained: TrainedModel) -> str | None:
     """`embedding` or `colbert` for a retrieval run's model (its run config says so) or any
     sentence-transformers folder (modules.json; its config_sentence_transformers.json names the class)."""
     training_type = (trained.run_config or {}).get("training_type")
-    if training_type in RETRIEVAL:
+    if is_retrieval(training_type):
         return training_type
     folder = Path(trained.model_id)
     if trained.adapter_dir is None and (folder / "modules.json").is_file():
@@ -76,7 +64,7 @@ def retrieval_type(trained: TrainedModel) -> str | None:
             recorded = json.loads((folder / "config_sentence_transformers.json").read_text(encoding="utf-8"))
         except (OSError, json.JSONDecodeError):
             recorded = {}
-        return "colbert" if recorded.get("model_type") == "MultiVectorEncoder" else "embedding"
+        return trained_by(recorded.get("model_type") or "SentenceTransformer")
     return None
 
 
@@ -152,14 +140,6 @@ def _adapter_base(adapter: Path, run_config: dict | None) -> str:
                         "base_model_name_or_path in adapter_config.json)", where=str(adapter),
                         fix="give the run folder the adapter came from")
     return recorded
-
-
-def _is_model(folder: Path) -> bool:
-    return (folder / "config.json").exists()
-
-
-def _is_adapter(folder: Path) -> bool:
-    return (folder / "adapter_config.json").exists()
 
 
 def _has_tokenizer(folder: Path) -> bool:

@@ -1,5 +1,5 @@
 """Trainer callbacks every recipe uses: the metrics log, the progress bar, stopping on a signal
-(checkpoint markers: recipes/checkpoints.py)."""
+(checkpoint markers: runs/checkpoints.py)."""
 
 from __future__ import annotations
 
@@ -13,7 +13,7 @@ from transformers import TrainerCallback
 
 from leap_finetune import faults
 from leap_finetune.files import write_atomic  # noqa: F401 - also imported from here
-from leap_finetune.recipes.checkpoints import (
+from leap_finetune.runs.checkpoints import (
     DIGEST_LIMIT,
     MARKER,
     _fsync_dir,

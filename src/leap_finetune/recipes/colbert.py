@@ -8,26 +8,15 @@ the latter with a 128-dimension projection); any other backbone gets the same pr
 from __future__ import annotations
 
 from leap_finetune.config.resolved import ResolvedConfig
+from leap_finetune.methods import METHODS
+from leap_finetune.models.encoders import build_colbert_model as build_model
 from leap_finetune.recipes import retrieval
-from leap_finetune.recipes.embedding import _max_length
 from leap_finetune.recipes.retrieval import training_arguments  # noqa: F401 - the recipe interface
 
 
 def config_class():
-    from sentence_transformers.multi_vector_encoder import MultiVectorEncoderTrainingArguments
-
-    return MultiVectorEncoderTrainingArguments
-
-
-def build_model(resolved: ResolvedConfig, console):
-    import torch
-    from sentence_transformers import MultiVectorEncoder
-
-    device = "cuda" if torch.cuda.is_available() else "cpu"
-    model = MultiVectorEncoder(retrieval.backbone(resolved), device=device)
-    console.print(f"model: {resolved.model_id} as a multi-vector (ColBERT) encoder")
-    retrieval.set_prompts_and_length(model, resolved, _max_length(resolved))
-    return model
+    """The training arguments of this type (methods/ names the class)."""
+    return METHODS["colbert"].arguments_class()
 
 
 def build_loss(resolved: ResolvedConfig, model):

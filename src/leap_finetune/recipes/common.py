@@ -22,7 +22,7 @@ from leap_finetune.recipes.callbacks import (
     RichProgress,
     StopOnSignal,
 )
-from leap_finetune.recipes.checkpoints import read_marker
+from leap_finetune.runs.checkpoints import read_marker
 from leap_finetune.runs import folder as folder_names
 from leap_finetune.runs.folder import RunFolder
 
@@ -65,7 +65,7 @@ def common_arguments(resolved: ResolvedConfig, *, run_dir: str, has_eval: bool, 
     else:
         args["eval_strategy"] = "no"
         args["eval_on_start"] = False
-    # Checkpoint rotation is leap-finetune's (recipes/checkpoints.py: a checkpoint is unmarked before
+    # Checkpoint rotation is leap-finetune's (runs/checkpoints.py: a checkpoint is unmarked before
     # it is deleted); the Trainer's own would delete folders that are still marked complete.
     args["save_total_limit"] = None
     args.setdefault("disable_tqdm", True)
@@ -269,16 +269,16 @@ def _train_evaluate_save(trainer, resolved: ResolvedConfig, run_dir: Path, token
     final_model = trainer.model
     state_dict = _full_state_dict(trainer)
     if resolved.peft is not None:
-        _save_atomic(run_dir / "adapter", lambda path: (final_model.save_pretrained(path, state_dict=state_dict),
+        _save_atomic(RunFolder(run_dir).adapter, lambda path: (final_model.save_pretrained(path, state_dict=state_dict),
                                                         tokenizer.save_pretrained(path)))
-        final_model = (_merged_from_adapter(resolved, tokenizer, run_dir / "adapter") if state_dict is not None
+        final_model = (_merged_from_adapter(resolved, tokenizer, RunFolder(run_dir).adapter) if state_dict is not None
                        else final_model.merge_and_unload())
-        summary["adapter_dir"] = str(run_dir / "adapter")
+        summary["adapter_dir"] = str(RunFolder(run_dir).adapter)
         state_dict = None
     saver = _processing_saver(resolved, tokenizer, console)
-    _save_atomic(run_dir / "model", lambda path: (final_model.save_pretrained(path, state_dict=state_dict),
+    _save_atomic(RunFolder(run_dir).model, lambda path: (final_model.save_pretrained(path, state_dict=state_dict),
                                                   saver.save_pretrained(path)))
-    summary["model_dir"] = str(run_dir / "model")
+    summary["model_dir"] = str(RunFolder(run_dir).model)
     if samples and not getattr(trainer, "is_fsdp_enabled", False):  # a sharded model generates on every rank only
         print_samples(console, "after training", final_model, tokenizer, samples)
     plots.wait()
@@ -337,7 +337,7 @@ def disk_errors(run_dir: Path, trainer=None, training: dict | None = None):
 
 def _saved_so_far(run_dir: Path) -> str:
     """What to do after the fix: resume from the last complete checkpoint, or run again when there is none."""
-    from leap_finetune.recipes.checkpoints import checkpoints, verify
+    from leap_finetune.runs.checkpoints import checkpoints, verify
 
     complete = [p for p in checkpoints(run_dir) if verify(p).ok] if run_dir.is_dir() else []
     if complete:

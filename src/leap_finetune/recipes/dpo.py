@@ -10,14 +10,14 @@ from __future__ import annotations
 from pathlib import Path
 
 from leap_finetune.config.resolved import ResolvedConfig
+from leap_finetune.methods import METHODS
 from leap_finetune.recipes import common
 from leap_finetune.recipes.callbacks import StopOnSignal
 
 
 def config_class():
-    from trl import DPOConfig
-
-    return DPOConfig
+    """The training arguments of this type (methods/ names the class)."""
+    return METHODS["dpo"].arguments_class()
 
 
 def trainer_class():

@@ -12,6 +12,7 @@ import socket
 from pathlib import Path
 
 from leap_finetune.config.resolved import ResolvedConfig
+from leap_finetune.methods import METHODS
 from leap_finetune.recipes import common
 from leap_finetune.recipes.callbacks import StopOnSignal
 from leap_finetune.runs.folder import RunFolder
@@ -20,15 +21,14 @@ SAMPLES_PER_LOG = 4  # completions written to completions.jsonl at each log step
 
 
 def config_class():
-    from trl import GRPOConfig
-
-    return GRPOConfig
+    """The training arguments of this type (methods/ names the class)."""
+    return METHODS["grpo"].arguments_class()
 
 
 def training_arguments(resolved: ResolvedConfig, *, run_dir: str, has_eval: bool, cuda: bool | None = None) -> dict:
     args = common.common_arguments(resolved, run_dir=run_dir, has_eval=has_eval, cuda=cuda)
     if resolved.rewards is not None:
-        from leap_finetune.config.grpo import reward_weights
+        from leap_finetune.validate.grpo import reward_weights
 
         args["reward_weights"] = reward_weights(resolved.rewards)
     if args.get("vllm_server_host") == "auto":
@@ -207,7 +207,7 @@ def train(resolved_json: dict, callbacks: list | None = None) -> dict:
         if totals is None:
             return rollouts
         if resolved.resume_checkpoint_path:  # (this process's requests: the report says since when)
-            from leap_finetune.recipes.checkpoints import step_of
+            from leap_finetune.runs.checkpoints import step_of
 
             totals["since_step"] = step_of(Path(resolved.resume_checkpoint_path))
         extra = {"judge": totals, **rollouts}

@@ -5,14 +5,14 @@ tokenized. KTO estimates its KL term from mismatched pairs within a batch, which
 from __future__ import annotations
 
 from leap_finetune.config.resolved import ResolvedConfig
+from leap_finetune.methods import METHODS
 from leap_finetune.recipes import common
 from leap_finetune.recipes.dpo import run_preference
 
 
 def config_class():
-    from trl import KTOConfig
-
-    return KTOConfig
+    """The training arguments of this type (methods/ names the class)."""
+    return METHODS["kto"].arguments_class()
 
 
 def trainer_class():

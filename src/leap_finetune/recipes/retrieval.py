@@ -14,6 +14,8 @@ from pathlib import Path
 
 from leap_finetune.config.resolved import ResolvedConfig
 from leap_finetune.files import write_atomic
+from leap_finetune.models.encoders import backbone
+from leap_finetune.methods import method_of
 from leap_finetune.recipes import common
 from leap_finetune.recipes.callbacks import CheckpointMarker, StopOnSignal
 from leap_finetune.runs.folder import RunFolder
@@ -280,14 +282,14 @@ def _train(resolved_json: dict, *, model_factory, loss_factory, trainer_cls, arg
     if resolved.peft is not None:
         # the backbone's adapter on its own (peft's format), then the model with it merged: a
         # sentence-transformers folder that loads without peft
-        common._save_atomic(run_dir / "adapter", lambda path: save_adapter(model, resolved, path))
-        summary["adapter_dir"] = str(run_dir / "adapter")
+        common._save_atomic(RunFolder(run_dir).adapter, lambda path: save_adapter(model, resolved, path))
+        summary["adapter_dir"] = str(RunFolder(run_dir).adapter)
         merge_lora(model)
-    common._save_atomic(run_dir / "model", lambda path: model.save_pretrained(str(path)))
-    summary["model_dir"] = str(run_dir / "model")
+    common._save_atomic(RunFolder(run_dir).model, lambda path: model.save_pretrained(str(path)))
+    summary["model_dir"] = str(RunFolder(run_dir).model)
     cls = "MultiVectorEncoder" if multi_vector else "SentenceTransformer"
     prompt = ", prompt_name=\"query\"" if resolved.retrieval.prompts.query else ""
-    console.print(f"use it:\n  from sentence_transformers import {cls}\n  model = {cls}({str(run_dir / 'model')!r})\n"
+    console.print(f"use it:\n  from sentence_transformers import {cls}\n  model = {cls}({str(RunFolder(run_dir).model)!r})\n"
                   f"  embeddings = model.encode([\"your query\"]{prompt})")
     plots.wait()
     summary["finished_at"] = time.time()  # by this process's clock: which run finished last (models.registry)
@@ -307,7 +309,7 @@ def load_encoder(folder: Path, run_config: dict | None, training_type: str):
     if not unmerged_lora(folder):
         from sentence_transformers import MultiVectorEncoder, SentenceTransformer
 
-        cls = MultiVectorEncoder if training_type == "colbert" else SentenceTransformer
+        cls = MultiVectorEncoder if method_of(training_type).multi_vector else SentenceTransformer
         return cls(str(folder), device="cpu"), False
     if run_config is None:
         raise LeapError("a checkpoint of a LoRA retrieval run, without its run's resolved_config.yaml beside it "
@@ -315,45 +317,17 @@ def load_encoder(folder: Path, run_config: dict | None, training_type: str):
                         fix="export the checkpoint from inside its run folder (outputs/PROJECT/RUN/checkpoint-N)")
     import logging
 
-    from leap_finetune.recipes import colbert, embedding
+    from leap_finetune.models.encoders import build_encoder
 
     resolved = ResolvedConfig.model_validate(run_config)
     quiet = Console(quiet=True)
     # (sentence-transformers' notice that it converts the backbone, as when the run started: no news here)
     logging.getLogger("sentence_transformers").setLevel(logging.ERROR)
-    model = (colbert if training_type == "colbert" else embedding).build_model(resolved, quiet)
+    model = build_encoder(resolved, quiet)
     add_lora(model, resolved, quiet)
     load_lora_checkpoint(model, folder)
     merge_lora(model)
     return model, True
-
-
-def backbone(resolved: ResolvedConfig) -> str:
-    """What sentence-transformers loads: the model id, or for a built-in tiny model a folder it is saved to
-    (in the run folder: sentence-transformers loads models by name or path only)."""
-    from leap_finetune.models.tiny import TINY_MODELS
-
-    if resolved.model_id not in TINY_MODELS:
-        return resolved.model_id
-    folder = Path(resolved.run_dir) / "base_model"
-    if not (folder / "config.json").exists():  # the driver saves it (api._stage_run_folder), before any worker
-        save_tiny_backbone(resolved, Path(resolved.run_dir))
-    return str(folder)
-
-
-def save_tiny_backbone(resolved: ResolvedConfig, run_folder: Path) -> None:
-    """A built-in tiny model saved as run_folder/base_model (nothing for other models)."""
-    from leap_finetune.models.tiny import (
-        TINY_MODELS,
-        build_tiny_model,
-        load_tiny_tokenizer,
-    )
-
-    if resolved.model_id not in TINY_MODELS:
-        return
-    tokenizer = load_tiny_tokenizer(resolved.model_id)
-    build_tiny_model(resolved.model_id, tokenizer).save_pretrained(run_folder / "base_model")
-    tokenizer.save_pretrained(run_folder / "base_model")
 
 
 def add_lora(model, resolved: ResolvedConfig, console) -> None:
@@ -412,16 +386,3 @@ def several_workers() -> bool:
     return int(os.environ.get("WORLD_SIZE", "1")) > 1
 
 
-def set_prompts_and_length(model, resolved: ResolvedConfig, encoder_max: int | None) -> None:
-    """The prompts travel with the saved model (encode(..., prompt_name="query")); the model reads texts up to
-    the longer side's limit (each side was already cut to its own in the data step)."""
-    prompts = resolved.retrieval.prompts
-    saved = {k: v for k, v in (("query", prompts.query), ("document", prompts.document)) if v}
-    if saved:
-        model.prompts = {**(model.prompts or {}), **saved}
-    if encoder_max:
-        model.max_seq_length = encoder_max
-    # (its model card's widget examples print a progress bar into the run's output at the start of training,
-    # whatever generate_widget_examples says)
-    model.model_card_data.generate_widget_examples = False
-    model.model_card_data.set_widget_examples = lambda dataset: None

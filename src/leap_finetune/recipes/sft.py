@@ -10,14 +10,14 @@ from __future__ import annotations
 from pathlib import Path
 
 from leap_finetune.config.resolved import ResolvedConfig
+from leap_finetune.methods import METHODS
 from leap_finetune.recipes import common, speed
 from leap_finetune.recipes.callbacks import StopOnSignal
 
 
 def config_class():
-    from trl import SFTConfig
-
-    return SFTConfig
+    """The training arguments of this type (methods/ names the class)."""
+    return METHODS["sft"].arguments_class()
 
 
 def training_arguments(resolved: ResolvedConfig, *, run_dir: str, has_eval: bool, cuda: bool | None = None) -> dict:

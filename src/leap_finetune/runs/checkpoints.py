@@ -25,7 +25,7 @@ from dataclasses import dataclass
 from pathlib import Path
 
 from leap_finetune import faults
-from leap_finetune.runs.folder import CHECKPOINT_PREFIX
+from leap_finetune.runs.folder import CHECKPOINT_PREFIX, RunFolder
 
 MARKER = "leap_checkpoint_complete.json"
 # What a resumable checkpoint must hold besides the model weights (transformers silently starts a
@@ -123,3 +123,63 @@ def _fsync_dir(folder: Path) -> None:
         os.fsync(fd)
     finally:
         os.close(fd)
+
+
+# ---- look-ups: which checkpoint, which run ------------------------------------------------------------------
+
+def newest_run(folder: Path) -> Path | None:
+    """`folder` itself when it holds checkpoints, else its sub-folder (run) whose newest checkpoint
+    marker was written last."""
+    if not folder.is_dir():
+        return None
+    if any(read_marker(p) is not None for p in checkpoints(folder)):
+        return folder
+    runs = []
+    for run in folder.iterdir():
+        marked = [p for p in checkpoints(run) if (p / MARKER).exists()]
+        if marked:
+            runs.append((max(_saved_at(p) for p in marked), run))
+    return max(runs)[1] if runs else None
+
+
+def _saved_at(checkpoint: Path) -> float:
+    """When the checkpoint was saved, by the clock of the process that saved it (recorded in its marker): a file's
+    time comes from the clock of whichever host wrote it last (measured: clock skew made `latest` pick the wrong
+    run). Markers written before this release: the file time."""
+    saved = (read_marker(checkpoint) or {}).get("saved_at")
+    if isinstance(saved, (int, float)):
+        return float(saved)
+    try:
+        return (checkpoint / MARKER).stat().st_mtime
+    except OSError:
+        return 0.0
+
+
+def stopped_before_checkpoint(folder: Path) -> Path | None:
+    """A run folder (`folder` or the newest one under it) that a run started in and left without any complete
+    checkpoint (a driver killed before its first save: nothing could clean it up)."""
+    if not folder.is_dir():
+        return None
+    candidates = [folder] if RunFolder(folder).is_run() else \
+        [p for p in folder.iterdir() if p.is_dir() and RunFolder(p).is_run()]
+    left = [p for p in candidates if newest_intact(p)[0] is None]
+    return max(left, key=lambda p: p.stat().st_mtime) if left else None
+
+
+def newest_intact(run_dir: Path) -> tuple[Path | None, list[tuple[Path, str]]]:
+    """The newest checkpoint that verifies, and the marked-complete ones newer than it that do not."""
+    damaged = []
+    for folder in reversed(checkpoints(run_dir)):
+        if read_marker(folder) is None:
+            continue  # never completed (or being deleted): not a checkpoint
+        verdict = verify(folder)
+        if verdict.ok:
+            return folder, damaged
+        damaged.append((folder, verdict.problem))
+    return None, damaged
+
+
+def latest_checkpoint(folder: Path) -> Path | None:
+    """The newest intact checkpoint in a run folder, or in the newest run of a project folder."""
+    run_dir = newest_run(folder)
+    return newest_intact(run_dir)[0] if run_dir is not None else None

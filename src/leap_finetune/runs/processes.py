@@ -24,6 +24,11 @@ from leap_finetune.errors import LeapError
 
 LOG_TAIL_LINES = 30
 
+# Every process the project starts (Ray workers, evaluation and rollout servers, sbatch jobs) keeps NVLink
+# multicast off: on the H200 machines NCCL's NVLS and torch's symmetric-memory multicast hang or fail
+# (../shared/ENVIRONMENT.md); the three switches go into each child's environment.
+NO_MULTICAST = {"NCCL_NVLS_ENABLE": "0", "TORCH_SYMM_MEM_DISABLE_MULTICAST": "1", "NVSHMEM_DISABLE_NVLS": "1"}
+
 
 @dataclass
 class ServerSpec:
@@ -94,7 +99,7 @@ class Server:
             except FileNotFoundError:
                 raise LeapError(f"the {spec.name} cannot start: '{spec.command[0]}' is not installed",
                                 where=" ".join(spec.command[:3]),
-                                fix="install it in this environment (see the README for the extra that brings it)") \
+                                fix="install it in this environment (docs/install.md lists the extra that brings it)") \
                     from None
 
     def wait_healthy(self) -> None:

@@ -15,7 +15,7 @@ from leap_finetune.errors import LeapError
 def validate_dataset(raw, where: str):
     """`dataset:` as one mapping or a list of them (several sources), each checked on its own so an error
     names the entry (`dataset[1].limit`)."""
-    from leap_finetune.config.loader import _check_keys, _pydantic_error
+    from leap_finetune.validate.loader import _check_keys, _pydantic_error
 
     items = raw if isinstance(raw, list) else [raw]
     if not items:

@@ -16,13 +16,14 @@ from pathlib import Path
 from leap_finetune.config.numbers import plain, shown
 from leap_finetune.config.schema import GrpoRolloutConfig, LeapConfigModel, RewardsConfig
 from leap_finetune.errors import LeapError
+from leap_finetune.methods import method_of
 
 TEMPLATE_FIELDS = {"prompt", "completion", "solution", "min_score", "max_score"}
 
 
 def resolve_grpo(model: LeapConfigModel, training: dict, base: Path, where: str
                  ) -> tuple[GrpoRolloutConfig | None, RewardsConfig | None]:
-    if model.training_type != "grpo":
+    if not method_of(model).rewards:
         for block, value in (("grpo_rollout", model.grpo_rollout), ("rewards", model.rewards)):
             if value is not None:
                 raise LeapError(f"'{block}:' applies to training_type: grpo, and training_type is "
@@ -165,7 +166,7 @@ def _check_rollout(rollout: GrpoRolloutConfig, rewards: RewardsConfig, training:
 def check_generation_batch(resolved, workers: int) -> None:
     """TRL generates num_generations completions per prompt and needs them to fill whole global batches."""
     t = resolved.training
-    if resolved.training_type != "grpo":
+    if not method_of(resolved).rewards:
         return
     generations = t.get("num_generations", 8)
     per_generation = t.get("steps_per_generation") or t.get("gradient_accumulation_steps", 1)
@@ -181,14 +182,14 @@ def check_generation_batch(resolved, workers: int) -> None:
 def check_rollout_engine(resolved) -> None:
     """What `run` needs installed: vLLM for use_vllm (and so for the rollout server), a server program for
     a local judge (validate and run; `plan` only plans, so the layout of servers can be shown anywhere)."""
-    if resolved.training_type != "grpo":
+    if not method_of(resolved).rewards:
         return
     if resolved.training.get("use_vllm") and importlib.util.find_spec("vllm") is None:
         raise LeapError("training_config.use_vllm is true (DEFAULT_GRPO's rollouts run on vLLM), and vLLM is not "
                         "installed", where=resolved.config_path or "config",
                         fix="pip install 'leap-finetune[vllm]' on a CUDA machine, or set use_vllm: false (rollouts "
                         "through leap-finetune's sampler: measured 3-6x faster than vLLM colocate on one GPU for LFM2 "
-                        "up to 1.2B, README 'Which engine is faster')")
+                        "up to 1.2B, docs/grpo.md, 'Which engine is faster')")
     t = resolved.training
     paged = next((k for k in ("use_transformers_continuous_batching", "use_transformers_paged") if t.get(k)), None)
     if paged and not t.get("use_vllm"):

@@ -20,7 +20,7 @@ from leap_finetune.config.cluster_values import (
     check_ray_values,
     check_slurm_values,
 )
-from leap_finetune.config.datasets import (
+from leap_finetune.validate.datasets import (
     resolve_data_path,
     resolve_dataset,
     validate_dataset,
@@ -42,7 +42,7 @@ from leap_finetune.config.suggest import did_you_mean, other_type_key, unknown_k
 from leap_finetune.config.trackers import check_report_to
 from leap_finetune.config.yaml_io import read_yaml
 from leap_finetune.errors import LeapError
-from leap_finetune.methods import RETRIEVAL_TYPES, is_retrieval
+from leap_finetune.methods import METHODS, method_of
 
 LOSS_ON = ("assistant", "all", "final_assistant")
 
@@ -147,7 +147,7 @@ def _load(raw: dict, config_path: Path | None, base: Path, where: str) -> Resolv
 
     training, loss_on, resume = _resolve_training(model, where)
     peft = _resolve_peft(model.peft_config, where)
-    from leap_finetune.config.grpo import resolve_grpo
+    from leap_finetune.validate.grpo import resolve_grpo
 
     grpo_rollout, rewards = resolve_grpo(model, training, base, where)
     retrieval = _resolve_retrieval(model, training, where)
@@ -163,13 +163,13 @@ def _load(raw: dict, config_path: Path | None, base: Path, where: str) -> Resolv
 
     dataset = resolve_dataset(model, base, where)
     evals = _resolve_evals(model.evals, base, where)
-    if not is_retrieval(model.training_type):
+    if not method_of(model).retrieval:
         for index, bench in enumerate(evals.benchmarks if evals is not None else []):
             if bench.metric == "retrieval":
                 raise LeapError(f"benchmark '{bench.name}' has metric retrieval, which scores embedding and ColBERT "
                                 f"models, and training_type is {model.training_type}",
                                 where=f"{where}: evals.benchmarks[{index}].metric",
-                                fix="use a generation or log-prob metric (README \"Benchmarks\"), or training_type: "
+                                fix="use a generation or log-prob metric (docs/evaluation.md), or training_type: "
                                 "embedding / colbert")
 
     output_dir = str(local_path(model.output_dir, base)) if model.output_dir else None
@@ -208,7 +208,7 @@ def _load(raw: dict, config_path: Path | None, base: Path, where: str) -> Resolv
 def _resolve_retrieval(model: LeapConfigModel, training: dict, where: str):
     from leap_finetune.config.schema import RetrievalConfig
 
-    if not is_retrieval(model.training_type):
+    if not method_of(model).retrieval:
         if model.retrieval is not None:
             raise LeapError(f"'retrieval:' applies to training_type embedding or colbert, and training_type is "
                             f"{model.training_type}", where=where, fix="remove retrieval, or set training_type: embedding")
@@ -230,7 +230,7 @@ def _resolve_retrieval(model: LeapConfigModel, training: dict, where: str):
                             "generates no text, so only retrieval benchmarks apply",
                             where=f"{where}: evals.benchmarks[{index}].metric",
                             fix="use metric: retrieval with a folder of corpus.jsonl, queries.jsonl and qrels/test.tsv "
-                            "(README \"Retrieval benchmarks\"); the held-out rows are scored anyway")
+                            "(docs/retrieval.md, \"Retrieval benchmarks\"); the held-out rows are scored anyway")
     if training.get("fsdp"):
         raise LeapError(f"FSDP does not apply to {model.training_type} training: its workers each "
                         "hold the whole model (DDP) and gather the documents of every worker",
@@ -350,25 +350,21 @@ def _pydantic_error(err: ValidationError, where: str, prefix: str = "") -> LeapE
 
 def trainer_arg_fields(training_type: str) -> set[str]:
     """The keyword arguments the training type's TRL config class accepts."""
-    from leap_finetune.recipes import recipe
-
-    return {f.name for f in dataclasses.fields(recipe(training_type).config_class()) if f.init}
+    return {f.name for f in dataclasses.fields(METHODS[training_type].arguments_class()) if f.init}
 
 
 def _types_with_key(key: str, training_type: str) -> list[str]:
     """The other training types whose training_config has `key` (a config switched from one type to another)."""
-    from leap_finetune.config.schema import TRAINING_TYPES
-
     owners = []
-    for kind in TRAINING_TYPES:
+    for kind, other in METHODS.items():
         if kind == training_type:
             continue
-        if kind == "sft" and key in ("loss_on", "compile_layers"):
+        if key in other.own_keys:
             owners.append(kind)
             continue
         # TRL's config classes come with the package; sentence-transformers' only with the `retrieval` extra (a
         # config of another type must not need it): a type whose library is missing is not asked
-        if kind in RETRIEVAL_TYPES and importlib.util.find_spec("sentence_transformers") is None:
+        if other.retrieval and importlib.util.find_spec("sentence_transformers") is None:
             continue
         if key in trainer_arg_fields(kind):
             owners.append(kind)
@@ -389,19 +385,19 @@ def _resolve_training(model: LeapConfigModel, where: str) -> tuple[dict, str, st
         raise LeapError(
             f"training_config.extends is {profile_name}, a profile for another training type than "
             f"{model.training_type}", where=where, fix=f"use extends: {own_profile} (or leave extends out)")
-    allowed = (trainer_arg_fields(model.training_type) if user else set()) | (
-        {"loss_on", "compile_layers"} if model.training_type == "sft" else set()) | {"resume_allow_changes"}
+    own_keys = set(method_of(model).own_keys)
+    allowed = (trainer_arg_fields(model.training_type) if user else set()) | own_keys | {"resume_allow_changes"}
     for key in user:
         if key in MANAGED_TRAINING_KEYS:
             raise LeapError(
                 f"training_config.{key} is decided by leap-finetune", where=where, fix=MANAGED_TRAINING_KEYS[key]
             )
-        if key == "loss_on" and model.training_type != "sft":
+        if key == "loss_on" and "loss_on" not in own_keys:
             raise LeapError(
                 f"training_config.loss_on applies to sft; {model.training_type} trains on the completion tokens",
                 where=where, fix="remove loss_on",
             )
-        if key == "torch_compile" and user[key] and model.training_type == "sft":
+        if key == "torch_compile" and user[key] and method_of(model).fused_lm_loss:
             raise LeapError(
                 "training_config.torch_compile compiles the whole model, TRL's fused LM-head loss included; on an "
                 "H200 that trained with a loss of 0 from the first step (bench/RESULTS.md)",
@@ -416,8 +412,7 @@ def _resolve_training(model: LeapConfigModel, where: str) -> tuple[dict, str, st
             if owners:
                 message, fix = other_type_key(key, model.training_type, owners)
                 raise LeapError(message, where=where, fix=fix)
-            retrieval = model.training_type in RETRIEVAL_TYPES
-            owner = "sentence-transformers' training arguments" if retrieval else \
+            owner = "sentence-transformers' training arguments" if method_of(model).retrieval else \
                 f"TRL's {model.training_type.upper()}Config"
             raise LeapError(f"unknown key '{key}' in training_config (not a leap-finetune key, nor one of {owner})",
                             where=where, fix=unknown_key_fix(key, allowed))
@@ -433,10 +428,8 @@ def _resolve_training(model: LeapConfigModel, where: str) -> tuple[dict, str, st
         user["loss_on"] = mapped
     merged = profiles.training_profile(profile_name)
     merged.update(user)
-    from leap_finetune.recipes import recipe
-
     if user or model.dataset is not None:  # (an evaluation-only config trains nothing: no TRL import, ~8 s)
-        merged = check_training_values(recipe(model.training_type).config_class(), merged, where)
+        merged = check_training_values(method_of(model).arguments_class(), merged, where)
     check_report_to(merged.get("report_to"), where)
     check_training_rules(model.training_type, merged, where, rewards=_reward_names(model),
                          benchmarks=tuple(b.name for b in model.evals.benchmarks) if model.evals else ())
@@ -453,7 +446,7 @@ def _resolve_training(model: LeapConfigModel, where: str) -> tuple[dict, str, st
             fix=(did_you_mean(str(loss_on), LOSS_ON) + " " if did_you_mean(str(loss_on), LOSS_ON) else "")
             + f"expected one of: {', '.join(LOSS_ON)}",
         )
-    if model.training_type == "kto":
+    if method_of(model).kl_pairs:
         _check_kto_batch_size(merged, where)
     resume = merged.pop("resume_from_checkpoint", None)
     if resume is not None and not isinstance(resume, str):
@@ -468,7 +461,7 @@ def _resolve_training(model: LeapConfigModel, where: str) -> tuple[dict, str, st
 
 def _check_allow_changes(training: dict, where: str, training_type: str) -> None:
     """`resume_allow_changes`: a list of training_config keys (or `rewards`), or [all]."""
-    from leap_finetune.launch.plan import RESUME_ALLOWABLE, RESUME_KEEPS_TRAINING
+    from leap_finetune.config.resume import RESUME_ALLOWABLE, RESUME_KEEPS_TRAINING
 
     value = training.get("resume_allow_changes")
     if value is None:
@@ -549,7 +542,7 @@ def _resolve_peft(peft_config: dict | None, where: str) -> dict | None:
 
 def _reward_names(model) -> tuple[str, ...]:
     """GRPO's reward names as TRL logs them (rewards/<name>/mean): each function's, and `judge`."""
-    if model.training_type != "grpo" or model.rewards is None:
+    if not method_of(model).rewards or model.rewards is None:
         return ()
     from leap_finetune.rl.rewards import reward_name
 

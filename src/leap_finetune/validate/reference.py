@@ -3,10 +3,13 @@ never drift from the code. Regenerate: python scripts/gen_config_docs.py"""
 
 from __future__ import annotations
 
+import types
+from typing import Literal, Union, get_args, get_origin
+
 from pydantic import BaseModel
 from pydantic_core import PydanticUndefined
 
-from leap_finetune.config import arguments, loader, lora, model_init, profiles
+from leap_finetune.config import arguments, lora, model_init, profiles
 from leap_finetune.config.schema import (
     SUPPORTED_TRAINING_TYPES,
     TRAINING_TYPES,
@@ -15,35 +18,38 @@ from leap_finetune.config.schema import (
     DatasetConfig,
     EvalFailureConfig,
     EvalsConfig,
-    LeapConfigModel,
     GrpoRolloutConfig,
     JudgeConfig,
+    LeapConfigModel,
     RayConfig,
     ReservedEvalConfig,
+    RetrievalConfig,
+    RetrievalPrompts,
     RewardsConfig,
     SbatchConfig,
     SlurmConfig,
 )
+from leap_finetune.methods import METHODS
+from leap_finetune.validate import loader
 
 
 def _type_name(annotation) -> str:
-    text = str(annotation).replace("typing.", "")
-    for raw, nice in (("<class '", ""), ("'>", ""), ("NoneType", "null"), (" | None", " or null"), (" | ", " or "),
-                      ("leap_finetune.config.schema.DatasetConfig", "mapping (below)"),
-                      ("list[leap_finetune.config.schema.BenchmarkConfig]", "list (below)"),
-                      ("leap_finetune.config.schema.EvalsConfig", "mapping (below)"),
-                      ("leap_finetune.config.schema.AsyncEvalConfig", "mapping (below)"),
-                      ("leap_finetune.config.schema.RayConfig", "mapping (below)"),
-                      ("leap_finetune.config.schema.SlurmConfig", "mapping (below)"),
-                      ("leap_finetune.config.schema.GrpoRolloutConfig", "mapping (below)"),
-                      ("leap_finetune.config.schema.RewardsConfig", "mapping (below)"),
-                      ("leap_finetune.config.schema.JudgeConfig", "mapping (below)"),
-                      ("leap_finetune.config.schema.SbatchConfig", "mapping (below)"),
-                      ("leap_finetune.config.schema.ReservedEvalConfig", "mapping (below)"),
-                      ("leap_finetune.config.schema.EvalFailureConfig", "mapping (below)"),
-                      ("typing.Literal", "one of")):
-        text = text.replace(raw, nice)
-    return text.replace("|", "\\|")
+    """A field's type in the user's words: `a` \\| `b` for the allowed values, "mapping (below)" for a block."""
+    origin, args = get_origin(annotation), get_args(annotation)
+    if origin is Literal:
+        return " \\| ".join(f"`{value}`" for value in args)
+    if origin in (Union, types.UnionType):
+        named = [_type_name(a) for a in args if a is not type(None)]
+        return " or ".join(named) + (" or null" if type(None) in args else "")
+    if origin is list:
+        return f"list of {_type_name(args[0])}" if args else "list"
+    if origin is dict:
+        return "mapping"
+    if isinstance(annotation, type) and issubclass(annotation, BaseModel):
+        return "mapping (below)"
+    if isinstance(annotation, type):
+        return annotation.__name__
+    return str(annotation).replace("typing.", "").replace("|", "\\|")
 
 
 def _fields_table(model: type[BaseModel], prefix: str = "") -> list[str]:
@@ -83,7 +89,7 @@ def render_reference() -> str:
         "## `evals`",
         "",
         "Benchmarks run before the first training step (the baseline), every `eval_steps`, and after the",
-        "last step; `leap-finetune eval` runs them alone. See README \"Benchmarks\" for the row formats.",
+        "last step; `leap-finetune eval` runs them alone. See docs/evaluation.md for the row formats.",
         "",
         *_fields_table(EvalsConfig, "evals."),
         "",
@@ -96,7 +102,7 @@ def render_reference() -> str:
         "Where the `evals:` benchmarks run during training, and what a failed evaluation does. `mode: sync` (the",
         "default) pauses training while they run; `sidecar` runs each evaluation as an sbatch job on a snapshot of",
         "the model; `reserved` runs it on an evaluation server on GPUs taken out of training (one node). Results",
-        "are logged at the training step of the snapshot in every mode (README \"Evaluation that does not pause",
+        "are logged at the training step of the snapshot in every mode (docs/evaluation.md, \"Evaluation that does not pause",
         "training\").",
         "",
         *_fields_table(AsyncEvalConfig, "async_eval."),
@@ -147,6 +153,17 @@ def render_reference() -> str:
         "### `rewards.judge`",
         "",
         *_fields_table(JudgeConfig, "rewards.judge."),
+        "",
+        "## `retrieval`",
+        "",
+        "embedding / colbert only (docs/retrieval.md): the loss, the prompts put before queries and documents, the",
+        "lengths each side is cut to, and the pooling of a backbone that is not yet a sentence-transformers model.",
+        "",
+        *_fields_table(RetrievalConfig, "retrieval."),
+        "",
+        "### `retrieval.prompts`",
+        "",
+        *_fields_table(RetrievalPrompts, "retrieval.prompts."),
         "",
         "## `slurm`",
         "",
@@ -248,9 +265,7 @@ def _profile_tables(named_profiles: dict[str, dict]) -> list[str]:
 def _config_class_name(training_type: str) -> str:
     """`SFTConfig` (TRL), `SentenceTransformerTrainingArguments` (sentence-transformers), ...: read from the recipe
     itself, so a new training type cannot be left out of the reference."""
-    from leap_finetune.recipes import recipe
-
-    cls = recipe(training_type).config_class()
+    cls = METHODS[training_type].arguments_class()
     library = {"trl": "TRL", "sentence_transformers": "sentence-transformers"}.get(cls.__module__.split(".")[0],
                                                                                cls.__module__.split(".")[0])
     return f"{library}'s `{cls.__name__}`"

@@ -1,0 +1,131 @@
+"""Everything `validate` and `run` check before anything is written, in one sequence (they check the same
+things: what `validate` passes, `run` accepts). `plan` and `slurm` use its first steps: the rows, prepared and
+tokenized, and the trainer's arguments built once.
+
+Each step raises one LeapError that says where and how to fix it; nothing here writes to the run folder (the
+prepared rows go to the data cache, for `run`).
+"""
+
+from __future__ import annotations
+
+import os
+from dataclasses import dataclass
+from pathlib import Path
+
+from rich.console import Console
+
+from leap_finetune.config.resolved import ResolvedConfig
+from leap_finetune.data.prepare import PreparedData, prepare_data
+from leap_finetune.errors import LeapError
+from leap_finetune.evaluation.standalone import check_benchmarks
+from leap_finetune.launch.devices import DevicePlan, device_plan
+from leap_finetune.launch.plan import RunPlan, check_resume_matches, plan_run
+from leap_finetune.launch.run_folder import fingerprint
+from leap_finetune.launch.steps import epoch_steps
+from leap_finetune.methods import method_of
+from leap_finetune.rl.custom_rewards import check_custom_rewards
+from leap_finetune.rl.judge import check_judge_server
+from leap_finetune.validate.grpo import check_generation_batch, check_rollout_engine
+from leap_finetune.validate.loader import require_dataset
+
+
+@dataclass
+class CheckedRun:
+    """A config that passed every check, with what the checks made: the rows, the run plan, the devices."""
+
+    resolved: ResolvedConfig
+    tokenizer: object
+    renderer: object  # a Renderer (chat rows), or a RetrievalEncoder (embedding / colbert)
+    prepared: PreparedData
+    plan: RunPlan
+    devices: DevicePlan
+
+
+def check_run(resolved: ResolvedConfig, console: Console, outputs_root: str | Path | None = None) -> CheckedRun:
+    """Every check of `validate` and `run`, in the order a user meets them: the rows, the trainer's arguments,
+    the run folder and resume point, the rollout engine and judge, the custom rewards (called once on the
+    first rows), the devices and batches, asynchronous evaluation, the resumed run's settings, the folder's lock."""
+    tokenizer, renderer, prepared = prepare(resolved, console)
+    check_training_arguments(resolved, has_eval=bool(prepared.eval))
+    plan = plan_run(resolved, outputs_root=Path(outputs_root) if outputs_root else None)
+    check_rollout_engine(resolved)  # vLLM installed where use_vllm says so (plan does not need it)
+    check_judge_server(resolved, console)  # an external judge answers (and serves its model)
+    if plan.finished is None:  # (a finished run trains nothing: the user's code is not run for it)
+        check_custom_rewards(resolved, prepared, tokenizer, console)
+    devices = device_plan(resolved)
+    check_generation_batch(resolved, devices.workers)
+    epoch_steps(resolved, len(prepared.train), devices.workers)  # GRPO: prompts that fill no generation batch
+    check_async_eval(resolved, devices)
+    plan.changes = check_resume_matches(resolved, plan, fingerprint(prepared), devices.workers)
+    check_run_folder_free(plan)
+    return CheckedRun(resolved, tokenizer, renderer, prepared, plan, devices)
+
+
+def prepare(resolved: ResolvedConfig, console: Console | None = None, examples: int = 5, tokenizer=None):
+    """(tokenizer, renderer, prepared rows): every row checked, rendered, masked and tokenized; the benchmarks'
+    rows and LoRA's target modules checked too."""
+    require_dataset(resolved)
+    check_benchmarks(resolved)
+    from leap_finetune.data.chat_templates import load_chat_template
+    from leap_finetune.data.render import Renderer
+    from leap_finetune.models.loading import load_tokenizer
+
+    init_kwargs = resolved.training.get("model_init_kwargs")
+    tokenizer = tokenizer if tokenizer is not None else load_tokenizer(resolved.model_id, init_kwargs)
+    check_lora_targets(resolved, tokenizer)
+    if resolved.retrieval is not None:  # embedding / colbert: no chat template; prompts and lengths per side
+        from leap_finetune.data.retrieval_tokens import RetrievalEncoder
+
+        r = resolved.retrieval
+        encoder = RetrievalEncoder(tokenizer, r.prompts, r.query_max_length, r.document_max_length)
+        return tokenizer, encoder, prepare_data(resolved, tokenizer, encoder, console=console, examples=examples)
+    template = load_chat_template(resolved.chat_template, tokenizer)
+    # DPO / KTO split prompt from completion themselves and need no generation markers; GRPO renders prompts only
+    loss_on = resolved.loss_on if "loss_on" in method_of(resolved).own_keys else "all"
+    renderer = Renderer(tokenizer, template, loss_on, resolved.training.get("max_length"),
+                        resolved.training.get("truncation_mode", "keep_start"))
+    return tokenizer, renderer, prepare_data(resolved, tokenizer, renderer, console=console, examples=examples)
+
+
+def check_lora_targets(resolved: ResolvedConfig, tokenizer) -> None:
+    """LoRA's target_modules must name modules of this model (read from its config, no weights)."""
+    if resolved.peft is None:
+        return
+    from leap_finetune.models.structure import check_lora_targets as check_targets
+    from leap_finetune.models.structure import module_names
+
+    names = module_names(resolved.model_id, tokenizer, resolved.training.get("model_init_kwargs"),
+                         head=resolved.retrieval is None)
+    if names is not None:
+        check_targets(resolved.peft, names, resolved.model_id, resolved.config_path or "config")
+
+
+def check_training_arguments(resolved: ResolvedConfig, has_eval: bool) -> None:
+    """Build the trainer's config once, so a bad value fails now, not after the model loads."""
+    from leap_finetune.config.rules import check_trainer_parts
+    from leap_finetune.recipes import recipe
+
+    module = recipe(resolved.training_type)
+    config_cls = module.config_class()
+    where = resolved.config_path or "config"
+    try:
+        args = config_cls(**module.training_arguments(resolved, run_dir=os.devnull, has_eval=has_eval))
+    except (ValueError, TypeError) as err:
+        raise LeapError(f"a value is not valid for TRL's {config_cls.__name__}: {err}", where=f"{where}: training_config",
+                        fix=f"see docs/config.md and TRL's {config_cls.__name__} documentation") from None
+    check_trainer_parts(args, where)
+
+
+def check_async_eval(resolved: ResolvedConfig, devices: DevicePlan) -> None:
+    if resolved.async_eval is not None and resolved.async_eval.mode != "sync":
+        from leap_finetune.evaluation.async_eval import check_async_eval as check
+
+        check(resolved, devices)
+
+
+def check_run_folder_free(plan: RunPlan) -> None:
+    """No live run holds the folder this run would use (checked again, for good, when the lock is taken)."""
+    from leap_finetune.launch.run_lock import check_free
+
+    if plan.run_dir.is_dir():
+        check_free(plan.run_dir, "the run folder" if not plan.new_run else "output_dir")
