@@ -176,10 +176,10 @@ def test_tools_column_from_csv_json_text():
     assert problems == [] and conversation.tools == [{"name": "get_weather", "parameters": {}}]
 
 
-def test_every_warning_is_explained_in_the_readme():
+def test_every_warning_is_explained_in_the_tool_calling_docs():
     from leap_finetune.data.tool_use import WARNINGS
     from tests.conftest import REPO
 
-    readme = (REPO / "README.md").read_text()
+    page = (REPO / "docs" / "tool-calling.md").read_text()
     for kind in WARNINGS:
-        assert f"`{kind}`" in readme, kind
+        assert f"`{kind}`" in page, kind

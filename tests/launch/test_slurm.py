@@ -1,7 +1,7 @@
 """`leap-finetune slurm` against a real SLURM cluster: Debian's slurmctld + slurmd on this machine
 (scripts/slurm_local.sh, started by .ci/run and, if needed, by the fixture below). The quickstart runs
 as a SLURM job end to end, with Ray brought up inside the allocation, stopped by scancel with a checkpoint and
-resumed by a second job; the script is the README's."""
+resumed by a second job; the script is the one docs/distributed.md shows."""
 
 from __future__ import annotations
 
@@ -15,7 +15,7 @@ from pathlib import Path
 import psutil
 import pytest
 
-from leap_finetune.config.loader import load_config
+from leap_finetune.validate.loader import load_config
 from leap_finetune.launch.slurm import script_text
 from tests.conftest import EXAMPLES, REPO, invoke, write_config
 from tests.watchdog import Watchdog
@@ -38,8 +38,8 @@ def slurm_cluster():
 
 
 def test_the_script_is_the_one_the_readme_shows():
-    readme = (REPO / "README.md").read_text()
-    shown = re.search(r"<!-- slurm script -->\n```bash\n(.*?)```", readme, re.S).group(1)
+    page = (REPO / "docs" / "distributed.md").read_text()
+    shown = re.search(r"<!-- slurm script -->\n```bash\n(.*?)```", page, re.S).group(1)
     resolved = load_config(EXAMPLES / "sft_lfm2_slurm.yaml")
     text = script_text(resolved, resolved.slurm, Path("/shared/runs/outputs/lfm2-sft-slurm/slurm"),
                        python="/shared/venv/bin/python")
@@ -82,7 +82,7 @@ def test_scancel_saves_a_checkpoint_and_the_job_resumes_to_the_end(slurm_cluster
     the job) used to leave no checkpoint at the stop and a log full of Ray stack dumps: now the run saves a
     checkpoint after the step and stops (Ray's processes outlive the SIGTERM until it is written), and a second
     job resumes it to the end."""
-    from leap_finetune.recipes.checkpoints import MARKER, verify
+    from leap_finetune.runs.checkpoints import MARKER, verify
 
     shutil.copytree(EXAMPLES / "data", workdir / "data")
     config = write_config(workdir, {**QUICK, "training_config": {**QUICK["training_config"], "max_steps": 40,
