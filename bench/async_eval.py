@@ -31,9 +31,21 @@ NO_MULTICAST = {"NCCL_NVLS_ENABLE": "0", "TORCH_SYMM_MEM_DISABLE_MULTICAST": "1"
 
 def write_benchmark(path: Path, rows: int) -> None:
     colors = ["red", "blue", "green", "gold", "pink", "gray", "teal", "navy"]
-    lines = [json.dumps({"messages": [{"role": "user", "content": f"Question {i}: which color comes after "
-                                       f"{colors[i % 8]} in the list {', '.join(colors)}? Explain briefly."},
-                                      {"role": "assistant", "content": colors[(i + 1) % 8]}]}) for i in range(rows)]
+    lines = [
+        json.dumps(
+            {
+                "messages": [
+                    {
+                        "role": "user",
+                        "content": f"Question {i}: which color comes after "
+                        f"{colors[i % 8]} in the list {', '.join(colors)}? Explain briefly.",
+                    },
+                    {"role": "assistant", "content": colors[(i + 1) % 8]},
+                ]
+            }
+        )
+        for i in range(rows)
+    ]
     path.write_text("\n".join(lines) + "\n")
 
 
@@ -46,8 +58,14 @@ def run(label: str, config: dict, work: Path, devices: str, timeout_s: int) -> d
     path.write_text(yaml.safe_dump(config, sort_keys=False))
     env = {**os.environ, **NO_MULTICAST, "CUDA_VISIBLE_DEVICES": devices}
     start = time.perf_counter()
-    done = subprocess.run([sys.executable, "-m", "leap_finetune.cli", str(path)], env=env, cwd=folder,
-                          capture_output=True, text=True, timeout=timeout_s)
+    done = subprocess.run(
+        [sys.executable, "-m", "leap_finetune.cli", str(path)],
+        env=env,
+        cwd=folder,
+        capture_output=True,
+        text=True,
+        timeout=timeout_s,
+    )
     wall = time.perf_counter() - start
     if done.returncode != 0:
         print(done.stdout[-3000:], done.stderr[-6000:], sep="\n")
@@ -58,9 +76,15 @@ def run(label: str, config: dict, work: Path, devices: str, timeout_s: int) -> d
     speeds = [r["tokens_per_second"] for r in records if "tokens_per_second" in r and r["step"] > 10]
     evaluated = sorted(r["step"] for r in records if any(k.endswith("/score") for k in r))
     lines = [line for line in done.stderr.splitlines() if "skipped" in line or "failed" in line or "arrived" in line]
-    return {"wall_s": wall, "train_s": summary["train_runtime_s"], "tokens_per_second": statistics.median(speeds),
-            "tokens_seen": summary["tokens_seen"], "evaluated_steps": evaluated,
-            "final_score": summary.get("benchmarks"), "notes": lines[:12]}
+    return {
+        "wall_s": wall,
+        "train_s": summary["train_runtime_s"],
+        "tokens_per_second": statistics.median(speeds),
+        "tokens_seen": summary["tokens_seen"],
+        "evaluated_steps": evaluated,
+        "final_score": summary.get("benchmarks"),
+        "notes": lines[:12],
+    }
 
 
 def main() -> None:
@@ -75,7 +99,6 @@ def main() -> None:
     args = parser.parse_args()
 
     import torch
-
     from sft_throughput import build_model, flops_per_token, make_data, matmul_peak
 
     work = Path("/tmp/bench-async-eval")
@@ -85,34 +108,66 @@ def main() -> None:
     lengths = make_data(work / "train.jsonl", rows=args.steps * 8 + 64)
     write_benchmark(work / "bench.jsonl", args.rows)
     per_token = flops_per_token(n_params, arch, lengths)
-    base = {"project_name": "async-bench", "model_name": str(work / "model"), "training_type": "sft",
-            "dataset": {"path": str(work / "train.jsonl")},
-            "training_config": {"max_steps": args.steps, "per_device_train_batch_size": 8, "max_length": 2048,
-                                "learning_rate": 1e-5, "logging_steps": 5, "save_strategy": "no"},
-            "evals": {"max_new_tokens": args.new_tokens, "batch_size": 32, "eval_steps": args.every,
-                      "benchmarks": [{"name": "colors", "path": str(work / "bench.jsonl"), "metric": "short_answer"}]}}
+    base = {
+        "project_name": "async-bench",
+        "model_name": str(work / "model"),
+        "training_type": "sft",
+        "dataset": {"path": str(work / "train.jsonl")},
+        "training_config": {
+            "max_steps": args.steps,
+            "per_device_train_batch_size": 8,
+            "max_length": 2048,
+            "learning_rate": 1e-5,
+            "logging_steps": 5,
+            "save_strategy": "no",
+        },
+        "evals": {
+            "max_new_tokens": args.new_tokens,
+            "batch_size": 32,
+            "eval_steps": args.every,
+            "benchmarks": [{"name": "colors", "path": str(work / "bench.jsonl"), "metric": "short_answer"}],
+        },
+    }
     results = {}
     for mode in args.modes.split(","):
         if mode == "sync":
             results[mode] = run("sync", base, work, "0", args.timeout)
         else:
-            config = {**base, "async_eval": {"mode": mode, "vllm_gpus": 1, "on_overlap": "queue",
-                                             "reserved": {"server_port": 8100}, "wait_at_end_s": args.timeout}}
+            config = {
+                **base,
+                "async_eval": {
+                    "mode": mode,
+                    "vllm_gpus": 1,
+                    "on_overlap": "queue",
+                    "reserved": {"server_port": 8100},
+                    "wait_at_end_s": args.timeout,
+                },
+            }
             results[mode] = run(mode, config, work, "0,1", args.timeout)
         print(mode, json.dumps(results[mode]), flush=True)
-    record = {"date": datetime.date.today().isoformat(), "gpu": torch.cuda.get_device_name(0),
-              "torch": torch.__version__, "matmul_peak_tflops": peak / 1e12, "args": vars(args), "results": results}
+    record = {
+        "date": datetime.date.today().isoformat(),
+        "gpu": torch.cuda.get_device_name(0),
+        "torch": torch.__version__,
+        "matmul_peak_tflops": peak / 1e12,
+        "args": vars(args),
+        "results": results,
+    }
     if args.out:
         Path(args.out).write_text(json.dumps(record, indent=2))
-    print(f"\nLFM2-350M SFT, {args.steps} steps x 8 rows, generation benchmark {args.rows} rows x {args.new_tokens} "
-          f"new tokens every {args.every} steps; bf16 matmul peak {peak / 1e12:.0f} TFLOP/s")
+    print(
+        f"\nLFM2-350M SFT, {args.steps} steps x 8 rows, generation benchmark {args.rows} rows x {args.new_tokens} "
+        f"new tokens every {args.every} steps; bf16 matmul peak {peak / 1e12:.0f} TFLOP/s"
+    )
     print("| mode | GPUs | training tokens/s | MFU | training time | total wall time | evaluated steps |")
     print("| --- | --- | --- | --- | --- | --- | --- |")
     for mode, r in results.items():
         mfu = r["tokens_per_second"] * per_token / peak
         gpus = "1 (training)" if mode == "sync" else "1 training + 1 eval"
-        print(f"| {mode} | {gpus} | {r['tokens_per_second']:,.0f} | {mfu:.1%} | {r['train_s']:.1f} s | "
-              f"{r['wall_s']:.1f} s | {r['evaluated_steps']} |")
+        print(
+            f"| {mode} | {gpus} | {r['tokens_per_second']:,.0f} | {mfu:.1%} | {r['train_s']:.1f} s | "
+            f"{r['wall_s']:.1f} s | {r['evaluated_steps']} |"
+        )
 
 
 if __name__ == "__main__":

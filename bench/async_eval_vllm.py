@@ -58,13 +58,26 @@ def model_folder(arch: str, work: Path) -> Path:
 
 def config(model: Path, work: Path, gpus: int) -> dict:
     data = ROOT / "examples" / "data"
-    return {"project_name": "async-eval-vllm", "model_name": str(model), "training_type": "sft",
-            "dataset": {"path": str(data / "quickstart.jsonl")},
-            "evals": {"max_new_tokens": 24, "batch_size": 16, "benchmarks": [
+    return {
+        "project_name": "async-eval-vllm",
+        "model_name": str(model),
+        "training_type": "sft",
+        "dataset": {"path": str(data / "quickstart.jsonl")},
+        "evals": {
+            "max_new_tokens": 24,
+            "batch_size": 16,
+            "benchmarks": [
                 {"name": "capitals", "path": str(data / "quickstart_bench_generation.jsonl"), "metric": "exact_match"},
-                {"name": "capitals_mcq", "path": str(data / "quickstart_bench_mcq.jsonl"), "metric": "logprob_mcq"}]},
-            "async_eval": {"mode": "reserved", "vllm_gpus": gpus, "gpu_memory_utilization": 0.3,
-                           "reserved": {"server_port": 8137, "start_timeout_s": 400}}}
+                {"name": "capitals_mcq", "path": str(data / "quickstart_bench_mcq.jsonl"), "metric": "logprob_mcq"},
+            ],
+        },
+        "async_eval": {
+            "mode": "reserved",
+            "vllm_gpus": gpus,
+            "gpu_memory_utilization": 0.3,
+            "reserved": {"server_port": 8137, "start_timeout_s": 400},
+        },
+    }
 
 
 def snapshot(resolved, model: Path, work: Path, step: int):
@@ -76,15 +89,27 @@ def snapshot(resolved, model: Path, work: Path, step: int):
     shutil.rmtree(folder, ignore_errors=True)
     shutil.copytree(model, folder / "model")
     evals = resolved.evals.model_dump(mode="json", exclude_none=True)
-    (folder / "eval.yaml").write_text(dump_yaml({
-        "project_name": f"{resolved.project_name}-eval", "model_name": resolved.model_id,
-        "chat_template": resolved.chat_template, "checkpoint": str(folder), "evals": evals}), encoding="utf-8")
+    (folder / "eval.yaml").write_text(
+        dump_yaml(
+            {
+                "project_name": f"{resolved.project_name}-eval",
+                "model_name": resolved.model_id,
+                "chat_template": resolved.chat_template,
+                "checkpoint": str(folder),
+                "evals": evals,
+            }
+        ),
+        encoding="utf-8",
+    )
     return Snapshot(step, "bench", folder)
 
 
 def scores(results: dict | None) -> dict:
-    return {k.split("/")[1]: round(v, 4) for k, v in (results or {}).items()
-            if k.startswith("benchmark/") and k.endswith("/score")}
+    return {
+        k.split("/")[1]: round(v, 4)
+        for k, v in (results or {}).items()
+        if k.startswith("benchmark/") and k.endswith("/score")
+    }
 
 
 def run_reserved(resolved, snap, jobs: Path) -> dict:
@@ -94,10 +119,16 @@ def run_reserved(resolved, snap, jobs: Path) -> dict:
     outcome = ReservedServer(resolved, jobs)(resolved, snap, jobs, threading.Event())
     server_log = jobs / f"step-{snap.step}-server.log"
     text = server_log.read_text(errors="replace") if server_log.exists() else ""
-    return {"mode": "reserved", "wall_s": round(time.perf_counter() - start, 1), "vllm": use_vllm(resolved),
-            "ok": outcome.results is not None, "reason": outcome.reason, "scores": scores(outcome.results),
-            "server_command_is_vllm": "vllm.entrypoints.openai.api_server" in text.split("\n", 1)[0],
-            "server_log_tail": text.splitlines()[-3:]}
+    return {
+        "mode": "reserved",
+        "wall_s": round(time.perf_counter() - start, 1),
+        "vllm": use_vllm(resolved),
+        "ok": outcome.results is not None,
+        "reason": outcome.reason,
+        "scores": scores(outcome.results),
+        "server_command_is_vllm": "vllm.entrypoints.openai.api_server" in text.split("\n", 1)[0],
+        "server_log_tail": text.splitlines()[-3:],
+    }
 
 
 def run_sidecar(resolved, snap, jobs: Path) -> dict:
@@ -113,22 +144,36 @@ def run_sidecar(resolved, snap, jobs: Path) -> dict:
     results = snap.folder / "results.json"
     found = json.loads(results.read_text())["results"] if results.exists() else None
     text = log.read_text(errors="replace")
-    return {"mode": "sidecar (the sbatch script, by bash)", "wall_s": round(time.perf_counter() - start, 1),
-            "exit": done.returncode, "ok": done.returncode == 0 and found is not None, "scores": scores(found),
-            "script_has_vllm_branch": "vllm.entrypoints.openai.api_server" in script.read_text(),
-            "log_says_vllm": "Application startup complete" in text,
-            "log_tail": text.splitlines()[-3:]}
+    return {
+        "mode": "sidecar (the sbatch script, by bash)",
+        "wall_s": round(time.perf_counter() - start, 1),
+        "exit": done.returncode,
+        "ok": done.returncode == 0 and found is not None,
+        "scores": scores(found),
+        "script_has_vllm_branch": "vllm.entrypoints.openai.api_server" in script.read_text(),
+        "log_says_vllm": "Application startup complete" in text,
+        "log_tail": text.splitlines()[-3:],
+    }
 
 
 def run_sync(snap, jobs: Path) -> dict:
     output = jobs / "sync-results.json"
     start = time.perf_counter()
-    done = subprocess.run([sys.executable, "-m", "leap_finetune.cli", "eval", str(snap.folder / "eval.yaml"),
-                           "--output", str(output)], capture_output=True, text=True, timeout=900)
+    done = subprocess.run(
+        [sys.executable, "-m", "leap_finetune.cli", "eval", str(snap.folder / "eval.yaml"), "--output", str(output)],
+        capture_output=True,
+        text=True,
+        timeout=900,
+    )
     found = json.loads(output.read_text())["results"] if output.exists() else None
-    return {"mode": "sync (leap-finetune eval, transformers in-process)", "wall_s": round(time.perf_counter() - start, 1),
-            "exit": done.returncode, "ok": found is not None, "scores": scores(found),
-            "log_tail": (done.stderr or done.stdout).splitlines()[-3:]}
+    return {
+        "mode": "sync (leap-finetune eval, transformers in-process)",
+        "wall_s": round(time.perf_counter() - start, 1),
+        "exit": done.returncode,
+        "ok": found is not None,
+        "scores": scores(found),
+        "log_tail": (done.stderr or done.stdout).splitlines()[-3:],
+    }
 
 
 def main() -> None:
@@ -155,22 +200,35 @@ def main() -> None:
         jobs = work / "jobs"
         jobs.mkdir(exist_ok=True)
         try:
-            row = {"reserved": run_reserved, "sidecar": run_sidecar}[mode](resolved, snap, jobs) if mode != "sync" \
+            row = (
+                {"reserved": run_reserved, "sidecar": run_sidecar}[mode](resolved, snap, jobs)
+                if mode != "sync"
                 else run_sync(snap, jobs)
+            )
         except Exception as err:  # noqa: BLE001 - a failed path is a row
             row = {"mode": mode, "ok": False, "reason": f"{type(err).__name__}: {str(err)[:300]}"}
         rows.append(row)
         print(json.dumps(row), flush=True)
         (out / "async_eval_rows.jsonl").write_text("".join(json.dumps(r) + "\n" for r in rows))
-    versions = {name: importlib.metadata.version(name) if importlib.util.find_spec(name) else "not installed"
-                for name in ("torch", "vllm", "transformers")}
-    lines = [f"### {datetime.date.today()} - async_eval evaluators with vLLM on one GPU - "
-             f"{'CPU (smoke)' if args.smoke else 'GPU'} - {', '.join(f'{k} {v}' for k, v in versions.items())}", "",
-             f"Command: `python {' '.join(sys.argv)}`", "", "| path | ok | wall s | scores | notes |",
-             "| --- | --- | --- | --- | --- |"]
+    versions = {
+        name: importlib.metadata.version(name) if importlib.util.find_spec(name) else "not installed"
+        for name in ("torch", "vllm", "transformers")
+    }
+    lines = [
+        f"### {datetime.date.today()} - async_eval evaluators with vLLM on one GPU - "
+        f"{'CPU (smoke)' if args.smoke else 'GPU'} - {', '.join(f'{k} {v}' for k, v in versions.items())}",
+        "",
+        f"Command: `python {' '.join(sys.argv)}`",
+        "",
+        "| path | ok | wall s | scores | notes |",
+        "| --- | --- | --- | --- | --- |",
+    ]
     for row in rows:
-        notes = "; ".join(f"{k}: {row[k]}" for k in ("vllm", "server_command_is_vllm", "script_has_vllm_branch",
-                                                      "log_says_vllm", "exit", "reason") if row.get(k) is not None)
+        notes = "; ".join(
+            f"{k}: {row[k]}"
+            for k in ("vllm", "server_command_is_vllm", "script_has_vllm_branch", "log_says_vllm", "exit", "reason")
+            if row.get(k) is not None
+        )
         lines.append(f"| {row['mode']} | {row['ok']} | {row.get('wall_s', '-')} | {row.get('scores')} | {notes} |")
     (out / "async_eval_table.md").write_text("\n".join(lines) + "\n")
     print("\n".join(lines))

@@ -29,8 +29,10 @@ from pathlib import Path
 os.environ.setdefault("TOKENIZERS_PARALLELISM", "false")  # one core for the floor and the one-process figure
 os.environ.setdefault("HF_HUB_OFFLINE", "1")
 
-WORDS = ("the model trains on assistant tokens only while the user asks about data loading speed memory and caches "
-         "of prepared rows with tools json arrow numpy and every core").split()
+WORDS = (
+    "the model trains on assistant tokens only while the user asks about data loading speed memory and caches "
+    "of prepared rows with tools json arrow numpy and every core"
+).split()
 
 
 def write_rows(path: Path, count: int, words: int = 95) -> None:
@@ -50,9 +52,13 @@ def write_rows(path: Path, count: int, words: int = 95) -> None:
 
 
 def config(path: Path, model: str, processes: int | None, cache: bool) -> dict:
-    return {"project_name": "bench", "model_name": model, "training_type": "sft",
-            "dataset": {"path": str(path), "test_size": 0.01, "num_proc": processes, "cache": cache},
-            "training_config": {"max_length": 4096}}
+    return {
+        "project_name": "bench",
+        "model_name": model,
+        "training_type": "sft",
+        "dataset": {"path": str(path), "test_size": 0.01, "num_proc": processes, "cache": cache},
+        "training_config": {"max_length": 4096},
+    }
 
 
 def prepare(cfg: dict):
@@ -64,9 +70,9 @@ def prepare(cfg: dict):
 
 def floor_seconds(cfg: dict) -> tuple[float, float, int]:
     """(tokenizer batched, tokenizer batched with offsets) on the rendered texts, one core; tokens."""
-    from leap_finetune.validate.loader import load_config
     from leap_finetune.data.readers import read_dataset
     from leap_finetune.data.sft_rows import check_sft_row
+    from leap_finetune.validate.loader import load_config
 
     tokenizer, renderer, _ = prepare({**cfg, "dataset": {**cfg["dataset"], "limit": 10, "cache": False}})
     resolved = load_config(cfg)
@@ -77,7 +83,7 @@ def floor_seconds(cfg: dict) -> tuple[float, float, int]:
         started = time.perf_counter()
         tokens = 0
         for i in range(0, len(texts), 512):
-            encoded = tokenizer(texts[i:i + 512], add_special_tokens=False, return_offsets_mapping=offsets)
+            encoded = tokenizer(texts[i : i + 512], add_special_tokens=False, return_offsets_mapping=offsets)
             tokens += sum(len(ids) for ids in encoded["input_ids"])
         timings.append(time.perf_counter() - started)
     return timings[0], timings[1], tokens
@@ -85,13 +91,13 @@ def floor_seconds(cfg: dict) -> tuple[float, float, int]:
 
 def memory_child(path: str, model: str, processes: int) -> None:
     """Run in a fresh process: RSS after imports, then peak RSS (this process and its workers) of preparing."""
-    from leap_finetune.launch.checks import prepare  # noqa: F401 - the imports `validate` does
-    from leap_finetune.validate.loader import load_config
-    from leap_finetune.data.prepare import prepare_data
-    from leap_finetune.models.loading import load_tokenizer
+    import pyarrow  # noqa: F401
 
     import leap_finetune.data.chunks  # noqa: F401
-    import pyarrow  # noqa: F401
+    from leap_finetune.data.prepare import prepare_data
+    from leap_finetune.launch.checks import prepare  # noqa: F401 - the imports `validate` does
+    from leap_finetune.models.loading import load_tokenizer
+    from leap_finetune.validate.loader import load_config
 
     tokenizer = load_tokenizer(model, None)
     cfg = config(Path(path), model, processes, cache=True)
@@ -105,9 +111,18 @@ def memory_child(path: str, model: str, processes: int) -> None:
     peak = resource.getrusage(resource.RUSAGE_SELF).ru_maxrss / 1024
     workers = resource.getrusage(resource.RUSAGE_CHILDREN).ru_maxrss / 1024
     del tokenizer, prepare_data
-    print(json.dumps({"baseline_mb": baseline, "peak_mb": peak, "worker_peak_mb": workers, "seconds": seconds,
-                      "rows": len(prepared.train) + len(prepared.eval),
-                      "tokens": prepared.train.tokens + prepared.eval.tokens}))
+    print(
+        json.dumps(
+            {
+                "baseline_mb": baseline,
+                "peak_mb": peak,
+                "worker_peak_mb": workers,
+                "seconds": seconds,
+                "rows": len(prepared.train) + len(prepared.eval),
+                "tokens": prepared.train.tokens + prepared.eval.tokens,
+            }
+        )
+    )
 
 
 def _rss_mb() -> float:
@@ -140,18 +155,29 @@ def main() -> None:
         memory_path = work / "memory.jsonl"
         started = time.perf_counter()
         write_rows(memory_path, args.memory_rows)
-        print(f"(wrote {args.memory_rows:,} rows, {memory_path.stat().st_size / 1e9:.2f} GB, in "
-              f"{time.perf_counter() - started:.0f} s)", flush=True)
+        print(
+            f"(wrote {args.memory_rows:,} rows, {memory_path.stat().st_size / 1e9:.2f} GB, in "
+            f"{time.perf_counter() - started:.0f} s)",
+            flush=True,
+        )
         for processes in [cores if p == "all" else int(p) for p in args.memory_processes.split(",")]:
             env = {**os.environ, "LEAP_FINETUNE_CACHE": str(work / f"cache-memory-{processes}")}
-            out = subprocess.run([sys.executable, __file__, "--memory-child", str(memory_path), args.model,
-                                  str(processes)], capture_output=True, text=True, env=env, check=True)
+            out = subprocess.run(
+                [sys.executable, __file__, "--memory-child", str(memory_path), args.model, str(processes)],
+                capture_output=True,
+                text=True,
+                env=env,
+                check=True,
+            )
             figures = json.loads(out.stdout.strip().splitlines()[-1])
-            print(f"| memory, {args.memory_rows:,} rows ({figures['tokens'] / figures['rows']:.0f} tokens a row), "
-                  f"{processes} process(es) | peak RSS {figures['peak_mb']:,.0f} MB (after imports "
-                  f"{figures['baseline_mb']:,.0f} MB; child processes' peak {figures['worker_peak_mb']:,.0f} MB, "
-                  f"mostly pages shared with the parent) | {figures['seconds']:.0f} s, "
-                  f"{figures['rows'] / figures['seconds']:,.0f} rows/s", flush=True)
+            print(
+                f"| memory, {args.memory_rows:,} rows ({figures['tokens'] / figures['rows']:.0f} tokens a row), "
+                f"{processes} process(es) | peak RSS {figures['peak_mb']:,.0f} MB (after imports "
+                f"{figures['baseline_mb']:,.0f} MB; child processes' peak {figures['worker_peak_mb']:,.0f} MB, "
+                f"mostly pages shared with the parent) | {figures['seconds']:.0f} s, "
+                f"{figures['rows'] / figures['seconds']:,.0f} rows/s",
+                flush=True,
+            )
 
 
 def speed(args, path: Path, cores: int) -> None:
@@ -160,17 +186,28 @@ def speed(args, path: Path, cores: int) -> None:
     floor, floor_offsets, tokens = floor_seconds(cfg)
     prepare({**cfg, "dataset": {**cfg["dataset"], "limit": 600}})  # imports and first-call set-up, not timed
     results = {}
-    for label, processes, cache in (("one process", 1, False), (f"{cores} processes", cores, False),
-                                    (f"{cores} processes + cache write", cores, True), ("cache read", cores, True)):
+    for label, processes, cache in (
+        ("one process", 1, False),
+        (f"{cores} processes", cores, False),
+        (f"{cores} processes + cache write", cores, True),
+        ("cache read", cores, True),
+    ):
         started = time.perf_counter()
         _, _, prepared = prepare(config(path, args.model, processes, cache))
         results[label] = (time.perf_counter() - started, prepared)
     one = results["one process"][0]
-    print(f"\n{args.rows:,} rows, {tokens:,} tokens ({tokens / args.rows:.0f} a row), {cores} cores, "
-          f"model {args.model}")
+    print(
+        f"\n{args.rows:,} rows, {tokens:,} tokens ({tokens / args.rows:.0f} a row), {cores} cores, model {args.model}"
+    )
     rows = [("floor: tokenizer(texts), 1 core", floor, ""), ("  with offsets", floor_offsets, "")]
-    rows += [(f"ours, {label}", seconds, f"{seconds / floor:.2f}x floor, {args.rows / seconds:,.0f} rows/s, "
-              f"{one / seconds:.2f}x one process") for label, (seconds, _) in results.items()]
+    rows += [
+        (
+            f"ours, {label}",
+            seconds,
+            f"{seconds / floor:.2f}x floor, {args.rows / seconds:,.0f} rows/s, {one / seconds:.2f}x one process",
+        )
+        for label, (seconds, _) in results.items()
+    ]
     for label, seconds, note in rows:
         print(f"| {label:<38} | {seconds:8.2f} s | {note}")
     same = {p.train.fingerprint() for _, p in results.values()}

@@ -26,12 +26,38 @@ from trl.trainer.sft_trainer import DataCollatorForLanguageModeling
 from leap_finetune.models.packed_conv import enable_exact_packing
 from leap_finetune.models.varlen_attention import use_varlen_attention
 
-LFM2_350M = dict(vocab_size=65536, hidden_size=1024, intermediate_size=6656, num_hidden_layers=16,
-                 num_attention_heads=16, num_key_value_heads=8, max_position_embeddings=128000,
-                 layer_types=["conv", "conv", "full_attention", "conv", "conv", "full_attention", "conv", "conv",
-                              "full_attention", "conv", "full_attention", "conv", "full_attention", "conv",
-                              "full_attention", "conv"], conv_L_cache=3, block_auto_adjust_ff_dim=True,
-                 block_ffn_dim_multiplier=1.0, block_multiple_of=256, tie_word_embeddings=True)
+LFM2_350M = dict(
+    vocab_size=65536,
+    hidden_size=1024,
+    intermediate_size=6656,
+    num_hidden_layers=16,
+    num_attention_heads=16,
+    num_key_value_heads=8,
+    max_position_embeddings=128000,
+    layer_types=[
+        "conv",
+        "conv",
+        "full_attention",
+        "conv",
+        "conv",
+        "full_attention",
+        "conv",
+        "conv",
+        "full_attention",
+        "conv",
+        "full_attention",
+        "conv",
+        "full_attention",
+        "conv",
+        "full_attention",
+        "conv",
+    ],
+    conv_L_cache=3,
+    block_auto_adjust_ff_dim=True,
+    block_ffn_dim_multiplier=1.0,
+    block_multiple_of=256,
+    tie_word_embeddings=True,
+)
 
 
 def _model(dtype, varlen: bool):
@@ -58,12 +84,14 @@ def packing_check(dtype, varlen: bool, autocast: bool) -> tuple[float, float, fl
         alone = torch.cat([model(input_ids=torch.tensor([s], device="cuda")).logits[0].float() for s in seqs])
         # the noise floor: the same rows right-padded into one ordinary batch
         padded = DataCollatorForLanguageModeling(pad_token_id=0)([{"input_ids": s} for s in seqs])
-        padded_logits = model(input_ids=padded["input_ids"].cuda(), attention_mask=padded["attention_mask"].cuda()).logits.float()
+        padded_logits = model(
+            input_ids=padded["input_ids"].cuda(), attention_mask=padded["attention_mask"].cuda()
+        ).logits.float()
         padded_flat = torch.cat([padded_logits[i, : len(s)] for i, s in enumerate(seqs)])
     logit_diff = (packed - alone).abs().max().item()
     floor = (padded_flat - alone).abs().max().item()
     # one training step: packed vs padded loss and gradients
-    examples = [{"input_ids": s, "labels": [-100] * (len(s) // 3) + s[len(s) // 3:]} for s in seqs]
+    examples = [{"input_ids": s, "labels": [-100] * (len(s) // 3) + s[len(s) // 3 :]} for s in seqs]
     model.train()
     results = []
     for padding_free in (False, True):
@@ -86,15 +114,20 @@ def steps_check(steps: int = 8) -> list[tuple[float, float]]:
     plain path (padded batches, SDPA) and of the fast path (padding-free, varlen attention) on the same
     batches, each from the same initial weights."""
     generator = torch.Generator().manual_seed(2)
-    batches = [[torch.randint(10, 60000, (int(n),), generator=generator).tolist()
-                for n in torch.randint(200, 2048, (8,), generator=generator)] for _ in range(steps)]
+    batches = [
+        [
+            torch.randint(10, 60000, (int(n),), generator=generator).tolist()
+            for n in torch.randint(200, 2048, (8,), generator=generator)
+        ]
+        for _ in range(steps)
+    ]
     curves = []
     for padding_free in (False, True):
         model = _model(torch.float32, varlen=padding_free).train()
         optimizer = torch.optim.AdamW(model.parameters(), lr=1e-4, fused=True)
         losses = []
         for batch in batches:
-            examples = [{"input_ids": s, "labels": [-100] * (len(s) // 3) + s[len(s) // 3:]} for s in batch]
+            examples = [{"input_ids": s, "labels": [-100] * (len(s) // 3) + s[len(s) // 3 :]} for s in batch]
             b = _cuda(DataCollatorForLanguageModeling(pad_token_id=0, padding_free=padding_free)(examples))
             with torch.autocast("cuda", torch.bfloat16):
                 loss = model(**b).loss
@@ -120,7 +153,9 @@ def quickstart(workdir: Path, packing: bool) -> dict:
     path = workdir / f"{config['project_name']}.yaml"
     path.write_text(yaml.safe_dump(config))
     start = time.time()
-    proc = subprocess.run([sys.executable, "-m", "leap_finetune.cli", str(path)], cwd=workdir, capture_output=True, text=True)
+    proc = subprocess.run(
+        [sys.executable, "-m", "leap_finetune.cli", str(path)], cwd=workdir, capture_output=True, text=True
+    )
     elapsed = time.time() - start
     if proc.returncode != 0:
         print(proc.stderr[-4000:])
@@ -129,9 +164,16 @@ def quickstart(workdir: Path, packing: bool) -> dict:
     summary = json.loads((run / "summary.json").read_text())
     after = proc.stderr.split("after training")[1].replace("\n", " ")
     answers = re.findall(r"model: '([^']*)'\s+expected:\s+'([^']*)'", after)
-    return {"rc": 0, "seconds": elapsed, "eval_before": summary["initial_eval_loss"], "eval_after": summary["eval_loss"],
-            "steps": summary["global_step"], "answers_ok": sum(" ".join(a.split()) == " ".join(b.split()) for a, b in answers),
-            "answers": len(answers), "device_line": next((l for l in proc.stderr.splitlines() if l.startswith("device:")), "")}
+    return {
+        "rc": 0,
+        "seconds": elapsed,
+        "eval_before": summary["initial_eval_loss"],
+        "eval_after": summary["eval_loss"],
+        "steps": summary["global_step"],
+        "answers_ok": sum(" ".join(a.split()) == " ".join(b.split()) for a, b in answers),
+        "answers": len(answers),
+        "device_line": next((l for l in proc.stderr.splitlines() if l.startswith("device:")), ""),
+    }
 
 
 def preference(workdir: Path, name: str, peft: bool) -> dict:
@@ -146,7 +188,9 @@ def preference(workdir: Path, name: str, peft: bool) -> dict:
         config["training_config"].update(learning_rate=1e-2, max_steps=40)
     path = workdir / f"{config['project_name']}.yaml"
     path.write_text(yaml.safe_dump(config))
-    proc = subprocess.run([sys.executable, "-m", "leap_finetune.cli", str(path)], cwd=workdir, capture_output=True, text=True)
+    proc = subprocess.run(
+        [sys.executable, "-m", "leap_finetune.cli", str(path)], cwd=workdir, capture_output=True, text=True
+    )
     if proc.returncode != 0:
         print(proc.stderr[-3000:])
         return {"rc": proc.returncode}
@@ -163,11 +207,13 @@ def main() -> None:
     args = parser.parse_args()
     print("packed-conv implementation:", enable_exact_packing())
     rows = []
-    for label, dtype, varlen, autocast in (("fp32, SDPA over position ids", torch.float32, False, False),
-                                           ("bf16, SDPA over position ids", torch.bfloat16, False, False),
-                                           ("bf16, varlen attention", torch.bfloat16, True, False),
-                                           ("fp32 weights + bf16 autocast, varlen attention", torch.float32, True, True),
-                                           ("fp32 weights + bf16 autocast, SDPA (noise reference)", torch.float32, False, True)):
+    for label, dtype, varlen, autocast in (
+        ("fp32, SDPA over position ids", torch.float32, False, False),
+        ("bf16, SDPA over position ids", torch.bfloat16, False, False),
+        ("bf16, varlen attention", torch.bfloat16, True, False),
+        ("fp32 weights + bf16 autocast, varlen attention", torch.float32, True, True),
+        ("fp32 weights + bf16 autocast, SDPA (noise reference)", torch.float32, False, True),
+    ):
         rows.append((f"LFM2-350M arch, {label}", *packing_check(dtype, varlen, autocast)))
     curve = steps_check()
     check_lines = [
@@ -183,9 +229,16 @@ def main() -> None:
         "",
     ]
     if args.packing_only:
-        text = "\n".join([f"## {datetime.date.today()} - {torch.cuda.get_device_name(0)} - torch {torch.__version__}, "
-                           f"transformers {transformers.__version__}", "",
-                           "Command: `python bench/gpu_check.py --packing-only`", "", *check_lines])
+        text = "\n".join(
+            [
+                f"## {datetime.date.today()} - {torch.cuda.get_device_name(0)} - torch {torch.__version__}, "
+                f"transformers {transformers.__version__}",
+                "",
+                "Command: `python bench/gpu_check.py --packing-only`",
+                "",
+                *check_lines,
+            ]
+        )
         print(text)
         if args.out:
             with open(args.out, "a") as handle:
@@ -194,8 +247,11 @@ def main() -> None:
     workdir = Path(args.workdir)
     workdir.mkdir(parents=True, exist_ok=True)
     runs = {packing: quickstart(workdir, packing) for packing in (False, True)}
-    prefs = {(name, peft): preference(workdir, name, peft) for name in ("dpo_tiny.yaml", "kto_tiny.yaml")
-             for peft in (False, True)}
+    prefs = {
+        (name, peft): preference(workdir, name, peft)
+        for name in ("dpo_tiny.yaml", "kto_tiny.yaml")
+        for peft in (False, True)
+    }
     lines = [
         f"## {datetime.date.today()} - {torch.cuda.get_device_name(0)} - torch {torch.__version__}, "
         f"transformers {transformers.__version__}",
@@ -205,18 +261,29 @@ def main() -> None:
         *check_lines,
         "| quickstart through the CLI | rc | wall s (incl. start-up) | steps | eval loss before -> after | exact sample answers | device line |",
         "| --- | --- | --- | --- | --- | --- | --- |",
-        *[f"| packing: {p} | {q['rc']} | {q.get('seconds', 0):.1f} | {q.get('steps')} | "
-          f"{q.get('eval_before', float('nan')):.3f} -> {q.get('eval_after', float('nan')):.3f} | "
-          f"{q.get('answers_ok')}/{q.get('answers')} | {q.get('device_line')} |" for p, q in runs.items()],
+        *[
+            f"| packing: {p} | {q['rc']} | {q.get('seconds', 0):.1f} | {q.get('steps')} | "
+            f"{q.get('eval_before', float('nan')):.3f} -> {q.get('eval_after', float('nan')):.3f} | "
+            f"{q.get('answers_ok')}/{q.get('answers')} | {q.get('device_line')} |"
+            for p, q in runs.items()
+        ],
         "",
         "| preference example through the CLI | rc | held-out metric at step 0 -> last |",
         "| --- | --- | --- |",
-        *[f"| {name}, {'LoRA' if peft else 'full'} | {r['rc']} | " + (
-            f"eval_rewards/accuracies {r['first'].get('eval_rewards/accuracies', float('nan')):.2f} -> "
-            f"{r['last'].get('eval_rewards/accuracies', float('nan')):.2f}" if name.startswith("dpo") and r['rc'] == 0 else
-            f"eval rewards chosen - rejected {r['first'].get('eval_rewards/chosen', 0) - r['first'].get('eval_rewards/rejected', 0):.2f} -> "
-            f"{r['last'].get('eval_rewards/chosen', 0) - r['last'].get('eval_rewards/rejected', 0):.2f}" if r['rc'] == 0 else "failed")
-          + " |" for (name, peft), r in prefs.items()],
+        *[
+            f"| {name}, {'LoRA' if peft else 'full'} | {r['rc']} | "
+            + (
+                f"eval_rewards/accuracies {r['first'].get('eval_rewards/accuracies', float('nan')):.2f} -> "
+                f"{r['last'].get('eval_rewards/accuracies', float('nan')):.2f}"
+                if name.startswith("dpo") and r["rc"] == 0
+                else f"eval rewards chosen - rejected {r['first'].get('eval_rewards/chosen', 0) - r['first'].get('eval_rewards/rejected', 0):.2f} -> "
+                f"{r['last'].get('eval_rewards/chosen', 0) - r['last'].get('eval_rewards/rejected', 0):.2f}"
+                if r["rc"] == 0
+                else "failed"
+            )
+            + " |"
+            for (name, peft), r in prefs.items()
+        ],
         "",
     ]
     text = "\n".join(lines)

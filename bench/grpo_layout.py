@@ -24,10 +24,17 @@ sys.path.insert(0, str(Path(__file__).resolve().parent))
 
 def gpu_processes() -> list[tuple[str, str, str]]:
     """(gpu index, pid, used MiB) of every compute process."""
-    uuids = dict(line.split(", ") for line in subprocess.run(
-        ["nvidia-smi", "--query-gpu=uuid,index", "--format=csv,noheader"], capture_output=True, text=True).stdout.splitlines())
-    apps = subprocess.run(["nvidia-smi", "--query-compute-apps=gpu_uuid,pid,used_memory", "--format=csv,noheader"],
-                          capture_output=True, text=True).stdout.splitlines()
+    uuids = dict(
+        line.split(", ")
+        for line in subprocess.run(
+            ["nvidia-smi", "--query-gpu=uuid,index", "--format=csv,noheader"], capture_output=True, text=True
+        ).stdout.splitlines()
+    )
+    apps = subprocess.run(
+        ["nvidia-smi", "--query-compute-apps=gpu_uuid,pid,used_memory", "--format=csv,noheader"],
+        capture_output=True,
+        text=True,
+    ).stdout.splitlines()
     return [(uuids.get(uuid, uuid), pid, mem) for uuid, pid, mem in (line.split(", ") for line in apps)]
 
 
@@ -50,15 +57,32 @@ def main() -> None:
     model = work / "lfm2-350m"
     build_model("350m", model)
     make_prompts(work / "prompts.jsonl", 64)
-    config = {"project_name": "layout", "model_name": str(model), "training_type": "grpo",
-              "dataset": {"path": "prompts.jsonl"},
-              "rewards": {"funcs": [{"name": "length", "target_tokens": 64}],
-                          "judge": {"model": str(model), "prompt_template": "Grade 0-10: {completion}",
-                                    "timeout_s": 30, "max_tokens": 8, "max_concurrency": 16}},
-              "grpo_rollout": {"judge_gpus": 1},
-              "training_config": {"use_vllm": False, "max_steps": 4, "per_device_train_batch_size": 16,
-                                  "num_generations": 8, "max_completion_length": 64, "logging_steps": 1,
-                                  "save_strategy": "no"}}
+    config = {
+        "project_name": "layout",
+        "model_name": str(model),
+        "training_type": "grpo",
+        "dataset": {"path": "prompts.jsonl"},
+        "rewards": {
+            "funcs": [{"name": "length", "target_tokens": 64}],
+            "judge": {
+                "model": str(model),
+                "prompt_template": "Grade 0-10: {completion}",
+                "timeout_s": 30,
+                "max_tokens": 8,
+                "max_concurrency": 16,
+            },
+        },
+        "grpo_rollout": {"judge_gpus": 1},
+        "training_config": {
+            "use_vllm": False,
+            "max_steps": 4,
+            "per_device_train_batch_size": 16,
+            "num_generations": 8,
+            "max_completion_length": 64,
+            "logging_steps": 1,
+            "save_strategy": "no",
+        },
+    }
     import yaml
 
     path = work / "layout.yaml"
@@ -69,8 +93,10 @@ def main() -> None:
     report = json.loads(plan.stdout)
     print("devices", report["devices"])
     for process in report["processes"]:
-        print(f"  {process['name']}: CUDA_VISIBLE_DEVICES={process['env'].get('CUDA_VISIBLE_DEVICES')} "
-              f"{' '.join(process['command'][:4])}")
+        print(
+            f"  {process['name']}: CUDA_VISIBLE_DEVICES={process['env'].get('CUDA_VISIBLE_DEVICES')} "
+            f"{' '.join(process['command'][:4])}"
+        )
 
     seen: dict[tuple[str, str], str] = {}
     done = threading.Event()
@@ -98,8 +124,10 @@ def main() -> None:
         for line in (runs[-1] / "metrics.jsonl").read_text().splitlines():
             m = json.loads(line)
             if "judge/failures" in m:
-                print(f"  step {m['step']}: judge failures {m['judge/failures']}, rewards/judge/mean "
-                      f"{m.get('rewards/judge/mean')}, rollout/tokens_per_s {m.get('rollout/tokens_per_s')}")
+                print(
+                    f"  step {m['step']}: judge failures {m['judge/failures']}, rewards/judge/mean "
+                    f"{m.get('rewards/judge/mean')}, rollout/tokens_per_s {m.get('rollout/tokens_per_s')}"
+                )
     left = [p for p in gpu_processes()]
     print("GPU processes after the run:", left or "none")
 

@@ -53,7 +53,7 @@ VARIANTS = {
     "trl_paged": "TRL GRPOTrainer, use_transformers_paged (continuous batching)",
     "leap_eager": "leap-finetune, cache_implementation: null (TRL's generate path)",
     "leap_generate": "leap-finetune, transformers' generate with its compiled decoding step (the default before "
-                     "rl/sampler.py)",
+    "rl/sampler.py)",
     "leap_default": "leap-finetune default (rl/sampler.py: static cache, the whole step in a CUDA graph)",
     "leap_default_lora": "leap-finetune default + LoRA (DEFAULT_LORA)",
     "leap_default_autotune": "leap-finetune default, the decoding step compiled with max-autotune (GEMMs tuned)",
@@ -65,9 +65,13 @@ VARIANTS = {
     "leap_vllm_sleep": "leap-finetune, vLLM colocate, vllm_enable_sleep_mode: true",
     "leap_vllm_lora": "leap-finetune, vLLM colocate + LoRA (DEFAULT_LORA)",
 }
-VLLM_SETTINGS = {"leap_vllm": {}, "leap_vllm_mem05": {"vllm_gpu_memory_utilization": 0.5},
-                 "leap_vllm_mem015": {"vllm_gpu_memory_utilization": 0.15},
-                 "leap_vllm_sleep": {"vllm_enable_sleep_mode": True}, "leap_vllm_lora": {}}
+VLLM_SETTINGS = {
+    "leap_vllm": {},
+    "leap_vllm_mem05": {"vllm_gpu_memory_utilization": 0.5},
+    "leap_vllm_mem015": {"vllm_gpu_memory_utilization": 0.15},
+    "leap_vllm_sleep": {"vllm_enable_sleep_mode": True},
+    "leap_vllm_lora": {},
+}
 DEFAULT_VARIANTS = "trl_default,trl_static,trl_paged,leap_eager,leap_default,leap_default_lora"
 ARCH_NAMES = {"350m": "LFM2-350M", "1.2b": "LFM2-1.2B", "tiny": "tiny-lfm2"}
 
@@ -83,8 +87,12 @@ def make_prompts(path: Path, count: int, seed: int = 0) -> None:
     rows = []
     for i in range(count):
         n = rng.randint(12, 110)
-        rows.append({"prompt": f"Task {i}: continue this story. " + " ".join(rng.choice(words) for _ in range(n)),
-                     "solution": "x"})
+        rows.append(
+            {
+                "prompt": f"Task {i}: continue this story. " + " ".join(rng.choice(words) for _ in range(n)),
+                "solution": "x",
+            }
+        )
     path.write_text("".join(json.dumps(r) + "\n" for r in rows))
 
 
@@ -156,6 +164,7 @@ class Timing:
             _sync()
             self.vllm_split[key].append(time.perf_counter() - start)
             return result
+
         return run
 
     @staticmethod
@@ -190,25 +199,38 @@ class Timing:
 
     def summary(self) -> dict:
         rollouts = self.rollouts[WARMUP:]
-        return {"rollout_tokens_per_s": statistics.median(t / s for s, t in rollouts) if rollouts else float("nan"),
-                "rollout_s": statistics.median(s for s, _ in rollouts) if rollouts else float("nan"),
-                "tokens_per_rollout": statistics.median(t for _, t in rollouts) if rollouts else 0,
-                "step_s": statistics.median(self.steps[WARMUP:]) if self.steps[WARMUP:] else float("nan"),
-                "first_rollout_s": self.rollouts[0][0] if self.rollouts else float("nan"),
-                "first_step_s": self.steps[0] if self.steps else float("nan"),
-                "startup_s": self.first_step_at if self.first_step_at is not None else float("nan"),
-                "init_s": self.init_s if self.init_s is not None else float("nan"),
-                "steps_done": len(self.steps),
-                "peak_gib": torch.cuda.max_memory_allocated() / 2**30 if torch.cuda.is_available() else 0.0,
-                # the whole GPU (vLLM's memory pool in sleep mode is not torch's allocator)
-                "gpu_used_gib": self.used_gib,
-                **{f"{key}_s": statistics.median(values[WARMUP:]) for key, values in self.vllm_split.items()
-                   if values[WARMUP:]},
-                **({"logp_gap": {"rollouts": len(self.gaps), **{key: statistics.median(g[key] for g in self.gaps)
-                                                                for key in ("mean_abs", "kl", "p99_abs")},
-                                 "max_abs": max(g["max_abs"] for g in self.gaps), "per_rollout": self.gaps}}
-                   if self.gaps else {}),
-                **self.extra}
+        return {
+            "rollout_tokens_per_s": statistics.median(t / s for s, t in rollouts) if rollouts else float("nan"),
+            "rollout_s": statistics.median(s for s, _ in rollouts) if rollouts else float("nan"),
+            "tokens_per_rollout": statistics.median(t for _, t in rollouts) if rollouts else 0,
+            "step_s": statistics.median(self.steps[WARMUP:]) if self.steps[WARMUP:] else float("nan"),
+            "first_rollout_s": self.rollouts[0][0] if self.rollouts else float("nan"),
+            "first_step_s": self.steps[0] if self.steps else float("nan"),
+            "startup_s": self.first_step_at if self.first_step_at is not None else float("nan"),
+            "init_s": self.init_s if self.init_s is not None else float("nan"),
+            "steps_done": len(self.steps),
+            "peak_gib": torch.cuda.max_memory_allocated() / 2**30 if torch.cuda.is_available() else 0.0,
+            # the whole GPU (vLLM's memory pool in sleep mode is not torch's allocator)
+            "gpu_used_gib": self.used_gib,
+            **{
+                f"{key}_s": statistics.median(values[WARMUP:])
+                for key, values in self.vllm_split.items()
+                if values[WARMUP:]
+            },
+            **(
+                {
+                    "logp_gap": {
+                        "rollouts": len(self.gaps),
+                        **{key: statistics.median(g[key] for g in self.gaps) for key in ("mean_abs", "kl", "p99_abs")},
+                        "max_abs": max(g["max_abs"] for g in self.gaps),
+                        "per_rollout": self.gaps,
+                    }
+                }
+                if self.gaps
+                else {}
+            ),
+            **self.extra,
+        }
 
 
 def logp_gap(trainer, output: dict) -> dict:
@@ -224,20 +246,28 @@ def logp_gap(trainer, output: dict) -> dict:
     try:
         with torch.no_grad():
             trainer_logps, _ = trainer._get_per_token_logps_and_entropies(
-                trainer.model, prompt_completion, mask, keep, batch_size=trainer.args.per_device_train_batch_size)[:2]
+                trainer.model, prompt_completion, mask, keep, batch_size=trainer.args.per_device_train_batch_size
+            )[:2]
     finally:
         trainer.model.train(was_training)
     tokens = output["completion_mask"].bool()
-    diff = (output["sampling_per_token_logps"] - trainer_logps)[tokens & ~torch.isnan(output["sampling_per_token_logps"])]
+    diff = (output["sampling_per_token_logps"] - trainer_logps)[
+        tokens & ~torch.isnan(output["sampling_per_token_logps"])
+    ]
     diff = diff.float()
-    return {"tokens": int(diff.numel()), "mean_abs": diff.abs().mean().item(), "kl": diff.mean().item(),
-            "p99_abs": diff.abs().quantile(0.99).item() if diff.numel() < 16_000_000 else float("nan"),
-            "max_abs": diff.abs().max().item()}
+    return {
+        "tokens": int(diff.numel()),
+        "mean_abs": diff.abs().mean().item(),
+        "kl": diff.mean().item(),
+        "p99_abs": diff.abs().quantile(0.99).item() if diff.numel() < 16_000_000 else float("nan"),
+        "max_abs": diff.abs().max().item(),
+    }
 
 
 def kernel_summary(prof, wall_s: float, top: int = 6) -> dict:
     """GPU kernel time against the wall time of one profiled rollout: near 1, the GPU is the limit; far below, the
     host (Python, launches, syncs) is. The largest kernels by total time, and how many kernels ran."""
+
     def device_us(event) -> float:
         return getattr(event, "device_time", None) or getattr(event, "cuda_time", 0.0) or 0.0
 
@@ -247,9 +277,13 @@ def kernel_summary(prof, wall_s: float, top: int = 6) -> dict:
     for e in kernels:
         by_name[e.name] = by_name.get(e.name, 0.0) + device_us(e) / 1e6
     largest = sorted(by_name.items(), key=lambda kv: -kv[1])[:top]
-    return {"wall_s": round(wall_s, 3), "gpu_kernel_s": round(busy, 3), "kernels": len(kernels),
-            "gpu_share": round(busy / wall_s, 3) if wall_s else None,
-            "top": [(name[:60], round(t, 4)) for name, t in largest]}
+    return {
+        "wall_s": round(wall_s, 3),
+        "gpu_kernel_s": round(busy, 3),
+        "kernels": len(kernels),
+        "gpu_share": round(busy / wall_s, 3) if wall_s else None,
+        "top": [(name[:60], round(t, 4)) for name, t in largest],
+    }
 
 
 def gpu_used_gib() -> float:
@@ -269,16 +303,28 @@ def child_trl(variant: str, model_dir: Path, data: Path, work: Path, steps: int)
 
     dataset = load_dataset("json", data_files=str(data), split="train")
     dataset = dataset.map(lambda r: {"prompt": [{"role": "user", "content": r["prompt"]}]})
-    extra = {"trl_static": {"cache_implementation": "static"},
-             "trl_paged": {"use_transformers_paged": True}}.get(variant, {})
+    extra = {"trl_static": {"cache_implementation": "static"}, "trl_paged": {"use_transformers_paged": True}}.get(
+        variant, {}
+    )
     if not torch.cuda.is_available():  # --smoke
         extra.update(use_cpu=True, bf16=False)
-    args = GRPOConfig(output_dir=str(work / variant), max_steps=steps, per_device_train_batch_size=PROMPTS_PER_STEP * GENERATIONS,
-                      num_generations=GENERATIONS, max_completion_length=NEW_TOKENS, logging_steps=1,
-                      save_strategy="no", report_to="none", use_vllm=False, disable_tqdm=True, **extra)
+    args = GRPOConfig(
+        output_dir=str(work / variant),
+        max_steps=steps,
+        per_device_train_batch_size=PROMPTS_PER_STEP * GENERATIONS,
+        num_generations=GENERATIONS,
+        max_completion_length=NEW_TOKENS,
+        logging_steps=1,
+        save_strategy="no",
+        report_to="none",
+        use_vllm=False,
+        disable_tqdm=True,
+        **extra,
+    )
     timing = Timing()
-    trainer = timing.wrap(GRPOTrainer)(model=str(model_dir), reward_funcs=length_reward, args=args,
-                                       train_dataset=dataset, callbacks=[timing.clock()])
+    trainer = timing.wrap(GRPOTrainer)(
+        model=str(model_dir), reward_funcs=length_reward, args=args, train_dataset=dataset, callbacks=[timing.clock()]
+    )
     dtype = str(next(trainer.model.parameters()).dtype)
     trainer.train()
     return {**timing.summary(), "weights": dtype}
@@ -297,18 +343,38 @@ def timed_run_config(config: dict, outputs_root: Path, timing: Timing, callbacks
         grpo_recipe.trainer_class = original
 
 
-def child_leap(variant: str, model_dir: Path, data: Path, work: Path, steps: int, progress: str | None = None,
-               profile: bool = False, gap: bool = False) -> dict:
-    training = {"use_vllm": False, "max_steps": steps, "per_device_train_batch_size": PROMPTS_PER_STEP * GENERATIONS,
-                "num_generations": GENERATIONS, "max_completion_length": NEW_TOKENS, "logging_steps": 1,
-                "save_strategy": "no", "learning_rate": 1e-6}
+def child_leap(
+    variant: str,
+    model_dir: Path,
+    data: Path,
+    work: Path,
+    steps: int,
+    progress: str | None = None,
+    profile: bool = False,
+    gap: bool = False,
+) -> dict:
+    training = {
+        "use_vllm": False,
+        "max_steps": steps,
+        "per_device_train_batch_size": PROMPTS_PER_STEP * GENERATIONS,
+        "num_generations": GENERATIONS,
+        "max_completion_length": NEW_TOKENS,
+        "logging_steps": 1,
+        "save_strategy": "no",
+        "learning_rate": 1e-6,
+    }
     if variant == "leap_eager":
         training["cache_implementation"] = None
     if variant in VLLM_SETTINGS:
         training.update(use_vllm=True, vllm_mode="colocate", **VLLM_SETTINGS[variant])
-    config = {"project_name": f"bench-{variant}-{model_dir.name}", "model_name": str(model_dir), "training_type": "grpo",
-              "dataset": {"path": str(data)}, "rewards": [{"name": "length", "target_tokens": NEW_TOKENS}],
-              "training_config": training}
+    config = {
+        "project_name": f"bench-{variant}-{model_dir.name}",
+        "model_name": str(model_dir),
+        "training_type": "grpo",
+        "dataset": {"path": str(data)},
+        "rewards": [{"name": "length", "target_tokens": NEW_TOKENS}],
+        "training_config": training,
+    }
     if variant.endswith("_lora"):
         config["peft_config"] = {"extends": "DEFAULT_LORA"}
     import shutil
@@ -324,10 +390,15 @@ def child_leap(variant: str, model_dir: Path, data: Path, work: Path, steps: int
         sampler.COMPILE_MODE = "max-autotune"
     summary = timed_run_config(config, work / "outputs", timing)
     run_dir = Path(summary["run_dir"])
-    logged = [json.loads(line).get("rollout/tokens_per_s") for line in (run_dir / "metrics.jsonl").read_text().splitlines()]
+    logged = [
+        json.loads(line).get("rollout/tokens_per_s") for line in (run_dir / "metrics.jsonl").read_text().splitlines()
+    ]
     logged = [v for v in logged if v is not None][WARMUP:]
-    return {**timing.summary(), "logged_rollout_tokens_per_s": statistics.median(logged) if logged else None,
-            "engine": summary.get("rollouts", {}).get("engine")}
+    return {
+        **timing.summary(),
+        "logged_rollout_tokens_per_s": statistics.median(logged) if logged else None,
+        "engine": summary.get("rollouts", {}).get("engine"),
+    }
 
 
 def error_text(err: BaseException, lines: int = 3) -> str:
@@ -363,11 +434,17 @@ def main() -> None:
     parser.add_argument("--record", action="store_true", help="append the table to bench/RESULTS.md")
     parser.add_argument("--child", default=None)
     parser.add_argument("--smoke", action="store_true", help="CPU check of this script: the tiny model, 8 tokens")
-    parser.add_argument("--profile", action="store_true",
-                        help="profile one rollout per variant (the one after the warm-up): GPU kernel time vs wall")
-    parser.add_argument("--logp-gap", action="store_true",
-                        help="per rollout: the engine's sampling log-probabilities against the trainer's (one extra "
-                             "forward per step, outside the timed rollout; step times then include it)")
+    parser.add_argument(
+        "--profile",
+        action="store_true",
+        help="profile one rollout per variant (the one after the warm-up): GPU kernel time vs wall",
+    )
+    parser.add_argument(
+        "--logp-gap",
+        action="store_true",
+        help="per rollout: the engine's sampling log-probabilities against the trainer's (one extra "
+        "forward per step, outside the timed rollout; step times then include it)",
+    )
     args = parser.parse_args()
     global NEW_TOKENS
     arch = "tiny" if args.smoke else args.arch
@@ -380,17 +457,17 @@ def main() -> None:
             if args.child.startswith("trl"):
                 result = child_trl(args.child, model_dir, data, work, args.steps)
             else:
-                result = child_leap(args.child, model_dir, data, work, args.steps, args.progress, args.profile,
-                                    args.logp_gap)
+                result = child_leap(
+                    args.child, model_dir, data, work, args.steps, args.progress, args.profile, args.logp_gap
+                )
         except Exception as err:  # noqa: BLE001 - a variant that fails is a row of the table
             result = {"error": error_text(err)}
         print("RESULT " + json.dumps(result), flush=True)
         return
 
-    from sft_throughput import build_model
-
     import transformers
     import trl
+    from sft_throughput import build_model
 
     work.mkdir(parents=True, exist_ok=True)
     if args.smoke:
@@ -406,21 +483,42 @@ def main() -> None:
         peak = matmul_peak()
     make_prompts(data, PROMPTS_PER_STEP * args.steps * 2)
     device = torch.cuda.get_device_name(0) if torch.cuda.is_available() else "CPU (smoke)"
-    lines = [f"### {datetime.date.today()} - GRPO rollouts - {device} - torch {torch.__version__}, "
-             f"transformers {transformers.__version__}, trl {trl.__version__}", "",
-             f"Command: `python {' '.join(sys.argv)}`", "",
-             f"{ARCH_NAMES[arch]} architecture ({n_params / 1e6:.0f}M parameters, random weights, bf16 checkpoint); "
-             f"{PROMPTS_PER_STEP} prompts x {GENERATIONS} generations per step, {NEW_TOKENS} new tokens, {args.steps} "
-             f"steps, medians over steps {WARMUP + 1}-{args.steps}. bf16 matmul peak in this run: {peak / 1e12:.0f} TFLOP/s.",
-             "", "| variant | rollout tokens/s | vs TRL default | rollout s | step s | first rollout s | MFU (rollout) | "
-             "peak GiB | notes |", "| --- | --- | --- | --- | --- | --- | --- | --- | --- |"]
+    lines = [
+        f"### {datetime.date.today()} - GRPO rollouts - {device} - torch {torch.__version__}, "
+        f"transformers {transformers.__version__}, trl {trl.__version__}",
+        "",
+        f"Command: `python {' '.join(sys.argv)}`",
+        "",
+        f"{ARCH_NAMES[arch]} architecture ({n_params / 1e6:.0f}M parameters, random weights, bf16 checkpoint); "
+        f"{PROMPTS_PER_STEP} prompts x {GENERATIONS} generations per step, {NEW_TOKENS} new tokens, {args.steps} "
+        f"steps, medians over steps {WARMUP + 1}-{args.steps}. bf16 matmul peak in this run: {peak / 1e12:.0f} TFLOP/s.",
+        "",
+        "| variant | rollout tokens/s | vs TRL default | rollout s | step s | first rollout s | MFU (rollout) | "
+        "peak GiB | notes |",
+        "| --- | --- | --- | --- | --- | --- | --- | --- | --- |",
+    ]
     base = None
     for variant in args.variants.split(","):
         start = time.perf_counter()
-        proc = subprocess.run([sys.executable, __file__, "--child", variant, "--steps", str(args.steps), "--work",
-                               str(work), "--arch", args.arch, *(["--smoke"] if args.smoke else []),
-                               *(["--profile"] if args.profile else []), *(["--logp-gap"] if args.logp_gap else [])],
-                              capture_output=True, text=True)
+        proc = subprocess.run(
+            [
+                sys.executable,
+                __file__,
+                "--child",
+                variant,
+                "--steps",
+                str(args.steps),
+                "--work",
+                str(work),
+                "--arch",
+                args.arch,
+                *(["--smoke"] if args.smoke else []),
+                *(["--profile"] if args.profile else []),
+                *(["--logp-gap"] if args.logp_gap else []),
+            ],
+            capture_output=True,
+            text=True,
+        )
         found = [l for l in proc.stdout.splitlines() if l.startswith("RESULT ")]
         r = json.loads(found[-1][7:]) if found else {"error": f"exit {proc.returncode}: {proc.stderr[-300:]}"}
         wall = time.perf_counter() - start
@@ -442,19 +540,24 @@ def main() -> None:
                 notes.append(f"vLLM weight sync {r['sync_weights_s']:.2f} s + generate {r['vllm_generate_s']:.2f} s")
             if r.get("profile"):
                 pr = r["profile"]
-                notes.append(f"profiled rollout: wall {pr['wall_s']:.2f} s, GPU kernels {pr['gpu_kernel_s']:.2f} s "
-                             f"({pr['kernels']:,} kernels); largest: "
-                             + ", ".join(f"{n} {t:.3f} s" for n, t in pr["top"][:4]))
+                notes.append(
+                    f"profiled rollout: wall {pr['wall_s']:.2f} s, GPU kernels {pr['gpu_kernel_s']:.2f} s "
+                    f"({pr['kernels']:,} kernels); largest: " + ", ".join(f"{n} {t:.3f} s" for n, t in pr["top"][:4])
+                )
             if r.get("logp_gap"):
                 g = r["logp_gap"]
-                notes.append(f"sampling vs trainer log-probs over {g['rollouts']} rollouts: mean |diff| "
-                             f"{g['mean_abs']:.2e}, KL estimate {g['kl']:.2e}, p99 |diff| {g['p99_abs']:.2e}, max "
-                             f"{g['max_abs']:.2e}")
+                notes.append(
+                    f"sampling vs trainer log-probs over {g['rollouts']} rollouts: mean |diff| "
+                    f"{g['mean_abs']:.2e}, KL estimate {g['kl']:.2e}, p99 |diff| {g['p99_abs']:.2e}, max "
+                    f"{g['max_abs']:.2e}"
+                )
             if r.get("logged_rollout_tokens_per_s"):
                 notes.append(f"logged rollout/tokens_per_s {r['logged_rollout_tokens_per_s']:,.0f}")
-            lines.append(f"| {VARIANTS[variant]} | {speed:,.0f} | {ratio} | {r['rollout_s']:.2f} | {r['step_s']:.2f} | "
-                         f"{r['first_rollout_s']:.1f} | {100 * speed * 2 * n_params / peak:.2f}% | {r['peak_gib']:.1f} | "
-                         f"{'; '.join(notes)} |")
+            lines.append(
+                f"| {VARIANTS[variant]} | {speed:,.0f} | {ratio} | {r['rollout_s']:.2f} | {r['step_s']:.2f} | "
+                f"{r['first_rollout_s']:.1f} | {100 * speed * 2 * n_params / peak:.2f}% | {r['peak_gib']:.1f} | "
+                f"{'; '.join(notes)} |"
+            )
         print(lines[-1], flush=True)
         if args.out:
             Path(args.out).write_text("\n".join(lines) + "\n")

@@ -67,10 +67,22 @@ def main() -> None:
     build_model(args.model, model_dir)
     profile = Profile(start=20, steps=5)
     label, overrides = VARIANTS[args.variant]
-    config = {"project_name": "profile", "model_name": str(model_dir), "training_type": "sft", "dataset": {"path": str(data)},
-              "training_config": {"extends": "DEFAULT_SFT", "max_steps": 26, "per_device_train_batch_size": 8,
-                                  "logging_steps": 5, "save_strategy": "no", "max_length": 2048, "learning_rate": 1e-5,
-                                  **overrides}}
+    config = {
+        "project_name": "profile",
+        "model_name": str(model_dir),
+        "training_type": "sft",
+        "dataset": {"path": str(data)},
+        "training_config": {
+            "extends": "DEFAULT_SFT",
+            "max_steps": 26,
+            "per_device_train_batch_size": 8,
+            "logging_steps": 5,
+            "save_strategy": "no",
+            "max_length": 2048,
+            "learning_rate": 1e-5,
+            **overrides,
+        },
+    }
     run_config(config, outputs_root=work / "outputs", callbacks=[profile])
     events = [e for e in profile.profiler.key_averages() if e.device_time_total > 0]
     total = sum(e.device_time_total for e in events) / 1e6
@@ -78,9 +90,13 @@ def main() -> None:
     for event in events:
         name = next((g for g, pattern in GROUPS if pattern.search(event.key)), "other (elementwise, norms, conv)")
         groups[name] += event.device_time_total / 1e6
-    lines = [f"Profile: LFM2-{args.model}, {label}, steps 21-25: wall {profile.wall:.3f} s, GPU kernel time {total:.3f} s "
-             f"({100 * total / max(profile.wall, 1e-9):.0f}% of wall)", "",
-             "| kernel group | GPU s | share of kernel time |", "| --- | --- | --- |"]
+    lines = [
+        f"Profile: LFM2-{args.model}, {label}, steps 21-25: wall {profile.wall:.3f} s, GPU kernel time {total:.3f} s "
+        f"({100 * total / max(profile.wall, 1e-9):.0f}% of wall)",
+        "",
+        "| kernel group | GPU s | share of kernel time |",
+        "| --- | --- | --- |",
+    ]
     lines += [f"| {g} | {t:.3f} | {100 * t / total:.1f}% |" for g, t in sorted(groups.items(), key=lambda x: -x[1])]
     lines += ["", "| top kernels | GPU s | calls |", "| --- | --- | --- |"]
     for event in sorted(events, key=lambda e: -e.device_time_total)[:15]:

@@ -14,7 +14,6 @@ import argparse
 import datetime
 import json
 import random
-import statistics
 import sys
 import time
 from pathlib import Path
@@ -30,8 +29,15 @@ def make_rows(path: Path, count: int, seed: int = 0, doc_words: int = 180) -> No
     rng = random.Random(seed)
     with path.open("w") as handle:
         for i in range(count):
-            handle.write(json.dumps({"query": f"q{i} " + " ".join(rng.choice(words) for _ in range(12)),
-                                     "positive": f"d{i} " + " ".join(rng.choice(words) for _ in range(doc_words))}) + "\n")
+            handle.write(
+                json.dumps(
+                    {
+                        "query": f"q{i} " + " ".join(rng.choice(words) for _ in range(12)),
+                        "positive": f"d{i} " + " ".join(rng.choice(words) for _ in range(doc_words)),
+                    }
+                )
+                + "\n"
+            )
 
 
 class Clock:
@@ -60,33 +66,60 @@ def leap(model_dir: Path, data: Path, work: Path, steps: int, batch: int, loss: 
     from leap_finetune.api import run_config
 
     clock = Clock()
-    config = {"project_name": f"bench-{loss}-{batch}", "model_name": str(model_dir), "training_type": "embedding",
-              "dataset": {"path": str(data), "limit": batch * steps}, "retrieval": {"loss": loss, "mini_batch_size": 64,
-                                                             "query_max_length": 32, "document_max_length": 256},
-              "training_config": {"max_steps": steps, "per_device_train_batch_size": batch, "logging_steps": 5,
-                                  "save_strategy": "no", "learning_rate": 1e-5}}
+    config = {
+        "project_name": f"bench-{loss}-{batch}",
+        "model_name": str(model_dir),
+        "training_type": "embedding",
+        "dataset": {"path": str(data), "limit": batch * steps},
+        "retrieval": {"loss": loss, "mini_batch_size": 64, "query_max_length": 32, "document_max_length": 256},
+        "training_config": {
+            "max_steps": steps,
+            "per_device_train_batch_size": batch,
+            "logging_steps": 5,
+            "save_strategy": "no",
+            "learning_rate": 1e-5,
+        },
+    }
     run_config(config, outputs_root=work / "outputs", callbacks=[clock.callback()])
     return clock.pairs_per_s(batch)
 
 
 def sentence_transformers_own(model_dir: Path, data: Path, work: Path, steps: int, batch: int) -> float:
     from datasets import load_dataset
-    from sentence_transformers import SentenceTransformer, SentenceTransformerTrainer, SentenceTransformerTrainingArguments
-    from sentence_transformers import losses
+    from sentence_transformers import (
+        SentenceTransformer,
+        SentenceTransformerTrainer,
+        SentenceTransformerTrainingArguments,
+        losses,
+    )
     from sentence_transformers.sentence_transformer.modules import Normalize, Pooling, Transformer
 
     transformer = Transformer(str(model_dir), max_seq_length=256)
-    model = SentenceTransformer(modules=[transformer, Pooling(transformer.get_embedding_dimension(), "lasttoken"),
-                                         Normalize()], device="cuda" if torch.cuda.is_available() else "cpu")
+    model = SentenceTransformer(
+        modules=[transformer, Pooling(transformer.get_embedding_dimension(), "lasttoken"), Normalize()],
+        device="cuda" if torch.cuda.is_available() else "cpu",
+    )
     dataset = load_dataset("json", data_files=str(data), split="train").select(range(batch * steps))
-    args = SentenceTransformerTrainingArguments(output_dir=str(work / "st"), max_steps=steps,
-                                                per_device_train_batch_size=batch, bf16=torch.cuda.is_available(),
-                                                use_cpu=not torch.cuda.is_available(), logging_steps=5,
-                                                save_strategy="no", report_to="none", learning_rate=1e-5,
-                                                batch_sampler="no_duplicates")
+    args = SentenceTransformerTrainingArguments(
+        output_dir=str(work / "st"),
+        max_steps=steps,
+        per_device_train_batch_size=batch,
+        bf16=torch.cuda.is_available(),
+        use_cpu=not torch.cuda.is_available(),
+        logging_steps=5,
+        save_strategy="no",
+        report_to="none",
+        learning_rate=1e-5,
+        batch_sampler="no_duplicates",
+    )
     clock = Clock()
-    trainer = SentenceTransformerTrainer(model=model, args=args, train_dataset=dataset,
-                                         loss=losses.MultipleNegativesRankingLoss(model), callbacks=[clock.callback()])
+    trainer = SentenceTransformerTrainer(
+        model=model,
+        args=args,
+        train_dataset=dataset,
+        loss=losses.MultipleNegativesRankingLoss(model),
+        callbacks=[clock.callback()],
+    )
     trainer.train()
     return clock.pairs_per_s(batch)
 
@@ -97,17 +130,19 @@ def main() -> None:
     parser.add_argument("--batch", type=int, default=64)
     parser.add_argument("--cached", default="1024,4096,8192")
     parser.add_argument("--smoke", action="store_true", help="CPU check of this script with tiny-lfm2")
-    parser.add_argument("--only-cached", action="store_true",
-                        help="only the cached-loss batch sizes, 1 step each, documents of ~20 tokens (memory: the "
-                        "batch x batch score matrix and the stored embeddings grow with the batch, activations with "
-                        "the mini-batch only; short texts keep the search fast)")
+    parser.add_argument(
+        "--only-cached",
+        action="store_true",
+        help="only the cached-loss batch sizes, 1 step each, documents of ~20 tokens (memory: the "
+        "batch x batch score matrix and the stored embeddings grow with the batch, activations with "
+        "the mini-batch only; short texts keep the search fast)",
+    )
     parser.add_argument("--work", default="/tmp/leap-retrieval-bench")
     parser.add_argument("--out", default=None)
     args = parser.parse_args()
-    from sft_throughput import build_model
-
     import sentence_transformers
     import transformers
+    from sft_throughput import build_model
 
     work = Path(args.work)
     work.mkdir(parents=True, exist_ok=True)
@@ -121,15 +156,25 @@ def main() -> None:
     else:
         build_model("350m", model_dir)
     data = work / "pairs.jsonl"
-    make_rows(data, max(args.batch * args.steps, max(int(b) for b in args.cached.split(",")) * 2),
-              doc_words=20 if args.only_cached else 180)
+    make_rows(
+        data,
+        max(args.batch * args.steps, max(int(b) for b in args.cached.split(",")) * 2),
+        doc_words=20 if args.only_cached else 180,
+    )
     device = torch.cuda.get_device_name(0) if torch.cuda.is_available() else "CPU (smoke)"
-    lines = [f"### {datetime.date.today()} - embedding training - {device} - torch "
-             f"{torch.__version__}, transformers {transformers.__version__}, sentence-transformers "
-             f"{sentence_transformers.__version__}", "", f"Command: `python {' '.join(sys.argv)}`", "",
-             f"LFM2-350M architecture, last-token pooling; queries ~16 tokens, documents ~200 tokens; batch {args.batch}, "
-             f"{args.steps} steps, pairs/s over steps {WARMUP + 1}-{args.steps}.", "",
-             "| path | pairs/s | peak GiB |", "| --- | --- | --- |"]
+    lines = [
+        f"### {datetime.date.today()} - embedding training - {device} - torch "
+        f"{torch.__version__}, transformers {transformers.__version__}, sentence-transformers "
+        f"{sentence_transformers.__version__}",
+        "",
+        f"Command: `python {' '.join(sys.argv)}`",
+        "",
+        f"LFM2-350M architecture, last-token pooling; queries ~16 tokens, documents ~200 tokens; batch {args.batch}, "
+        f"{args.steps} steps, pairs/s over steps {WARMUP + 1}-{args.steps}.",
+        "",
+        "| path | pairs/s | peak GiB |",
+        "| --- | --- | --- |",
+    ]
 
     def record(label, fn):
         cuda = torch.cuda.is_available()
@@ -150,15 +195,21 @@ def main() -> None:
             Path(args.out).write_text("\n".join(lines) + "\n")
 
     if not args.only_cached:
-        record(f"sentence-transformers' own trainer, MNRL, bf16, batch {args.batch}",
-               lambda: sentence_transformers_own(model_dir, data, work, args.steps, args.batch))
-        record(f"leap-finetune (DEFAULT_EMBEDDING), MNRL, batch {args.batch}",
-               lambda: leap(model_dir, data, work, args.steps, args.batch))
+        record(
+            f"sentence-transformers' own trainer, MNRL, bf16, batch {args.batch}",
+            lambda: sentence_transformers_own(model_dir, data, work, args.steps, args.batch),
+        )
+        record(
+            f"leap-finetune (DEFAULT_EMBEDDING), MNRL, batch {args.batch}",
+            lambda: leap(model_dir, data, work, args.steps, args.batch),
+        )
     for size in (int(b) for b in args.cached.split(",")):
         # 2 steps (1 with --only-cached): whether it fits, and its memory (too few steps for a speed figure)
         steps = 1 if args.only_cached else 2
-        record(f"leap-finetune, cached_mnrl (mini-batch 64), batch {size} (fits?)",
-               lambda size=size, steps=steps: leap(model_dir, data, work, steps, size, loss="cached_mnrl"))
+        record(
+            f"leap-finetune, cached_mnrl (mini-batch 64), batch {size} (fits?)",
+            lambda size=size, steps=steps: leap(model_dir, data, work, steps, size, loss="cached_mnrl"),
+        )
     print("\n".join(lines))
 
 

@@ -24,13 +24,23 @@ sys.path.insert(0, str(Path(__file__).resolve().parent))
 def run(model_dir: Path, data: Path, work: Path, steps: int, batch: int, workers: int) -> dict:
     from leap_finetune.api import run_config
 
-    config = {"project_name": f"workers-{workers}", "model_name": str(model_dir), "training_type": "embedding",
-              "dataset": {"path": str(data), "limit": batch * steps + 100},
-              "retrieval": {"query_max_length": 32, "document_max_length": 256},
-              "ray": {"num_workers": workers},
-              "training_config": {"max_steps": steps, "per_device_train_batch_size": batch // workers,
-                                  "logging_steps": 1, "save_strategy": "no", "learning_rate": 1e-5,
-                                  "warmup_steps": 0, "lr_scheduler_type": "constant"}}
+    config = {
+        "project_name": f"workers-{workers}",
+        "model_name": str(model_dir),
+        "training_type": "embedding",
+        "dataset": {"path": str(data), "limit": batch * steps + 100},
+        "retrieval": {"query_max_length": 32, "document_max_length": 256},
+        "ray": {"num_workers": workers},
+        "training_config": {
+            "max_steps": steps,
+            "per_device_train_batch_size": batch // workers,
+            "logging_steps": 1,
+            "save_strategy": "no",
+            "learning_rate": 1e-5,
+            "warmup_steps": 0,
+            "lr_scheduler_type": "constant",
+        },
+    }
     summary = run_config(config, outputs_root=work / "outputs")
     records = [json.loads(line) for line in (Path(summary["run_dir"]) / "metrics.jsonl").read_text().splitlines()]
     losses = {r["step"]: r["loss"] for r in records if "loss" in r}
@@ -58,20 +68,34 @@ def main() -> None:
     make_rows(data, args.batch * args.steps + 100)
     one = run(model_dir, data, work, args.steps, args.batch, 1)
     two = run(model_dir, data, work, args.steps, args.batch, 2)
-    diffs = [abs(two["losses"][s] - one["losses"][s]) / max(abs(one["losses"][s]), 1e-9) for s in one["losses"]
-             if s in two["losses"]]
+    diffs = [
+        abs(two["losses"][s] - one["losses"][s]) / max(abs(one["losses"][s]), 1e-9)
+        for s in one["losses"]
+        if s in two["losses"]
+    ]
     device = torch.cuda.get_device_name(0) if torch.cuda.is_available() else "CPU"
-    lines = [f"### {datetime.date.today()} - embedding on 2 GPUs vs 1 - {torch.cuda.device_count()} x {device} - "
-             f"torch {torch.__version__}, transformers {transformers.__version__}", "",
-             f"Command: `python {' '.join(sys.argv)}` (NCCL_NVLS_ENABLE={os.environ.get('NCCL_NVLS_ENABLE')})", "",
-             f"LFM2-350M architecture, MNRL, global batch {args.batch}, {args.steps} steps, constant lr 1e-5.", "",
-             "| run | pairs/s (whole run) | loss step 1 | loss last step |", "| --- | --- | --- | --- |"]
+    lines = [
+        f"### {datetime.date.today()} - embedding on 2 GPUs vs 1 - {torch.cuda.device_count()} x {device} - "
+        f"torch {torch.__version__}, transformers {transformers.__version__}",
+        "",
+        f"Command: `python {' '.join(sys.argv)}` (NCCL_NVLS_ENABLE={os.environ.get('NCCL_NVLS_ENABLE')})",
+        "",
+        f"LFM2-350M architecture, MNRL, global batch {args.batch}, {args.steps} steps, constant lr 1e-5.",
+        "",
+        "| run | pairs/s (whole run) | loss step 1 | loss last step |",
+        "| --- | --- | --- | --- |",
+    ]
     last = max(one["losses"])
     for label, result in ((f"1 GPU x {args.batch}", one), (f"2 GPUs x {args.batch // 2} (Ray Train)", two)):
-        lines.append(f"| {label} | {result['pairs_per_s']:,.0f} | {result['losses'].get(1, float('nan')):.4f} | "
-                     f"{result['losses'].get(last, float('nan')):.4f} |")
-    lines += ["", f"Steps compared: {len(diffs)}; largest relative loss difference: {max(diffs):.2e}; mean: "
-              f"{sum(diffs) / len(diffs):.2e}."]
+        lines.append(
+            f"| {label} | {result['pairs_per_s']:,.0f} | {result['losses'].get(1, float('nan')):.4f} | "
+            f"{result['losses'].get(last, float('nan')):.4f} |"
+        )
+    lines += [
+        "",
+        f"Steps compared: {len(diffs)}; largest relative loss difference: {max(diffs):.2e}; mean: "
+        f"{sum(diffs) / len(diffs):.2e}.",
+    ]
     text = "\n".join(lines)
     print(text)
     if args.out:

@@ -26,10 +26,9 @@ import time
 from pathlib import Path
 
 sys.path.insert(0, str(Path(__file__).resolve().parent))
-from sft_throughput import build_model, flops_per_token, make_data, matmul_peak, tokens_per_second  # noqa: E402
-
 import torch  # noqa: E402
 import yaml  # noqa: E402
+from sft_throughput import build_model, flops_per_token, make_data, matmul_peak, tokens_per_second  # noqa: E402
 
 NO_MULTICAST = {"NCCL_NVLS_ENABLE": "0", "TORCH_SYMM_MEM_DISABLE_MULTICAST": "1", "NVSHMEM_DISABLE_NVLS": "1"}
 
@@ -44,8 +43,11 @@ class MemoryWatch:
 
     def _watch(self):
         while not self._stop.is_set():
-            out = subprocess.run(["nvidia-smi", "--query-gpu=index,memory.used", "--format=csv,noheader,nounits"],
-                                 capture_output=True, text=True).stdout
+            out = subprocess.run(
+                ["nvidia-smi", "--query-gpu=index,memory.used", "--format=csv,noheader,nounits"],
+                capture_output=True,
+                text=True,
+            ).stdout
             for line in out.strip().splitlines():
                 index, used = (int(x) for x in line.split(","))
                 self.peak[index] = max(self.peak.get(index, 0), used)
@@ -60,14 +62,37 @@ class MemoryWatch:
         self._thread.join()
 
 
-def cli_run(name: str, work: Path, model: Path, data: Path, gpus: str, steps: int, training: dict,
-            ray: dict | None = None, profile: Path | None = None, peft: dict | None = None) -> dict:
+def cli_run(
+    name: str,
+    work: Path,
+    model: Path,
+    data: Path,
+    gpus: str,
+    steps: int,
+    training: dict,
+    ray: dict | None = None,
+    profile: Path | None = None,
+    peft: dict | None = None,
+) -> dict:
     folder = work / name
     folder.mkdir(parents=True, exist_ok=True)
-    config = {"project_name": name, "model_name": str(model), "training_type": "sft", "dataset": {"path": str(data)},
-              "training_config": {"extends": "DEFAULT_SFT", "max_steps": steps, "per_device_train_batch_size": 8,
-                                  "logging_steps": 5, "save_strategy": "no", "max_length": 2048,
-                                  "learning_rate": 1e-5, "warmup_steps": 0, **training}}
+    config = {
+        "project_name": name,
+        "model_name": str(model),
+        "training_type": "sft",
+        "dataset": {"path": str(data)},
+        "training_config": {
+            "extends": "DEFAULT_SFT",
+            "max_steps": steps,
+            "per_device_train_batch_size": 8,
+            "logging_steps": 5,
+            "save_strategy": "no",
+            "max_length": 2048,
+            "learning_rate": 1e-5,
+            "warmup_steps": 0,
+            **training,
+        },
+    }
     if ray:
         config["ray"] = ray
     if peft:
@@ -79,8 +104,9 @@ def cli_run(name: str, work: Path, model: Path, data: Path, gpus: str, steps: in
         env["LEAP_FINETUNE_PROFILE"] = str(profile / name)
     start = time.perf_counter()
     with MemoryWatch() as memory:
-        proc = subprocess.run([sys.executable, "-m", "leap_finetune.cli", "run", str(path)], env=env,
-                              capture_output=True, text=True)
+        proc = subprocess.run(
+            [sys.executable, "-m", "leap_finetune.cli", "run", str(path)], env=env, capture_output=True, text=True
+        )
     wall = time.perf_counter() - start
     (folder / "log.txt").write_text(proc.stdout + proc.stderr)
     if proc.returncode != 0:
@@ -88,9 +114,13 @@ def cli_run(name: str, work: Path, model: Path, data: Path, gpus: str, steps: in
     [run_dir] = list((folder / "outputs" / name).iterdir())
     metrics = run_dir / "metrics.jsonl"
     losses = [json.loads(line)["loss"] for line in metrics.read_text().splitlines() if '"loss"' in line]
-    return {"tokens_per_second": tokens_per_second(metrics, warmup_steps=10), "wall_s": wall, "losses": losses,
-            "model_dir": run_dir / "model",
-            "peak_gib": {i: round(v / 1024, 1) for i, v in sorted(memory.peak.items())}}
+    return {
+        "tokens_per_second": tokens_per_second(metrics, warmup_steps=10),
+        "wall_s": wall,
+        "losses": losses,
+        "model_dir": run_dir / "model",
+        "peak_gib": {i: round(v / 1024, 1) for i, v in sorted(memory.peak.items())},
+    }
 
 
 def saved_model_line(label: str, result: dict, initial: Path, data: Path) -> str:
@@ -114,8 +144,10 @@ def saved_model_line(label: str, result: dict, initial: Path, data: Path) -> str
         return total / len(rows)
 
     try:
-        return (f"{label}: the saved model ({result['model_dir'].name}/, loaded with from_pretrained) has loss "
-                f"{loss(result['model_dir']):.3f} on 8 training rows, the initial model {loss(initial):.3f}.")
+        return (
+            f"{label}: the saved model ({result['model_dir'].name}/, loaded with from_pretrained) has loss "
+            f"{loss(result['model_dir']):.3f} on 8 training rows, the initial model {loss(initial):.3f}."
+        )
     except Exception as err:  # noqa: BLE001 - reported in the table instead of ending the benchmark
         return f"{label}: loading the saved model failed: {type(err).__name__}: {str(err)[:200]}"
 
@@ -144,15 +176,23 @@ def balance_line(lengths: list[int], per_device: int, workers: int) -> str:
 
     g = torch.Generator().manual_seed(0)
     order = torch.randperm(len(lengths), generator=g).tolist()
-    random_dealing = [[order[s + r * per_device: s + (r + 1) * per_device]
-                       for s in range(0, len(order) - per_device * workers + 1, per_device * workers)]
-                      for r in range(workers)]
+    random_dealing = [
+        [
+            order[s + r * per_device : s + (r + 1) * per_device]
+            for s in range(0, len(order) - per_device * workers + 1, per_device * workers)
+        ]
+        for r in range(workers)
+    ]
     found = {"random": efficiency(random_dealing)}
-    for name, cls in (("transformers' batch_rebalance (padded cost)", BatchRebalanceSampler),
-                      ("leap-finetune's token-balanced", _token_balanced_class())):
+    for name, cls in (
+        ("transformers' batch_rebalance (padded cost)", BatchRebalanceSampler),
+        ("leap-finetune's token-balanced", _token_balanced_class()),
+    ):
         found[name] = efficiency([list(cls(lengths, per_device * workers, workers, 1, rank=r)) for r in range(workers)])
-    return ("Work balance across workers (mean / busiest worker's tokens per step, the samplers replayed on these rows, "
-            f"{workers} x {per_device} rows): " + ", ".join(f"{k} {100 * v:.1f}%" for k, v in found.items()) + ".")
+    return (
+        "Work balance across workers (mean / busiest worker's tokens per step, the samplers replayed on these rows, "
+        f"{workers} x {per_device} rows): " + ", ".join(f"{k} {100 * v:.1f}%" for k, v in found.items()) + "."
+    )
 
 
 def main() -> None:
@@ -173,21 +213,27 @@ def main() -> None:
     per_token = flops_per_token(n_params, arch, lengths)
     import transformers
 
-    lines = [f"### {datetime.date.today()} - {torch.cuda.device_count()} x {torch.cuda.get_device_name(0)} - torch "
-             f"{torch.__version__}, transformers {transformers.__version__}", "",
-             f"Command: `python {' '.join(sys.argv)}`. bf16 matmul peak measured in this run (one GPU): "
-             f"{peak / 1e12:.0f} TFLOP/s. LFM2-1.2B ({n_params / 1e6:.0f}M), {len(lengths)} synthetic rows of "
-             f"{min(lengths)}-{max(lengths)} tokens, max_length 2048, default SFT settings.", "",
-             "| run | GPUs | rows per GPU | real tokens/s | MFU per GPU | peak GiB per GPU | wall s | first losses |",
-             "| --- | --- | --- | --- | --- | --- | --- | --- |"]
+    lines = [
+        f"### {datetime.date.today()} - {torch.cuda.device_count()} x {torch.cuda.get_device_name(0)} - torch "
+        f"{torch.__version__}, transformers {transformers.__version__}",
+        "",
+        f"Command: `python {' '.join(sys.argv)}`. bf16 matmul peak measured in this run (one GPU): "
+        f"{peak / 1e12:.0f} TFLOP/s. LFM2-1.2B ({n_params / 1e6:.0f}M), {len(lengths)} synthetic rows of "
+        f"{min(lengths)}-{max(lengths)} tokens, max_length 2048, default SFT settings.",
+        "",
+        "| run | GPUs | rows per GPU | real tokens/s | MFU per GPU | peak GiB per GPU | wall s | first losses |",
+        "| --- | --- | --- | --- | --- | --- | --- | --- |",
+    ]
 
     def row(label: str, gpus: int, batch: int, r: dict) -> str:
         if "error" in r:
             return f"| {label} | {gpus} | {batch} | failed: {r['error']} | | | {r['wall_s']:.0f} | |"
         mfu = r["tokens_per_second"] * per_token / (peak * gpus)
-        return (f"| {label} | {gpus} | {batch} | {r['tokens_per_second']:,.0f} | {100 * mfu:.1f}% | "
-                f"{', '.join(str(v) for v in r['peak_gib'].values())} | {r['wall_s']:.0f} | "
-                f"{', '.join(f'{x:.4f}' for x in r['losses'][:3])} |")
+        return (
+            f"| {label} | {gpus} | {batch} | {r['tokens_per_second']:,.0f} | {100 * mfu:.1f}% | "
+            f"{', '.join(str(v) for v in r['peak_gib'].values())} | {r['wall_s']:.0f} | "
+            f"{', '.join(f'{x:.4f}' for x in r['losses'][:3])} |"
+        )
 
     def flush():
         text = "\n".join(lines) + "\n"
@@ -208,8 +254,16 @@ def main() -> None:
         lines.append(ratio_row(one, two))
         flush()
     if "random" in parts:
-        two = cli_run("two-gpus-random", work, model, data, "0,1", args.steps,
-                      {"train_sampling_strategy": "random"}, profile=profiles)
+        two = cli_run(
+            "two-gpus-random",
+            work,
+            model,
+            data,
+            "0,1",
+            args.steps,
+            {"train_sampling_strategy": "random"},
+            profile=profiles,
+        )
         lines.append(row("train_sampling_strategy: random, 2 workers", 2, 8, two))
         if one is not None:
             lines.append(ratio_row(one, two))
@@ -232,22 +286,34 @@ def main() -> None:
         lines.append(row("16 rows per GPU, 2 workers", 2, 16, b16))
         flush()
     notes = []
-    fsdp_keys = {"fsdp": "full_shard auto_wrap", "compile_layers": False,
-                 "fsdp_config": {"transformer_layer_cls_to_wrap": ["Lfm2DecoderLayer"]}}
+    fsdp_keys = {
+        "fsdp": "full_shard auto_wrap",
+        "compile_layers": False,
+        "fsdp_config": {"transformer_layer_cls_to_wrap": ["Lfm2DecoderLayer"]},
+    }
     if "fsdp" in parts:
         fsdp = cli_run("fsdp", work, model, data, "0,1", args.steps, fsdp_keys)
         lines.append(row("FSDP full_shard (2 workers), layers not compiled", 2, 8, fsdp))
         notes.append(saved_model_line("FSDP full fine-tune", fsdp, model, data))
         flush()
     if "fsdp_lora" in parts:
-        lora = cli_run("fsdp-lora", work, model, data, "0,1", args.steps, {**fsdp_keys, "learning_rate": 1e-3},
-                       peft={"extends": "DEFAULT_LORA"})
+        lora = cli_run(
+            "fsdp-lora",
+            work,
+            model,
+            data,
+            "0,1",
+            args.steps,
+            {**fsdp_keys, "learning_rate": 1e-3},
+            peft={"extends": "DEFAULT_LORA"},
+        )
         lines.append(row("FSDP full_shard + LoRA (2 workers)", 2, 8, lora))
         notes.append(saved_model_line("FSDP + LoRA (adapter merged)", lora, model, data))
         flush()
     if notes:
         lines.extend([""] + notes)
         flush()
+
 
 if __name__ == "__main__":
     main()

@@ -29,10 +29,22 @@ import torch
 import transformers
 
 ARCHS = {
-    "350m": dict(hidden_size=1024, intermediate_size=6656, num_hidden_layers=16, num_attention_heads=16,
-                 num_key_value_heads=8, full_attn_idxs=[2, 5, 8, 10, 12, 14]),
-    "1.2b": dict(hidden_size=2048, intermediate_size=12288, num_hidden_layers=16, num_attention_heads=32,
-                 num_key_value_heads=8, full_attn_idxs=[2, 5, 8, 10, 12, 14]),
+    "350m": dict(
+        hidden_size=1024,
+        intermediate_size=6656,
+        num_hidden_layers=16,
+        num_attention_heads=16,
+        num_key_value_heads=8,
+        full_attn_idxs=[2, 5, 8, 10, 12, 14],
+    ),
+    "1.2b": dict(
+        hidden_size=2048,
+        intermediate_size=12288,
+        num_hidden_layers=16,
+        num_attention_heads=32,
+        num_key_value_heads=8,
+        full_attn_idxs=[2, 5, 8, 10, 12, 14],
+    ),
 }
 
 
@@ -55,9 +67,17 @@ def build_model(name: str, folder: Path):
     arch = dict(ARCHS[name])
     attn = arch.pop("full_attn_idxs")
     layer_types = ["full_attention" if i in attn else "conv" for i in range(arch["num_hidden_layers"])]
-    config = transformers.Lfm2Config(vocab_size=65536, layer_types=layer_types, block_auto_adjust_ff_dim=True,
-                                     block_ffn_dim_multiplier=1.0, block_multiple_of=256, conv_L_cache=3,
-                                     max_position_embeddings=128000, tie_word_embeddings=True, **arch)
+    config = transformers.Lfm2Config(
+        vocab_size=65536,
+        layer_types=layer_types,
+        block_auto_adjust_ff_dim=True,
+        block_ffn_dim_multiplier=1.0,
+        block_multiple_of=256,
+        conv_L_cache=3,
+        max_position_embeddings=128000,
+        tie_word_embeddings=True,
+        **arch,
+    )
     tokenizer = load_tiny_tokenizer("tiny-lfm2")
     config.pad_token_id, config.bos_token_id, config.eos_token_id = 0, 1, 7
     from leap_finetune.models.lfm2_keys import add_original_lfm2_keys
@@ -86,7 +106,9 @@ def make_data(path: Path, rows: int, seed: int = 0) -> list[int]:
         n_words = int(target / per_word)
         user = " ".join(rng.choice(words) for _ in range(n_words // 3))
         answer = " ".join(rng.choice(words) for _ in range(n_words - n_words // 3))
-        lines.append(json.dumps({"messages": [{"role": "user", "content": user}, {"role": "assistant", "content": answer}]}))
+        lines.append(
+            json.dumps({"messages": [{"role": "user", "content": user}, {"role": "assistant", "content": answer}]})
+        )
         lengths.append(target)
     path.write_text("\n".join(lines) + "\n")
     return lengths
@@ -107,20 +129,34 @@ def tokens_per_second(metrics_path: Path, warmup_steps: int) -> float:
 def leap_run(label: str, model_dir: Path, data: Path, work: Path, steps: int, training: dict) -> dict:
     from leap_finetune.api import run_config
 
-    config = {"project_name": f"bench-{label}", "model_name": str(model_dir), "training_type": "sft",
-              "dataset": {"path": str(data)},
-              "training_config": {"extends": "DEFAULT_SFT", "max_steps": steps, "per_device_train_batch_size": 8,
-                                  "logging_steps": 5, "save_strategy": "no", "max_length": 2048,
-                                  "learning_rate": 1e-5, **training}}
+    config = {
+        "project_name": f"bench-{label}",
+        "model_name": str(model_dir),
+        "training_type": "sft",
+        "dataset": {"path": str(data)},
+        "training_config": {
+            "extends": "DEFAULT_SFT",
+            "max_steps": steps,
+            "per_device_train_batch_size": 8,
+            "logging_steps": 5,
+            "save_strategy": "no",
+            "max_length": 2048,
+            "learning_rate": 1e-5,
+            **training,
+        },
+    }
     if torch.cuda.is_available():
         torch.cuda.reset_peak_memory_stats()
     start = time.perf_counter()
     summary = run_config(config, outputs_root=work / "outputs")
     run_dir = Path(summary["run_dir"])
     losses = [json.loads(l).get("loss") for l in (run_dir / "metrics.jsonl").read_text().splitlines()]
-    return {"tokens_per_second": tokens_per_second(run_dir / "metrics.jsonl", warmup_steps=10),
-            "peak_gib": torch.cuda.max_memory_allocated() / 2**30 if torch.cuda.is_available() else 0.0, "wall_s": time.perf_counter() - start,
-            "losses": [l for l in losses if l is not None][:4]}
+    return {
+        "tokens_per_second": tokens_per_second(run_dir / "metrics.jsonl", warmup_steps=10),
+        "peak_gib": torch.cuda.max_memory_allocated() / 2**30 if torch.cuda.is_available() else 0.0,
+        "wall_s": time.perf_counter() - start,
+        "losses": [l for l in losses if l is not None][:4],
+    }
 
 
 def trl_default_run(model_dir: Path, data: Path, work: Path, steps: int) -> dict:
@@ -133,18 +169,31 @@ def trl_default_run(model_dir: Path, data: Path, work: Path, steps: int) -> dict
     out = work / "trl-default"
     out.mkdir(parents=True, exist_ok=True)
     dataset = load_dataset("json", data_files=str(data), split="train")
-    args = SFTConfig(output_dir=str(out), max_steps=steps, per_device_train_batch_size=8, logging_steps=5,
-                     save_strategy="no", report_to="none", max_length=2048, learning_rate=1e-5,
-                     include_num_input_tokens_seen="non_padding", disable_tqdm=True)
+    args = SFTConfig(
+        output_dir=str(out),
+        max_steps=steps,
+        per_device_train_batch_size=8,
+        logging_steps=5,
+        save_strategy="no",
+        report_to="none",
+        max_length=2048,
+        learning_rate=1e-5,
+        include_num_input_tokens_seen="non_padding",
+        disable_tqdm=True,
+    )
     if torch.cuda.is_available():
         torch.cuda.reset_peak_memory_stats()
     start = time.perf_counter()
-    trainer = SFTTrainer(model=str(model_dir), args=args, train_dataset=dataset,
-                         callbacks=[MetricsLog(out / "metrics.jsonl")])
+    trainer = SFTTrainer(
+        model=str(model_dir), args=args, train_dataset=dataset, callbacks=[MetricsLog(out / "metrics.jsonl")]
+    )
     trainer.train()
-    result = {"tokens_per_second": tokens_per_second(out / "metrics.jsonl", warmup_steps=10),
-              "peak_gib": torch.cuda.max_memory_allocated() / 2**30 if torch.cuda.is_available() else 0.0, "wall_s": time.perf_counter() - start,
-              "losses": []}
+    result = {
+        "tokens_per_second": tokens_per_second(out / "metrics.jsonl", warmup_steps=10),
+        "peak_gib": torch.cuda.max_memory_allocated() / 2**30 if torch.cuda.is_available() else 0.0,
+        "wall_s": time.perf_counter() - start,
+        "losses": [],
+    }
     del trainer
     return result
 
@@ -158,8 +207,10 @@ VARIANTS = {
     "padding-free": ("padding-free + varlen attention", {"padding_free": True, "compile_layers": False}),
     "packing": ("packing (bfd) + varlen attention", {"packing": True, "compile_layers": False}),
     "packing-compile": ("packing + varlen + compiled layers", {"packing": True, "compile_layers": True}),
-    "bf16-packing-compile": ("bf16 weights + fused AdamW + packing + varlen + compiled layers",
-                             {**BF16, "optim": "adamw_torch_fused", "packing": True, "compile_layers": True}),
+    "bf16-packing-compile": (
+        "bf16 weights + fused AdamW + packing + varlen + compiled layers",
+        {**BF16, "optim": "adamw_torch_fused", "packing": True, "compile_layers": True},
+    ),
     "bf16": ("bf16 weights, padded", {**BF16, **OFF}),
     "default-batch16": ("leap default, batch 16", {"per_device_train_batch_size": 16}),
 }
@@ -182,13 +233,17 @@ def main() -> None:
     lengths = make_data(data, rows=args.steps * 8 * 2)
     import trl
 
-    lines = [f"### {datetime.date.today()} - {torch.cuda.get_device_name(0)} - torch {torch.__version__}, "
-             f"transformers {transformers.__version__}, trl {trl.__version__}",
-             "", f"Command: `python {' '.join(sys.argv)}`",
-             f"bf16 matmul peak measured in this run: {peak / 1e12:.0f} TFLOP/s. Rows: {len(lengths)}, "
-             f"lengths {min(lengths)}-{max(lengths)} (mean {statistics.mean(lengths):.0f}); batch 8, max_length 2048.", "",
-             "| model | path | real tokens/s | MFU | peak GiB | wall s | first losses |",
-             "| --- | --- | --- | --- | --- | --- | --- |"]
+    lines = [
+        f"### {datetime.date.today()} - {torch.cuda.get_device_name(0)} - torch {torch.__version__}, "
+        f"transformers {transformers.__version__}, trl {trl.__version__}",
+        "",
+        f"Command: `python {' '.join(sys.argv)}`",
+        f"bf16 matmul peak measured in this run: {peak / 1e12:.0f} TFLOP/s. Rows: {len(lengths)}, "
+        f"lengths {min(lengths)}-{max(lengths)} (mean {statistics.mean(lengths):.0f}); batch 8, max_length 2048.",
+        "",
+        "| model | path | real tokens/s | MFU | peak GiB | wall s | first losses |",
+        "| --- | --- | --- | --- | --- | --- | --- |",
+    ]
     for name in args.models.split(","):
         model_dir = work / f"lfm2-{name}"
         n_params, config = build_model(name, model_dir)
@@ -196,12 +251,15 @@ def main() -> None:
         runs = {}
         if not args.skip_trl:
             runs["TRL SFTTrainer defaults"] = trl_default_run(model_dir, data, work / name, args.steps)
+
         def row(label: str, r: dict) -> str:
             if "error" in r:
                 return f"| LFM2-{name} | {label} | failed: {r['error']} | | | | |"
             mfu = r["tokens_per_second"] * per_token / peak
-            return (f"| LFM2-{name} ({n_params / 1e6:.0f}M) | {label} | {r['tokens_per_second']:,.0f} | {100 * mfu:.1f}% | "
-                    f"{r['peak_gib']:.1f} | {r['wall_s']:.0f} | {', '.join(f'{l:.3f}' for l in r['losses'])} |")
+            return (
+                f"| LFM2-{name} ({n_params / 1e6:.0f}M) | {label} | {r['tokens_per_second']:,.0f} | {100 * mfu:.1f}% | "
+                f"{r['peak_gib']:.1f} | {r['wall_s']:.0f} | {', '.join(f'{l:.3f}' for l in r['losses'])} |"
+            )
 
         for label, r in runs.items():  # the TRL baseline, if measured
             lines.append(row(label, r))

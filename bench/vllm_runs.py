@@ -98,8 +98,9 @@ CHILD_ENV = {
     "TOKENIZERS_PARALLELISM": "false",
 }
 
-DEFAULT_PHASES = ("rollout@350m,grpo_learns:full,judge,eval_server,grpo_learns:lora,rollout@1.2b,rollout_extra,"
-                  "grpo_learns@1.2b")
+DEFAULT_PHASES = (
+    "rollout@350m,grpo_learns:full,judge,eval_server,grpo_learns:lora,rollout@1.2b,rollout_extra,grpo_learns@1.2b"
+)
 PHASES = ("rollout", "rollout_extra", "grpo_learns", "judge", "eval_server")
 ROLLOUT_STEPS, LEARN_STEPS, JUDGE_STEPS = 6, 15, 3
 SERVER_UTILIZATION = 0.15
@@ -146,8 +147,9 @@ class Item:
 
     @property
     def uses_vllm_in_training(self) -> bool:
-        return self.variant.startswith("leap_vllm") or (self.phase == "grpo_learns" and
-                                                         self.variant not in WITHOUT_VLLM)
+        return self.variant.startswith("leap_vllm") or (
+            self.phase == "grpo_learns" and self.variant not in WITHOUT_VLLM
+        )
 
     @property
     def uses_server(self) -> bool:
@@ -184,12 +186,21 @@ def plan(phases: list[str], smoke: bool) -> list[Item]:
     first = next((n for n, i in enumerate(items) if i.uses_server), None)
     if first is not None:  # one server for the judge and eval_server phases, started before the first of them
         est, cap = ITEMS[("judge", SERVER_START, "350m")]
-        items.insert(first, Item(items[first].phase, SERVER_START, "tiny" if smoke else "350m",
-                                 SMOKE_EST_S if smoke else est, 120 if smoke else cap))
+        items.insert(
+            first,
+            Item(
+                items[first].phase,
+                SERVER_START,
+                "tiny" if smoke else "350m",
+                SMOKE_EST_S if smoke else est,
+                120 if smoke else cap,
+            ),
+        )
     return items
 
 
 # ---------------------------------------------------------------- rows and the table
+
 
 def finite(value):
     """JSON without NaN (rows.jsonl stays strict JSON)."""
@@ -213,36 +224,56 @@ def key_numbers(row: dict, rows: list[dict]) -> str:
     if phase == "setup":
         return row.get("numbers", "-")
     if phase in ("rollout", "rollout_extra"):
-        text = (f"{number(row.get('rollout_tokens_per_s'))} tok/s; step {number(row.get('step_s'), '.2f', ' s')}; "
-                f"rollout {number(row.get('rollout_s'), '.2f', ' s')}; start-up {number(row.get('startup_s'), '.0f', ' s')} "
-                f"(init {number(row.get('init_s'), '.0f', ' s')}); first step {number(row.get('first_step_s'), '.1f', ' s')}; "
-                f"peak {number(row.get('peak_gib'), '.1f', ' GiB')} (GPU {number(row.get('gpu_used_gib'), '.0f', ' GiB')})")
-        base = next((r for r in rows if r["phase"] == "rollout" and r["variant"] == "leap_default"
-                     and r["arch"] == row["arch"] and r.get("rollout_tokens_per_s")), None)
+        text = (
+            f"{number(row.get('rollout_tokens_per_s'))} tok/s; step {number(row.get('step_s'), '.2f', ' s')}; "
+            f"rollout {number(row.get('rollout_s'), '.2f', ' s')}; start-up {number(row.get('startup_s'), '.0f', ' s')} "
+            f"(init {number(row.get('init_s'), '.0f', ' s')}); first step {number(row.get('first_step_s'), '.1f', ' s')}; "
+            f"peak {number(row.get('peak_gib'), '.1f', ' GiB')} (GPU {number(row.get('gpu_used_gib'), '.0f', ' GiB')})"
+        )
+        base = next(
+            (
+                r
+                for r in rows
+                if r["phase"] == "rollout"
+                and r["variant"] == "leap_default"
+                and r["arch"] == row["arch"]
+                and r.get("rollout_tokens_per_s")
+            ),
+            None,
+        )
         if variant != "leap_default" and base and row.get("rollout_tokens_per_s"):
             text += f"; {row['rollout_tokens_per_s'] / base['rollout_tokens_per_s']:.2f}x leap_default's tok/s"
         return text
     if phase == "grpo_learns":
         n = len(row.get("rewards") or [])
-        return (f"reward {number(row.get('reward_first3'), '.3f')} -> {number(row.get('reward_last3'), '.3f')} "
-                f"(steps 1-{min(n, 3)} vs {max(n - 2, 1)}-{n}); step {number(row.get('step_s'), '.2f', ' s')}; "
-                f"rollout {number(row.get('rollout_tokens_per_s'))} tok/s; start-up {number(row.get('startup_s'), '.0f', ' s')}; "
-                f"completion length {number(row.get('completion_length_first'), '.0f')} -> "
-                f"{number(row.get('completion_length_last'), '.0f')}"
-                + (f"; sampling vs trainer log-probs: mean |diff| {row['logp_gap']['mean_abs']:.1e}, KL estimate "
-                   f"{row['logp_gap']['kl']:.1e}, max |diff| {row['logp_gap']['max_abs']:.1e}" if row.get("logp_gap")
-                   else ""))
+        return (
+            f"reward {number(row.get('reward_first3'), '.3f')} -> {number(row.get('reward_last3'), '.3f')} "
+            f"(steps 1-{min(n, 3)} vs {max(n - 2, 1)}-{n}); step {number(row.get('step_s'), '.2f', ' s')}; "
+            f"rollout {number(row.get('rollout_tokens_per_s'))} tok/s; start-up {number(row.get('startup_s'), '.0f', ' s')}; "
+            f"completion length {number(row.get('completion_length_first'), '.0f')} -> "
+            f"{number(row.get('completion_length_last'), '.0f')}"
+            + (
+                f"; sampling vs trainer log-probs: mean |diff| {row['logp_gap']['mean_abs']:.1e}, KL estimate "
+                f"{row['logp_gap']['kl']:.1e}, max |diff| {row['logp_gap']['max_abs']:.1e}"
+                if row.get("logp_gap")
+                else ""
+            )
+        )
     if variant == SERVER_START:
         return f"start-up {number(row.get('startup_s'), '.1f', ' s')} (until /v1/models answered)"
     if phase == "judge":
-        return (f"{number(row.get('judge_requests'))} judge requests, {number(row.get('judge_failures'))} failures; "
-                f"server answered {number(row.get('server_answered'))} of {number(row.get('server_requests'))} "
-                f"(HTTP 200 in its log); step {number(row.get('step_s'), '.2f', ' s')}")
+        return (
+            f"{number(row.get('judge_requests'))} judge requests, {number(row.get('judge_failures'))} failures; "
+            f"server answered {number(row.get('server_answered'))} of {number(row.get('server_requests'))} "
+            f"(HTTP 200 in its log); step {number(row.get('step_s'), '.2f', ' s')}"
+        )
     if phase == "eval_server":
-        return (f"{number(row.get('rows'))} rows, score {number(row.get('score'), '.3f')}, "
-                f"{number(row.get('seconds'), '.1f', ' s')} generating; {number(row.get('predictions'))} predictions "
-                f"({number(row.get('nonempty_predictions'))} not empty); {number(row.get('server_requests'))} chat "
-                f"requests at the server")
+        return (
+            f"{number(row.get('rows'))} rows, score {number(row.get('score'), '.3f')}, "
+            f"{number(row.get('seconds'), '.1f', ' s')} generating; {number(row.get('predictions'))} predictions "
+            f"({number(row.get('nonempty_predictions'))} not empty); {number(row.get('server_requests'))} chat "
+            f"requests at the server"
+        )
     return "-"
 
 
@@ -274,8 +305,11 @@ class Report:
         self.rows.append(row)
         with (self.out / "rows.jsonl").open("a") as handle:
             handle.write(json.dumps(row) + "\n")
-        print(f"[{row['phase']} / {row['variant']} / {row['arch']}] {row['status']}: {key_numbers(row, self.rows)}"
-              f" | {notes(row)}", flush=True)
+        print(
+            f"[{row['phase']} / {row['variant']} / {row['arch']}] {row['status']}: {key_numbers(row, self.rows)}"
+            f" | {notes(row)}",
+            flush=True,
+        )
         (self.out / "table.md").write_text(self.table())
 
     def log(self, title: str, path: Path, lines: int = 40) -> None:
@@ -289,12 +323,14 @@ class Report:
     def table(self) -> str:
         lines = [*self.header, "| phase | variant | arch | key numbers | notes |", "| --- | --- | --- | --- | --- |"]
         for row in self.rows:
-            lines.append(f"| {row['phase']} | {row['variant']} | {row['arch']} | {key_numbers(row, self.rows)} | "
-                         f"{notes(row)} |")
+            lines.append(
+                f"| {row['phase']} | {row['variant']} | {row['arch']} | {key_numbers(row, self.rows)} | {notes(row)} |"
+            )
         return "\n".join(lines) + "\n"
 
 
 # ---------------------------------------------------------------- child processes
+
 
 def child_env() -> dict:
     env = {**os.environ, **CHILD_ENV, "BENCH_LAUNCHED_AT": repr(time.time())}
@@ -330,8 +366,15 @@ def run_child(command: list[str], log: Path, limit_s: float) -> tuple[str, float
     with log.open("w") as handle:
         handle.write(f"$ {shlex.join(command)}\n")
         handle.flush()
-        process = subprocess.Popen(command, stdout=handle, stderr=subprocess.STDOUT, stdin=subprocess.DEVNULL,
-                                   env=child_env(), cwd=ROOT, preexec_fn=_die_with_parent)
+        process = subprocess.Popen(
+            command,
+            stdout=handle,
+            stderr=subprocess.STDOUT,
+            stdin=subprocess.DEVNULL,
+            env=child_env(),
+            cwd=ROOT,
+            preexec_fn=_die_with_parent,
+        )
         try:
             code = process.wait(timeout=max(limit_s, 1))
             status = "ok" if code == 0 else "failed"
@@ -356,7 +399,9 @@ def last_lines(log: Path, count: int = 4) -> str:
     return " / ".join(chosen)[-500:]
 
 
-def outcome(status: str, wall: float, code: int | None, log: Path, limit_s: float, progress: Path | None = None) -> dict:
+def outcome(
+    status: str, wall: float, code: int | None, log: Path, limit_s: float, progress: Path | None = None
+) -> dict:
     """The row fields of a child's end: its RESULT, or its progress so far, or the end of its log."""
     result = result_of(log) or {}
     row = {"wall_s": wall, "limit_s": limit_s}
@@ -375,6 +420,7 @@ def outcome(status: str, wall: float, code: int | None, log: Path, limit_s: floa
 
 
 # ---------------------------------------------------------------- the work
+
 
 class Runs:
     def __init__(self, args, report: Report):
@@ -409,10 +455,17 @@ class Runs:
             from sft_throughput import build_model
 
             n_params, _ = build_model(arch, folder)
-        self.report.add({"phase": "setup", "variant": f"build lfm2-{arch}", "arch": arch, "status": "ok",
-                         "wall_s": time.perf_counter() - start, "n_params": n_params,
-                         "numbers": f"{n_params / 1e6:.0f}M parameters, built and saved in "
-                                    f"{time.perf_counter() - start:.0f} s"})
+        self.report.add(
+            {
+                "phase": "setup",
+                "variant": f"build lfm2-{arch}",
+                "arch": arch,
+                "status": "ok",
+                "wall_s": time.perf_counter() - start,
+                "n_params": n_params,
+                "numbers": f"{n_params / 1e6:.0f}M parameters, built and saved in {time.perf_counter() - start:.0f} s",
+            }
+        )
         return folder
 
     def reward_file(self, arch: str, new_tokens: int) -> Path:
@@ -485,14 +538,21 @@ def {REWARD_NAME}(completions, completion_ids=None, **kwargs):
             return
         build = 0 if (self.work / f"lfm2-{item.arch}" / "config.json").exists() else BUILD_S[item.arch]
         if self.left() < item.est_s + build:
-            self.report.add({**head, "status": "skipped", "reason": f"budget: {max(self.left(), 0):.0f} s left, "
-                                                                    f"usually needs {item.est_s + build:.0f} s"})
+            self.report.add(
+                {
+                    **head,
+                    "status": "skipped",
+                    "reason": f"budget: {max(self.left(), 0):.0f} s left, usually needs {item.est_s + build:.0f} s",
+                }
+            )
             return
         if item.uses_vllm_in_training and self.vllm_stuck and not self.smoke:
             self.report.add({**head, "status": "skipped", "reason": self.vllm_stuck})
             return
         if item.uses_server and self.server is None:
-            self.report.add({**head, "status": "skipped", "reason": f"no server ({self.server_failed or 'not started'})"})
+            self.report.add(
+                {**head, "status": "skipped", "reason": f"no server ({self.server_failed or 'not started'})"}
+            )
             return
         try:
             self.model(item.arch)
@@ -513,8 +573,10 @@ def {REWARD_NAME}(completions, completion_ids=None, **kwargs):
 
             row = {"status": "failed", "error": error_text(err)}
         if item.uses_vllm_in_training and row["status"] == "timed_out" and not row.get("steps_done"):
-            self.vllm_stuck = (f"{item.phase}/{item.variant}/{item.arch} ran {row.get('wall_s', 0):.0f} s without "
-                               "reaching its first step (vLLM's start hung?); not trying vLLM in training again")
+            self.vllm_stuck = (
+                f"{item.phase}/{item.variant}/{item.arch} ran {row.get('wall_s', 0):.0f} s without "
+                "reaching its first step (vLLM's start hung?); not trying vLLM in training again"
+            )
         self.report.add({**head, **row})
 
     def log_path(self, item: Item) -> Path:
@@ -524,41 +586,74 @@ def {REWARD_NAME}(completions, completion_ids=None, **kwargs):
     def rollout(self, item: Item, limit: float) -> dict:
         log, progress = self.log_path(item), self.log_path(item).with_suffix(".progress.json")
         progress.unlink(missing_ok=True)
-        command = [sys.executable, str(ROOT / "bench" / "grpo_rollout.py"), "--child", item.variant, "--work",
-                   str(self.work), "--progress", str(progress)]
+        command = [
+            sys.executable,
+            str(ROOT / "bench" / "grpo_rollout.py"),
+            "--child",
+            item.variant,
+            "--work",
+            str(self.work),
+            "--progress",
+            str(progress),
+        ]
         command += ["--smoke", "--steps", "3"] if self.smoke else ["--arch", item.arch, "--steps", str(ROLLOUT_STEPS)]
         return self.finished(item, run_child(command, log, limit), log, limit, progress)
 
     def finished(self, item: Item, ran: tuple, log: Path, limit: float, progress: Path) -> dict:
         row = outcome(*ran, log, limit, progress)
-        self.report.log(f"{item.phase} {item.variant} {item.arch}: {row['status']}", log,
-                        lines=25 if row["status"] == "ok" else 80)
+        self.report.log(
+            f"{item.phase} {item.variant} {item.arch}: {row['status']}", log, lines=25 if row["status"] == "ok" else 80
+        )
         return row
 
     def grpo_child(self, item: Item, limit: float, spec: dict) -> dict:
         log, progress = self.log_path(item), self.log_path(item).with_suffix(".progress.json")
         progress.unlink(missing_ok=True)
-        spec = {"model_dir": str(self.model(item.arch)), "data": str(self.prompts()), "work": str(self.work),
-                "progress": str(progress), "project": f"vllm-{item.phase}-{item.variant}-{item.arch}".replace(" ", "-")
-                .replace("+", "").replace("--", "-"), **spec}
+        spec = {
+            "model_dir": str(self.model(item.arch)),
+            "data": str(self.prompts()),
+            "work": str(self.work),
+            "progress": str(progress),
+            "project": f"vllm-{item.phase}-{item.variant}-{item.arch}".replace(" ", "-")
+            .replace("+", "")
+            .replace("--", "-"),
+            **spec,
+        }
         command = [sys.executable, str(Path(__file__).resolve()), "--child", item.phase, "--spec", json.dumps(spec)]
         return self.finished(item, run_child(command, log, limit), log, limit, progress)
 
     def grpo_learns(self, item: Item, limit: float) -> dict:
         lora = item.variant.startswith("lora")
         new_tokens = 8 if self.smoke else 256
-        return self.grpo_child(item, limit, {
-            "steps": 3 if self.smoke else LEARN_STEPS, "new_tokens": new_tokens, "batch": 16 if self.smoke else 64,
-            "use_vllm": not self.smoke and item.variant not in WITHOUT_VLLM, "lora": lora, "logp_gap": True,
-            "learning_rate": self.args.lora_lr if lora else self.args.full_lr,
-            "vllm_gpu_memory_utilization": self.args.vllm_memory,
-            "reward_file": str(self.reward_file(item.arch, new_tokens))})
+        return self.grpo_child(
+            item,
+            limit,
+            {
+                "steps": 3 if self.smoke else LEARN_STEPS,
+                "new_tokens": new_tokens,
+                "batch": 16 if self.smoke else 64,
+                "use_vllm": not self.smoke and item.variant not in WITHOUT_VLLM,
+                "lora": lora,
+                "logp_gap": True,
+                "learning_rate": self.args.lora_lr if lora else self.args.full_lr,
+                "vllm_gpu_memory_utilization": self.args.vllm_memory,
+                "reward_file": str(self.reward_file(item.arch, new_tokens)),
+            },
+        )
 
     def judge(self, item: Item, limit: float) -> dict:
         before = self.server_requests()
-        row = self.grpo_child(item, limit, {"steps": 2 if self.smoke else JUDGE_STEPS, "batch": 8 if self.smoke else 16,
-                                            "new_tokens": 8 if self.smoke else 32, "base_url": self.server.url + "/v1",
-                                            "judge_model": str(self.model(item.arch))})
+        row = self.grpo_child(
+            item,
+            limit,
+            {
+                "steps": 2 if self.smoke else JUDGE_STEPS,
+                "batch": 8 if self.smoke else 16,
+                "new_tokens": 8 if self.smoke else 32,
+                "base_url": self.server.url + "/v1",
+                "judge_model": str(self.model(item.arch)),
+            },
+        )
         after = self.server_requests()
         return {**row, "server_requests": after[0] - before[0], "server_answered": after[1] - before[1]}
 
@@ -566,46 +661,126 @@ def {REWARD_NAME}(completions, completion_ids=None, **kwargs):
         import yaml
 
         bench = self.work / "sums16.jsonl"
-        bench.write_text("".join(json.dumps({"messages": [
-            {"role": "user", "content": f"What is {a} + {b}? Answer with the number only."},
-            {"role": "assistant", "content": str(a + b)}]}) + "\n" for a, b in zip(range(2, 18), range(7, 23))))
+        bench.write_text(
+            "".join(
+                json.dumps(
+                    {
+                        "messages": [
+                            {"role": "user", "content": f"What is {a} + {b}? Answer with the number only."},
+                            {"role": "assistant", "content": str(a + b)},
+                        ]
+                    }
+                )
+                + "\n"
+                for a, b in zip(range(2, 18), range(7, 23))
+            )
+        )
         config = self.work / "eval_server.yaml"
-        config.write_text(yaml.safe_dump({"model_name": str(self.model(item.arch)), "evals": {
-            "max_new_tokens": 8 if self.smoke else 32, "batch_size": 16,
-            "benchmarks": [{"name": "sums16", "path": str(bench), "metric": "exact_match"}]}}, sort_keys=False))
+        config.write_text(
+            yaml.safe_dump(
+                {
+                    "model_name": str(self.model(item.arch)),
+                    "evals": {
+                        "max_new_tokens": 8 if self.smoke else 32,
+                        "batch_size": 16,
+                        "benchmarks": [{"name": "sums16", "path": str(bench), "metric": "exact_match"}],
+                    },
+                },
+                sort_keys=False,
+            )
+        )
         results = self.work / "eval-server" / "results.json"
         shutil.rmtree(results.parent, ignore_errors=True)
         before = self.server_requests()
         log = self.log_path(item)
-        status, wall, code = run_child([sys.executable, "-m", "leap_finetune.cli", "eval", str(config), "--server",
-                                        self.server.url + "/v1", "--server-model", str(self.model(item.arch)),
-                                        "--output", str(results)], log, limit)
+        status, wall, code = run_child(
+            [
+                sys.executable,
+                "-m",
+                "leap_finetune.cli",
+                "eval",
+                str(config),
+                "--server",
+                self.server.url + "/v1",
+                "--server-model",
+                str(self.model(item.arch)),
+                "--output",
+                str(results),
+            ],
+            log,
+            limit,
+        )
         after = self.server_requests()
         self.report.log(f"{item.phase} {item.variant} {item.arch}: {status}", log, lines=25 if status == "ok" else 80)
-        row = {"wall_s": wall, "limit_s": limit, "server_requests": after[0] - before[0],
-               "server_answered": after[1] - before[1]}
+        row = {
+            "wall_s": wall,
+            "limit_s": limit,
+            "server_requests": after[0] - before[0],
+            "server_answered": after[1] - before[1],
+        }
         if status != "ok" or not results.exists():
-            return {**row, "status": "timed_out" if status == "timed_out" else "failed",
-                    "error": f"exit code {code}: {last_lines(log)}"}
+            return {
+                **row,
+                "status": "timed_out" if status == "timed_out" else "failed",
+                "error": f"exit code {code}: {last_lines(log)}",
+            }
         report = json.loads(results.read_text())
         scores = report["results"]
         predictions = results.with_name("results.predictions") / "sums16.jsonl"
-        answers = [json.loads(line)["prediction"] for line in predictions.read_text().splitlines()] \
-            if predictions.exists() else []
-        return {**row, "status": "ok", "rows": scores.get("benchmark/sums16/rows"),
-                "score": scores.get("benchmark/sums16/score"), "seconds": scores.get("benchmark/sums16/seconds"),
-                "predictions": len(answers), "nonempty_predictions": sum(1 for a in answers if a.strip()),
-                "report_server": report.get("server"), "report_model": report.get("model"),
-                "first_predictions": [a[:40] for a in answers[:3]],
-                "note": f"report's server {report.get('server')}, model {report.get('model')}"}
+        answers = (
+            [json.loads(line)["prediction"] for line in predictions.read_text().splitlines()]
+            if predictions.exists()
+            else []
+        )
+        return {
+            **row,
+            "status": "ok",
+            "rows": scores.get("benchmark/sums16/rows"),
+            "score": scores.get("benchmark/sums16/score"),
+            "seconds": scores.get("benchmark/sums16/seconds"),
+            "predictions": len(answers),
+            "nonempty_predictions": sum(1 for a in answers if a.strip()),
+            "report_server": report.get("server"),
+            "report_model": report.get("model"),
+            "first_predictions": [a[:40] for a in answers[:3]],
+            "note": f"report's server {report.get('server')}, model {report.get('model')}",
+        }
 
     # --- the server shared by judge and eval_server
     def server_command(self, model: Path) -> tuple[list[str], dict]:
         if self.smoke:  # vLLM does not run on a CPU: transformers' own OpenAI-compatible server
-            return ([sys.executable, "-m", "transformers.cli.transformers", "serve", str(model), "--host", "127.0.0.1",
-                     "--port", str(self.port), "--device", "cpu"], {"CUDA_VISIBLE_DEVICES": ""})
-        return ([sys.executable, "-m", "vllm.entrypoints.cli.main", "serve", str(model), "--gpu-memory-utilization",
-                 str(SERVER_UTILIZATION), "--port", str(self.port), "--host", "127.0.0.1"], {})
+            return (
+                [
+                    sys.executable,
+                    "-m",
+                    "transformers.cli.transformers",
+                    "serve",
+                    str(model),
+                    "--host",
+                    "127.0.0.1",
+                    "--port",
+                    str(self.port),
+                    "--device",
+                    "cpu",
+                ],
+                {"CUDA_VISIBLE_DEVICES": ""},
+            )
+        return (
+            [
+                sys.executable,
+                "-m",
+                "vllm.entrypoints.cli.main",
+                "serve",
+                str(model),
+                "--gpu-memory-utilization",
+                str(SERVER_UTILIZATION),
+                "--port",
+                str(self.port),
+                "--host",
+                "127.0.0.1",
+            ],
+            {},
+        )
 
     def served_model(self) -> str:
         import urllib.request
@@ -618,8 +793,14 @@ def {REWARD_NAME}(completions, completion_ids=None, **kwargs):
 
         model = self.model(item.arch)
         command, env = self.server_command(model)
-        spec = ServerSpec(name="vllm serve" if not self.smoke else "transformers serve", command=command,
-                          port=self.port, health_path="/v1/models", env={**CHILD_ENV, **env}, start_timeout_s=limit)
+        spec = ServerSpec(
+            name="vllm serve" if not self.smoke else "transformers serve",
+            command=command,
+            port=self.port,
+            health_path="/v1/models",
+            env={**CHILD_ENV, **env},
+            start_timeout_s=limit,
+        )
         server = Server(spec, self.work / "logs" / "server.log")
         start = time.perf_counter()
         try:
@@ -631,18 +812,26 @@ def {REWARD_NAME}(completions, completion_ids=None, **kwargs):
             server.stop()
             self.server_failed = error_text(err, lines=1)
             self.report.log("server (failed start)", server.log_path, lines=60)
-            return {"status": "failed", "error": error_text(err, lines=2) + " / " + last_lines(server.log_path),
-                    "wall_s": time.perf_counter() - start}
+            return {
+                "status": "failed",
+                "error": error_text(err, lines=2) + " / " + last_lines(server.log_path),
+                "wall_s": time.perf_counter() - start,
+            }
         self.server = server
-        return {"status": "ok", "startup_s": time.perf_counter() - start, "wall_s": time.perf_counter() - start,
-                "note": f"{shlex.join(command[1:4])} ... (served model {self.served_model()})"}
+        return {
+            "status": "ok",
+            "startup_s": time.perf_counter() - start,
+            "wall_s": time.perf_counter() - start,
+            "note": f"{shlex.join(command[1:4])} ... (served model {self.served_model()})",
+        }
 
     def server_requests(self) -> tuple[int, int]:
         """(chat requests, of which answered with HTTP 200) in the server's access log so far."""
         if self.server is None:
             return 0, 0
-        lines = [l for l in self.server.log_path.read_text(errors="replace").splitlines()
-                 if "POST /v1/chat/completions" in l]
+        lines = [
+            l for l in self.server.log_path.read_text(errors="replace").splitlines() if "POST /v1/chat/completions" in l
+        ]
         return len(lines), sum(1 for l in lines if '" 200' in l)
 
     def stop_server(self) -> None:
@@ -660,11 +849,12 @@ def free_port() -> int:
 
 # ---------------------------------------------------------------- the children's side (GRPO runs)
 
+
 def child_grpo(phase: str, spec: dict) -> dict:
     """One leap-finetune GRPO run through run_config (the CLI's path), timed like bench/grpo_rollout.py."""
+    from grpo_rollout import Timing, timed_run_config
     from transformers import TrainerCallback
 
-    from grpo_rollout import Timing, timed_run_config
     from leap_finetune.files import read_metrics
 
     timing = Timing(spec["progress"])
@@ -677,24 +867,44 @@ def child_grpo(phase: str, spec: dict) -> dict:
                 timing.extra["rewards"].append(round(float(logs["reward"]), 4))
                 timing.write_progress()
 
-    training = {"use_vllm": bool(spec.get("use_vllm")), "max_steps": spec["steps"],
-                "per_device_train_batch_size": spec["batch"],
-                "num_generations": 8, "max_completion_length": spec["new_tokens"], "logging_steps": 1,
-                "save_strategy": "no", "learning_rate": spec.get("learning_rate", 1e-6)}
+    training = {
+        "use_vllm": bool(spec.get("use_vllm")),
+        "max_steps": spec["steps"],
+        "per_device_train_batch_size": spec["batch"],
+        "num_generations": 8,
+        "max_completion_length": spec["new_tokens"],
+        "logging_steps": 1,
+        "save_strategy": "no",
+        "learning_rate": spec.get("learning_rate", 1e-6),
+    }
     if training["use_vllm"]:
         training["vllm_mode"] = "colocate"
         if spec.get("vllm_gpu_memory_utilization"):
             training["vllm_gpu_memory_utilization"] = spec["vllm_gpu_memory_utilization"]
     if phase == "judge":  # small and quick: no compiled decoding
         training["cache_implementation"] = None
-        rewards = {"judge": {"model": spec["judge_model"], "base_url": spec["base_url"], "max_tokens": 8,
-                             "prompt_template": "Rate the answer from {min_score} to {max_score}; reply with the number "
-                                                "only.\nQuestion: {prompt}\nAnswer: {completion}",
-                             "timeout_s": 60, "max_concurrency": 16, "max_failed_steps": 0}}
+        rewards = {
+            "judge": {
+                "model": spec["judge_model"],
+                "base_url": spec["base_url"],
+                "max_tokens": 8,
+                "prompt_template": "Rate the answer from {min_score} to {max_score}; reply with the number "
+                "only.\nQuestion: {prompt}\nAnswer: {completion}",
+                "timeout_s": 60,
+                "max_concurrency": 16,
+                "max_failed_steps": 0,
+            }
+        }
     else:
         rewards = {"funcs": [f"{spec['reward_file']}::{REWARD_NAME}"]}
-    config = {"project_name": spec["project"], "model_name": spec["model_dir"], "training_type": "grpo",
-              "dataset": {"path": spec["data"]}, "rewards": rewards, "training_config": training}
+    config = {
+        "project_name": spec["project"],
+        "model_name": spec["model_dir"],
+        "training_type": "grpo",
+        "dataset": {"path": spec["data"]},
+        "rewards": rewards,
+        "training_config": training,
+    }
     if spec.get("lora"):
         config["peft_config"] = {"extends": "DEFAULT_LORA"}
     outputs = Path(spec["work"]) / "outputs"
@@ -703,22 +913,29 @@ def child_grpo(phase: str, spec: dict) -> dict:
     metrics = read_metrics(Path(summary["run_dir"]) / "metrics.jsonl")
     rewards_logged = [m["reward"] for m in metrics if "reward" in m]
     lengths = [m["completions/mean_length"] for m in metrics if "completions/mean_length" in m]
-    result = {**timing.summary(), "rewards": [round(r, 4) for r in rewards_logged],
-              "reward_first3": statistics.mean(rewards_logged[:3]) if rewards_logged else None,
-              "reward_last3": statistics.mean(rewards_logged[-3:]) if rewards_logged else None,
-              "completion_length_first": lengths[0] if lengths else None,
-              "completion_length_last": lengths[-1] if lengths else None,
-              "learning_rate": training["learning_rate"]}
+    result = {
+        **timing.summary(),
+        "rewards": [round(r, 4) for r in rewards_logged],
+        "reward_first3": statistics.mean(rewards_logged[:3]) if rewards_logged else None,
+        "reward_last3": statistics.mean(rewards_logged[-3:]) if rewards_logged else None,
+        "completion_length_first": lengths[0] if lengths else None,
+        "completion_length_last": lengths[-1] if lengths else None,
+        "learning_rate": training["learning_rate"],
+    }
     judge = summary.get("judge")
     if judge:
-        result.update(judge_requests=judge.get("requests"), judge_failures=judge.get("failures"),
-                      last_failure=(judge.get("last_failure") or "")[:160] or None)
+        result.update(
+            judge_requests=judge.get("requests"),
+            judge_failures=judge.get("failures"),
+            last_failure=(judge.get("last_failure") or "")[:160] or None,
+        )
         means = [m["rewards/judge/mean"] for m in metrics if "rewards/judge/mean" in m]
         result["judge_reward_mean"] = statistics.mean(means) if means else None
     return result
 
 
 # ---------------------------------------------------------------- main
+
 
 def versions() -> dict:
     found = {}
@@ -734,55 +951,93 @@ def device_name(smoke: bool) -> str:
     if smoke:
         return "CPU (smoke)"
     try:  # (nvidia-smi, not torch: this process keeps no CUDA context beside the children's)
-        return subprocess.run(["nvidia-smi", "--query-gpu=name", "--format=csv,noheader"], capture_output=True,
-                              text=True, timeout=30).stdout.strip().splitlines()[0]
+        return (
+            subprocess.run(
+                ["nvidia-smi", "--query-gpu=name", "--format=csv,noheader"], capture_output=True, text=True, timeout=30
+            )
+            .stdout.strip()
+            .splitlines()[0]
+        )
     except (OSError, IndexError, subprocess.TimeoutExpired):
         return "unknown device"
 
 
 def header(args, found: dict, device: str) -> list[str]:
     if args.smoke:
-        what = ("Smoke run on a CPU: tiny-lfm2 (random weights); rollout 8 prompts x 8 generations x 8 new tokens, 3 "
-                "steps; grpo_learns 3 steps x 16 completions x 8 tokens, use_vllm: false; judge / eval_server against "
-                "`transformers serve` on CPU (2 steps x 8 completions).")
+        what = (
+            "Smoke run on a CPU: tiny-lfm2 (random weights); rollout 8 prompts x 8 generations x 8 new tokens, 3 "
+            "steps; grpo_learns 3 steps x 16 completions x 8 tokens, use_vllm: false; judge / eval_server against "
+            "`transformers serve` on CPU (2 steps x 8 completions)."
+        )
     else:
-        what = (f"Random-weight LFM2 architectures built by bench/sft_throughput.py (bf16 checkpoints, vocabulary 65,536, "
-                f"the bundled tokenizer); prompts of 20-150 tokens. rollout: 8 prompts x 8 generations x 256 new tokens "
-                f"per step, {ROLLOUT_STEPS} steps, medians over steps 3-{ROLLOUT_STEPS}; start-up = process start to the "
-                f"first step, init = the trainer's construction (vLLM's engine starts there). grpo_learns: {LEARN_STEPS} "
-                f"steps x 64 completions x 256 tokens, vLLM colocate (variants {', '.join(WITHOUT_VLLM)}: use_vllm false)"
-                + (f" (vllm_gpu_memory_utilization {args.vllm_memory:g})" if args.vllm_memory else "")
-                + (", reward = fraction of completion tokens in a direction-coherent half of the vocabulary (~0.5 at "
-                   "random weights)" if args.reward == "half" else ", reward = fraction of completion tokens with ids "
-                   "256-511 (~1/256 at random weights)")
-                + f", learning rate {args.full_lr:g} (full) / {args.lora_lr:g} (LoRA). "
-                f"judge / eval_server: vllm serve --gpu-memory-utilization {SERVER_UTILIZATION} on 127.0.0.1; the judge "
-                f"run: {JUDGE_STEPS} steps x 16 completions of 32 tokens, use_vllm: false.")
-    env = ", ".join(f"{k}={CHILD_ENV[k]}" for k in ("VLLM_HOST_IP", "VLLM_ENABLE_V1_MULTIPROCESSING", "NCCL_NVLS_ENABLE",
-                                                     "TORCH_SYMM_MEM_DISABLE_MULTICAST", "NVSHMEM_DISABLE_NVLS"))
-    return [f"### {datetime.date.today()} - vLLM runs (issue #25) - {device} - torch {found['torch']}, "
-            f"vllm {found['vllm']}, transformers {found['transformers']}, trl {found['trl']}, peft {found['peft']}", "",
-            f"Command: `python {shlex.join(sys.argv)}`", "", f"{what} Environment of every process: {env}.", ""]
+        what = (
+            f"Random-weight LFM2 architectures built by bench/sft_throughput.py (bf16 checkpoints, vocabulary 65,536, "
+            f"the bundled tokenizer); prompts of 20-150 tokens. rollout: 8 prompts x 8 generations x 256 new tokens "
+            f"per step, {ROLLOUT_STEPS} steps, medians over steps 3-{ROLLOUT_STEPS}; start-up = process start to the "
+            f"first step, init = the trainer's construction (vLLM's engine starts there). grpo_learns: {LEARN_STEPS} "
+            f"steps x 64 completions x 256 tokens, vLLM colocate (variants {', '.join(WITHOUT_VLLM)}: use_vllm false)"
+            + (f" (vllm_gpu_memory_utilization {args.vllm_memory:g})" if args.vllm_memory else "")
+            + (
+                ", reward = fraction of completion tokens in a direction-coherent half of the vocabulary (~0.5 at "
+                "random weights)"
+                if args.reward == "half"
+                else ", reward = fraction of completion tokens with ids 256-511 (~1/256 at random weights)"
+            )
+            + f", learning rate {args.full_lr:g} (full) / {args.lora_lr:g} (LoRA). "
+            f"judge / eval_server: vllm serve --gpu-memory-utilization {SERVER_UTILIZATION} on 127.0.0.1; the judge "
+            f"run: {JUDGE_STEPS} steps x 16 completions of 32 tokens, use_vllm: false."
+        )
+    env = ", ".join(
+        f"{k}={CHILD_ENV[k]}"
+        for k in (
+            "VLLM_HOST_IP",
+            "VLLM_ENABLE_V1_MULTIPROCESSING",
+            "NCCL_NVLS_ENABLE",
+            "TORCH_SYMM_MEM_DISABLE_MULTICAST",
+            "NVSHMEM_DISABLE_NVLS",
+        )
+    )
+    return [
+        f"### {datetime.date.today()} - vLLM runs (issue #25) - {device} - torch {found['torch']}, "
+        f"vllm {found['vllm']}, transformers {found['transformers']}, trl {found['trl']}, peft {found['peft']}",
+        "",
+        f"Command: `python {shlex.join(sys.argv)}`",
+        "",
+        f"{what} Environment of every process: {env}.",
+        "",
+    ]
 
 
 def main() -> None:
-    parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0],
-                                     formatter_class=argparse.RawDescriptionHelpFormatter)
+    parser = argparse.ArgumentParser(
+        description=__doc__.split("\n\n")[0], formatter_class=argparse.RawDescriptionHelpFormatter
+    )
     parser.add_argument("--out", default=None, help="folder for rows.jsonl, table.md, logs.txt (required)")
-    parser.add_argument("--phases", default=DEFAULT_PHASES, help=f"comma-separated, in order (default: {DEFAULT_PHASES})")
+    parser.add_argument(
+        "--phases", default=DEFAULT_PHASES, help=f"comma-separated, in order (default: {DEFAULT_PHASES})"
+    )
     parser.add_argument("--budget-s", type=float, default=560, help="wall seconds for everything (default 560)")
     parser.add_argument("--work", default=None, help="models, runs, logs (default /tmp/leap-vllm-runs[-smoke])")
     parser.add_argument("--full-lr", type=float, default=2e-4, help="grpo_learns, full fine-tuning (default 2e-4)")
     parser.add_argument("--lora-lr", type=float, default=2e-3, help="grpo_learns, LoRA (default 2e-3)")
     parser.add_argument("--smoke", action="store_true", help="CPU check of the plumbing (tiny-lfm2, no vLLM)")
-    parser.add_argument("--reward", default="rare", choices=["rare", "half"],
-                        help="grpo_learns' reward: rare (ids 256-511, ~1/256 at random weights) or half (a "
-                             "direction-coherent half of the vocabulary, ~0.5 at random weights; LoRA can move it)")
-    parser.add_argument("--vllm-memory", type=float, default=None,
-                        help="grpo_learns: vllm_gpu_memory_utilization (TRL's default 0.3 leaves too little beside "
-                             "full training of 1.2B at 64 x 256 tokens)")
-    parser.add_argument("--item-limit-s", type=float, default=None, help="at most this long per item (to check "
-                        "the time-limit path)")
+    parser.add_argument(
+        "--reward",
+        default="rare",
+        choices=["rare", "half"],
+        help="grpo_learns' reward: rare (ids 256-511, ~1/256 at random weights) or half (a "
+        "direction-coherent half of the vocabulary, ~0.5 at random weights; LoRA can move it)",
+    )
+    parser.add_argument(
+        "--vllm-memory",
+        type=float,
+        default=None,
+        help="grpo_learns: vllm_gpu_memory_utilization (TRL's default 0.3 leaves too little beside "
+        "full training of 1.2B at 64 x 256 tokens)",
+    )
+    parser.add_argument(
+        "--item-limit-s", type=float, default=None, help="at most this long per item (to check the time-limit path)"
+    )
     parser.add_argument("--child", default=None, help=argparse.SUPPRESS)
     parser.add_argument("--spec", default=None, help=argparse.SUPPRESS)
     args = parser.parse_args()
@@ -803,10 +1058,21 @@ def main() -> None:
     items = plan([p for p in args.phases.split(",") if p], args.smoke)
     found, device = versions(), device_name(args.smoke)
     report = Report(Path(args.out), header(args, found, device))
-    report.add({"phase": "setup", "variant": "environment", "arch": "-", "status": "ok", "device": device, **found,
-                "command": shlex.join(sys.argv), "budget_s": args.budget_s, "env": CHILD_ENV,
-                "plan": [f"{i.phase}/{i.variant}/{i.arch}" for i in items],
-                "numbers": f"{len(items)} items planned, budget {args.budget_s:.0f} s"})
+    report.add(
+        {
+            "phase": "setup",
+            "variant": "environment",
+            "arch": "-",
+            "status": "ok",
+            "device": device,
+            **found,
+            "command": shlex.join(sys.argv),
+            "budget_s": args.budget_s,
+            "env": CHILD_ENV,
+            "plan": [f"{i.phase}/{i.variant}/{i.arch}" for i in items],
+            "numbers": f"{len(items)} items planned, budget {args.budget_s:.0f} s",
+        }
+    )
     runs = Runs(args, report)
 
     def stopped(signum, frame):
@@ -823,9 +1089,16 @@ def main() -> None:
         item = None
     except (SystemExit, KeyboardInterrupt) as stop:
         if item is not None:  # the item it was running is a row too
-            report.add({"phase": item.phase, "variant": item.variant, "arch": item.arch, "status": "failed",
-                        "error": f"this script was stopped ({type(stop).__name__} {getattr(stop, 'code', '')}) "
-                                 "while the item ran"})
+            report.add(
+                {
+                    "phase": item.phase,
+                    "variant": item.variant,
+                    "arch": item.arch,
+                    "status": "failed",
+                    "error": f"this script was stopped ({type(stop).__name__} {getattr(stop, 'code', '')}) "
+                    "while the item ran",
+                }
+            )
         raise
     finally:
         runs.stop_server()

@@ -3,8 +3,8 @@ schema; tests/config/test_reference.py checks both are current."""
 
 from pathlib import Path
 
-from leap_finetune.validate.reference import render_reference
 from leap_finetune.config.starters import schema_path, schema_text
+from leap_finetune.validate.reference import render_reference
 
 path = Path(__file__).resolve().parents[1] / "docs" / "config.md"
 path.write_text(render_reference(), encoding="utf-8")

@@ -118,8 +118,13 @@ def run_cli(*args: str, cwd: Path, cpu_s: float = 3600) -> subprocess.CompletedP
 
     env = {**os.environ, "HF_HUB_OFFLINE": "1", "TRANSFORMERS_OFFLINE": "1", "COLUMNS": "200"}
     env.pop("LEAP_FINETUNE_SHOW_WARNINGS", None)
-    return run([sys.executable, "-m", "leap_finetune.cli", *args], what=f"leap-finetune {' '.join(args)}",
-               cpu_s=cpu_s, cwd=cwd, env=env)
+    return run(
+        [sys.executable, "-m", "leap_finetune.cli", *args],
+        what=f"leap-finetune {' '.join(args)}",
+        cpu_s=cpu_s,
+        cwd=cwd,
+        env=env,
+    )
 
 
 class StopAt(TrainerCallback):

@@ -15,7 +15,10 @@ PACKAGE = Path(leap_finetune.__file__).parent
 
 # Lowest first; a module may import its own layer and those below it (docs/architecture.md draws this).
 LAYERS = [
-    ("errors", "__version__"),  # (`from leap_finetune import __version__`: a constant of the root, set before any import)
+    (
+        "errors",
+        "__version__",
+    ),  # (`from leap_finetune import __version__`: a constant of the root, set before any import)
     ("files", "faults", "quiet", "methods"),
     ("signals", "runs"),
     ("config",),
@@ -63,14 +66,18 @@ def _imports() -> list[tuple[str, str, int]]:
 
 
 def test_every_package_has_a_layer():
-    units = {_unit("leap_finetune." + ".".join(p.relative_to(PACKAGE).with_suffix("").parts))
-             for p in PACKAGE.rglob("*.py")}
+    units = {
+        _unit("leap_finetune." + ".".join(p.relative_to(PACKAGE).with_suffix("").parts)) for p in PACKAGE.rglob("*.py")
+    }
     assert units - set(LAYER) == set(), "add the new package to LAYERS here and to docs/architecture.md"
 
 
 def test_no_import_runs_back_up_a_layer():
-    up = sorted(f"{source}:{line} imports {target}" for source, target, line in _imports()
-                if LAYER[_unit(target)] > LAYER[_unit(source)] and (_unit(source), _unit(target)) not in ALLOWED_UP)
+    up = sorted(
+        f"{source}:{line} imports {target}"
+        for source, target, line in _imports()
+        if LAYER[_unit(target)] > LAYER[_unit(source)] and (_unit(source), _unit(target)) not in ALLOWED_UP
+    )
     assert up == [], "\n".join(up)
 
 
@@ -81,8 +88,9 @@ def test_no_import_circle_between_packages():
             graph.setdefault(_unit(source), set()).add(_unit(target))
 
     def reaches(start: str, goal: str, seen: set) -> bool:
-        return any(n == goal or (n not in seen and not seen.add(n) and reaches(n, goal, seen))
-                   for n in graph.get(start, ()))
+        return any(
+            n == goal or (n not in seen and not seen.add(n) and reaches(n, goal, seen)) for n in graph.get(start, ())
+        )
 
     circles = sorted(f"{a} <-> {b}" for a in graph for b in graph[a] if reaches(b, a, set()))
     assert circles == []
@@ -91,10 +99,17 @@ def test_no_import_circle_between_packages():
 def test_training_types_are_told_apart_only_in_methods():
     """`training_type == "grpo"` outside methods/ is a branch the next type would have to be added to."""
     names = "|".join(leap_finetune.methods.TRAINING_TYPES)
-    compared = re.compile(rf"""training_type\s*(==|!=)\s*["']({names})["']|["']({names})["']\s*(==|!=)\s*\w*training_type"""
-                          rf"""|training_type\s+(not\s+)?in\s*[(\[{{]\s*["']({names})["']""")
-    found = [f"{p.relative_to(PACKAGE)}:{n}" for p in PACKAGE.rglob("*.py") if p.parent.name != "methods"
-             for n, line in enumerate(p.read_text(encoding="utf-8").splitlines(), 1) if compared.search(line)]
+    compared = re.compile(
+        rf"""training_type\s*(==|!=)\s*["']({names})["']|["']({names})["']\s*(==|!=)\s*\w*training_type"""
+        rf"""|training_type\s+(not\s+)?in\s*[(\[{{]\s*["']({names})["']"""
+    )
+    found = [
+        f"{p.relative_to(PACKAGE)}:{n}"
+        for p in PACKAGE.rglob("*.py")
+        if p.parent.name != "methods"
+        for n, line in enumerate(p.read_text(encoding="utf-8").splitlines(), 1)
+        if compared.search(line)
+    ]
     assert found == []
 
 
@@ -102,10 +117,24 @@ def test_the_run_folder_entries_are_named_once():
     """runs/folder.py names metrics.jsonl, summary.json, model/, adapter/ ...; everyone else asks RunFolder."""
     from leap_finetune.runs import folder
 
-    entries = [folder.METRICS, folder.SUMMARY, folder.RESOLVED_CONFIG, folder.TRAIN_LOG, folder.COMPLETIONS,
-               folder.DROPPED_ROWS, folder.RESUME_CHANGES]
-    quoted = re.compile("|".join(rf"""["']{re.escape(e)}["']""" for e in entries)
-                        + r"""|/\s*["'](model|adapter|servers|plots|prepared)["']""")
-    found = [f"{p.relative_to(PACKAGE)}:{n}: {line.strip()}" for p in PACKAGE.rglob("*.py") if p != Path(folder.__file__)
-             for n, line in enumerate(p.read_text(encoding="utf-8").splitlines(), 1) if quoted.search(line)]
+    entries = [
+        folder.METRICS,
+        folder.SUMMARY,
+        folder.RESOLVED_CONFIG,
+        folder.TRAIN_LOG,
+        folder.COMPLETIONS,
+        folder.DROPPED_ROWS,
+        folder.RESUME_CHANGES,
+    ]
+    quoted = re.compile(
+        "|".join(rf"""["']{re.escape(e)}["']""" for e in entries)
+        + r"""|/\s*["'](model|adapter|servers|plots|prepared)["']"""
+    )
+    found = [
+        f"{p.relative_to(PACKAGE)}:{n}: {line.strip()}"
+        for p in PACKAGE.rglob("*.py")
+        if p != Path(folder.__file__)
+        for n, line in enumerate(p.read_text(encoding="utf-8").splitlines(), 1)
+        if quoted.search(line)
+    ]
     assert found == [], "\n".join(found)

@@ -38,17 +38,31 @@ def test_all_extras_resolve_together_with_the_core_pins(python, tmp_path):
     for extra in EXTRAS:
         requirements += PROJECT["optional-dependencies"][extra]
     (tmp_path / "requirements.in").write_text("\n".join(requirements) + "\n")
-    resolved = subprocess.run([_uv(), "pip", "compile", "-q", "--python-version", python, "--python-platform",
-                               "x86_64-unknown-linux-gnu", "--no-header", str(tmp_path / "requirements.in")],
-                              check=False, capture_output=True, text=True, timeout=900)
+    resolved = subprocess.run(
+        [
+            _uv(),
+            "pip",
+            "compile",
+            "-q",
+            "--python-version",
+            python,
+            "--python-platform",
+            "x86_64-unknown-linux-gnu",
+            "--no-header",
+            str(tmp_path / "requirements.in"),
+        ],
+        check=False,
+        capture_output=True,
+        text=True,
+        timeout=900,
+    )
     assert resolved.returncode == 0, f"the extras {EXTRAS} do not resolve together:\n{resolved.stderr[-3000:]}"
     versions = dict(re.findall(r"^([A-Za-z0-9_.-]+)==(\S+)", resolved.stdout, re.MULTILINE))
     assert Version(versions["vllm"]) in Requirement(_requirement("vllm")).specifier, versions["vllm"]
 
 
 def _requirement(name: str) -> str:
-    return next(r for extra in PROJECT["optional-dependencies"].values() for r in extra
-                if Requirement(r).name == name)
+    return next(r for extra in PROJECT["optional-dependencies"].values() for r in extra if Requirement(r).name == name)
 
 
 def test_our_vllm_range_is_inside_the_range_the_installed_trl_accepts():
@@ -58,8 +72,12 @@ def test_our_vllm_range_is_inside_the_range_the_installed_trl_accepts():
     from trl import import_utils
 
     source = inspect.getsource(import_utils.is_vllm_available)
-    low, high = (Version(v) for v in re.search(
-        r'Version\("([\d.]+)"\)\s*<=\s*_vllm_base_version\s*<=\s*Version\("([\d.]+)"\)', source).groups())
+    low, high = (
+        Version(v)
+        for v in re.search(
+            r'Version\("([\d.]+)"\)\s*<=\s*_vllm_base_version\s*<=\s*Version\("([\d.]+)"\)', source
+        ).groups()
+    )
     ours = Requirement(_requirement("vllm")).specifier
     # every release number a vLLM could have near both ends: ours must allow none outside TRL's
     candidates = [Version(f"0.{minor}.{patch}") for minor in range(15, 45) for patch in range(6)]

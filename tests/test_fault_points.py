@@ -11,8 +11,10 @@ from leap_finetune import faults
 def test_each_entry_fires_at_its_reach(monkeypatch):
     got: list[tuple[str, int]] = []
     reach = {"now": ""}
-    handlers = {sig: signal.signal(sig, lambda number, frame: got.append((reach["now"], number)))
-                for sig in (signal.SIGUSR1, signal.SIGUSR2)}
+    handlers = {
+        sig: signal.signal(sig, lambda number, frame: got.append((reach["now"], number)))
+        for sig in (signal.SIGUSR1, signal.SIGUSR2)
+    }
     monkeypatch.setattr(faults, "_fired", set())
     monkeypatch.setattr(faults, "_reached", {})
     try:

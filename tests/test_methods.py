@@ -28,8 +28,11 @@ def test_retrieval_is_asked_of_methods():
     assert not is_retrieval(None)
     assert [method_of(t).multi_vector for t in RETRIEVAL_TYPES] == [False, True]
     # a sentence-transformers folder's class names its training type (an unknown class: an embedding model)
-    assert [trained_by(c) for c in ("SentenceTransformer", "MultiVectorEncoder", "SparseEncoder")] == \
-        ["embedding", "colbert", "embedding"]
+    assert [trained_by(c) for c in ("SentenceTransformer", "MultiVectorEncoder", "SparseEncoder")] == [
+        "embedding",
+        "colbert",
+        "embedding",
+    ]
 
 
 def test_no_module_spells_the_retrieval_types_itself():
@@ -39,9 +42,15 @@ def test_no_module_spells_the_retrieval_types_itself():
     import leap_finetune
 
     root = Path(leap_finetune.__file__).parent
-    spelled = [str(p.relative_to(root)) for p in root.rglob("*.py")
-               if p.parent.name != "methods" and any(s in p.read_text(encoding="utf-8") for s in (
-                   '("embedding", "colbert")', "('embedding', 'colbert')", '"embedding", "colbert", '))]
+    spelled = [
+        str(p.relative_to(root))
+        for p in root.rglob("*.py")
+        if p.parent.name != "methods"
+        and any(
+            s in p.read_text(encoding="utf-8")
+            for s in ('("embedding", "colbert")', "('embedding', 'colbert')", '"embedding", "colbert", ')
+        )
+    ]
     assert spelled == [], spelled
 
 
@@ -65,13 +74,15 @@ def test_every_type_through_every_config_rule(training_type):
     for name in m.eval_metrics:
         check_best_model_metric(training_type, {"metric_for_best_model": f"eval_{name}"}, "c.yaml")
     with pytest.raises(LeapError) as refused:
-        check_best_model_metric(training_type, {"metric_for_best_model": "eval_nonsense"}, "c.yaml", rewards=rewards,
-                                benchmarks=benchmarks)
+        check_best_model_metric(
+            training_type, {"metric_for_best_model": "eval_nonsense"}, "c.yaml", rewards=rewards, benchmarks=benchmarks
+        )
     suggested = re.findall(r"eval_[\w/@.]+", refused.value.fix)
     assert len(suggested) >= 2 and "use one of: ," not in refused.value.fix, refused.value.fix
     for name in suggested:
-        check_best_model_metric(training_type, {"metric_for_best_model": name}, "c.yaml", rewards=rewards,
-                                benchmarks=benchmarks)
+        check_best_model_metric(
+            training_type, {"metric_for_best_model": name}, "c.yaml", rewards=rewards, benchmarks=benchmarks
+        )
 
     for strategy in ("random", "sequential", "group_by_length", "batch_rebalance"):
         allowed = strategy == "sequential" or (strategy == "random" and not m.kl_pairs) or m.length_samplers
@@ -92,6 +103,8 @@ def test_every_type_has_a_row_checker_and_a_tokenizer(training_type):
     from leap_finetune.data.prepare import ROW_SHAPES
     from leap_finetune.methods import method_of
 
-    resolved = SimpleNamespace(training_type=training_type, chat_template="lfm2", model_family="lfm2", loss_on="assistant")
+    resolved = SimpleNamespace(
+        training_type=training_type, chat_template="lfm2", model_family="lfm2", loss_on="assistant"
+    )
     assert callable(contract(resolved))
     assert method_of(training_type).rows in {rows for rows, _ in ROW_SHAPES}

@@ -19,6 +19,7 @@ def _fill(text: str):
     def write(folder: Path) -> None:
         folder.mkdir()
         (folder / "weights").write_text(text)
+
     return write
 
 
@@ -61,9 +62,11 @@ def test_a_process_killed_before_the_swap_leaves_the_old_folder(tmp_path):
     """SIGKILL between the write and the swap: the target is the old one; the next write clears the leftover."""
     target = tmp_path / "model"
     replace_folder(target, _fill("good"))
-    code = ("import os, signal, sys; from pathlib import Path; from leap_finetune.runs.atomic import replace_folder\n"
-            "def w(p): p.mkdir(); (p / 'weights').write_text('new')\n"
-            "replace_folder(Path(sys.argv[1]), w, before_swap=lambda: os.kill(os.getpid(), signal.SIGKILL))\n")
+    code = (
+        "import os, signal, sys; from pathlib import Path; from leap_finetune.runs.atomic import replace_folder\n"
+        "def w(p): p.mkdir(); (p / 'weights').write_text('new')\n"
+        "replace_folder(Path(sys.argv[1]), w, before_swap=lambda: os.kill(os.getpid(), signal.SIGKILL))\n"
+    )
     done = subprocess.run([sys.executable, "-c", code, str(target)], capture_output=True, timeout=120)
     assert done.returncode == -signal.SIGKILL
     assert (target / "weights").read_text() == "good"

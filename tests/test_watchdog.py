@@ -14,8 +14,12 @@ from tests.watchdog import Hung, communicate, run
 
 def test_a_process_that_uses_no_cpu_is_killed_as_hung():
     started = time.monotonic()
-    proc = subprocess.Popen([sys.executable, "-c", "import time; print('up', flush=True); time.sleep(600)"],
-                            stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
+    proc = subprocess.Popen(
+        [sys.executable, "-c", "import time; print('up', flush=True); time.sleep(600)"],
+        stdout=subprocess.PIPE,
+        stderr=subprocess.PIPE,
+        text=True,
+    )
     with pytest.raises(Hung, match="used no CPU for"):
         communicate(proc, what="the sleeper", idle_s=3)
     assert proc.poll() is not None and time.monotonic() - started < 30

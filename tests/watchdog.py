@@ -32,8 +32,9 @@ class Hung(AssertionError):
 class Watchdog:
     """The CPU time of the processes `pids()` names and all their descendants, checked by `check()`."""
 
-    def __init__(self, pids: int | Callable[[], Iterable[int]], *, what: str, cpu_s: float = 3600,
-                 idle_s: float | None = None):
+    def __init__(
+        self, pids: int | Callable[[], Iterable[int]], *, what: str, cpu_s: float = 3600, idle_s: float | None = None
+    ):
         self._pids = (lambda: [pids]) if isinstance(pids, int) else pids
         self.what, self.cpu_s, self.idle_s = what, cpu_s, IDLE_S if idle_s is None else idle_s
         self._seen: dict[tuple[int, float], float] = {}  # (pid, start time) -> its CPU seconds when last seen
@@ -72,12 +73,14 @@ class Watchdog:
         if used > self.cpu_s:
             raise Hung(f"{self.what} used {used:.0f} CPU seconds, more than its budget of {self.cpu_s:.0f}")
         if now - self._last_progress > self.idle_s:
-            raise Hung(f"{self.what} used no CPU for {now - self._last_progress:.0f} s (hung?); "
-                       f"{used:.0f} CPU seconds in all")
+            raise Hung(
+                f"{self.what} used no CPU for {now - self._last_progress:.0f} s (hung?); {used:.0f} CPU seconds in all"
+            )
 
 
-def communicate(proc: subprocess.Popen, *, what: str = "the run", cpu_s: float = 3600,
-                idle_s: float | None = None) -> tuple[str, str]:
+def communicate(
+    proc: subprocess.Popen, *, what: str = "the run", cpu_s: float = 3600, idle_s: float | None = None
+) -> tuple[str, str]:
     """`proc.communicate()` under a Watchdog: the process is killed and the test fails if it hangs."""
     watchdog = Watchdog(proc.pid, what=what, cpu_s=cpu_s, idle_s=idle_s)
     while True:
@@ -96,8 +99,9 @@ def communicate(proc: subprocess.Popen, *, what: str = "the run", cpu_s: float =
                 raise Hung(f"{hung} - killed\n--- its stderr, last lines:\n{(err or '')[-3000:]}") from None
 
 
-def wait_until(condition: Callable[[], object], watchdog: Watchdog, *, poll_s: float = 0.05,
-               proc: subprocess.Popen | None = None) -> object:
+def wait_until(
+    condition: Callable[[], object], watchdog: Watchdog, *, poll_s: float = 0.05, proc: subprocess.Popen | None = None
+) -> object:
     """Polls `condition` until it is true; fails when the watched processes hang or `proc` ends first."""
     last_check = 0.0
     while True:
@@ -112,8 +116,9 @@ def wait_until(condition: Callable[[], object], watchdog: Watchdog, *, poll_s: f
         time.sleep(poll_s)
 
 
-def run(args: list[str], *, what: str, cpu_s: float = 3600, idle_s: float | None = None,
-        **popen) -> subprocess.CompletedProcess:
+def run(
+    args: list[str], *, what: str, cpu_s: float = 3600, idle_s: float | None = None, **popen
+) -> subprocess.CompletedProcess:
     """`subprocess.run(args, capture_output=True, text=True)` under a Watchdog."""
     proc = subprocess.Popen(args, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True, **popen)
     out, err = communicate(proc, what=what, cpu_s=cpu_s, idle_s=idle_s)

@@ -14,8 +14,12 @@ answers = COLORS * 12
 rng.shuffle(answers)
 with (here / "colors_sft.jsonl").open("w") as f:
     for answer in answers:
-        f.write(json.dumps({"messages": [{"role": "user", "content": "Name a color."},
-                                         {"role": "assistant", "content": answer}]}) + "\n")
+        f.write(
+            json.dumps(
+                {"messages": [{"role": "user", "content": "Name a color."}, {"role": "assistant", "content": answer}]}
+            )
+            + "\n"
+        )
 with (here / "colors_prompts.jsonl").open("w") as f:
     for _ in range(64):
         f.write(json.dumps({"prompt": "Name a color.", "solution": "teal"}) + "\n")

@@ -21,22 +21,34 @@ def main() -> None:
         if shape == 0:  # plain strings
             dpo.append({"prompt": question, "chosen": answer, "rejected": refusal})
         elif shape == 1:  # multi-turn prompt, message-list completions
-            dpo.append({
-                "prompt": [{"role": "system", "content": "Be brief."},
-                           {"role": "user", "content": "Hi!"},
-                           {"role": "assistant", "content": "Hello."},
-                           {"role": "user", "content": question}],
-                "chosen": [{"role": "assistant", "content": answer}],
-                "rejected": [{"role": "assistant", "content": refusal}],
-            })
+            dpo.append(
+                {
+                    "prompt": [
+                        {"role": "system", "content": "Be brief."},
+                        {"role": "user", "content": "Hi!"},
+                        {"role": "assistant", "content": "Hello."},
+                        {"role": "user", "content": question},
+                    ],
+                    "chosen": [{"role": "assistant", "content": answer}],
+                    "rejected": [{"role": "assistant", "content": refusal}],
+                }
+            )
         else:  # implicit prompt: full conversations sharing their first turns
             user = [{"role": "user", "content": question}]
-            dpo.append({"chosen": user + [{"role": "assistant", "content": answer}],
-                        "rejected": user + [{"role": "assistant", "content": refusal}]})
+            dpo.append(
+                {
+                    "chosen": user + [{"role": "assistant", "content": answer}],
+                    "rejected": user + [{"role": "assistant", "content": refusal}],
+                }
+            )
         desirable = i % 2 == 0
-        kto.append({"prompt": [{"role": "user", "content": question}],
-                    "completion": [{"role": "assistant", "content": answer if desirable else refusal}],
-                    "label": desirable})
+        kto.append(
+            {
+                "prompt": [{"role": "user", "content": question}],
+                "completion": [{"role": "assistant", "content": answer if desirable else refusal}],
+                "label": desirable,
+            }
+        )
     rng.shuffle(dpo)
     rng.shuffle(kto)
     folder = Path(__file__).parent

@@ -7,16 +7,35 @@ import random
 from pathlib import Path
 
 CAPITALS = {
-    "France": "Paris", "Germany": "Berlin", "Italy": "Rome", "Spain": "Madrid", "Japan": "Tokyo",
-    "Canada": "Ottawa", "Kenya": "Nairobi", "Egypt": "Cairo", "Peru": "Lima", "Norway": "Oslo",
-    "Chile": "Santiago", "Greece": "Athens",
+    "France": "Paris",
+    "Germany": "Berlin",
+    "Italy": "Rome",
+    "Spain": "Madrid",
+    "Japan": "Tokyo",
+    "Canada": "Ottawa",
+    "Kenya": "Nairobi",
+    "Egypt": "Cairo",
+    "Peru": "Lima",
+    "Norway": "Oslo",
+    "Chile": "Santiago",
+    "Greece": "Athens",
 }
 COLOURS = {
-    "banana": "yellow", "cherry": "red", "lime": "green", "plum": "purple", "orange": "orange",
-    "blueberry": "blue", "lemon": "yellow", "strawberry": "red", "kiwi": "green", "grape": "purple",
+    "banana": "yellow",
+    "cherry": "red",
+    "lime": "green",
+    "plum": "purple",
+    "orange": "orange",
+    "blueberry": "blue",
+    "lemon": "yellow",
+    "strawberry": "red",
+    "kiwi": "green",
+    "grape": "purple",
 }
 CAPITAL_QUESTIONS = [
-    "What is the capital of {}?", "Name the capital city of {}.", "Which city is the capital of {}?",
+    "What is the capital of {}?",
+    "Name the capital city of {}.",
+    "Which city is the capital of {}?",
     "Tell me the capital of {}.",
 ]
 COLOUR_QUESTIONS = ["What color is a {}?", "Which color does a {} have?", "Name the color of a {}."]
@@ -26,12 +45,20 @@ def main() -> None:
     rows = []
     for country, capital in CAPITALS.items():
         for question in CAPITAL_QUESTIONS:
-            rows.append([{"role": "user", "content": question.format(country)},
-                         {"role": "assistant", "content": f"The capital of {country} is {capital}."}])
+            rows.append(
+                [
+                    {"role": "user", "content": question.format(country)},
+                    {"role": "assistant", "content": f"The capital of {country} is {capital}."},
+                ]
+            )
     for fruit, colour in COLOURS.items():
         for question in COLOUR_QUESTIONS:
-            rows.append([{"role": "user", "content": question.format(fruit)},
-                         {"role": "assistant", "content": f"A {fruit} is {colour}."}])
+            rows.append(
+                [
+                    {"role": "user", "content": question.format(fruit)},
+                    {"role": "assistant", "content": f"A {fruit} is {colour}."},
+                ]
+            )
     random.Random(0).shuffle(rows)
     for i, messages in enumerate(rows):
         if i % 3 == 0:
@@ -49,13 +76,24 @@ def write_benchmarks(rng: random.Random) -> None:
     capitals = list(CAPITALS.values())
     for country, capital in CAPITALS.items():
         question = CAPITAL_QUESTIONS[0].format(country)
-        generation.append({"messages": [{"role": "user", "content": question},
-                                        {"role": "assistant", "content": f"The capital of {country} is {capital}."}]})
+        generation.append(
+            {
+                "messages": [
+                    {"role": "user", "content": question},
+                    {"role": "assistant", "content": f"The capital of {country} is {capital}."},
+                ]
+            }
+        )
         wrong = rng.sample([c for c in capitals if c != capital], 2)
         options = [f"The capital of {country} is {c}." for c in [capital, *wrong]]
         rng.shuffle(options)
-        mcq.append({"messages": [{"role": "user", "content": [{"type": "text", "text": question}]}],
-                    "options": options, "answer_id": options.index(f"The capital of {country} is {capital}.")})
+        mcq.append(
+            {
+                "messages": [{"role": "user", "content": [{"type": "text", "text": question}]}],
+                "options": options,
+                "answer_id": options.index(f"The capital of {country} is {capital}."),
+            }
+        )
     folder = Path(__file__).parent
     for name, rows in (("quickstart_bench_generation.jsonl", generation), ("quickstart_bench_mcq.jsonl", mcq)):
         (folder / name).write_text("".join(json.dumps(r) + "\n" for r in rows), encoding="utf-8")

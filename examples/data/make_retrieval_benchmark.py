@@ -6,16 +6,22 @@ import json
 from pathlib import Path
 
 here = Path(__file__).parent
-rows = {split: [json.loads(line) for line in (here / f"retrieval_{split}.jsonl").read_text().splitlines()]
-        for split in ("train", "held_out")}
+rows = {
+    split: [json.loads(line) for line in (here / f"retrieval_{split}.jsonl").read_text().splitlines()]
+    for split in ("train", "held_out")
+}
 documents = {}
 for row in rows["train"] + rows["held_out"]:
     documents.setdefault(row["positive"], f"d{len(documents)}")
 out = here / "retrieval_bench"
 (out / "qrels").mkdir(parents=True, exist_ok=True)
-(out / "corpus.jsonl").write_text("".join(json.dumps({"_id": i, "title": "", "text": t}) + "\n"
-                                          for t, i in documents.items()))
-(out / "queries.jsonl").write_text("".join(json.dumps({"_id": f"q{n}", "text": r["query"]}) + "\n"
-                                           for n, r in enumerate(rows["held_out"])))
-(out / "qrels" / "test.tsv").write_text("query-id\tcorpus-id\tscore\n" + "".join(
-    f"q{n}\t{documents[r['positive']]}\t1\n" for n, r in enumerate(rows["held_out"])))
+(out / "corpus.jsonl").write_text(
+    "".join(json.dumps({"_id": i, "title": "", "text": t}) + "\n" for t, i in documents.items())
+)
+(out / "queries.jsonl").write_text(
+    "".join(json.dumps({"_id": f"q{n}", "text": r["query"]}) + "\n" for n, r in enumerate(rows["held_out"]))
+)
+(out / "qrels" / "test.tsv").write_text(
+    "query-id\tcorpus-id\tscore\n"
+    + "".join(f"q{n}\t{documents[r['positive']]}\t1\n" for n, r in enumerate(rows["held_out"]))
+)

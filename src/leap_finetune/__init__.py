@@ -7,8 +7,13 @@ from leap_finetune.errors import LeapError  # noqa: E402
 # what the package offers, by the module that has it: imported when first used - the API imports torch and
 # transformers; `import leap_finetune` (and `--help`) stays fast
 EXPORTS = {
-    "run_config": "api", "validate_config": "api", "plan_config": "api", "slurm_config": "api",
-    "inspect_config": "api", "load_config": "api", "evaluate_config": "api",
+    "run_config": "api",
+    "validate_config": "api",
+    "plan_config": "api",
+    "slurm_config": "api",
+    "inspect_config": "api",
+    "load_config": "api",
+    "evaluate_config": "api",
     "export_model": "export",
 }
 

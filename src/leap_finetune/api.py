@@ -22,8 +22,15 @@ from leap_finetune.launch.report import config_table, data_report, devices_line,
 from leap_finetune.validate.grpo import check_generation_batch
 from leap_finetune.validate.loader import load_config, require_dataset
 
-__all__ = ["load_config", "validate_config", "inspect_config", "plan_config", "slurm_config", "run_config",
-           "evaluate_config"]
+__all__ = [
+    "load_config",
+    "validate_config",
+    "inspect_config",
+    "plan_config",
+    "slurm_config",
+    "run_config",
+    "evaluate_config",
+]
 
 
 def _console(console: Console | None) -> Console:
@@ -34,8 +41,9 @@ def _config(source) -> ResolvedConfig:
     return source if isinstance(source, ResolvedConfig) else load_config(source)
 
 
-def validate_config(source, *, console: Console | None = None,
-                    outputs_root: str | Path | None = None) -> PreparedData | None:
+def validate_config(
+    source, *, console: Console | None = None, outputs_root: str | Path | None = None
+) -> PreparedData | None:
     """Validate the config, EVERY dataset row (rendered and tokenized), every benchmark row and the
     run folder `run` would use (writable, not taken, the checkpoint to resume from); no model is
     loaded and nothing is written to the run folder (the prepared rows go to the data cache, for `run`).
@@ -55,7 +63,9 @@ def validate_config(source, *, console: Console | None = None,
     console.print(config_table(resolved))
     data_report(console, checked.prepared, resolved)
     console.print(devices_line(checked.devices))
-    console.print(f"run folder: {plan.run_dir}" + (f" (resuming from {plan.resume_checkpoint})" if plan.resume_checkpoint else ""))
+    console.print(
+        f"run folder: {plan.run_dir}" + (f" (resuming from {plan.resume_checkpoint})" if plan.resume_checkpoint else "")
+    )
     print_plan_notes(console, plan)
     return checked.prepared
 
@@ -84,8 +94,14 @@ def plan_config(source, *, gpus: int | None = None, nodes: int | None = None) ->
     return plan_report(resolved, devices, prepared, no_tokens=no_tokens)
 
 
-def slurm_config(source, *, nodes: int | None = None, gpus_per_node: int | None = None, submit: bool = False,
-                 console: Console | None = None) -> dict:
+def slurm_config(
+    source,
+    *,
+    nodes: int | None = None,
+    gpus_per_node: int | None = None,
+    submit: bool = False,
+    console: Console | None = None,
+) -> dict:
     """Write the sbatch script that runs this config on a SLURM allocation (Ray brought up over it);
     checked by `sbatch --test-only` where sbatch exists; submitted with `submit`. The config and every
     row are validated first, and the device plan for the allocation."""
@@ -101,13 +117,19 @@ def slurm_config(source, *, nodes: int | None = None, gpus_per_node: int | None 
 
     console = _console(console)
     resolved = _config(source)
-    slurm = (resolved.slurm or SlurmConfig()).model_copy(update={
-        k: v for k, v in (("nodes", nodes), ("gpus_per_node", gpus_per_node)) if v is not None})
+    slurm = (resolved.slurm or SlurmConfig()).model_copy(
+        update={k: v for k, v in (("nodes", nodes), ("gpus_per_node", gpus_per_node)) if v is not None}
+    )
     _, _, prepared = prepare(resolved)
     check_training_arguments(resolved, has_eval=bool(prepared.eval))
     where = resolved.config_path or "config"
-    devices = plan_devices(gpus=slurm.gpus_per_node, nodes=slurm.nodes, num_workers=resolved.ray.num_workers
-                           if resolved.ray else None, fsdp=bool(resolved.training.get("fsdp")), where=where)
+    devices = plan_devices(
+        gpus=slurm.gpus_per_node,
+        nodes=slurm.nodes,
+        num_workers=resolved.ray.num_workers if resolved.ray else None,
+        fsdp=bool(resolved.training.get("fsdp")),
+        where=where,
+    )
     check_job_resources(resolved, devices, where)
     script = write_script(resolved, slurm, outputs_folder(resolved) / "slurm")
     report = {"script": str(script), "log": str(script.parent / "slurm-<job id>.out")}
@@ -136,8 +158,9 @@ def inspect_config(source, *, rows: int = 5) -> list[dict]:
     return [{"row": index, **item} for index, item in enumerate(prepared.train.examples[:rows])]
 
 
-def run_config(source, *, console: Console | None = None, callbacks: list | None = None,
-               outputs_root: str | Path | None = None) -> dict:
+def run_config(
+    source, *, console: Console | None = None, callbacks: list | None = None, outputs_root: str | Path | None = None
+) -> dict:
     """Validate, plan and train. Returns the run summary (run folder, losses, model folder)."""
     from leap_finetune.launch.train_log import TrainLog
 
@@ -158,20 +181,26 @@ def _run(source, console, callbacks, outputs_root, log) -> dict:
     checked = check_run(resolved, console, outputs_root)
     prepared, plan, devices = checked.prepared, checked.plan, checked.devices
     if callbacks and (not devices.in_process or devices.own_process):
-        raise ValueError("run_config(callbacks=...) needs an in-process run (one device, the machine's only GPU or "
-                         f"the CPU); this plan has {devices.workers} worker(s) on GPU(s) {devices.training} of "
-                         f"{devices.gpus_per_node}: make one GPU visible (CUDA_VISIBLE_DEVICES=N) or drop callbacks")
+        raise ValueError(
+            "run_config(callbacks=...) needs an in-process run (one device, the machine's only GPU or "
+            f"the CPU); this plan has {devices.workers} worker(s) on GPU(s) {devices.training} of "
+            f"{devices.gpus_per_node}: make one GPU visible (CUDA_VISIBLE_DEVICES=N) or drop callbacks"
+        )
     console.print(config_table(resolved))
     data_report(console, prepared, resolved)
     print_plan_notes(console, plan)
     if plan.finished is not None:
         return {**plan.finished, "run_dir": str(plan.run_dir), "already_finished": True}
-    resolved = resolved.model_copy(update={
-        "run_dir": str(plan.run_dir), "run_name": plan.run_name, "workers": devices.workers,
-        "resume_checkpoint_path": str(plan.resume_checkpoint) if plan.resume_checkpoint else None,
-        "resume_changes": {k: list(v) for k, v in plan.changes.items()},
-        "eval_devices": physical_ids(devices.eval),  # the reserved evaluation server's ("" without GPUs)
-    })
+    resolved = resolved.model_copy(
+        update={
+            "run_dir": str(plan.run_dir),
+            "run_name": plan.run_name,
+            "workers": devices.workers,
+            "resume_checkpoint_path": str(plan.resume_checkpoint) if plan.resume_checkpoint else None,
+            "resume_changes": {k: list(v) for k, v in plan.changes.items()},
+            "eval_devices": physical_ids(devices.eval),  # the reserved evaluation server's ("" without GPUs)
+        }
+    )
     servers = local_servers(resolved, devices)  # GRPO's rollout server and judge, started before training
     resolved = resolved.model_copy(update={"judge_url": judge_url(resolved)})
     lock = write_run_folder(resolved, prepared, checked.renderer, plan)  # (the folder is this run's alone from here)

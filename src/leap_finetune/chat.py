@@ -10,24 +10,37 @@ from rich.console import Console
 
 from leap_finetune.errors import LeapError
 from leap_finetune.methods import METHODS
+from leap_finetune.models.trained import chat_template_text, find_trained, load_trained, retrieval_type, unmerged_lora
 from leap_finetune.runs.folder import RunFolder
-from leap_finetune.models.trained import (chat_template_text, find_trained, load_trained, retrieval_type,
-                                          unmerged_lora)
 
 HELP = "/reset starts a new conversation, /exit (or Ctrl-D) ends"
 
 
-def answer(model, tokenizer, template: str | None, messages: list[dict], *, max_new_tokens: int,
-           temperature: float, stream=None) -> str:
+def answer(
+    model,
+    tokenizer,
+    template: str | None,
+    messages: list[dict],
+    *,
+    max_new_tokens: int,
+    temperature: float,
+    stream=None,
+) -> str:
     import torch
 
     text = tokenizer.apply_chat_template(messages, chat_template=template, tokenize=False, add_generation_prompt=True)
     inputs = tokenizer(text, add_special_tokens=False, return_tensors="pt").to(model.device)
     sampling = {"do_sample": True, "temperature": temperature} if temperature > 0 else {"do_sample": False}
     with torch.no_grad():
-        output = model.generate(**inputs, max_new_tokens=max_new_tokens, pad_token_id=tokenizer.pad_token_id,
-                                eos_token_id=tokenizer.eos_token_id, streamer=stream, **sampling)
-    return tokenizer.decode(output[0, inputs["input_ids"].shape[1]:], skip_special_tokens=True).strip()
+        output = model.generate(
+            **inputs,
+            max_new_tokens=max_new_tokens,
+            pad_token_id=tokenizer.pad_token_id,
+            eos_token_id=tokenizer.eos_token_id,
+            streamer=stream,
+            **sampling,
+        )
+    return tokenizer.decode(output[0, inputs["input_ids"].shape[1] :], skip_special_tokens=True).strip()
 
 
 def refuse_retrieval(source: str, trained) -> None:
@@ -44,15 +57,25 @@ def refuse_retrieval(source: str, trained) -> None:
         first = f"`leap-finetune export {trained.model_id} --output {folder}` (the adapter merged), then "
     else:
         folder, first = trained.model_id, ""
-    raise LeapError(f"this is {METHODS[kind].trains}, trained with training_type: {kind}; chat generates text and needs "
-                    "a causal language model (sft, dpo, kto or grpo)", where=source,
-                    fix=f"{first}encode with sentence-transformers: `from sentence_transformers import {cls}; "
-                    f"{cls}({folder!r}).encode([\"your query\"])`, or score it with `leap-finetune eval CONFIG` "
-                    "(checkpoint: the run folder, evals.benchmarks with metric: retrieval; docs/retrieval.md)")
+    raise LeapError(
+        f"this is {METHODS[kind].trains}, trained with training_type: {kind}; chat generates text and needs "
+        "a causal language model (sft, dpo, kto or grpo)",
+        where=source,
+        fix=f"{first}encode with sentence-transformers: `from sentence_transformers import {cls}; "
+        f'{cls}({folder!r}).encode(["your query"])`, or score it with `leap-finetune eval CONFIG` '
+        "(checkpoint: the run folder, evals.benchmarks with metric: retrieval; docs/retrieval.md)",
+    )
 
 
-def chat(source: str, *, prompt: str | None = None, system: str | None = None, max_new_tokens: int = 256,
-         temperature: float = 0.0, console: Console | None = None) -> str | None:
+def chat(
+    source: str,
+    *,
+    prompt: str | None = None,
+    system: str | None = None,
+    max_new_tokens: int = 256,
+    temperature: float = 0.0,
+    console: Console | None = None,
+) -> str | None:
     """One answer to `prompt` (returned), or an interactive conversation on the terminal."""
     import torch
 
@@ -65,8 +88,14 @@ def chat(source: str, *, prompt: str | None = None, system: str | None = None, m
     template = chat_template_text(trained, tokenizer)
     start = [{"role": "system", "content": system}] if system else []
     if prompt is not None:
-        return answer(model, tokenizer, template, start + [{"role": "user", "content": prompt}],
-                      max_new_tokens=max_new_tokens, temperature=temperature)
+        return answer(
+            model,
+            tokenizer,
+            template,
+            start + [{"role": "user", "content": prompt}],
+            max_new_tokens=max_new_tokens,
+            temperature=temperature,
+        )
     from transformers import TextStreamer
 
     console.print(f"chatting with {trained.name}; {HELP}", markup=False)
@@ -86,6 +115,13 @@ def chat(source: str, *, prompt: str | None = None, system: str | None = None, m
         if not line.strip():
             continue
         messages.append({"role": "user", "content": line})
-        reply = answer(model, tokenizer, template, messages, max_new_tokens=max_new_tokens, temperature=temperature,
-                       stream=streamer)
+        reply = answer(
+            model,
+            tokenizer,
+            template,
+            messages,
+            max_new_tokens=max_new_tokens,
+            temperature=temperature,
+            stream=streamer,
+        )
         messages.append({"role": "assistant", "content": reply})

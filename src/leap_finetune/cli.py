@@ -24,9 +24,26 @@ app = typer.Typer(
 )
 SUBCOMMANDS = {"run", "validate", "inspect", "eval", "plan", "slurm", "init", "chat", "export"}
 TRAINED_STYLE = "bold green on grey15"
-VALUE_OPTIONS = {"--set", "--type", "-t", "--model", "--prompt", "-p", "--system", "--max-new-tokens",
-                 "--temperature", "--rows", "-n", "--gpus", "--nodes", "--gpus-per-node", "--output", "-o", "--server",
-                 "--server-model"}
+VALUE_OPTIONS = {
+    "--set",
+    "--type",
+    "-t",
+    "--model",
+    "--prompt",
+    "-p",
+    "--system",
+    "--max-new-tokens",
+    "--temperature",
+    "--rows",
+    "-n",
+    "--gpus",
+    "--nodes",
+    "--gpus-per-node",
+    "--output",
+    "-o",
+    "--server",
+    "--server-model",
+}
 _state = {"debug": False}
 
 
@@ -75,10 +92,14 @@ def _config_arg():
 
 
 def _set_option():
-    return typer.Option(None, "--set", metavar="KEY=VALUE",
-                        help="Override a value of the YAML (repeatable), e.g. --set training_config.learning_rate=1e-4 "
-                        "--set dataset.limit=1000; list items as 'dataset[1].epochs=2' or dataset.1.epochs=2; values as in "
-                        "YAML ('evals.benchmarks=[]'). Checked like the file.")
+    return typer.Option(
+        None,
+        "--set",
+        metavar="KEY=VALUE",
+        help="Override a value of the YAML (repeatable), e.g. --set training_config.learning_rate=1e-4 "
+        "--set dataset.limit=1000; list items as 'dataset[1].epochs=2' or dataset.1.epochs=2; values as in "
+        "YAML ('evals.benchmarks=[]'). Checked like the file.",
+    )
 
 
 def _no_config_set_option():
@@ -88,8 +109,11 @@ def _no_config_set_option():
 
 def _refuse_set(sets: list[str] | None, command: str, instead: str) -> None:
     if sets:
-        raise LeapError(f"`{command}` reads no config, so --set has no value to override", where="--set",
-                        fix=f"{instead}; --set overrides a config's values on run, validate, inspect, plan, eval and slurm")
+        raise LeapError(
+            f"`{command}` reads no config, so --set has no value to override",
+            where="--set",
+            fix=f"{instead}; --set overrides a config's values on run, validate, inspect, plan, eval and slurm",
+        )
 
 
 def _source(config: Path, sets: list[str] | None):
@@ -152,8 +176,9 @@ def plan(
 def slurm(
     config: Path = _config_arg(),
     nodes: int = typer.Option(None, "--nodes", min=1, help="Nodes to allocate (default: slurm.nodes, 1)."),
-    gpus_per_node: int = typer.Option(None, "--gpus-per-node", min=0,
-                                      help="GPUs per node (default: slurm.gpus_per_node, 0)."),
+    gpus_per_node: int = typer.Option(
+        None, "--gpus-per-node", min=0, help="GPUs per node (default: slurm.gpus_per_node, 0)."
+    ),
     submit: bool = typer.Option(False, "--submit", help="Submit the job with sbatch (else only write the script)."),
     sets: list[str] = _set_option(),
 ) -> None:
@@ -169,11 +194,16 @@ def slurm(
 def evaluate(
     config: Path = _config_arg(),
     output: Path = typer.Option(None, "--output", "-o", help="Write the results as JSON here."),
-    server: str = typer.Option(None, "--server", help="Base URL of an OpenAI-compatible server (vLLM, transformers "
-                               "serve, llama.cpp), e.g. http://127.0.0.1:8000/v1: it answers the generation "
-                               "benchmarks; log-prob benchmarks still run through transformers."),
-    server_model: str = typer.Option(None, "--server-model", help="The model name to ask the server for "
-                                     "(default: the first model it lists)."),
+    server: str = typer.Option(
+        None,
+        "--server",
+        help="Base URL of an OpenAI-compatible server (vLLM, transformers "
+        "serve, llama.cpp), e.g. http://127.0.0.1:8000/v1: it answers the generation "
+        "benchmarks; log-prob benchmarks still run through transformers.",
+    ),
+    server_model: str = typer.Option(
+        None, "--server-model", help="The model name to ask the server for (default: the first model it lists)."
+    ),
     sets: list[str] = _set_option(),
 ) -> None:
     """Run the config's evals: benchmarks on `checkpoint` (a run or checkpoint folder) or
@@ -205,23 +235,34 @@ def inspect(
     grpo = bool(items) and "prompt_tokens" in items[0] and "solution" in items[0]
     for item in items:
         if grpo:  # the model generates the completions during training; the prompt is not trained
-            console.rule(f"row {item['row']}  ({item['source']['file']}, {item['source']['location']}; "
-                         f"{item['prompt_tokens']} prompt tokens)")
-            console.print(Text("prompt (as the model sees it; completions are generated during training)", style="bold"))
+            console.rule(
+                f"row {item['row']}  ({item['source']['file']}, {item['source']['location']}; "
+                f"{item['prompt_tokens']} prompt tokens)"
+            )
+            console.print(
+                Text("prompt (as the model sees it; completions are generated during training)", style="bold")
+            )
             console.print(Text(item["prompt"]))
             console.print(Text(f"solution: {item['solution']}" if item["solution"] is not None else "no solution"))
             for name, value in (item.get("columns") or {}).items():
                 console.print(Text(f"{name}: {value}"))
             continue
-        console.rule(f"row {item['row']}  ({item['source']['file']}, {item['source']['location']}; "
-                     f"{item['tokens']} tokens, {item['trained_tokens']} trained)")
+        console.rule(
+            f"row {item['row']}  ({item['source']['file']}, {item['source']['location']}; "
+            f"{item['tokens']} tokens, {item['trained_tokens']} trained)"
+        )
         if "query" in item:  # embedding / colbert: each text as the encoder reads it (prompts included)
-            for name, value in [("query", item["query"]), ("positive", item["positive"])] + \
-                    [(f"negative {i + 1}", text) for i, text in enumerate(item["negatives"])]:
+            for name, value in [("query", item["query"]), ("positive", item["positive"])] + [
+                (f"negative {i + 1}", text) for i, text in enumerate(item["negatives"])
+            ]:
                 console.print(Text(f"{name}: ", style="bold") + Text(value))
             if item["unused_negatives"]:
-                console.print(Text(f"({item['unused_negatives']} more negative(s) not used: rows have different "
-                                   "numbers of negatives)"))
+                console.print(
+                    Text(
+                        f"({item['unused_negatives']} more negative(s) not used: rows have different "
+                        "numbers of negatives)"
+                    )
+                )
             if item["truncated"]:
                 console.print(Text("(cut to retrieval.query_max_length / document_max_length)"))
             continue
@@ -234,8 +275,9 @@ def inspect(
             console.print(text)
             continue
         # dpo / kto: the prompt, then each completion (all of a completion is trained)
-        console.print(Text("prompt" + (" (shared by chosen and rejected)" if item.get("implicit_prompt") else ""),
-                           style="bold"))
+        console.print(
+            Text("prompt" + (" (shared by chosen and rejected)" if item.get("implicit_prompt") else ""), style="bold")
+        )
         console.print(Text(item["prompt"]))
         for name in ("chosen", "rejected", "completion"):
             if name in item:
@@ -244,9 +286,10 @@ def inspect(
                 console.print(Text(item[name], style=TRAINED_STYLE))
     if grpo or any("query" in item for item in items):  # generated / retrieval rows: nothing is highlighted
         return
-    console.print(Text.assemble(("highlighted", TRAINED_STYLE), " text carries loss")
-                  + (Text("; struck-through text is cut by max_length")
-                     if any("truncated_at" in i for i in items) else Text("")))
+    console.print(
+        Text.assemble(("highlighted", TRAINED_STYLE), " text carries loss")
+        + (Text("; struck-through text is cut by max_length") if any("truncated_at" in i for i in items) else Text(""))
+    )
 
 
 @app.command("init")
@@ -264,24 +307,38 @@ def init(
     from leap_finetune.config.starters import schema_path, starter
     from leap_finetune.config.suggest import did_you_mean
 
-    _refuse_set(sets, "init", f"write the starter, then edit it or give --set to the command that reads it, e.g. "
-                f"leap-finetune validate {output} --set {shlex.quote(sets[0]) if sets else 'KEY=VALUE'}")
+    _refuse_set(
+        sets,
+        "init",
+        f"write the starter, then edit it or give --set to the command that reads it, e.g. "
+        f"leap-finetune validate {output} --set {shlex.quote(sets[0]) if sets else 'KEY=VALUE'}",
+    )
     if training_type not in TRAINING_TYPES:
-        raise LeapError(f"unknown training type '{training_type}'", where="--type",
-                        fix=(did_you_mean(training_type, TRAINING_TYPES) + " " if did_you_mean(training_type, TRAINING_TYPES)
-                             else "") + "one of: " + ", ".join(TRAINING_TYPES))
+        raise LeapError(
+            f"unknown training type '{training_type}'",
+            where="--type",
+            fix=(
+                did_you_mean(training_type, TRAINING_TYPES) + " " if did_you_mean(training_type, TRAINING_TYPES) else ""
+            )
+            + "one of: "
+            + ", ".join(TRAINING_TYPES),
+        )
     if output.exists() and not force:
         raise LeapError("the file exists", where=str(output), fix="choose another name, or add --force to replace it")
     if output.suffix not in (".yaml", ".yml"):
-        raise LeapError(f"a config is a YAML file, not '{output.suffix or output.name}'", where=str(output),
-                        fix="name it e.g. config.yaml")
+        raise LeapError(
+            f"a config is a YAML file, not '{output.suffix or output.name}'",
+            where=str(output),
+            fix="name it e.g. config.yaml",
+        )
     output.parent.mkdir(parents=True, exist_ok=True)
     output.write_text(starter(training_type, model, str(output)), encoding="utf-8")
     console = Console(stderr=True)
-    console.print(f"wrote {output} ({training_type} on {model}); put your rows in data/train.jsonl (the format is "
-                  f"in the file), then: leap-finetune validate {output}")
-    console.print(f"editor completion: the first line points the YAML language server at {schema_path()}",
-                  markup=False)
+    console.print(
+        f"wrote {output} ({training_type} on {model}); put your rows in data/train.jsonl (the format is "
+        f"in the file), then: leap-finetune validate {output}"
+    )
+    console.print(f"editor completion: the first line points the YAML language server at {schema_path()}", markup=False)
 
 
 @app.command("chat")
@@ -296,8 +353,12 @@ def chat_command(
 ) -> None:
     """Chat with a trained model in the terminal (its LoRA adapter over the base model, the chat template
     it was trained with); --prompt for a single answer on stdout. Not for embedding or ColBERT models."""
-    _refuse_set(sets, "chat", "chat talks to a trained model as it is; its settings are options (--system, "
-                "--temperature, --max-new-tokens: leap-finetune chat --help)")
+    _refuse_set(
+        sets,
+        "chat",
+        "chat talks to a trained model as it is; its settings are options (--system, "
+        "--temperature, --max-new-tokens: leap-finetune chat --help)",
+    )
     from leap_finetune.chat import chat
 
     reply = chat(model, prompt=prompt, system=system, max_new_tokens=max_new_tokens, temperature=temperature)
@@ -310,15 +371,20 @@ def chat_command(
 def export(
     model: str = typer.Argument(..., help="A run folder, checkpoint-N folder or adapter folder."),
     merge: bool = typer.Option(False, "--merge", help="Merge a LoRA adapter into its base model: a full model."),
-    output: Path = typer.Option(None, "--output", "-o", help="The folder to write (default: export/ or "
-                                "export-merged/ inside the given folder)."),
+    output: Path = typer.Option(
+        None, "--output", "-o", help="The folder to write (default: export/ or export-merged/ inside the given folder)."
+    ),
     sets: list[str] = _no_config_set_option(),
 ) -> None:
     """Write a trained model as a folder of its own (model, tokenizer, the chat template it trained with);
     --merge merges a LoRA adapter into its base for vLLM, llama.cpp (GGUF) or plain transformers. An embedding
     or ColBERT model is written as a sentence-transformers folder, always merged."""
-    _refuse_set(sets, "export", "export writes a trained model as it is (its options: --merge, --output); to train "
-                "with other values, give --set to run")
+    _refuse_set(
+        sets,
+        "export",
+        "export writes a trained model as it is (its options: --merge, --output); to train "
+        "with other values, give --set to run",
+    )
     from leap_finetune.export import export_model
 
     export_model(model, merge=merge, output=output)
@@ -331,8 +397,9 @@ def main(argv: list[str] | None = None) -> None:
         args = ["--debug"] + [a for a in args if a != "--debug"]
     # `leap-finetune CONFIG.yaml` means `leap-finetune run CONFIG.yaml`. (The word after an option that
     # takes a value, such as `--set KEY=VALUE`, is not a positional argument.)
-    positional = [a for i, a in enumerate(args) if not a.startswith("-")
-                  and not (i > 0 and args[i - 1] in VALUE_OPTIONS)]
+    positional = [
+        a for i, a in enumerate(args) if not a.startswith("-") and not (i > 0 and args[i - 1] in VALUE_OPTIONS)
+    ]
     if positional and positional[0] not in SUBCOMMANDS:
         args.insert(1 if args[:1] == ["--debug"] else 0, "run")  # (options before the config are run's)
     os.environ.setdefault("TOKENIZERS_PARALLELISM", "false")

@@ -84,7 +84,7 @@ class DataError(LeapError):
                 where = f"{', '.join(locations[:5])}{more} ({len(locations)} rows)"
             listed.append(f"  - {file}, {where}, field '{field_name}': {problem}")
         if len(groups) > self.shown:
-            rest = sum(len(locations) for locations in list(groups.values())[self.shown:])
+            rest = sum(len(locations) for locations in list(groups.values())[self.shown :])
             listed.append(f"  ... and {rest} more problem(s)")
         return "\n".join([head + ":", *listed])
 

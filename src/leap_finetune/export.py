@@ -23,8 +23,9 @@ from leap_finetune.models.trained import (
 )
 
 
-def export_model(source: str, *, merge: bool = False, output: str | Path | None = None,
-                 console: Console | None = None) -> Path:
+def export_model(
+    source: str, *, merge: bool = False, output: str | Path | None = None, console: Console | None = None
+) -> Path:
     console = console or Console(stderr=True)
     trained = find_trained(source)
     if output is None:
@@ -32,15 +33,20 @@ def export_model(source: str, *, merge: bool = False, output: str | Path | None 
         output = (base if base.is_dir() else Path.cwd()) / ("export-merged" if merge else "export")
     output = Path(output).expanduser().resolve()
     if output.exists() and any(output.iterdir()):
-        raise LeapError("the output folder exists and is not empty", where=str(output),
-                        fix="choose another --output, or remove the folder")
+        raise LeapError(
+            "the output folder exists and is not empty",
+            where=str(output),
+            fix="choose another --output, or remove the folder",
+        )
     kind = retrieval_type(trained)
     if kind is not None:
         return _export_encoder(trained, kind, merge, output, console)
     if trained.adapter_dir is not None and not merge:
         _stage(output, lambda path: shutil.copytree(trained.adapter_dir, path))
-        console.print(f"exported the LoRA adapter {trained.adapter_dir} (over {trained.model_id}) to {output}; "
-                      "--merge writes a full model instead")
+        console.print(
+            f"exported the LoRA adapter {trained.adapter_dir} (over {trained.model_id}) to {output}; "
+            "--merge writes a full model instead"
+        )
         return output
     model, tokenizer = load_trained(trained, merge=True)  # merged in float32
     dtype = _base_dtype(trained.model_id)
@@ -56,8 +62,10 @@ def export_model(source: str, *, merge: bool = False, output: str | Path | None 
 
     _stage(output, write)
     what = f"{trained.adapter_dir} merged into {trained.model_id}" if trained.adapter_dir else trained.model_id
-    console.print(f"exported {what} to {output} (a full model: AutoModelForCausalLM.from_pretrained, vLLM, or a "
-                  "GGUF conversion; docs/export.md)")
+    console.print(
+        f"exported {what} to {output} (a full model: AutoModelForCausalLM.from_pretrained, vLLM, or a "
+        "GGUF conversion; docs/export.md)"
+    )
     return output
 
 
@@ -69,17 +77,28 @@ def _export_encoder(trained, kind: str, merge: bool, output: Path, console: Cons
     from leap_finetune.recipes.retrieval import load_encoder
 
     if trained.adapter_dir is not None:
-        raise LeapError(f"the adapter of a {kind} run holds the backbone's LoRA weights only, not the model's pooling "
-                        "or its trained projection", where=str(trained.adapter_dir),
-                        fix="export the run folder (its model/ has the adapter merged) or one of its checkpoint-N")
+        raise LeapError(
+            f"the adapter of a {kind} run holds the backbone's LoRA weights only, not the model's pooling "
+            "or its trained projection",
+            where=str(trained.adapter_dir),
+            fix="export the run folder (its model/ has the adapter merged) or one of its checkpoint-N",
+        )
     quiet_libraries()
     model, merged = load_encoder(Path(trained.model_id), trained.run_config, kind)
     _stage(output, lambda path: model.save_pretrained(str(path), create_model_card=False))
     cls = "MultiVectorEncoder" if kind == "colbert" else "SentenceTransformer"
-    note = " (the LoRA adapter merged: a retrieval model is always exported merged)" if merged and not merge else \
-        " (the LoRA adapter merged)" if merged else ""
-    console.print(f"exported the {kind} model {trained.model_id}{note} to {output} (a sentence-transformers folder: "
-                  f"{cls}({str(output)!r}); docs/retrieval.md)", markup=False)
+    note = (
+        " (the LoRA adapter merged: a retrieval model is always exported merged)"
+        if merged and not merge
+        else " (the LoRA adapter merged)"
+        if merged
+        else ""
+    )
+    console.print(
+        f"exported the {kind} model {trained.model_id}{note} to {output} (a sentence-transformers folder: "
+        f"{cls}({str(output)!r}); docs/retrieval.md)",
+        markup=False,
+    )
     return output
 
 

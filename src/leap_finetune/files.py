@@ -45,8 +45,14 @@ def read_metrics(path: Path) -> list[dict]:
     return records
 
 
-DISK_FULL_WORDS = ("No space left", "Disk quota exceeded", "StorageFull", "QuotaExceeded", "file write failed",
-                   "unexpected pos")
+DISK_FULL_WORDS = (
+    "No space left",
+    "Disk quota exceeded",
+    "StorageFull",
+    "QuotaExceeded",
+    "file write failed",
+    "unexpected pos",
+)
 
 
 def is_disk_full(err: BaseException) -> bool:
@@ -76,21 +82,35 @@ def check_writable(folder: Path, key: str) -> None:
 
     folder = Path(folder)
     if folder.exists() and not folder.is_dir():
-        raise LeapError("this is a file, not a folder", where=f"{key}: {folder}",
-                        fix=f"set {key} to a folder path (it is created if missing)")
+        raise LeapError(
+            "this is a file, not a folder",
+            where=f"{key}: {folder}",
+            fix=f"set {key} to a folder path (it is created if missing)",
+        )
     parent = folder
     while not parent.exists():
         parent = parent.parent
     if not parent.is_dir():
-        raise LeapError(f"cannot create the folder: {parent} is a file", where=f"{key}: {folder}",
-                        fix=f"set {key} to a path inside a folder")
+        raise LeapError(
+            f"cannot create the folder: {parent} is a file",
+            where=f"{key}: {folder}",
+            fix=f"set {key} to a path inside a folder",
+        )
     try:
         handle, probe = tempfile.mkstemp(prefix=".leap-write-check-", dir=parent)
         os.close(handle)
         os.unlink(probe)
     except OSError as err:
         reason = os.strerror(err.errno) if err.errno else str(err)
-        hint = "a read-only file system" if err.errno == errno.EROFS else "no permission to write" \
-            if err.errno in (errno.EACCES, errno.EPERM) else reason
-        raise LeapError(f"cannot write in {parent} ({hint})", where=f"{key}: {folder}",
-                        fix=f"set {key} to a folder you can write in") from None
+        hint = (
+            "a read-only file system"
+            if err.errno == errno.EROFS
+            else "no permission to write"
+            if err.errno in (errno.EACCES, errno.EPERM)
+            else reason
+        )
+        raise LeapError(
+            f"cannot write in {parent} ({hint})",
+            where=f"{key}: {folder}",
+            fix=f"set {key} to a folder you can write in",
+        ) from None

@@ -37,7 +37,6 @@ SAME_EVENT_S = 2.0
 
 
 def _libc():
-    import sys
 
     if not sys.platform.startswith("linux"):
         return None
@@ -110,13 +109,17 @@ def _handle(signum, frame) -> None:
         raise Stopped(signum, "before training started")
     _state.received, _state.received_at = signum, now
     if _state.phase == "training":
-        _say(f"\n{name(signum)} received: saving a checkpoint after this step, then stopping "
-             "(send it again to stop at once)\n")
+        _say(
+            f"\n{name(signum)} received: saving a checkpoint after this step, then stopping "
+            "(send it again to stop at once)\n"
+        )
         if _state.on_first is not None:
             _state.on_first(signum)
     else:
-        _say(f"\n{name(signum)} received: training is over, finishing the final evaluation and saving the model "
-             "(send it again to stop at once; the last checkpoint is intact)\n")
+        _say(
+            f"\n{name(signum)} received: training is over, finishing the final evaluation and saving the model "
+            "(send it again to stop at once; the last checkpoint is intact)\n"
+        )
 
 
 @contextmanager
@@ -205,4 +208,3 @@ def die_with_parent(signum: int = signal.SIGKILL, parent: int | None = None) -> 
     _LIBC.prctl(1, int(signum))  # PR_SET_PDEATHSIG
     if parent is not None and os.getppid() != parent:
         os.kill(os.getpid(), signum)
-

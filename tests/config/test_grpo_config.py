@@ -4,20 +4,25 @@ rollout keys, and the issue's own block (planned anywhere; vLLM required only to
 from __future__ import annotations
 
 import importlib.util
-from pathlib import Path
 
 import pytest
 
-from leap_finetune.validate.loader import load_config
 from leap_finetune.errors import LeapError
+from leap_finetune.validate.loader import load_config
 from tests.conftest import write_config, write_jsonl
 
 
 def _config(**overrides) -> dict:
     training = {"use_vllm": False, **overrides.pop("training_config", {})}
-    config = {"project_name": "g", "model_name": "tiny-lfm2", "training_type": "grpo",
-              "dataset": {"path": "prompts.jsonl"}, "rewards": ["accuracy"],
-              "training_config": training, **overrides}
+    config = {
+        "project_name": "g",
+        "model_name": "tiny-lfm2",
+        "training_type": "grpo",
+        "dataset": {"path": "prompts.jsonl"},
+        "rewards": ["accuracy"],
+        "training_config": training,
+        **overrides,
+    }
     return {k: v for k, v in config.items() if v is not None}  # rewards=None: no rewards key
 
 
@@ -34,72 +39,137 @@ def test_the_grpo_defaults(tmp_path):
     assert resolved.rewards.funcs == ["accuracy"] and resolved.grpo_rollout.server_gpus == 0
 
 
-@pytest.mark.parametrize(("overrides", "expected"), [
-    (dict(rewards=None), ["training_type grpo needs rewards", "rewards: [accuracy]"]),
-    (dict(rewards=["acuracy"]), ["rewards.funcs[0] is 'acuracy'", "did you mean 'accuracy'"]),
-    (dict(rewards=[{"name": "format"}]), ["the 'format' reward needs pattern", "{name: format, pattern:"]),
-    (dict(rewards=[{"name": "format", "pattern": "("}]), ["pattern '(' is not a regular expression"]),
-    (dict(rewards=[{"name": "length", "target_tokens": -3}]), ["target_tokens is -3", "> 0"]),
-    (dict(rewards=[{"name": "accuracy", "pattern": "x"}]), ["has no option pattern"]),
-    (dict(rewards={"funcs": ["accuracy", "tool_call_valid"], "weights": [1.0]}),
-     ["rewards.weights has 1 value(s), but there are 2 rewards", "give 2 weights"]),
-    (dict(rewards={"judge": {"model": "m", "base_url": "http://127.0.0.1:1/v1", "prompt_template": "{answer}"}}),
-     ["prompt_template names {answer}", "{completion}"]),
-    (dict(rewards={"judge": {"model": "m", "base_url": "http://x/v1", "prompt_template": "{prompt}"}}),
-     ["has no {completion}"]),
-    (dict(rewards={"judge": {"model": "m", "base_url": "http://x/v1", "min_score": 5, "max_score": 5}}),
-     ["max_score (5.0) must be above min_score (5.0)"]),
-    (dict(rewards={"judge": {"model": "m", "base_url": "http://x/v1", "api_key_env": "LEAP_TEST_UNSET_KEY"}}),
-     ["api_key_env names LEAP_TEST_UNSET_KEY, which is not set", "export LEAP_TEST_UNSET_KEY"]),
-    (dict(rewards={"judge": {"model": "m"}}, grpo_rollout={"server_gpus": 1, "judge_port": 8000},
-          training_config={"use_vllm": True, "vllm_mode": "server"}),
-     ["the local judge and the rollout server would both listen on port 8000", "judge_port"]),
-    (dict(rewards={"judge": {"model": "m", "temprature": 0}}), ["temprature", "temperature"]),
-    (dict(grpo_rollout={"server_gpus": 1}), ["server_gpus is 1, but no rollout server is started",
-                                             "vllm_mode: server"]),
-    (dict(grpo_rollout={"server_gpus": 1}, training_config={"use_vllm": True, "vllm_mode": "server",
-                                                          "vllm_server_base_url": "http://h:8000"}),
-     ["points at an external rollout server", "server_gpus (1) would start a local one"]),
-    (dict(training_config={"use_vllm": True, "vllm_mode": "server"}),
-     ["vllm_mode: server needs a rollout server", "server_gpus: 1"]),
-    (dict(grpo_rollout={"judge_gpus": 1}), ["judge_gpus is 1, but no local judge is configured"]),
-    (dict(grpo_rollout={"sever_gpus": 1}), ["sever_gpus", "server_gpus"]),
-    (dict(training_config={"beta": -1}), ["beta is -1", ">= 0"]),
-    # rewards: what each entry and weight must be (issue 24)
-    (dict(rewards=[42]), ["rewards[0] is 42: expected a reward's name", "rewards: [accuracy]"]),
-    (dict(rewards={"funcs": ["accuracy", 4.5]}), ["rewards.funcs[1] is 4.5: expected a reward's name"]),
-    (dict(rewards=["my_rewards:score"]), ["'my_rewards:score': a custom reward is named by its file and function",
-                                          "write ./my_rewards.py::score"]),
-    (dict(rewards={"funcs": ["accuracy"], "weights": [0]}),
-     ["every reward's weight is 0 (rewards.weights: [0])", "a weight of 0 for one reward is fine when another is not 0"]),
-    (dict(rewards={"judge": {"model": "m", "base_url": "http://x/v1", "weight": 0}}),
-     ["every reward's weight is 0 (rewards.judge.weight: 0, the only reward)"]),
-    (dict(rewards={"funcs": ["accuracy"], "weights": [float("nan")]}),
-     ["rewards.weights[0] is .nan: expected a finite number"]),
-    (dict(rewards={"funcs": ["accuracy", "tool_call_valid"], "weights": [1, float("inf")]}),
-     ["rewards.weights[1] is .inf: expected a finite number"]),
-    (dict(rewards={"funcs": ["accuracy"], "weights": [True]}), ["rewards.weights[0] is true: expected a finite number"]),
-    (dict(rewards={"funcs": ["accuracy"], "weights": [1, 2], "judge": {"model": "m", "base_url": "http://x/v1",
-                                                                       "weight": 2}}),
-     ["the judge's weight is given twice", "keep one"]),
-    # the judge's numbers: key, value, expected range; booleans are not numbers
-    (dict(rewards={"judge": {"model": "m", "base_url": "http://x/v1", "max_failed_steps": True}}),
-     ["rewards.judge.max_failed_steps is true: expected a whole number >= 0",
-      "give rewards.judge.max_failed_steps a whole number >= 0"]),
-    (dict(rewards={"judge": {"model": "m", "base_url": "http://x/v1", "timeout_s": -1}}),
-     ["rewards.judge.timeout_s is -1: expected a number > 0"]),
-    (dict(rewards={"judge": {"model": "m", "base_url": "http://x/v1", "retries": 1.5}}),
-     ["rewards.judge.retries is 1.5: expected a whole number >= 0"]),
-    (dict(rewards={"judge": {"model": "m", "base_url": "http://x/v1", "failure_score": 2}}),
-     ["rewards.judge.failure_score is 2: expected a number from 0 to 1"]),
-    (dict(rewards={"judge": {"model": "m", "base_url": "http://x/v1", "max_score": float("inf")}}),
-     ["rewards.judge.max_score is .inf: expected a finite number"]),
-    (dict(training_config={"reward_weights": [1.0]}), ["training_config.reward_weights is decided by leap-finetune",
-                                                        "set rewards.weights"]),
-    (dict(grpo_rollout={"judge_port": True}), ["grpo_rollout.judge_port is true: expected a whole number from 1 to "
-                                                "65535"]),
-    (dict(training_config={"cache_implementation": "statc"}), ["cache_implementation is 'statc'", "use static"]),
-])
+@pytest.mark.parametrize(
+    ("overrides", "expected"),
+    [
+        (dict(rewards=None), ["training_type grpo needs rewards", "rewards: [accuracy]"]),
+        (dict(rewards=["acuracy"]), ["rewards.funcs[0] is 'acuracy'", "did you mean 'accuracy'"]),
+        (dict(rewards=[{"name": "format"}]), ["the 'format' reward needs pattern", "{name: format, pattern:"]),
+        (dict(rewards=[{"name": "format", "pattern": "("}]), ["pattern '(' is not a regular expression"]),
+        (dict(rewards=[{"name": "length", "target_tokens": -3}]), ["target_tokens is -3", "> 0"]),
+        (dict(rewards=[{"name": "accuracy", "pattern": "x"}]), ["has no option pattern"]),
+        (
+            dict(rewards={"funcs": ["accuracy", "tool_call_valid"], "weights": [1.0]}),
+            ["rewards.weights has 1 value(s), but there are 2 rewards", "give 2 weights"],
+        ),
+        (
+            dict(rewards={"judge": {"model": "m", "base_url": "http://127.0.0.1:1/v1", "prompt_template": "{answer}"}}),
+            ["prompt_template names {answer}", "{completion}"],
+        ),
+        (
+            dict(rewards={"judge": {"model": "m", "base_url": "http://x/v1", "prompt_template": "{prompt}"}}),
+            ["has no {completion}"],
+        ),
+        (
+            dict(rewards={"judge": {"model": "m", "base_url": "http://x/v1", "min_score": 5, "max_score": 5}}),
+            ["max_score (5.0) must be above min_score (5.0)"],
+        ),
+        (
+            dict(rewards={"judge": {"model": "m", "base_url": "http://x/v1", "api_key_env": "LEAP_TEST_UNSET_KEY"}}),
+            ["api_key_env names LEAP_TEST_UNSET_KEY, which is not set", "export LEAP_TEST_UNSET_KEY"],
+        ),
+        (
+            dict(
+                rewards={"judge": {"model": "m"}},
+                grpo_rollout={"server_gpus": 1, "judge_port": 8000},
+                training_config={"use_vllm": True, "vllm_mode": "server"},
+            ),
+            ["the local judge and the rollout server would both listen on port 8000", "judge_port"],
+        ),
+        (dict(rewards={"judge": {"model": "m", "temprature": 0}}), ["temprature", "temperature"]),
+        (
+            dict(grpo_rollout={"server_gpus": 1}),
+            ["server_gpus is 1, but no rollout server is started", "vllm_mode: server"],
+        ),
+        (
+            dict(
+                grpo_rollout={"server_gpus": 1},
+                training_config={"use_vllm": True, "vllm_mode": "server", "vllm_server_base_url": "http://h:8000"},
+            ),
+            ["points at an external rollout server", "server_gpus (1) would start a local one"],
+        ),
+        (
+            dict(training_config={"use_vllm": True, "vllm_mode": "server"}),
+            ["vllm_mode: server needs a rollout server", "server_gpus: 1"],
+        ),
+        (dict(grpo_rollout={"judge_gpus": 1}), ["judge_gpus is 1, but no local judge is configured"]),
+        (dict(grpo_rollout={"sever_gpus": 1}), ["sever_gpus", "server_gpus"]),
+        (dict(training_config={"beta": -1}), ["beta is -1", ">= 0"]),
+        # rewards: what each entry and weight must be (issue 24)
+        (dict(rewards=[42]), ["rewards[0] is 42: expected a reward's name", "rewards: [accuracy]"]),
+        (dict(rewards={"funcs": ["accuracy", 4.5]}), ["rewards.funcs[1] is 4.5: expected a reward's name"]),
+        (
+            dict(rewards=["my_rewards:score"]),
+            ["'my_rewards:score': a custom reward is named by its file and function", "write ./my_rewards.py::score"],
+        ),
+        (
+            dict(rewards={"funcs": ["accuracy"], "weights": [0]}),
+            [
+                "every reward's weight is 0 (rewards.weights: [0])",
+                "a weight of 0 for one reward is fine when another is not 0",
+            ],
+        ),
+        (
+            dict(rewards={"judge": {"model": "m", "base_url": "http://x/v1", "weight": 0}}),
+            ["every reward's weight is 0 (rewards.judge.weight: 0, the only reward)"],
+        ),
+        (
+            dict(rewards={"funcs": ["accuracy"], "weights": [float("nan")]}),
+            ["rewards.weights[0] is .nan: expected a finite number"],
+        ),
+        (
+            dict(rewards={"funcs": ["accuracy", "tool_call_valid"], "weights": [1, float("inf")]}),
+            ["rewards.weights[1] is .inf: expected a finite number"],
+        ),
+        (
+            dict(rewards={"funcs": ["accuracy"], "weights": [True]}),
+            ["rewards.weights[0] is true: expected a finite number"],
+        ),
+        (
+            dict(
+                rewards={
+                    "funcs": ["accuracy"],
+                    "weights": [1, 2],
+                    "judge": {"model": "m", "base_url": "http://x/v1", "weight": 2},
+                }
+            ),
+            ["the judge's weight is given twice", "keep one"],
+        ),
+        # the judge's numbers: key, value, expected range; booleans are not numbers
+        (
+            dict(rewards={"judge": {"model": "m", "base_url": "http://x/v1", "max_failed_steps": True}}),
+            [
+                "rewards.judge.max_failed_steps is true: expected a whole number >= 0",
+                "give rewards.judge.max_failed_steps a whole number >= 0",
+            ],
+        ),
+        (
+            dict(rewards={"judge": {"model": "m", "base_url": "http://x/v1", "timeout_s": -1}}),
+            ["rewards.judge.timeout_s is -1: expected a number > 0"],
+        ),
+        (
+            dict(rewards={"judge": {"model": "m", "base_url": "http://x/v1", "retries": 1.5}}),
+            ["rewards.judge.retries is 1.5: expected a whole number >= 0"],
+        ),
+        (
+            dict(rewards={"judge": {"model": "m", "base_url": "http://x/v1", "failure_score": 2}}),
+            ["rewards.judge.failure_score is 2: expected a number from 0 to 1"],
+        ),
+        (
+            dict(rewards={"judge": {"model": "m", "base_url": "http://x/v1", "max_score": float("inf")}}),
+            ["rewards.judge.max_score is .inf: expected a finite number"],
+        ),
+        (
+            dict(training_config={"reward_weights": [1.0]}),
+            ["training_config.reward_weights is decided by leap-finetune", "set rewards.weights"],
+        ),
+        (
+            dict(grpo_rollout={"judge_port": True}),
+            ["grpo_rollout.judge_port is true: expected a whole number from 1 to 65535"],
+        ),
+        (dict(training_config={"cache_implementation": "statc"}), ["cache_implementation is 'statc'", "use static"]),
+    ],
+)
 def test_grpo_mistakes_are_caught_at_validate(tmp_path, overrides, expected):
     message = _error(tmp_path, _config(**overrides))
     for text in expected:
@@ -110,8 +180,9 @@ def test_one_reward_name_is_a_list_of_one_and_a_zero_weight_beside_another_is_ke
     from leap_finetune.validate.grpo import reward_weights
 
     assert load_config(write_config(tmp_path, _config(rewards="accuracy"))).rewards.funcs == ["accuracy"]
-    resolved = load_config(write_config(tmp_path, _config(rewards={"funcs": ["accuracy", "tool_call_valid"],
-                                                                   "weights": [0, 1.5]})))
+    resolved = load_config(
+        write_config(tmp_path, _config(rewards={"funcs": ["accuracy", "tool_call_valid"], "weights": [0, 1.5]}))
+    )
     assert reward_weights(resolved.rewards) == [0.0, 1.5]
 
 
@@ -125,7 +196,8 @@ def test_grpo_blocks_belong_to_grpo(tmp_path):
 def test_custom_rewards_are_imported_and_their_signature_checked(tmp_path):
     (tmp_path / "rewards.py").write_text(
         "def good(completions, solution=None, **kwargs):\n    return [1.0 for _ in completions]\n"
-        "def bad(text):\n    return 1.0\n")
+        "def bad(text):\n    return 1.0\n"
+    )
     resolved = load_config(write_config(tmp_path, _config(rewards=["./rewards.py::good"])))
     assert resolved.rewards.funcs == [f"{tmp_path / 'rewards.py'}::good"]
     assert "does not have the reward signature" in _error(tmp_path, _config(rewards=["./rewards.py::bad"]))
@@ -140,11 +212,22 @@ def test_the_issue_block_plans_anywhere_and_needs_vllm_to_run(tmp_path):
     from tests.conftest import invoke
 
     write_jsonl(tmp_path / "prompts.jsonl", [{"prompt": "Name a color.", "solution": "teal"}] * 16)
-    config = _config(grpo_rollout={"server_gpus": 1, "judge_gpus": 1, "tensor_parallel_size": 1, "dtype": "bfloat16",
-                                   "gpu_memory_utilization": 0.9},
-                     rewards={"funcs": ["accuracy"], "judge": {"model": "tiny-lfm2"}},
-                     training_config={"extends": "DEFAULT_GRPO", "vllm_mode": "server", "vllm_server_host": "auto",
-                                      "vllm_server_port": 8000})
+    config = _config(
+        grpo_rollout={
+            "server_gpus": 1,
+            "judge_gpus": 1,
+            "tensor_parallel_size": 1,
+            "dtype": "bfloat16",
+            "gpu_memory_utilization": 0.9,
+        },
+        rewards={"funcs": ["accuracy"], "judge": {"model": "tiny-lfm2"}},
+        training_config={
+            "extends": "DEFAULT_GRPO",
+            "vllm_mode": "server",
+            "vllm_server_host": "auto",
+            "vllm_server_port": 8000,
+        },
+    )
     config["training_config"].pop("use_vllm")
     path = write_config(tmp_path, config)
     plan = invoke("plan", str(path), "--gpus", "4", "--json")
@@ -152,7 +235,11 @@ def test_the_issue_block_plans_anywhere_and_needs_vllm_to_run(tmp_path):
     import json
 
     report = json.loads(plan.stdout)
-    assert (report["devices"]["server"], report["devices"]["judge"], report["devices"]["training"]) == ([0], [1], [2, 3])
+    assert (report["devices"]["server"], report["devices"]["judge"], report["devices"]["training"]) == (
+        [0],
+        [1],
+        [2, 3],
+    )
     server, judge = report["processes"][:2]
     assert server["command"][1:4] == ["-m", "trl.cli.main", "vllm-serve"]
     assert server["env"]["CUDA_VISIBLE_DEVICES"] == "0"
@@ -172,9 +259,13 @@ def test_the_issue_block_plans_anywhere_and_needs_vllm_to_run(tmp_path):
 def test_inspect_shows_grpo_prompts_as_the_model_sees_them(tmp_path):
     from tests.conftest import invoke
 
-    write_jsonl(tmp_path / "prompts.jsonl", [{"prompt": "Name a color.", "solution": "teal", "level": 2},
-                                             {"messages": [{"role": "user", "content": "Name a fruit."},
-                                                           {"role": "assistant", "content": "plum"}]}])
+    write_jsonl(
+        tmp_path / "prompts.jsonl",
+        [
+            {"prompt": "Name a color.", "solution": "teal", "level": 2},
+            {"messages": [{"role": "user", "content": "Name a fruit."}, {"role": "assistant", "content": "plum"}]},
+        ],
+    )
     shown = invoke("inspect", str(write_config(tmp_path, _config())), "--rows", "2")
     assert shown.returncode == 0, shown.stderr
     assert "<|im_start|>user\nName a color.<|im_end|>\n<|im_start|>assistant\n" in shown.stdout
@@ -191,8 +282,10 @@ def test_a_column_only_later_rows_have_reaches_the_trainer(tmp_path):
     from leap_finetune.launch.checks import prepare
     from leap_finetune.launch.run_folder import stage_run_folder
 
-    write_jsonl(tmp_path / "prompts.jsonl", [{"prompt": "Name a color.", "solution": "teal"},
-                                             {"prompt": "Name a fruit.", "solution": "plum", "level": 2}])
+    write_jsonl(
+        tmp_path / "prompts.jsonl",
+        [{"prompt": "Name a color.", "solution": "teal"}, {"prompt": "Name a fruit.", "solution": "plum", "level": 2}],
+    )
     resolved = load_config(write_config(tmp_path, _config()))
     _, renderer, prepared = prepare(resolved)
     stage_run_folder(resolved, prepared, renderer, True, tmp_path / "run", tmp_path / ".staging")
@@ -207,15 +300,19 @@ def test_the_issue_block_plans_for_1_to_8_gpus(tmp_path, gpus):
     from leap_finetune.launch.devices import device_plan
 
     write_jsonl(tmp_path / "prompts.jsonl", [{"prompt": "Name a color.", "solution": "teal"}] * 16)
-    config = _config(grpo_rollout={"server_gpus": 1, "judge_gpus": 1},
-                     rewards={"funcs": ["accuracy"], "judge": {"model": "tiny-lfm2"}},
-                     training_config={"use_vllm": True, "vllm_mode": "server", "vllm_server_host": "auto"})
+    config = _config(
+        grpo_rollout={"server_gpus": 1, "judge_gpus": 1},
+        rewards={"funcs": ["accuracy"], "judge": {"model": "tiny-lfm2"}},
+        training_config={"use_vllm": True, "vllm_mode": "server", "vllm_server_host": "auto"},
+    )
     resolved = load_config(write_config(tmp_path, config))
     if gpus < 3:
         with pytest.raises(LeapError) as info:
             device_plan(resolved, gpus=gpus)
-        assert (f"the plan needs 3 GPU(s): 1 for the rollout server (grpo_rollout.server_gpus), 1 for the judge "
-                f"(grpo_rollout.judge_gpus), at least 1 for training; {gpus} ") in info.value.format()
+        assert (
+            f"the plan needs 3 GPU(s): 1 for the rollout server (grpo_rollout.server_gpus), 1 for the judge "
+            f"(grpo_rollout.judge_gpus), at least 1 for training; {gpus} "
+        ) in info.value.format()
         return
     plan = device_plan(resolved, gpus=gpus)
     assert (plan.server, plan.judge, plan.training) == ([0], [1], list(range(2, gpus)))
@@ -229,8 +326,7 @@ def test_local_servers_and_a_ray_cluster_do_not_mix(tmp_path):
     from leap_finetune.launch.devices import device_plan
 
     write_jsonl(tmp_path / "prompts.jsonl", [{"prompt": "Name a color.", "solution": "teal"}] * 16)
-    config = _config(rewards={"funcs": ["accuracy"], "judge": {"model": "tiny-lfm2"}},
-                     ray={"address": "head:6379"})
+    config = _config(rewards={"funcs": ["accuracy"], "judge": {"model": "tiny-lfm2"}}, ray={"address": "head:6379"})
     resolved = load_config(write_config(tmp_path, config))
     with pytest.raises(LeapError) as info:
         device_plan(resolved, gpus=2, nodes=1)

@@ -27,16 +27,24 @@ def test_every_example_config_follows_the_json_schema_and_mistakes_do_not():
     for path in examples:
         errors = [e.message for e in validator.iter_errors(read_yaml(path))]
         assert not errors, f"{path.name}: {errors}"
-    for broken, what in (({"project_name": "x", "model_name": "m", "datset": {"path": "a"}}, "datset"),
-                         ({"project_name": "x", "model_name": "m", "dataset": {"path": "a", "limit": 0}}, "0"),
-                         ({"project_name": "x", "model_name": "m", "dataset": [{"path": "a", "weight": "x"}]}, "'x'")):
+    for broken, what in (
+        ({"project_name": "x", "model_name": "m", "datset": {"path": "a"}}, "datset"),
+        ({"project_name": "x", "model_name": "m", "dataset": {"path": "a", "limit": 0}}, "0"),
+        ({"project_name": "x", "model_name": "m", "dataset": [{"path": "a", "weight": "x"}]}, "'x'"),
+    ):
         assert any(what in e.message for e in validator.iter_errors(broken)), broken
 
 
 @pytest.mark.parametrize("training_type", TRAINING_TYPES)
 def test_init_writes_a_starter_that_validates_once_it_has_data(tmp_path, training_type):
-    data = {"sft": "quickstart.jsonl", "dpo": "dpo.jsonl", "kto": "kto.jsonl", "grpo": "grpo_math.jsonl",
-            "embedding": "retrieval_train.jsonl", "colbert": "retrieval_train.jsonl"}[training_type]
+    data = {
+        "sft": "quickstart.jsonl",
+        "dpo": "dpo.jsonl",
+        "kto": "kto.jsonl",
+        "grpo": "grpo_math.jsonl",
+        "embedding": "retrieval_train.jsonl",
+        "colbert": "retrieval_train.jsonl",
+    }[training_type]
     target = tmp_path / "my.yaml"
     result = invoke("init", str(target), "--type", training_type)
     assert result.returncode == 0, result.stderr

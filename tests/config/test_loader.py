@@ -6,9 +6,9 @@ from pathlib import Path
 
 import pytest
 
-from leap_finetune.validate.loader import load_config
 from leap_finetune.config.profiles import TRAINING_PROFILES
 from leap_finetune.errors import LeapError
+from leap_finetune.validate.loader import load_config
 from tests.conftest import fact_rows, tiny_config, write_config, write_jsonl
 
 
@@ -196,19 +196,30 @@ def _evals(*benchmarks) -> dict:
 def test_evals_block_paths_and_metrics(folder):
     (folder / "bench.jsonl").write_text("")
     (folder / "my_metrics.py").write_text("def score(p, r, row):\n    return 1.0\n")
-    resolved = load_config(write_config(folder, tiny_config(evals=_evals(
-        {"name": "a", "path": "bench.jsonl", "metric": "exact_match"},
-        {"name": "b", "path": "bench.jsonl", "metric": "./my_metrics.py::score"},
-        {"name": "c", "path": "bench.jsonl", "metric": "logprob_zero_shot"}))))
+    resolved = load_config(
+        write_config(
+            folder,
+            tiny_config(
+                evals=_evals(
+                    {"name": "a", "path": "bench.jsonl", "metric": "exact_match"},
+                    {"name": "b", "path": "bench.jsonl", "metric": "./my_metrics.py::score"},
+                    {"name": "c", "path": "bench.jsonl", "metric": "logprob_zero_shot"},
+                )
+            ),
+        )
+    )
     assert resolved.evals.benchmarks[0].path == str(folder / "bench.jsonl")
     assert resolved.evals.benchmarks[1].metric == f"{folder / 'my_metrics.py'}::score"
 
 
-@pytest.mark.parametrize(("benchmark", "message"), [
-    ({"name": "a", "path": "b.jsonl", "metric": "exact_mach"}, "did you mean 'exact_match'"),
-    ({"name": "a", "path": "b.jsonl", "metric": "./missing.py::f"}, "file not found"),
-    ({"name": "a", "path": "b.jsonl", "metric": "bleu", "limt": 3}, "did you mean 'limit'"),
-])
+@pytest.mark.parametrize(
+    ("benchmark", "message"),
+    [
+        ({"name": "a", "path": "b.jsonl", "metric": "exact_mach"}, "did you mean 'exact_match'"),
+        ({"name": "a", "path": "b.jsonl", "metric": "./missing.py::f"}, "file not found"),
+        ({"name": "a", "path": "b.jsonl", "metric": "bleu", "limt": 3}, "did you mean 'limit'"),
+    ],
+)
 def test_evals_mistakes(folder, benchmark, message):
     assert message in _error(folder, tiny_config(evals=_evals(benchmark)))
 
@@ -231,24 +242,33 @@ def test_the_specs_async_eval_block_parses_in_every_mode_and_its_mistakes_are_er
     from leap_finetune.api import validate_config
 
     write_jsonl(folder / "train.jsonl", fact_rows(16))
-    (folder / "bench.jsonl").write_text('{"messages": [{"role": "user", "content": "Hi"}, '
-                                        '{"role": "assistant", "content": "Hello"}]}\n')
+    (folder / "bench.jsonl").write_text(
+        '{"messages": [{"role": "user", "content": "Hi"}, {"role": "assistant", "content": "Hello"}]}\n'
+    )
     evals = {"benchmarks": [{"name": "hi", "path": "bench.jsonl", "metric": "exact_match"}]}
-    block = {"mode": "sidecar", "vllm_gpus": 1, "tensor_parallel_size": 1, "gpu_memory_utilization": 0.9,
-             "sbatch": {"time": "00:30:00", "partition": "gpu", "account": "team", "extra_args": ["--qos=eval"]},
-             "reserved": {"weight_reload": "respawn", "server_port": 8100}, "failure": {"max_consecutive": 2},
-             "on_overlap": "skip"}
+    block = {
+        "mode": "sidecar",
+        "vllm_gpus": 1,
+        "tensor_parallel_size": 1,
+        "gpu_memory_utilization": 0.9,
+        "sbatch": {"time": "00:30:00", "partition": "gpu", "account": "team", "extra_args": ["--qos=eval"]},
+        "reserved": {"weight_reload": "respawn", "server_port": 8100},
+        "failure": {"max_consecutive": 2},
+        "on_overlap": "skip",
+    }
     for mode in ("sync", "sidecar", "reserved"):
         resolved = load_config(write_config(folder, tiny_config(evals=evals, async_eval={**block, "mode": mode})))
         assert resolved.async_eval.mode == mode and resolved.async_eval.sbatch.extra_args == ["--qos=eval"]
     sidecar = {**block, "vllm_gpus": 0}
     assert "has no benchmarks (no evals: block" in _error(folder, tiny_config(async_eval=sidecar))
-    multi_node = _error(folder, tiny_config(evals=evals, async_eval={**sidecar, "mode": "reserved"},
-                                            slurm={"nodes": 2}))
+    multi_node = _error(
+        folder, tiny_config(evals=evals, async_eval={**sidecar, "mode": "reserved"}, slurm={"nodes": 2})
+    )
     assert "slurm.nodes is 2" in multi_node and "use mode: sidecar" in multi_node
     assert "sbatch.time" in _error(folder, tiny_config(evals=evals, async_eval={**sidecar, "sbatch": {"time": "soon"}}))
-    assert "did you mean 'partition'" in _error(folder, tiny_config(
-        evals=evals, async_eval={**sidecar, "sbatch": {"partiton": "gpu"}}))
+    assert "did you mean 'partition'" in _error(
+        folder, tiny_config(evals=evals, async_eval={**sidecar, "sbatch": {"partiton": "gpu"}})
+    )
     assert "on_overlap" in _error(folder, tiny_config(evals=evals, async_eval={**sidecar, "on_overlap": "later"}))
     assert "vllm_gpus" in _error(folder, tiny_config(evals=evals, async_eval={**sidecar, "vllm_gpus": -1}))
     assert "did you mean 'vllm_gpus'" in _error(folder, tiny_config(async_eval={"vllm_gpu": 1}))
@@ -261,17 +281,24 @@ def test_the_specs_async_eval_block_parses_in_every_mode_and_its_mistakes_are_er
         validate_config(write_config(folder, tiny_config(evals=evals, async_eval=sidecar)))
 
 
-@pytest.mark.parametrize(("change", "expected"), [
-    ({"training_config": {"resume_allow_changes": 5}}, "training_config.resume_allow_changes is 5"),
-    ({"training_config": {"resume_allow_changes": ["learning_rate", "seed"]}},
-     "resume_allow_changes lists seed, which a resume cannot change"),
-    ({"training_config": {"resume_allow_changes": ["dataset"]}}, "a resume never changes the data"),
-    ({"training_config": {"resume_allow_changes": ["all", "learning_rate"]}}, "lists `all` with other keys"),
-    ({"training_config": {"resume_allow_changes": ["learnig_rate"]}}, "did you mean 'learning_rate'"),
-    ({"slurm": {"time": "01:00:00", "stop_before_time_limit_s": 3600}},
-     "stop_before_time_limit_s (3600 s) is not shorter than the job's time limit (01:00:00 = 3600 s)"),
-    ({"slurm": {"stop_before_time_limit_s": 99999}}, "stop_before_time_limit_s"),
-])
+@pytest.mark.parametrize(
+    ("change", "expected"),
+    [
+        ({"training_config": {"resume_allow_changes": 5}}, "training_config.resume_allow_changes is 5"),
+        (
+            {"training_config": {"resume_allow_changes": ["learning_rate", "seed"]}},
+            "resume_allow_changes lists seed, which a resume cannot change",
+        ),
+        ({"training_config": {"resume_allow_changes": ["dataset"]}}, "a resume never changes the data"),
+        ({"training_config": {"resume_allow_changes": ["all", "learning_rate"]}}, "lists `all` with other keys"),
+        ({"training_config": {"resume_allow_changes": ["learnig_rate"]}}, "did you mean 'learning_rate'"),
+        (
+            {"slurm": {"time": "01:00:00", "stop_before_time_limit_s": 3600}},
+            "stop_before_time_limit_s (3600 s) is not shorter than the job's time limit (01:00:00 = 3600 s)",
+        ),
+        ({"slurm": {"stop_before_time_limit_s": 99999}}, "stop_before_time_limit_s"),
+    ],
+)
 def test_fault_keys_are_checked(folder, change, expected):
     """The keys of resumes and of stopping before a SLURM time limit: wrong values are errors that say why."""
     config = tiny_config()
@@ -282,9 +309,14 @@ def test_fault_keys_are_checked(folder, change, expected):
 
 def test_a_judge_url_needs_its_scheme(folder):
     write_jsonl(folder / "prompts.jsonl", [{"prompt": "Name a color.", "solution": "teal"}])
-    config = {"project_name": "g", "model_name": "tiny-lfm2", "training_type": "grpo", "dataset": {"path": "prompts.jsonl"},
-              "rewards": {"judge": {"model": "m", "base_url": "127.0.0.1:8000/v1"}},
-              "training_config": {"use_vllm": False}}
+    config = {
+        "project_name": "g",
+        "model_name": "tiny-lfm2",
+        "training_type": "grpo",
+        "dataset": {"path": "prompts.jsonl"},
+        "rewards": {"judge": {"model": "m", "base_url": "127.0.0.1:8000/v1"}},
+        "training_config": {"use_vllm": False},
+    }
     text = " ".join(_error(folder, config).split())
     assert "rewards.judge.base_url is '127.0.0.1:8000/v1': expected an http:// or https:// URL" in text
     assert "http://127.0.0.1:8000/v1" in text

@@ -6,32 +6,44 @@ import json
 
 import pytest
 
-from leap_finetune.validate.loader import load_config
 from leap_finetune.config.overrides import apply_overrides
 from leap_finetune.errors import LeapError
+from leap_finetune.validate.loader import load_config
 from tests.conftest import chat, invoke, tiny_config, write_config, write_jsonl
 
 
 def test_values_are_read_as_yaml_and_set_at_their_path():
     raw = {"training_config": {"learning_rate": 1e-3}, "dataset": [{"path": "a.jsonl"}, {"path": "b.jsonl"}]}
-    out = apply_overrides(raw, ["training_config.learning_rate=1e-4", "dataset[1].weight=2", "dataset.0.limit=10",
-                                "training_config.packing=true", "peft_config.r=8", "evals.benchmarks=[]",
-                                "training_config.learning_rate=2e-4"])
+    out = apply_overrides(
+        raw,
+        [
+            "training_config.learning_rate=1e-4",
+            "dataset[1].weight=2",
+            "dataset.0.limit=10",
+            "training_config.packing=true",
+            "peft_config.r=8",
+            "evals.benchmarks=[]",
+            "training_config.learning_rate=2e-4",
+        ],
+    )
     assert out["training_config"] == {"learning_rate": 2e-4, "packing": True}  # the later one wins
     assert out["dataset"] == [{"path": "a.jsonl", "limit": 10}, {"path": "b.jsonl", "weight": 2}]
     assert out["peft_config"] == {"r": 8} and out["evals"] == {"benchmarks": []}
     assert raw["training_config"]["learning_rate"] == 1e-3  # the file's values are not changed
 
 
-@pytest.mark.parametrize("override, message", [
-    ("training_config.learning_rate", "is not KEY=VALUE"),
-    ("=3", "is not KEY=VALUE"),
-    ("dataset[5].weight=1", "dataset has 2 item(s), so [5] is not one of them"),
-    ("model_name.size=3", "model_name is a string, not a mapping"),
-    ("training_config[0]=1", "training_config is not a list"),
-    ("training_config..x=1", "'' is not a key"),
-    ("training_config.x=[1, 2", "is not valid YAML"),
-])
+@pytest.mark.parametrize(
+    "override, message",
+    [
+        ("training_config.learning_rate", "is not KEY=VALUE"),
+        ("=3", "is not KEY=VALUE"),
+        ("dataset[5].weight=1", "dataset has 2 item(s), so [5] is not one of them"),
+        ("model_name.size=3", "model_name is a string, not a mapping"),
+        ("training_config[0]=1", "training_config is not a list"),
+        ("training_config..x=1", "'' is not a key"),
+        ("training_config.x=[1, 2", "is not valid YAML"),
+    ],
+)
 def test_a_malformed_override_is_a_clear_error(override, message):
     raw = {"model_name": "tiny-lfm2", "training_config": {}, "dataset": [{"path": "a"}, {"path": "b"}]}
     with pytest.raises(LeapError) as info:
@@ -63,13 +75,19 @@ def test_the_cli_takes_set_on_every_command_and_the_run_folder_records_it(tmp_pa
     bad = invoke("validate", str(config), "--set", "dataset.limit=0")
     assert bad.returncode == 2 and "dataset.limit is 0: expected a whole number > 0" in bad.stderr
     assert "Traceback" not in bad.stderr
-    plan = invoke("plan", str(config), "--json", "--set", "dataset.limit=8", "--set",
-                  "training_config.per_device_train_batch_size=2")
+    plan = invoke(
+        "plan",
+        str(config),
+        "--json",
+        "--set",
+        "dataset.limit=8",
+        "--set",
+        "training_config.per_device_train_batch_size=2",
+    )
     assert plan.returncode == 0, plan.stderr
     assert '"rows": 8' in plan.stdout and '"steps_per_epoch": 4' in plan.stdout
     # `leap-finetune CONFIG --set ...` is `run` (the value after --set is not taken for the config)
-    ran = invoke("--set", "training_config.max_steps=2", str(config), "--set", "dataset.limit=16",
-                 cwd=tmp_path)
+    ran = invoke("--set", "training_config.max_steps=2", str(config), "--set", "dataset.limit=16", cwd=tmp_path)
     assert ran.returncode == 0, ran.stderr
     [run_dir] = list((tmp_path / "outputs" / "test").iterdir())
     written = (run_dir / "config.yaml").read_text()
@@ -130,6 +148,8 @@ def test_every_set_a_fix_text_suggests_works(tmp_path):
 @pytest.mark.parametrize("command", [["chat", "tiny-lfm2", "-p", "hi"], ["export", "some-run"], ["init", "new.yaml"]])
 def test_commands_without_a_config_refuse_set_and_say_why(command, tmp_path):
     result = invoke(*command, "--set", "training_config.learning_rate=1e-4", cwd=tmp_path)
-    assert result.returncode == 2 and f"`{command[0]}` reads no config, so --set has no value to override" in result.stderr
+    assert (
+        result.returncode == 2 and f"`{command[0]}` reads no config, so --set has no value to override" in result.stderr
+    )
     assert "--set overrides a config's values on run, validate, inspect, plan, eval and slurm" in result.stderr
     assert not (tmp_path / "new.yaml").exists() and "Traceback" not in result.stderr

@@ -28,8 +28,11 @@ def test_every_block_of_the_schema_has_its_section_and_allowed_values_are_spelle
 
     text = render_reference()
     for name, field in LeapConfigModel.model_fields.items():
-        inner = [a for a in typing.get_args(field.annotation) or (field.annotation,)
-                 if isinstance(a, type) and issubclass(a, BaseModel)]
+        inner = [
+            a
+            for a in typing.get_args(field.annotation) or (field.annotation,)
+            if isinstance(a, type) and issubclass(a, BaseModel)
+        ]
         if inner:
             assert f"## `{name}`" in text, name
     assert "Literal" not in text and "leap_finetune.config" not in text

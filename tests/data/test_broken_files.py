@@ -89,7 +89,11 @@ def test_on_invalid_skip_drops_and_lists_bad_rows(tmp_path):
     rows = [chat(f"q{i}", f"a{i}") for i in range(10)]
     rows[3] = {"messages": [{"role": "user", "content": "no answer"}]}
     write_jsonl(tmp_path / "train.jsonl", rows)
-    prepared = validate_config(tiny_config(data=str(tmp_path / "train.jsonl"), dataset={"path": str(tmp_path / "train.jsonl"), "on_invalid": "skip"}))
+    prepared = validate_config(
+        tiny_config(
+            data=str(tmp_path / "train.jsonl"), dataset={"path": str(tmp_path / "train.jsonl"), "on_invalid": "skip"}
+        )
+    )
     assert len(prepared.train) == 9
     assert prepared.invalid_skipped == 1
     assert prepared.dropped[0].location == "line 4" and "no assistant message" in prepared.dropped[0].reason
@@ -104,8 +108,9 @@ def test_formats_jsonl_json_csv_parquet_and_folder_read_the_same_rows(tmp_path):
     folder.mkdir()
     write_jsonl(folder / "a.jsonl", rows[:2])
     (folder / "b.json").write_text(json.dumps(rows[2:4]))
-    (folder / "c.csv").write_text("messages\n" + "".join(
-        '"' + json.dumps(r["messages"]).replace('"', '""') + '"\n' for r in rows[4:5]))
+    (folder / "c.csv").write_text(
+        "messages\n" + "".join('"' + json.dumps(r["messages"]).replace('"', '""') + '"\n' for r in rows[4:5])
+    )
     pq.write_table(pa.Table.from_pylist(rows[5:6]), folder / "d.parquet")
     prepared = validate_config(tiny_config(data=str(folder)))
     texts = row_texts(prepared.train)
@@ -118,8 +123,12 @@ def test_formats_jsonl_json_csv_parquet_and_folder_read_the_same_rows(tmp_path):
 def test_aliases_and_typed_text_parts(tmp_path):
     rows = [
         {"conversations": [{"from": "human", "value": "hello"}, {"from": "gpt", "value": "hi"}]},
-        {"messages": [{"role": "user", "content": [{"type": "text", "text": "a"}, {"type": "text", "text": "b"}]},
-                      {"role": "assistant", "content": [{"type": "text", "text": "ok"}]}]},
+        {
+            "messages": [
+                {"role": "user", "content": [{"type": "text", "text": "a"}, {"type": "text", "text": "b"}]},
+                {"role": "assistant", "content": [{"type": "text", "text": "ok"}]},
+            ]
+        },
     ]
     write_jsonl(tmp_path / "train.jsonl", rows)
     prepared = validate_config(tiny_config(data=str(tmp_path / "train.jsonl")))
@@ -130,11 +139,15 @@ def test_aliases_and_typed_text_parts(tmp_path):
 def test_limit_and_test_size_and_val_path(tmp_path):
     write_jsonl(tmp_path / "train.jsonl", [chat(f"q{i}", f"a{i}") for i in range(50)])
     write_jsonl(tmp_path / "val.jsonl", [chat(f"v{i}", f"b{i}") for i in range(7)])
-    prepared = validate_config(tiny_config(dataset={"path": str(tmp_path / "train.jsonl"), "limit": 20, "test_size": 0.25}))
+    prepared = validate_config(
+        tiny_config(dataset={"path": str(tmp_path / "train.jsonl"), "limit": 20, "test_size": 0.25})
+    )
     assert (len(prepared.train), len(prepared.eval)) == (15, 5)
     prepared = validate_config(tiny_config(dataset={"path": str(tmp_path / "train.jsonl"), "test_size": 10}))
     assert (len(prepared.train), len(prepared.eval)) == (40, 10)
-    prepared = validate_config(tiny_config(dataset={"path": str(tmp_path / "train.jsonl"), "val_path": str(tmp_path / "val.jsonl")}))
+    prepared = validate_config(
+        tiny_config(dataset={"path": str(tmp_path / "train.jsonl"), "val_path": str(tmp_path / "val.jsonl")})
+    )
     assert (len(prepared.train), len(prepared.eval)) == (50, 7)
     assert "v0" in row_texts(prepared.eval)[0]
     # the report counts each file's rows apart: the held-out file's are not read from the training file

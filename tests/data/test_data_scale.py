@@ -10,17 +10,16 @@ import json
 import os
 import random
 
-import numpy as np
 import pytest
 from rich.console import Console
 
 from leap_finetune.api import inspect_config, validate_config
-from leap_finetune.validate.loader import load_config
 from leap_finetune.data.chat_templates import load_chat_template
 from leap_finetune.data.render import IGNORE_INDEX, Renderer, tokenize_many
 from leap_finetune.data.sft_rows import Conversation
 from leap_finetune.errors import DataError, LeapError
 from leap_finetune.models.tiny import load_tiny_tokenizer
+from leap_finetune.validate.loader import load_config
 from tests.conftest import chat, tiny_config, write_config, write_jsonl
 
 WORDS = ["the", "model", "héllo", "日本語", "emoji😀", "  spaced ", "tab\t", "new\nline", "<b>", "x" * 30, "42", "é"]
@@ -35,8 +34,14 @@ def _conversation(rng: random.Random) -> Conversation:
     for _ in range(rng.randint(1, 3)):
         messages.append({"role": "user", "content": _text(rng, rng.randint(1, 12))})
         # answers that start and end with multi-byte characters (split over several byte-level tokens)
-        messages.append({"role": "assistant", "content": rng.choice(["😀", "日本", ""]) + _text(rng, rng.randint(1, 15))
-                         + rng.choice(["😀", "é", ""])})
+        messages.append(
+            {
+                "role": "assistant",
+                "content": rng.choice(["😀", "日本", ""])
+                + _text(rng, rng.randint(1, 15))
+                + rng.choice(["😀", "é", ""]),
+            }
+        )
     return Conversation(messages)
 
 
@@ -113,14 +118,22 @@ def _prepare(config: dict, processes: int):
 def test_several_processes_give_the_rows_problems_and_report_of_one(tmp_path):
     path = write_jsonl(tmp_path / "train.jsonl", _mixed_rows(1500))
     (tmp_path / "train.jsonl").open("a").write("{not json\n")
-    config = tiny_config(dataset={"path": str(path), "test_size": 0.1, "on_invalid": "skip"},
-                         training_config={"max_length": 160}, samples=3)
+    config = tiny_config(
+        dataset={"path": str(path), "test_size": 0.1, "on_invalid": "skip"},
+        training_config={"max_length": 160},
+        samples=3,
+    )
     one, two = _prepare(config, 1), _prepare(config, 2)
-    assert len(one.train) > 900 and one.invalid_skipped > 10 and one.fully_truncated > 10 and one.partially_truncated > 10
+    assert (
+        len(one.train) > 900 and one.invalid_skipped > 10 and one.fully_truncated > 10 and one.partially_truncated > 10
+    )
     assert one.train.fingerprint() == two.train.fingerprint() and one.eval.fingerprint() == two.eval.fingerprint()
     assert [d.to_json() for d in one.dropped] == [d.to_json() for d in two.dropped]
-    assert (one.fully_truncated, one.partially_truncated, one.rows_read) == \
-        (two.fully_truncated, two.partially_truncated, two.rows_read) == (one.fully_truncated, one.partially_truncated, 1501)
+    assert (
+        (one.fully_truncated, one.partially_truncated, one.rows_read)
+        == (two.fully_truncated, two.partially_truncated, two.rows_read)
+        == (one.fully_truncated, one.partially_truncated, 1501)
+    )
     assert [c.messages for c in one.sample_messages] == [c.messages for c in two.sample_messages]
     assert len(one.sample_messages) == 3
     assert one.train.examples == two.train.examples and len(one.train.examples) == 5
@@ -142,18 +155,22 @@ def test_the_prepared_rows_are_arrow_int32_not_python_lists(tmp_path):
     prepared = _prepare(tiny_config(data=str(path)), 2)  # several chunks, written as they come
     assert prepared.train.table.schema.field("input_ids").type == pa.list_(pa.int32())
     assert prepared.train.tokens == sum(len(ids) for ids in prepared.train.column("input_ids"))
-    assert prepared.train.trained_tokens == sum(sum(label != IGNORE_INDEX for label in labels)
-                                                for labels in prepared.train.column("labels"))
+    assert prepared.train.trained_tokens == sum(
+        sum(label != IGNORE_INDEX for label in labels) for labels in prepared.train.column("labels")
+    )
     # the fingerprint kept while the rows were written is the one of the table read back, in any chunking
     from leap_finetune.data.table import RowTable
 
     table = prepared.train.table
     for rechunked in (table.combine_chunks(), pa.concat_tables([table.slice(0, 7), table.slice(7)])):
-        assert RowTable(rechunked, prepared.train.tokens_per_row, prepared.train.trained_per_row).fingerprint() == \
-            prepared.train.fingerprint()
+        assert (
+            RowTable(rechunked, prepared.train.tokens_per_row, prepared.train.trained_per_row).fingerprint()
+            == prepared.train.fingerprint()
+        )
 
 
 # ---- the cache ----------------------------------------------------------------------------------------
+
 
 @pytest.fixture
 def cache_dir(tmp_path, monkeypatch):
@@ -177,18 +194,25 @@ def test_the_cache_is_reused_invalidated_by_any_input_and_rebuilt_when_damaged(t
     assert len(entries) == 1 and (entries[0] / "manifest.json").exists()
     again, out = _validate(config)
     assert again.from_cache == str(entries[0]) and "prepared rows read from the cache" in out
-    assert again.train.fingerprint() == first.train.fingerprint() and again.eval.fingerprint() == first.eval.fingerprint()
+    assert (
+        again.train.fingerprint() == first.train.fingerprint() and again.eval.fingerprint() == first.eval.fingerprint()
+    )
     assert again.train.examples == first.train.examples
     assert [c.messages for c in again.sample_messages] == [c.messages for c in first.sample_messages]
 
     # any input the rows depend on makes a new entry
     changed = {
-        "max_length": tiny_config(data=str(path), dataset={"path": str(path), "test_size": 4},
-                                  training_config={"max_length": 24}),
-        "loss_on": tiny_config(data=str(path), dataset={"path": str(path), "test_size": 4},
-                               training_config={"loss_on": "all"}),
+        "max_length": tiny_config(
+            data=str(path), dataset={"path": str(path), "test_size": 4}, training_config={"max_length": 24}
+        ),
+        "loss_on": tiny_config(
+            data=str(path), dataset={"path": str(path), "test_size": 4}, training_config={"loss_on": "all"}
+        ),
         "test_size": tiny_config(data=str(path), dataset={"path": str(path), "test_size": 5}),
-        "template": {**tiny_config(data=str(path), dataset={"path": str(path), "test_size": 4}), "chat_template": "lfm2.5"},
+        "template": {
+            **tiny_config(data=str(path), dataset={"path": str(path), "test_size": 4}),
+            "chat_template": "lfm2.5",
+        },
     }
     for what, other in changed.items():
         prepared, _ = _validate(other)
@@ -222,14 +246,23 @@ def test_preference_data_is_cached_too(tmp_path, cache_dir, training_type):
     for i in range(12):
         prompt = [{"role": "user", "content": f"question {i}"}]
         if training_type == "dpo":
-            rows.append({"prompt": prompt, "chosen": [{"role": "assistant", "content": f"good {i}"}],
-                         "rejected": [{"role": "assistant", "content": f"bad {i}"}]})
+            rows.append(
+                {
+                    "prompt": prompt,
+                    "chosen": [{"role": "assistant", "content": f"good {i}"}],
+                    "rejected": [{"role": "assistant", "content": f"bad {i}"}],
+                }
+            )
         else:
-            rows.append({"prompt": prompt, "completion": [{"role": "assistant", "content": f"answer {i}"}],
-                         "label": i % 2 == 0})
+            rows.append(
+                {"prompt": prompt, "completion": [{"role": "assistant", "content": f"answer {i}"}], "label": i % 2 == 0}
+            )
     path = write_jsonl(tmp_path / "train.jsonl", rows)
-    config = tiny_config(training_type=training_type, data=str(path),
-                         training_config={"extends": f"DEFAULT_{training_type.upper()}", "per_device_train_batch_size": 4})
+    config = tiny_config(
+        training_type=training_type,
+        data=str(path),
+        training_config={"extends": f"DEFAULT_{training_type.upper()}", "per_device_train_batch_size": 4},
+    )
     first, _ = _validate(config)
     again, out = _validate(config)
     assert first.from_cache is None and again.from_cache is not None
@@ -250,6 +283,7 @@ def test_run_after_validate_reads_the_cache_and_says_so(tmp_path, cache_dir):
 
 
 # ---- Hub datasets: `limit` while reading -------------------------------------------------------------
+
 
 def test_a_hub_dataset_with_limit_is_streamed_not_loaded_whole(tmp_path, monkeypatch):
     """A local folder in the Hub layout stands in for a Hub id (the same `datasets.load_dataset` call): with
@@ -274,11 +308,17 @@ def test_a_hub_dataset_with_limit_is_streamed_not_loaded_whole(tmp_path, monkeyp
 
 # ---- several sources ---------------------------------------------------------------------------------
 
+
 def _sources(tmp_path, sizes=(60, 20)) -> list:
     paths = []
     for index, size in enumerate(sizes):
-        paths.append(str(write_jsonl(tmp_path / f"source{index}.jsonl",
-                                     [chat(f"s{index} q{i}", f"s{index} a{i}") for i in range(size)])))
+        paths.append(
+            str(
+                write_jsonl(
+                    tmp_path / f"source{index}.jsonl", [chat(f"s{index} q{i}", f"s{index} a{i}") for i in range(size)]
+                )
+            )
+        )
     return paths
 
 
@@ -327,8 +367,9 @@ def test_errors_name_the_source_and_entry(tmp_path):
         ([{"path": first}, "other.jsonl"], "dataset[1] must be a mapping"),
     ):
         config["dataset"] = entry
-        with pytest.raises(LeapError, match=message.replace("(", r"\(").replace(")", r"\)").replace("[", r"\[")
-                           .replace("]", r"\]")):
+        with pytest.raises(
+            LeapError, match=message.replace("(", r"\(").replace(")", r"\)").replace("[", r"\[").replace("]", r"\]")
+        ):
             load_config(config)
     config["dataset"] = {"path": first, "weight": 2}
     with pytest.raises(LeapError, match="share of several sources"):
@@ -361,8 +402,9 @@ def test_mixing_numbers_are_finite_and_a_source_is_listed_once(tmp_path):
     config["dataset"] = [{"path": first, "weight": "1e308"}, {"path": second, "weight": 1e308}]  # (inf in all)
     prepared, _ = _validate(config)
     assert [source.used_rows for source in prepared.sources] == [6, 6]
-    (tmp_path / "inf.yaml").write_text(f"model_name: tiny-lfm2\ndataset:\n  - {{path: {first}, weight: .inf}}\n"
-                                       f"  - {{path: {second}, weight: 1}}\n")
+    (tmp_path / "inf.yaml").write_text(
+        f"model_name: tiny-lfm2\ndataset:\n  - {{path: {first}, weight: .inf}}\n  - {{path: {second}, weight: 1}}\n"
+    )
     for command in ("validate", "run"):
         result = invoke(command, str(tmp_path / "inf.yaml"), cwd=tmp_path)
         assert result.returncode == 2 and "dataset[0].weight is .inf" in result.stderr, result.stderr
@@ -374,21 +416,31 @@ def test_mixing_numbers_are_finite_and_a_source_is_listed_once(tmp_path):
     for sources, overlap, held_out in (
         ([{"path": first, "test_size": 2}, {"path": "./" + os.path.relpath(first), "limit": 3}], first, True),
         ([{"path": inside}, {"path": str(folder)}], f"{inside} is in the folder {folder}", False),
-        ([{**hub, "split": "train"}, {**hub, "split": "train[:10%]"}], "org/chats, subset en, split train[:10%]", False),
+        (
+            [{**hub, "split": "train"}, {**hub, "split": "train[:10%]"}],
+            "org/chats, subset en, split train[:10%]",
+            False,
+        ),
     ):
         config["dataset"] = sources
         with pytest.raises(LeapError) as info:
             load_config(config)
-        assert f"dataset[1] reads the rows of dataset[0] ({overlap}): they would be trained twice per epoch" in \
-            info.value.message and ("holds out for evaluation" in info.value.message) == held_out
+        assert (
+            f"dataset[1] reads the rows of dataset[0] ({overlap}): they would be trained twice per epoch"
+            in info.value.message
+            and ("holds out for evaluation" in info.value.message) == held_out
+        )
         assert "weight: 2" in info.value.fix and "epochs: 2" in info.value.fix
     (folder / "sub").mkdir()
     nested = str(write_jsonl(folder / "sub" / "nested.jsonl", [chat("q", "a")]))
-    for sources in ([{**hub, "split": "train"}, {**hub, "split": "test"}],
-                    [{"path": str(folder)}, {"path": str(folder / "sub")}],  # a folder source reads no sub-folder
-                    [{"path": str(folder)}, {"path": nested}],
-                    [{**hub, "split": "train[:50%]"}, {**hub, "split": "train[50%:]"}],
-                    [hub, {"path": "org/chats", "subset": "fr"}], [{"path": first}, {"path": second}]):
+    for sources in (
+        [{**hub, "split": "train"}, {**hub, "split": "test"}],
+        [{"path": str(folder)}, {"path": str(folder / "sub")}],  # a folder source reads no sub-folder
+        [{"path": str(folder)}, {"path": nested}],
+        [{**hub, "split": "train[:50%]"}, {**hub, "split": "train[50%:]"}],
+        [hub, {"path": "org/chats", "subset": "fr"}],
+        [{"path": first}, {"path": second}],
+    ):
         config["dataset"] = sources
         load_config(config)  # other rows: accepted
 
@@ -399,7 +451,7 @@ def test_inspect_shows_the_first_training_rows_in_full(tmp_path):
     assert [item["row"] for item in items] == list(range(12))
     assert "question 11" in items[11]["text"] and items[11]["source"]["location"] == "line 12"
     span = items[0]["trained_spans"][0]
-    assert items[0]["text"][span[0]:span[1]] == "answer 0<|im_end|>"
+    assert items[0]["text"][span[0] : span[1]] == "answer 0<|im_end|>"
 
 
 def test_progress_is_a_line_in_logs(monkeypatch):
@@ -415,23 +467,30 @@ def test_progress_is_a_line_in_logs(monkeypatch):
     assert "data: tokenizing: 400/1,000 rows" in line and "rows/s" in line and "s left" in line
 
 
-@pytest.mark.parametrize("data, model, loss_on", [
-    ("quickstart.jsonl", "tiny-lfm2", "assistant"),
-    ("tool_calls.jsonl", "tiny-lfm2", "assistant"),
-    ("tool_calls.jsonl", "tiny-lfm2.5", "final_assistant"),
-    ("colors_sft.jsonl", "tiny-lfm2.5", "all"),
-])
+@pytest.mark.parametrize(
+    "data, model, loss_on",
+    [
+        ("quickstart.jsonl", "tiny-lfm2", "assistant"),
+        ("tool_calls.jsonl", "tiny-lfm2", "assistant"),
+        ("tool_calls.jsonl", "tiny-lfm2.5", "final_assistant"),
+        ("colors_sft.jsonl", "tiny-lfm2.5", "all"),
+    ],
+)
 def test_the_shipped_data_prepares_to_the_per_row_renderers_rows(data, model, loss_on):
     """The whole data step (chunks, processes, Arrow) against the per-row path it replaces, row by row, on the
     example data (tool calls in both LFM formats, OpenAI-style calls converted)."""
-    from leap_finetune.launch.checks import prepare
     from leap_finetune.data.readers import read_dataset
     from leap_finetune.data.sft_rows import check_sft_row
+    from leap_finetune.launch.checks import prepare
     from tests.conftest import EXAMPLES
 
     path = str(EXAMPLES / "data" / data)
-    config = tiny_config(data=path, model_name=model, dataset={"path": path, "num_proc": 2, "cache": False},
-                         training_config={"max_length": 1024, "loss_on": loss_on})
+    config = tiny_config(
+        data=path,
+        model_name=model,
+        dataset={"path": path, "num_proc": 2, "cache": False},
+        training_config={"max_length": 1024, "loss_on": loss_on},
+    )
     resolved = load_config(config)
     _, renderer, prepared = prepare(resolved)
     family = "lfm2.5" if model == "tiny-lfm2.5" else "lfm2"
@@ -462,10 +521,19 @@ def test_progress_is_a_bar_with_rows_per_second_on_a_terminal():
 def test_a_warning_on_every_row_is_counted_not_kept_row_by_row(tmp_path):
     from leap_finetune.launch.report import data_report
 
-    rows = [{"messages": [{"role": "user", "content": f"q{i}"}, {"role": "assistant", "content": f"a{i}"},
-                          {"role": "system", "content": "late"}, {"role": "user", "content": "again"},
-                          {"role": "system", "content": "later"}, {"role": "assistant", "content": "b"}]}
-            for i in range(1200)]
+    rows = [
+        {
+            "messages": [
+                {"role": "user", "content": f"q{i}"},
+                {"role": "assistant", "content": f"a{i}"},
+                {"role": "system", "content": "late"},
+                {"role": "user", "content": "again"},
+                {"role": "system", "content": "later"},
+                {"role": "assistant", "content": "b"},
+            ]
+        }
+        for i in range(1200)
+    ]
     path = write_jsonl(tmp_path / "train.jsonl", rows)
     config = tiny_config(data=str(path), dataset={"path": str(path), "num_proc": 2})
     for attempt in range(2):  # prepared, then read from the cache
@@ -487,8 +555,9 @@ def test_a_grpo_column_of_two_kinds_is_an_error_or_its_rows_are_skipped(tmp_path
         rows[i]["level"] = "hard"
     rows[1000]["level"] = 2.5  # a number too (a float among ints, in another chunk): one Arrow column of doubles
     path = write_jsonl(tmp_path / "grpo.jsonl", rows)
-    config = tiny_config(training_type="grpo", data=str(path),
-                         dataset={"path": str(path), "num_proc": 2, "cache": False})
+    config = tiny_config(
+        training_type="grpo", data=str(path), dataset={"path": str(path), "num_proc": 2, "cache": False}
+    )
     config["training_config"] = {"extends": "DEFAULT_GRPO", "max_steps": 1, "use_vllm": False}
     config["rewards"] = ["accuracy"]
     with pytest.raises(DataError) as info:

@@ -38,7 +38,15 @@ def parse(content, image_folder=None):
 
 def test_describe_value():
     assert [describe_value(v) for v in (None, True, 3, 2.5, "abc", [], {}, (1,))] == [
-        "null", "a boolean", "a number (3)", "a number (2.5)", "a string ('abc')", "a list", "an object", "tuple"]
+        "null",
+        "a boolean",
+        "a number (3)",
+        "a number (2.5)",
+        "a string ('abc')",
+        "a list",
+        "an object",
+        "tuple",
+    ]
     assert describe_value("x" * 50) == f"a string ({'x' * 37 + '...'!r})"
 
 
@@ -48,12 +56,19 @@ def test_text_parts_are_joined_into_one_string():
 
 
 TEXT_ONLY = [
-    ({"type": "image", "image": "x.jpg"}, "m[0].content[0]",
-     "a 'image' part needs a vision/audio model, and text SFT does not support it yet"),
-    ({"type": "audio"}, "m[0].content[0]", "a 'audio' part needs a vision/audio model, and text SFT does not support it yet"),
+    (
+        {"type": "image", "image": "x.jpg"},
+        "m[0].content[0]",
+        "a 'image' part needs a vision/audio model, and text SFT does not support it yet",
+    ),
+    (
+        {"type": "audio"},
+        "m[0].content[0]",
+        "a 'audio' part needs a vision/audio model, and text SFT does not support it yet",
+    ),
     ({"type": "html"}, "m[0].content[0]", "unknown part type 'html'; expected 'text'"),
-    ("hi", "m[0].content[0]", "expected a typed part like {\"type\": \"text\", \"text\": \"...\"}, got a string ('hi')"),
-    ({"text": "hi"}, "m[0].content[0]", "expected a typed part like {\"type\": \"text\", \"text\": \"...\"}, got an object"),
+    ("hi", "m[0].content[0]", 'expected a typed part like {"type": "text", "text": "..."}, got a string (\'hi\')'),
+    ({"text": "hi"}, "m[0].content[0]", 'expected a typed part like {"type": "text", "text": "..."}, got an object'),
     ({"type": "text", "text": 3}, "m[0].content[0].text", "a text part needs a string 'text', got a number (3)"),
 ]
 
@@ -65,7 +80,7 @@ def test_a_text_only_caller_says_what_is_wrong_with_the_part(part, field, text):
 
 @pytest.mark.parametrize("part", [{"type": "video"}, {"type": "text", "text": 3}, "hi", {"type": "image_url"}])
 def test_a_caller_that_takes_images_says_what_both_kinds_of_part_look_like(tmp_path, part):
-    expected = "expected {\"type\": \"text\", \"text\": ...} or {\"type\": \"image\", \"image\": path}"
+    expected = 'expected {"type": "text", "text": ...} or {"type": "image", "image": path}'
     assert parse([part], tmp_path) == (None, [("m[0].content[0]", expected)])
 
 
@@ -77,8 +92,12 @@ def test_content_that_is_neither_a_string_nor_a_list():
 def test_image_parts_are_references_resolved_against_the_folder_with_urls_kept(tmp_path):
     (tmp_path / "img.jpg").write_bytes(b"\xff\xd8")
     url = "https://example.com/dog.jpg"
-    content = [{"type": "image", "image": "img.jpg"}, {"type": "text", "text": "Same as"},
-               {"type": "image", "url": url}, {"type": "text", "text": "?"}]
+    content = [
+        {"type": "image", "image": "img.jpg"},
+        {"type": "text", "text": "Same as"},
+        {"type": "image", "url": url},
+        {"type": "text", "text": "?"},
+    ]
     result, problems = parse(content, tmp_path)
     assert problems == []
     assert result.text == f"{IMAGE_PLACEHOLDER}Same as{IMAGE_PLACEHOLDER}?" == "<image>Same as<image>?"
@@ -86,19 +105,32 @@ def test_image_parts_are_references_resolved_against_the_folder_with_urls_kept(t
 
 
 def test_image_parts_without_a_source_or_file(tmp_path):
-    assert parse([{"type": "image"}], tmp_path) == (None, [("m[0].content[0]", "an image part needs 'image': a file path")])
+    assert parse([{"type": "image"}], tmp_path) == (
+        None,
+        [("m[0].content[0]", "an image part needs 'image': a file path")],
+    )
     assert parse([{"type": "image", "path": "nope.jpg"}], tmp_path) == (
-        None, [("m[0].content[0]", f"image file not found: {tmp_path / 'nope.jpg'}")])
+        None,
+        [("m[0].content[0]", f"image file not found: {tmp_path / 'nope.jpg'}")],
+    )
 
 
 def test_check_message_normalises_sharegpt_and_null_content_of_a_tool_call():
     problems = []
-    problem = lambda f, t: problems.append((f, t))
-    assert check_message({"from": "gpt", "value": [{"type": "text", "text": "Hi"}]}, "m[1]", problem) == \
-        {"role": "assistant", "content": "Hi"}
+
+    def problem(field, text):
+        problems.append((field, text))
+
+    assert check_message({"from": "gpt", "value": [{"type": "text", "text": "Hi"}]}, "m[1]", problem) == {
+        "role": "assistant",
+        "content": "Hi",
+    }
     calls = [{"type": "function", "function": {"name": "f", "arguments": "{}"}}]
-    assert check_message({"role": "assistant", "content": None, "tool_calls": calls}, "m[1]", problem) == \
-        {"role": "assistant", "content": "", "tool_calls": calls}
+    assert check_message({"role": "assistant", "content": None, "tool_calls": calls}, "m[1]", problem) == {
+        "role": "assistant",
+        "content": "",
+        "tool_calls": calls,
+    }
     assert problems == []
 
 
@@ -116,12 +148,16 @@ REFUSED = "a 'image' part needs a vision/audio model, and text SFT does not supp
 
 def test_every_training_row_type_refuses_image_parts_in_the_same_words():
     user, answer = {"role": "user", "content": IMAGE}, {"role": "assistant", "content": "A cat."}
-    rows = {"sft": (check_sft_row, {"messages": [user, answer]}, "messages[0].content[0]"),
-            "dpo": (check_dpo_row, {"prompt": [user], "chosen": [answer], "rejected": [{"role": "assistant",
-                                                                                        "content": "A dog."}]},
-                    "prompt[0].content[0]"),
-            "kto": (check_kto_row, {"prompt": [user], "completion": [answer], "label": True}, "prompt[0].content[0]"),
-            "grpo": (check_grpo_row, {"prompt": [user], "solution": "cat"}, "prompt[0].content[0]")}
+    rows = {
+        "sft": (check_sft_row, {"messages": [user, answer]}, "messages[0].content[0]"),
+        "dpo": (
+            check_dpo_row,
+            {"prompt": [user], "chosen": [answer], "rejected": [{"role": "assistant", "content": "A dog."}]},
+            "prompt[0].content[0]",
+        ),
+        "kto": (check_kto_row, {"prompt": [user], "completion": [answer], "label": True}, "prompt[0].content[0]"),
+        "grpo": (check_grpo_row, {"prompt": [user], "solution": "cat"}, "prompt[0].content[0]"),
+    }
     for name, (check, data, field) in rows.items():
         result, problems, _ = check(SourceRow("d.jsonl", "line 1", data), family="lfm2")
         assert result is None and [(p.field, p.problem) for p in problems] == [(field, REFUSED)], name
@@ -130,8 +166,10 @@ def test_every_training_row_type_refuses_image_parts_in_the_same_words():
 def test_benchmark_rows_take_image_parts_through_the_same_parser(tmp_path):
     (tmp_path / "img.jpg").write_bytes(b"\xff\xd8")
     path = tmp_path / "bench.jsonl"
-    path.write_text(json.dumps({"messages": [{"role": "user", "content": IMAGE}, {"role": "assistant",
-                                                                                    "content": "A cat."}]}) + "\n")
+    path.write_text(
+        json.dumps({"messages": [{"role": "user", "content": IMAGE}, {"role": "assistant", "content": "A cat."}]})
+        + "\n"
+    )
     bench = BenchmarkConfig(name="b", path=str(path), metric="exact_match")
     [item] = load_benchmark(bench, vision=True, model_name="tiny-lfm2-vl")
     assert item.prompt == [{"role": "user", "content": "<image>What is it?"}]
@@ -140,13 +178,24 @@ def test_benchmark_rows_take_image_parts_through_the_same_parser(tmp_path):
         load_benchmark(bench, vision=False, model_name="tiny-lfm2")
 
 
-ROW_MODULES = ["data/messages.py", "data/sft_rows.py", "data/preference_rows.py", "data/grpo_rows.py",
-               "data/retrieval_rows.py", "evaluation/rows.py"]
+ROW_MODULES = [
+    "data/messages.py",
+    "data/sft_rows.py",
+    "data/preference_rows.py",
+    "data/grpo_rows.py",
+    "data/retrieval_rows.py",
+    "evaluation/rows.py",
+]
 
 
 @pytest.mark.parametrize("module", ROW_MODULES)
 def test_row_modules_import_no_private_name_of_another_module(module):
     tree = ast.parse((SRC / module).read_text())
-    private = [f"{node.module}.{alias.name}" for node in ast.walk(tree) if isinstance(node, ast.ImportFrom)
-               and (node.module or "").startswith("leap_finetune") for alias in node.names if alias.name.startswith("_")]
+    private = [
+        f"{node.module}.{alias.name}"
+        for node in ast.walk(tree)
+        if isinstance(node, ast.ImportFrom) and (node.module or "").startswith("leap_finetune")
+        for alias in node.names
+        if alias.name.startswith("_")
+    ]
     assert private == []

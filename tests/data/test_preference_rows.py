@@ -50,9 +50,13 @@ def test_dpo_implicit_prompt_never_ends_with_an_assistant_turn():
 
 def test_dpo_tool_calls_in_completions_are_normalised():
     calls = [{"type": "function", "function": {"name": "get_weather", "arguments": {"city": "Oslo"}}}]
-    row, problems, warnings = dpo({"prompt": [U("Weather?")],
-                                   "chosen": [{"role": "assistant", "content": None, "tool_calls": calls}],
-                                   "rejected": [A("No idea.")]})
+    row, problems, warnings = dpo(
+        {
+            "prompt": [U("Weather?")],
+            "chosen": [{"role": "assistant", "content": None, "tool_calls": calls}],
+            "rejected": [A("No idea.")],
+        }
+    )
     assert problems == []
     assert row.chosen[0]["content"] == '<|tool_call_start|>[get_weather(city="Oslo")]<|tool_call_end|>'
     assert [w.kind for w in warnings] == ["converted_tool_calls"]
@@ -62,19 +66,34 @@ DPO_REJECTED = [
     ("missing rejected", {"prompt": "q", "chosen": "a"}, "rejected", "missing or empty"),
     ("empty chosen", {"prompt": "q", "chosen": "", "rejected": "b"}, "chosen", "missing or empty"),
     ("identical", {"prompt": "q", "chosen": "same", "rejected": "same"}, "chosen, rejected", "identical"),
-    ("user turn in a completion", {"prompt": [U("q")], "chosen": [A("a"), U("more?")], "rejected": [A("b")]},
-     "chosen[1].role", "completions hold only assistant messages"),
-    ("mixed shapes", {"prompt": "q", "chosen": [A("a")], "rejected": "b"}, "prompt, chosen, rejected",
-     "mixed shapes"),
-    ("prompt ends with the assistant", {"prompt": [U("q"), A("partial")], "chosen": [A("a")], "rejected": [A("b")]},
-     "prompt[1].role", "ends with an assistant turn"),
+    (
+        "user turn in a completion",
+        {"prompt": [U("q")], "chosen": [A("a"), U("more?")], "rejected": [A("b")]},
+        "chosen[1].role",
+        "completions hold only assistant messages",
+    ),
+    ("mixed shapes", {"prompt": "q", "chosen": [A("a")], "rejected": "b"}, "prompt, chosen, rejected", "mixed shapes"),
+    (
+        "prompt ends with the assistant",
+        {"prompt": [U("q"), A("partial")], "chosen": [A("a")], "rejected": [A("b")]},
+        "prompt[1].role",
+        "ends with an assistant turn",
+    ),
     ("implicit prompt needs conversations", {"chosen": "a", "rejected": "b"}, "prompt", "a `prompt` is required"),
     ("nothing shared", {"chosen": [U("x"), A("a")], "rejected": [U("y"), A("b")]}, "prompt", "share no leading"),
-    ("bad role", {"prompt": [{"role": "usr", "content": "q"}], "chosen": [A("a")], "rejected": [A("b")]},
-     "prompt[0].role", "did you mean 'user'"),
+    (
+        "bad role",
+        {"prompt": [{"role": "usr", "content": "q"}], "chosen": [A("a")], "rejected": [A("b")]},
+        "prompt[0].role",
+        "did you mean 'user'",
+    ),
     ("not an object", ["q", "a", "b"], "<row>", "expected an object"),
-    ("foreign tool format", {"prompt": "q", "chosen": '<tool_call>{"name": "f", "arguments": {}}</tool_call>',
-                             "rejected": "b"}, "prompt+chosen[1].content", "Hermes/Qwen"),
+    (
+        "foreign tool format",
+        {"prompt": "q", "chosen": '<tool_call>{"name": "f", "arguments": {}}</tool_call>', "rejected": "b"},
+        "prompt+chosen[1].content",
+        "Hermes/Qwen",
+    ),
 ]
 
 
@@ -86,8 +105,9 @@ def test_dpo_rejected_rows(name, data, field, message):
     assert all(p.file == "prefs.jsonl" and p.location == "line 4" for p in problems)
 
 
-@pytest.mark.parametrize(("raw", "label"), [(True, True), (False, False), ("true", True), ("False", False),
-                                            (" TRUE ", True)])
+@pytest.mark.parametrize(
+    ("raw", "label"), [(True, True), (False, False), ("true", True), ("False", False), (" TRUE ", True)]
+)
 def test_kto_labels(raw, label):
     row, problems, _ = kto({"prompt": "q", "completion": "a", "label": raw})
     assert problems == [] and row.label is label
@@ -98,8 +118,12 @@ KTO_REJECTED = [
     ("label a number", {"prompt": "q", "completion": "a", "label": 1}, "label", "got a number (1)"),
     ("label other text", {"prompt": "q", "completion": "a", "label": "yes"}, "label", "got a string ('yes')"),
     ("completion missing", {"prompt": "q", "label": True}, "completion", "missing or empty"),
-    ("system turn in the completion", {"prompt": [U("q")], "completion": [{"role": "system", "content": "x"}],
-                                       "label": True}, "completion[0].role", "only assistant messages"),
+    (
+        "system turn in the completion",
+        {"prompt": [U("q")], "completion": [{"role": "system", "content": "x"}], "label": True},
+        "completion[0].role",
+        "only assistant messages",
+    ),
 ]
 
 

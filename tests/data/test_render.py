@@ -21,16 +21,21 @@ CONVERSATIONS = {
         {"role": "assistant", "content": "Tokyo.\nDone."},
     ],
     "tool turn": [
-        {"role": "system", "content": "List of tools: <|tool_list_start|>[{\"name\": \"get_weather\"}]<|tool_list_end|>"},
+        {"role": "system", "content": 'List of tools: <|tool_list_start|>[{"name": "get_weather"}]<|tool_list_end|>'},
         {"role": "user", "content": "Weather in Boston?"},
-        {"role": "assistant", "content": "<|tool_call_start|>[get_weather(location=\"Boston\")]<|tool_call_end|>"},
-        {"role": "tool", "content": "{\"temperature\": 72}"},
+        {"role": "assistant", "content": '<|tool_call_start|>[get_weather(location="Boston")]<|tool_call_end|>'},
+        {"role": "tool", "content": '{"temperature": 72}'},
         {"role": "assistant", "content": "It's 72 F."},
     ],
     "structured tool call": [
         {"role": "user", "content": "Weather in Oslo?"},
-        {"role": "assistant", "content": "", "tool_calls": [
-            {"type": "function", "function": {"name": "get_weather", "arguments": {"city": "Oslo", "days": 2}}}]},
+        {
+            "role": "assistant",
+            "content": "",
+            "tool_calls": [
+                {"type": "function", "function": {"name": "get_weather", "arguments": {"city": "Oslo", "days": 2}}}
+            ],
+        },
         {"role": "tool", "content": "cold"},
         {"role": "assistant", "content": "Cold."},
     ],
@@ -74,14 +79,21 @@ def test_loss_covers_each_assistant_content_and_its_im_end(model, template):
     trained_ids = [t for t in row.labels if t != IGNORE_INDEX]
     assert tokenizer.decode(trained_ids) == "Paris.<|im_end|>Tokyo.\nDone.<|im_end|>"
     # the role header and the user's words never carry loss
-    assert all(label == IGNORE_INDEX for label, token in zip(row.labels, row.input_ids) if token == tokenizer.convert_tokens_to_ids("<|im_start|>"))
+    assert all(
+        label == IGNORE_INDEX
+        for label, token in zip(row.labels, row.input_ids)
+        if token == tokenizer.convert_tokens_to_ids("<|im_start|>")
+    )
 
 
 def test_tool_call_is_trained_and_tool_response_is_not():
     row = _renderer("tiny-lfm2", "lfm2").tokenize(CONVERSATIONS["tool turn"])
     trained = [row.text[a:b] for a, b in row.trained_spans]
-    assert trained == ['<|tool_call_start|>[get_weather(location="Boston")]<|tool_call_end|><|im_end|>', "It's 72 F.<|im_end|>"]
-    assert "<|tool_response_start|>{\"temperature\": 72}<|tool_response_end|>" in row.text
+    assert trained == [
+        '<|tool_call_start|>[get_weather(location="Boston")]<|tool_call_end|><|im_end|>',
+        "It's 72 F.<|im_end|>",
+    ]
+    assert '<|tool_response_start|>{"temperature": 72}<|tool_response_end|>' in row.text
 
 
 def test_final_assistant_only():
@@ -104,7 +116,10 @@ def test_template_without_generation_markers_needs_loss_on_all(tmp_path):
     template = load_chat_template(str(path), tokenizer)
     with pytest.raises(LeapError, match="no \\{% generation %\\} markers"):
         Renderer(tokenizer, template, "assistant", None)
-    assert Renderer(tokenizer, template, "all", None).tokenize(CONVERSATIONS["single turn"]).text == "user: Hi\nassistant: Hello!\n"
+    assert (
+        Renderer(tokenizer, template, "all", None).tokenize(CONVERSATIONS["single turn"]).text
+        == "user: Hi\nassistant: Hello!\n"
+    )
 
 
 def test_rows_cut_off_by_max_length_are_reported_not_trained(tmp_path):

@@ -27,7 +27,14 @@ VALUES = [
     "ünïcødé ✓ 東京 😀",
     "",
     "\x00\x1f control",
-    3, -7, 0, 2.5, 1e-9, True, False, None,
+    3,
+    -7,
+    0,
+    2.5,
+    1e-9,
+    True,
+    False,
+    None,
     [1, "two", [3, None], {"k": True}],
     {"nested": {"list": [1, 2], "q": 'a"b'}, "empty": {}},
     [],
@@ -40,10 +47,12 @@ def test_formatted_values_are_python_literals_that_round_trip(value):
 
 
 def test_calls_round_trip_through_the_parser():
-    calls = [ToolCall("get_weather", {"location": "Boston, MA", "days": 3, "units": None}),
-             ToolCall("search", {"query": 'he said "yes"\n', "filters": {"lang": ["en", "de"]}, "exact": False})]
+    calls = [
+        ToolCall("get_weather", {"location": "Boston, MA", "days": 3, "units": None}),
+        ToolCall("search", {"query": 'he said "yes"\n', "filters": {"lang": ["en", "de"]}, "exact": False}),
+    ]
     text = format_calls(calls)
-    assert text.startswith("<|tool_call_start|>[get_weather(location=\"Boston, MA\", days=3, units=None), search(")
+    assert text.startswith('<|tool_call_start|>[get_weather(location="Boston, MA", days=3, units=None), search(')
     assert text.endswith(")]<|tool_call_end|>")
     assert parse_calls(text.removeprefix("<|tool_call_start|>").removesuffix("<|tool_call_end|>")) == calls
 
@@ -73,14 +82,14 @@ def test_bad_bracket_notation(text, message):
 @pytest.mark.parametrize(
     ("content", "calls", "before", "problem"),
     [
-        ('<|tool_call_start|>[f(a=1)]<|tool_call_end|>', 1, "", None),
-        ('Let me check.<|tool_call_start|>[f(a=1)]<|tool_call_end|>', 1, "Let me check.", None),
-        ('<think>plan</think><|tool_call_start|>[f(a=1)]<|tool_call_end|>', 1, "", None),
-        ('<|tool_call_start|>[f(a=1)]<|tool_call_end|> then <|tool_call_start|>[g()]<|tool_call_end|>', 2, "", None),
+        ("<|tool_call_start|>[f(a=1)]<|tool_call_end|>", 1, "", None),
+        ("Let me check.<|tool_call_start|>[f(a=1)]<|tool_call_end|>", 1, "Let me check.", None),
+        ("<think>plan</think><|tool_call_start|>[f(a=1)]<|tool_call_end|>", 1, "", None),
+        ("<|tool_call_start|>[f(a=1)]<|tool_call_end|> then <|tool_call_start|>[g()]<|tool_call_end|>", 2, "", None),
         ("no call at all", 0, "no call at all", None),
-        ('<|tool_call_start|>[f(a=1)]', 0, "", "without a closing"),
-        ('[f(a=1)]<|tool_call_end|>', 0, "", "without a <|tool_call_start|> before it"),
-        ('<|tool_call_start|>[f(a=1)<|tool_call_start|>]<|tool_call_end|>', 0, "", "a second"),
+        ("<|tool_call_start|>[f(a=1)]", 0, "", "without a closing"),
+        ("[f(a=1)]<|tool_call_end|>", 0, "", "without a <|tool_call_start|> before it"),
+        ("<|tool_call_start|>[f(a=1)<|tool_call_start|>]<|tool_call_end|>", 0, "", "a second"),
         ('<|tool_call_start|>get_weather(city="x")<|tool_call_end|>', 0, "", "does not parse"),
     ],
 )
@@ -110,8 +119,9 @@ def test_foreign_formats_are_recognised(content, name):
     assert name in foreign_format(content)
 
 
-@pytest.mark.parametrize("content", ['{"temperature": 72}', "It's sunny.", '<|tool_call_start|>[f(a=1)]<|tool_call_end|>',
-                                     '{"name": "Ada"}'])
+@pytest.mark.parametrize(
+    "content", ['{"temperature": 72}', "It's sunny.", "<|tool_call_start|>[f(a=1)]<|tool_call_end|>", '{"name": "Ada"}']
+)
 def test_ordinary_content_is_not_foreign(content):
     assert foreign_format(content) is None
 
@@ -121,8 +131,11 @@ def test_ordinary_content_is_not_foreign(content):
     [
         ('<|tool_call_start|>[get_weather(city="Oslo")]<|tool_call_end|>', None, True),
         ('<|tool_call_start|>[get_weather(city="Oslo")]<|tool_call_end|>', ["get_weather"], True),
-        ('<|tool_call_start|>[get_weather(city="Oslo")]<|tool_call_end|>',
-         [{"type": "function", "function": {"name": "get_weather", "parameters": {}}}], True),
+        (
+            '<|tool_call_start|>[get_weather(city="Oslo")]<|tool_call_end|>',
+            [{"type": "function", "function": {"name": "get_weather", "parameters": {}}}],
+            True,
+        ),
         ('<|tool_call_start|>[get_wether(city="Oslo")]<|tool_call_end|>', [{"name": "get_weather"}], False),
         ('<|tool_call_start|>[get_weather(city="Oslo")]', None, False),
         ('<|tool_call_start|>[get_weather("Oslo")]<|tool_call_end|>', None, False),

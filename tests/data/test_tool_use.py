@@ -15,21 +15,32 @@ TOOL_LIST_PLAIN = 'List of tools: [{"name": "get_weather", "parameters": {}}]'
 
 
 def conv(*turns, **columns) -> dict:
-    return {"messages": [{"role": r, "content": c} if isinstance(c, str) else {"role": r, **c} for r, c in turns], **columns}
+    return {
+        "messages": [{"role": r, "content": c} if isinstance(c, str) else {"role": r, **c} for r, c in turns],
+        **columns,
+    }
 
 
 def check(row: dict, family: str):
     return check_sft_row(SourceRow("data.jsonl", "line 7", row), family=family)
 
 
-SPEC_EXAMPLE = conv(("system", TOOL_LIST), ("user", "What's the weather in Boston?"), ("assistant", CALL),
-                    ("tool", '{"temperature": 72}'), ("assistant", "It's 72 F and sunny in Boston."))
+SPEC_EXAMPLE = conv(
+    ("system", TOOL_LIST),
+    ("user", "What's the weather in Boston?"),
+    ("assistant", CALL),
+    ("tool", '{"temperature": 72}'),
+    ("assistant", "It's 72 F and sunny in Boston."),
+)
 
 
 @pytest.mark.parametrize("family", ["lfm2", "lfm2.5"])
 def test_a_valid_multi_turn_tool_conversation(family):
-    row = SPEC_EXAMPLE if family == "lfm2" else conv(("system", TOOL_LIST_PLAIN), *[
-        (m["role"], m["content"]) for m in SPEC_EXAMPLE["messages"][1:]])
+    row = (
+        SPEC_EXAMPLE
+        if family == "lfm2"
+        else conv(("system", TOOL_LIST_PLAIN), *[(m["role"], m["content"]) for m in SPEC_EXAMPLE["messages"][1:]])
+    )
     conversation, problems, warnings = check(row, family)
     assert problems == [] and warnings == []
     assert conversation.messages[2]["content"] == CALL
@@ -37,20 +48,65 @@ def test_a_valid_multi_turn_tool_conversation(family):
 
 # (name, row, family, expected warning kind or None, expected content check (index, content) or None)
 WARNED = [
-    ("response markers pre-baked (lfm2)", conv(("system", TOOL_LIST), ("user", "q"), ("assistant", CALL),
-     ("tool", "<|tool_response_start|>72<|tool_response_end|>"), ("assistant", "72")), "lfm2",
-     "tool_response_markers", (3, "72")),
-    ("response markers pre-baked (lfm2.5)", conv(("user", "q"), ("assistant", CALL),
-     ("tool", "<|tool_response_start|>72<|tool_response_end|>"), ("assistant", "72")), "lfm2.5",
-     "tool_response_markers", (2, "72")),
-    ("lfm2.5 strips tool-list markers", conv(("system", TOOL_LIST), ("user", "q"), ("assistant", "a")), "lfm2.5",
-     "lfm25_tool_list_markers", (0, TOOL_LIST_PLAIN)),
-    ("lfm2 tool list without markers", conv(("system", TOOL_LIST_PLAIN), ("user", "q"), ("assistant", "a")), "lfm2",
-     "lfm2_missing_tool_list_markers", (0, TOOL_LIST_PLAIN)),
-    ("lfm2 text before the call", conv(("user", "q"), ("assistant", "Let me check. " + CALL), ("tool", "72"),
-     ("assistant", "72")), "lfm2", "text_before_tool_call", None),
-    ("unknown function", conv(("user", "q"), ("assistant", '<|tool_call_start|>[get_time()]<|tool_call_end|>'),
-     ("tool", "noon"), ("assistant", "noon"), tools=[{"name": "get_weather"}]), "lfm2", "unknown_function", None),
+    (
+        "response markers pre-baked (lfm2)",
+        conv(
+            ("system", TOOL_LIST),
+            ("user", "q"),
+            ("assistant", CALL),
+            ("tool", "<|tool_response_start|>72<|tool_response_end|>"),
+            ("assistant", "72"),
+        ),
+        "lfm2",
+        "tool_response_markers",
+        (3, "72"),
+    ),
+    (
+        "response markers pre-baked (lfm2.5)",
+        conv(
+            ("user", "q"),
+            ("assistant", CALL),
+            ("tool", "<|tool_response_start|>72<|tool_response_end|>"),
+            ("assistant", "72"),
+        ),
+        "lfm2.5",
+        "tool_response_markers",
+        (2, "72"),
+    ),
+    (
+        "lfm2.5 strips tool-list markers",
+        conv(("system", TOOL_LIST), ("user", "q"), ("assistant", "a")),
+        "lfm2.5",
+        "lfm25_tool_list_markers",
+        (0, TOOL_LIST_PLAIN),
+    ),
+    (
+        "lfm2 tool list without markers",
+        conv(("system", TOOL_LIST_PLAIN), ("user", "q"), ("assistant", "a")),
+        "lfm2",
+        "lfm2_missing_tool_list_markers",
+        (0, TOOL_LIST_PLAIN),
+    ),
+    (
+        "lfm2 text before the call",
+        conv(("user", "q"), ("assistant", "Let me check. " + CALL), ("tool", "72"), ("assistant", "72")),
+        "lfm2",
+        "text_before_tool_call",
+        None,
+    ),
+    (
+        "unknown function",
+        conv(
+            ("user", "q"),
+            ("assistant", "<|tool_call_start|>[get_time()]<|tool_call_end|>"),
+            ("tool", "noon"),
+            ("assistant", "noon"),
+            tools=[{"name": "get_weather"}],
+        ),
+        "lfm2",
+        "unknown_function",
+        None,
+    ),
 ]
 
 
@@ -72,10 +128,16 @@ def test_text_before_the_call_is_fine_for_lfm2_5():
 
 STRUCTURED = [
     ("dict arguments", {"location": "Boston", "days": 3}, '[get_weather(location="Boston", days=3)]'),
-    ("JSON-string arguments", json.dumps({"location": "Boston", "metric": True, "extra": None}),
-     '[get_weather(location="Boston", metric=True, extra=None)]'),
-    ("escaping", {"q": 'say "hi"\nnow \\ ok', "tags": ["a", {"b": 1.5}]},
-     '[get_weather(q="say \\"hi\\"\\nnow \\\\ ok", tags=["a", {"b": 1.5}])]'),
+    (
+        "JSON-string arguments",
+        json.dumps({"location": "Boston", "metric": True, "extra": None}),
+        '[get_weather(location="Boston", metric=True, extra=None)]',
+    ),
+    (
+        "escaping",
+        {"q": 'say "hi"\nnow \\ ok', "tags": ["a", {"b": 1.5}]},
+        '[get_weather(q="say \\"hi\\"\\nnow \\\\ ok", tags=["a", {"b": 1.5}])]',
+    ),
     ("unicode", {"city": "Zürich 東京"}, '[get_weather(city="Zürich 東京")]'),
     ("no arguments", "", "[get_weather()]"),
 ]
@@ -85,7 +147,9 @@ STRUCTURED = [
 @pytest.mark.parametrize(("name", "arguments", "expected"), STRUCTURED, ids=[s[0] for s in STRUCTURED])
 def test_structured_tool_calls_are_converted(family, name, arguments, expected):
     calls = [{"type": "function", "function": {"name": "get_weather", "arguments": arguments}}]
-    row = conv(("user", "q"), ("assistant", {"content": None, "tool_calls": calls}), ("tool", "72"), ("assistant", "ok"))
+    row = conv(
+        ("user", "q"), ("assistant", {"content": None, "tool_calls": calls}), ("tool", "72"), ("assistant", "ok")
+    )
     conversation, problems, warnings = check(row, family)
     assert problems == []
     assert [w.kind for w in warnings] == ["converted_tool_calls"]
@@ -96,47 +160,124 @@ def test_structured_tool_calls_are_converted(family, name, arguments, expected):
 
 def test_several_structured_calls_and_the_flat_form():
     calls = [{"name": "a", "arguments": {"x": 1}}, {"function": {"name": "b", "arguments": "{}"}}]
-    row = conv(("user", "q"), ("assistant", {"content": "", "tool_calls": calls}), ("tool", "1"), ("tool", "2"),
-               ("assistant", "done"))
+    row = conv(
+        ("user", "q"),
+        ("assistant", {"content": "", "tool_calls": calls}),
+        ("tool", "1"),
+        ("tool", "2"),
+        ("assistant", "done"),
+    )
     conversation, problems, _ = check(row, "lfm2")
     assert problems == []
     assert conversation.messages[1]["content"] == "<|tool_call_start|>[a(x=1), b()]<|tool_call_end|>"
 
 
 REJECTED = [
-    ("Hermes XML", conv(("user", "q"), ("assistant", '<tool_call>{"name": "f", "arguments": {}}</tool_call>')),
-     "messages[1].content", "Hermes/Qwen"),
-    ("Mistral", conv(("user", "q"), ("assistant", '[TOOL_CALLS] [{"name": "f", "arguments": {}}]')),
-     "messages[1].content", "Mistral"),
-    ("function_call tags", conv(("user", "q"), ("assistant", '<function_call>{"name": "f"}</function_call>')),
-     "messages[1].content", "<function_call>"),
-    ("raw JSON call", conv(("user", "q"), ("assistant", '{"name": "f", "arguments": {"a": 1}}')),
-     "messages[1].content", "raw JSON function-call object"),
-    ("positional argument", conv(("user", "q"), ("assistant", '<|tool_call_start|>[f("x")]<|tool_call_end|>')),
-     "messages[1].content", "positional arguments"),
-    ("not a list", conv(("user", "q"), ("assistant", '<|tool_call_start|>f(a=1)<|tool_call_end|>')),
-     "messages[1].content", "expected a list of calls"),
-    ("unclosed marker", conv(("user", "q"), ("assistant", '<|tool_call_start|>[f(a=1)]')),
-     "messages[1].content", "without a closing"),
-    ("stray end marker", conv(("user", "q"), ("assistant", '[f(a=1)]<|tool_call_end|>')),
-     "messages[1].content", "without a <|tool_call_start|>"),
-    ("call with no result before the next user turn", conv(("user", "q"), ("assistant", CALL), ("user", "and?"),
-     ("assistant", "sunny")), "messages[1].content", "no role 'tool' result before messages[2]"),
-    ("tool message with no call", conv(("user", "q"), ("tool", "72"), ("assistant", "72")),
-     "messages[1]", "no assistant tool call before it"),
-    ("tool message after a plain answer", conv(("user", "q"), ("assistant", "hm"), ("tool", "72"), ("assistant", "72")),
-     "messages[2]", "no assistant tool call before it"),
-    ("bad JSON arguments", conv(("user", "q"), ("assistant", {"content": "", "tool_calls": [
-        {"function": {"name": "f", "arguments": "{not json"}}]}), ("tool", "1"), ("assistant", "ok")),
-     "messages[1].tool_calls[0].function.arguments", "does not parse"),
-    ("tool_calls without a name", conv(("user", "q"), ("assistant", {"content": "", "tool_calls": [
-        {"function": {"arguments": {}}}]}), ("tool", "1"), ("assistant", "ok")),
-     "messages[1].tool_calls[0]", "name"),
-    ("both structured and bracket calls", conv(("user", "q"), ("assistant", {"content": CALL, "tool_calls": [
-        {"function": {"name": "f", "arguments": {}}}]}), ("tool", "1"), ("assistant", "ok")),
-     "messages[1].tool_calls", "keep one"),
-    ("tools twice", conv(("system", TOOL_LIST), ("user", "q"), ("assistant", "a"), tools=[{"name": "get_weather"}]),
-     "messages[0].content", "given twice"),
+    (
+        "Hermes XML",
+        conv(("user", "q"), ("assistant", '<tool_call>{"name": "f", "arguments": {}}</tool_call>')),
+        "messages[1].content",
+        "Hermes/Qwen",
+    ),
+    (
+        "Mistral",
+        conv(("user", "q"), ("assistant", '[TOOL_CALLS] [{"name": "f", "arguments": {}}]')),
+        "messages[1].content",
+        "Mistral",
+    ),
+    (
+        "function_call tags",
+        conv(("user", "q"), ("assistant", '<function_call>{"name": "f"}</function_call>')),
+        "messages[1].content",
+        "<function_call>",
+    ),
+    (
+        "raw JSON call",
+        conv(("user", "q"), ("assistant", '{"name": "f", "arguments": {"a": 1}}')),
+        "messages[1].content",
+        "raw JSON function-call object",
+    ),
+    (
+        "positional argument",
+        conv(("user", "q"), ("assistant", '<|tool_call_start|>[f("x")]<|tool_call_end|>')),
+        "messages[1].content",
+        "positional arguments",
+    ),
+    (
+        "not a list",
+        conv(("user", "q"), ("assistant", "<|tool_call_start|>f(a=1)<|tool_call_end|>")),
+        "messages[1].content",
+        "expected a list of calls",
+    ),
+    (
+        "unclosed marker",
+        conv(("user", "q"), ("assistant", "<|tool_call_start|>[f(a=1)]")),
+        "messages[1].content",
+        "without a closing",
+    ),
+    (
+        "stray end marker",
+        conv(("user", "q"), ("assistant", "[f(a=1)]<|tool_call_end|>")),
+        "messages[1].content",
+        "without a <|tool_call_start|>",
+    ),
+    (
+        "call with no result before the next user turn",
+        conv(("user", "q"), ("assistant", CALL), ("user", "and?"), ("assistant", "sunny")),
+        "messages[1].content",
+        "no role 'tool' result before messages[2]",
+    ),
+    (
+        "tool message with no call",
+        conv(("user", "q"), ("tool", "72"), ("assistant", "72")),
+        "messages[1]",
+        "no assistant tool call before it",
+    ),
+    (
+        "tool message after a plain answer",
+        conv(("user", "q"), ("assistant", "hm"), ("tool", "72"), ("assistant", "72")),
+        "messages[2]",
+        "no assistant tool call before it",
+    ),
+    (
+        "bad JSON arguments",
+        conv(
+            ("user", "q"),
+            ("assistant", {"content": "", "tool_calls": [{"function": {"name": "f", "arguments": "{not json"}}]}),
+            ("tool", "1"),
+            ("assistant", "ok"),
+        ),
+        "messages[1].tool_calls[0].function.arguments",
+        "does not parse",
+    ),
+    (
+        "tool_calls without a name",
+        conv(
+            ("user", "q"),
+            ("assistant", {"content": "", "tool_calls": [{"function": {"arguments": {}}}]}),
+            ("tool", "1"),
+            ("assistant", "ok"),
+        ),
+        "messages[1].tool_calls[0]",
+        "name",
+    ),
+    (
+        "both structured and bracket calls",
+        conv(
+            ("user", "q"),
+            ("assistant", {"content": CALL, "tool_calls": [{"function": {"name": "f", "arguments": {}}}]}),
+            ("tool", "1"),
+            ("assistant", "ok"),
+        ),
+        "messages[1].tool_calls",
+        "keep one",
+    ),
+    (
+        "tools twice",
+        conv(("system", TOOL_LIST), ("user", "q"), ("assistant", "a"), tools=[{"name": "get_weather"}]),
+        "messages[0].content",
+        "given twice",
+    ),
     ("tools not a list", conv(("user", "q"), ("assistant", "a"), tools={"name": "x"}), "tools", "expected a list"),
 ]
 
@@ -170,9 +311,13 @@ def test_other_model_families_keep_structured_tool_calls_for_their_own_template(
 
 
 def test_tools_column_from_csv_json_text():
-    row = {"messages": json.dumps([{"role": "user", "content": "q"}, {"role": "assistant", "content": "a"}]),
-           "tools": json.dumps([{"name": "get_weather", "parameters": {}}])}
-    conversation, problems, _ = check_sft_row(SourceRow("d.csv", "row 1 (line 2)", row, from_text_table=True), family="lfm2")
+    row = {
+        "messages": json.dumps([{"role": "user", "content": "q"}, {"role": "assistant", "content": "a"}]),
+        "tools": json.dumps([{"name": "get_weather", "parameters": {}}]),
+    }
+    conversation, problems, _ = check_sft_row(
+        SourceRow("d.csv", "row 1 (line 2)", row, from_text_table=True), family="lfm2"
+    )
     assert problems == [] and conversation.tools == [{"name": "get_weather", "parameters": {}}]
 
 

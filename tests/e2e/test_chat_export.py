@@ -16,12 +16,33 @@ def trained(tmp_path_factory):
     """A full fine-tune that learns `Say W twice.` -> `W W`, and a LoRA run, both through the CLI."""
     folder = tmp_path_factory.mktemp("chat")
     write_jsonl(folder / "train.jsonl", fact_rows(48))
-    full = write_config(folder, tiny_config(data="train.jsonl", project_name="full", training_config={
-        "max_steps": 90, "learning_rate": 3e-3, "per_device_train_batch_size": 8, "save_steps": 45,
-        "warmup_steps": 0}), name="full.yaml")
-    lora = write_config(folder, {**tiny_config(data="train.jsonl", project_name="lora", training_config={
-        "max_steps": 8, "learning_rate": 1e-2, "save_steps": 4}),
-        "peft_config": {"extends": "DEFAULT_LORA", "r": 8}}, name="lora.yaml")
+    full = write_config(
+        folder,
+        tiny_config(
+            data="train.jsonl",
+            project_name="full",
+            training_config={
+                "max_steps": 90,
+                "learning_rate": 3e-3,
+                "per_device_train_batch_size": 8,
+                "save_steps": 45,
+                "warmup_steps": 0,
+            },
+        ),
+        name="full.yaml",
+    )
+    lora = write_config(
+        folder,
+        {
+            **tiny_config(
+                data="train.jsonl",
+                project_name="lora",
+                training_config={"max_steps": 8, "learning_rate": 1e-2, "save_steps": 4},
+            ),
+            "peft_config": {"extends": "DEFAULT_LORA", "r": 8},
+        },
+        name="lora.yaml",
+    )
     for config in (full, lora):
         result = invoke(str(config), cwd=folder)
         assert result.returncode == 0, result.stderr
@@ -36,10 +57,13 @@ def test_chat_prompt_answers_from_the_trained_model(trained):
         assert result.returncode == 0, result.stderr
         assert result.stdout.strip() == f"{word} {word}"
     # a checkpoint of the same run (before the end) and a LoRA run's adapter load too
-    checkpoint = invoke("chat", str(trained["full"] / "checkpoint-45"), "--prompt", "Say red twice.",
-                        "--max-new-tokens", "4")
+    checkpoint = invoke(
+        "chat", str(trained["full"] / "checkpoint-45"), "--prompt", "Say red twice.", "--max-new-tokens", "4"
+    )
     assert checkpoint.returncode == 0, checkpoint.stderr
-    adapter = invoke("chat", str(trained["lora"] / "checkpoint-4"), "--prompt", "Say red twice.", "--max-new-tokens", "4")
+    adapter = invoke(
+        "chat", str(trained["lora"] / "checkpoint-4"), "--prompt", "Say red twice.", "--max-new-tokens", "4"
+    )
     assert adapter.returncode == 0, adapter.stderr
     missing = invoke("chat", str(trained["folder"] / "nowhere"), "--prompt", "hi")
     assert missing.returncode == 2 and "no such folder" in missing.stderr
@@ -57,14 +81,19 @@ def test_export_merge_equals_base_plus_adapter(trained):
     result = invoke("export", str(checkpoint), "--merge", "--output", str(out))
     assert result.returncode == 0, result.stderr
     assert (out / "config.json").exists() and not (out / "adapter_config.json").exists()
-    assert "<|im_start|>" in json.loads((out / "tokenizer_config.json").read_text()).get("chat_template", "") or \
-        (out / "chat_template.jinja").exists()
+    assert (
+        "<|im_start|>" in json.loads((out / "tokenizer_config.json").read_text()).get("chat_template", "")
+        or (out / "chat_template.jinja").exists()
+    )
     merged = AutoModelForCausalLM.from_pretrained(out).eval()
     tokenizer = load_tiny_tokenizer("tiny-lfm2")
     base = load_model("tiny-lfm2", tokenizer)
     reference = PeftModel.from_pretrained(base, str(checkpoint)).eval()
-    ids = tokenizer("<|im_start|>user\nSay gold twice.<|im_end|>\n<|im_start|>assistant\n", return_tensors="pt",
-                    add_special_tokens=False)["input_ids"]
+    ids = tokenizer(
+        "<|im_start|>user\nSay gold twice.<|im_end|>\n<|im_start|>assistant\n",
+        return_tensors="pt",
+        add_special_tokens=False,
+    )["input_ids"]
     with torch.no_grad():
         expected, got = reference(ids).logits, merged(ids).logits
         with reference.disable_adapter():
@@ -95,8 +124,15 @@ def test_the_model_cards_are_valid_and_their_snippets_run_as_pasted(trained):
         assert card.data.library_name == ("peft" if folder == "adapter" else "transformers")
         assert card.data.pipeline_tag == "text-generation"
         text = card.text
-        for part in ("## Data", "## Training", "## Results", "## Use it", "resolved_config.yaml",
-                     str(trained["folder"] / "train.jsonl"), "| 48 | 48 | 48 | 0 |"):
+        for part in (
+            "## Data",
+            "## Training",
+            "## Results",
+            "## Use it",
+            "resolved_config.yaml",
+            str(trained["folder"] / "train.jsonl"),
+            "| 48 | 48 | 48 | 0 |",
+        ):
             assert part in text, part
         assert ("LoRA (r=8" in text) == (kind == "lora")
         [code] = re.findall(r"```python\n(.*?)```", text, re.S)
@@ -120,8 +156,14 @@ def test_every_saved_lfm2_model_carries_the_config_keys_vllm_reads(trained):
     for folder in (trained["full"] / "model", trained["full"] / "checkpoint-45", trained["lora"] / "model", merged):
         config = json.loads((folder / "config.json").read_text())
         attention = [i for i, kind in enumerate(config["layer_types"]) if kind == "full_attention"]
-        assert {key: config.get(key) for key in ("conv_dim", "conv_dim_out", "block_dim", "block_ff_dim",
-                                                  "block_norm_eps", "full_attn_idxs")} == {
-            "conv_dim": config["hidden_size"], "conv_dim_out": config["hidden_size"],
-            "block_dim": config["hidden_size"], "block_ff_dim": config["intermediate_size"],
-            "block_norm_eps": config["norm_eps"], "full_attn_idxs": attention}, folder
+        assert {
+            key: config.get(key)
+            for key in ("conv_dim", "conv_dim_out", "block_dim", "block_ff_dim", "block_norm_eps", "full_attn_idxs")
+        } == {
+            "conv_dim": config["hidden_size"],
+            "conv_dim_out": config["hidden_size"],
+            "block_dim": config["hidden_size"],
+            "block_ff_dim": config["intermediate_size"],
+            "block_norm_eps": config["norm_eps"],
+            "full_attn_idxs": attention,
+        }, folder

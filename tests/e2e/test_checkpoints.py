@@ -19,8 +19,15 @@ from leap_finetune.runs.checkpoints import MARKER, verify
 from tests.conftest import StopAt, fact_rows, tiny_config, write_config, write_jsonl
 from tests.watchdog import communicate
 
-BASE = {"max_steps": 8, "save_steps": 2, "save_total_limit": 2, "learning_rate": 2e-3, "eval_steps": 4,
-        "lr_scheduler_type": "cosine", "logging_steps": 1}
+BASE = {
+    "max_steps": 8,
+    "save_steps": 2,
+    "save_total_limit": 2,
+    "learning_rate": 2e-3,
+    "eval_steps": 4,
+    "lr_scheduler_type": "cosine",
+    "logging_steps": 1,
+}
 
 
 def _records(run_dir: Path) -> list[dict]:
@@ -49,8 +56,13 @@ def data(workdir):
 
 
 def _config(folder: Path, project: str, name: str, **training) -> Path:
-    return write_config(folder, tiny_config(project_name=project, dataset={"path": "train.jsonl", "test_size": 8},
-                                            training_config={**BASE, **training}), name)
+    return write_config(
+        folder,
+        tiny_config(
+            project_name=project, dataset={"path": "train.jsonl", "test_size": 8}, training_config={**BASE, **training}
+        ),
+        name,
+    )
 
 
 def test_a_damaged_checkpoint_is_skipped_and_the_resume_reproduces_the_run(data):
@@ -106,8 +118,14 @@ def _cli(config: Path, cwd: Path, fault: str | None = None) -> subprocess.Popen:
     env = {**os.environ, "HF_HUB_OFFLINE": "1", "TRANSFORMERS_OFFLINE": "1", "CUDA_VISIBLE_DEVICES": ""}
     if fault:
         env["LEAP_FINETUNE_FAULT"] = fault
-    return subprocess.Popen([sys.executable, "-m", "leap_finetune.cli", str(config)], cwd=cwd, env=env,
-                            stdout=subprocess.DEVNULL, stderr=subprocess.PIPE, text=True)
+    return subprocess.Popen(
+        [sys.executable, "-m", "leap_finetune.cli", str(config)],
+        cwd=cwd,
+        env=env,
+        stdout=subprocess.DEVNULL,
+        stderr=subprocess.PIPE,
+        text=True,
+    )
 
 
 def _checkpoints(run_dir: Path) -> list[Path]:
@@ -137,9 +155,11 @@ def test_sigkill_at_many_points_then_resume_reproduces_the_uninterrupted_run(dat
 
     # (the N-th time the process reaches the point; a resumed process counts from its own start: it first deletes
     # the unmarked checkpoint the last kill left, then rotates the one it resumed from away)
-    kills = [(start, "checkpoint-written#3", {"checkpoint-2": True, "checkpoint-3": False}),  # mid-save
-             (resume, "checkpoint-deleting#2", {"checkpoint-2": False, "checkpoint-3": True}),  # mid-rotation
-             (resume, "checkpoint-saved#2", {"checkpoint-5": True})]  # between saves
+    kills = [
+        (start, "checkpoint-written#3", {"checkpoint-2": True, "checkpoint-3": False}),  # mid-save
+        (resume, "checkpoint-deleting#2", {"checkpoint-2": False, "checkpoint-3": True}),  # mid-rotation
+        (resume, "checkpoint-saved#2", {"checkpoint-5": True}),
+    ]  # between saves
     for config, point, expected in kills:
         proc = _cli(config, data, fault=f"{point}=SIGKILL")
         _, stderr = communicate(proc)
@@ -163,17 +183,23 @@ def test_a_resume_must_continue_the_same_run(data):
     stopped = run_config(_config(data, "same", "cut.yaml"), callbacks=[StopAt(6)])
     run_dir = Path(stopped["run_dir"])
     before = {p.name: p.stat().st_mtime_ns for p in run_dir.iterdir()} | {
-        "metrics": (run_dir / "metrics.jsonl").read_bytes()}
+        "metrics": (run_dir / "metrics.jsonl").read_bytes()
+    }
     write_jsonl(data / "other.jsonl", fact_rows(40))
     changes = {
         "model": (dict(model_name="tiny-lfm2.5"), "model_id: 'tiny-lfm2' -> 'tiny-lfm2.5'"),
         "lora": (dict(peft_config={"extends": "DEFAULT_LORA"}), "peft: None ->"),
-        "batch": (dict(training_config={**BASE, "per_device_train_batch_size": 2, "resume_from_checkpoint": "latest"}),
-                  "the global batch (per_device_train_batch_size x gradient_accumulation_steps x workers): 4 -> 2"),
+        "batch": (
+            dict(training_config={**BASE, "per_device_train_batch_size": 2, "resume_from_checkpoint": "latest"}),
+            "the global batch (per_device_train_batch_size x gradient_accumulation_steps x workers): 4 -> 2",
+        ),
     }
     for name, (overrides, expected) in changes.items():
-        config = tiny_config(project_name="same", dataset={"path": "train.jsonl", "test_size": 8},
-                             training_config={**BASE, "resume_from_checkpoint": "latest"})
+        config = tiny_config(
+            project_name="same",
+            dataset={"path": "train.jsonl", "test_size": 8},
+            training_config={**BASE, "resume_from_checkpoint": "latest"},
+        )
         config.update(overrides)
         with pytest.raises(LeapError, match="changes what the run") as info:
             run_config(write_config(data, config, f"{name}.yaml"))
@@ -191,7 +217,8 @@ def test_a_resume_must_continue_the_same_run(data):
         run_config(_config(data, "same", "folder.yaml", resume_from_checkpoint=str(run_dir)))
     # none of these touched the run
     after = {p.name: p.stat().st_mtime_ns for p in run_dir.iterdir()} | {
-        "metrics": (run_dir / "metrics.jsonl").read_bytes()}
+        "metrics": (run_dir / "metrics.jsonl").read_bytes()
+    }
     assert after == before
     resumed = run_config(_config(data, "same", "ok.yaml", resume_from_checkpoint="latest"))
     assert resumed["global_step"] == 8

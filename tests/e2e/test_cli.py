@@ -5,10 +5,10 @@ from __future__ import annotations
 
 import json
 
-from leap_finetune.data.chat_templates import official_template
-from leap_finetune.models.tiny import load_tiny_tokenizer
 import pytest
 
+from leap_finetune.data.chat_templates import official_template
+from leap_finetune.models.tiny import load_tiny_tokenizer
 from tests.conftest import EXAMPLES, chat, invoke, run_cli, tiny_config, write_config, write_jsonl
 from tests.watchdog import Watchdog, communicate, wait_until
 
@@ -36,13 +36,28 @@ def test_quickstart_learns_visibly(workdir, examples):
     assert summary["benchmarks"]["benchmark/capitals/score"] >= 0.75
 
     # standalone evaluation of the trained run, from the CLI and from Python
-    eval_config = {"model_name": "tiny-lfm2", "checkpoint": str(run_dir),
-                   "evals": {"max_new_tokens": 24, "benchmarks": [
-                       {"name": "capitals", "path": str(EXAMPLES / "data/quickstart_bench_generation.jsonl"),
-                        "metric": "exact_match"},
-                       {"name": "capitals_mcq", "path": str(EXAMPLES / "data/quickstart_bench_mcq.jsonl"),
-                        "metric": "logprob_mcq"}]}}
-    evaluated = invoke("eval", str(write_config(workdir, eval_config, "eval.yaml")), "--output", "results.json", cwd=workdir)
+    eval_config = {
+        "model_name": "tiny-lfm2",
+        "checkpoint": str(run_dir),
+        "evals": {
+            "max_new_tokens": 24,
+            "benchmarks": [
+                {
+                    "name": "capitals",
+                    "path": str(EXAMPLES / "data/quickstart_bench_generation.jsonl"),
+                    "metric": "exact_match",
+                },
+                {
+                    "name": "capitals_mcq",
+                    "path": str(EXAMPLES / "data/quickstart_bench_mcq.jsonl"),
+                    "metric": "logprob_mcq",
+                },
+            ],
+        },
+    }
+    evaluated = invoke(
+        "eval", str(write_config(workdir, eval_config, "eval.yaml")), "--output", "results.json", cwd=workdir
+    )
     assert evaluated.returncode == 0, evaluated.stderr[-2000:]
     results = json.loads((workdir / "results.json").read_text())
     assert results["model"] == str(run_dir / "model")
@@ -50,7 +65,10 @@ def test_quickstart_learns_visibly(workdir, examples):
         assert results["results"][key] == value
     from leap_finetune.api import run_config
 
-    assert run_config(workdir / "eval.yaml")["results"]["benchmark/capitals_mcq/score"] == summary["benchmarks"]["benchmark/capitals_mcq/score"]
+    assert (
+        run_config(workdir / "eval.yaml")["results"]["benchmark/capitals_mcq/score"]
+        == summary["benchmarks"]["benchmark/capitals_mcq/score"]
+    )
 
 
 def test_validate_exit_codes_and_messages(workdir, examples):
@@ -58,7 +76,10 @@ def test_validate_exit_codes_and_messages(workdir, examples):
     assert ok.returncode == 0, ok.stderr
     assert "valid" in ok.stderr and not (examples / "outputs").exists()  # validate writes nothing
 
-    write_jsonl(workdir / "train.jsonl", [chat("q", "a"), {"messages": [{"role": "user", "content": "q"}, {"role": "asistant", "content": "a"}]}])
+    write_jsonl(
+        workdir / "train.jsonl",
+        [chat("q", "a"), {"messages": [{"role": "user", "content": "q"}, {"role": "asistant", "content": "a"}]}],
+    )
     config = write_config(workdir, tiny_config())
     bad = run_cli("validate", str(config), cwd=workdir)
     assert bad.returncode == 2
@@ -89,13 +110,21 @@ def test_config_mistakes_exit_2_without_traceback_and_write_nothing(workdir):
 
 def test_inspect_json_matches_the_official_templates(workdir):
     rows = [
-        {"messages": [
-            {"role": "system", "content": "You may call get_weather."},  # tool lists: tests/e2e/test_tool_calling.py
-            {"role": "user", "content": "Weather in Boston?"},
-            {"role": "assistant", "content": "<|tool_call_start|>[get_weather(location=\"Boston\")]<|tool_call_end|>"},
-            {"role": "tool", "content": "{\"temperature\": 72}"},
-            {"role": "assistant", "content": "It's 72 F and sunny."},
-        ]},
+        {
+            "messages": [
+                {
+                    "role": "system",
+                    "content": "You may call get_weather.",
+                },  # tool lists: tests/e2e/test_tool_calling.py
+                {"role": "user", "content": "Weather in Boston?"},
+                {
+                    "role": "assistant",
+                    "content": '<|tool_call_start|>[get_weather(location="Boston")]<|tool_call_end|>',
+                },
+                {"role": "tool", "content": '{"temperature": 72}'},
+                {"role": "assistant", "content": "It's 72 F and sunny."},
+            ]
+        },
         chat("Hi", "Hello!", system="Be brief."),
     ]
     write_jsonl(workdir / "train.jsonl", rows)
@@ -110,8 +139,10 @@ def test_inspect_json_matches_the_official_templates(workdir):
         for item, row in zip(items, rows):
             assert item["text"] == tokenizer.apply_chat_template(row["messages"], tokenize=False)
         trained = [[item["text"][a:b] for a, b in item["trained_spans"]] for item in items]
-        assert trained[0] == ['<|tool_call_start|>[get_weather(location="Boston")]<|tool_call_end|><|im_end|>',
-                              "It's 72 F and sunny.<|im_end|>"]
+        assert trained[0] == [
+            '<|tool_call_start|>[get_weather(location="Boston")]<|tool_call_end|><|im_end|>',
+            "It's 72 F and sunny.<|im_end|>",
+        ]
         assert trained[1] == ["Hello!<|im_end|>"]
 
 
@@ -138,13 +169,22 @@ def test_ctrl_c_saves_a_checkpoint_and_the_run_resumes_to_the_same_losses(workdi
 
     write_jsonl(workdir / "train.jsonl", fact_rows(48))
     base = {"max_steps": 80, "save_steps": 1000, "logging_steps": 1, "learning_rate": 1e-3}
-    reference = invoke(str(write_config(workdir, tiny_config(project_name="ref", training_config=base), "ref.yaml")), cwd=workdir)
+    reference = invoke(
+        str(write_config(workdir, tiny_config(project_name="ref", training_config=base), "ref.yaml")), cwd=workdir
+    )
     assert reference.returncode == 0, reference.stderr[-2000:]
 
     config = write_config(workdir, tiny_config(project_name="int", training_config=base), "int.yaml")
     env = {**__import__("os").environ, "HF_HUB_OFFLINE": "1"}
-    proc = subprocess.Popen([sys.executable, "-m", "leap_finetune.cli", str(config)], cwd=workdir, env=env,
-                            stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
+    proc = subprocess.Popen(
+        [sys.executable, "-m", "leap_finetune.cli", str(config)],
+        cwd=workdir,
+        env=env,
+        stdout=subprocess.PIPE,
+        stderr=subprocess.PIPE,
+        text=True,
+    )
+
     def trained_5_steps():
         found = list((workdir / "outputs" / "int").glob("*/metrics.jsonl"))
         return found[0] if found and found[0].read_text().count('"loss"') >= 5 else None
@@ -159,7 +199,11 @@ def test_ctrl_c_saves_a_checkpoint_and_the_run_resumes_to_the_same_losses(workdi
     stopped_at = int(checkpoint.name.split("-")[1])
     assert 5 <= stopped_at < 80 and (checkpoint / "leap_checkpoint_complete.json").exists()
 
-    resumed_config = write_config(workdir, tiny_config(project_name="int", training_config={**base, "resume_from_checkpoint": "latest"}), "res.yaml")
+    resumed_config = write_config(
+        workdir,
+        tiny_config(project_name="int", training_config={**base, "resume_from_checkpoint": "latest"}),
+        "res.yaml",
+    )
     resumed = invoke(str(resumed_config), cwd=workdir)
     assert resumed.returncode == 0, resumed.stderr[-2000:]
 
@@ -184,8 +228,10 @@ def test_hub_model_offline_and_not_cached_is_a_clear_error(workdir):
     write_jsonl(workdir / "train.jsonl", [chat("q", "a")])
     result = invoke("validate", str(write_config(workdir, tiny_config(model_name="LFM2-350M"))), cwd=workdir)
     assert result.returncode == 2
-    assert ("cannot load the tokenizer 'LiquidAI/LFM2-350M': it is not in the Hugging Face cache, and the Hub cannot "
-            "be used (HF_HUB_OFFLINE=1)") in result.stderr
+    assert (
+        "cannot load the tokenizer 'LiquidAI/LFM2-350M': it is not in the Hugging Face cache, and the Hub cannot "
+        "be used (HF_HUB_OFFLINE=1)"
+    ) in result.stderr
     assert "Traceback" not in result.stderr
 
 
@@ -223,8 +269,13 @@ def test_plan_and_validate_with_no_network_and_hf_hub_offline_unset(tmp_path):
     cached = write_config(tmp_path, tiny_config(model_name="leap-test/tiny-cached"))
     env = {k: v for k, v in os.environ.items() if k not in ("HF_HUB_OFFLINE", "TRANSFORMERS_OFFLINE")}
     env.update(HF_ENDPOINT="http://127.0.0.1:9", HF_HOME=str(tmp_path / "hf"), COLUMNS="200")
-    result = run([sys.executable, "-c", OFFLINE_SCRIPT, str(EXAMPLES / "grpo_lfm2.yaml"), str(tmp_path / "t.json"),
-                  str(cached)], what="plan + validate offline", cpu_s=600, cwd=tmp_path, env=env)
+    result = run(
+        [sys.executable, "-c", OFFLINE_SCRIPT, str(EXAMPLES / "grpo_lfm2.yaml"), str(tmp_path / "t.json"), str(cached)],
+        what="plan + validate offline",
+        cpu_s=600,
+        cwd=tmp_path,
+        env=env,
+    )
     assert (tmp_path / "t.json").exists(), result.stderr[-3000:]
     timings = json.loads((tmp_path / "t.json").read_text())
     plan_out = result.stdout.split("==== plan done")[0]
@@ -233,13 +284,19 @@ def test_plan_and_validate_with_no_network_and_hf_hub_offline_unset(tmp_path):
     text = " ".join(plan_out.split())
     assert "rollout server (trl vllm-serve)" in text and "training worker rank 1" in text
     # which rollout engine, and the one measured faster for a 1.2B model (rl/engines.py)
-    assert "rollouts: vLLM, server; vLLM server mode (rollouts on their own GPUs) is not measured yet; on one GPU, " \
-           "faster at LFM2-1.2B size: use_vllm: false (leap-finetune's sampler), 27.8k rollout tokens/s vs 6.0k" in text
-    assert "tokens: not counted (the tokenizer of LiquidAI/LFM2-1.2B is not in the Hugging Face cache, and plan does " \
-           "not download it" in text
+    assert (
+        "rollouts: vLLM, server; vLLM server mode (rollouts on their own GPUs) is not measured yet; on one GPU, "
+        "faster at LFM2-1.2B size: use_vllm: false (leap-finetune's sampler), 27.8k rollout tokens/s vs 6.0k" in text
+    )
+    assert (
+        "tokens: not counted (the tokenizer of LiquidAI/LFM2-1.2B is not in the Hugging Face cache, and plan does "
+        "not download it" in text
+    )
     assert timings["validate"]["code"] == 2
-    assert ("cannot load the tokenizer 'LiquidAI/LFM2-1.2B': it is not in the Hugging Face cache, and the Hub cannot be "
-            "used (http://127.0.0.1:9 cannot be reached") in validate_err
+    assert (
+        "cannot load the tokenizer 'LiquidAI/LFM2-1.2B': it is not in the Hugging Face cache, and the Hub cannot be "
+        "used (http://127.0.0.1:9 cannot be reached"
+    ) in validate_err
     # huggingface_hub's retries sleep 1+2+4+8+8 = 23 s at least (the bound is those sleeps, not a guess of this
     # machine's speed: after plan's imports validate itself needs a second or two)
     assert timings["validate"]["seconds"] < 23 and "Retrying" not in result.stderr, timings

@@ -25,9 +25,14 @@ def ray_cpus():
 
     from leap_finetune.launch.distributed import worker_env
 
-    ray.init(address="local", num_cpus=2, include_dashboard=False, logging_level="ERROR",
-             runtime_env={"env_vars": worker_env()},
-             logging_config=ray.LoggingConfig(log_level="ERROR"))
+    ray.init(
+        address="local",
+        num_cpus=2,
+        include_dashboard=False,
+        logging_level="ERROR",
+        runtime_env={"env_vars": worker_env()},
+        logging_config=ray.LoggingConfig(log_level="ERROR"),
+    )
     yield
     ray.shutdown()
 
@@ -52,13 +57,21 @@ def test_two_workers_train_like_one_worker_with_twice_the_batch_and_resume_with_
     gradients (it did, through accelerate)."""
     write_jsonl(workdir / "train.jsonl", fact_rows(48))
     write_jsonl(workdir / "held_out.jsonl", fact_rows(8))
-    constant = {**STEPS, "lr_scheduler_type": "constant", "save_steps": 3, "max_steps": 3, "padding_free": True,
-                "eval_steps": 100}
+    constant = {
+        **STEPS,
+        "lr_scheduler_type": "constant",
+        "save_steps": 3,
+        "max_steps": 3,
+        "padding_free": True,
+        "eval_steps": 100,
+    }
 
     def config(name: str, project: str, batch: int, workers: int | None = None, **training):
-        data = tiny_config(project_name=project, training_config={**constant, "per_device_train_batch_size": batch,
-                                                                  **training},
-                           dataset={"path": "train.jsonl", "val_path": "held_out.jsonl"})
+        data = tiny_config(
+            project_name=project,
+            training_config={**constant, "per_device_train_batch_size": batch, **training},
+            dataset={"path": "train.jsonl", "val_path": "held_out.jsonl"},
+        )
         if workers:
             data["ray"] = {"num_workers": workers}
         return write_config(workdir, data, f"{name}.yaml")
@@ -94,10 +107,20 @@ def test_retrieval_on_two_workers_trains_like_one_worker_with_the_whole_batch(wo
     write_jsonl(workdir / "held_out.jsonl", retrieval_rows(8, start=48))
 
     def config(name: str, batch: int, workers: int | None = None):
-        data = {"project_name": name, "model_name": "tiny-lfm2", "training_type": training_type,
-                "dataset": {"path": "train.jsonl", "val_path": "held_out.jsonl"},
-                "training_config": {**STEPS, "max_steps": 3, "per_device_train_batch_size": batch,
-                                    "lr_scheduler_type": "constant", "save_strategy": "no", "eval_strategy": "no"}}
+        data = {
+            "project_name": name,
+            "model_name": "tiny-lfm2",
+            "training_type": training_type,
+            "dataset": {"path": "train.jsonl", "val_path": "held_out.jsonl"},
+            "training_config": {
+                **STEPS,
+                "max_steps": 3,
+                "per_device_train_batch_size": batch,
+                "lr_scheduler_type": "constant",
+                "save_strategy": "no",
+                "eval_strategy": "no",
+            },
+        }
         if workers:
             data["ray"] = {"num_workers": workers}
         return write_config(workdir, data, f"{name}.yaml")
@@ -113,14 +136,26 @@ def test_retrieval_on_two_workers_trains_like_one_worker_with_the_whole_batch(wo
 def test_dpo_with_lora_on_two_workers_trains_like_one_worker(workdir, ray_cpus):
     """DPO (its reference: the adapter-free base) with LoRA, padded batches (transformers' own
     BatchRebalanceSampler does not apply to DPO: random sampling): 2 workers x 4 == 1 worker x 8."""
-    write_jsonl(workdir / "train.jsonl", [{"prompt": f"Say {w} twice.", "chosen": f"{w} {w}", "rejected": "No."}
-                                          for w in ["red", "blue", "teal", "gold"] * 6])
+    write_jsonl(
+        workdir / "train.jsonl",
+        [
+            {"prompt": f"Say {w} twice.", "chosen": f"{w} {w}", "rejected": "No."}
+            for w in ["red", "blue", "teal", "gold"] * 6
+        ],
+    )
 
     def config(name: str, batch: int, workers: int | None):
-        data = tiny_config(project_name=name, training_type="dpo",
-                           peft_config={"extends": "DEFAULT_LORA", "r": 8, "lora_dropout": 0.0},
-                           training_config={**STEPS, "extends": "DEFAULT_DPO", "learning_rate": 1e-3,
-                                            "per_device_train_batch_size": batch})
+        data = tiny_config(
+            project_name=name,
+            training_type="dpo",
+            peft_config={"extends": "DEFAULT_LORA", "r": 8, "lora_dropout": 0.0},
+            training_config={
+                **STEPS,
+                "extends": "DEFAULT_DPO",
+                "learning_rate": 1e-3,
+                "per_device_train_batch_size": batch,
+            },
+        )
         if workers:
             data["ray"] = {"num_workers": workers}
         return write_config(workdir, data, f"{name}.yaml")
@@ -146,14 +181,22 @@ def test_a_killed_worker_ends_the_run_with_its_rank_and_leaves_a_resumable_check
     from leap_finetune.runs.checkpoints import MARKER, verify
 
     write_jsonl(workdir / "train.jsonl", fact_rows(48))
-    data = tiny_config(project_name="killed", training_config={**STEPS, "max_steps": 400, "save_steps": 3,
-                                                               "per_device_train_batch_size": 4})
+    data = tiny_config(
+        project_name="killed",
+        training_config={**STEPS, "max_steps": 400, "save_steps": 3, "per_device_train_batch_size": 4},
+    )
     data["ray"] = {"num_workers": 2}
     config = write_config(workdir, data)
     before = {p.pid for p in psutil.process_iter()}
     env = {**os.environ, "HF_HUB_OFFLINE": "1", "TRANSFORMERS_OFFLINE": "1"}
-    proc = subprocess.Popen([sys.executable, "-m", "leap_finetune.cli", str(config)], cwd=workdir, env=env,
-                            stdout=subprocess.DEVNULL, stderr=subprocess.PIPE, text=True)
+    proc = subprocess.Popen(
+        [sys.executable, "-m", "leap_finetune.cli", str(config)],
+        cwd=workdir,
+        env=env,
+        stdout=subprocess.DEVNULL,
+        stderr=subprocess.PIPE,
+        text=True,
+    )
     watchdog = Watchdog(lambda: [proc.pid, *ray_workers()], what="the 2-worker run")
     wait_until(lambda: list((workdir / "outputs" / "killed").glob(f"*/checkpoint-*/{MARKER}")), watchdog, proc=proc)
     workers = [p for p in psutil.process_iter(["cmdline"]) if "RayTrainWorker" in " ".join(p.info["cmdline"] or [])]
@@ -164,8 +207,12 @@ def test_a_killed_worker_ends_the_run_with_its_rank_and_leaves_a_resumable_check
     assert "error: worker rank" in stderr and "failed" in stderr and "resume with" in stderr, stderr[-3000:]
     assert "Traceback" not in stderr.split("error: worker rank")[-1]
     time.sleep(2)
-    left = [p for p in psutil.process_iter(["cmdline"]) if p.pid not in before
-            and any(name in " ".join(p.info["cmdline"] or []) for name in ("raylet", "gcs_server", "RayTrainWorker"))]
+    left = [
+        p
+        for p in psutil.process_iter(["cmdline"])
+        if p.pid not in before
+        and any(name in " ".join(p.info["cmdline"] or []) for name in ("raylet", "gcs_server", "RayTrainWorker"))
+    ]
     assert not left, [p.info["cmdline"][:2] for p in left]
     [run_dir] = list((workdir / "outputs" / "killed").iterdir())
     marked = [p for p in run_dir.glob("checkpoint-*") if (p / MARKER).exists()]
@@ -182,22 +229,38 @@ def test_grpo_on_two_workers_asks_the_judge_the_driver_started(workdir, ray_cpus
     """GRPO on 2 Ray Train workers with a judge the driver serves (transformers serve on CPU, started before
     the workers): every completion of both workers reaches it, its scores are logged per step, the server is
     stopped at the end; the judge's HTTP client and Ray's placement-group cleaner say nothing on the console."""
-    from leap_finetune.runs.processes import port_in_use
     from leap_finetune.models.tiny import build_tiny_model, load_tiny_tokenizer
+    from leap_finetune.runs.processes import port_in_use
 
     tokenizer = load_tiny_tokenizer("tiny-lfm2")
     build_tiny_model("tiny-lfm2", tokenizer).save_pretrained(workdir / "judge")
     tokenizer.save_pretrained(workdir / "judge")
     write_jsonl(workdir / "prompts.jsonl", [{"prompt": "Name a color.", "solution": "teal"}] * 32)
     port = 8000 + os.getpid() % 1000  # not the default: a parallel run on the machine keeps its own
-    judge = {"model": str(workdir / "judge"), "prompt_template": "Grade: {completion}", "timeout_s": 30,
-             "max_tokens": 2}
-    data = {"project_name": "grpo", "model_name": "tiny-lfm2", "training_type": "grpo",
-            "dataset": {"path": "prompts.jsonl"}, "rewards": {"funcs": ["accuracy"], "judge": judge},
-            "grpo_rollout": {"judge_port": port}, "ray": {"num_workers": 2},
-            "training_config": {"use_vllm": False, "max_steps": 2, "per_device_train_batch_size": 8,
-                                "num_generations": 8, "max_completion_length": 4, "logging_steps": 1,
-                                "save_strategy": "no"}}
+    judge = {
+        "model": str(workdir / "judge"),
+        "prompt_template": "Grade: {completion}",
+        "timeout_s": 30,
+        "max_tokens": 2,
+    }
+    data = {
+        "project_name": "grpo",
+        "model_name": "tiny-lfm2",
+        "training_type": "grpo",
+        "dataset": {"path": "prompts.jsonl"},
+        "rewards": {"funcs": ["accuracy"], "judge": judge},
+        "grpo_rollout": {"judge_port": port},
+        "ray": {"num_workers": 2},
+        "training_config": {
+            "use_vllm": False,
+            "max_steps": 2,
+            "per_device_train_batch_size": 8,
+            "num_generations": 8,
+            "max_completion_length": 4,
+            "logging_steps": 1,
+            "save_strategy": "no",
+        },
+    }
     summary = run_config(write_config(workdir, data))
     run_dir = Path(summary["run_dir"])
     records = [json.loads(line) for line in (run_dir / "metrics.jsonl").read_text().splitlines()]
@@ -210,7 +273,6 @@ def test_grpo_on_two_workers_asks_the_judge_the_driver_started(workdir, ray_cpus
     console = capfd.readouterr()
     assert "HTTP Request:" not in console.err + console.out
     assert "PlacementGroupCleaner" not in console.err + console.out
-
 
 
 @pytest.mark.slow
@@ -231,20 +293,40 @@ def test_ctrl_c_checkpoints_a_ray_run_and_a_killed_driver_takes_its_workers_with
     from leap_finetune.runs.checkpoints import MARKER, verify
 
     write_jsonl(workdir / "train.jsonl", fact_rows(48))
-    data = tiny_config(project_name="signals", training_config={**STEPS, "max_steps": 30, "save_steps": 2,
-                                                                "save_total_limit": 2, "per_device_train_batch_size": 4})
+    data = tiny_config(
+        project_name="signals",
+        training_config={
+            **STEPS,
+            "max_steps": 30,
+            "save_steps": 2,
+            "save_total_limit": 2,
+            "per_device_train_batch_size": 4,
+        },
+    )
     data["ray"] = {"num_workers": 2}
     config = write_config(workdir, data)
     data["training_config"]["resume_from_checkpoint"] = "latest"
     resume = write_config(workdir, data, "resume.yaml")
     project = workdir / "outputs" / "signals"
-    env = {**os.environ, "HF_HUB_OFFLINE": "1", "TRANSFORMERS_OFFLINE": "1", "COLUMNS": "200",
-           "RAY_ADDRESS": ray.get_runtime_context().gcs_address}
+    env = {
+        **os.environ,
+        "HF_HUB_OFFLINE": "1",
+        "TRANSFORMERS_OFFLINE": "1",
+        "COLUMNS": "200",
+        "RAY_ADDRESS": ray.get_runtime_context().gcs_address,
+    }
 
     def start(path: Path, after: int, local: bool = False) -> tuple[subprocess.Popen, Path]:
         here = {k: v for k, v in env.items() if k != "RAY_ADDRESS"} if local else env
-        proc = subprocess.Popen([sys.executable, "-m", "leap_finetune.cli", str(path)], cwd=workdir, env=here,
-                                stdout=subprocess.DEVNULL, stderr=subprocess.PIPE, text=True, start_new_session=True)
+        proc = subprocess.Popen(
+            [sys.executable, "-m", "leap_finetune.cli", str(path)],
+            cwd=workdir,
+            env=here,
+            stdout=subprocess.DEVNULL,
+            stderr=subprocess.PIPE,
+            text=True,
+            start_new_session=True,
+        )
         watchdog = Watchdog(lambda: [proc.pid, *ray_workers()], what="the 2-worker run")
 
         def saved_after() -> bool:
@@ -263,7 +345,9 @@ def test_ctrl_c_checkpoints_a_ray_run_and_a_killed_driver_takes_its_workers_with
     summary = json.loads((run_dir / "summary.json").read_text())
     assert summary["stopped_early"] and summary["stopped_by_signal"] == signal.SIGINT
     stopped_at = summary["global_step"]
-    assert f"stopped at step {stopped_at} (checkpoint saved)" in text and verify(run_dir / f"checkpoint-{stopped_at}").ok
+    assert (
+        f"stopped at step {stopped_at} (checkpoint saved)" in text and verify(run_dir / f"checkpoint-{stopped_at}").ok
+    )
     assert not (run_dir / ".leap-stop-request").exists()
 
     proc, _ = start(resume, stopped_at, local=True)  # the driver's own local Ray instance, as by default
@@ -298,12 +382,18 @@ def test_workers_the_ray_cluster_cannot_hold_are_an_error_before_any_worker_star
     custom = tiny_config(ray={"address": address, "num_workers": 2, "resources_per_worker": {"my_res": 1}})
     result = invoke("validate", str(write_config(workdir, custom, "custom.yaml")), cwd=workdir)
     text = " ".join(result.stderr.split())
-    assert result.returncode == 2 and f"ray.resources_per_worker asks for my_res, which no node of the Ray cluster at " \
-        f"{address} has (it has CPU 2, memory" in text, text
+    assert (
+        result.returncode == 2
+        and f"ray.resources_per_worker asks for my_res, which no node of the Ray cluster at "
+        f"{address} has (it has CPU 2, memory"
+        in text
+    ), text
     assert "ray start ... --resources='{\"my_res\": N}'" in text
     memory = tiny_config(project_name="memory", ray={"num_workers": 2, "resources_per_worker": {"memory": 1e15}})
     with pytest.raises(LeapError) as info:
         run_config(write_config(workdir, memory, "memory.yaml"))
-    assert "the plan's 2 workers, each reserving memory 931322.6 GiB (ray.resources_per_worker), do not fit on the " \
+    assert (
+        "the plan's 2 workers, each reserving memory 931322.6 GiB (ray.resources_per_worker), do not fit on the "
         "local Ray instance (CPU 2, memory" in info.value.message
+    )
     assert not list((workdir / "outputs" / "memory").glob("*/*")), "the new run folder was left"

@@ -26,8 +26,14 @@ from tests.conftest import StopAt, fact_rows, invoke, tiny_config, write_config,
 from tests.watchdog import Watchdog, communicate, run
 
 # A learning rate that is not 0 at the end: one step too many changes the final weights.
-BASE = {"max_steps": 8, "save_steps": 4, "learning_rate": 2e-3, "logging_steps": 1, "lr_scheduler_type": "constant",
-        "save_total_limit": 5}
+BASE = {
+    "max_steps": 8,
+    "save_steps": 4,
+    "learning_rate": 2e-3,
+    "logging_steps": 1,
+    "lr_scheduler_type": "constant",
+    "save_total_limit": 5,
+}
 
 
 @pytest.fixture
@@ -37,23 +43,39 @@ def data(workdir):
 
 
 def _config(folder: Path, project: str, name: str, dataset: dict | None = None, **training) -> Path:
-    return write_config(folder, tiny_config(project_name=project, dataset=dataset or {"path": "train.jsonl"},
-                                            training_config={**BASE, **training}), name)
+    return write_config(
+        folder,
+        tiny_config(
+            project_name=project, dataset=dataset or {"path": "train.jsonl"}, training_config={**BASE, **training}
+        ),
+        name,
+    )
 
 
-def _cli(config: Path, cwd: Path, fault: str | None = None, new_session: bool = False,
-         args: tuple[str, ...] = ()) -> subprocess.Popen:
+def _cli(
+    config: Path, cwd: Path, fault: str | None = None, new_session: bool = False, args: tuple[str, ...] = ()
+) -> subprocess.Popen:
     env = {**os.environ, "HF_HUB_OFFLINE": "1", "TRANSFORMERS_OFFLINE": "1", "COLUMNS": "200"}
     env.pop("LEAP_FINETUNE_SHOW_WARNINGS", None)
     if fault:
         env["LEAP_FINETUNE_FAULT"] = fault
-    return subprocess.Popen([sys.executable, "-m", "leap_finetune.cli", *args, str(config)], cwd=cwd, env=env,
-                            stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True, start_new_session=new_session)
+    return subprocess.Popen(
+        [sys.executable, "-m", "leap_finetune.cli", *args, str(config)],
+        cwd=cwd,
+        env=env,
+        stdout=subprocess.PIPE,
+        stderr=subprocess.PIPE,
+        text=True,
+        start_new_session=new_session,
+    )
 
 
 def _steps(run_dir: Path) -> list[int]:
-    return [json.loads(line)["step"] for line in (run_dir / "metrics.jsonl").read_text().splitlines()
-            if "loss" in json.loads(line)]
+    return [
+        json.loads(line)["step"]
+        for line in (run_dir / "metrics.jsonl").read_text().splitlines()
+        if "loss" in json.loads(line)
+    ]
 
 
 def _only_run(project: Path) -> Path:
@@ -76,7 +98,9 @@ def test_a_kill_while_saving_the_final_model_resumes_to_the_uninterrupted_weight
     assert killed.returncode == -signal.SIGKILL, stderr[-3000:]
     run_dir = _only_run(data / "outputs" / "cut")
     assert verify(run_dir / "checkpoint-8").ok and not (run_dir / "summary.json").exists()
-    assert (run_dir / ".model.partial").is_dir() and not (run_dir / "model").exists()  # killed mid-save, nothing in place
+    assert (run_dir / ".model.partial").is_dir() and not (
+        run_dir / "model"
+    ).exists()  # killed mid-save, nothing in place
 
     resumed = run_config(_config(data, "cut", "resume.yaml", resume_from_checkpoint="latest"))
     assert resumed["global_step"] == 8 and _steps(run_dir) == list(range(1, 9))
@@ -115,8 +139,10 @@ def test_sigterm_before_training_leaves_nothing_to_block_a_rerun(data, capfd):
     finally:
         del os.environ["LEAP_FINETUNE_FAULT"]
     assert stopped.returncode == 128 + signal.SIGTERM, stopped.stderr[-3000:]
-    assert "stopped by SIGTERM before training started: nothing was saved (no checkpoint yet); the new run folder " \
-           "was removed" in " ".join(stopped.stderr.split()), stopped.stderr[-2000:]
+    assert (
+        "stopped by SIGTERM before training started: nothing was saved (no checkpoint yet); the new run folder "
+        "was removed" in " ".join(stopped.stderr.split())
+    ), stopped.stderr[-2000:]
     assert "Traceback" not in stopped.stderr and not output.exists()
 
     # a run folder a SIGKILLed driver left without any checkpoint: both errors say to remove it
@@ -153,11 +179,20 @@ def test_config_changes_on_resume_are_refused_or_applied_from_the_resumed_step(d
     run_dir = Path(stopped["run_dir"])
     (run_dir / "resolved_config.yaml").unlink()  # (a kill during a resume could remove these: the marker has them)
     (run_dir / "prepared" / "fingerprint.json").unlink()
-    for change, shown in (({"learning_rate": 1e-3}, "learning_rate: 0.002 -> 0.001"),
-                          ({"lr_scheduler_type": "cosine"}, "lr_scheduler_type: 'linear' -> 'cosine'")):
+    for change, shown in (
+        ({"learning_rate": 1e-3}, "learning_rate: 0.002 -> 0.001"),
+        ({"lr_scheduler_type": "cosine"}, "lr_scheduler_type: 'linear' -> 'cosine'"),
+    ):
         with pytest.raises(LeapError, match="changes how the run") as info:
-            validate_config(_config(data, "chg", "bad.yaml", resume_from_checkpoint="latest",
-                                    **{"lr_scheduler_type": "linear", **change}))
+            validate_config(
+                _config(
+                    data,
+                    "chg",
+                    "bad.yaml",
+                    resume_from_checkpoint="latest",
+                    **{"lr_scheduler_type": "linear", **change},
+                )
+            )
         assert shown in info.value.message and "resume_allow_changes: [" in info.value.fix
     # other data with the same keys: caught by the fingerprint the checkpoint recorded
     (data / "train.jsonl").rename(data / "kept.jsonl")
@@ -166,12 +201,29 @@ def test_config_changes_on_resume_are_refused_or_applied_from_the_resumed_step(d
         validate_config(_config(data, "chg", "data.yaml", resume_from_checkpoint="latest", lr_scheduler_type="linear"))
     (data / "kept.jsonl").replace(data / "train.jsonl")
     with pytest.raises(LeapError, match="resume_allow_changes lists seed"):
-        validate_config(_config(data, "chg", "never.yaml", resume_from_checkpoint="latest", lr_scheduler_type="linear",
-                                resume_allow_changes=["seed"]))
+        validate_config(
+            _config(
+                data,
+                "chg",
+                "never.yaml",
+                resume_from_checkpoint="latest",
+                lr_scheduler_type="linear",
+                resume_allow_changes=["seed"],
+            )
+        )
 
     # allowed: the new schedule holds from the resumed step on, the first one included
-    resumed = run_config(_config(data, "chg", "ok.yaml", resume_from_checkpoint="latest", learning_rate=1e-3,
-                                 lr_scheduler_type="cosine", resume_allow_changes=["learning_rate", "lr_scheduler_type"]))
+    resumed = run_config(
+        _config(
+            data,
+            "chg",
+            "ok.yaml",
+            resume_from_checkpoint="latest",
+            learning_rate=1e-3,
+            lr_scheduler_type="cosine",
+            resume_allow_changes=["learning_rate", "lr_scheduler_type"],
+        )
+    )
     assert resumed["global_step"] == 8
     records = [json.loads(line) for line in (run_dir / "metrics.jsonl").read_text().splitlines()]
     rates = {r["step"]: r["learning_rate"] for r in records if "learning_rate" in r}
@@ -184,7 +236,8 @@ def test_config_changes_on_resume_are_refused_or_applied_from_the_resumed_step(d
     changes = json.loads((run_dir / "resume_changes.json").read_text())
     assert {(c["step"], c["key"], c["before"], c["now"]) for c in changes} == {
         (4, "training_config.learning_rate", 0.002, 0.001),
-        (4, "training_config.lr_scheduler_type", "linear", "cosine")}
+        (4, "training_config.lr_scheduler_type", "linear", "cosine"),
+    }
     assert "| changed on resume at step 4 | learning_rate: 0.002 -> 0.001 |" in (run_dir / "README.md").read_text()
 
 
@@ -332,21 +385,37 @@ def test_running_out_of_memory_names_the_settings_to_change(data):
     rows of ~4,000 tokens whose attention alone needs more."""
     import resource
 
-    long_rows = [{"messages": [{"role": "user", "content": f"Repeat {w}."},
-                               {"role": "assistant", "content": " ".join([w] * 2000)}]}
-                 for w in ["red", "blue", "teal", "gold"] * 12]
+    long_rows = [
+        {
+            "messages": [
+                {"role": "user", "content": f"Repeat {w}."},
+                {"role": "assistant", "content": " ".join([w] * 2000)},
+            ]
+        }
+        for w in ["red", "blue", "teal", "gold"] * 12
+    ]
     write_jsonl(data / "long.jsonl", long_rows)
-    config = _config(data, "oom", "oom.yaml", dataset={"path": "long.jsonl"}, per_device_train_batch_size=48,
-                     max_length=4096, max_steps=2)
+    config = _config(
+        data,
+        "oom",
+        "oom.yaml",
+        dataset={"path": "long.jsonl"},
+        per_device_train_batch_size=48,
+        max_length=4096,
+        max_steps=2,
+    )
 
     def cap():
         resource.setrlimit(resource.RLIMIT_AS, (8 * 2**30, 8 * 2**30))
 
     env = {**os.environ, "HF_HUB_OFFLINE": "1", "TRANSFORMERS_OFFLINE": "1", "COLUMNS": "200"}
-    result = run([sys.executable, "-m", "leap_finetune.cli", str(config)], what="the run", cwd=data, env=env,
-                 preexec_fn=cap)
+    result = run(
+        [sys.executable, "-m", "leap_finetune.cli", str(config)], what="the run", cwd=data, env=env, preexec_fn=cap
+    )
     text = " ".join(result.stderr.split())
     assert result.returncode == 2, result.stderr[-3000:]
-    assert "training_config: out of memory at step 0 (per_device_train_batch_size 48, max_length 4096" in text, text[-2000:]
+    assert "training_config: out of memory at step 0 (per_device_train_batch_size 48, max_length 4096" in text, text[
+        -2000:
+    ]
     assert "lower per_device_train_batch_size (raise gradient_accumulation_steps" in text
     assert "Traceback" not in result.stderr

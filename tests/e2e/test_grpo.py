@@ -30,25 +30,58 @@ def color_and_judge_model(tmp_path_factory) -> Path:
     rng = random.Random(0)
     answers = COLORS * 12  # each color equally often: the model names teal about 1 time in 8
     rng.shuffle(answers)
-    rows = [{"messages": [{"role": "user", "content": "Name a color."}, {"role": "assistant", "content": answer}]}
-            for answer in answers]
-    rows += [{"messages": [{"role": "user", "content": f"Grade: {rng.choice(COLORS)}"},
-                           {"role": "assistant", "content": "7"}]} for _ in range(32)]
+    rows = [
+        {"messages": [{"role": "user", "content": "Name a color."}, {"role": "assistant", "content": answer}]}
+        for answer in answers
+    ]
+    rows += [
+        {
+            "messages": [
+                {"role": "user", "content": f"Grade: {rng.choice(COLORS)}"},
+                {"role": "assistant", "content": "7"},
+            ]
+        }
+        for _ in range(32)
+    ]
     write_jsonl(folder / "sft.jsonl", rows)
-    config = {"project_name": "colors", "model_name": "tiny-lfm2", "dataset": {"path": "sft.jsonl"},
-              "training_config": {"max_steps": 150, "per_device_train_batch_size": 8, "learning_rate": 3e-3,
-                                  "warmup_steps": 0, "logging_steps": 10, "save_strategy": "no", "max_length": 64}}
+    config = {
+        "project_name": "colors",
+        "model_name": "tiny-lfm2",
+        "dataset": {"path": "sft.jsonl"},
+        "training_config": {
+            "max_steps": 150,
+            "per_device_train_batch_size": 8,
+            "learning_rate": 3e-3,
+            "warmup_steps": 0,
+            "logging_steps": 10,
+            "save_strategy": "no",
+            "max_length": 64,
+        },
+    }
     summary = run_config(write_config(folder, config, "sft.yaml"))
     return Path(summary["model_dir"])
 
 
 def _grpo_config(folder: Path, model: Path, rewards, **training) -> Path:
     write_jsonl(folder / "prompts.jsonl", [{"prompt": "Name a color.", "solution": "teal"}] * 64)
-    config = {"project_name": "grpo", "model_name": str(model), "training_type": "grpo",
-              "dataset": {"path": "prompts.jsonl"}, "rewards": rewards,
-              "training_config": {"use_vllm": False, "max_steps": 24, "per_device_train_batch_size": 16,
-                                  "num_generations": 8, "max_completion_length": 6, "learning_rate": 5e-4,
-                                  "logging_steps": 1, "save_strategy": "no", **training}}
+    config = {
+        "project_name": "grpo",
+        "model_name": str(model),
+        "training_type": "grpo",
+        "dataset": {"path": "prompts.jsonl"},
+        "rewards": rewards,
+        "training_config": {
+            "use_vllm": False,
+            "max_steps": 24,
+            "per_device_train_batch_size": 16,
+            "num_generations": 8,
+            "max_completion_length": 6,
+            "learning_rate": 5e-4,
+            "logging_steps": 1,
+            "save_strategy": "no",
+            **training,
+        },
+    }
     return write_config(folder, config, "grpo.yaml")
 
 
@@ -62,8 +95,9 @@ def examples_copy(tmp_path_factory) -> Path:
     import shutil
 
     folder = tmp_path_factory.mktemp("examples") / "examples"
-    shutil.copytree(Path(__file__).resolve().parents[2] / "examples", folder,
-                    ignore=shutil.ignore_patterns("outputs", "images"))
+    shutil.copytree(
+        Path(__file__).resolve().parents[2] / "examples", folder, ignore=shutil.ignore_patterns("outputs", "images")
+    )
     run_config(folder / "grpo_tiny_warmup.yaml")
     return folder
 
@@ -127,8 +161,15 @@ def test_the_driver_runs_a_cpu_judge_whose_death_is_counted(workdir, color_and_j
     training, training's requests reach it, and a judge killed mid-run is counted, never fatal."""
     color_model = color_and_judge_model
     port = _free_port()
-    judge = {"model": str(color_model), "prompt_template": "Grade: {completion}", "min_score": 0, "max_score": 10,
-             "timeout_s": 20, "retries": 0, "max_tokens": 4}
+    judge = {
+        "model": str(color_model),
+        "prompt_template": "Grade: {completion}",
+        "min_score": 0,
+        "max_score": 10,
+        "timeout_s": 20,
+        "retries": 0,
+        "max_tokens": 4,
+    }
     path = _grpo_config(workdir, color_model, {"funcs": ["accuracy"], "judge": judge}, max_steps=5)
     config = yaml.safe_load(path.read_text())
     config["grpo_rollout"] = {"judge_port": port}
@@ -151,7 +192,7 @@ def test_the_driver_runs_a_cpu_judge_whose_death_is_counted(workdir, color_and_j
     assert log.count("POST /v1/chat/completions") == 32  # 2 steps x 16 completions reached the server
 
 
-FLAKY_REWARD = '''import json, os
+FLAKY_REWARD = """import json, os
 
 def flaky(completions, trainer_state, **kwargs):
     with open(os.path.join(os.path.dirname(__file__), "calls.jsonl"), "a") as log:
@@ -159,7 +200,7 @@ def flaky(completions, trainer_state, **kwargs):
     if trainer_state.global_step >= 1:
         raise KeyError("level")
     return [0.0] * len(completions)
-'''
+"""
 
 
 def test_a_custom_reward_that_raises_while_training_stops_the_run_at_that_step(workdir):
@@ -171,18 +212,33 @@ def test_a_custom_reward_that_raises_while_training_stops_the_run_at_that_step(w
     (workdir / "flaky_rewards.py").write_text(FLAKY_REWARD)
     tools = [{"type": "function", "function": {"name": "get_color", "parameters": {"type": "object"}}}]
     write_jsonl(workdir / "prompts.jsonl", [{"prompt": "Name a color.", "solution": "teal", "tools": tools}] * 4)
-    config = {"model_name": "tiny-lfm2", "training_type": "grpo", "dataset": {"path": "prompts.jsonl"},
-              "rewards": ["./flaky_rewards.py::flaky", "tool_call_valid"], "output_dir": "run",
-              "training_config": {"use_vllm": False, "max_steps": 3, "per_device_train_batch_size": 2,
-                                  "num_generations": 2, "max_completion_length": 4, "logging_steps": 1,
-                                  "save_steps": 1}}
+    config = {
+        "model_name": "tiny-lfm2",
+        "training_type": "grpo",
+        "dataset": {"path": "prompts.jsonl"},
+        "rewards": ["./flaky_rewards.py::flaky", "tool_call_valid"],
+        "output_dir": "run",
+        "training_config": {
+            "use_vllm": False,
+            "max_steps": 3,
+            "per_device_train_batch_size": 2,
+            "num_generations": 2,
+            "max_completion_length": 4,
+            "logging_steps": 1,
+            "save_steps": 1,
+        },
+    }
     ran = invoke("run", str(write_config(workdir, config)), cwd=workdir)
     assert ran.returncode == 2 and "Traceback" not in ran.stderr, ran.stderr
-    error = " ".join(ran.stderr[ran.stderr.index("error: "):].split())
-    assert ("rewards.funcs[0]: the custom reward flaky_rewards.py::flaky raised KeyError: 'level' (flaky_rewards.py, "
-            "line 7) at training step 2, on 2 completions of the prompt 'Name a color.'") in error, error
-    assert "resume with training_config.resume_from_checkpoint: latest (the last complete checkpoint, checkpoint-1, " \
-           "is intact" in error
+    error = " ".join(ran.stderr[ran.stderr.index("error: ") :].split())
+    assert (
+        "rewards.funcs[0]: the custom reward flaky_rewards.py::flaky raised KeyError: 'level' (flaky_rewards.py, "
+        "line 7) at training step 2, on 2 completions of the prompt 'Name a color.'"
+    ) in error, error
+    assert (
+        "resume with training_config.resume_from_checkpoint: latest (the last complete checkpoint, checkpoint-1, "
+        "is intact" in error
+    )
     assert sorted(p.name for p in (workdir / "run").glob("checkpoint-*")) == ["checkpoint-1"]
     calls = [json.loads(line) for line in (workdir / "calls.jsonl").read_text().splitlines()]
     names = [names for names, _ in calls]

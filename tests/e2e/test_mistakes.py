@@ -39,35 +39,56 @@ CONFIG_CASES = {
     "lr_negative": (_training(learning_rate=-0.1), ["training_config.learning_rate is -0.1", "> 0"]),
     "epochs_word": (_training(num_train_epochs="three"), ["training_config.num_train_epochs is 'three'"]),
     "batch_zero": (_training(per_device_train_batch_size=0), ["per_device_train_batch_size is 0", ">= 1"]),
-    "batch_fraction": (_training(per_device_train_batch_size=2.5), ["per_device_train_batch_size is 2.5",
-                                                                    "whole number"]),
+    "batch_fraction": (
+        _training(per_device_train_batch_size=2.5),
+        ["per_device_train_batch_size is 2.5", "whole number"],
+    ),
     "accumulation_zero": (_training(gradient_accumulation_steps=0), ["gradient_accumulation_steps is 0"]),
     "warmup_word": (_training(warmup_steps="abc"), ["training_config.warmup_steps is 'abc'"]),
     "max_length_zero": (_training(max_length=0), ["training_config.max_length is 0", ">= 1"]),
-    "profile_of_another_type": (_training(extends="DEFAULT_DPO"), ["extends is DEFAULT_DPO", "use extends: DEFAULT_SFT"]),
+    "profile_of_another_type": (
+        _training(extends="DEFAULT_DPO"),
+        ["extends is DEFAULT_DPO", "use extends: DEFAULT_SFT"],
+    ),
     "scheduler_typo": (_training(lr_scheduler_type="cosin"), ["lr_scheduler_type is 'cosin'", "did you mean 'cosine'"]),
     "bool_word": (_training(bf16="maybe"), ["training_config.bf16 is 'maybe'", "true, false or null"]),
-    "report_to_missing": (_training(report_to="wandb"), ["report_to names 'wandb'", "not installed",
-                                                          "pip install wandb"]),
+    "report_to_missing": (
+        _training(report_to="wandb"),
+        ["report_to names 'wandb'", "not installed", "pip install wandb"],
+    ),
     "report_to_unknown": (_training(report_to=["wandbb"]), ["'wandbb'", "did you mean 'wandb'"]),
-    "scheduler_needs_kwargs": (_training(lr_scheduler_type="cosine_with_min_lr"),
-                               ["lr_scheduler_type 'cosine_with_min_lr'", "min_lr", "lr_scheduler_kwargs"]),
+    "scheduler_needs_kwargs": (
+        _training(lr_scheduler_type="cosine_with_min_lr"),
+        ["lr_scheduler_type 'cosine_with_min_lr'", "min_lr", "lr_scheduler_kwargs"],
+    ),
     "scheduler_bad_kwarg": (_training(lr_scheduler_kwargs={"foo": 1}), ["lr_scheduler_kwargs {'foo': 1}", "'foo'"]),
-    "scheduler_kwargs_text": (_training(lr_scheduler_kwargs="min_lr=1"), ["lr_scheduler_kwargs is 'min_lr=1'",
-                                                                          "expected a mapping"]),
+    "scheduler_kwargs_text": (
+        _training(lr_scheduler_kwargs="min_lr=1"),
+        ["lr_scheduler_kwargs is 'min_lr=1'", "expected a mapping"],
+    ),
     "optimizer_package_missing": (_training(optim="galore_adamw"), ["optim 'galore_adamw'", "galore"]),
     "optimizer_typo": (_training(optim="adamw"), ["optim is 'adamw'", "did you mean 'adamw_torch'"]),
     "push_to_hub_offline": (_training(push_to_hub=True), ["push_to_hub is true", "HF_HUB_OFFLINE"]),
-    "fsdp_one_worker": (_training(fsdp="full_shard"), ["training_config.fsdp shards the model over several workers",
-                                                        "the plan has 1"]),
-    "fsdp_cpu_workers": ({**_training(fsdp="full_shard"), "ray": {"num_workers": 2}},
-                         ["fsdp shards the model over GPU workers, but no GPU is visible", "accelerate would ignore it"]),
-    "fsdp_with_benchmarks": ({**_training(fsdp="full_shard"), "evals": {"benchmarks": [
-                                 {"name": "b", "path": "b.jsonl", "metric": "exact_match"}]}},
-                             ["benchmarks during training (evals:) run on rank 0 alone", "leap-finetune eval"]),
+    "fsdp_one_worker": (
+        _training(fsdp="full_shard"),
+        ["training_config.fsdp shards the model over several workers", "the plan has 1"],
+    ),
+    "fsdp_cpu_workers": (
+        {**_training(fsdp="full_shard"), "ray": {"num_workers": 2}},
+        ["fsdp shards the model over GPU workers, but no GPU is visible", "accelerate would ignore it"],
+    ),
+    "fsdp_with_benchmarks": (
+        {
+            **_training(fsdp="full_shard"),
+            "evals": {"benchmarks": [{"name": "b", "path": "b.jsonl", "metric": "exact_match"}]},
+        },
+        ["benchmarks during training (evals:) run on rank 0 alone", "leap-finetune eval"],
+    ),
     "deepspeed": (_training(deepspeed="ds.json"), ["training_config.deepspeed is not supported", "fsdp"]),
-    "best_metric_unknown": (_training(metric_for_best_model="accuracy"),
-                            ["metric_for_best_model is 'accuracy'", "eval_loss"]),
+    "best_metric_unknown": (
+        _training(metric_for_best_model="accuracy"),
+        ["metric_for_best_model is 'accuracy'", "eval_loss"],
+    ),
     "packing_without_length": (_training(packing=True, max_length=None), ["packing", "max_length is null"]),
     "lora_targets_none": (_lora(target_modules=None), ["target_modules is empty"]),
     "lora_targets_empty": (_lora(target_modules=[]), ["target_modules is empty"]),
@@ -79,17 +100,30 @@ CONFIG_CASES = {
     "lora_dropout": (_lora(lora_dropout=1.7), ["peft_config.lora_dropout is 1.7", "[0, 1)"]),
     "lora_task_type": (_lora(task_type="SEQ_CLS"), ["peft_config.task_type is decided by leap-finetune"]),
     "lora_bias": (_lora(bias="some"), ["peft_config.bias is 'some'", "none, all, lora_only"]),
-    "lora_targets": (_lora(target_modules=["q_proj", "c_attn"]),
-                     ["target_modules names 'c_attn'", "not a module of tiny-lfm2", "in_proj"]),
+    "lora_targets": (
+        _lora(target_modules=["q_proj", "c_attn"]),
+        ["target_modules names 'c_attn'", "not a module of tiny-lfm2", "in_proj"],
+    ),
     "lora_target_regex": (_lora(target_modules=r".*\.attn\.c_proj"), ["matches no module of tiny-lfm2"]),
     "init_dtype": (_init(dtype="bfloat61"), ["model_init_kwargs.dtype is 'bfloat61'", "did you mean 'bfloat16'"]),
     "init_device_map": (_init(device_map="auto"), ["model_init_kwargs.device_map is not supported"]),
-    "init_unknown": (_init(torch_dtyp="bf16"), ["'torch_dtyp' is not a from_pretrained argument",
-                                                "did you mean 'torch_dtype'"]),
-    "init_attention_typo": (_init(attn_implementation="spda"), ["attn_implementation is 'spda'", "did you mean 'sdpa'"]),
+    "init_unknown": (
+        _init(torch_dtyp="bf16"),
+        ["'torch_dtyp' is not a from_pretrained argument", "did you mean 'torch_dtype'"],
+    ),
+    "init_attention_typo": (
+        _init(attn_implementation="spda"),
+        ["attn_implementation is 'spda'", "did you mean 'sdpa'"],
+    ),
     "init_tiny_revision": (_init(revision="v2"), ["model_init_kwargs.revision does not apply to the built-in tiny"]),
-    "key_of_other_types": (_training(beta=0.1), ["training_config.beta is a key of dpo, kto and grpo training",
-                                                 "not of sft", "fix: remove it (sft has no such setting)"]),
+    "key_of_other_types": (
+        _training(beta=0.1),
+        [
+            "training_config.beta is a key of dpo, kto and grpo training",
+            "not of sft",
+            "fix: remove it (sft has no such setting)",
+        ],
+    ),
 }
 
 
@@ -117,65 +151,92 @@ def _bad_files(folder: Path) -> dict:
     cases["json_object"] = (tiny_config(data="object.json"), ["a .json dataset must be an array", "'data'"])
 
     write_jsonl(folder / "dpo.jsonl", [{"prompt": "q", "chosen": "a", "rejected": "b"}] * 30)
-    cases["dpo_rows_as_sft"] = (tiny_config(data="dpo.jsonl"),
-                                ["look like dpo data", "set training_type: dpo", "training_type is sft"])
+    cases["dpo_rows_as_sft"] = (
+        tiny_config(data="dpo.jsonl"),
+        ["look like dpo data", "set training_type: dpo", "training_type is sft"],
+    )
     cases["length_sampler_for_dpo"] = (
-        tiny_config(data="dpo.jsonl", training_type="dpo",
-                    training_config={"extends": "DEFAULT_DPO", "train_sampling_strategy": "batch_rebalance"}),
-        ["train_sampling_strategy: batch_rebalance works for sft only", "set it to random"])
+        tiny_config(
+            data="dpo.jsonl",
+            training_type="dpo",
+            training_config={"extends": "DEFAULT_DPO", "train_sampling_strategy": "batch_rebalance"},
+        ),
+        ["train_sampling_strategy: batch_rebalance works for sft only", "set it to random"],
+    )
 
-    write_jsonl(folder / "null_user.jsonl", [{"messages": [{"role": "user", "content": None},
-                                                           {"role": "assistant", "content": "a"}]}])
-    cases["null_user_content"] = (tiny_config(data="null_user.jsonl"),
-                                  ["line 1, field 'messages[0].content'", "null: a user message needs content"])
+    write_jsonl(
+        folder / "null_user.jsonl",
+        [{"messages": [{"role": "user", "content": None}, {"role": "assistant", "content": "a"}]}],
+    )
+    cases["null_user_content"] = (
+        tiny_config(data="null_user.jsonl"),
+        ["line 1, field 'messages[0].content'", "null: a user message needs content"],
+    )
 
     write_jsonl(folder / "train.jsonl", fact_rows(8))
     (folder / "bench.jsonl").write_text(json.dumps({"messages": [{"role": "user", "content": "q"}]}) + "\n")
     cases["benchmark_row"] = (
         tiny_config(evals={"benchmarks": [{"name": "b", "path": "bench.jsonl", "metric": "exact_match"}]}),
-        ["benchmark 'b' row(s)", "no assistant turn", "there is no skipping"])
+        ["benchmark 'b' row(s)", "no assistant turn", "there is no skipping"],
+    )
 
     (folder / "raises.py").write_text("def score(prediction, reference, row):\n    return 1 / 0\n")
     (folder / "gen.jsonl").write_text(json.dumps(chat("q", "a")) + "\n")
     cases["custom_metric_raises"] = (
         tiny_config(evals={"benchmarks": [{"name": "g", "path": "gen.jsonl", "metric": "./raises.py::score"}]}),
-        ["custom metric 'score' raised ZeroDivisionError", "benchmark 'g'", "gen.jsonl, line 1"])
+        ["custom metric 'score' raised ZeroDivisionError", "benchmark 'g'", "gen.jsonl, line 1"],
+    )
 
-    (folder / "bad.jinja").write_text("{% for m in messages %}{% generation %}{{ m.content }{% endgeneration %}"
-                                      "{% endfor %}")
-    cases["chat_template_syntax"] = (tiny_config(chat_template="bad.jinja"),
-                                     ["bad.jinja", "not valid Jinja", "template line 1"])
+    (folder / "bad.jinja").write_text(
+        "{% for m in messages %}{% generation %}{{ m.content }{% endgeneration %}{% endfor %}"
+    )
+    cases["chat_template_syntax"] = (
+        tiny_config(chat_template="bad.jinja"),
+        ["bad.jinja", "not valid Jinja", "template line 1"],
+    )
     cases["home_of_nobody"] = (tiny_config(data="~nobody-here/train.jsonl"), ["cannot expand '~nobody-here'"])
     cases["benchmark_file_missing"] = (
         tiny_config(evals={"benchmarks": [{"name": "b", "path": "nope.jsonl", "metric": "exact_match"}]}),
-        ["evals.benchmarks ('b') path", "nope.jsonl", "file not found"])
-    cases["val_path_missing"] = (tiny_config(dataset={"path": "train.jsonl", "val_path": "nope.jsonl"}),
-                                 ["dataset.val_path", "file not found"])
+        ["evals.benchmarks ('b') path", "nope.jsonl", "file not found"],
+    )
+    cases["val_path_missing"] = (
+        tiny_config(dataset={"path": "train.jsonl", "val_path": "nope.jsonl"}),
+        ["dataset.val_path", "file not found"],
+    )
     cases["empty_path"] = (tiny_config(data=""), ["dataset.path", "at least 1 character"])
     (folder / "one_line.json").write_text(json.dumps(chat("q", "a")))
     cases["json_one_line_object"] = (tiny_config(data="one_line.json"), ["a .json dataset must be an array"])
-    (folder / "latin1.jsonl").write_bytes(b"".join(json.dumps(r).encode() + b"\n" for r in fact_rows(6))
-                                          + '{"messages": [{"role": "user", "content": "caf\xe9"}]}\n'.encode("latin-1"))
+    (folder / "latin1.jsonl").write_bytes(
+        b"".join(json.dumps(r).encode() + b"\n" for r in fact_rows(6))
+        + '{"messages": [{"role": "user", "content": "caf\xe9"}]}\n'.encode("latin-1")
+    )
     cases["jsonl_not_utf8"] = (tiny_config(data="latin1.jsonl"), ["latin1.jsonl:7", "byte 0xe9 on line 7", "iconv"])
     write_jsonl(folder / "all_bad.jsonl", [{"prompt": "q"}] * 3)
-    cases["nothing_left_after_skip"] = (tiny_config(dataset={"path": "all_bad.jsonl", "on_invalid": "skip"}),
-                                        ["no training rows are left: 3 row(s) read, 3 invalid and skipped",
-                                         "line 1: messages"])
-    cases["test_size_too_large"] = (tiny_config(dataset={"path": "train.jsonl", "test_size": 8}),
-                                    ["asks for 8 evaluation rows, but the dataset has 8 valid rows", "train.jsonl"])
+    cases["nothing_left_after_skip"] = (
+        tiny_config(dataset={"path": "all_bad.jsonl", "on_invalid": "skip"}),
+        ["no training rows are left: 3 row(s) read, 3 invalid and skipped", "line 1: messages"],
+    )
+    cases["test_size_too_large"] = (
+        tiny_config(dataset={"path": "train.jsonl", "test_size": 8}),
+        ["asks for 8 evaluation rows, but the dataset has 8 valid rows", "train.jsonl"],
+    )
     (folder / "none.py").write_text("def score(prediction, reference, row):\n    prediction == reference\n")
     cases["custom_metric_returns_none"] = (
         tiny_config(evals={"benchmarks": [{"name": "g", "path": "gen.jsonl", "metric": "./none.py::score"}]}),
-        ["returned None", "without `return`"])
+        ["returned None", "without `return`"],
+    )
     (folder / "nan.py").write_text("def score(prediction, reference, row):\n    return float('nan')\n")
     cases["custom_metric_returns_nan"] = (
         tiny_config(evals={"benchmarks": [{"name": "g", "path": "gen.jsonl", "metric": "./nan.py::score"}]}),
-        ["returned nan, not a finite number"])
-    (folder / "mcq.jsonl").write_text(json.dumps({"messages": [{"role": "user", "content": "q"}],
-                                                  "options": ["a", "a"], "answer_id": 0}) + "\n")
+        ["returned nan, not a finite number"],
+    )
+    (folder / "mcq.jsonl").write_text(
+        json.dumps({"messages": [{"role": "user", "content": "q"}], "options": ["a", "a"], "answer_id": 0}) + "\n"
+    )
     cases["mcq_equal_options"] = (
         tiny_config(evals={"benchmarks": [{"name": "m", "path": "mcq.jsonl", "metric": "logprob_mcq"}]}),
-        ["field 'options[1]'", "also options[0]"])
+        ["field 'options[1]'", "also options[0]"],
+    )
     write_jsonl(folder / "dpo_rows.jsonl", [{"prompt": "q", "chosen": "a", "rejected": "b"}] * 4)
     dpo = tiny_config(training_type="dpo", data="dpo_rows.jsonl")
     dpo["training_config"].update(extends="DEFAULT_DPO", loss_type="foo")
@@ -183,9 +244,13 @@ def _bad_files(folder: Path) -> dict:
 
     (folder / "empty_run").mkdir()
     cases["eval_checkpoint_without_model"] = (
-        {"model_name": "tiny-lfm2", "checkpoint": "empty_run",
-         "evals": {"benchmarks": [{"name": "g", "path": "gen.jsonl", "metric": "exact_match"}]}},
-        ["checkpoint: ", "empty_run", "no model in this folder"])
+        {
+            "model_name": "tiny-lfm2",
+            "checkpoint": "empty_run",
+            "evals": {"benchmarks": [{"name": "g", "path": "gen.jsonl", "metric": "exact_match"}]},
+        },
+        ["checkpoint: ", "empty_run", "no model in this folder"],
+    )
 
     kto = tiny_config(training_type="kto", data="kto.jsonl")
     kto["training_config"].update(extends="DEFAULT_KTO", per_device_eval_batch_size=1)
@@ -194,29 +259,46 @@ def _bad_files(folder: Path) -> dict:
     # was: validate passed, then run died with TRL's ValueError and a traceback after the model had loaded
     kto_random = tiny_config(training_type="kto", data="kto.jsonl")
     kto_random["training_config"].update(extends="DEFAULT_KTO", train_sampling_strategy="random")
-    cases["kto_random_order"] = (kto_random, ["train_sampling_strategy: random breaks KTO's KL estimate",
-                                              "loss_type: apo_zero_unpaired"])
+    cases["kto_random_order"] = (
+        kto_random,
+        ["train_sampling_strategy: random breaks KTO's KL estimate", "loss_type: apo_zero_unpaired"],
+    )
 
     # was: refused for grpo, embedding and colbert with an empty "use one of: "
     write_jsonl(folder / "prompts.jsonl", [{"prompt": "1+1?", "solution": "2"}] * 8)
     grpo = tiny_config(training_type="grpo", data="prompts.jsonl", rewards=["accuracy"])
-    grpo["training_config"] = {"extends": "DEFAULT_GRPO", "use_vllm": False,
-                               "metric_for_best_model": "eval_rewards/format/mean"}
-    cases["grpo_best_metric_of_another_reward"] = (grpo, [
-        "metric_for_best_model is 'eval_rewards/format/mean', which grpo evaluation does not log",
-        "eval_reward, eval_reward_std, eval_frac_reward_zero_std, eval_rewards/accuracy/mean"])
+    grpo["training_config"] = {
+        "extends": "DEFAULT_GRPO",
+        "use_vllm": False,
+        "metric_for_best_model": "eval_rewards/format/mean",
+    }
+    cases["grpo_best_metric_of_another_reward"] = (
+        grpo,
+        [
+            "metric_for_best_model is 'eval_rewards/format/mean', which grpo evaluation does not log",
+            "eval_reward, eval_reward_std, eval_frac_reward_zero_std, eval_rewards/accuracy/mean",
+        ],
+    )
 
     (folder / "empty_model").mkdir()  # (the message was cut after transformers' "from one of:")
-    cases["model_folder_empty"] = (tiny_config(model_name="empty_model"), [
-        ("empty_model: cannot load the tokenizer from the folder: it has no tokenizer files (tokenizer.json, "
-         "tokenizer.model, vocab.json, tokenizer_config.json); it is empty"),
-        "fix: set model_name to a complete model folder"])
+    cases["model_folder_empty"] = (
+        tiny_config(model_name="empty_model"),
+        [
+            (
+                "empty_model: cannot load the tokenizer from the folder: it has no tokenizer files (tokenizer.json, "
+                "tokenizer.model, vocab.json, tokenizer_config.json); it is empty"
+            ),
+            "fix: set model_name to a complete model folder",
+        ],
+    )
 
     (folder / "a_file").write_text("x")
     cases["output_dir_is_a_file"] = (tiny_config(output_dir="a_file"), ["output_dir", "a file, not a folder"])
     cases["output_dir_under_a_file"] = (tiny_config(output_dir="a_file/run"), ["a_file is a file"])
     cases["resume_without_checkpoint"] = (
-        tiny_config(training_config={"resume_from_checkpoint": "latest"}), ["no complete checkpoint"])
+        tiny_config(training_config={"resume_from_checkpoint": "latest"}),
+        ["no complete checkpoint"],
+    )
     return cases
 
 
@@ -238,12 +320,22 @@ def test_an_sft_config_switched_to_grpo_says_what_grpo_uses_instead_of_max_lengt
     """Was: "did you mean 'vllm_max_model_length'?" - a near spelling among GRPO's keys, for a key GRPO has not."""
     write_jsonl(workdir / "train.jsonl", [{"prompt": "1+1?", "solution": "2"}] * 8)
     path = write_config(workdir, tiny_config())  # (its training_config has max_length: 128)
-    switched = ("--set", "training_type=grpo", "--set", "training_config.extends=DEFAULT_GRPO", "--set",
-                "rewards=[accuracy]", "--set", "training_config.use_vllm=false")
+    switched = (
+        "--set",
+        "training_type=grpo",
+        "--set",
+        "training_config.extends=DEFAULT_GRPO",
+        "--set",
+        "rewards=[accuracy]",
+        "--set",
+        "training_config.use_vllm=false",
+    )
     for command in ("validate", "run"):
         code, err = cli(command, str(path), *switched, capsys=capsys)
-        assert code == 2 and "training_config.max_length is a key of sft, dpo, kto and colbert training, not of " \
-            "grpo" in err, err
+        assert (
+            code == 2
+            and "training_config.max_length is a key of sft, dpo, kto and colbert training, not of grpo" in err
+        ), err
         assert "max_completion_length" in err.split("fix:")[1] and "did you mean" not in err, err
 
 
@@ -289,8 +381,19 @@ def test_values_given_as_text_are_coerced_like_a_command_line(workdir):
     from leap_finetune.validate.loader import load_config
 
     write_jsonl(workdir / "train.jsonl", fact_rows(8))
-    resolved = load_config(write_config(workdir, tiny_config(training_config={
-        "learning_rate": "1e-3", "per_device_train_batch_size": "4", "bf16": "false", "run_name": 2024})))
+    resolved = load_config(
+        write_config(
+            workdir,
+            tiny_config(
+                training_config={
+                    "learning_rate": "1e-3",
+                    "per_device_train_batch_size": "4",
+                    "bf16": "false",
+                    "run_name": 2024,
+                }
+            ),
+        )
+    )
     assert resolved.training["learning_rate"] == 1e-3
     assert resolved.training["per_device_train_batch_size"] == 4
     assert resolved.training["bf16"] is False and resolved.training["run_name"] == "2024"
@@ -304,9 +407,15 @@ def test_warnings_for_data_that_is_accepted(workdir, capsys):
     write_jsonl(folder / "old" / "v1.jsonl", fact_rows(4))
     (folder / "notes.txt").write_text("x")
     rows = fact_rows(10)
-    rows[2] = {"messages": [{"role": "user", "content": "q"}, {"role": "assistant", "content": "a"},
-                            {"role": "system", "content": "Now be terse."}, {"role": "user", "content": "q2"},
-                            {"role": "assistant", "content": "b"}]}
+    rows[2] = {
+        "messages": [
+            {"role": "user", "content": "q"},
+            {"role": "assistant", "content": "a"},
+            {"role": "system", "content": "Now be terse."},
+            {"role": "user", "content": "q2"},
+            {"role": "assistant", "content": "b"},
+        ]
+    }
     rows[5] = rows[6] = {"messages": [{"role": "user", "content": "no answer"}]}
     write_jsonl(folder / "train.jsonl", rows)
     path = write_config(workdir, tiny_config(data="data", dataset={"path": "data", "on_invalid": "skip"}))
@@ -319,14 +428,26 @@ def test_warnings_for_data_that_is_accepted(workdir, capsys):
 
 def test_a_kto_batch_of_one_row_is_said(workdir, capsys):
     write_jsonl(workdir / "kto.jsonl", [{"prompt": f"q{i}", "completion": "a", "label": bool(i % 2)} for i in range(9)])
-    path = write_config(workdir, tiny_config(training_type="kto", data="kto.jsonl", training_config={
-        "extends": "DEFAULT_KTO", "per_device_train_batch_size": 4}))
+    path = write_config(
+        workdir,
+        tiny_config(
+            training_type="kto",
+            data="kto.jsonl",
+            training_config={"extends": "DEFAULT_KTO", "per_device_train_batch_size": 4},
+        ),
+    )
     code, err = cli("validate", str(path), capsys=capsys)
     assert code == 0, err
     assert "KTO: the last train batch holds 1 row (9 rows, per_device_train_batch_size 4)" in err
     write_jsonl(workdir / "kto.jsonl", [{"prompt": "q", "completion": "a", "label": True}] * 3)
-    path = write_config(workdir, tiny_config(training_type="kto", dataset={"path": "kto.jsonl", "test_size": 1},
-                                             training_config={"extends": "DEFAULT_KTO"}))
+    path = write_config(
+        workdir,
+        tiny_config(
+            training_type="kto",
+            dataset={"path": "kto.jsonl", "test_size": 1},
+            training_config={"extends": "DEFAULT_KTO"},
+        ),
+    )
     code, err = cli("validate", str(path), capsys=capsys)
     assert code == 2 and "the eval split has 1 row" in err, err
 
@@ -345,8 +466,13 @@ def test_home_and_relative_paths_resolve_from_the_config_not_the_working_folder(
     [run_dir] = list((project / "outputs" / "test").iterdir())
     assert (run_dir / "checkpoint-2").is_dir()
     # `latest` finds that run from yet another folder
-    resumed = write_config(project, tiny_config(data="~/train.jsonl", training_config={
-        "max_steps": 3, "save_steps": 2, "resume_from_checkpoint": "latest"}), "resume.yaml")
+    resumed = write_config(
+        project,
+        tiny_config(
+            data="~/train.jsonl", training_config={"max_steps": 3, "save_steps": 2, "resume_from_checkpoint": "latest"}
+        ),
+        "resume.yaml",
+    )
     monkeypatch.chdir(tmp_path)
     code, err = cli("run", str(resumed), capsys=capsys)
     assert code == 0, err
@@ -371,8 +497,17 @@ def test_model_init_kwargs_reach_from_pretrained(workdir, capsys):
     code, err = cli("run", str(without), capsys=capsys)
     assert code == 2 and "cannot load the model from the folder: it has no config.json" in err, err
     assert "the model is in the sub-folder weights/: set training_config.model_init_kwargs: {subfolder: weights}" in err
-    with_kwargs = write_config(workdir, {**base, "training_config": {
-        **base["training_config"], "model_init_kwargs": {"subfolder": "weights", "torch_dtype": "bf16"}}}, "with.yaml")
+    with_kwargs = write_config(
+        workdir,
+        {
+            **base,
+            "training_config": {
+                **base["training_config"],
+                "model_init_kwargs": {"subfolder": "weights", "torch_dtype": "bf16"},
+            },
+        },
+        "with.yaml",
+    )
     code, err = cli("run", str(with_kwargs), capsys=capsys)
     assert code == 0, err
     [run_dir] = list((workdir / "outputs" / "test").iterdir())
@@ -392,18 +527,30 @@ def test_quantization_and_flash_attention_need_their_libraries(workdir, capsys):
     full = write_config(workdir, tiny_config(model_name="base", training_config=quantized), "full.yaml")
     code, err = cli("validate", str(full), capsys=capsys)
     assert code == 2 and "quantization_config is set for a full fine-tune" in err and "QLoRA" in err, err
-    lora = write_config(workdir, tiny_config(model_name="base", training_config=quantized,
-                                             peft_config={"extends": "DEFAULT_LORA"}), "lora.yaml")
+    lora = write_config(
+        workdir,
+        tiny_config(model_name="base", training_config=quantized, peft_config={"extends": "DEFAULT_LORA"}),
+        "lora.yaml",
+    )
     assert importlib.util.find_spec("bitsandbytes") is None  # this machine: the library's absence is the case
     code, err = cli("validate", str(lora), capsys=capsys)
     assert code == 2 and "quantization_config needs bitsandbytes, which is not installed" in err, err
     assert importlib.util.find_spec("flash_attn") is None  # likewise: flash-attn is CUDA-only
-    flash = write_config(workdir, tiny_config(training_config={"model_init_kwargs": {
-        "attn_implementation": "flash_attention_2"}}), "flash.yaml")
+    flash = write_config(
+        workdir,
+        tiny_config(training_config={"model_init_kwargs": {"attn_implementation": "flash_attention_2"}}),
+        "flash.yaml",
+    )
     code, err = cli("validate", str(flash), capsys=capsys)
     assert code == 2 and "flash_attention_2, which needs flash-attn; it is not installed here" in err, err
-    bogus = write_config(workdir, tiny_config(model_name="base", training_config={
-        "model_init_kwargs": {"quantization_config": {"quant_method": "nonsense"}}}), "bogus.yaml")
+    bogus = write_config(
+        workdir,
+        tiny_config(
+            model_name="base",
+            training_config={"model_init_kwargs": {"quantization_config": {"quant_method": "nonsense"}}},
+        ),
+        "bogus.yaml",
+    )
     code, err = cli("validate", str(bogus), capsys=capsys)
     assert code == 2 and "not a quantization config transformers accepts" in err, err
 
@@ -432,13 +579,17 @@ def test_the_cpu_examples_validate(capsys):
 def test_yaml_merge_keys_and_empty_blocks(workdir, capsys):
     write_jsonl(workdir / "train.jsonl", fact_rows(8))
     merged = workdir / "merged.yaml"
-    merged.write_text("model_name: tiny-lfm2\ndataset: {path: train.jsonl}\ntraining_config: &short\n"
-                      "  max_steps: 2\n  learning_rate: 1e-3\npeft_config:\n  extends: DEFAULT_LORA\n"
-                      "evals: null\n")
+    merged.write_text(
+        "model_name: tiny-lfm2\ndataset: {path: train.jsonl}\ntraining_config: &short\n"
+        "  max_steps: 2\n  learning_rate: 1e-3\npeft_config:\n  extends: DEFAULT_LORA\n"
+        "evals: null\n"
+    )
     code, err = cli("validate", str(merged), capsys=capsys)
     assert code == 2 and "'evals:' is empty" in err, err
-    merged.write_text("model_name: tiny-lfm2\ndataset: {path: train.jsonl}\n"
-                      "training_config:\n  <<: {max_steps: 2, learning_rate: 5e-4}\n  max_steps: 3\n")
+    merged.write_text(
+        "model_name: tiny-lfm2\ndataset: {path: train.jsonl}\n"
+        "training_config:\n  <<: {max_steps: 2, learning_rate: 5e-4}\n  max_steps: 3\n"
+    )
     from leap_finetune.validate.loader import load_config
 
     training = load_config(merged).training
@@ -451,8 +602,13 @@ def test_yaml_merge_keys_and_empty_blocks(workdir, capsys):
 
 def test_eval_output_is_checked_before_evaluating(workdir, capsys):
     (workdir / "bench.jsonl").write_text(json.dumps(chat("q", "a")) + "\n")
-    config = write_config(workdir, {"model_name": "tiny-lfm2", "evals": {"benchmarks": [
-        {"name": "b", "path": "bench.jsonl", "metric": "exact_match"}]}})
+    config = write_config(
+        workdir,
+        {
+            "model_name": "tiny-lfm2",
+            "evals": {"benchmarks": [{"name": "b", "path": "bench.jsonl", "metric": "exact_match"}]},
+        },
+    )
     original = config.read_text()
     (workdir / "results").mkdir()
     code, err = cli("eval", str(config), "--output", str(workdir / "results"), capsys=capsys)

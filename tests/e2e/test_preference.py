@@ -111,13 +111,17 @@ def test_inspect_kto_shows_the_label(workdir):
     result = invoke("inspect", str(example("kto_tiny.yaml", workdir)), "--json", "--rows", "4", cwd=workdir)
     items = json.loads(result.stdout)
     assert {type(i["label"]) for i in items} == {bool}
-    assert all(i["completion"].endswith("<|im_end|>") and i["prompt"].endswith("<|im_start|>assistant\n") for i in items)
+    assert all(
+        i["completion"].endswith("<|im_end|>") and i["prompt"].endswith("<|im_start|>assistant\n") for i in items
+    )
     text = invoke("inspect", str(example("kto_tiny.yaml", workdir)), "--rows", "2", cwd=workdir)
     assert text.returncode == 0 and "label:" in text.stdout
 
 
-@pytest.mark.parametrize(("desirable", "undesirable", "advice"), [(50, 50, None), (60, 50, None), (90, 10, "set EITHER"),
-                                                                    (10, 90, "set EITHER"), (10, 0, "no undesirable")])
+@pytest.mark.parametrize(
+    ("desirable", "undesirable", "advice"),
+    [(50, 50, None), (60, 50, None), (90, 10, "set EITHER"), (10, 90, "set EITHER"), (10, 0, "no undesirable")],
+)
 def test_kto_balance_advice(desirable, undesirable, advice):
     result = kto_balance_advice([True] * desirable + [False] * undesirable, 1.0, 1.0)
     assert (result is None) if advice is None else (advice in result)
@@ -126,7 +130,9 @@ def test_kto_balance_advice(desirable, undesirable, advice):
 def test_extreme_kto_balance_is_warned_with_the_weights_to_set(workdir):
     rows = [{"prompt": f"q{i}", "completion": f"a{i}", "label": i % 10 != 0} for i in range(40)]
     (workdir / "kto.jsonl").write_text("".join(json.dumps(r) + "\n" for r in rows))
-    config = write_config(workdir, {"model_name": "tiny-lfm2", "training_type": "kto", "dataset": {"path": "kto.jsonl"}})
+    config = write_config(
+        workdir, {"model_name": "tiny-lfm2", "training_type": "kto", "dataset": {"path": "kto.jsonl"}}
+    )
     result = invoke("validate", str(config), cwd=workdir)
     assert result.returncode == 0, result.stderr
     assert "36 desirable vs 4 undesirable" in " ".join(result.stderr.split())

@@ -31,12 +31,17 @@ def minilm() -> Path:
 def retrieval_rows(n: int, start: int = 0) -> list[dict]:
     """n different query/positive rows of the invented-word task."""
     pairs = [(c, o) for c in range(8) for o in range(8)]
-    return _rows(pairs[start:start + n])
+    return _rows(pairs[start : start + n])
 
 
 def _rows(pairs):
-    return [{"query": f"{INVENTED_COLORS[c]} {INVENTED_OBJECTS[o]}",
-             "positive": f"The {COLORS[c]} {OBJECTS[o]} is on the table."} for c, o in pairs]
+    return [
+        {
+            "query": f"{INVENTED_COLORS[c]} {INVENTED_OBJECTS[o]}",
+            "positive": f"The {COLORS[c]} {OBJECTS[o]} is on the table.",
+        }
+        for c, o in pairs
+    ]
 
 
 def _benchmark(folder: Path, pairs) -> Path:
@@ -45,12 +50,17 @@ def _benchmark(folder: Path, pairs) -> Path:
     bench = folder / "bench"
     (bench / "qrels").mkdir(parents=True, exist_ok=True)
     docs = [(c, o) for c in range(8) for o in range(8)]
-    write_jsonl(bench / "corpus.jsonl", [{"_id": f"d{c}{o}", "title": "", "text": f"The {COLORS[c]} {OBJECTS[o]} is on "
-                                          "the table."} for c, o in docs])
-    write_jsonl(bench / "queries.jsonl", [{"_id": f"q{c}{o}", "text": f"{INVENTED_COLORS[c]} {INVENTED_OBJECTS[o]}"}
-                                          for c, o in pairs])
-    (bench / "qrels" / "test.tsv").write_text("query-id\tcorpus-id\tscore\n" + "".join(
-        f"q{c}{o}\td{c}{o}\t1\n" for c, o in pairs))
+    write_jsonl(
+        bench / "corpus.jsonl",
+        [{"_id": f"d{c}{o}", "title": "", "text": f"The {COLORS[c]} {OBJECTS[o]} is on the table."} for c, o in docs],
+    )
+    write_jsonl(
+        bench / "queries.jsonl",
+        [{"_id": f"q{c}{o}", "text": f"{INVENTED_COLORS[c]} {INVENTED_OBJECTS[o]}"} for c, o in pairs],
+    )
+    (bench / "qrels" / "test.tsv").write_text(
+        "query-id\tcorpus-id\tscore\n" + "".join(f"q{c}{o}\td{c}{o}\t1\n" for c, o in pairs)
+    )
     return bench
 
 
@@ -59,14 +69,26 @@ def _config(folder: Path, model: Path, training_type: str) -> Path:
     random.Random(0).shuffle(pairs)
     write_jsonl(folder / "train.jsonl", _rows(pairs[:40]) * 4)
     write_jsonl(folder / "held_out.jsonl", _rows(pairs[40:]))
-    config = {"project_name": training_type, "model_name": str(model), "training_type": training_type,
-              "dataset": {"path": "train.jsonl", "val_path": "held_out.jsonl"},
-              "training_config": {"num_train_epochs": 2 if training_type == "embedding" else 3,
-                                  "per_device_train_batch_size": 16, "learning_rate": 1e-4,
-                                  "warmup_steps": 0, "logging_steps": 10, "save_strategy": "no",
-                                  "eval_strategy": "no"},
-              "evals": {"benchmarks": [{"name": "held-out-search", "path": str(_benchmark(folder, pairs[40:])),
-                                        "metric": "retrieval"}]}}
+    config = {
+        "project_name": training_type,
+        "model_name": str(model),
+        "training_type": training_type,
+        "dataset": {"path": "train.jsonl", "val_path": "held_out.jsonl"},
+        "training_config": {
+            "num_train_epochs": 2 if training_type == "embedding" else 3,
+            "per_device_train_batch_size": 16,
+            "learning_rate": 1e-4,
+            "warmup_steps": 0,
+            "logging_steps": 10,
+            "save_strategy": "no",
+            "eval_strategy": "no",
+        },
+        "evals": {
+            "benchmarks": [
+                {"name": "held-out-search", "path": str(_benchmark(folder, pairs[40:])), "metric": "retrieval"}
+            ]
+        },
+    }
     return write_config(folder, config)
 
 
@@ -142,27 +164,40 @@ def _check_card_report_chat_and_export(summary: dict, cls, training_type: str) -
         out = run_dir.parent / f"export{''.join(flags)}"
         result = invoke("export", str(run_dir), *flags, "--output", str(out))
         assert result.returncode == 0, result.stderr
-        assert (out / "modules.json").exists() and json.loads((out / "modules.json").read_text()) == \
-            json.loads((Path(model_dir) / "modules.json").read_text())  # the pooling / projection kept
+        assert (out / "modules.json").exists() and json.loads((out / "modules.json").read_text()) == json.loads(
+            (Path(model_dir) / "modules.json").read_text()
+        )  # the pooling / projection kept
         got = cls(str(out), device="cpu").encode(texts)
         assert all(np.allclose(np.asarray(a), np.asarray(b), atol=1e-6) for a, b in zip(expected, got))
 
 
 def _small(folder: Path, model: Path, training_type: str = "embedding", **extra) -> Path:
     write_jsonl(folder / "train.jsonl", _rows([(c, o) for c in range(4) for o in range(4)]))
-    config = {"project_name": "small", "model_name": str(model), "training_type": training_type,
-              "dataset": {"path": "train.jsonl"}, "training_config": {"max_steps": 1}, **extra}
+    config = {
+        "project_name": "small",
+        "model_name": str(model),
+        "training_type": training_type,
+        "dataset": {"path": "train.jsonl"},
+        "training_config": {"max_steps": 1},
+        **extra,
+    }
     return write_config(folder, config)
 
 
 def test_inspect_shows_each_text_as_the_encoder_reads_it(workdir, minilm):
     from leap_finetune.api import inspect_config
 
-    rows = [{"query": "zorp vantu " * 40, "positive": "The red car.", "negative": ["The blue boat.", "A lamp."]},
-            {"query": "blix slerk", "positive": "The blue boat.", "negative": "The red car."}]
+    rows = [
+        {"query": "zorp vantu " * 40, "positive": "The red car.", "negative": ["The blue boat.", "A lamp."]},
+        {"query": "blix slerk", "positive": "The blue boat.", "negative": "The red car."},
+    ]
     write_jsonl(workdir / "train.jsonl", rows)
-    config = {"model_name": str(minilm), "training_type": "colbert", "dataset": {"path": "train.jsonl"},
-              "retrieval": {"prompts": {"query": "query: ", "document": "document: "}, "query_max_length": 16}}
+    config = {
+        "model_name": str(minilm),
+        "training_type": "colbert",
+        "dataset": {"path": "train.jsonl"},
+        "retrieval": {"prompts": {"query": "query: ", "document": "document: "}, "query_max_length": 16},
+    }
     items = inspect_config(write_config(workdir, config), rows=2)
     assert items[0]["query"].startswith("query: zorp vantu") and items[0]["truncated"]
     assert items[0]["positive"] == "document: The red car."
@@ -182,16 +217,26 @@ def test_retrieval_mistakes_are_caught_at_validate(workdir, minilm):
         validate_config(_small(workdir, minilm, training_config={"gradient_accumulation_steps": 4}))
     assert "accumulated small batches are not one large batch" in info.value.format()
     assert "retrieval.loss: cached_mnrl" in info.value.format()
-    write_jsonl(workdir / "bad.jsonl", [{"query": "q", "positive": "p"}, {"query": "q", "positive": "p", "negative": "p"},
-                                        {"anchor": "q", "positive": "p"}])
+    write_jsonl(
+        workdir / "bad.jsonl",
+        [
+            {"query": "q", "positive": "p"},
+            {"query": "q", "positive": "p", "negative": "p"},
+            {"anchor": "q", "positive": "p"},
+        ],
+    )
     config = {"model_name": str(minilm), "training_type": "embedding", "dataset": {"path": "bad.jsonl"}}
     with pytest.raises(LeapError) as info:
         validate_config(write_config(workdir, config, "bad.yaml"))
     message = info.value.format()
     assert "bad.jsonl, line 2, field 'negative': equals the positive" in message
     assert "bad.jsonl, line 3, field 'query': missing (the row has `anchor`: rename it to `query`)" in message
-    config = {"model_name": str(minilm), "training_type": "sft", "dataset": {"path": "bad.jsonl"},
-              "retrieval": {"loss": "mnrl"}}
+    config = {
+        "model_name": str(minilm),
+        "training_type": "sft",
+        "dataset": {"path": "bad.jsonl"},
+        "retrieval": {"loss": "mnrl"},
+    }
     with pytest.raises(LeapError) as info:
         validate_config(write_config(workdir, config, "sft.yaml"))
     assert "'retrieval:' applies to training_type embedding or colbert" in info.value.format()
@@ -199,8 +244,12 @@ def test_retrieval_mistakes_are_caught_at_validate(workdir, minilm):
     bench = _benchmark(workdir, [(0, 0), (1, 1)])
     write_jsonl(bench / "queries.jsonl", [{"_id": "q00", "text": "zorp vantu"}, {"_id": "q11", "text": ""}])
     (bench / "qrels" / "test.tsv").write_text("query-id\tcorpus-id\tscore\nq00\td99\t1\nq11\td11\tmany\n")
-    config = {"model_name": str(minilm), "training_type": "embedding", "dataset": {"path": "train.jsonl"},
-              "evals": {"benchmarks": [{"name": "search", "path": "bench", "metric": "retrieval"}]}}
+    config = {
+        "model_name": str(minilm),
+        "training_type": "embedding",
+        "dataset": {"path": "train.jsonl"},
+        "evals": {"benchmarks": [{"name": "search", "path": "bench", "metric": "retrieval"}]},
+    }
     write_jsonl(workdir / "train.jsonl", _rows([(0, 0), (1, 1)]))
     with pytest.raises(LeapError) as info:
         validate_config(write_config(workdir, config, "bench.yaml"))
@@ -246,8 +295,9 @@ def test_lora_on_minilm_learns_and_saves_an_adapter_and_a_merged_model(workdir, 
     base[0].auto_model = PeftModel.from_pretrained(base[0].auto_model, summary["adapter_dir"])
     texts = ["zorp vantu", "The red car is on the table."]
     with torch.no_grad():
-        assert torch.allclose(base.encode(texts, convert_to_tensor=True), merged.encode(texts, convert_to_tensor=True),
-                              atol=1e-5)
+        assert torch.allclose(
+            base.encode(texts, convert_to_tensor=True), merged.encode(texts, convert_to_tensor=True), atol=1e-5
+        )
 
 
 @pytest.mark.slow
@@ -258,17 +308,31 @@ def test_the_tiny_lfm2_backbone_trains_end_to_end(workdir, training_type, lora):
     pairs = [(c, o) for c in range(8) for o in range(8)]
     write_jsonl(workdir / "train.jsonl", _rows(pairs[:48]))
     write_jsonl(workdir / "held_out.jsonl", _rows(pairs[48:]))
-    config = {"project_name": "tiny", "model_name": "tiny-lfm2", "training_type": training_type,
-              "dataset": {"path": "train.jsonl", "val_path": "held_out.jsonl"},
-              "training_config": {"max_steps": 12, "per_device_train_batch_size": 16, "learning_rate": 1e-3,
-                                  "warmup_steps": 0, "logging_steps": 1, "save_strategy": "no", "eval_strategy": "no"}}
+    config = {
+        "project_name": "tiny",
+        "model_name": "tiny-lfm2",
+        "training_type": training_type,
+        "dataset": {"path": "train.jsonl", "val_path": "held_out.jsonl"},
+        "training_config": {
+            "max_steps": 12,
+            "per_device_train_batch_size": 16,
+            "learning_rate": 1e-3,
+            "warmup_steps": 0,
+            "logging_steps": 1,
+            "save_strategy": "no",
+            "eval_strategy": "no",
+        },
+    }
     if lora:
         config["peft_config"] = {"extends": "DEFAULT_LORA"}
         config["training_config"]["learning_rate"] = 1e-2
     summary = run_config(write_config(workdir, config))
     assert ("adapter_dir" in summary) == lora
-    losses = [m["loss"] for m in map(json.loads, (Path(summary["run_dir"]) / "metrics.jsonl").read_text().splitlines())
-              if "loss" in m]
+    losses = [
+        m["loss"]
+        for m in map(json.loads, (Path(summary["run_dir"]) / "metrics.jsonl").read_text().splitlines())
+        if "loss" in m
+    ]
     assert sum(losses[-3:]) / 3 < 0.8 * sum(losses[:3]) / 3, losses
     from sentence_transformers import MultiVectorEncoder, SentenceTransformer
 
@@ -294,14 +358,20 @@ def test_a_folder_of_parquet_and_jsonl_with_bad_rows_skipped(workdir):
     write_jsonl(folder / "a.jsonl", good[:10] + [{"query": "zorp", "positive": ""}])
     rows = good[10:] + [{"query": "blix", "positive": "The blue boat.", "negative": "The blue boat."}]
     pq.write_table(pa.Table.from_pylist([{**r, "negative": r.get("negative")} for r in rows]), folder / "b.parquet")
-    config = {"project_name": "skip", "model_name": "tiny-lfm2", "training_type": "embedding",
-              "dataset": {"path": "data", "on_invalid": "skip"},
-              "training_config": {"max_steps": 1, "per_device_train_batch_size": 4, "save_strategy": "no"}}
+    config = {
+        "project_name": "skip",
+        "model_name": "tiny-lfm2",
+        "training_type": "embedding",
+        "dataset": {"path": "data", "on_invalid": "skip"},
+        "training_config": {"max_steps": 1, "per_device_train_batch_size": 4, "save_strategy": "no"},
+    }
     summary = run_config(write_config(workdir, config))
     run_dir = Path(summary["run_dir"])
     dropped = [json.loads(line) for line in (run_dir / "dropped_rows.jsonl").read_text().splitlines()]
     assert sorted((Path(d["file"]).name, d["location"], d["reason"].split(":")[0]) for d in dropped) == [
-        ("a.jsonl", "line 11", "positive"), ("b.parquet", "row 11", "negative")]
+        ("a.jsonl", "line 11", "positive"),
+        ("b.parquet", "row 11", "negative"),
+    ]
     from datasets import load_from_disk
 
     prepared = run_dir / "prepared"
@@ -337,21 +407,50 @@ def test_a_lora_colbert_run_resumes_from_its_checkpoint_like_an_uninterrupted_ru
     """A LoRA retrieval checkpoint holds the adapted layers; resuming loads them into the model as it is, and
     the resumed run continues the uninterrupted one step for step. `eval` refuses the unmerged checkpoint."""
     write_jsonl(workdir / "train.jsonl", retrieval_rows(48))
-    base = {"model_name": "tiny-lfm2", "training_type": "colbert", "dataset": {"path": "train.jsonl"},
-            "peft_config": {"extends": "DEFAULT_LORA", "lora_dropout": 0.0},
-            "training_config": {"per_device_train_batch_size": 8, "learning_rate": 1e-2, "warmup_steps": 0,
-                                "lr_scheduler_type": "constant", "logging_steps": 1, "save_steps": 3}}
+    base = {
+        "model_name": "tiny-lfm2",
+        "training_type": "colbert",
+        "dataset": {"path": "train.jsonl"},
+        "peft_config": {"extends": "DEFAULT_LORA", "lora_dropout": 0.0},
+        "training_config": {
+            "per_device_train_batch_size": 8,
+            "learning_rate": 1e-2,
+            "warmup_steps": 0,
+            "lr_scheduler_type": "constant",
+            "logging_steps": 1,
+            "save_steps": 3,
+        },
+    }
 
     def losses(summary):
         records = map(json.loads, (Path(summary["run_dir"]) / "metrics.jsonl").read_text().splitlines())
         return {r["step"]: r["loss"] for r in records if "loss" in r}
 
-    whole = run_config(write_config(workdir, {**base, "project_name": "whole",
-                                              "training_config": {**base["training_config"], "max_steps": 6}}, "a.yaml"))
-    part = run_config(write_config(workdir, {**base, "project_name": "part",
-                                             "training_config": {**base["training_config"], "max_steps": 3}}, "b.yaml"))
-    resumed = run_config(write_config(workdir, {**base, "project_name": "part", "training_config": {
-        **base["training_config"], "max_steps": 6, "resume_from_checkpoint": "latest"}}, "c.yaml"))
+    whole = run_config(
+        write_config(
+            workdir,
+            {**base, "project_name": "whole", "training_config": {**base["training_config"], "max_steps": 6}},
+            "a.yaml",
+        )
+    )
+    part = run_config(
+        write_config(
+            workdir,
+            {**base, "project_name": "part", "training_config": {**base["training_config"], "max_steps": 3}},
+            "b.yaml",
+        )
+    )
+    resumed = run_config(
+        write_config(
+            workdir,
+            {
+                **base,
+                "project_name": "part",
+                "training_config": {**base["training_config"], "max_steps": 6, "resume_from_checkpoint": "latest"},
+            },
+            "c.yaml",
+        )
+    )
     expected = losses(whole)
     got = losses(resumed)
     assert sorted(got) == sorted(expected) == list(range(1, 7)) and losses(part)
@@ -364,7 +463,15 @@ def test_a_lora_colbert_run_resumes_from_its_checkpoint_like_an_uninterrupted_ru
 
     bench = _benchmark(workdir, [(0, 0), (1, 1)])
     with pytest.raises(LeapError) as info:
-        evaluate_config(write_config(workdir, {**base, "checkpoint": str(Path(part["run_dir"]) / "checkpoint-3"),
-                                               "evals": {"benchmarks": [{"name": "b", "path": str(bench),
-                                                                         "metric": "retrieval"}]}}, "e.yaml"))
+        evaluate_config(
+            write_config(
+                workdir,
+                {
+                    **base,
+                    "checkpoint": str(Path(part["run_dir"]) / "checkpoint-3"),
+                    "evals": {"benchmarks": [{"name": "b", "path": str(bench), "metric": "retrieval"}]},
+                },
+                "e.yaml",
+            )
+        )
     assert "checkpoint of a LoRA retrieval run" in info.value.format()

@@ -20,38 +20,54 @@ CALL = '<|tool_call_start|>[get_weather(city="Oslo")]<|tool_call_end|>'
 
 ROWS = [
     # bracket notation; tool list in the system prompt (LFM2 style); pre-baked response markers
-    {"messages": [
-        {"role": "system", "content": LFM2_LIST},
-        {"role": "user", "content": "Weather in Oslo?"},
-        {"role": "assistant", "content": CALL},
-        {"role": "tool", "content": "<|tool_response_start|>{\"temp\": -3}<|tool_response_end|>"},
-        {"role": "assistant", "content": "It is -3 C in Oslo."},
-        {"role": "user", "content": "Thanks"},
-        {"role": "assistant", "content": "Anytime."},
-    ]},
+    {
+        "messages": [
+            {"role": "system", "content": LFM2_LIST},
+            {"role": "user", "content": "Weather in Oslo?"},
+            {"role": "assistant", "content": CALL},
+            {"role": "tool", "content": '<|tool_response_start|>{"temp": -3}<|tool_response_end|>'},
+            {"role": "assistant", "content": "It is -3 C in Oslo."},
+            {"role": "user", "content": "Thanks"},
+            {"role": "assistant", "content": "Anytime."},
+        ]
+    },
     # OpenAI-style structured calls (two of them, JSON-string arguments) and a `tools` column
-    {"tools": TOOLS, "messages": [
-        {"role": "user", "content": "Oslo and Lima?"},
-        {"role": "assistant", "content": None, "tool_calls": [
-            {"type": "function", "function": {"name": "get_weather", "arguments": "{\"city\": \"Oslo\"}"}},
-            {"type": "function", "function": {"name": "get_weather", "arguments": {"city": "Lima", "days": 2}}}]},
-        {"role": "tool", "content": "{\"temp\": -3}"},
-        {"role": "tool", "content": "{\"temp\": 19}"},
-        {"role": "assistant", "content": "Oslo -3 C, Lima 19 C."},
-    ]},
+    {
+        "tools": TOOLS,
+        "messages": [
+            {"role": "user", "content": "Oslo and Lima?"},
+            {
+                "role": "assistant",
+                "content": None,
+                "tool_calls": [
+                    {"type": "function", "function": {"name": "get_weather", "arguments": '{"city": "Oslo"}'}},
+                    {"type": "function", "function": {"name": "get_weather", "arguments": {"city": "Lima", "days": 2}}},
+                ],
+            },
+            {"role": "tool", "content": '{"temp": -3}'},
+            {"role": "tool", "content": '{"temp": 19}'},
+            {"role": "assistant", "content": "Oslo -3 C, Lima 19 C."},
+        ],
+    },
 ]
 TWO_CALLS = '<|tool_call_start|>[get_weather(city="Oslo"), get_weather(city="Lima", days=2)]<|tool_call_end|>'
 
 
 def expected(family: str) -> list[tuple[dict, list | None]]:
     """The rows after normalisation: what the official template must render."""
-    system = LFM2_LIST if family == "lfm2" else LFM2_LIST.replace("<|tool_list_start|>", "").replace("<|tool_list_end|>", "")
+    system = (
+        LFM2_LIST if family == "lfm2" else LFM2_LIST.replace("<|tool_list_start|>", "").replace("<|tool_list_end|>", "")
+    )
     first = [dict(m) for m in ROWS[0]["messages"]]
     first[0]["content"] = system
-    first[3]["content"] = "{\"temp\": -3}"
-    second = [{"role": "user", "content": "Oslo and Lima?"}, {"role": "assistant", "content": TWO_CALLS},
-              {"role": "tool", "content": "{\"temp\": -3}"}, {"role": "tool", "content": "{\"temp\": 19}"},
-              {"role": "assistant", "content": "Oslo -3 C, Lima 19 C."}]
+    first[3]["content"] = '{"temp": -3}'
+    second = [
+        {"role": "user", "content": "Oslo and Lima?"},
+        {"role": "assistant", "content": TWO_CALLS},
+        {"role": "tool", "content": '{"temp": -3}'},
+        {"role": "tool", "content": '{"temp": 19}'},
+        {"role": "assistant", "content": "Oslo -3 C, Lima 19 C."},
+    ]
     return [(first, None), (second, TOOLS)]
 
 
@@ -91,15 +107,22 @@ def test_validate_reports_each_normalisation_once_with_a_count(workdir):
     assert result.returncode == 0, result.stderr
     err = " ".join(result.stderr.split())
     assert "stripped <|tool_response_start|>/<|tool_response_end|>" in err and "3 row(s)" in err
-    assert "stripped <|tool_list_start|>/<|tool_list_end|> from the system prompt: LFM2.5 does not use them: 3 row(s)" in err
+    assert (
+        "stripped <|tool_list_start|>/<|tool_list_end|> from the system prompt: LFM2.5 does not use them: 3 row(s)"
+        in err
+    )
     assert "converted structured `tool_calls` to LFM bracket notation" in err
 
 
 @pytest.mark.parametrize("model", ["tiny-lfm2", "tiny-lfm2.5"])
 def test_tool_calling_sft_run_learns(workdir, model):
     write_jsonl(workdir / "train.jsonl", ROWS * 8)
-    summary = run_config(write_config(workdir, tiny_config(
-        model_name=model, training_config={"max_steps": 12, "max_length": 1024, "learning_rate": 3e-3})))
+    summary = run_config(
+        write_config(
+            workdir,
+            tiny_config(model_name=model, training_config={"max_steps": 12, "max_length": 1024, "learning_rate": 3e-3}),
+        )
+    )
     metrics = [json.loads(line) for line in (Path(summary["run_dir"]) / "metrics.jsonl").read_text().splitlines()]
     losses = [m["loss"] for m in metrics if "loss" in m]
     assert losses[-1] < losses[0] / 2

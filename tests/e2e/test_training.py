@@ -29,8 +29,10 @@ def data(workdir):
 
 
 def test_full_fine_tune_learns_and_saves_a_loadable_model(data):
-    config = tiny_config(dataset={"path": "train.jsonl", "test_size": 8},
-                         training_config={"max_steps": 80, "eval_steps": 40, "learning_rate": 3e-3})
+    config = tiny_config(
+        dataset={"path": "train.jsonl", "test_size": 8},
+        training_config={"max_steps": 80, "eval_steps": 40, "learning_rate": 3e-3},
+    )
     summary = run_config(write_config(data, config))
     run_dir = Path(summary["run_dir"])
     assert run_dir.parent == data / "outputs" / "test"
@@ -42,16 +44,18 @@ def test_full_fine_tune_learns_and_saves_a_loadable_model(data):
         assert (run_dir / name).exists(), name
     model = AutoModelForCausalLM.from_pretrained(run_dir / "model")
     tokenizer = AutoTokenizer.from_pretrained(run_dir / "model")
-    prompt = tokenizer.apply_chat_template([{"role": "user", "content": "Say teal twice."}], tokenize=False,
-                                           add_generation_prompt=True)
+    prompt = tokenizer.apply_chat_template(
+        [{"role": "user", "content": "Say teal twice."}], tokenize=False, add_generation_prompt=True
+    )
     ids = tokenizer(prompt, add_special_tokens=False, return_tensors="pt").input_ids
     out = model.generate(ids, max_new_tokens=8, do_sample=False, eos_token_id=tokenizer.eos_token_id)
-    assert tokenizer.decode(out[0, ids.shape[1]:], skip_special_tokens=True).strip() == "teal teal"
+    assert tokenizer.decode(out[0, ids.shape[1] :], skip_special_tokens=True).strip() == "teal teal"
 
 
 def test_lora_trains_only_the_adapter_and_saves_adapter_and_merged_model(data):
-    config = tiny_config(peft_config={"extends": "DEFAULT_LORA", "r": 8},
-                         training_config={"max_steps": 12, "learning_rate": 5e-3})
+    config = tiny_config(
+        peft_config={"extends": "DEFAULT_LORA", "r": 8}, training_config={"max_steps": 12, "learning_rate": 5e-3}
+    )
     summary = run_config(write_config(data, config))
     run_dir = Path(summary["run_dir"])
     adapter = json.loads((run_dir / "adapter" / "adapter_config.json").read_text())
@@ -84,11 +88,15 @@ def test_tiny_lfm2_5_trains(data):
 def test_resume_reproduces_the_uninterrupted_losses(data):
     base = {"max_steps": 8, "save_steps": 100, "learning_rate": 2e-3, "lr_scheduler_type": "cosine"}
     full = run_config(write_config(data, tiny_config(project_name="full", training_config=base)))
-    interrupted = run_config(write_config(data, tiny_config(project_name="resumed", training_config=base)),
-                             callbacks=[StopAt(3)])
+    interrupted = run_config(
+        write_config(data, tiny_config(project_name="resumed", training_config=base)), callbacks=[StopAt(3)]
+    )
     assert interrupted.get("stopped_early") and interrupted["global_step"] == 3
-    resumed = run_config(write_config(data, tiny_config(project_name="resumed",
-                                                        training_config={**base, "resume_from_checkpoint": "latest"})))
+    resumed = run_config(
+        write_config(
+            data, tiny_config(project_name="resumed", training_config={**base, "resume_from_checkpoint": "latest"})
+        )
+    )
     assert resumed["run_dir"] == interrupted["run_dir"]
     expected, got = _losses(Path(full["run_dir"])), _losses(Path(resumed["run_dir"]))
     assert sorted(got) == list(range(1, 9))
@@ -98,7 +106,9 @@ def test_resume_reproduces_the_uninterrupted_losses(data):
 
 def test_resume_latest_without_a_checkpoint_is_a_clear_error(data):
     with pytest.raises(LeapError, match="no complete checkpoint"):
-        run_config(write_config(data, tiny_config(project_name="none", training_config={"resume_from_checkpoint": "latest"})))
+        run_config(
+            write_config(data, tiny_config(project_name="none", training_config={"resume_from_checkpoint": "latest"}))
+        )
 
 
 def test_an_existing_non_empty_output_dir_is_refused(data):
@@ -110,8 +120,9 @@ def test_an_existing_non_empty_output_dir_is_refused(data):
 
 
 def test_bf16_weights_opt_in(data):
-    summary = run_config(write_config(data, tiny_config(training_config={
-        "max_steps": 2, "model_init_kwargs": {"dtype": "bfloat16"}})))
+    summary = run_config(
+        write_config(data, tiny_config(training_config={"max_steps": 2, "model_init_kwargs": {"dtype": "bfloat16"}}))
+    )
     model = AutoModelForCausalLM.from_pretrained(Path(summary["run_dir"]) / "model")
     assert model.config.dtype == torch.bfloat16
 
@@ -123,6 +134,10 @@ def test_attention_implementation_opt_in(data):
         def on_train_begin(self, args, state, control, model=None, **kwargs):
             seen.append(model.config._attn_implementation)
 
-    run_config(write_config(data, tiny_config(training_config={
-        "max_steps": 1, "model_init_kwargs": {"attn_implementation": "eager"}})), callbacks=[Capture()])
+    run_config(
+        write_config(
+            data, tiny_config(training_config={"max_steps": 1, "model_init_kwargs": {"attn_implementation": "eager"}})
+        ),
+        callbacks=[Capture()],
+    )
     assert seen == ["eager"]

@@ -6,9 +6,9 @@ from __future__ import annotations
 
 import json
 
-from leap_finetune.api import run_config
 import pytest
 
+from leap_finetune.api import run_config
 from tests.conftest import EXAMPLES, invoke, write_config
 
 
@@ -26,16 +26,22 @@ def test_image_benchmarks_rise_during_training_and_evaluate_standalone(workdir, 
     # measured 1.0 and 0.9 on different runs of this machine (CPU threads): learning is what counts
     assert summary["benchmarks"]["benchmark/fruit_images_mcq/score"] >= 0.8
     # the trained model is saved with its processor: it loads as a vision-language model again
-    assert (run_dir / "model" / "processor_config.json").exists() or (run_dir / "model" / "preprocessor_config.json").exists()
+    assert (run_dir / "model" / "processor_config.json").exists() or (
+        run_dir / "model" / "preprocessor_config.json"
+    ).exists()
 
-    benchmarks = [{"name": "fruit_images_mcq", "path": str(EXAMPLES / "data/fruit_images_mcq.jsonl"),
-                   "metric": "logprob_mcq"}]
+    benchmarks = [
+        {"name": "fruit_images_mcq", "path": str(EXAMPLES / "data/fruit_images_mcq.jsonl"), "metric": "logprob_mcq"}
+    ]
     for checkpoint in (run_dir, run_dir / "checkpoint-150"):  # a checkpoint has no processor files
         config = {"model_name": "tiny-lfm2.5-vl", "checkpoint": str(checkpoint), "evals": {"benchmarks": benchmarks}}
-        evaluated = invoke("eval", str(write_config(workdir, config, "eval.yaml")), "--output", "results.json",
-                            cwd=workdir)
+        evaluated = invoke(
+            "eval", str(write_config(workdir, config, "eval.yaml")), "--output", "results.json", cwd=workdir
+        )
         assert evaluated.returncode == 0, evaluated.stderr[-2000:]
         results = json.loads((workdir / "results.json").read_text())["results"]
         assert results["benchmark/fruit_images_mcq/rows"] == 10
         if checkpoint == run_dir:
-            assert results["benchmark/fruit_images_mcq/score"] == summary["benchmarks"]["benchmark/fruit_images_mcq/score"]
+            assert (
+                results["benchmark/fruit_images_mcq/score"] == summary["benchmarks"]["benchmark/fruit_images_mcq/score"]
+            )

@@ -22,18 +22,29 @@ from tests.conftest import EXAMPLES, REPO, tiny_config, write_config
 from tests.watchdog import Watchdog, wait_until
 
 # 12 rows answered one at a time: an evaluation that costs seconds on this CPU (sync mode pauses for it).
-BENCH = {"max_new_tokens": 32, "batch_size": 1, "eval_steps": 3, "benchmarks": [
-    {"name": "capitals", "path": "bench.jsonl", "metric": "exact_match"},
-    {"name": "mcq", "path": "mcq.jsonl", "metric": "logprob_mcq"}]}
+BENCH = {
+    "max_new_tokens": 32,
+    "batch_size": 1,
+    "eval_steps": 3,
+    "benchmarks": [
+        {"name": "capitals", "path": "bench.jsonl", "metric": "exact_match"},
+        {"name": "mcq", "path": "mcq.jsonl", "metric": "logprob_mcq"},
+    ],
+}
 
 
 def _config(folder: Path, mode: str, name: str, evals: dict | None = None, **async_eval) -> Path:
-    for source, target in (("quickstart.jsonl", "train.jsonl"), ("quickstart_bench_generation.jsonl", "bench.jsonl"),
-                           ("quickstart_bench_mcq.jsonl", "mcq.jsonl")):
+    for source, target in (
+        ("quickstart.jsonl", "train.jsonl"),
+        ("quickstart_bench_generation.jsonl", "bench.jsonl"),
+        ("quickstart_bench_mcq.jsonl", "mcq.jsonl"),
+    ):
         shutil.copy(EXAMPLES / "data" / source, folder / target)
-    config = tiny_config(training_config={"max_steps": 12, "per_device_train_batch_size": 8, "learning_rate": 3e-3,
-                                          "save_steps": 100},
-                         evals={**BENCH, **(evals or {})}, async_eval={"mode": mode, "vllm_gpus": 0, **async_eval})
+    config = tiny_config(
+        training_config={"max_steps": 12, "per_device_train_batch_size": 8, "learning_rate": 3e-3, "save_steps": 100},
+        evals={**BENCH, **(evals or {})},
+        async_eval={"mode": mode, "vllm_gpus": 0, **async_eval},
+    )
     return write_config(folder, config, name)
 
 
@@ -42,8 +53,11 @@ def _scores(run_dir: Path) -> dict[int, dict]:
     found: dict[int, dict] = {}
     for line in (run_dir / "metrics.jsonl").read_text().splitlines():
         record = json.loads(line)
-        scores = {k: v for k, v in record.items() if k.startswith("benchmark/") and not k.endswith("/seconds")
-                  and k != "benchmark/failures"}
+        scores = {
+            k: v
+            for k, v in record.items()
+            if k.startswith("benchmark/") and not k.endswith("/seconds") and k != "benchmark/failures"
+        }
         if scores:
             assert record["step"] not in found, f"step {record['step']} logged twice"
             found[record["step"]] = scores
@@ -77,8 +91,9 @@ def sync_run(tmp_path_factory):
 
 @pytest.fixture(scope="module")
 def slurm_cluster():
-    result = subprocess.run(["bash", str(REPO / "scripts" / "slurm_local.sh")], capture_output=True, text=True,
-                            timeout=300)
+    result = subprocess.run(
+        ["bash", str(REPO / "scripts" / "slurm_local.sh")], capture_output=True, text=True, timeout=300
+    )
     assert result.returncode == 0, result.stdout + result.stderr
 
 
@@ -104,8 +119,9 @@ def test_sidecar_jobs_give_the_sync_results_and_training_does_not_wait(slurm_clu
         shown = subprocess.run(["scontrol", "show", "job", job], capture_output=True, text=True).stdout
         assert "JobState=COMPLETED" in shown, shown
     assert not (run_dir / "benchmarks" / "snapshots").exists()
-    assert sorted(p.name for p in (run_dir / "benchmarks" / "results").iterdir()) == \
-        sorted(f"step-{s}.json" for s in scores)
+    assert sorted(p.name for p in (run_dir / "benchmarks" / "results").iterdir()) == sorted(
+        f"step-{s}.json" for s in scores
+    )
     # the newest evaluation's predictions, as in sync mode
     for name in ("capitals", "mcq"):
         rows = [json.loads(line) for line in (run_dir / "benchmarks" / f"{name}.jsonl").read_text().splitlines()]
@@ -115,8 +131,10 @@ def test_sidecar_jobs_give_the_sync_results_and_training_does_not_wait(slurm_clu
     for step in skipped:  # on_overlap: skip says so
         assert f"evaluation of step {step} skipped" in err
     # training did not pause for the evaluations (sync paused at steps 3, 6 and 9)
-    assert summary["train_runtime_s"] < 0.8 * sync_summary["train_runtime_s"], \
-        (summary["train_runtime_s"], sync_summary["train_runtime_s"])
+    assert summary["train_runtime_s"] < 0.8 * sync_summary["train_runtime_s"], (
+        summary["train_runtime_s"],
+        sync_summary["train_runtime_s"],
+    )
     print(f"training time: sidecar {summary['train_runtime_s']:.1f} s, sync {sync_summary['train_runtime_s']:.1f} s")
 
 
@@ -129,8 +147,7 @@ def test_jobs_that_cannot_run_are_counted_and_evaluation_is_switched_off(slurm_c
     with pytest.raises(LeapError, match="sbatch would reject the evaluation jobs .*no-such-option"):
         validate_config(rejected)
     # jobs SLURM accepts but that cannot start (held): each is cancelled and counted; after 2, evaluation is off
-    config = _config(workdir, "sidecar", "held.yaml", sbatch={"extra_args": ["--hold"]},
-                     failure={"max_consecutive": 2})
+    config = _config(workdir, "sidecar", "held.yaml", sbatch={"extra_args": ["--hold"]}, failure={"max_consecutive": 2})
     summary = run_config(config)
     assert summary["global_step"] == 12 and summary["model_dir"]  # training finished
     run_dir = Path(summary["run_dir"])
@@ -162,8 +179,11 @@ class KillFirstServer(threading.Thread):
     def run(self):
         # (the run trains in this process: the watchdog follows it and the server it started)
         try:
-            wait_until(lambda: list(self.outputs.glob("*/*/benchmarks/jobs/step-0.log")),
-                       Watchdog(os.getpid(), what="the run"), poll_s=0.1)
+            wait_until(
+                lambda: list(self.outputs.glob("*/*/benchmarks/jobs/step-0.log")),
+                Watchdog(os.getpid(), what="the run"),
+                poll_s=0.1,
+            )
         except AssertionError as err:  # (a thread's exception would be lost: the test reports it)
             self.error = err
             return
@@ -178,8 +198,16 @@ def test_reserved_server_gives_the_sync_results_and_a_killed_server_is_a_counted
     killer = KillFirstServer(port, workdir / "outputs")
     killer.start()
     # batch_size 4: the server generates requests that arrive together as one batch (sync generated one by one)
-    summary = run_config(_config(workdir, "reserved", "reserved.yaml", evals={"batch_size": 4}, on_overlap="skip",
-                                 reserved={"server_port": port}))
+    summary = run_config(
+        _config(
+            workdir,
+            "reserved",
+            "reserved.yaml",
+            evals={"batch_size": 4},
+            on_overlap="skip",
+            reserved={"server_port": port},
+        )
+    )
     killer.join(timeout=5)
     assert killer.killed, killer.error
     run_dir = Path(summary["run_dir"])
@@ -190,8 +218,10 @@ def test_reserved_server_gives_the_sync_results_and_a_killed_server_is_a_counted
     for step, result in scores.items():  # the server's greedy answers and the client's log-probs: as sync
         assert result == pytest.approx(sync_scores[step], rel=1e-6), step
     err = " ".join(capfd.readouterr().err.split())
-    assert "evaluation at step 0 (before training) failed: leap-finetune eval exited with code 2; the server had " \
-           "exited" in err, err[-3000:]
+    assert (
+        "evaluation at step 0 (before training) failed: leap-finetune eval exited with code 2; the server had "
+        "exited" in err
+    ), err[-3000:]
     server_log = (run_dir / "benchmarks" / "jobs" / "step-12-server.log").read_text()
     assert server_log.count("POST /v1/chat/completions") == 12  # the generation benchmark went through the server
     assert summary["benchmarks"] == {k: v for k, v in scores[12].items() if k.endswith("/score")}
@@ -209,8 +239,10 @@ def test_a_lora_snapshot_is_the_merged_model_and_training_weights_are_untouched(
     from leap_finetune.models.tiny import build_tiny_model, load_tiny_tokenizer
 
     tokenizer = load_tiny_tokenizer("tiny-lfm2")
-    model = get_peft_model(build_tiny_model("tiny-lfm2", tokenizer, dtype=torch.float32),
-                           LoraConfig(r=4, lora_alpha=8, target_modules="all-linear", modules_to_save=["lm_head"]))
+    model = get_peft_model(
+        build_tiny_model("tiny-lfm2", tokenizer, dtype=torch.float32),
+        LoraConfig(r=4, lora_alpha=8, target_modules="all-linear", modules_to_save=["lm_head"]),
+    )
     with torch.no_grad():  # trained-looking adapters (B starts at zero) and a changed saved module
         for name, parameter in model.named_parameters():
             if "lora_B" in name or "modules_to_save" in name:
@@ -243,12 +275,14 @@ def test_a_resume_logs_again_the_async_results_up_to_its_checkpoint(tmp_path):
     results = tmp_path / "benchmarks" / "results"
     results.mkdir(parents=True)
     for step, score in ((0, 0.25), (3, 0.5), (6, 0.75)):
-        (results / f"step-{step}.json").write_text(json.dumps(
-            {"step": step, "when": "x", "results": {"benchmark/mcq/score": score}}))
+        (results / f"step-{step}.json").write_text(
+            json.dumps({"step": step, "when": "x", "results": {"benchmark/mcq/score": score}})
+        )
     metrics = tmp_path / "metrics.jsonl"
     # as cut back to the checkpoint of step 3: step 0's results had arrived before that save, step 3's after
-    metrics.write_text(json.dumps({"step": 0, "benchmark/mcq/score": 0.25}) + "\n"
-                       + json.dumps({"step": 3, "loss": 1.0}) + "\n")
+    metrics.write_text(
+        json.dumps({"step": 0, "benchmark/mcq/score": 0.25}) + "\n" + json.dumps({"step": 3, "loss": 1.0}) + "\n"
+    )
     restore_benchmark_results(tmp_path, metrics, 3)
     records = [json.loads(line) for line in metrics.read_text().splitlines()]
     assert [r["step"] for r in records if "benchmark/mcq/score" in r] == [0, 3]

@@ -36,9 +36,13 @@ def test_a_failing_benchmark_does_not_stop_training_and_is_switched_off(workdir,
     shutil.copy(EXAMPLES / "data" / "quickstart_bench_generation.jsonl", workdir / "bench.jsonl")
     config = tiny_config(
         training_config={"max_steps": 8, "save_strategy": "no"},
-        evals={"max_new_tokens": 4, "eval_steps": 2,
-               "benchmarks": [{"name": "capitals", "path": "bench.jsonl", "metric": "exact_match", "limit": 4}]},
-        async_eval={"mode": "sync", "failure": {"max_consecutive": 2}})
+        evals={
+            "max_new_tokens": 4,
+            "eval_steps": 2,
+            "benchmarks": [{"name": "capitals", "path": "bench.jsonl", "metric": "exact_match", "limit": 4}],
+        },
+        async_eval={"mode": "sync", "failure": {"max_consecutive": 2}},
+    )
     summary = run_config(write_config(workdir, config), callbacks=[BreakPredictionsFile(workdir)])
     assert summary["global_step"] == 8  # training finished
     run_dir = Path(summary["run_dir"])

@@ -30,8 +30,11 @@ MODEL = "tiny-lfm2.5-vl"
 def vl(tmp_path_factory):
     folder = tmp_path_factory.mktemp("images")
     paths = {}
-    for name, color, size in (("red", (220, 20, 20), (48, 40)), ("blue", (20, 20, 220), (64, 64)),
-                              ("stripes", None, (80, 30))):
+    for name, color, size in (
+        ("red", (220, 20, 20), (48, 40)),
+        ("blue", (20, 20, 220), (64, 64)),
+        ("stripes", None, (80, 30)),
+    ):
         image = Image.new("RGB", size, color or (0, 0, 0))
         if color is None:
             for x in range(0, size[0], 8):
@@ -83,8 +86,9 @@ def test_image_option_scores_equal_a_direct_computation_and_depend_on_the_image(
     scores = {}
     for name in ("red", "blue"):
         sequences = option_sequences(renderer, prompt, options, [paths[name]])
-        scores[name] = score_sequences(model, sequences, batch_size=8, pad_id=tokenizer.pad_token_id,
-                                       processor=processor)
+        scores[name] = score_sequences(
+            model, sequences, batch_size=8, pad_id=tokenizer.pad_token_id, processor=processor
+        )
         for option, score in zip(options, scores[name]):
             assert score == pytest.approx(direct_logprob(model, processor, text, option, paths[name]), abs=1e-4)
     # the pixels reach the model: another image gives other scores for the same text
@@ -93,27 +97,42 @@ def test_image_option_scores_equal_a_direct_computation_and_depend_on_the_image(
 
 def test_batched_image_and_text_rows_score_as_one_at_a_time(vl):
     tokenizer, model, processor, renderer, paths = vl
-    questions = [(ask("Which color?"), ["red", "blue"], [paths["red"]]),
-                 (ask("Is it striped?", image=False), ["yes", "no, it is plain"], []),
-                 (ask("Which pattern?"), ["stripes", "dots", "plain"], [paths["stripes"]]),
-                 ([{"role": "user", "content": "<image>Compare with <image>"}], ["same", "different"],
-                  [paths["blue"], paths["red"]])]
-    sequences = [seq for prompt, options, images in questions for seq in option_sequences(renderer, prompt, options, images)]
-    one_by_one = [score_sequences(model, [seq], batch_size=1, pad_id=tokenizer.pad_token_id, processor=processor)[0]
-                  for seq in sequences]
+    questions = [
+        (ask("Which color?"), ["red", "blue"], [paths["red"]]),
+        (ask("Is it striped?", image=False), ["yes", "no, it is plain"], []),
+        (ask("Which pattern?"), ["stripes", "dots", "plain"], [paths["stripes"]]),
+        (
+            [{"role": "user", "content": "<image>Compare with <image>"}],
+            ["same", "different"],
+            [paths["blue"], paths["red"]],
+        ),
+    ]
+    sequences = [
+        seq for prompt, options, images in questions for seq in option_sequences(renderer, prompt, options, images)
+    ]
+    one_by_one = [
+        score_sequences(model, [seq], batch_size=1, pad_id=tokenizer.pad_token_id, processor=processor)[0]
+        for seq in sequences
+    ]
     for batch_size in (3, 16):
-        batched = score_sequences(model, sequences, batch_size=batch_size, pad_id=tokenizer.pad_token_id,
-                                  processor=processor)
+        batched = score_sequences(
+            model, sequences, batch_size=batch_size, pad_id=tokenizer.pad_token_id, processor=processor
+        )
         assert batched == pytest.approx(one_by_one, abs=1e-4)
 
 
 def test_batched_generation_with_images_equals_one_at_a_time(vl):
     tokenizer, model, processor, renderer, paths = vl
-    prompts = [renderer.prompt_text(ask("Describe it.")), renderer.prompt_text(ask("Hello there", image=False)),
-               renderer.prompt_text(ask("And this one, in a few more words?"))]
+    prompts = [
+        renderer.prompt_text(ask("Describe it.")),
+        renderer.prompt_text(ask("Hello there", image=False)),
+        renderer.prompt_text(ask("And this one, in a few more words?")),
+    ]
     images = [[paths["red"]], [], [paths["stripes"]]]
-    alone = [generate(model, tokenizer, [p], max_new_tokens=6, batch_size=1, images=[i], processor=processor)[0]
-             for p, i in zip(prompts, images)]
+    alone = [
+        generate(model, tokenizer, [p], max_new_tokens=6, batch_size=1, images=[i], processor=processor)[0]
+        for p, i in zip(prompts, images)
+    ]
     together = generate(model, tokenizer, prompts, max_new_tokens=6, batch_size=3, images=images, processor=processor)
     assert together == alone
     assert all(isinstance(text, str) for text in together)
@@ -121,25 +140,52 @@ def test_batched_generation_with_images_equals_one_at_a_time(vl):
 
 def test_standalone_eval_of_a_vision_model_on_image_benchmarks(vl, tmp_path):
     *_, paths = vl
-    gen_rows = [{"messages": [{"role": "user", "content": [{"type": "image", "image": paths[name]},
-                                                           {"type": "text", "text": "What is shown?"}]},
-                              {"role": "assistant", "content": [{"type": "text", "text": f"A {name} picture."}]}]}
-                for name in ("red", "blue", "stripes")]
-    mcq_rows = [{"messages": [{"role": "user", "content": [{"type": "image", "image": paths[name]},
-                                                           {"type": "text", "text": "Which one?"}]}],
-                 "options": ["red", "blue", "stripes"], "answer_id": answer}
-                for answer, name in enumerate(("red", "blue", "stripes"))]
+    gen_rows = [
+        {
+            "messages": [
+                {
+                    "role": "user",
+                    "content": [{"type": "image", "image": paths[name]}, {"type": "text", "text": "What is shown?"}],
+                },
+                {"role": "assistant", "content": [{"type": "text", "text": f"A {name} picture."}]},
+            ]
+        }
+        for name in ("red", "blue", "stripes")
+    ]
+    mcq_rows = [
+        {
+            "messages": [
+                {
+                    "role": "user",
+                    "content": [{"type": "image", "image": paths[name]}, {"type": "text", "text": "Which one?"}],
+                }
+            ],
+            "options": ["red", "blue", "stripes"],
+            "answer_id": answer,
+        }
+        for answer, name in enumerate(("red", "blue", "stripes"))
+    ]
     (tmp_path / "gen.jsonl").write_text("".join(json.dumps(r) + "\n" for r in gen_rows))
     (tmp_path / "mcq.jsonl").write_text("".join(json.dumps(r) + "\n" for r in mcq_rows))
-    config = {"model_name": MODEL, "evals": {"max_new_tokens": 5, "batch_size": 2, "benchmarks": [
-        {"name": "describe", "path": str(tmp_path / "gen.jsonl"), "metric": "exact_match"},
-        {"name": "which", "path": str(tmp_path / "mcq.jsonl"), "metric": "logprob_mcq"}]}}
+    config = {
+        "model_name": MODEL,
+        "evals": {
+            "max_new_tokens": 5,
+            "batch_size": 2,
+            "benchmarks": [
+                {"name": "describe", "path": str(tmp_path / "gen.jsonl"), "metric": "exact_match"},
+                {"name": "which", "path": str(tmp_path / "mcq.jsonl"), "metric": "logprob_mcq"},
+            ],
+        },
+    }
     (tmp_path / "eval.yaml").write_text(json.dumps(config))
     report = evaluate_config(tmp_path / "eval.yaml", output=tmp_path / "out" / "results.json")
     results = json.loads((tmp_path / "out" / "results.json").read_text())["results"]
     assert results == report["results"]
     assert results["benchmark/describe/rows"] == 3 and results["benchmark/which/rows"] == 3
-    predictions = [json.loads(line) for line in (tmp_path / "out" / "results.predictions" / "which.jsonl").read_text().splitlines()]
+    predictions = [
+        json.loads(line) for line in (tmp_path / "out" / "results.predictions" / "which.jsonl").read_text().splitlines()
+    ]
     assert [len(p["option_logprobs"]) for p in predictions] == [3, 3, 3]
     # the same question about different images gets different option scores: the images were used
     assert predictions[0]["option_logprobs"] != predictions[1]["option_logprobs"]
@@ -153,4 +199,3 @@ def test_missing_torchvision_is_a_clear_error(monkeypatch):
     with pytest.raises(LeapError) as err:
         require_torchvision(MODEL)
     assert "torchvision" in str(err.value) and "pip install torchvision" in err.value.fix
-

@@ -15,7 +15,11 @@ from leap_finetune.models.tiny import build_tiny_model, load_tiny_tokenizer
 
 QUESTIONS = [
     ([{"role": "user", "content": "Capital of France?"}], ["Paris.", "Rome, surely.", "Berlin"], 0),
-    ([{"role": "system", "content": "Be brief."}, {"role": "user", "content": "2+2?"}], ["4", "five", "22", "four!"], 3),
+    (
+        [{"role": "system", "content": "Be brief."}, {"role": "user", "content": "2+2?"}],
+        ["4", "five", "22", "four!"],
+        3,
+    ),
     ([{"role": "user", "content": "Color of a banana?"}], ["yellow", "a deep and vivid blue"], 0),
 ]
 
@@ -62,9 +66,15 @@ def test_batched_scores_equal_one_forward_per_option(setup):
 
 def test_accuracies_by_sum_per_token_and_per_char(setup):
     tokenizer, model, renderer = setup
-    items = [BenchmarkItem("b.jsonl", f"line {i}", p, options=o, answer_id=a) for i, (p, o, a) in enumerate(QUESTIONS, 1)]
-    metrics, predictions = _logprob(model, renderer, EvalsConfig(benchmarks=[{"name": "x", "path": "b", "metric": "logprob_mcq"}]),
-                                    LoadedBenchmark("x", "logprob_mcq", items))
+    items = [
+        BenchmarkItem("b.jsonl", f"line {i}", p, options=o, answer_id=a) for i, (p, o, a) in enumerate(QUESTIONS, 1)
+    ]
+    metrics, predictions = _logprob(
+        model,
+        renderer,
+        EvalsConfig(benchmarks=[{"name": "x", "path": "b", "metric": "logprob_mcq"}]),
+        LoadedBenchmark("x", "logprob_mcq", items),
+    )
     expected = {"sum": 0, "tok": 0, "char": 0}
     for (prompt, options, answer), prediction in zip(QUESTIONS, predictions):
         scores = score_options(model, renderer, prompt, options)

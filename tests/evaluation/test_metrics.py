@@ -20,37 +20,57 @@ def test_normalise():
     assert normalise("  The Capital, of France!  ") == "capital of france"
 
 
-@pytest.mark.parametrize(("prediction", "reference", "score"), [
-    ("Paris.", "paris", 1.0), ("The answer: Paris", "Paris", 0.0), ("An apple", "apple", 1.0), ("", "x", 0.0),
-])
+@pytest.mark.parametrize(
+    ("prediction", "reference", "score"),
+    [
+        ("Paris.", "paris", 1.0),
+        ("The answer: Paris", "Paris", 0.0),
+        ("An apple", "apple", 1.0),
+        ("", "x", 0.0),
+    ],
+)
 def test_exact_match(prediction, reference, score):
     assert exact_match(prediction, reference) == (score, True)
 
 
-@pytest.mark.parametrize(("prediction", "reference", "score"), [
-    ("I think the answer is Paris, France.", "Paris", 1.0),
-    ("Parisian food", "Paris", 0.0),  # whole words only
-    ("new york city", "New York", 1.0),
-    ("york", "New York", 0.0),
-])
+@pytest.mark.parametrize(
+    ("prediction", "reference", "score"),
+    [
+        ("I think the answer is Paris, France.", "Paris", 1.0),
+        ("Parisian food", "Paris", 0.0),  # whole words only
+        ("new york city", "New York", 1.0),
+        ("york", "New York", 0.0),
+    ],
+)
 def test_short_answer(prediction, reference, score):
     assert short_answer(prediction, reference)[0] == score
 
 
-@pytest.mark.parametrize(("text", "letter"), [
-    ("B", "B"), ("(C)", "C"), ("B) Paris", "B"), ("The answer is D.", "D"), ("answer: (a)", "A"),
-    ("I am not sure", None), ("", None),
-])
+@pytest.mark.parametrize(
+    ("text", "letter"),
+    [
+        ("B", "B"),
+        ("(C)", "C"),
+        ("B) Paris", "B"),
+        ("The answer is D.", "D"),
+        ("answer: (a)", "A"),
+        ("I am not sure", None),
+        ("", None),
+    ],
+)
 def test_mcq_letter(text, letter):
     assert mcq_letter(text) == letter
 
 
-@pytest.mark.parametrize(("prediction", "reference", "expected"), [
-    ("The answer is B.", "B", (1.0, True)),
-    ("(C) Rome", "B", (0.0, True)),
-    ("no idea at all", "B", (0.0, False)),  # unparseable: 0 and counted
-    ("Paris", "Paris", (1.0, True)),  # option text as the reference
-])
+@pytest.mark.parametrize(
+    ("prediction", "reference", "expected"),
+    [
+        ("The answer is B.", "B", (1.0, True)),
+        ("(C) Rome", "B", (0.0, True)),
+        ("no idea at all", "B", (0.0, False)),  # unparseable: 0 and counted
+        ("Paris", "Paris", (1.0, True)),  # option text as the reference
+    ],
+)
 def test_mcq_gen(prediction, reference, expected):
     assert mcq_gen(prediction, reference) == expected
 
@@ -69,7 +89,9 @@ def test_bleu_extremes_and_a_hand_computed_case():
     # 6-token candidate vs 7-token reference, all 1..4-grams match: BLEU = brevity penalty exp(1 - 7/6)
     import math
 
-    assert bleu("the cat sat on the mat", "the cat sat on the mat today")[0] == pytest.approx(100 * math.exp(1 - 7 / 6), rel=1e-3)
+    assert bleu("the cat sat on the mat", "the cat sat on the mat today")[0] == pytest.approx(
+        100 * math.exp(1 - 7 / 6), rel=1e-3
+    )
 
 
 def test_custom_metric_from_a_file_and_its_failures_score_zero(tmp_path):

@@ -26,9 +26,9 @@ def _free_port() -> int:
 
 @pytest.fixture(scope="module")
 def tiny_model(tmp_path_factory) -> Path:
-    from leap_finetune.models.tiny import build_tiny_model, load_tiny_tokenizer
-
     import torch
+
+    from leap_finetune.models.tiny import build_tiny_model, load_tiny_tokenizer
 
     folder = tmp_path_factory.mktemp("tiny") / "model"
     tokenizer = load_tiny_tokenizer("tiny-lfm2")
@@ -49,18 +49,42 @@ def test_generation_benchmarks_through_a_server_score_like_local_generation(work
     from leap_finetune.runs.processes import ServerSpec, running
 
     shutil.copy(EXAMPLES / "data" / "quickstart_bench_generation.jsonl", workdir / "bench.jsonl")
-    config = write_config(workdir, {
-        "model_name": str(tiny_model), "chat_template": "model",
-        "evals": {"max_new_tokens": 6, "batch_size": 4, "benchmarks": [
-            {"name": "capitals", "path": "bench.jsonl", "metric": "exact_match", "limit": 6}]}})
+    config = write_config(
+        workdir,
+        {
+            "model_name": str(tiny_model),
+            "chat_template": "model",
+            "evals": {
+                "max_new_tokens": 6,
+                "batch_size": 4,
+                "benchmarks": [{"name": "capitals", "path": "bench.jsonl", "metric": "exact_match", "limit": 6}],
+            },
+        },
+    )
     local = evaluate_config(config, output=workdir / "local" / "results.json")
     port = _free_port()
-    spec = ServerSpec(name="eval server", port=port, env={"CUDA_VISIBLE_DEVICES": ""},
-                      command=[sys.executable, "-m", "transformers.cli.transformers", "serve", str(tiny_model),
-                               "--host", "127.0.0.1", "--port", str(port), "--device", "cpu"])
+    spec = ServerSpec(
+        name="eval server",
+        port=port,
+        env={"CUDA_VISIBLE_DEVICES": ""},
+        command=[
+            sys.executable,
+            "-m",
+            "transformers.cli.transformers",
+            "serve",
+            str(tiny_model),
+            "--host",
+            "127.0.0.1",
+            "--port",
+            str(port),
+            "--device",
+            "cpu",
+        ],
+    )
     with running([spec], workdir / "logs"):
-        remote = evaluate_config(config, output=workdir / "remote" / "results.json",
-                                 server=f"http://127.0.0.1:{port}/v1")
+        remote = evaluate_config(
+            config, output=workdir / "remote" / "results.json", server=f"http://127.0.0.1:{port}/v1"
+        )
     assert remote["server"] == f"http://127.0.0.1:{port}/v1" and remote["model"]
     assert remote["results"]["benchmark/capitals/rows"] == 6
 
@@ -78,8 +102,13 @@ def test_generation_benchmarks_through_a_server_score_like_local_generation(work
 
 def test_a_server_that_does_not_answer_is_a_clear_error(workdir, tiny_model):
     shutil.copy(EXAMPLES / "data" / "quickstart_bench_generation.jsonl", workdir / "bench.jsonl")
-    config = write_config(workdir, {"model_name": str(tiny_model), "evals": {"benchmarks": [
-        {"name": "capitals", "path": "bench.jsonl", "metric": "exact_match"}]}})
+    config = write_config(
+        workdir,
+        {
+            "model_name": str(tiny_model),
+            "evals": {"benchmarks": [{"name": "capitals", "path": "bench.jsonl", "metric": "exact_match"}]},
+        },
+    )
     with pytest.raises(LeapError) as info:
         evaluate_config(config, server=f"http://127.0.0.1:{_free_port()}/v1")
     message = info.value.format()

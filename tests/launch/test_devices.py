@@ -40,33 +40,45 @@ def test_cpu_workers():
     assert (plan.workers, plan.backend, plan.in_process, plan.training) == (2, "gloo", False, [])
 
 
-@pytest.mark.parametrize(("counts", "message"), [
-    (dict(gpus=8, server=1, judge=1, training=7), "the plan needs 9 GPU(s): 1 for the rollout server "
-     "(grpo_rollout.server_gpus), 1 for the judge (grpo_rollout.judge_gpus), 7 for training (grpo_rollout.training_gpus); "
-     "8 are visible"),
-    (dict(gpus=8, server=1, judge=1, training=7), "set grpo_rollout.training_gpus to 6 or fewer"),
-    (dict(gpus=2, server=1, judge=1), "the plan needs 3 GPU(s): 1 for the rollout server (grpo_rollout.server_gpus), 1 "
-                                      "for the judge (grpo_rollout.judge_gpus), at least 1 for training; 2 are visible"),
-    (dict(gpus=4, nodes=2, server=1), "single-node only"),
-    (dict(gpus=0, server=1), "no GPU is visible"),
-    (dict(gpus=2, num_workers=3), "ray.num_workers is 3, but the plan has 2 training GPU(s)"),
-    (dict(gpus=2, nodes=2, num_workers=5), "(2 on each of 2 nodes)"),
-    (dict(gpus=1, fsdp=True), "fsdp shards the model over several workers, but the plan has 1"),
-    (dict(gpus=0, fsdp=True), "fsdp shards the model over several workers"),
-    (dict(gpus=0, num_workers=2, fsdp=True), "fsdp shards the model over GPU workers, but no GPU is visible"),
-])
+@pytest.mark.parametrize(
+    ("counts", "message"),
+    [
+        (
+            dict(gpus=8, server=1, judge=1, training=7),
+            "the plan needs 9 GPU(s): 1 for the rollout server "
+            "(grpo_rollout.server_gpus), 1 for the judge (grpo_rollout.judge_gpus), 7 for training (grpo_rollout.training_gpus); "
+            "8 are visible",
+        ),
+        (dict(gpus=8, server=1, judge=1, training=7), "set grpo_rollout.training_gpus to 6 or fewer"),
+        (
+            dict(gpus=2, server=1, judge=1),
+            "the plan needs 3 GPU(s): 1 for the rollout server (grpo_rollout.server_gpus), 1 "
+            "for the judge (grpo_rollout.judge_gpus), at least 1 for training; 2 are visible",
+        ),
+        (dict(gpus=4, nodes=2, server=1), "single-node only"),
+        (dict(gpus=0, server=1), "no GPU is visible"),
+        (dict(gpus=2, num_workers=3), "ray.num_workers is 3, but the plan has 2 training GPU(s)"),
+        (dict(gpus=2, nodes=2, num_workers=5), "(2 on each of 2 nodes)"),
+        (dict(gpus=1, fsdp=True), "fsdp shards the model over several workers, but the plan has 1"),
+        (dict(gpus=0, fsdp=True), "fsdp shards the model over several workers"),
+        (dict(gpus=0, num_workers=2, fsdp=True), "fsdp shards the model over GPU workers, but no GPU is visible"),
+    ],
+)
 def test_impossible_plans_say_the_numbers(counts, message):
     with pytest.raises(LeapError) as info:
         plan_devices(**counts)
     assert message in info.value.format()
 
 
-@pytest.mark.parametrize(("counts", "needed", "ways"), [
-    (dict(gpus=1, server=1, judge=1), 3, ["vllm_mode: colocate", "grpo_rollout.judge_gpus: 0"]),
-    (dict(gpus=2, server=2, judge=1), 4, ["vllm_mode: colocate", "grpo_rollout.judge_gpus: 0"]),
-    (dict(gpus=2, server=1, eval_gpus=2), 4, ["vllm_mode: colocate", "async_eval.vllm_gpus: 0"]),
-    (dict(gpus=1, eval_gpus=1, training=2), 3, ["async_eval.mode: sidecar"]),
-])
+@pytest.mark.parametrize(
+    ("counts", "needed", "ways"),
+    [
+        (dict(gpus=1, server=1, judge=1), 3, ["vllm_mode: colocate", "grpo_rollout.judge_gpus: 0"]),
+        (dict(gpus=2, server=2, judge=1), 4, ["vllm_mode: colocate", "grpo_rollout.judge_gpus: 0"]),
+        (dict(gpus=2, server=1, eval_gpus=2), 4, ["vllm_mode: colocate", "async_eval.vllm_gpus: 0"]),
+        (dict(gpus=1, eval_gpus=1, training=2), 3, ["async_eval.mode: sidecar"]),
+    ],
+)
 def test_more_reserved_than_visible_says_each_part_and_what_to_change(counts, needed, ways):
     """Was "... + -1 training GPU(s), but 2 are visible": servers taking more GPUs than the node has."""
     with pytest.raises(LeapError) as info:
@@ -79,8 +91,9 @@ def test_more_reserved_than_visible_says_each_part_and_what_to_change(counts, ne
 @pytest.fixture
 def config(workdir):
     write_jsonl(workdir / "train.jsonl", fact_rows(40))
-    return write_config(workdir, tiny_config(training_config={"per_device_train_batch_size": 4,
-                                                              "gradient_accumulation_steps": 2}))
+    return write_config(
+        workdir, tiny_config(training_config={"per_device_train_batch_size": 4, "gradient_accumulation_steps": 2})
+    )
 
 
 def test_plan_json_for_a_machine_we_are_not_on(config, workdir):
@@ -89,27 +102,47 @@ def test_plan_json_for_a_machine_we_are_not_on(config, workdir):
     plan = json.loads(result.stdout)
     assert plan["nodes"] == 1 and plan["workers"] == 4
     assert plan["devices"] == {"server": [], "judge": [], "eval": [], "training": [0, 1, 2, 3]}
-    assert plan["batch"] == {"per_device": 4, "gradient_accumulation_steps": 2, "workers": 4, "global": 32,
-                             "unit": "rows", "detail": ""}
+    assert plan["batch"] == {
+        "per_device": 4,
+        "gradient_accumulation_steps": 2,
+        "workers": 4,
+        "global": 32,
+        "unit": "rows",
+        "detail": "",
+    }
     assert plan["steps_per_epoch"] == 2 and plan["rows"] == 40
     workers = [p for p in plan["processes"] if p["name"].startswith("training worker")]
     assert [p["env"]["CUDA_VISIBLE_DEVICES"] for p in workers] == ["0", "1", "2", "3"]
     assert all(p["env"]["NCCL_NVLS_ENABLE"] == "0" for p in plan["processes"][1:])
 
     two_nodes = json.loads(invoke("plan", str(config), "--gpus", "2", "--nodes", "2", "--json", cwd=workdir).stdout)
-    assert two_nodes["workers"] == 4 and [p["node"] for p in two_nodes["processes"] if "rank" in p["name"]] == [0, 0, 1, 1]
+    assert two_nodes["workers"] == 4 and [p["node"] for p in two_nodes["processes"] if "rank" in p["name"]] == [
+        0,
+        0,
+        1,
+        1,
+    ]
     one = json.loads(invoke("plan", str(config), "--gpus", "1", "--json", cwd=workdir).stdout)
     assert one["in_process"] and one["processes"] == [
-        {"name": "train", "node": 0, "command": ["leap-finetune", "run", str(config)], "env": {"CUDA_VISIBLE_DEVICES": "0"}}]
+        {
+            "name": "train",
+            "node": 0,
+            "command": ["leap-finetune", "run", str(config)],
+            "env": {"CUDA_VISIBLE_DEVICES": "0"},
+        }
+    ]
     text = invoke("plan", str(config), "--gpus", "2", cwd=workdir).stdout
     assert "workers: 2 on 1 node(s) - Ray Train, nccl" in text and "16 rows per step" in text
 
 
 def test_a_reserved_evaluation_gpu_is_taken_out_of_training_before_anything_starts(workdir, config):
-    (workdir / "bench.jsonl").write_text('{"messages": [{"role": "user", "content": "Hi"}, '
-                                         '{"role": "assistant", "content": "Hello"}]}\n')
-    data = tiny_config(evals={"benchmarks": [{"name": "hi", "path": "bench.jsonl", "metric": "exact_match"}]},
-                       async_eval={"mode": "reserved", "vllm_gpus": 1, "reserved": {"server_port": 8123}})
+    (workdir / "bench.jsonl").write_text(
+        '{"messages": [{"role": "user", "content": "Hi"}, {"role": "assistant", "content": "Hello"}]}\n'
+    )
+    data = tiny_config(
+        evals={"benchmarks": [{"name": "hi", "path": "bench.jsonl", "metric": "exact_match"}]},
+        async_eval={"mode": "reserved", "vllm_gpus": 1, "reserved": {"server_port": 8123}},
+    )
     result = invoke("plan", str(write_config(workdir, data, "reserved.yaml")), "--gpus", "4", "--json", cwd=workdir)
     assert result.returncode == 0, result.stderr
     plan = json.loads(result.stdout)
@@ -118,8 +151,9 @@ def test_a_reserved_evaluation_gpu_is_taken_out_of_training_before_anything_star
     assert server["env"]["CUDA_VISIBLE_DEVICES"] == "0" and "8123" in server["command"]
     workers = [p for p in plan["processes"] if p["name"].startswith("training worker")]
     assert [p["env"]["CUDA_VISIBLE_DEVICES"] for p in workers] == ["1", "2", "3"]
-    two_nodes = invoke("plan", str(write_config(workdir, data, "reserved.yaml")), "--gpus", "4", "--nodes", "2",
-                       cwd=workdir)
+    two_nodes = invoke(
+        "plan", str(write_config(workdir, data, "reserved.yaml")), "--gpus", "4", "--nodes", "2", cwd=workdir
+    )
     assert two_nodes.returncode == 2 and "async_eval mode: sidecar" in " ".join(two_nodes.stderr.split())
 
 
@@ -160,20 +194,28 @@ def test_resources_per_worker_that_ray_would_refuse_or_wait_for_are_errors_befor
         ({"cpu": 1}, "Ray's resource names are case-sensitive, and 'cpu' would be a custom resource", "write CPU"),
         ({"GPU": 1}, "ray.resources_per_worker.GPU is 1, and the plan has CPU workers", "remove GPU"),
         ({"CPU": 0}, "reserves nothing for a worker (every amount is 0)", "CPU: 1"),
-        ({"my_res": 1}, "asks for my_res, and the run would start a local Ray instance on this machine, with CPU, GPU "
-                        "and memory only",
-         "--resources='{\"my_res\": N}'"),
-        ({"CPU": cores}, f"the plan's 2 workers, each reserving CPU {cores} (ray.resources_per_worker), do not fit in "
-                         f"a local Ray instance on this machine (CPU {cores}): 1 would", "ray.num_workers: 1"),
+        (
+            {"my_res": 1},
+            "asks for my_res, and the run would start a local Ray instance on this machine, with CPU, GPU "
+            "and memory only",
+            "--resources='{\"my_res\": N}'",
+        ),
+        (
+            {"CPU": cores},
+            f"the plan's 2 workers, each reserving CPU {cores} (ray.resources_per_worker), do not fit in "
+            f"a local Ray instance on this machine (CPU {cores}): 1 would",
+            "ray.num_workers: 1",
+        ),
     ):
         data = tiny_config(ray={"num_workers": 2, "resources_per_worker": resources})
         result = invoke("validate", str(write_config(workdir, data, "ray.yaml")), cwd=workdir)
         text = " ".join(result.stderr.split())
         assert result.returncode == 2 and message in text and fix in text.split("fix:")[-1], (resources, text)
         assert "Traceback" not in result.stderr
-    plans = ((["--gpus", "8"], {"GPU": 2}, "the plan's 8 workers, each reserving GPU 2", "ray.num_workers: 4"),
-             (["--gpus", "2"], {"GPU": 0.5}, "GPU is 0.5: each data-parallel worker trains on a GPU of its own",
-              "GPU: 1"))
+    plans = (
+        (["--gpus", "8"], {"GPU": 2}, "the plan's 8 workers, each reserving GPU 2", "ray.num_workers: 4"),
+        (["--gpus", "2"], {"GPU": 0.5}, "GPU is 0.5: each data-parallel worker trains on a GPU of its own", "GPU: 1"),
+    )
     for gpus, resources, message, fix in plans:
         data = tiny_config(ray={"resources_per_worker": resources})
         result = invoke("plan", str(write_config(workdir, data, "gpus.yaml")), *gpus, cwd=workdir)
@@ -190,8 +232,10 @@ def test_plan_loads_no_model_and_counts_tokens_only_with_the_tokenizer_at_hand(w
     write_jsonl(workdir / "a.jsonl", fact_rows(30))
     write_jsonl(workdir / "b.jsonl", fact_rows(10))
     cache = hub_cache_with_tiny_model(workdir / "hub", "leap-test/tiny-cached")
-    data = tiny_config(model_name="leap-test/tiny-cached",
-                       dataset=[{"path": "a.jsonl", "weight": 1, "test_size": 5}, {"path": "b.jsonl", "weight": 1}])
+    data = tiny_config(
+        model_name="leap-test/tiny-cached",
+        dataset=[{"path": "a.jsonl", "weight": 1, "test_size": 5}, {"path": "b.jsonl", "weight": 1}],
+    )
     cached = {**data, "training_config": {**data["training_config"], "model_init_kwargs": {"cache_dir": str(cache)}}}
     counted = invoke("plan", str(write_config(workdir, cached, "cached.yaml")), "--gpus", "2", "--json")
     assert counted.returncode == 0, counted.stderr
@@ -202,13 +246,17 @@ def test_plan_loads_no_model_and_counts_tokens_only_with_the_tokenizer_at_hand(w
     assert plain.returncode == 0, plain.stderr
     plain = json.loads(plain.stdout)
     assert plain["tokens_per_step"] is None
-    assert plain["tokens_not_counted"].startswith("the tokenizer of leap-test/tiny-cached is not in the Hugging Face "
-                                                  "cache, and plan does not download it")
+    assert plain["tokens_not_counted"].startswith(
+        "the tokenizer of leap-test/tiny-cached is not in the Hugging Face cache, and plan does not download it"
+    )
     assert "max_length would cut away" in plain["tokens_not_counted"]
-    assert (plain["rows"], plain["steps_per_epoch"]) == (counted["rows"], counted["steps_per_epoch"]) == (36, 5)  # 25 + 10 rows, weighted 1:1 -> 18 + 18
+    assert (
+        (plain["rows"], plain["steps_per_epoch"]) == (counted["rows"], counted["steps_per_epoch"]) == (36, 5)
+    )  # 25 + 10 rows, weighted 1:1 -> 18 + 18
     text = " ".join(invoke("plan", str(workdir / "plain.yaml"), "--gpus", "2").stdout.split())
     assert "tokens: not counted (the tokenizer of leap-test/tiny-cached is not in the Hugging Face cache" in text
     bad = write_jsonl(workdir / "bad.jsonl", [{"messages": [{"role": "usr", "content": "x"}]}])
-    broken = invoke("plan", str(write_config(workdir, tiny_config(model_name="leap-test/tiny-cached", data=str(bad)),
-                                             "bad.yaml")))
+    broken = invoke(
+        "plan", str(write_config(workdir, tiny_config(model_name="leap-test/tiny-cached", data=str(bad)), "bad.yaml"))
+    )
     assert broken.returncode == 2 and "'usr' is not a role" in broken.stderr  # rows are checked without a tokenizer

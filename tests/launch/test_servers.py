@@ -7,7 +7,6 @@ from __future__ import annotations
 import socket
 import sys
 import urllib.request
-from pathlib import Path
 
 import psutil
 import pytest
@@ -28,8 +27,12 @@ def _gone(pid: int) -> bool:
 
 def test_a_server_that_exits_early_is_an_error_with_its_log(tmp_path):
     port = _free_port()
-    spec = ServerSpec("rollout server", [sys.executable, "-c", "print('unknown flag --tensor-parallel'); exit(3)"],
-                      port=port, start_timeout_s=30)
+    spec = ServerSpec(
+        "rollout server",
+        [sys.executable, "-c", "print('unknown flag --tensor-parallel'); exit(3)"],
+        port=port,
+        start_timeout_s=30,
+    )
     with pytest.raises(LeapError) as info:
         with running([spec], tmp_path):
             pass
@@ -41,15 +44,19 @@ def test_a_server_that_exits_early_is_an_error_with_its_log(tmp_path):
 def test_a_server_that_never_becomes_healthy_times_out_and_is_stopped(tmp_path):
     port = _free_port()
     # a real HTTP server whose /health is a 404
-    spec = ServerSpec("judge", [sys.executable, "-m", "http.server", str(port), "--bind", "127.0.0.1"], port=port,
-                      start_timeout_s=4)
+    spec = ServerSpec(
+        "judge", [sys.executable, "-m", "http.server", str(port), "--bind", "127.0.0.1"], port=port, start_timeout_s=4
+    )
     before = {p.pid for p in psutil.process_iter()}
     with pytest.raises(LeapError) as info:
         with running([spec], tmp_path):
             pass
     assert "did not answer" in info.value.format() and "within 4 s" in info.value.format()
-    started = [p for p in psutil.process_iter(["cmdline"]) if p.pid not in before
-               and "http.server" in " ".join(p.info["cmdline"] or [])]
+    started = [
+        p
+        for p in psutil.process_iter(["cmdline"])
+        if p.pid not in before and "http.server" in " ".join(p.info["cmdline"] or [])
+    ]
     assert all(_gone(p.pid) for p in started)
     assert not port_in_use("127.0.0.1", port)
 
@@ -71,8 +78,9 @@ def test_a_port_in_use_is_an_error_before_anything_starts(tmp_path):
 def test_servers_are_stopped_when_training_fails_or_is_interrupted(tmp_path, ending):
     """Also the normal path: the server answers (health), logs its command, and is gone afterwards."""
     port = _free_port()
-    spec = ServerSpec("judge", [sys.executable, "-m", "http.server", str(port), "--bind", "127.0.0.1"], port=port,
-                      health_path="/")
+    spec = ServerSpec(
+        "judge", [sys.executable, "-m", "http.server", str(port), "--bind", "127.0.0.1"], port=port, health_path="/"
+    )
     with pytest.raises(type(ending)):
         with running([spec], tmp_path) as [server]:
             pid = server.process.pid

@@ -42,8 +42,14 @@ print("SUMMARY " + json.dumps(summary), flush=True)
 def test_the_child_trains_and_a_ctrl_c_to_the_driver_saves_a_checkpoint(workdir):
     write_jsonl(workdir / "train.jsonl", fact_rows(48))
     config = write_config(workdir, tiny_config(training_config={"max_steps": 300, "save_steps": 1000}))
-    driver = subprocess.Popen([sys.executable, "-c", DRIVER, str(config)], cwd=workdir, stdout=subprocess.PIPE,
-                              stderr=subprocess.PIPE, text=True)
+    driver = subprocess.Popen(
+        [sys.executable, "-c", DRIVER, str(config)],
+        cwd=workdir,
+        stdout=subprocess.PIPE,
+        stderr=subprocess.PIPE,
+        text=True,
+    )
+
     def trained_3_steps():
         found = list((workdir / "outputs" / "test").glob("*/metrics.jsonl"))
         return found[0] if found and found[0].read_text().count('"loss"') >= 3 else None
@@ -67,11 +73,11 @@ def test_a_mistake_the_child_finds_is_the_drivers_user_error(workdir):
     """A model folder without weights is found when the child loads the model: the driver raises the same
     LeapError (exit code 2 in the CLI), whatever exit code the child's libraries used."""
     from leap_finetune import api
-    from leap_finetune.launch.checks import prepare
-    from leap_finetune.launch.run_folder import write_run_folder
     from leap_finetune.errors import LeapError
+    from leap_finetune.launch.checks import prepare
     from leap_finetune.launch.devices import DevicePlan
     from leap_finetune.launch.plan import plan_run
+    from leap_finetune.launch.run_folder import write_run_folder
     from leap_finetune.launch.single import run_in_child
 
     write_jsonl(workdir / "train.jsonl", fact_rows(8))
@@ -80,12 +86,19 @@ def test_a_mistake_the_child_finds_is_the_drivers_user_error(workdir):
     plan = plan_run(resolved)
     (workdir / "empty-model").mkdir()
     (workdir / "empty-model" / "config.json").write_text('{"model_type": "lfm2"}')
-    resolved = resolved.model_copy(update={"run_dir": str(plan.run_dir), "run_name": plan.run_name, "workers": 1,
-                                           "model_id": str(workdir / "empty-model")})
+    resolved = resolved.model_copy(
+        update={
+            "run_dir": str(plan.run_dir),
+            "run_name": plan.run_name,
+            "workers": 1,
+            "model_id": str(workdir / "empty-model"),
+        }
+    )
     write_run_folder(resolved, prepared, renderer, plan)
     with pytest.raises(LeapError) as info:
-        run_in_child(json.loads(json.dumps(resolved.to_json_dict())), DevicePlan(nodes=1, gpus_per_node=0),
-                     plan.run_dir)
+        run_in_child(
+            json.loads(json.dumps(resolved.to_json_dict())), DevicePlan(nodes=1, gpus_per_node=0), plan.run_dir
+        )
     assert str(workdir / "empty-model") in info.value.format()
 
 
@@ -127,8 +140,13 @@ def test_a_killed_driver_takes_its_server_and_training_child_with_it(workdir):
         port = probe.getsockname()[1]
     write_jsonl(workdir / "train.jsonl", fact_rows(48))
     config = write_config(workdir, tiny_config(training_config={"max_steps": 3000, "save_steps": 10000}))
-    driver = subprocess.Popen([sys.executable, "-c", KILLED_DRIVER, str(config), str(port), str(workdir / "server.log")],
-                              cwd=workdir, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
+    driver = subprocess.Popen(
+        [sys.executable, "-c", KILLED_DRIVER, str(config), str(port), str(workdir / "server.log")],
+        cwd=workdir,
+        stdout=subprocess.PIPE,
+        stderr=subprocess.PIPE,
+        text=True,
+    )
     watchdog, started = Watchdog(driver.pid, what="the driver"), []
     while driver.poll() is None:  # both started (the child need not be training yet)
         watchdog.check()
@@ -140,8 +158,10 @@ def test_a_killed_driver_takes_its_server_and_training_child_with_it(workdir):
             break
         time.sleep(0.05)
     commands = [" ".join(p.cmdline()) for p in started]
-    assert any("http.server" in c for c in commands) and any("leap_finetune.launch.single" in c for c in commands), \
-        (commands, driver.communicate()[1][-2000:] if driver.poll() is not None else "")
+    assert any("http.server" in c for c in commands) and any("leap_finetune.launch.single" in c for c in commands), (
+        commands,
+        driver.communicate()[1][-2000:] if driver.poll() is not None else "",
+    )
     driver.kill()
     driver.wait()
     deadline = time.time() + 60

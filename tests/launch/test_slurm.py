@@ -15,24 +15,35 @@ from pathlib import Path
 import psutil
 import pytest
 
-from leap_finetune.validate.loader import load_config
 from leap_finetune.launch.slurm import script_text
+from leap_finetune.validate.loader import load_config
 from tests.conftest import EXAMPLES, REPO, invoke, write_config
 from tests.watchdog import Watchdog
 
-QUICK = {"project_name": "slurm-quickstart", "model_name": "tiny-lfm2",
-         "dataset": {"path": "data/quickstart.jsonl", "test_size": 12},
-         "training_config": {"max_steps": 20, "per_device_train_batch_size": 8, "learning_rate": 3e-3,
-                             "warmup_steps": 0, "logging_steps": 5, "eval_steps": 20, "save_steps": 20,
-                             "max_length": 128},
-         "slurm": {"time": "00:15:00", "cpus_per_task": 2}}
+QUICK = {
+    "project_name": "slurm-quickstart",
+    "model_name": "tiny-lfm2",
+    "dataset": {"path": "data/quickstart.jsonl", "test_size": 12},
+    "training_config": {
+        "max_steps": 20,
+        "per_device_train_batch_size": 8,
+        "learning_rate": 3e-3,
+        "warmup_steps": 0,
+        "logging_steps": 5,
+        "eval_steps": 20,
+        "save_steps": 20,
+        "max_length": 128,
+    },
+    "slurm": {"time": "00:15:00", "cpus_per_task": 2},
+}
 
 
 @pytest.fixture(scope="module")
 def slurm_cluster():
     """The one-node cluster; a missing SLURM is a failure here, not a skip."""
-    result = subprocess.run(["bash", str(REPO / "scripts" / "slurm_local.sh")], capture_output=True, text=True,
-                            timeout=300)
+    result = subprocess.run(
+        ["bash", str(REPO / "scripts" / "slurm_local.sh")], capture_output=True, text=True, timeout=300
+    )
     assert result.returncode == 0, result.stdout + result.stderr
     assert shutil.which("sbatch")
 
@@ -41,8 +52,9 @@ def test_the_script_is_the_one_the_readme_shows():
     page = (REPO / "docs" / "distributed.md").read_text()
     shown = re.search(r"<!-- slurm script -->\n```bash\n(.*?)```", page, re.S).group(1)
     resolved = load_config(EXAMPLES / "sft_lfm2_slurm.yaml")
-    text = script_text(resolved, resolved.slurm, Path("/shared/runs/outputs/lfm2-sft-slurm/slurm"),
-                       python="/shared/venv/bin/python")
+    text = script_text(
+        resolved, resolved.slurm, Path("/shared/runs/outputs/lfm2-sft-slurm/slurm"), python="/shared/venv/bin/python"
+    )
     assert text.replace(str(EXAMPLES), "/shared/runs") == shown
 
 
@@ -85,14 +97,16 @@ def test_scancel_saves_a_checkpoint_and_the_job_resumes_to_the_end(slurm_cluster
     from leap_finetune.runs.checkpoints import MARKER, verify
 
     shutil.copytree(EXAMPLES / "data", workdir / "data")
-    config = write_config(workdir, {**QUICK, "training_config": {**QUICK["training_config"], "max_steps": 40,
-                                                                 "save_steps": 5}})
+    config = write_config(
+        workdir, {**QUICK, "training_config": {**QUICK["training_config"], "max_steps": 40, "save_steps": 5}}
+    )
     project = workdir / "outputs" / "slurm-quickstart"
     job = _submit(workdir, config)
     watchdog = _job_watchdog(job)
     while not list(project.glob(f"sft-*/checkpoint-*/{MARKER}")):
-        assert subprocess.run(["squeue", "-h", "-j", job], capture_output=True, text=True).stdout.strip(), \
+        assert subprocess.run(["squeue", "-h", "-j", job], capture_output=True, text=True).stdout.strip(), (
             "no checkpoint before the job ended"
+        )
         watchdog.check()
         time.sleep(0.2)
     subprocess.run(["scancel", job], check=True)
@@ -117,9 +131,14 @@ def test_scancel_saves_a_checkpoint_and_the_job_resumes_to_the_end(slurm_cluster
     assert "Traceback" not in log, log[-3000:]  # e.g. Ray Train's placement-group cleaner without a dashboard
     state = subprocess.run(["scontrol", "show", "job", job], capture_output=True, text=True).stdout
     assert "JobState=COMPLETED" in state and "ExitCode=0:0" in state, state
-    assert (run / "model" / "config.json").exists() and json.loads((run / "summary.json").read_text())["global_step"] == 40
-    steps = [json.loads(line)["step"] for line in (run / "metrics.jsonl").read_text().splitlines()
-             if "loss" in json.loads(line)]
+    assert (run / "model" / "config.json").exists() and json.loads((run / "summary.json").read_text())[
+        "global_step"
+    ] == 40
+    steps = [
+        json.loads(line)["step"]
+        for line in (run / "metrics.jsonl").read_text().splitlines()
+        if "loss" in json.loads(line)
+    ]
     assert steps == list(range(5, 41, 5))  # every logged step once, across the two jobs
     _no_ray_left(job)
 
@@ -156,8 +175,10 @@ def test_sbatch_values_are_one_line_and_options_sbatch_reads_as_written(workdir)
         ({"job_name": "a\nb"}, "slurm.job_name holds a newline ('a\\nb'): it is written into one #SBATCH line"),
         ({"partition": "gpu\r"}, "slurm.partition holds a carriage return"),
         ({"extra_sbatch": ["--qos=high", "--comment=x\nrm -rf ~"]}, "slurm.extra_sbatch[1] holds a newline"),
-        ({"extra_sbatch": ["--comment=it's"]}, "slurm.extra_sbatch[0] is \"--comment=it's\": sbatch would stop with "
-                                               "\"Unmatched `'`\""),
+        (
+            {"extra_sbatch": ["--comment=it's"]},
+            'slurm.extra_sbatch[0] is "--comment=it\'s": sbatch would stop with "Unmatched `\'`"',
+        ),
         ({"extra_sbatch": ["--comment=run #2"]}, "sbatch reads '#2' as a comment and drops it"),
         ({"extra_sbatch": ["--comment=my run"]}, "sbatch would read 'run' as a directive of its own"),
         ({"extra_sbatch": ["qos=high"]}, "slurm.extra_sbatch[0] is 'qos=high': expected sbatch options"),
@@ -172,8 +193,12 @@ def test_sbatch_values_are_one_line_and_options_sbatch_reads_as_written(workdir)
     shutil.copytree(EXAMPLES / "data", workdir / "data")
     custom = {**QUICK, "ray": {"resources_per_worker": {"my_res": 1}}}
     result = invoke("slurm", str(write_config(workdir, custom)), cwd=workdir)
-    assert result.returncode == 2 and "ray.resources_per_worker asks for my_res, and the run would start a Ray cluster " \
-        "of its own in the SLURM job, with CPU, GPU and memory only" in " ".join(result.stderr.split()), result.stderr
+    assert (
+        result.returncode == 2
+        and "ray.resources_per_worker asks for my_res, and the run would start a Ray cluster "
+        "of its own in the SLURM job, with CPU, GPU and memory only"
+        in " ".join(result.stderr.split())
+    ), result.stderr
     assert not (workdir / "outputs").exists()
 
 
@@ -182,9 +207,11 @@ def test_a_job_name_with_quotes_and_a_folder_with_spaces_reach_slurm_as_written(
     job has the job name as written (read back from SLURM), its log in the folder the command announces."""
     folder = workdir / "my runs 100%"
     shutil.copytree(EXAMPLES / "data", folder / "data")
-    name = "it's \"my\" run #2"
-    config = write_config(folder, {**QUICK, "slurm": {**QUICK["slurm"], "job_name": name,
-                                                      "extra_sbatch": ["--comment=\"a b # c\"", "--hold"]}})
+    name = 'it\'s "my" run #2'
+    config = write_config(
+        folder,
+        {**QUICK, "slurm": {**QUICK["slurm"], "job_name": name, "extra_sbatch": ['--comment="a b # c"', "--hold"]}},
+    )
     result = invoke("slurm", str(config), cwd=folder)
     assert result.returncode == 0 and "sbatch --test-only accepts it" in " ".join(result.stderr.split()), result.stderr
     [script] = (folder / "outputs" / "slurm-quickstart" / "slurm").glob("*.sbatch")

@@ -15,23 +15,43 @@ from tests.conftest import invoke, write_config, write_jsonl
 
 def _grpo_config(folder, prompts: int, **training):
     write_jsonl(folder / "prompts.jsonl", [{"prompt": f"Name color {i}.", "solution": "teal"} for i in range(prompts)])
-    return write_config(folder, {
-        "project_name": "steps", "model_name": "tiny-lfm2", "training_type": "grpo", "dataset": {"path": "prompts.jsonl"},
-        "rewards": ["accuracy"],
-        "training_config": {"use_vllm": False, "max_completion_length": 4, "num_train_epochs": 1, "logging_steps": 1,
-                            "save_strategy": "no", **training}})
+    return write_config(
+        folder,
+        {
+            "project_name": "steps",
+            "model_name": "tiny-lfm2",
+            "training_type": "grpo",
+            "dataset": {"path": "prompts.jsonl"},
+            "rewards": ["accuracy"],
+            "training_config": {
+                "use_vllm": False,
+                "max_completion_length": 4,
+                "num_train_epochs": 1,
+                "logging_steps": 1,
+                "save_strategy": "no",
+                **training,
+            },
+        },
+    )
 
 
 def test_grpo_plan_says_the_steps_trl_trains(workdir):
     """5 prompts, 2 completions per device x 2 accumulation, num_generations 2, num_iterations 2: a generation batch
     is 4 completions = 2 prompts, so 2 whole ones (the 5th prompt is left out by TRL's sampler), each trained twice
     over 2 accumulation micro-steps: 4 optimizer steps (ceil(prompts / batch) said 2)."""
-    path = _grpo_config(workdir, 5, per_device_train_batch_size=2, gradient_accumulation_steps=2, num_generations=2,
-                        num_iterations=2)
+    path = _grpo_config(
+        workdir, 5, per_device_train_batch_size=2, gradient_accumulation_steps=2, num_generations=2, num_iterations=2
+    )
     plan = plan_config(path)
-    assert (plan["steps_per_epoch"], plan["total_steps"], plan["batch"]["global"], plan["batch"]["unit"]) == \
-        (4, 4, 4, "completions")
-    assert plan["last_batch"].startswith("last batch: 1 prompt(s) per epoch do not fill a generation batch of 2 prompts")
+    assert (plan["steps_per_epoch"], plan["total_steps"], plan["batch"]["global"], plan["batch"]["unit"]) == (
+        4,
+        4,
+        4,
+        "completions",
+    )
+    assert plan["last_batch"].startswith(
+        "last batch: 1 prompt(s) per epoch do not fill a generation batch of 2 prompts"
+    )
 
     printed = io.StringIO()
     summary = run_config(path, console=Console(file=printed, width=200))

@@ -60,7 +60,7 @@ def test_packed_logits_equal_each_sequence_run_alone():
 
 def test_one_packed_step_has_the_loss_and_gradients_of_the_padded_step():
     enable_exact_packing()
-    examples = [{"input_ids": s, "labels": [-100] * (len(s) // 2) + s[len(s) // 2:]} for s in SEQUENCES]
+    examples = [{"input_ids": s, "labels": [-100] * (len(s) // 2) + s[len(s) // 2 :]} for s in SEQUENCES]
     losses, grads = [], []
     for padding_free in (False, True):
         model = _model().train()

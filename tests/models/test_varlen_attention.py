@@ -67,7 +67,7 @@ def test_padded_batches_keep_sdpa_with_the_padding_mask():
 
 
 def test_packed_step_has_the_loss_and_gradients_of_the_padded_sdpa_step():
-    examples = [{"input_ids": s, "labels": [-100] * (len(s) // 2) + s[len(s) // 2:]} for s in SEQUENCES]
+    examples = [{"input_ids": s, "labels": [-100] * (len(s) // 2) + s[len(s) // 2 :]} for s in SEQUENCES]
     results = []
     for varlen, padding_free in ((False, False), (True, True)):
         model = _model(varlen=varlen).train()

@@ -27,7 +27,9 @@ def _epoch(lengths, per_device, workers, accumulation=1, epoch=0):
     return ranks
 
 
-@pytest.mark.parametrize(("rows", "per_device", "workers", "accumulation"), [(103, 4, 2, 1), (96, 2, 4, 3), (50, 8, 1, 2)])
+@pytest.mark.parametrize(
+    ("rows", "per_device", "workers", "accumulation"), [(103, 4, 2, 1), (96, 2, 4, 3), (50, 8, 1, 2)]
+)
 def test_every_row_is_trained_once_per_epoch(rows, per_device, workers, accumulation):
     ranks = _epoch(_lengths(rows), per_device, workers, accumulation)
     seen = sorted(i for batches in ranks for batch in batches for i in batch)

@@ -40,7 +40,7 @@ def chat_data(tmp_path, monkeypatch):
     rng = random.Random(0)
     words = "alpha beta gamma delta epsilon zeta eta theta iota kappa".split()
     rows = []
-    for i in range(48):
+    for _i in range(48):
         question = " ".join(rng.choice(words) for _ in range(rng.randint(2, 30)))
         answer = " ".join(rng.choice(words) for _ in range(rng.randint(1, 40)))
         rows.append({"messages": [{"role": "user", "content": question}, {"role": "assistant", "content": answer}]})
@@ -53,9 +53,16 @@ def test_padding_free_losses_equal_padded_losses_step_by_step(chat_data):
     padded batches: same conversations per step, so the same loss at every step."""
     curves = {}
     for padding_free in (False, True):
-        config = tiny_config(training_config={"max_steps": 12, "per_device_train_batch_size": 6, "logging_steps": 1,
-                                              "learning_rate": 3e-3, "padding_free": padding_free,
-                                              "save_strategy": "no"})
+        config = tiny_config(
+            training_config={
+                "max_steps": 12,
+                "per_device_train_batch_size": 6,
+                "logging_steps": 1,
+                "learning_rate": 3e-3,
+                "padding_free": padding_free,
+                "save_strategy": "no",
+            }
+        )
         config["project_name"] = f"pf-{padding_free}"
         summary = run_config(write_config(chat_data, config, f"pf-{padding_free}.yaml"))
         metrics = [json.loads(line) for line in open(f"{summary['run_dir']}/metrics.jsonl")]
@@ -69,11 +76,12 @@ def test_padding_free_losses_equal_padded_losses_step_by_step(chat_data):
 
 
 def test_whole_model_torch_compile_is_refused_with_the_alternative(tmp_path):
-    from leap_finetune.validate.loader import load_config
     from leap_finetune.errors import LeapError
+    from leap_finetune.validate.loader import load_config
 
-    (tmp_path / "train.jsonl").write_text(json.dumps({"messages": [{"role": "user", "content": "hi"},
-                                                                    {"role": "assistant", "content": "hello"}]}) + "\n")
+    (tmp_path / "train.jsonl").write_text(
+        json.dumps({"messages": [{"role": "user", "content": "hi"}, {"role": "assistant", "content": "hello"}]}) + "\n"
+    )
     config = tiny_config(training_config={"torch_compile": True})
     with pytest.raises(LeapError) as err:
         load_config(write_config(tmp_path, config))
@@ -92,13 +100,22 @@ def test_compiled_layers_train_with_the_losses_of_eager_layers(chat_data):
     curves = {}
     for compile_layers in (False, True):
         before = sum(torch._dynamo.utils.counters["stats"].values())
-        config = tiny_config(training_config={"max_steps": 3, "per_device_train_batch_size": 6, "logging_steps": 1,
-                                              "learning_rate": 3e-3, "padding_free": True,
-                                              "compile_layers": compile_layers, "save_strategy": "no"})
+        config = tiny_config(
+            training_config={
+                "max_steps": 3,
+                "per_device_train_batch_size": 6,
+                "logging_steps": 1,
+                "learning_rate": 3e-3,
+                "padding_free": True,
+                "compile_layers": compile_layers,
+                "save_strategy": "no",
+            }
+        )
         config["project_name"] = f"compiled-{compile_layers}"
         summary = run_config(write_config(chat_data, config, f"compiled-{compile_layers}.yaml"))
-        curves[compile_layers] = [m["loss"] for m in map(json.loads, open(f"{summary['run_dir']}/metrics.jsonl"))
-                                  if "loss" in m]
+        curves[compile_layers] = [
+            m["loss"] for m in map(json.loads, open(f"{summary['run_dir']}/metrics.jsonl")) if "loss" in m
+        ]
         compiled = sum(torch._dynamo.utils.counters["stats"].values()) - before
         assert (compiled > 0) == compile_layers
     assert len(curves[True]) == 3

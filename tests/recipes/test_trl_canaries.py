@@ -47,13 +47,30 @@ def test_sft_skip_prepare_equals_trls_own_preparation(tmp_path, tokenizer, packi
     write_jsonl(tmp_path / "train.jsonl", fact_rows(24))
     prepared = validate_config(tiny_config(data=str(tmp_path / "train.jsonl")))
     dataset = prepared.train.dataset()
-    common = dict(output_dir=str(tmp_path / "out"), use_cpu=True, bf16=False, report_to="none", max_length=64,
-                  packing=packing, shuffle_dataset=True, seed=3, per_device_train_batch_size=2)
+    common = dict(
+        output_dir=str(tmp_path / "out"),
+        use_cpu=True,
+        bf16=False,
+        report_to="none",
+        max_length=64,
+        packing=packing,
+        shuffle_dataset=True,
+        seed=3,
+        per_device_train_batch_size=2,
+    )
     ours_args = SFTConfig(**common, dataset_kwargs={"skip_prepare_dataset": True})
-    ours = SFTTrainer(model=build_tiny_model("tiny-lfm2", tokenizer), args=ours_args, processing_class=tokenizer,
-                      train_dataset=for_trainer(dataset, ours_args, packing))
-    trls = SFTTrainer(model=build_tiny_model("tiny-lfm2", tokenizer), args=SFTConfig(**common),
-                      processing_class=tokenizer, train_dataset=dataset)
+    ours = SFTTrainer(
+        model=build_tiny_model("tiny-lfm2", tokenizer),
+        args=ours_args,
+        processing_class=tokenizer,
+        train_dataset=for_trainer(dataset, ours_args, packing),
+    )
+    trls = SFTTrainer(
+        model=build_tiny_model("tiny-lfm2", tokenizer),
+        args=SFTConfig(**common),
+        processing_class=tokenizer,
+        train_dataset=dataset,
+    )
     columns = ["input_ids", "labels"] + (["seq_lengths"] if packing else [])
     assert set(columns) <= set(trls.train_dataset.column_names)
     assert ours.train_dataset.select_columns(columns).to_list() == trls.train_dataset.select_columns(columns).to_list()
@@ -63,13 +80,19 @@ def test_sft_skip_prepare_equals_trls_own_preparation(tmp_path, tokenizer, packi
     for key in batch:
         value, expected = batch[key], reference[key]
         assert (value.tolist() if hasattr(value, "tolist") else value) == (
-            expected.tolist() if hasattr(expected, "tolist") else expected), key
+            expected.tolist() if hasattr(expected, "tolist") else expected
+        ), key
 
 
 def _pairs(n: int) -> list[dict]:
-    return [{"prompt": [{"role": "user", "content": f"Say {WORDS[i % 8]} twice."}],
-             "chosen": [{"role": "assistant", "content": f"{WORDS[i % 8]} {WORDS[i % 8]}"}],
-             "rejected": [{"role": "assistant", "content": "I refuse."}]} for i in range(n)]
+    return [
+        {
+            "prompt": [{"role": "user", "content": f"Say {WORDS[i % 8]} twice."}],
+            "chosen": [{"role": "assistant", "content": f"{WORDS[i % 8]} {WORDS[i % 8]}"}],
+            "rejected": [{"role": "assistant", "content": "I refuse."}],
+        }
+        for i in range(n)
+    ]
 
 
 def test_dpo_token_ids_equal_trls_own_tokenization(tmp_path, tokenizer):
@@ -80,15 +103,31 @@ def test_dpo_token_ids_equal_trls_own_tokenization(tmp_path, tokenizer):
     _quiet()
     rows = _pairs(6)
     write_jsonl(tmp_path / "dpo.jsonl", rows)
-    prepared = validate_config(tiny_config(training_type="dpo", data=str(tmp_path / "dpo.jsonl"),
-                                           training_config={"extends": "DEFAULT_DPO"}))
-    args = DPOConfig(output_dir=str(tmp_path / "out"), use_cpu=True, bf16=False, report_to="none", max_length=128,
-                     per_device_train_batch_size=2)
-    trls = DPOTrainer(model=build_tiny_model("tiny-lfm2", tokenizer), ref_model=build_tiny_model("tiny-lfm2", tokenizer),
-                      args=args, processing_class=tokenizer, train_dataset=Dataset.from_list(rows))
-    ours = trainer_class()(model=build_tiny_model("tiny-lfm2", tokenizer),
-                           ref_model=build_tiny_model("tiny-lfm2", tokenizer), args=args, processing_class=tokenizer,
-                           train_dataset=prepared.train.dataset())
+    prepared = validate_config(
+        tiny_config(training_type="dpo", data=str(tmp_path / "dpo.jsonl"), training_config={"extends": "DEFAULT_DPO"})
+    )
+    args = DPOConfig(
+        output_dir=str(tmp_path / "out"),
+        use_cpu=True,
+        bf16=False,
+        report_to="none",
+        max_length=128,
+        per_device_train_batch_size=2,
+    )
+    trls = DPOTrainer(
+        model=build_tiny_model("tiny-lfm2", tokenizer),
+        ref_model=build_tiny_model("tiny-lfm2", tokenizer),
+        args=args,
+        processing_class=tokenizer,
+        train_dataset=Dataset.from_list(rows),
+    )
+    ours = trainer_class()(
+        model=build_tiny_model("tiny-lfm2", tokenizer),
+        ref_model=build_tiny_model("tiny-lfm2", tokenizer),
+        args=args,
+        processing_class=tokenizer,
+        train_dataset=prepared.train.dataset(),
+    )
     newline = tokenizer.convert_tokens_to_ids(tokenizer.tokenize("\n"))
     for mine, theirs in zip(ours.train_dataset.to_list(), trls.train_dataset.to_list(), strict=True):
         assert mine["prompt_ids"] == theirs["prompt_ids"]
@@ -105,18 +144,41 @@ def test_kto_token_ids_and_kl_pairs_equal_trls_own(tmp_path, tokenizer):
     from leap_finetune.recipes.kto import trainer_class
 
     _quiet()
-    rows = [{"prompt": p["prompt"], "completion": p["chosen"] if i % 2 else p["rejected"], "label": bool(i % 2)}
-            for i, p in enumerate(_pairs(8))]
+    rows = [
+        {"prompt": p["prompt"], "completion": p["chosen"] if i % 2 else p["rejected"], "label": bool(i % 2)}
+        for i, p in enumerate(_pairs(8))
+    ]
     write_jsonl(tmp_path / "kto.jsonl", rows)
-    prepared = validate_config(tiny_config(training_type="kto", data=str(tmp_path / "kto.jsonl"),
-                                           training_config={"extends": "DEFAULT_KTO", "per_device_train_batch_size": 4}))
-    args = KTOConfig(output_dir=str(tmp_path / "out"), use_cpu=True, bf16=False, report_to="none", max_length=128,
-                     per_device_train_batch_size=4, per_device_eval_batch_size=4)
-    trls = KTOTrainer(model=build_tiny_model("tiny-lfm2", tokenizer), ref_model=build_tiny_model("tiny-lfm2", tokenizer),
-                      args=args, processing_class=tokenizer, train_dataset=Dataset.from_list(rows))
-    ours = trainer_class()(model=build_tiny_model("tiny-lfm2", tokenizer),
-                           ref_model=build_tiny_model("tiny-lfm2", tokenizer), args=args, processing_class=tokenizer,
-                           train_dataset=prepared.train.dataset())
+    prepared = validate_config(
+        tiny_config(
+            training_type="kto",
+            data=str(tmp_path / "kto.jsonl"),
+            training_config={"extends": "DEFAULT_KTO", "per_device_train_batch_size": 4},
+        )
+    )
+    args = KTOConfig(
+        output_dir=str(tmp_path / "out"),
+        use_cpu=True,
+        bf16=False,
+        report_to="none",
+        max_length=128,
+        per_device_train_batch_size=4,
+        per_device_eval_batch_size=4,
+    )
+    trls = KTOTrainer(
+        model=build_tiny_model("tiny-lfm2", tokenizer),
+        ref_model=build_tiny_model("tiny-lfm2", tokenizer),
+        args=args,
+        processing_class=tokenizer,
+        train_dataset=Dataset.from_list(rows),
+    )
+    ours = trainer_class()(
+        model=build_tiny_model("tiny-lfm2", tokenizer),
+        ref_model=build_tiny_model("tiny-lfm2", tokenizer),
+        args=args,
+        processing_class=tokenizer,
+        train_dataset=prepared.train.dataset(),
+    )
     newline = tokenizer.convert_tokens_to_ids(tokenizer.tokenize("\n"))
     assert set(ours.train_dataset.column_names) <= set(trls.train_dataset.column_names)
     for mine, theirs in zip(ours.train_dataset.to_list(), trls.train_dataset.to_list(), strict=True):

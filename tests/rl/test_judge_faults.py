@@ -44,8 +44,13 @@ class JudgeServer:
 
             def do_GET(self):  # noqa: N802
                 if self.path.rstrip("/").endswith("/models"):
-                    self._json(200, {"object": "list", "data": [{"id": "judge-model", "object": "model",
-                                                                 "created": 0, "owned_by": "test"}]})
+                    self._json(
+                        200,
+                        {
+                            "object": "list",
+                            "data": [{"id": "judge-model", "object": "model", "created": 0, "owned_by": "test"}],
+                        },
+                    )
                 else:
                     self._json(404, {"error": {"message": "not found"}})
 
@@ -59,9 +64,18 @@ class JudgeServer:
                 if mode == "hang":
                     time.sleep(outer.hang_s)
                 content = "I cannot grade this." if mode == "garbage" else '{"score": 7}'
-                self._json(200, {"id": "x", "object": "chat.completion", "created": 0, "model": "judge-model",
-                                 "choices": [{"index": 0, "finish_reason": "stop",
-                                              "message": {"role": "assistant", "content": content}}]})
+                self._json(
+                    200,
+                    {
+                        "id": "x",
+                        "object": "chat.completion",
+                        "created": 0,
+                        "model": "judge-model",
+                        "choices": [
+                            {"index": 0, "finish_reason": "stop", "message": {"role": "assistant", "content": content}}
+                        ],
+                    },
+                )
 
         self.server = ThreadingHTTPServer(("127.0.0.1", 0), Handler)
         self.server.daemon_threads = True
@@ -90,13 +104,24 @@ class Modes(TrainerCallback):
 
 def _config(folder: Path, judge: dict, name: str = "grpo.yaml", **training) -> Path:
     write_jsonl(folder / "prompts.jsonl", [{"prompt": "Name a color.", "solution": "teal"}] * 32)
-    config = {"project_name": "judged", "model_name": "tiny-lfm2", "training_type": "grpo",
-              "dataset": {"path": "prompts.jsonl"},
-              "rewards": {"funcs": ["accuracy"], "judge": {"model": "judge-model", "timeout_s": 5, "retries": 0,
-                                                           **judge}},
-              "training_config": {"use_vllm": False, "max_steps": 6, "per_device_train_batch_size": 16,
-                                  "num_generations": 8, "max_completion_length": 4, "logging_steps": 1,
-                                  "save_steps": 100, "save_total_limit": 3, **training}}
+    config = {
+        "project_name": "judged",
+        "model_name": "tiny-lfm2",
+        "training_type": "grpo",
+        "dataset": {"path": "prompts.jsonl"},
+        "rewards": {"funcs": ["accuracy"], "judge": {"model": "judge-model", "timeout_s": 5, "retries": 0, **judge}},
+        "training_config": {
+            "use_vllm": False,
+            "max_steps": 6,
+            "per_device_train_batch_size": 16,
+            "num_generations": 8,
+            "max_completion_length": 4,
+            "logging_steps": 1,
+            "save_steps": 100,
+            "save_total_limit": 3,
+            **training,
+        },
+    }
     return write_config(folder, config, name)
 
 
@@ -116,8 +141,9 @@ def test_a_judge_that_fails_every_request_stops_the_run_with_a_checkpoint(workdi
     max_failed_steps (2) the run saves a checkpoint and stops with an error naming the judge and its answer.
     Fixed, the run resumes; its report counts the judge's failures."""
     config = _config(workdir, {"base_url": judge_server.url, "max_failed_steps": 2})
-    with pytest.raises(LeapError, match=r"the judge at .* failed every request for 2 steps in a row \(last: HTTP 500") \
-            as info:
+    with pytest.raises(
+        LeapError, match=r"the judge at .* failed every request for 2 steps in a row \(last: HTTP 500"
+    ) as info:
         run_config(config, callbacks=[Modes(judge_server, {2: "error500"})])
     assert "resume_from_checkpoint: latest" in info.value.fix
     [run_dir] = (workdir / "outputs" / "judged").iterdir()
@@ -130,10 +156,21 @@ def test_a_judge_that_fails_every_request_stops_the_run_with_a_checkpoint(workdi
     assert "(judge failed 16/16)" in err  # the progress line
 
     judge_server.mode = "ok"
-    resumed = run_config(_config(workdir, {"base_url": judge_server.url, "max_failed_steps": 2}, "resume.yaml",
-                                 resume_from_checkpoint="latest"))
-    assert resumed["global_step"] == 6 and resumed["judge"] == {"failures": 0, "requests": 32, "last_failure": None,
-                                                                 "stop_reason": None, "since_step": 4}
+    resumed = run_config(
+        _config(
+            workdir,
+            {"base_url": judge_server.url, "max_failed_steps": 2},
+            "resume.yaml",
+            resume_from_checkpoint="latest",
+        )
+    )
+    assert resumed["global_step"] == 6 and resumed["judge"] == {
+        "failures": 0,
+        "requests": 32,
+        "last_failure": None,
+        "stop_reason": None,
+        "since_step": 4,
+    }
     err = " ".join(capfd.readouterr().err.split())
     assert "judge │ 0 of 32 requests failed since the resume at step 4" in err, err[-2500:]
 
@@ -144,8 +181,11 @@ def test_a_judge_that_answers_garbage_or_hangs_costs_one_round_per_step(workdir,
     below the limit never stop the run, and its report says how many and why."""
     judge_server.mode = "garbage"
     judge_server.hang_s = 2.0
-    config = _config(workdir, {"base_url": judge_server.url, "max_concurrency": 4, "timeout_s": 0.5,
-                               "max_failed_steps": 4}, max_steps=4)
+    config = _config(
+        workdir,
+        {"base_url": judge_server.url, "max_concurrency": 4, "timeout_s": 0.5, "max_failed_steps": 4},
+        max_steps=4,
+    )
     summary = run_config(config, callbacks=[Modes(judge_server, {1: "hang", 3: "ok"})])
     assert summary["global_step"] == 4
     # step 1: 16 answers without a score (the judge is up: every completion is sent); steps 2-3: the first round
@@ -186,4 +226,3 @@ def test_a_second_ctrl_c_does_not_wait_for_a_hanging_judge(workdir, judge_server
         run_config(config)
     assert not errors, errors
     assert info.value.at_once and time.time() - second[0] < 3, time.time() - second[0]
-

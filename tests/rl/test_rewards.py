@@ -27,27 +27,37 @@ def test_format_length_and_tool_call_rewards():
     tools = [{"type": "function", "function": {"name": "get_weather", "parameters": {"type": "object"}}}]
     valid = build_reward("tool_call_valid")
     call = '<|tool_call_start|>[get_weather(city="Paris")]<|tool_call_end|>'
-    other = '<|tool_call_start|>[get_time()]<|tool_call_end|>'
+    other = "<|tool_call_start|>[get_time()]<|tool_call_end|>"
     assert valid([call, other, "no call"], tools=[tools, tools, tools]) == [1.0, 0.0, 0.0]
     # as the prepared data holds them (JSON text, "" for a row without tools: any parsed call counts)
     assert valid([call, other, other], tools=[json.dumps(tools), json.dumps(tools), ""]) == [1.0, 0.0, 1.0]
 
 
 def test_a_custom_reward_gets_the_rows_columns(tmp_path):
-    (tmp_path / "r.py").write_text("def shout(completions, level=None, **kwargs):\n"
-                                   "    return [float(c.isupper()) * l for c, l in zip(completions, level)]\n")
+    (tmp_path / "r.py").write_text(
+        "def shout(completions, level=None, **kwargs):\n"
+        "    return [float(c.isupper()) * l for c, l in zip(completions, level)]\n"
+    )
     shout = build_reward(f"{tmp_path / 'r.py'}::shout")
     assert shout(["HI", "hi"], level=[2.0, 3.0]) == [2.0, 0.0] and shout.__name__ == "shout"
 
 
-@pytest.mark.parametrize(("answer", "score"), [('{"score": 8}', 8.0), ('Score: {"score": 6.5} ok', 6.5),
-                                               ("I give it 7/10", 7.0), ("{'score': 3}", 3.0), ("great!", None),
-                                               ('{"score": true} 4', 4.0)])
+@pytest.mark.parametrize(
+    ("answer", "score"),
+    [
+        ('{"score": 8}', 8.0),
+        ('Score: {"score": 6.5} ok', 6.5),
+        ("I give it 7/10", 7.0),
+        ("{'score': 3}", 3.0),
+        ("great!", None),
+        ('{"score": true} 4', 4.0),
+    ],
+)
 def test_judge_scores_are_read_from_json_or_the_first_number(answer, score):
     assert parse_score(answer) == score
 
 
-CUSTOM = '''
+CUSTOM = """
 import json, math, os
 
 def records(completions, **kwargs):
@@ -74,18 +84,28 @@ def a_number(completions, **kwargs):
 
 async def awaited(completions, **kwargs):
     return [True for c in completions]
-'''
+"""
 
 
 def _custom_config(folder, name: str, **rewards) -> str:
     from tests.conftest import write_config, write_jsonl
 
     (folder / "my_rewards.py").write_text(CUSTOM)
-    write_jsonl(folder / "prompts.jsonl", [{"prompt": "Name a color.", "solution": "teal"},
-                                           {"prompt": "Name a fruit.", "level": 2},
-                                           {"prompt": "Name a tree.", "solution": "oak"}])
-    config = {"model_name": "tiny-lfm2", "training_type": "grpo", "dataset": {"path": "prompts.jsonl"},
-              "rewards": {"funcs": [f"./my_rewards.py::{name}"], **rewards}, "training_config": {"use_vllm": False}}
+    write_jsonl(
+        folder / "prompts.jsonl",
+        [
+            {"prompt": "Name a color.", "solution": "teal"},
+            {"prompt": "Name a fruit.", "level": 2},
+            {"prompt": "Name a tree.", "solution": "oak"},
+        ],
+    )
+    config = {
+        "model_name": "tiny-lfm2",
+        "training_type": "grpo",
+        "dataset": {"path": "prompts.jsonl"},
+        "rewards": {"funcs": [f"./my_rewards.py::{name}"], **rewards},
+        "training_config": {"use_vllm": False},
+    }
     return str(write_config(folder, config))
 
 
@@ -96,30 +116,69 @@ def test_validate_calls_a_custom_reward_once_on_the_first_rows_as_trl_does(tmp_p
 
     checked = invoke("validate", _custom_config(tmp_path, "records"))
     assert checked.returncode == 0, checked.stderr
-    call, = [json.loads(line) for line in (tmp_path / "calls.jsonl").read_text().splitlines()]
+    (call,) = [json.loads(line) for line in (tmp_path / "calls.jsonl").read_text().splitlines()]
     assert call["completions"] == ["teal", "", ""] and call["step"] == 0
-    assert call["columns"] == ["completion_ids", "level", "log_extra", "log_metric", "prompt_text", "prompts",
-                               "solution", "tools", "trainer_state"]
-    assert call["values"] == {"solution": ["teal", "teal", ""], "prompt_text": ["Name a color.", "Name a color.",
-                                                                               "Name a fruit."], "level": [None, None, 2]}
-    assert ("custom reward(s) my_rewards.py::records: called once on 3 placeholder completion(s) of 2 training row(s) "
-            "(prompts.jsonl, line 1; prompts.jsonl, line 2)") in checked.stderr
+    assert call["columns"] == [
+        "completion_ids",
+        "level",
+        "log_extra",
+        "log_metric",
+        "prompt_text",
+        "prompts",
+        "solution",
+        "tools",
+        "trainer_state",
+    ]
+    assert call["values"] == {
+        "solution": ["teal", "teal", ""],
+        "prompt_text": ["Name a color.", "Name a color.", "Name a fruit."],
+        "level": [None, None, 2],
+    }
+    assert (
+        "custom reward(s) my_rewards.py::records: called once on 3 placeholder completion(s) of 2 training row(s) "
+        "(prompts.jsonl, line 1; prompts.jsonl, line 2)"
+    ) in checked.stderr
     assert "rewards.check_at_validate: false skips this call" in checked.stderr
     assert invoke("validate", _custom_config(tmp_path, "awaited")).returncode == 0  # async def, booleans as 1/0
 
 
-@pytest.mark.parametrize(("name", "expected"), [
-    ("raises", ["my_rewards.py::raises raised ZeroDivisionError: division by zero (my_rewards.py, line 12) when "
+@pytest.mark.parametrize(
+    ("name", "expected"),
+    [
+        (
+            "raises",
+            [
+                "my_rewards.py::raises raised ZeroDivisionError: division by zero (my_rewards.py, line 12) when "
                 "called on 3 placeholder completion(s) of 2 training row(s) (prompts.jsonl, line 1; prompts.jsonl, "
-                "line 2)", "a completion can be empty"]),
-    ("one_value", ["my_rewards.py::one_value returned [1.0] when called on", ": 1 value(s) for 3 completion(s)",
-                   "one number per completion"]),
-    ("words", ["my_rewards.py::words returned [1.0, 'low', 'low']", "its value for the completion '' of "
-               "prompts.jsonl, line 1 is 'low' (a string)"]),
-    ("nan_when_empty", ["its value for the completion '' of prompts.jsonl, line 1 is NaN",
-                        "return None for a completion the reward should leave out"]),
-    ("a_number", ["returned 0.5 when called on", "a number, not a list"]),
-])
+                "line 2)",
+                "a completion can be empty",
+            ],
+        ),
+        (
+            "one_value",
+            [
+                "my_rewards.py::one_value returned [1.0] when called on",
+                ": 1 value(s) for 3 completion(s)",
+                "one number per completion",
+            ],
+        ),
+        (
+            "words",
+            [
+                "my_rewards.py::words returned [1.0, 'low', 'low']",
+                "its value for the completion '' of prompts.jsonl, line 1 is 'low' (a string)",
+            ],
+        ),
+        (
+            "nan_when_empty",
+            [
+                "its value for the completion '' of prompts.jsonl, line 1 is NaN",
+                "return None for a completion the reward should leave out",
+            ],
+        ),
+        ("a_number", ["returned 0.5 when called on", "a number, not a list"]),
+    ],
+)
 def test_a_custom_reward_that_answers_wrong_fails_validate(tmp_path, name, expected):
     from tests.conftest import invoke
 
@@ -146,12 +205,17 @@ def test_while_training_a_custom_reward_is_checked_at_every_call(tmp_path):
     from leap_finetune.errors import LeapError
 
     (tmp_path / "my_rewards.py").write_text(CUSTOM)
-    columns = {"prompts": ["<p>Name a color.", "<p>Name a color."], "prompt_text": ["Name a color."] * 2,
-               "solution": ["teal", "teal"], "trainer_state": TrainerState(global_step=4)}
+    columns = {
+        "prompts": ["<p>Name a color.", "<p>Name a color."],
+        "prompt_text": ["Name a color."] * 2,
+        "solution": ["teal", "teal"],
+        "trainer_state": TrainerState(global_step=4),
+    }
 
     def run(name: str, completions=("teal", "")):
-        reward = build_reward(f"{tmp_path / 'my_rewards.py'}::{name}", where="grpo.yaml: rewards.funcs[0]",
-                              then=lambda: "run again")
+        reward = build_reward(
+            f"{tmp_path / 'my_rewards.py'}::{name}", where="grpo.yaml: rewards.funcs[0]", then=lambda: "run again"
+        )
         with pytest.raises(LeapError) as info:
             reward(list(completions), **columns)
         return info.value
@@ -159,11 +223,14 @@ def test_while_training_a_custom_reward_is_checked_at_every_call(tmp_path):
     assert build_reward(f"{tmp_path / 'my_rewards.py'}::records")(["teal", "red"], **columns) == [1.0, 0.0]
     raised = run("raises")
     assert raised.where == "grpo.yaml: rewards.funcs[0]" and isinstance(raised.__cause__, ZeroDivisionError)
-    assert raised.message == ("the custom reward my_rewards.py::raises raised ZeroDivisionError: division by zero "
-                              "(my_rewards.py, line 12) at training step 5, on 2 completions of the prompt "
-                              "'Name a color.'")
+    assert raised.message == (
+        "the custom reward my_rewards.py::raises raised ZeroDivisionError: division by zero "
+        "(my_rewards.py, line 12) at training step 5, on 2 completions of the prompt "
+        "'Name a color.'"
+    )
     assert raised.fix.endswith("then run again")
     assert "returned [1.0] at training step 5" in run("one_value").message
-    assert run("words").message.endswith("value 2, for the completion '' of the prompt 'Name a color.', is 'low' "
-                                          "(a string)")
+    assert run("words").message.endswith(
+        "value 2, for the completion '' of the prompt 'Name a color.', is 'low' (a string)"
+    )
     assert run("nan_when_empty").message.endswith("is NaN")

@@ -41,8 +41,8 @@ def left_padded(tokenizer, lengths: list[int], seed: int = 1):
     ids = torch.full((len(lengths), width), tokenizer.pad_token_id)
     mask = torch.zeros(len(lengths), width, dtype=torch.long)
     for row, length in enumerate(lengths):
-        ids[row, width - length:] = torch.randint(10, 400, (length,), generator=generator)
-        mask[row, width - length:] = 1
+        ids[row, width - length :] = torch.randint(10, 400, (length,), generator=generator)
+        mask[row, width - length :] = 1
     return ids, mask
 
 
@@ -51,9 +51,15 @@ def cut_at_end(rows: torch.Tensor, end: int) -> list[list[int]]:
 
 
 def config(tokenizer, **settings) -> GenerationConfig:
-    return GenerationConfig(**{"do_sample": True, "pad_token_id": tokenizer.pad_token_id,
-                               "eos_token_id": [tokenizer.eos_token_id], "cache_implementation": "static",
-                               **settings})
+    return GenerationConfig(
+        **{
+            "do_sample": True,
+            "pad_token_id": tokenizer.pad_token_id,
+            "eos_token_id": [tokenizer.eos_token_id],
+            "cache_implementation": "static",
+            **settings,
+        }
+    )
 
 
 @pytest.mark.parametrize("new_tokens", [40, LENGTH_BUCKET + 7])
@@ -61,7 +67,7 @@ def test_the_loop_decodes_what_generate_decodes(model, tokenizer, new_tokens):
     """top_k 1 makes both draws deterministic: every token of every left-padded row must be generate's."""
     ids, mask = left_padded(tokenizer, [5, 9, 3, 9, 7, 1, 12, 2], seed=2)
     settings = config(tokenizer, top_k=1, temperature=0.7, max_new_tokens=new_tokens)
-    expected = model.generate(input_ids=ids, attention_mask=mask, generation_config=settings)[:, ids.shape[1]:]
+    expected = model.generate(input_ids=ids, attention_mask=mask, generation_config=settings)[:, ids.shape[1] :]
     got = Sampler(model, settings, [tokenizer.eos_token_id], tokenizer.pad_token_id).generate(ids, mask, new_tokens)
     ended = cut_at_end(expected, tokenizer.eos_token_id)
     assert cut_at_end(got, tokenizer.eos_token_id) == ended
@@ -76,9 +82,10 @@ def test_one_sampler_serves_prompts_of_other_lengths_and_batches(model, tokenize
     sampler = Sampler(model, settings, [tokenizer.eos_token_id], tokenizer.pad_token_id)
     for lengths in ([4, 8, 2], [30, 1, 6, 6, 11], [4, 8, 2]):
         ids, mask = left_padded(tokenizer, lengths, seed=len(lengths))
-        expected = model.generate(input_ids=ids, attention_mask=mask, generation_config=settings)[:, ids.shape[1]:]
-        assert cut_at_end(sampler.generate(ids, mask, 24), tokenizer.eos_token_id) == \
-            cut_at_end(expected, tokenizer.eos_token_id)
+        expected = model.generate(input_ids=ids, attention_mask=mask, generation_config=settings)[:, ids.shape[1] :]
+        assert cut_at_end(sampler.generate(ids, mask, 24), tokenizer.eos_token_id) == cut_at_end(
+            expected, tokenizer.eos_token_id
+        )
     assert len(sampler._caches) == 2  # (3, 64) and (5, 64): reused, not rebuilt
     first = sampler._caches[(3, 64)]
     ids, mask = left_padded(tokenizer, [70, 3, 9])  # a third shape: the least recently used cache goes
@@ -94,8 +101,7 @@ def test_the_draw_follows_the_processed_distribution(model, tokenizer):
     torch.manual_seed(3)
     logits = torch.randn(1, 12) * 2
     _, processors = logits_processors(model, settings, prompt_length=1)
-    assert [type(p).__name__ for p in processors] == ["TemperatureLogitsWarper", "TopKLogitsWarper",
-                                                      "TopPLogitsWarper"]
+    assert [type(p).__name__ for p in processors] == ["TemperatureLogitsWarper", "TopKLogitsWarper", "TopPLogitsWarper"]
     expected = processors(None, logits.clone()).softmax(-1)[0]
     draws = 40_000
     rows = logits.expand(draws, 12).clone()
@@ -113,7 +119,8 @@ def test_each_drawn_token_comes_with_its_log_probability_under_the_processed_dis
     ids, mask = left_padded(tokenizer, [4, 9, 2], seed=4)
     torch.manual_seed(5)
     tokens, logps = Sampler(model, settings, [tokenizer.eos_token_id], tokenizer.pad_token_id).generate(
-        ids, mask, 12, logprobs=True)
+        ids, mask, 12, logprobs=True
+    )
     assert logps.shape == tokens.shape and logps.dtype == torch.float32
     _, processors = logits_processors(model, settings, prompt_length=1)
     full = torch.cat([ids, tokens], dim=1)
@@ -121,8 +128,13 @@ def test_each_drawn_token_comes_with_its_log_probability_under_the_processed_dis
     positions = (full_mask.cumsum(-1) - 1).clamp(min=0)
     with torch.no_grad():
         logits = model(input_ids=full, attention_mask=full_mask, position_ids=positions).logits.float()
-    expected = torch.stack([processors(None, logits[:, ids.shape[1] - 1 + i]).log_softmax(-1).gather(
-        -1, tokens[:, i:i + 1])[:, 0] for i in range(tokens.shape[1])], dim=1)
+    expected = torch.stack(
+        [
+            processors(None, logits[:, ids.shape[1] - 1 + i]).log_softmax(-1).gather(-1, tokens[:, i : i + 1])[:, 0]
+            for i in range(tokens.shape[1])
+        ],
+        dim=1,
+    )
     assert torch.isfinite(logps).all() and (logps <= 0).all()
     assert torch.allclose(logps, expected, atol=1e-4), (logps - expected).abs().max()
     assert logps.std() > 0.1  # (a real spread of probabilities, not a constant that would match by chance)
@@ -142,15 +154,18 @@ def test_the_loop_stops_once_every_sequence_has_ended(model, tokenizer):
     assert (got[:, 0] == tokenizer.eos_token_id).all()
 
 
-@pytest.mark.parametrize("settings, reason", [
-    ({"min_p": 0.1}, "MinPLogitsWarper"),
-    ({"repetition_penalty": 1.1}, "RepetitionPenaltyLogitsProcessor"),
-    ({"suppress_tokens": [5]}, "SuppressTokensLogitsProcessor"),
-    ({"cache_implementation": None}, "cache_implementation is not static"),
-    ({"do_sample": False}, "do_sample is false"),
-    ({"num_beams": 2}, "generation mode beam_sample"),
-    ({"num_return_sequences": 2}, "one sequence per prompt"),
-])
+@pytest.mark.parametrize(
+    "settings, reason",
+    [
+        ({"min_p": 0.1}, "MinPLogitsWarper"),
+        ({"repetition_penalty": 1.1}, "RepetitionPenaltyLogitsProcessor"),
+        ({"suppress_tokens": [5]}, "SuppressTokensLogitsProcessor"),
+        ({"cache_implementation": None}, "cache_implementation is not static"),
+        ({"do_sample": False}, "do_sample is false"),
+        ({"num_beams": 2}, "generation mode beam_sample"),
+        ({"num_return_sequences": 2}, "one sequence per prompt"),
+    ],
+)
 def test_settings_the_loop_does_not_apply_leave_the_rollout_to_generate(model, tokenizer, settings, reason):
     assert reason in why_not(model, config(tokenizer, **settings))
     assert why_not(model, config(tokenizer, temperature=0.9, top_p=0.95, top_k=40)) is None
@@ -176,16 +191,16 @@ def test_the_rollout_copy_decodes_like_the_model_and_follows_its_training(model,
 
     trained = copy.deepcopy(model)
     settings = config(tokenizer, top_k=1, max_new_tokens=30)
-    sampler = Sampler(trained, settings, [tokenizer.eos_token_id], tokenizer.pad_token_id,
-                      rollout_dtype=torch.float32)
+    sampler = Sampler(trained, settings, [tokenizer.eos_token_id], tokenizer.pad_token_id, rollout_dtype=torch.float32)
     assert sampler.policy is not trained
     assert sampler.policy.config._attn_implementation == "leap_decode"
     assert trained.config._attn_implementation != "leap_decode"  # training keeps its attention
     ids, mask = left_padded(tokenizer, [5, 9, 3, 9, 7, 1, 12, 2], seed=2)
     for _ in range(2):
-        expected = trained.generate(input_ids=ids, attention_mask=mask, generation_config=settings)[:, ids.shape[1]:]
-        assert cut_at_end(sampler.generate(ids, mask, 30), tokenizer.eos_token_id) == \
-            cut_at_end(expected, tokenizer.eos_token_id)
+        expected = trained.generate(input_ids=ids, attention_mask=mask, generation_config=settings)[:, ids.shape[1] :]
+        assert cut_at_end(sampler.generate(ids, mask, 30), tokenizer.eos_token_id) == cut_at_end(
+            expected, tokenizer.eos_token_id
+        )
         with torch.no_grad():  # "a training step": the next rollout must see it
             trained.model.layers[-1].feed_forward.w2.weight.mul_(-1.5)
 
@@ -225,8 +240,13 @@ def test_the_rollout_copy_never_runs_the_trained_model(model, tokenizer):
     inner = copy.deepcopy(model)
     add_fused_lm_head(inner)
     trained = get_peft_model(inner, LoraConfig(r=4, target_modules=["q_proj", "v_proj"]))
-    sampler = Sampler(trained, config(tokenizer, top_k=1, max_new_tokens=8), [tokenizer.eos_token_id],
-                      tokenizer.pad_token_id, rollout_dtype=torch.bfloat16)
+    sampler = Sampler(
+        trained,
+        config(tokenizer, top_k=1, max_new_tokens=8),
+        [tokenizer.eos_token_id],
+        tokenizer.pad_token_id,
+        rollout_dtype=torch.bfloat16,
+    )
     calls = []
     for module in trained.modules():  # (after the copy was made: hooks would be copied with it)
         module.register_forward_pre_hook(lambda *args: calls.append(1))
@@ -248,9 +268,12 @@ def test_a_compiled_step_that_fails_costs_speed_not_the_run(model, tokenizer):
 
     sampler._step = broken  # (what torch.compile's wrapper is on a GPU)
     ids, mask = left_padded(tokenizer, [5, 9, 3], seed=2)
-    expected = model.generate(input_ids=ids, attention_mask=mask, generation_config=settings)[:, ids.shape[1]:]
-    with pytest.warns(UserWarning, match=r"compiled decoding step failed \(RuntimeError: backend compiler failed\); "
-                                         r"decoding without it"):
+    expected = model.generate(input_ids=ids, attention_mask=mask, generation_config=settings)[:, ids.shape[1] :]
+    with pytest.warns(
+        UserWarning,
+        match=r"compiled decoding step failed \(RuntimeError: backend compiler failed\); "
+        r"decoding without it",
+    ):
         got = sampler.generate(ids, mask, 20)
     assert cut_at_end(got, tokenizer.eos_token_id) == cut_at_end(expected, tokenizer.eos_token_id)
     assert sampler._step == sampler._decode and sampler.compile_error.startswith("RuntimeError")
@@ -263,14 +286,23 @@ def test_out_of_gpu_memory_in_grpo_names_the_engine_share(tmp_path, use_vllm):
     from leap_finetune.errors import LeapError
     from leap_finetune.recipes.common import disk_errors
 
-    training = {"per_device_train_batch_size": 64, "num_generations": 8, "max_completion_length": 256,
-                "use_vllm": use_vllm, "vllm_mode": "colocate", "vllm_gpu_memory_utilization": 0.3}
+    training = {
+        "per_device_train_batch_size": 64,
+        "num_generations": 8,
+        "max_completion_length": 256,
+        "use_vllm": use_vllm,
+        "vllm_mode": "colocate",
+        "vllm_gpu_memory_utilization": 0.3,
+    }
     with pytest.raises(LeapError) as raised, disk_errors(tmp_path, training=training):
         raise RuntimeError("CUDA out of memory. Tried to allocate 2.00 GiB")
     text = str(raised.value.message) + " " + str(raised.value.fix)
     assert "out of GPU (per_device_train_batch_size 64, max_completion_length 256" in text
-    assert ("vllm_gpu_memory_utilization 0.3" in text and "lower vllm_gpu_memory_utilization" in text
-            and "use_vllm: false" in text) == use_vllm
+    assert (
+        "vllm_gpu_memory_utilization 0.3" in text
+        and "lower vllm_gpu_memory_utilization" in text
+        and "use_vllm: false" in text
+    ) == use_vllm
     assert "lower max_completion_length" in text
 
 
@@ -283,5 +315,6 @@ def test_quantized_weights_are_not_copied(model):
     assert can_copy(model)
     packed = copy.deepcopy(model)
     packed.model.layers[0].feed_forward.w1.weight = torch.nn.Parameter(
-        torch.zeros(4, 4, dtype=torch.uint8), requires_grad=False)
+        torch.zeros(4, 4, dtype=torch.uint8), requires_grad=False
+    )
     assert not can_copy(packed)

@@ -31,17 +31,28 @@ RANGES: dict[str, tuple[Callable[[float], bool], str]] = {
     "per_device_eval_batch_size": (lambda v: v >= 1, "a whole number >= 1"),
     "gradient_accumulation_steps": (lambda v: v >= 1, "a whole number >= 1"),
     "eval_accumulation_steps": (lambda v: v >= 1, "a whole number >= 1"),
-    "warmup_steps": (lambda v: v >= 0 and (v < 1 or v == int(v)),
-                     "a whole number of steps >= 0, or a fraction of the total steps in [0, 1)"),
+    "warmup_steps": (
+        lambda v: v >= 0 and (v < 1 or v == int(v)),
+        "a whole number of steps >= 0, or a fraction of the total steps in [0, 1)",
+    ),
     "warmup_ratio": (lambda v: 0 <= v <= 1, "a fraction in [0, 1]"),
     "weight_decay": (lambda v: v >= 0, "a number >= 0"),
     "max_grad_norm": (lambda v: v >= 0, "a number >= 0 (0 turns clipping off)"),
     "adam_beta1": (lambda v: 0 <= v < 1, "a number in [0, 1)"),
     "adam_beta2": (lambda v: 0 <= v < 1, "a number in [0, 1)"),
     "adam_epsilon": (lambda v: v > 0, "a number > 0"),
-    "logging_steps": (lambda v: v > 0 and (v < 1 or v == int(v)), "a whole number > 0, or a fraction of the total steps in (0, 1)"),
-    "save_steps": (lambda v: v > 0 and (v < 1 or v == int(v)), "a whole number > 0, or a fraction of the total steps in (0, 1)"),
-    "eval_steps": (lambda v: v > 0 and (v < 1 or v == int(v)), "a whole number > 0, or a fraction of the total steps in (0, 1)"),
+    "logging_steps": (
+        lambda v: v > 0 and (v < 1 or v == int(v)),
+        "a whole number > 0, or a fraction of the total steps in (0, 1)",
+    ),
+    "save_steps": (
+        lambda v: v > 0 and (v < 1 or v == int(v)),
+        "a whole number > 0, or a fraction of the total steps in (0, 1)",
+    ),
+    "eval_steps": (
+        lambda v: v > 0 and (v < 1 or v == int(v)),
+        "a whole number > 0, or a fraction of the total steps in (0, 1)",
+    ),
     "save_total_limit": (lambda v: v >= 1, "a whole number >= 1 (or null to keep every checkpoint)"),
     "max_length": (lambda v: v >= 1, "a whole number of tokens >= 1 (or null for no limit)"),
     "seed": (lambda v: v >= 0, "a whole number >= 0"),
@@ -100,8 +111,13 @@ def _parseable_fields(config_cls):
     for f in dataclasses.fields(config_cls):
         if not f.init or not parseable(hints[f.name]):
             continue
-        default = {"default": f.default} if f.default is not dataclasses.MISSING else \
-            {"default_factory": f.default_factory} if f.default_factory is not dataclasses.MISSING else {}
+        default = (
+            {"default": f.default}
+            if f.default is not dataclasses.MISSING
+            else {"default_factory": f.default_factory}
+            if f.default_factory is not dataclasses.MISSING
+            else {}
+        )
         fields.append((f.name, hints[f.name], dataclasses.field(metadata=f.metadata, **default)))
     return dataclasses.make_dataclass(f"{config_cls.__name__}Parseable", fields)
 
@@ -171,9 +187,12 @@ def check_training_values(config_cls, values: dict, where: str) -> dict:
         wrong = [v for v in given if choices and v not in choices]
         if wrong:
             hint = did_you_mean(str(wrong[0]), choices)
-            raise LeapError(f"training_config.{key} is {values[key]!r}: expected one of: {', '.join(choices)}"
-                            + (f" ({hint})" if hint else ""), where=where,
-                            fix=f"give training_config.{key} one of the values listed")
+            raise LeapError(
+                f"training_config.{key} is {values[key]!r}: expected one of: {', '.join(choices)}"
+                + (f" ({hint})" if hint else ""),
+                where=where,
+                fix=f"give training_config.{key} one of the values listed",
+            )
         checked[key] = value
     return checked
 
@@ -188,8 +207,11 @@ def _check_range(key: str, value, where: str, config_name: str = "") -> None:
         return
     ok, expected = rules[key]
     if not ok(value):
-        raise LeapError(f"training_config.{key} is {value!r}: expected {expected}", where=where,
-                        fix=f"set training_config.{key} to {expected}")
+        raise LeapError(
+            f"training_config.{key} is {value!r}: expected {expected}",
+            where=where,
+            fix=f"set training_config.{key} to {expected}",
+        )
 
 
 def _parse(value, action, hint, field: dataclasses.Field):
@@ -278,14 +300,24 @@ def _number(value, members: set) -> float | int:
             if str in members:
                 return value
             raise _Invalid("a number") from None
-        return int(number) if int in members and number.is_integer() and "." not in value and "e" not in value.lower() else number
+        return (
+            int(number)
+            if int in members and number.is_integer() and "." not in value and "e" not in value.lower()
+            else number
+        )
     raise _Invalid("a number")
 
 
 def _describe(action, members: set) -> str:
     names = []
-    for kind, kind_names in ((bool, ["true", "false"]), (int, ["a whole number"]), (float, ["a number"]),
-                             (str, ["text"]), (dict, ["a mapping"]), (list, ["a list"])):
+    for kind, kind_names in (
+        (bool, ["true", "false"]),
+        (int, ["a whole number"]),
+        (float, ["a number"]),
+        (str, ["text"]),
+        (dict, ["a mapping"]),
+        (list, ["a list"]),
+    ):
         if kind in members and not (kind is int and float in members):
             names += kind_names
     if type(None) in members:

@@ -25,39 +25,70 @@ def check_ray_values(ray: dict, where: str) -> None:
         return
     key = "ray.resources_per_worker"
     if not isinstance(resources, dict) or not resources:
-        raise LeapError(f"{key} is {resources!r}: expected a mapping of Ray resource names to amounts per worker",
-                        where=where, fix="write e.g. resources_per_worker: {CPU: 8, GPU: 1} (or leave it "
-                        "out: 1 GPU per worker on GPUs, 1 CPU otherwise)")
+        raise LeapError(
+            f"{key} is {resources!r}: expected a mapping of Ray resource names to amounts per worker",
+            where=where,
+            fix="write e.g. resources_per_worker: {CPU: 8, GPU: 1} (or leave it "
+            "out: 1 GPU per worker on GPUs, 1 CPU otherwise)",
+        )
     for name, amount in resources.items():
         _check_resource(name, amount, key, where)
 
 
 def _check_resource(name, amount, key: str, where: str) -> None:
     if not isinstance(name, str) or not name.strip():
-        raise LeapError(f"{key} has the name {name!r}: expected a Ray resource name (CPU, GPU, memory, or a custom "
-                        "resource of the cluster)", where=where, fix="name each resource, e.g. {CPU: 8}")
+        raise LeapError(
+            f"{key} has the name {name!r}: expected a Ray resource name (CPU, GPU, memory, or a custom "
+            "resource of the cluster)",
+            where=where,
+            fix="name each resource, e.g. {CPU: 8}",
+        )
     at = f"{key}.{name}"
     usual = RAY_NAMES.get(name.lower())
     if usual is not None and usual != name:
-        raise LeapError(f"{at}: Ray's resource names are case-sensitive, and '{name}' would be a custom resource "
-                        "that no node has", where=where, fix=f"write {usual}")
+        raise LeapError(
+            f"{at}: Ray's resource names are case-sensitive, and '{name}' would be a custom resource that no node has",
+            where=where,
+            fix=f"write {usual}",
+        )
     if name == "TPU":
-        raise LeapError(f"{at}: Ray Train reserves TPUs only for its TPU runs (use_tpu with a TPU topology), and "
-                        "leap-finetune's workers train on GPUs or CPUs", where=where,
-                        fix="remove TPU (GPU workers: GPU: 1; CPU workers: CPU: N)")
+        raise LeapError(
+            f"{at}: Ray Train reserves TPUs only for its TPU runs (use_tpu with a TPU topology), and "
+            "leap-finetune's workers train on GPUs or CPUs",
+            where=where,
+            fix="remove TPU (GPU workers: GPU: 1; CPU workers: CPU: N)",
+        )
     if name == "object_store_memory":
-        raise LeapError(f"{at}: Ray does not reserve object store memory for a worker (it is deprecated in "
-                        "placement groups and only warns)", where=where,
-                        fix="remove it; memory: BYTES reserves a worker's own memory")
+        raise LeapError(
+            f"{at}: Ray does not reserve object store memory for a worker (it is deprecated in "
+            "placement groups and only warns)",
+            where=where,
+            fix="remove it; memory: BYTES reserves a worker's own memory",
+        )
     number = isinstance(amount, (int, float)) and not isinstance(amount, bool)
     if not number or not math.isfinite(amount) or amount < 0:
-        shown = {True: "true", False: "false"}.get(amount, repr(amount)) if isinstance(amount, bool) else (
-            amount if not isinstance(amount, float) or math.isfinite(amount) else
-            ".nan" if math.isnan(amount) else ".inf" if amount > 0 else "-.inf")
-        raise LeapError(f"{at} is {shown}: expected a finite number >= 0 (the amount Ray reserves for each worker"
-                        + ("; memory is in bytes" if name == "memory" else "") + ")", where=where,
-                        fix=f"give {at} an amount such as 1 (0 reserves none; 0.5 lets two workers share one)"
-                        if name != "memory" else f"give {at} a number of bytes, e.g. 16e9")
+        shown = (
+            {True: "true", False: "false"}.get(amount, repr(amount))
+            if isinstance(amount, bool)
+            else (
+                amount
+                if not isinstance(amount, float) or math.isfinite(amount)
+                else ".nan"
+                if math.isnan(amount)
+                else ".inf"
+                if amount > 0
+                else "-.inf"
+            )
+        )
+        raise LeapError(
+            f"{at} is {shown}: expected a finite number >= 0 (the amount Ray reserves for each worker"
+            + ("; memory is in bytes" if name == "memory" else "")
+            + ")",
+            where=where,
+            fix=f"give {at} an amount such as 1 (0 reserves none; 0.5 lets two workers share one)"
+            if name != "memory"
+            else f"give {at} a number of bytes, e.g. 16e9",
+        )
 
 
 def check_slurm_values(slurm: dict, where: str) -> None:
@@ -86,10 +117,13 @@ def _one_line(value: str, key: str, where: str) -> None:
     bad = next((c for c in value if ord(c) < 32 or ord(c) == 127), None)
     if bad is not None:
         name = {"\n": "a newline", "\r": "a carriage return", "\t": "a tab"}.get(bad, f"the control character {bad!r}")
-        raise LeapError(f"{key} holds {name} ({value!r}): it is written into one #SBATCH line of the job script, where "
-                        "a new line would be a shell command of the job", where=where,
-                        fix=f"write {key} on one line without control characters" + (
-                            " (one option per extra_sbatch entry)" if "extra_sbatch" in key else ""))
+        raise LeapError(
+            f"{key} holds {name} ({value!r}): it is written into one #SBATCH line of the job script, where "
+            "a new line would be a shell command of the job",
+            where=where,
+            fix=f"write {key} on one line without control characters"
+            + (" (one option per extra_sbatch entry)" if "extra_sbatch" in key else ""),
+        )
 
 
 def _check_extra(entry: str, key: str, where: str) -> None:
@@ -98,20 +132,32 @@ def _check_extra(entry: str, key: str, where: str) -> None:
     try:
         words, comment = sbatch_words(text)
     except ValueError as err:
-        raise LeapError(f"{key} is {entry!r}: sbatch would stop with {err}", where=where,
-                        fix="close the quote, or escape it with a backslash (e.g. --comment=\"it's mine\")") from None
+        raise LeapError(
+            f"{key} is {entry!r}: sbatch would stop with {err}",
+            where=where,
+            fix='close the quote, or escape it with a backslash (e.g. --comment="it\'s mine")',
+        ) from None
     if comment:
-        raise LeapError(f"{key} is {entry!r}: sbatch reads '#{comment}' as a comment and drops it",
-                        where=where, fix="put the value in double quotes, e.g. --comment=\"run #2\"")
+        raise LeapError(
+            f"{key} is {entry!r}: sbatch reads '#{comment}' as a comment and drops it",
+            where=where,
+            fix='put the value in double quotes, e.g. --comment="run #2"',
+        )
     if not words or not words[0].startswith("-"):
-        raise LeapError(f"{key} is {entry!r}: expected sbatch options (e.g. --qos=high)", where=where,
-                        fix="write each entry as sbatch's command-line options, starting with - or --")
+        raise LeapError(
+            f"{key} is {entry!r}: expected sbatch options (e.g. --qos=high)",
+            where=where,
+            fix="write each entry as sbatch's command-line options, starting with - or --",
+        )
     for before, word in itertools.pairwise(words):
         if not word.startswith("-") and (not before.startswith("-") or "=" in before):
-            raise LeapError(f"{key} is {entry!r}: sbatch would read '{word}' as a directive of its own (sbatch "
-                            "splits a #SBATCH line at spaces outside quotes) and refuse the script",
-                            where=where, fix=f"quote the value that holds spaces, e.g. "
-                            f"{before.split('=', 1)[0]}=\"{before.split('=', 1)[-1]} {word}\"")
+            raise LeapError(
+                f"{key} is {entry!r}: sbatch would read '{word}' as a directive of its own (sbatch "
+                "splits a #SBATCH line at spaces outside quotes) and refuse the script",
+                where=where,
+                fix=f"quote the value that holds spaces, e.g. "
+                f'{before.split("=", 1)[0]}="{before.split("=", 1)[-1]} {word}"',
+            )
 
 
 def sbatch_words(line: str) -> tuple[list[str], str]:
@@ -137,7 +183,7 @@ def sbatch_words(line: str) -> tuple[list[str], str]:
         elif char == "#":
             if started:
                 words.append("".join(word))
-            return words, line[index + 1:]
+            return words, line[index + 1 :]
         elif char.isspace():
             if started:
                 words.append("".join(word))
@@ -146,7 +192,7 @@ def sbatch_words(line: str) -> tuple[list[str], str]:
             word.append(char)
             started = True
     if quote:
-        raise ValueError(f"\"Unmatched `{quote}`\"")
+        raise ValueError(f'"Unmatched `{quote}`"')
     if started:
         words.append("".join(word))
     return words, ""

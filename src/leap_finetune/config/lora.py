@@ -23,7 +23,10 @@ MANAGED = {
     "peft_type": "peft_config is LoRA",
 }
 RANGES = {
-    "r": (lambda v: isinstance(v, int) and not isinstance(v, bool) and v >= 1, "a whole number >= 1 (8, 16, 32 are usual)"),
+    "r": (
+        lambda v: isinstance(v, int) and not isinstance(v, bool) and v >= 1,
+        "a whole number >= 1 (8, 16, 32 are usual)",
+    ),
     "lora_alpha": (lambda v: _is_number(v) and v > 0, "a number > 0 (often 2 x r)"),
     "lora_dropout": (lambda v: _is_number(v) and 0 <= v < 1, "a probability in [0, 1), e.g. 0.05"),
 }
@@ -46,8 +49,9 @@ def check_lora_values(values: dict, where: str) -> dict:
         if key in MANAGED:
             if key == "task_type" and value == TASK_TYPE:
                 continue
-            raise LeapError(f"peft_config.{key} is decided by leap-finetune", where=where,
-                            fix=f"remove it: {MANAGED[key]}")
+            raise LeapError(
+                f"peft_config.{key} is decided by leap-finetune", where=where, fix=f"remove it: {MANAGED[key]}"
+            )
         if key in RANGES:
             if isinstance(value, str):  # "16" or "0.05" as text: coerce as for training_config
                 try:
@@ -58,18 +62,27 @@ def check_lora_values(values: dict, where: str) -> dict:
                 value = int(value)
             ok, expected = RANGES[key]
             if not ok(value):
-                raise LeapError(f"peft_config.{key} is {value!r}: expected {expected}", where=where,
-                                fix=f"set peft_config.{key} to {expected}")
+                raise LeapError(
+                    f"peft_config.{key} is {value!r}: expected {expected}",
+                    where=where,
+                    fix=f"set peft_config.{key} to {expected}",
+                )
         elif key in fields:
             try:
                 value = _parse(value, None, hints[key], fields[key])
             except _Invalid as err:
-                raise LeapError(f"peft_config.{key} is {value!r}: expected {err}", where=where,
-                                fix=f"see peft's LoraConfig documentation for {key}") from None
+                raise LeapError(
+                    f"peft_config.{key} is {value!r}: expected {err}",
+                    where=where,
+                    fix=f"see peft's LoraConfig documentation for {key}",
+                ) from None
         checked[key] = value
     try:
         LoraConfig(task_type=TASK_TYPE, **checked)
     except (ValueError, TypeError) as err:
-        raise LeapError(f"peft's LoraConfig refuses these options: {err}", where=f"{where}: peft_config",
-                        fix="see peft's LoraConfig documentation") from None
+        raise LeapError(
+            f"peft's LoraConfig refuses these options: {err}",
+            where=f"{where}: peft_config",
+            fix="see peft's LoraConfig documentation",
+        ) from None
     return checked

@@ -17,8 +17,18 @@ from pydantic import BaseModel
 from pydantic_core import PydanticCustomError
 
 # pydantic's own error types about a number's type or range
-NUMBER_ERRORS = {"int_type", "int_parsing", "int_from_float", "float_type", "float_parsing", "finite_number",
-                 "greater_than", "greater_than_equal", "less_than", "less_than_equal"}
+NUMBER_ERRORS = {
+    "int_type",
+    "int_parsing",
+    "int_from_float",
+    "float_type",
+    "float_parsing",
+    "finite_number",
+    "greater_than",
+    "greater_than_equal",
+    "less_than",
+    "less_than_equal",
+}
 LEAP_VALUE = "leap_value"  # our own: ctx holds `shown` (the value), `expected`, and maybe `index`, `fix`
 
 
@@ -73,9 +83,11 @@ def shown(value) -> str:
 
 
 def _refuse(value, expected: str, index: int | None = None):
-    raise PydanticCustomError(LEAP_VALUE, "{shown} is not {expected}",
-                              {"shown": shown(value), "expected": expected, **({"index": index} if index is not None
-                                                                               else {})})
+    raise PydanticCustomError(
+        LEAP_VALUE,
+        "{shown} is not {expected}",
+        {"shown": shown(value), "expected": expected, **({"index": index} if index is not None else {})},
+    )
 
 
 def check_field(value, field) -> object:

@@ -28,14 +28,20 @@ def apply_overrides(raw: dict, overrides: list[str]) -> dict:
         key, separator, text = override.partition("=")
         key = key.strip()
         if not separator or not key:
-            raise LeapError(f"--set {override!r} is not KEY=VALUE", where="--set",
-                            fix=f"write the key's path in the YAML and its value, e.g. {EXAMPLE}")
+            raise LeapError(
+                f"--set {override!r} is not KEY=VALUE",
+                where="--set",
+                fix=f"write the key's path in the YAML and its value, e.g. {EXAMPLE}",
+            )
         try:
             value = yaml.load(text, Loader=_ConfigLoader) if text.strip() else ""  # noqa: S506 - SafeLoader subclass
         except yaml.YAMLError as err:
-            raise LeapError(f"--set {key}: the value {text!r} is not valid YAML ({getattr(err, 'problem', err)})",
-                            where="--set", fix="write the value as in the YAML file, in quotes for your shell: e.g. "
-                            "--set 'evals.benchmarks=[]' or --set 'peft_config={extends: DEFAULT_LORA}'") from None
+            raise LeapError(
+                f"--set {key}: the value {text!r} is not valid YAML ({getattr(err, 'problem', err)})",
+                where="--set",
+                fix="write the value as in the YAML file, in quotes for your shell: e.g. "
+                "--set 'evals.benchmarks=[]' or --set 'peft_config={extends: DEFAULT_LORA}'",
+            ) from None
         _set(raw, _parts(key), value, key)
     return raw
 
@@ -45,9 +51,12 @@ def _parts(key: str) -> list:
     for piece in key.split("."):
         match = re.fullmatch(r"([^\[\]]*)((?:\[\d+\])*)", piece)
         if not match or (not match.group(1) and not match.group(2)):
-            raise LeapError(f"--set {key}: '{piece}' is not a key", where="--set",
-                            fix=f"keys are separated by dots, list items by [N] (in quotes for your shell) or .N: e.g. "
-                            f"{EXAMPLE}, --set 'dataset[1].epochs=2' or --set dataset.1.epochs=2")
+            raise LeapError(
+                f"--set {key}: '{piece}' is not a key",
+                where="--set",
+                fix=f"keys are separated by dots, list items by [N] (in quotes for your shell) or .N: e.g. "
+                f"{EXAMPLE}, --set 'dataset[1].epochs=2' or --set dataset.1.epochs=2",
+            )
         if match.group(1):
             parts.append(int(match.group(1)) if match.group(1).isdigit() else match.group(1))
         parts += [int(i) for i in re.findall(r"\[(\d+)\]", match.group(2))]
@@ -61,14 +70,23 @@ def _set(node, parts: list, value, key: str) -> None:
         where = ".".join(str(p) for p in path) or "the top level"
         if isinstance(part, int):
             if not isinstance(node, list):
-                raise LeapError(f"--set {key}: {where} is not a list (it is {_kind(node)}), so [{part}] names nothing",
-                                where="--set", fix="drop the index, or check the key's path in your YAML")
+                raise LeapError(
+                    f"--set {key}: {where} is not a list (it is {_kind(node)}), so [{part}] names nothing",
+                    where="--set",
+                    fix="drop the index, or check the key's path in your YAML",
+                )
             if part >= len(node):
-                raise LeapError(f"--set {key}: {where} has {len(node)} item(s), so [{part}] is not one of them",
-                                where="--set", fix=f"use an index from 0 to {len(node) - 1}")
+                raise LeapError(
+                    f"--set {key}: {where} has {len(node)} item(s), so [{part}] is not one of them",
+                    where="--set",
+                    fix=f"use an index from 0 to {len(node) - 1}",
+                )
         elif not isinstance(node, dict):
-            raise LeapError(f"--set {key}: {where} is {_kind(node)}, not a mapping with keys", where="--set",
-                            fix="check the key's path in your YAML")
+            raise LeapError(
+                f"--set {key}: {where} is {_kind(node)}, not a mapping with keys",
+                where="--set",
+                fix="check the key's path in your YAML",
+            )
         if last:
             node[part] = value
             return
@@ -81,5 +99,11 @@ def _set(node, parts: list, value, key: str) -> None:
 
 
 def _kind(value) -> str:
-    return {str: "a string", int: "a number", float: "a number", bool: "a boolean", list: "a list",
-            dict: "a mapping"}.get(type(value), type(value).__name__)
+    return {
+        str: "a string",
+        int: "a number",
+        float: "a number",
+        bool: "a boolean",
+        list: "a list",
+        dict: "a mapping",
+    }.get(type(value), type(value).__name__)

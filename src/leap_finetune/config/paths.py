@@ -12,8 +12,11 @@ def expand_home(text: str) -> Path:
     try:
         return Path(text).expanduser()
     except RuntimeError:  # "~someone" with no such user
-        raise LeapError(f"cannot expand '{text.split('/')[0]}': no such user's home folder", where=text,
-                        fix="write ~/... for your own home folder, or an absolute path") from None
+        raise LeapError(
+            f"cannot expand '{text.split('/')[0]}': no such user's home folder",
+            where=text,
+            fix="write ~/... for your own home folder, or an absolute path",
+        ) from None
 
 
 def local_path(text: str, base: Path) -> Path:

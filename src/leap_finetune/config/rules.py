@@ -23,8 +23,9 @@ def retrieval_score(training_type: str) -> str:
     return "maxsim" if method_of(training_type).multi_vector else "cosine"
 
 
-def check_training_rules(training_type: str, training: dict, where: str, *, rewards: tuple[str, ...] = (),
-                         benchmarks: tuple[str, ...] = ()) -> None:
+def check_training_rules(
+    training_type: str, training: dict, where: str, *, rewards: tuple[str, ...] = (), benchmarks: tuple[str, ...] = ()
+) -> None:
     """`rewards`: GRPO's reward names (rewards/<name>/mean); `benchmarks`: the names of evals.benchmarks."""
     check_multi_process(training, where)
     check_hub_push(training, where)
@@ -37,9 +38,12 @@ def check_multi_process(training: dict, where: str) -> None:
     """Sharding is FSDP's (through transformers); DeepSpeed is not wired in. FSDP's need for several
     workers is checked with the device plan (launch/devices.py)."""
     if training.get("deepspeed"):
-        raise LeapError("training_config.deepspeed is not supported by leap-finetune", where=where,
-                        fix="for a model that does not fit one GPU use training_config.fsdp (FSDP2 through "
-                        "transformers) over several GPUs, or LoRA")
+        raise LeapError(
+            "training_config.deepspeed is not supported by leap-finetune",
+            where=where,
+            fix="for a model that does not fit one GPU use training_config.fsdp (FSDP2 through "
+            "transformers) over several GPUs, or LoRA",
+        )
 
 
 def check_sampling(training_type: str, training: dict, where: str) -> None:
@@ -48,35 +52,48 @@ def check_sampling(training_type: str, training: dict, where: str) -> None:
     model has loaded; a batch of one is refused by the loader)."""
     strategy = training.get("train_sampling_strategy")
     loss_type = training.get("loss_type", "kto")
-    kl = method_of(training_type).kl_pairs and loss_type != "apo_zero_unpaired"  # (TRL: every loss type but this has a KL)
+    kl = (
+        method_of(training_type).kl_pairs and loss_type != "apo_zero_unpaired"
+    )  # (TRL: every loss type but this has a KL)
     if not method_of(training_type).length_samplers and strategy in ("batch_rebalance", "group_by_length"):
         able = " and ".join(name for name, m in METHODS.items() if m.length_samplers)
-        raise LeapError(f"training_config.train_sampling_strategy: {strategy} works for {able} only (it balances rows "
-                        f"by their length), not for {training_type}", where=where,
-                        fix="remove train_sampling_strategy, or set it to " + ("sequential" if kl else
-                                                                               "random or sequential"))
+        raise LeapError(
+            f"training_config.train_sampling_strategy: {strategy} works for {able} only (it balances rows "
+            f"by their length), not for {training_type}",
+            where=where,
+            fix="remove train_sampling_strategy, or set it to " + ("sequential" if kl else "random or sequential"),
+        )
     if kl:
         if strategy not in (None, "sequential"):
-            raise LeapError(f"training_config.train_sampling_strategy: {strategy} breaks KTO's KL estimate (loss_type "
-                            f"{loss_type}): each row's KL completion is paired with its neighbours in a fixed order",
-                            where=where, fix="remove train_sampling_strategy (KTO's default is sequential), or use "
-                            "loss_type: apo_zero_unpaired")
+            raise LeapError(
+                f"training_config.train_sampling_strategy: {strategy} breaks KTO's KL estimate (loss_type "
+                f"{loss_type}): each row's KL completion is paired with its neighbours in a fixed order",
+                where=where,
+                fix="remove train_sampling_strategy (KTO's default is sequential), or use loss_type: apo_zero_unpaired",
+            )
 
 
 def check_hub_push(training: dict, where: str) -> None:
     if training.get("push_to_hub") and os.environ.get("HF_HUB_OFFLINE") == "1":
-        raise LeapError("training_config.push_to_hub is true, but the Hugging Face Hub is off (HF_HUB_OFFLINE=1)",
-                        where=where, fix="unset HF_HUB_OFFLINE where the Hub is reachable, or set push_to_hub: false")
+        raise LeapError(
+            "training_config.push_to_hub is true, but the Hugging Face Hub is off (HF_HUB_OFFLINE=1)",
+            where=where,
+            fix="unset HF_HUB_OFFLINE where the Hub is reachable, or set push_to_hub: false",
+        )
 
 
 def check_packing_length(training: dict, where: str) -> None:
     if training.get("packing") and training.get("max_length") is None:
-        raise LeapError("training_config.packing packs rows into sequences of max_length tokens, but max_length is "
-                        "null", where=where, fix="set max_length (e.g. 2048), or packing: false")
+        raise LeapError(
+            "training_config.packing packs rows into sequences of max_length tokens, but max_length is null",
+            where=where,
+            fix="set max_length (e.g. 2048), or packing: false",
+        )
 
 
-def check_best_model_metric(training_type: str, training: dict, where: str, *, rewards: tuple[str, ...] = (),
-                            benchmarks: tuple[str, ...] = ()) -> None:
+def check_best_model_metric(
+    training_type: str, training: dict, where: str, *, rewards: tuple[str, ...] = (), benchmarks: tuple[str, ...] = ()
+) -> None:
     import re
 
     name = training.get("metric_for_best_model")
@@ -91,8 +108,13 @@ def check_best_model_metric(training_type: str, training: dict, where: str, *, r
         if found and found.group(1) in rewards:
             return
         named = ", ".join(f"eval_rewards/{reward}/mean" for reward in rewards)
-        fix = "use one of: " + ", ".join(f"eval_{m}" for m in known[:3]) + (f", {named}" if named else "") + \
-            ", or another of " + ", ".join(f"eval_{m}" for m in known[3:])
+        fix = (
+            "use one of: "
+            + ", ".join(f"eval_{m}" for m in known[:3])
+            + (f", {named}" if named else "")
+            + ", or another of "
+            + ", ".join(f"eval_{m}" for m in known[3:])
+        )
     elif method_of(training_type).retrieval:
         score = retrieval_score(training_type)
         if re.fullmatch(rf"retrieval_{score}_{RETRIEVAL_METRIC}", bare):
@@ -100,13 +122,19 @@ def check_best_model_metric(training_type: str, training: dict, where: str, *, r
         found = re.fullmatch(rf"benchmark_(.+)_{score}_{RETRIEVAL_METRIC}", bare)
         if found and found.group(1) in benchmarks:
             return
-        fix = (f"use eval_retrieval_{score}_ndcg@10 (the held-out split's retrieval; also accuracy, precision, recall "
-               f"@1/@10, mrr@10, map@10), " + "".join(f"eval_benchmark_{b}_{score}_ndcg@10, " for b in benchmarks)
-               + "or eval_loss")
+        fix = (
+            f"use eval_retrieval_{score}_ndcg@10 (the held-out split's retrieval; also accuracy, precision, recall "
+            f"@1/@10, mrr@10, map@10), "
+            + "".join(f"eval_benchmark_{b}_{score}_ndcg@10, " for b in benchmarks)
+            + "or eval_loss"
+        )
     else:
         fix = "use one of: " + ", ".join(f"eval_{m}" for m in known)
-    raise LeapError(f"training_config.metric_for_best_model is '{name}', which {training_type} evaluation does not log",
-                    where=where, fix=fix)
+    raise LeapError(
+        f"training_config.metric_for_best_model is '{name}', which {training_type} evaluation does not log",
+        where=where,
+        fix=fix,
+    )
 
 
 def check_trainer_parts(args, where: str) -> None:
@@ -117,18 +145,32 @@ def check_trainer_parts(args, where: str) -> None:
     try:
         optimizer_cls, optimizer_kwargs = Trainer.get_optimizer_cls_and_kwargs(args)
     except (ImportError, ValueError, TypeError) as err:
-        raise LeapError(f"training_config.optim '{getattr(args.optim, 'value', args.optim)}': {str(err).splitlines()[0]}", where=where,
-                        fix="install what it names, or use optim: adamw_torch (the default)") from None
+        raise LeapError(
+            f"training_config.optim '{getattr(args.optim, 'value', args.optim)}': {str(err).splitlines()[0]}",
+            where=where,
+            fix="install what it names, or use optim: adamw_torch (the default)",
+        ) from None
     parameter = torch.nn.Parameter(torch.zeros(1))
     optimizer = torch.optim.SGD([parameter], lr=args.learning_rate)
     kwargs = args.lr_scheduler_kwargs
     if kwargs is not None and not isinstance(kwargs, dict):
-        raise LeapError(f"training_config.lr_scheduler_kwargs is {kwargs!r}: expected a mapping", where=where,
-                        fix="e.g. lr_scheduler_kwargs: {min_lr_rate: 0.1}")
+        raise LeapError(
+            f"training_config.lr_scheduler_kwargs is {kwargs!r}: expected a mapping",
+            where=where,
+            fix="e.g. lr_scheduler_kwargs: {min_lr_rate: 0.1}",
+        )
     try:
-        get_scheduler(args.lr_scheduler_type, optimizer, num_warmup_steps=1, num_training_steps=10,
-                      scheduler_specific_kwargs=kwargs or {})
+        get_scheduler(
+            args.lr_scheduler_type,
+            optimizer,
+            num_warmup_steps=1,
+            num_training_steps=10,
+            scheduler_specific_kwargs=kwargs or {},
+        )
     except (ValueError, TypeError) as err:
-        raise LeapError(f"training_config.lr_scheduler_type '{getattr(args.lr_scheduler_type, 'value', args.lr_scheduler_type)}' "
-                        f"with lr_scheduler_kwargs {kwargs or {}}: {str(err).splitlines()[0]}", where=where,
-                        fix="set the scheduler's arguments in lr_scheduler_kwargs (see transformers' get_scheduler)") from None
+        raise LeapError(
+            f"training_config.lr_scheduler_type '{getattr(args.lr_scheduler_type, 'value', args.lr_scheduler_type)}' "
+            f"with lr_scheduler_kwargs {kwargs or {}}: {str(err).splitlines()[0]}",
+            where=where,
+            fix="set the scheduler's arguments in lr_scheduler_kwargs (see transformers' get_scheduler)",
+        ) from None

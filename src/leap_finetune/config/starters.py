@@ -17,14 +17,17 @@ from leap_finetune.methods import method_of
 SCHEMA_FILE = "leap-finetune.schema.json"
 
 ROWS = {
-    "sft": ('{"messages": [{"role": "user", "content": "Capital of France?"}, '
-            '{"role": "assistant", "content": "Paris."}]}'),
+    "sft": (
+        '{"messages": [{"role": "user", "content": "Capital of France?"}, {"role": "assistant", "content": "Paris."}]}'
+    ),
     "dpo": '{"prompt": "Say gold twice.", "chosen": "gold gold", "rejected": "No."}',
-    "kto": ('{"prompt": [{"role": "user", "content": "Say plum twice."}], '
-            '"completion": [{"role": "assistant", "content": "plum plum"}], "label": true}'),
+    "kto": (
+        '{"prompt": [{"role": "user", "content": "Say plum twice."}], '
+        '"completion": [{"role": "assistant", "content": "plum plum"}], "label": true}'
+    ),
     "grpo": '{"prompt": "What is 12 * 7? Put the final answer in \\\\boxed{}.", "solution": "84"}',
     "embedding": '{"query": "capital of france", "positive": "Paris is the capital of France.", '
-                 '"negative": "Lyon is a city in France."}',
+    '"negative": "Lyon is a city in France."}',
 }
 ROWS["colbert"] = ROWS["embedding"]
 
@@ -98,20 +101,30 @@ def schema_text() -> str:
 
 
 def starter(training_type: str, model: str, file_name: str) -> str:
-    lora = "" if method_of(training_type).retrieval else """
+    lora = (
+        ""
+        if method_of(training_type).retrieval
+        else """
 # LoRA instead of a full fine-tune (remove the # of both lines):
 # peft_config:
 #   extends: DEFAULT_LORA
 """
-    evals = "" if not method_of(training_type).starter_benchmarks else """
+    )
+    evals = (
+        ""
+        if not method_of(training_type).starter_benchmarks
+        else """
 # Benchmarks before, during and after training (rows in the messages format; docs/evaluation.md):
 # evals:
 #   benchmarks:
 #     - {name: my_bench, path: data/bench.jsonl, metric: exact_match}
 """
-    held_out = "  val_path: data/held_out.jsonl        # held-out rows (or test_size: 0.05 to split them off)" \
-        if method_of(training_type).retrieval else \
-        "  test_size: 0.05                     # held out for eval loss (or val_path: a file of its own)"
+    )
+    held_out = (
+        "  val_path: data/held_out.jsonl        # held-out rows (or test_size: 0.05 to split them off)"
+        if method_of(training_type).retrieval
+        else "  test_size: 0.05                     # held out for eval loss (or val_path: a file of its own)"
+    )
     return f"""# yaml-language-server: $schema={schema_path().as_uri()}
 # A leap-finetune starter config: {training_type} on {model}. Every key: docs/config.md, or the schema above
 # (your editor completes and checks keys with it).

@@ -24,12 +24,14 @@ def unknown_key_fix(key: str, choices: Iterable[str]) -> str:
 # A training_config key of other training types, and what this training type uses instead ((key, type) -> text)
 INSTEAD = {
     ("max_length", "grpo"): "remove it: GRPO keeps each prompt whole and limits the generated tokens with "
-                            "max_completion_length (with vLLM, vllm_max_model_length is the context: prompt + "
-                            "completion)",
+    "max_completion_length (with vLLM, vllm_max_model_length is the context: prompt + "
+    "completion)",
     ("max_length", "embedding"): "set the lengths per side: retrieval.query_max_length and "
-                                 "retrieval.document_max_length",
-    **{("max_completion_length", kind): "use max_length instead (prompt and completion tokens together)"
-       for kind in ("sft", "dpo", "kto")},
+    "retrieval.document_max_length",
+    **{
+        ("max_completion_length", kind): "use max_length instead (prompt and completion tokens together)"
+        for kind in ("sft", "dpo", "kto")
+    },
 }
 
 

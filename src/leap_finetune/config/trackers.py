@@ -8,10 +8,20 @@ from leap_finetune.errors import LeapError
 
 # transformers' integration name -> the pip package that provides it
 PACKAGES = {
-    "wandb": "wandb", "tensorboard": "tensorboard", "trackio": "trackio", "mlflow": "mlflow",
-    "comet_ml": "comet-ml", "neptune": "neptune", "clearml": "clearml", "dagshub": "dagshub",
-    "codecarbon": "codecarbon", "azure_ml": "azureml-core", "dvclive": "dvclive", "swanlab": "swanlab",
-    "flyte": "flytekit", "kubeflow": "kubeflow",
+    "wandb": "wandb",
+    "tensorboard": "tensorboard",
+    "trackio": "trackio",
+    "mlflow": "mlflow",
+    "comet_ml": "comet-ml",
+    "neptune": "neptune",
+    "clearml": "clearml",
+    "dagshub": "dagshub",
+    "codecarbon": "codecarbon",
+    "azure_ml": "azureml-core",
+    "dvclive": "dvclive",
+    "swanlab": "swanlab",
+    "flyte": "flytekit",
+    "kubeflow": "kubeflow",
 }
 
 
@@ -38,11 +48,16 @@ def check_report_to(report_to, where: str) -> None:
             continue
         if name not in INTEGRATION_TO_CALLBACK:
             hint = did_you_mean(str(name), known)
-            raise LeapError(f"training_config.report_to names '{name}', which is not a tracker transformers knows",
-                            where=where, fix=(hint + " " if hint else "") + "expected none, all, or any of: " + ", ".join(known))
+            raise LeapError(
+                f"training_config.report_to names '{name}', which is not a tracker transformers knows",
+                where=where,
+                fix=(hint + " " if hint else "") + "expected none, all, or any of: " + ", ".join(known),
+            )
         if name not in available:
             package = PACKAGES.get(name, name)
-            raise LeapError(f"training_config.report_to names '{name}', but {package} is not installed here",
-                            where=where,
-                            fix=f"pip install {package} (wandb and tensorboard: pip install 'leap-finetune[trackers]'), "
-                            "or set report_to: none")
+            raise LeapError(
+                f"training_config.report_to names '{name}', but {package} is not installed here",
+                where=where,
+                fix=f"pip install {package} (wandb and tensorboard: pip install 'leap-finetune[trackers]'), "
+                "or set report_to: none",
+            )

@@ -55,14 +55,20 @@ def read_yaml(path: Path) -> dict:
     if not path.exists():
         raise LeapError("config file not found", where=str(path), fix="check the path you passed")
     if path.is_dir():
-        raise LeapError("expected a YAML file, got a folder", where=str(path),
-                        fix="pass the config file, e.g. examples/quickstart.yaml")
+        raise LeapError(
+            "expected a YAML file, got a folder",
+            where=str(path),
+            fix="pass the config file, e.g. examples/quickstart.yaml",
+        )
     try:
         text = path.read_text(encoding="utf-8")
     except UnicodeDecodeError as err:
         line = path.read_bytes()[: err.start].count(b"\n") + 1
-        raise LeapError(f"the config file is not UTF-8 text (byte {err.object[err.start]:#04x} on line {line})",
-                        where=f"{path}:{line}", fix="save the file as UTF-8") from None
+        raise LeapError(
+            f"the config file is not UTF-8 text (byte {err.object[err.start]:#04x} on line {line})",
+            where=f"{path}:{line}",
+            fix="save the file as UTF-8",
+        ) from None
     except OSError as err:
         raise LeapError(f"cannot read the config file: {err.strerror}", where=str(path)) from None
     try:

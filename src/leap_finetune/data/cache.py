@@ -63,13 +63,31 @@ def entry_for(resolved, tokenizer, renderer, sources, examples: int) -> Entry | 
     add("type", [resolved.training_type, resolved.loss_on, resolved.model_family, resolved.chat_template])
     add("datasets", [item.model_dump(exclude={"num_proc", "cache"}) for item in dataset_items(resolved)])
     add("rows", [resolved.training.get("seed", 42), resolved.samples, examples])
-    add("tokenizer", [type(tokenizer).__name__, hashlib.sha256(tokenizer.backend_tokenizer.to_str().encode()).hexdigest(),
-                      tokenizer.bos_token, tokenizer.eos_token, tokenizer.pad_token])
+    add(
+        "tokenizer",
+        [
+            type(tokenizer).__name__,
+            hashlib.sha256(tokenizer.backend_tokenizer.to_str().encode()).hexdigest(),
+            tokenizer.bos_token,
+            tokenizer.eos_token,
+            tokenizer.pad_token,
+        ],
+    )
     template = getattr(renderer, "template", None)
-    add("renderer", [type(renderer).__name__, getattr(template, "text", None), getattr(template, "training", None),
-                     getattr(renderer, "max_length", None), getattr(renderer, "truncation_mode", None),
-                     getattr(renderer, "query_prompt", None), getattr(renderer, "document_prompt", None),
-                     getattr(renderer, "query_max", None), getattr(renderer, "document_max", None)])
+    add(
+        "renderer",
+        [
+            type(renderer).__name__,
+            getattr(template, "text", None),
+            getattr(template, "training", None),
+            getattr(renderer, "max_length", None),
+            getattr(renderer, "truncation_mode", None),
+            getattr(renderer, "query_prompt", None),
+            getattr(renderer, "document_prompt", None),
+            getattr(renderer, "query_max", None),
+            getattr(renderer, "document_max", None),
+        ],
+    )
     for source in sources:
         for file in source.files:
             add("file", [str(file), file.stat().st_size, _file_digest(file)])
@@ -127,18 +145,26 @@ def load(entry: Entry, console):
         splits["train"].examples = report["examples"]
         splits["train"].known_fingerprint, splits["eval"].known_fingerprint = report["fingerprints"]
         prepared = PreparedData(
-            train=splits["train"], eval=splits["eval"], rows_read=report["rows_read"],
-            dropped=[DroppedRow(**d) for d in report["dropped"]], invalid_skipped=report["invalid_skipped"],
-            fully_truncated=report["fully_truncated"], partially_truncated=report["partially_truncated"],
+            train=splits["train"],
+            eval=splits["eval"],
+            rows_read=report["rows_read"],
+            dropped=[DroppedRow(**d) for d in report["dropped"]],
+            invalid_skipped=report["invalid_skipped"],
+            fully_truncated=report["fully_truncated"],
+            partially_truncated=report["partially_truncated"],
             sample_messages=[Conversation(**c) for c in report["sample_messages"]],
-            warnings=[RowWarning(**w) for w in report["warnings"]], warning_rows=report["warning_rows"],
-            notices=report["notices"], sources=[SourceReport(**s) for s in report["sources"]],
+            warnings=[RowWarning(**w) for w in report["warnings"]],
+            warning_rows=report["warning_rows"],
+            notices=report["notices"],
+            sources=[SourceReport(**s) for s in report["sources"]],
             from_cache=str(entry.folder),
         )
     except (OSError, ValueError, KeyError, TypeError, pa.ArrowInvalid) as err:
         if console is not None:
-            console.print(f"[yellow]note: the cached data at {entry.folder} is incomplete or damaged ({err}); "
-                          "preparing again[/yellow]")
+            console.print(
+                f"[yellow]note: the cached data at {entry.folder} is incomplete or damaged ({err}); "
+                "preparing again[/yellow]"
+            )
         shutil.rmtree(entry.folder, ignore_errors=True)
         return None
     os.utime(manifest_path)  # most recently used (entries beyond KEEP are removed oldest first)
@@ -184,19 +210,25 @@ def store(entry: Entry, prepared, staging: Path, console) -> None:
                         writer.write_table(split.table)
             np.save(staging / f"{name}_counts.npy", np.stack([split.tokens_per_row, split.trained_per_row]))
         report = {
-            "rows_read": prepared.rows_read, "dropped": [d.to_json() for d in prepared.dropped],
-            "invalid_skipped": prepared.invalid_skipped, "fully_truncated": prepared.fully_truncated,
+            "rows_read": prepared.rows_read,
+            "dropped": [d.to_json() for d in prepared.dropped],
+            "invalid_skipped": prepared.invalid_skipped,
+            "fully_truncated": prepared.fully_truncated,
             "partially_truncated": prepared.partially_truncated,
             "sample_messages": [{"messages": c.messages, "tools": c.tools} for c in prepared.sample_messages],
-            "warnings": [w.__dict__ for w in prepared.warnings], "warning_rows": prepared.warning_rows,
+            "warnings": [w.__dict__ for w in prepared.warnings],
+            "warning_rows": prepared.warning_rows,
             "notices": prepared.notices,
-            "sources": [s.to_json() for s in prepared.sources], "examples": prepared.train.examples,
+            "sources": [s.to_json() for s in prepared.sources],
+            "examples": prepared.train.examples,
             "fingerprints": [prepared.train.fingerprint(), prepared.eval.fingerprint()],
         }
         (staging / "report.json").write_text(json.dumps(report, default=str), encoding="utf-8")
         files = {p.name: [p.stat().st_size, _file_digest(p)] for p in sorted(staging.iterdir())}
-        (staging / "manifest.json").write_text(json.dumps({"key": entry.key, "files": files, "created": time.time(),
-                                                           "seconds": prepared.seconds}), encoding="utf-8")
+        (staging / "manifest.json").write_text(
+            json.dumps({"key": entry.key, "files": files, "created": time.time(), "seconds": prepared.seconds}),
+            encoding="utf-8",
+        )
         swap_in(staging, entry.folder)  # (another process may have written it meanwhile: swapped, not merged)
         _evict(entry.folder.parent)
     except BaseException as err:  # (Ctrl-C or a kill while hashing a large file included: no staging left)
@@ -205,8 +237,10 @@ def store(entry: Entry, prepared, staging: Path, console) -> None:
         if not isinstance(err, OSError):
             raise
         if console is not None:
-            console.print(f"[yellow]note: the prepared data could not be cached in {entry.folder.parent} "
-                          f"({err.strerror or err}); set LEAP_FINETUNE_CACHE to a writable folder[/yellow]")
+            console.print(
+                f"[yellow]note: the prepared data could not be cached in {entry.folder.parent} "
+                f"({err.strerror or err}); set LEAP_FINETUNE_CACHE to a writable folder[/yellow]"
+            )
 
 
 def _evict(root: Path) -> None:
@@ -215,7 +249,8 @@ def _evict(root: Path) -> None:
         if pid.isdigit() and not pid_alive(int(pid)):
             shutil.rmtree(staging, ignore_errors=True)
     entries = [p for p in root.iterdir() if p.is_dir() and not p.name.startswith(".")]
-    entries.sort(key=lambda p: (p / "manifest.json").stat().st_mtime if (p / "manifest.json").exists() else 0,
-                 reverse=True)
+    entries.sort(
+        key=lambda p: (p / "manifest.json").stat().st_mtime if (p / "manifest.json").exists() else 0, reverse=True
+    )
     for old in entries[KEEP:]:
         shutil.rmtree(old, ignore_errors=True)

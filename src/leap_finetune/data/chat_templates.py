@@ -80,8 +80,11 @@ def load_chat_template(resolved: str, tokenizer) -> ChatTemplate:
         try:
             text = Path(resolved).read_text(encoding="utf-8")
         except (OSError, UnicodeDecodeError) as err:
-            raise LeapError(f"cannot read the chat template: {err}", where=f"chat_template: {resolved}",
-                            fix="save the template as UTF-8 text") from None
+            raise LeapError(
+                f"cannot read the chat template: {err}",
+                where=f"chat_template: {resolved}",
+                fix="save the template as UTF-8 text",
+            ) from None
     _check_syntax(text, resolved if resolved not in ("model",) else "the tokenizer's chat template")
     return ChatTemplate(resolved, text, _training_variant(text, tokenizer))
 
@@ -95,8 +98,11 @@ def _check_syntax(text: str, where: str) -> None:
     try:
         _compile_jinja_template(text)
     except jinja2.TemplateSyntaxError as err:
-        raise LeapError(f"the chat template is not valid Jinja: {err.message} (template line {err.lineno})",
-                        where=f"chat_template: {where}", fix="correct the template at that line") from None
+        raise LeapError(
+            f"the chat template is not valid Jinja: {err.message} (template line {err.lineno})",
+            where=f"chat_template: {where}",
+            fix="correct the template at that line",
+        ) from None
 
 
 def _training_variant(text: str, tokenizer) -> str | None:

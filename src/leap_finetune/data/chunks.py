@@ -64,8 +64,9 @@ def contract(resolved: ResolvedConfig):
     family = render_family(resolved.chat_template, resolved.model_family)
     if rows == CONVERSATION:
         return functools.partial(check_sft_row, needs_assistant=resolved.loss_on != "all", family=family)
-    return functools.partial({PAIR: check_dpo_row, LABELLED: check_kto_row, PROMPT: check_grpo_row}[rows],
-                             family=family)
+    return functools.partial(
+        {PAIR: check_dpo_row, LABELLED: check_kto_row, PROMPT: check_grpo_row}[rows], family=family
+    )
 
 
 def tokenize_row(resolved: ResolvedConfig, renderer, parsed):
@@ -83,6 +84,7 @@ def tokenize_row(resolved: ResolvedConfig, renderer, parsed):
 
 
 # ---- pass 1: check every row ---------------------------------------------------------------------------
+
 
 @dataclass
 class CheckedChunk:
@@ -112,12 +114,14 @@ def check_chunk(rows: list[SourceRow]) -> CheckedChunk:
             continue
         result.valid += 1
         if method_of(resolved).rewards:  # (the rewards read the extra columns: each has one kind across rows)
-            result.extra_kinds.append((row.file, row.location,
-                                       {k: category(v) for k, v in parsed.extra.items() if v is not None}))
+            result.extra_kinds.append(
+                (row.file, row.location, {k: category(v) for k, v in parsed.extra.items() if v is not None})
+            )
     return result
 
 
 # ---- pass 2: tokenize the valid rows -------------------------------------------------------------------
+
 
 @dataclass
 class TokenizeRequest:
@@ -173,9 +177,14 @@ def tokenize_chunk(request: TokenizeRequest) -> TokenizedChunk:
     columns, tokens, trained, negatives = [], [], [], []
     for position, ((source, _), row) in enumerate(zip(valid, compact, strict=True)):
         if row.trained_tokens == 0:
-            result.truncated_away.append((
-                position, source.file, source.location,
-                f"every trained token is beyond max_length={renderer.max_length} ({row.tokens} tokens)"))
+            result.truncated_away.append(
+                (
+                    position,
+                    source.file,
+                    source.location,
+                    f"every trained token is beyond max_length={renderer.max_length} ({row.tokens} tokens)",
+                )
+            )
             continue
         result.kept[position] = True
         lost = getattr(row, "trained_tokens_lost", None)
@@ -185,8 +194,9 @@ def tokenize_chunk(request: TokenizeRequest) -> TokenizedChunk:
         trained.append(row.trained_tokens)
         if retrieval:
             negatives.append(len(row.negatives))
-    result.table = RowTable(columns_to_table(columns), np.asarray(tokens, dtype=np.int64),
-                            np.asarray(trained, dtype=np.int64))
+    result.table = RowTable(
+        columns_to_table(columns), np.asarray(tokens, dtype=np.int64), np.asarray(trained, dtype=np.int64)
+    )
     if retrieval:
         result.negatives = np.asarray(negatives, dtype=np.int64)
     return result
@@ -195,11 +205,14 @@ def tokenize_chunk(request: TokenizeRequest) -> TokenizedChunk:
 def _columns(row) -> dict:
     """The trainer's columns, token ids as NumPy (stored as list<int32> without a loop over tokens)."""
     columns = row.columns()
-    return {k: np.asarray(v, dtype=np.int32) if k.endswith("_ids") and isinstance(v, list) else v
-            for k, v in columns.items()}
+    return {
+        k: np.asarray(v, dtype=np.int32) if k.endswith("_ids") and isinstance(v, list) else v
+        for k, v in columns.items()
+    }
 
 
 # ---- running chunks ------------------------------------------------------------------------------------
+
 
 def chunked(rows: Iterable[SourceRow], size: int = CHUNK_ROWS) -> Iterator[list[SourceRow]]:
     chunk = []
@@ -243,8 +256,12 @@ class Workers:
             os.environ["TOKENIZERS_PARALLELISM"] = "false"
             os.environ["LEAP_FINETUNE_DATA_WORKER"] = "1"
             try:
-                self.pool = ProcessPoolExecutor(processes, mp_context=multiprocessing.get_context("fork"),
-                                                initializer=set_job, initargs=(job, os.getpid()))
+                self.pool = ProcessPoolExecutor(
+                    processes,
+                    mp_context=multiprocessing.get_context("fork"),
+                    initializer=set_job,
+                    initargs=(job, os.getpid()),
+                )
                 self.pool.submit(int).result()  # the workers are forked now, with the environment above
             finally:
                 os.environ.pop("LEAP_FINETUNE_DATA_WORKER", None)
@@ -269,16 +286,18 @@ class Workers:
             while pending:
                 yield pending.popleft().result()
         except BrokenProcessPool:
-            raise LeapError("a data worker process died (often the system running out of memory)",
-                            where="dataset", fix="set dataset.num_proc lower (each process holds a chunk of rows "
-                            "and the tokenizer), or free memory") from None
+            raise LeapError(
+                "a data worker process died (often the system running out of memory)",
+                where="dataset",
+                fix="set dataset.num_proc lower (each process holds a chunk of rows and the tokenizer), or free memory",
+            ) from None
 
     def close(self) -> None:
         if self.pool is not None:
             self.pool.shutdown(wait=True, cancel_futures=True)
             self.pool = None
 
-    def __enter__(self) -> "Workers":
+    def __enter__(self) -> Workers:
         return self
 
     def __exit__(self, *exc) -> None:

@@ -33,12 +33,15 @@ class GrpoRow:
     extra: dict = field(default_factory=dict)  # the row's other columns, for the reward functions
 
 
-def check_grpo_row(row: SourceRow, *, family: str = "other") -> tuple[GrpoRow | None, list[RowProblem], list[RowWarning]]:
+def check_grpo_row(
+    row: SourceRow, *, family: str = "other"
+) -> tuple[GrpoRow | None, list[RowProblem], list[RowWarning]]:
     c = RowChecker(row, family)
     data = row.data
     if not isinstance(data, dict):
-        c.problem("<row>", "expected an object with `prompt` (and `solution`) or `messages`, "
-                  f"got {describe_value(data)}")
+        c.problem(
+            "<row>", f"expected an object with `prompt` (and `solution`) or `messages`, got {describe_value(data)}"
+        )
         return None, c.problems, c.warnings
     extra = {k: v for k, v in data.items() if k not in OWN_COLUMNS}
     for name in ADDED_COLUMNS:
@@ -50,8 +53,11 @@ def check_grpo_row(row: SourceRow, *, family: str = "other") -> tuple[GrpoRow | 
         return None, c.problems, c.warnings
     if message_column is not None:
         if "solution" in data:
-            c.problem("solution", "with `messages` the solution is the last assistant turn; drop `solution` or "
-                      "give `prompt` instead of `messages`")
+            c.problem(
+                "solution",
+                "with `messages` the solution is the last assistant turn; drop `solution` or "
+                "give `prompt` instead of `messages`",
+            )
             return None, c.problems, c.warnings
         conversation, problems, warnings = check_sft_row(row, needs_assistant=False, family=family)
         c.warnings.extend(warnings)
@@ -65,8 +71,9 @@ def check_grpo_row(row: SourceRow, *, family: str = "other") -> tuple[GrpoRow | 
             solution = answer.get("content") or (json.dumps(answer["tool_calls"]) if answer.get("tool_calls") else None)
             messages = messages[:last]
         if not messages:
-            c.problem(f"{message_column}[0]", "the conversation starts with the assistant turn: there is no prompt "
-                      "to answer")
+            c.problem(
+                f"{message_column}[0]", "the conversation starts with the assistant turn: there is no prompt to answer"
+            )
         elif messages[-1]["role"] == "assistant":
             c.problem(f"{message_column}[{len(messages) - 1}]", "the prompt would end with an assistant turn")
         if c.problems:
@@ -122,21 +129,34 @@ class GrpoPrompt:
         return json.dumps(self.tools, ensure_ascii=False) if self.tools else ""
 
     def columns(self) -> dict:
-        return {"prompt": self.prompt_text, "solution": self.solution or "", "prompt_text": self.plain_prompt,
-                "tools": self.tools_json, **self.extra}
+        return {
+            "prompt": self.prompt_text,
+            "solution": self.solution or "",
+            "prompt_text": self.plain_prompt,
+            "tools": self.tools_json,
+            **self.extra,
+        }
 
     def inspect(self) -> dict:
         # (prompt_text, tools: what the reward functions get; validate calls custom rewards with them)
-        return {"prompt": self.prompt_text, "solution": self.solution, "prompt_tokens": len(self.prompt_ids),
-                "prompt_text": self.plain_prompt, **({"tools": self.tools_json} if self.tools else {}),
-                **({"columns": self.extra} if self.extra else {})}
+        return {
+            "prompt": self.prompt_text,
+            "solution": self.solution,
+            "prompt_tokens": len(self.prompt_ids),
+            "prompt_text": self.plain_prompt,
+            **({"tools": self.tools_json} if self.tools else {}),
+            **({"columns": self.extra} if self.extra else {}),
+        }
 
 
 def prepare_prompt(renderer, row: GrpoRow) -> GrpoPrompt:
     text = renderer.prompt_text(row.prompt, row.tools)
     ids = renderer.tokenizer(text, add_special_tokens=False)["input_ids"]
-    plain = row.prompt[-1]["content"] if len(row.prompt) == 1 else \
-        "\n".join(f"{m['role']}: {m.get('content') or ''}" for m in row.prompt)
+    plain = (
+        row.prompt[-1]["content"]
+        if len(row.prompt) == 1
+        else "\n".join(f"{m['role']}: {m.get('content') or ''}" for m in row.prompt)
+    )
     return GrpoPrompt(text, ids, row.solution, plain, row.extra, tools=row.tools)
 
 
@@ -153,9 +173,15 @@ def column_kind_problems(kinds) -> list[RowProblem]:
                 first[name] = (kind, location)
             elif first[name][0] != kind:
                 seen_kind, seen_location = first[name]
-                problems.append(RowProblem(file, location, name,
-                                           f"is {kind}, but {seen_kind} in {seen_location}: a column passed to the "
-                                           "reward functions holds one kind of value in every row"))
+                problems.append(
+                    RowProblem(
+                        file,
+                        location,
+                        name,
+                        f"is {kind}, but {seen_kind} in {seen_location}: a column passed to the "
+                        "reward functions holds one kind of value in every row",
+                    )
+                )
     return problems
 
 

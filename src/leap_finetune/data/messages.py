@@ -23,7 +23,14 @@ from leap_finetune.config.suggest import did_you_mean
 
 MESSAGE_COLUMNS = ("messages", "conversations", "conversation", "chat")
 ROLES = ("system", "user", "assistant", "tool")
-SHAREGPT_ROLES = {"human": "user", "gpt": "assistant", "system": "system", "tool": "tool", "user": "user", "assistant": "assistant"}
+SHAREGPT_ROLES = {
+    "human": "user",
+    "gpt": "assistant",
+    "system": "system",
+    "tool": "tool",
+    "user": "user",
+    "assistant": "assistant",
+}
 # Passed through to the chat template: LFM2.5 reads `thinking`; structured tool calls are rendered
 # by both LFM templates.
 EXTRA_MESSAGE_KEYS = ("tool_calls", "name", "tool_call_id", "thinking", "reasoning", "reasoning_content")
@@ -91,9 +98,12 @@ def check_tools(tools: Any, from_text_table: bool, problem: Problem) -> list | N
                 return None
         function = tool.get("function", tool) if isinstance(tool, dict) else None
         if not isinstance(function, dict) or not isinstance(function.get("name"), str):
-            problem(f"{TOOLS_COLUMN}[{index}]", "expected a tool definition with a 'name' "
-                    "(e.g. {\"name\": \"get_weather\", \"parameters\": {...}} or OpenAI's "
-                    "{\"type\": \"function\", \"function\": {...}})")
+            problem(
+                f"{TOOLS_COLUMN}[{index}]",
+                "expected a tool definition with a 'name' "
+                '(e.g. {"name": "get_weather", "parameters": {...}} or OpenAI\'s '
+                '{"type": "function", "function": {...}})',
+            )
             return None
         parsed.append(tool)
     return parsed
@@ -123,7 +133,10 @@ def check_message(message: Any, field: str, problem: Problem) -> dict | None:
         return None
     if role not in ROLES:
         hint = did_you_mean(str(role), ROLES)
-        problem(f"{field}.role", f"'{role}' is not a role; expected one of {', '.join(ROLES)}" + (f" ({hint})" if hint else ""))
+        problem(
+            f"{field}.role",
+            f"'{role}' is not a role; expected one of {', '.join(ROLES)}" + (f" ({hint})" if hint else ""),
+        )
         return None
     calls_tools = role == "assistant" and bool(message.get("tool_calls"))
     if "content" not in message:
@@ -134,8 +147,11 @@ def check_message(message: Any, field: str, problem: Problem) -> dict | None:
             return None
     if message["content"] is None and not calls_tools:
         article = "an" if role == "assistant" else "a"
-        problem(f"{field}.content", f"null: {article} {role} message needs content (only an assistant message "
-                "with at least one tool call in tool_calls may have content null)")
+        problem(
+            f"{field}.content",
+            f"null: {article} {role} message needs content (only an assistant message "
+            "with at least one tool call in tool_calls may have content null)",
+        )
         return None
     # (null content of a tool-calling assistant turn: the template renders it as empty text)
     raw = "" if message["content"] is None else message["content"]
@@ -149,8 +165,7 @@ def check_message(message: Any, field: str, problem: Problem) -> dict | None:
     return message
 
 
-def parse_content(content: Any, field: str, problem: Problem, *,
-                  image_folder: Path | None = None) -> Content | None:
+def parse_content(content: Any, field: str, problem: Problem, *, image_folder: Path | None = None) -> Content | None:
     """A message's content: a string, or a list of typed parts ({"type": "text", "text": ...}; with
     `image_folder`, also {"type": "image", "image": path or URL}). None after reporting the first bad part.
 
@@ -198,10 +213,9 @@ def _refusal(part: Any, field: str, *, takes_images: bool) -> tuple[str, str]:
     both kinds of part look like; a text-only caller says what is wrong with this part, and that media parts
     need another model rather than that they are unknown."""
     if takes_images:
-        return field, "expected {\"type\": \"text\", \"text\": ...} or {\"type\": \"image\", \"image\": path}"
+        return field, 'expected {"type": "text", "text": ...} or {"type": "image", "image": path}'
     if not isinstance(part, dict) or "type" not in part:
-        return field, ("expected a typed part like {\"type\": \"text\", \"text\": \"...\"}, "
-                       f"got {describe_value(part)}")
+        return field, (f'expected a typed part like {{"type": "text", "text": "..."}}, got {describe_value(part)}')
     if part["type"] == "text":
         return f"{field}.text", f"a text part needs a string 'text', got {describe_value(part.get('text'))}"
     if part["type"] in MEDIA_PART_TYPES:

@@ -44,8 +44,10 @@ def mix(table: RowTable, items: list, reports: list, seed: int, path) -> RowTabl
             raise LeapError(
                 f"no training rows are left from this source ({report.rows_read} read, {report.valid} valid, "
                 f"{report.eval_rows} held out for evaluation, the rest cut off by max_length): nothing of it would "
-                "be trained", where=f"dataset[{index}]: {item.path}",
-                fix="raise training_config.max_length, lower its test_size, or remove the source")
+                "be trained",
+                where=f"dataset[{index}]: {item.path}",
+                fix="raise training_config.max_length, lower its test_size, or remove the source",
+            )
         if item.weight is not None:
             target = round(total * (item.weight / largest) / sum(weights))
             report.mixing = f"weight {item.weight:g}"
@@ -53,12 +55,16 @@ def mix(table: RowTable, items: list, reports: list, seed: int, path) -> RowTabl
             target = round(rows * (item.epochs if item.epochs is not None else 1))
             report.mixing = f"epochs {item.epochs:g}" if item.epochs is not None else ""
         if rows and not target:  # (a weight or epochs so small that the source would train nothing)
-            raise LeapError(f"{report.mixing} takes 0 of this source's {rows} training rows: nothing of it would be "
-                            "trained", where=f"dataset[{index}]: {item.path}",
-                            fix="raise its weight / epochs, or remove the source")
+            raise LeapError(
+                f"{report.mixing} takes 0 of this source's {rows} training rows: nothing of it would be trained",
+                where=f"dataset[{index}]: {item.path}",
+                fix="raise its weight / epochs, or remove the source",
+            )
         if rows and target != rows:
             whole, rest = divmod(target, rows)
-            order = np.concatenate([np.tile(np.arange(rows), whole), np.sort(rng.choice(rows, size=rest, replace=False))])
+            order = np.concatenate(
+                [np.tile(np.arange(rows), whole), np.sort(rng.choice(rows, size=rest, replace=False))]
+            )
         else:
             order = np.arange(rows if rows else 0)
         orders.append(order + start)

@@ -96,8 +96,11 @@ class RowChecker:
             return None
         for index, message in enumerate(messages):
             if message["role"] != "assistant":
-                self.problem(f"{name}[{index}].role", f"'{message['role']}' in a completion: completions hold only "
-                             "assistant messages (put earlier turns in `prompt`)")
+                self.problem(
+                    f"{name}[{index}].role",
+                    f"'{message['role']}' in a completion: completions hold only "
+                    "assistant messages (put earlier turns in `prompt`)",
+                )
                 return None
         return messages
 
@@ -106,32 +109,45 @@ class RowChecker:
         if messages is None:
             return None
         if messages[-1]["role"] == "assistant":
-            self.problem(f"prompt[{len(messages) - 1}].role", "the prompt ends with an assistant turn, so the "
-                         "completion would continue it; end the prompt with the user (or tool) turn the completion answers")
+            self.problem(
+                f"prompt[{len(messages) - 1}].role",
+                "the prompt ends with an assistant turn, so the "
+                "completion would continue it; end the prompt with the user (or tool) turn the completion answers",
+            )
             return None
         return messages
 
     def same_shape(self, names: list[str]) -> bool:
-        shapes = {name: isinstance(self.row.data.get(name), str) for name in names if self.row.data.get(name) is not None}
+        shapes = {
+            name: isinstance(self.row.data.get(name), str) for name in names if self.row.data.get(name) is not None
+        }
         if len(set(shapes.values())) > 1:
             strings = [n for n, s in shapes.items() if s]
             lists = [n for n, s in shapes.items() if not s]
-            self.problem(", ".join(names), f"mixed shapes: {', '.join(strings)} a string but {', '.join(lists)} a list "
-                         "of messages; use strings for all of them or message lists for all of them")
+            self.problem(
+                ", ".join(names),
+                f"mixed shapes: {', '.join(strings)} a string but {', '.join(lists)} a list "
+                "of messages; use strings for all of them or message lists for all of them",
+            )
             return False
         return True
 
-    def normalise(self, prompt: list[dict], completion: list[dict], tools, name: str) -> tuple[list[dict], list[dict]] | None:
+    def normalise(
+        self, prompt: list[dict], completion: list[dict], tools, name: str
+    ) -> tuple[list[dict], list[dict]] | None:
         """Tool-use normalisation over the whole conversation, split back into prompt and completion."""
         before = len(self.problems)
-        conversation = normalise_tool_use(prompt + completion, tools, self.family, f"prompt+{name}",
-                                          self.problem, self.note)
+        conversation = normalise_tool_use(
+            prompt + completion, tools, self.family, f"prompt+{name}", self.problem, self.note
+        )
         if len(self.problems) != before:
             return None
-        return conversation[: len(prompt)], conversation[len(prompt):]
+        return conversation[: len(prompt)], conversation[len(prompt) :]
 
 
-def check_dpo_row(row: SourceRow, *, family: str = "other") -> tuple[PreferenceRow | None, list[RowProblem], list[RowWarning]]:
+def check_dpo_row(
+    row: SourceRow, *, family: str = "other"
+) -> tuple[PreferenceRow | None, list[RowProblem], list[RowWarning]]:
     c = RowChecker(row, family)
     if not isinstance(row.data, dict):
         c.problem("<row>", f"expected an object with prompt, chosen and rejected, got {describe_value(row.data)}")
@@ -164,8 +180,11 @@ def check_dpo_row(row: SourceRow, *, family: str = "other") -> tuple[PreferenceR
 
 def _implicit_prompt(c: RowChecker, chosen_raw, rejected_raw):
     if isinstance(chosen_raw, str):
-        c.problem("prompt", "missing: with plain-string chosen/rejected a `prompt` is required (only full "
-                  "conversations can share their prompt implicitly)")
+        c.problem(
+            "prompt",
+            "missing: with plain-string chosen/rejected a `prompt` is required (only full "
+            "conversations can share their prompt implicitly)",
+        )
         return None
     chosen = c.messages("chosen", chosen_raw, "assistant")
     rejected = c.messages("rejected", rejected_raw, "assistant")
@@ -178,8 +197,11 @@ def _implicit_prompt(c: RowChecker, chosen_raw, rejected_raw):
     while shared and chosen[shared - 1]["role"] == "assistant":
         shared -= 1
     if shared == 0:
-        c.problem("prompt", "missing, and chosen and rejected share no leading user turn to use as the prompt; "
-                  "add a `prompt` field or start both conversations with the same messages")
+        c.problem(
+            "prompt",
+            "missing, and chosen and rejected share no leading user turn to use as the prompt; "
+            "add a `prompt` field or start both conversations with the same messages",
+        )
         return None
     prompt, chosen_tail, rejected_tail = chosen[:shared], chosen[shared:], rejected[shared:]
     for name, tail in (("chosen", chosen_tail), ("rejected", rejected_tail)):
@@ -188,8 +210,10 @@ def _implicit_prompt(c: RowChecker, chosen_raw, rejected_raw):
             return None
         for index, message in enumerate(tail, start=shared):
             if message["role"] != "assistant":
-                c.problem(f"{name}[{index}].role", f"'{message['role']}' after the shared prompt: completions hold only "
-                          "assistant messages")
+                c.problem(
+                    f"{name}[{index}].role",
+                    f"'{message['role']}' after the shared prompt: completions hold only assistant messages",
+                )
                 return None
     return prompt, chosen_tail, rejected_tail
 
@@ -222,6 +246,7 @@ def _label(c: RowChecker, value: Any, present: bool) -> bool | None:
     if not present:
         c.problem("label", "missing: KTO rows need a boolean label (true = desirable completion)")
     else:
-        c.problem("label", "expected true or false (a boolean, or the strings \"true\"/\"false\"), "
-                  f"got {describe_value(value)}")
+        c.problem(
+            "label", f'expected true or false (a boolean, or the strings "true"/"false"), got {describe_value(value)}'
+        )
     return None

@@ -27,7 +27,9 @@ class TokenizedPair:
     @property
     def trained_tokens(self) -> int:
         """Completion tokens that survive truncation of prompt + completion to max_length."""
-        return _kept(self.prompt_ids, self.chosen_ids, self.max_length) + _kept(self.prompt_ids, self.rejected_ids, self.max_length)
+        return _kept(self.prompt_ids, self.chosen_ids, self.max_length) + _kept(
+            self.prompt_ids, self.rejected_ids, self.max_length
+        )
 
     @property
     def truncated(self) -> bool:
@@ -37,9 +39,14 @@ class TokenizedPair:
         return {"prompt_ids": self.prompt_ids, "chosen_ids": self.chosen_ids, "rejected_ids": self.rejected_ids}
 
     def inspect(self) -> dict:
-        item = {"prompt": self.prompt_text, "chosen": self.chosen_text, "rejected": self.rejected_text,
-                "prompt_tokens": len(self.prompt_ids), "chosen_tokens": len(self.chosen_ids),
-                "rejected_tokens": len(self.rejected_ids)}
+        item = {
+            "prompt": self.prompt_text,
+            "chosen": self.chosen_text,
+            "rejected": self.rejected_text,
+            "prompt_tokens": len(self.prompt_ids),
+            "chosen_tokens": len(self.chosen_ids),
+            "rejected_tokens": len(self.rejected_ids),
+        }
         if self.implicit_prompt:
             item["implicit_prompt"] = True
         return item
@@ -71,8 +78,13 @@ class TokenizedKto:
         return {"prompt_ids": self.prompt_ids, "completion_ids": self.completion_ids, "label": self.label}
 
     def inspect(self) -> dict:
-        return {"prompt": self.prompt_text, "completion": self.completion_text, "label": self.label,
-                "prompt_tokens": len(self.prompt_ids), "completion_tokens": len(self.completion_ids)}
+        return {
+            "prompt": self.prompt_text,
+            "completion": self.completion_text,
+            "label": self.label,
+            "prompt_tokens": len(self.prompt_ids),
+            "completion_tokens": len(self.completion_ids),
+        }
 
 
 def _kept(prompt: list[int], completion: list[int], max_length: int | None) -> int:
@@ -85,15 +97,23 @@ def _kept(prompt: list[int], completion: list[int], max_length: int | None) -> i
 def tokenize_pair(renderer: Renderer, row: PreferenceRow) -> TokenizedPair:
     chosen = split_completion(renderer, row.prompt, row.chosen, row.tools)
     rejected = split_completion(renderer, row.prompt, row.rejected, row.tools)
-    return TokenizedPair(chosen.prompt_text, chosen.completion_text, rejected.completion_text, chosen.prompt_ids,
-                         chosen.completion_ids, rejected.completion_ids, renderer.max_length,
-                         implicit_prompt=row.implicit_prompt)
+    return TokenizedPair(
+        chosen.prompt_text,
+        chosen.completion_text,
+        rejected.completion_text,
+        chosen.prompt_ids,
+        chosen.completion_ids,
+        rejected.completion_ids,
+        renderer.max_length,
+        implicit_prompt=row.implicit_prompt,
+    )
 
 
 def tokenize_kto(renderer: Renderer, row: KtoRow) -> TokenizedKto:
     part = split_completion(renderer, row.prompt, row.completion, row.tools)
-    return TokenizedKto(part.prompt_text, part.completion_text, part.prompt_ids, part.completion_ids, row.label,
-                        renderer.max_length)
+    return TokenizedKto(
+        part.prompt_text, part.completion_text, part.prompt_ids, part.completion_ids, row.label, renderer.max_length
+    )
 
 
 def kto_balance_advice(labels: list[bool], desirable_weight: float, undesirable_weight: float) -> str | None:
@@ -110,9 +130,14 @@ def kto_balance_advice(labels: list[bool], desirable_weight: float, undesirable_
     ratio = desirable * desirable_weight / (undesirable * undesirable_weight)
     if 1 <= ratio <= 4 / 3:
         return None
-    des_low, des_high = undesirable * undesirable_weight / desirable, undesirable * undesirable_weight / desirable * 4 / 3
+    des_low, des_high = (
+        undesirable * undesirable_weight / desirable,
+        undesirable * undesirable_weight / desirable * 4 / 3,
+    )
     und_low, und_high = desirable * desirable_weight / undesirable * 3 / 4, desirable * desirable_weight / undesirable
-    return (f"KTO data: {desirable} desirable vs {undesirable} undesirable rows, out of balance for "
-            f"desirable_weight={desirable_weight}, undesirable_weight={undesirable_weight}; set EITHER "
-            f"desirable_weight in [{des_low:.2f}, {des_high:.2f}] OR undesirable_weight in [{und_low:.2f}, {und_high:.2f}] "
-            "in training_config")
+    return (
+        f"KTO data: {desirable} desirable vs {undesirable} undesirable rows, out of balance for "
+        f"desirable_weight={desirable_weight}, undesirable_weight={undesirable_weight}; set EITHER "
+        f"desirable_weight in [{des_low:.2f}, {des_high:.2f}] OR undesirable_weight in [{und_low:.2f}, {und_high:.2f}] "
+        "in training_config"
+    )

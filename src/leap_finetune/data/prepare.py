@@ -22,16 +22,24 @@ import numpy as np
 from leap_finetune import faults
 from leap_finetune.config.resolved import ResolvedConfig
 from leap_finetune.config.schema import DatasetConfig
-from leap_finetune.data.chunks import (CheckedChunk, Job, TokenizeRequest, Workers,
-                                       check_chunk, chunked, processes_for, tokenize_chunk)
+from leap_finetune.data.chunks import (
+    CheckedChunk,
+    Job,
+    TokenizeRequest,
+    Workers,
+    check_chunk,
+    chunked,
+    processes_for,
+    tokenize_chunk,
+)
 from leap_finetune.data.grpo_rows import column_kind_problems
-from leap_finetune.data.readers import SUFFIXES, Source
-from leap_finetune.data.sft_rows import Conversation, RowWarning
 from leap_finetune.data.mixing import held_out_mask, mix
 from leap_finetune.data.progress import Progress
+from leap_finetune.data.readers import SUFFIXES, Source
+from leap_finetune.data.sft_rows import Conversation, RowWarning
 from leap_finetune.data.table import RowTable, SplitWriter
-from leap_finetune.files import is_disk_full
 from leap_finetune.errors import DataError, LeapError, RowProblem
+from leap_finetune.files import is_disk_full
 from leap_finetune.methods import CONVERSATION, LABELLED, METHODS, PAIR, PROMPT, TEXT_PAIR, method_of
 
 
@@ -110,7 +118,9 @@ ROW_SHAPES = (
     (LABELLED, ("completion", "label")),
     (PROMPT, ("prompt", "solution")),
     (TEXT_PAIR, ("query", "positive")),
-    (CONVERSATION, ("messages",)), (CONVERSATION, ("conversations",)), (CONVERSATION, ("conversation",)),
+    (CONVERSATION, ("messages",)),
+    (CONVERSATION, ("conversations",)),
+    (CONVERSATION, ("conversation",)),
     (CONVERSATION, ("chat",)),
 )
 
@@ -136,14 +146,18 @@ class _Stream:
         return sum(c.rows for c in self.chunks)
 
 
-def prepare_data(resolved: ResolvedConfig, tokenizer, renderer, *, console=None, examples: int = 5,
-                 use_cache: bool = True) -> PreparedData:
+def prepare_data(
+    resolved: ResolvedConfig, tokenizer, renderer, *, console=None, examples: int = 5, use_cache: bool = True
+) -> PreparedData:
     from leap_finetune.data import cache
 
     items = dataset_items(resolved)
     streams, notices = _streams(items)
-    entry = cache.entry_for(resolved, tokenizer, renderer, [s.source for s in streams], examples) \
-        if use_cache and all(item.cache for item in items) else None
+    entry = (
+        cache.entry_for(resolved, tokenizer, renderer, [s.source for s in streams], examples)
+        if use_cache and all(item.cache for item in items)
+        else None
+    )
     prepared = cache.load(entry, console) if entry is not None else None
     if prepared is None:
         folder = cache.working_folder(entry)
@@ -155,8 +169,10 @@ def prepare_data(resolved: ResolvedConfig, tokenizer, renderer, *, console=None,
                 raise
             # The cache is optional: its disk is full, so the rows are prepared again in a temporary folder.
             if console is not None:
-                console.print(f"[yellow]note: the data cache's disk is full ({entry.folder.parent}): preparing without "
-                              "the cache (free space there, or set LEAP_FINETUNE_CACHE to another folder)[/yellow]")
+                console.print(
+                    f"[yellow]note: the data cache's disk is full ({entry.folder.parent}): preparing without "
+                    "the cache (free space there, or set LEAP_FINETUNE_CACHE to another folder)[/yellow]"
+                )
             entry = None
             folder = cache.working_folder(None)
             streams = [_Stream(s.item, s.source, s.held_out) for s in streams]  # (read again from the start)
@@ -166,9 +182,12 @@ def prepare_data(resolved: ResolvedConfig, tokenizer, renderer, *, console=None,
                 shutil.rmtree(folder, ignore_errors=True)
                 again.__context__ = None  # (the cache's full disk is not this error's cause)
                 if is_disk_full(again):
-                    raise LeapError(f"the disk is full: the prepared rows do not fit in {folder.parent}", where="dataset",
-                                    fix="free space there, or set TMPDIR (and LEAP_FINETUNE_CACHE) to a folder on a "
-                                    "disk with space") from None
+                    raise LeapError(
+                        f"the disk is full: the prepared rows do not fit in {folder.parent}",
+                        where="dataset",
+                        fix="free space there, or set TMPDIR (and LEAP_FINETUNE_CACHE) to a folder on a "
+                        "disk with space",
+                    ) from None
                 raise
         if entry is not None:
             cache.store(entry, prepared, folder, console)
@@ -186,13 +205,18 @@ def _streams(items: list[DatasetConfig]) -> tuple[list[_Stream], list[str]]:
         source = Source(item.path, split=item.split, subset=item.subset, limit=item.limit, key=key)
         streams.append(_Stream(index, source, held_out=False))
         if item.val_path:
-            val = Source(item.val_path, split=item.split, subset=item.subset, limit=None, key=key.replace("path", "val_path"))
+            val = Source(
+                item.val_path, split=item.split, subset=item.subset, limit=None, key=key.replace("path", "val_path")
+            )
             streams.append(_Stream(index, val, held_out=True))
     for stream in streams:
         skipped = stream.source.skipped
         if skipped:
-            notices.append(f"{stream.source.path}: not read (sub-folders and files that are not {', '.join(SUFFIXES)}): "
-                           + ", ".join(skipped[:10]) + (f" and {len(skipped) - 10} more" if len(skipped) > 10 else ""))
+            notices.append(
+                f"{stream.source.path}: not read (sub-folders and files that are not {', '.join(SUFFIXES)}): "
+                + ", ".join(skipped[:10])
+                + (f" and {len(skipped) - 10} more" if len(skipped) > 10 else "")
+            )
     return streams, notices
 
 
@@ -209,8 +233,10 @@ def count_rows(resolved: ResolvedConfig, *, console=None) -> PreparedData:
     streams, notices = _streams(items)
     requested = max((item.num_proc for item in items if item.num_proc is not None), default=None)
     estimate = sum(_estimate_rows(s.source) for s in streams)
-    with Workers(Job(resolved, None), processes_for(requested, estimate)) as workers, \
-            Progress(console, workers.processes) as progress:
+    with (
+        Workers(Job(resolved, None), processes_for(requested, estimate)) as workers,
+        Progress(console, workers.processes) as progress,
+    ):
         read, dropped, warnings = _check_every_row(resolved, items, streams, workers, progress)
     _choose_held_out(streams, items, resolved.training.get("seed", 42))
     train_rows, eval_rows = [0] * len(items), [0] * len(items)
@@ -224,30 +250,51 @@ def count_rows(resolved: ResolvedConfig, *, console=None) -> PreparedData:
         return RowTable(pa.table({"row": np.arange(count)}), np.zeros(count, np.int64), np.zeros(count, np.int64))
 
     with tempfile.TemporaryDirectory(prefix="leap-count-") as folder:  # (mix writes only tables it was given on disk)
-        train = mix(positions(sum(train_rows)), items, reports, resolved.training.get("seed", 42),
-                    Path(folder) / "train.arrow")
-    prepared = PreparedData(train=train, eval=positions(sum(eval_rows)), rows_read=read, dropped=dropped,
-                            invalid_skipped=len(dropped), warnings=warnings.kept, warning_rows=warnings.rows,
-                            notices=notices, sources=reports, tokenized=False)
+        train = mix(
+            positions(sum(train_rows)), items, reports, resolved.training.get("seed", 42), Path(folder) / "train.arrow"
+        )
+    prepared = PreparedData(
+        train=train,
+        eval=positions(sum(eval_rows)),
+        rows_read=read,
+        dropped=dropped,
+        invalid_skipped=len(dropped),
+        warnings=warnings.kept,
+        warning_rows=warnings.rows,
+        notices=notices,
+        sources=reports,
+        tokenized=False,
+    )
     _check_left(prepared, items)
     if method_of(resolved).kl_pairs:
         _check_kto_batches(prepared, resolved)
     return prepared
 
 
-def _source_reports(items: list[DatasetConfig], streams: list[_Stream], train_rows: list[int],
-                    eval_rows: list[int]) -> list[SourceReport]:
+def _source_reports(
+    items: list[DatasetConfig], streams: list[_Stream], train_rows: list[int], eval_rows: list[int]
+) -> list[SourceReport]:
     def count(i: int, held_out: bool, what: str) -> int:
         return sum(getattr(s, what) for s in streams if s.item == i and s.held_out == held_out)
 
-    return [SourceReport(item.path, rows_read=count(i, False, "rows"), valid=count(i, False, "valid"),
-                         train_rows=train_rows[i], eval_rows=eval_rows[i], val_path=item.val_path or "",
-                         val_rows_read=count(i, True, "rows"), val_valid=count(i, True, "valid"))
-            for i, item in enumerate(items)]
+    return [
+        SourceReport(
+            item.path,
+            rows_read=count(i, False, "rows"),
+            valid=count(i, False, "valid"),
+            train_rows=train_rows[i],
+            eval_rows=eval_rows[i],
+            val_path=item.val_path or "",
+            val_rows_read=count(i, True, "rows"),
+            val_valid=count(i, True, "valid"),
+        )
+        for i, item in enumerate(items)
+    ]
 
 
-def _check_every_row(resolved: ResolvedConfig, items: list[DatasetConfig], streams: list[_Stream], workers,
-                     progress) -> tuple[int, list[DroppedRow], _Warnings]:
+def _check_every_row(
+    resolved: ResolvedConfig, items: list[DatasetConfig], streams: list[_Stream], workers, progress
+) -> tuple[int, list[DroppedRow], _Warnings]:
     """Pass 1: every row checked; every problem listed before anything is tokenized. Returns the rows read, the
     invalid rows skipped (on_invalid: skip) and the warnings."""
     warnings = _Warnings()
@@ -265,18 +312,29 @@ def _check_every_row(resolved: ResolvedConfig, items: list[DatasetConfig], strea
         raise DataError(problems=problems, total_rows=read)
     for stream in streams:
         if not stream.rows:
-            raise LeapError("the dataset has no rows", where=stream.source.path,
-                            fix="add rows, or check dataset.path / split")
+            raise LeapError(
+                "the dataset has no rows", where=stream.source.path, fix="add rows, or check dataset.path / split"
+            )
     return read, _dropped([p for s in streams for p in s.problems]), warnings
 
 
-def _prepare_now(resolved: ResolvedConfig, renderer, items: list[DatasetConfig], streams: list[_Stream],
-                 notices: list[str], console, examples: int, folder) -> PreparedData:
+def _prepare_now(
+    resolved: ResolvedConfig,
+    renderer,
+    items: list[DatasetConfig],
+    streams: list[_Stream],
+    notices: list[str],
+    console,
+    examples: int,
+    folder,
+) -> PreparedData:
     started = time.perf_counter()
     estimate = sum(_estimate_rows(s.source) for s in streams)
     requested = max((item.num_proc for item in items if item.num_proc is not None), default=None)
-    with Workers(Job(resolved, renderer), processes_for(requested, estimate)) as workers, \
-            Progress(console, workers.processes) as progress:
+    with (
+        Workers(Job(resolved, renderer), processes_for(requested, estimate)) as workers,
+        Progress(console, workers.processes) as progress,
+    ):
         faults.point("data-prep")
         read, dropped, warnings = _check_every_row(resolved, items, streams, workers, progress)
         _choose_held_out(streams, items, resolved.training.get("seed", 42))
@@ -303,7 +361,7 @@ def _prepare_now(resolved: ResolvedConfig, renderer, items: list[DatasetConfig],
                 count = len(result.kept)
                 if count != result.expected:
                     raise _changed(stream.source.path)
-                held = stream.eval_mask[base:base + count] if stream.eval_mask is not None else np.zeros(count, bool)
+                held = stream.eval_mask[base : base + count] if stream.eval_mask is not None else np.zeros(count, bool)
                 kept_positions = np.flatnonzero(result.kept)  # row i of result.table is valid row kept_positions[i]
                 to_eval = held[kept_positions]
                 train_out.add(result.table.take(np.flatnonzero(~to_eval)))
@@ -325,17 +383,25 @@ def _prepare_now(resolved: ResolvedConfig, renderer, items: list[DatasetConfig],
     reports = _source_reports(items, streams, train_rows, eval_rows)
     train = mix(train_out.finish(), items, reports, resolved.training.get("seed", 42), folder / "train.arrow")
     prepared = PreparedData(
-        train=train, eval=eval_out.finish(), rows_read=read,
-        dropped=dropped + truncated_train + truncated_eval, invalid_skipped=len(dropped),
-        fully_truncated=len(truncated_train) + len(truncated_eval), partially_truncated=partially,
+        train=train,
+        eval=eval_out.finish(),
+        rows_read=read,
+        dropped=dropped + truncated_train + truncated_eval,
+        invalid_skipped=len(dropped),
+        fully_truncated=len(truncated_train) + len(truncated_eval),
+        partially_truncated=partially,
         sample_messages=[samples[k] for k in sorted(samples)][: resolved.samples],
-        warnings=warnings.kept, warning_rows=warnings.rows, notices=notices, sources=reports,
+        warnings=warnings.kept,
+        warning_rows=warnings.rows,
+        notices=notices,
+        sources=reports,
     )
     first_rows = [example_rows[k] for k in sorted(example_rows) if example_rows[k].trained_tokens > 0]
     _check_left(prepared, items)
     if method_of(resolved).retrieval:
-        _same_negatives(prepared, np.concatenate(negatives_train) if negatives_train else np.zeros(0, np.int64),
-                        first_rows)
+        _same_negatives(
+            prepared, np.concatenate(negatives_train) if negatives_train else np.zeros(0, np.int64), first_rows
+        )
     prepared.train.examples = [_inspect_item(row) for row in first_rows[:examples]]
     prepared.seconds = time.perf_counter() - started
     return prepared
@@ -387,8 +453,7 @@ def _after_check(stream: _Stream, resolved: ResolvedConfig) -> None:
             stream.problems.append(problem)
     valid = stream.valid
     if stream.problems and valid < stream.rows / 2:
-        _check_row_shape([c for chunk in stream.chunks for c in chunk.columns_seen][:50], resolved,
-                         stream.source.path)
+        _check_row_shape([c for chunk in stream.chunks for c in chunk.columns_seen][:50], resolved, stream.source.path)
     stream.problems.sort(key=lambda p: (p.file, _position(p.location)))
 
 
@@ -439,15 +504,22 @@ def _requests(stream: _Stream, wanted: dict):
             raise _changed(stream.source.path)
         skip = frozenset(stream.skip & {(r.file, r.location) for r in rows}) if stream.skip else frozenset()
         count = checked.valid - len(skip)
-        yield TokenizeRequest(rows, skip=skip, expected=count,
-                              examples=frozenset(i - base for i in wanted["examples"] if base <= i < base + count),
-                              samples=frozenset(i - base for i in wanted["samples"] if base <= i < base + count))
+        yield TokenizeRequest(
+            rows,
+            skip=skip,
+            expected=count,
+            examples=frozenset(i - base for i in wanted["examples"] if base <= i < base + count),
+            samples=frozenset(i - base for i in wanted["samples"] if base <= i < base + count),
+        )
         base += count
 
 
 def _changed(path: str) -> LeapError:
-    return LeapError("the data changed while it was being prepared (its rows differ between the check and the "
-                     "tokenization)", where=path, fix="run again once nothing writes to the data")
+    return LeapError(
+        "the data changed while it was being prepared (its rows differ between the check and the tokenization)",
+        where=path,
+        fix="run again once nothing writes to the data",
+    )
 
 
 def _inspect_item(row) -> dict:
@@ -463,7 +535,8 @@ def _check_left(prepared: PreparedData, items: list[DatasetConfig]) -> None:
         f"(dataset.on_invalid: skip), {prepared.fully_truncated} with every trained token beyond max_length"
         + (f"; e.g. {examples}" if examples else ""),
         where=items[0].path,
-        fix="set dataset.on_invalid: error to see every problem" if prepared.invalid_skipped
+        fix="set dataset.on_invalid: error to see every problem"
+        if prepared.invalid_skipped
         else "raise training_config.max_length",
     )
 
@@ -507,21 +580,28 @@ def _same_negatives(prepared: PreparedData, counts: np.ndarray, first_rows: list
         prepared.notices.append(
             f"retrieval: every training row uses {used} hard negative(s), the fewest a row has ({counts.min()}-"
             f"{counts.max()} per row): {unused} negative(s) are not trained on; give every row the same number to use "
-            "them all (the other rows' documents are negatives too: in-batch)")
+            "them all (the other rows' documents are negatives too: in-batch)"
+        )
 
 
 def _check_kto_batches(prepared: PreparedData, resolved: ResolvedConfig) -> None:
     """KTO's KL term pairs each prompt with another completion of its batch (recipes/kto.py): a split
     of one row cannot, and a last batch of one row borrows the completion of the row before it."""
     where = dataset_items(resolved)[0]
-    for split, rows, key in (("train", prepared.train, "per_device_train_batch_size"),
-                             ("eval", prepared.eval, "per_device_eval_batch_size")):
+    for split, rows, key in (
+        ("train", prepared.train, "per_device_train_batch_size"),
+        ("eval", prepared.eval, "per_device_eval_batch_size"),
+    ):
         size = resolved.training.get(key, 8)
         if len(rows) == 1:
-            raise LeapError(f"the {split} split has 1 row: KTO's KL term pairs each prompt with another row's "
-                            "completion, so it needs at least 2", where=where.val_path or where.path,
-                            fix="add rows" + (", or a larger dataset.test_size" if split == "eval" else ""))
+            raise LeapError(
+                f"the {split} split has 1 row: KTO's KL term pairs each prompt with another row's "
+                "completion, so it needs at least 2",
+                where=where.val_path or where.path,
+                fix="add rows" + (", or a larger dataset.test_size" if split == "eval" else ""),
+            )
         if len(rows) > 1 and len(rows) % size == 1:
             prepared.notices.append(
                 f"KTO: the last {split} batch holds 1 row ({len(rows)} rows, {key} {size}); its KL term uses the "
-                "completion of the row before it, from the previous batch")
+                "completion of the row before it, from the previous batch"
+            )

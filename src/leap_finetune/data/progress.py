@@ -17,7 +17,7 @@ class Progress:
         self.done, self.total, self.label = 0, None, ""
         self.started = self.last_line = time.perf_counter()
 
-    def __enter__(self) -> "Progress":
+    def __enter__(self) -> Progress:
         return self
 
     def start(self, label: str, total: int | None) -> None:
@@ -35,11 +35,17 @@ class Progress:
             return
         if self.console.is_terminal:
             if self.bar is None:
-                from rich.progress import (BarColumn, MofNCompleteColumn, Progress, TextColumn, TimeRemainingColumn)
+                from rich.progress import BarColumn, MofNCompleteColumn, Progress, TextColumn, TimeRemainingColumn
 
-                self.bar = Progress(TextColumn("{task.description}"), BarColumn(), MofNCompleteColumn(),
-                                    TextColumn("{task.fields[speed]} rows/s"), TimeRemainingColumn(),
-                                    console=self.console, transient=True)
+                self.bar = Progress(
+                    TextColumn("{task.description}"),
+                    BarColumn(),
+                    MofNCompleteColumn(),
+                    TextColumn("{task.fields[speed]} rows/s"),
+                    TimeRemainingColumn(),
+                    console=self.console,
+                    transient=True,
+                )
                 self.bar.start()
                 self.task = self.bar.add_task(self.label, total=self.total, speed="")
             self.bar.update(self.task, completed=self.done, speed=f"{self._speed():,.0f}")
@@ -57,12 +63,13 @@ class Progress:
         self.last_line = time.perf_counter()
         left = "" if not self.total else f", {max(0, self.total - self.done) / max(1e-9, self._speed()):.0f} s left"
         of = f"/{self.total:,}" if self.total else ""
-        self.console.print(f"data: {self.label}: {self.done:,}{of} rows ({self._speed():,.0f} rows/s, "
-                           f"{self.processes} process(es){left})")
+        self.console.print(
+            f"data: {self.label}: {self.done:,}{of} rows ({self._speed():,.0f} rows/s, "
+            f"{self.processes} process(es){left})"
+        )
 
     def __exit__(self, *exc) -> None:
         if self.bar is not None:
             self.bar.stop()
         elif exc[0] is None:
             self._line(final=True)
-

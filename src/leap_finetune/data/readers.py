@@ -54,8 +54,15 @@ class Source:
     """One dataset source (a file, a folder of files or a Hub dataset), read as a stream of rows - twice
     by the data step (check, then tokenize), so nothing but the current chunk is held in memory."""
 
-    def __init__(self, path: str, *, split: str = "train", subset: str | None = None, limit: int | None = None,
-                 key: str = "dataset.path"):
+    def __init__(
+        self,
+        path: str,
+        *,
+        split: str = "train",
+        subset: str | None = None,
+        limit: int | None = None,
+        key: str = "dataset.path",
+    ):
         self.path, self.split, self.subset, self.limit, self.key = path, split, subset, limit, key
         self.skipped: list[str] = []
         self.hub = None
@@ -67,14 +74,22 @@ class Source:
             if not self.files:
                 raise LeapError(
                     f"the folder holds no {', '.join(SUFFIXES)} files"
-                    + (f" (it holds {', '.join(self.skipped[:5])}{' ...' if len(self.skipped) > 5 else ''}; "
-                       "sub-folders are not read)" if self.skipped else ""),
-                    where=path, fix=f"point {key} at the folder (or file) that holds your data",
+                    + (
+                        f" (it holds {', '.join(self.skipped[:5])}{' ...' if len(self.skipped) > 5 else ''}; "
+                        "sub-folders are not read)"
+                        if self.skipped
+                        else ""
+                    ),
+                    where=path,
+                    fix=f"point {key} at the folder (or file) that holds your data",
                 )
         elif local.is_absolute() or local.exists():
             if not local.exists():
-                raise LeapError("file not found", where=f"{key}: {path}",
-                                fix=f"check {key} (relative paths start at the config file's folder)")
+                raise LeapError(
+                    "file not found",
+                    where=f"{key}: {path}",
+                    fix=f"check {key} (relative paths start at the config file's folder)",
+                )
             self.files = [local]
         else:
             self.files = []
@@ -96,8 +111,9 @@ class Source:
         return itertools.islice(rows, self.limit)
 
 
-def read_dataset(path: str, *, split: str = "train", subset: str | None = None, limit: int | None = None,
-                 key: str = "dataset.path") -> ReadResult:
+def read_dataset(
+    path: str, *, split: str = "train", subset: str | None = None, limit: int | None = None, key: str = "dataset.path"
+) -> ReadResult:
     """Every row of a file, a folder of files or a Hub dataset, parsed; `key` is the config key that named it."""
     source = Source(path, split=split, subset=subset, limit=limit, key=key)
     result = ReadResult([], [], skipped=source.skipped)
@@ -112,9 +128,7 @@ def read_dataset(path: str, *, split: str = "train", subset: str | None = None, 
 def _check_file(path: Path) -> None:
     suffix = path.suffix.lower()
     if suffix not in SUFFIXES:
-        raise LeapError(
-            f"unsupported file type '{suffix}'", where=str(path), fix=f"use one of {', '.join(SUFFIXES)}"
-        )
+        raise LeapError(f"unsupported file type '{suffix}'", where=str(path), fix=f"use one of {', '.join(SUFFIXES)}")
     if path.stat().st_size == 0:
         raise LeapError("the file is empty", where=str(path), fix="add rows or remove the file")
 
@@ -142,8 +156,11 @@ def _not_utf8(path: Path) -> LeapError:
         position, line = 0, 1
     except UnicodeDecodeError as err:
         position, line = err.start, data[: err.start].count(b"\n") + 1
-    return LeapError(f"the file is not UTF-8 text (byte {data[position]:#04x} on line {line})",
-                     where=f"{path}:{line}", fix="save the file as UTF-8 (e.g. iconv -f latin1 -t utf-8)")
+    return LeapError(
+        f"the file is not UTF-8 text (byte {data[position]:#04x} on line {line})",
+        where=f"{path}:{line}",
+        fix="save the file as UTF-8 (e.g. iconv -f latin1 -t utf-8)",
+    )
 
 
 def _read_json(path: Path) -> Iterator[SourceRow]:
@@ -198,8 +215,9 @@ def _read_parquet(path: Path) -> Iterator[SourceRow]:
                 number += 1
                 yield SourceRow(str(path), f"row {number}", row)
     except OSError as err:  # a damaged row group
-        raise LeapError(f"cannot read the Parquet file after row {number}: {err}", where=str(path),
-                        fix="re-export the file") from None
+        raise LeapError(
+            f"cannot read the Parquet file after row {number}: {err}", where=str(path), fix="re-export the file"
+        ) from None
 
 
 def _read_csv(path: Path) -> Iterator[SourceRow]:

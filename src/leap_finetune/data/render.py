@@ -11,7 +11,6 @@ from __future__ import annotations
 from dataclasses import dataclass, field
 
 import numpy as np
-
 from transformers.utils.chat_template_utils import render_jinja_template
 
 from leap_finetune.data.chat_templates import ChatTemplate
@@ -62,8 +61,14 @@ class TokenizedCompletion:
 class Renderer:
     """Renders, masks and tokenizes one conversation at a time."""
 
-    def __init__(self, tokenizer, template: ChatTemplate, loss_on: str, max_length: int | None,
-                 truncation_mode: str = "keep_start"):
+    def __init__(
+        self,
+        tokenizer,
+        template: ChatTemplate,
+        loss_on: str,
+        max_length: int | None,
+        truncation_mode: str = "keep_start",
+    ):
         if loss_on != "all" and template.training is None:
             raise LeapError(
                 f"the chat template '{template.name}' has no {{% generation %}} markers, so the assistant's "
@@ -89,27 +94,33 @@ class Renderer:
         self.backend = backend
         # Offsets trimmed by a post-processor (RoBERTa-style trim_offsets) can leave gaps and empty tokens
         # inside a span, which the boundary shortcut of tokenize_many would count: use every offset there.
-        self.boundary_masks = backend is not None and '"trim_offsets":true' not in \
-            _compact_json(backend.post_processor)
+        self.boundary_masks = backend is not None and '"trim_offsets":true' not in _compact_json(backend.post_processor)
         self._special = {
             "bos_token": tokenizer.bos_token or "",
             "eos_token": tokenizer.eos_token or "",
             "pad_token": tokenizer.pad_token or "",
         }
 
-    def render(self, messages: list[dict], tools: list | None = None,
-               add_generation_prompt: bool = False) -> tuple[str, list[tuple[int, int]]]:
+    def render(
+        self, messages: list[dict], tools: list | None = None, add_generation_prompt: bool = False
+    ) -> tuple[str, list[tuple[int, int]]]:
         """The rendered text and the character spans the assistant produces."""
         if self.loss_on == "all" or add_generation_prompt:
             rendered, _ = render_jinja_template(
-                conversations=[messages], tools=tools, chat_template=self.template.text,
-                add_generation_prompt=add_generation_prompt, **self._special,
+                conversations=[messages],
+                tools=tools,
+                chat_template=self.template.text,
+                add_generation_prompt=add_generation_prompt,
+                **self._special,
             )
             text = rendered[0]
             return text, ([(0, len(text))] if self.loss_on == "all" else [])
         rendered, indices = render_jinja_template(
-            conversations=[messages], tools=tools, chat_template=self.template.training,
-            return_assistant_tokens_mask=True, **self._special,
+            conversations=[messages],
+            tools=tools,
+            chat_template=self.template.training,
+            return_assistant_tokens_mask=True,
+            **self._special,
         )
         text = rendered[0]
         spans = [self._end_at_eos(text, start, end) for start, end in indices[0] if end > start]
@@ -128,7 +139,10 @@ class Renderer:
     def prompt_text(self, messages: list[dict], tools: list | None = None) -> str:
         """The conversation up to the generation prompt, as the model sees it at inference."""
         rendered, _ = render_jinja_template(
-            conversations=[messages], tools=tools, chat_template=self.template.text, add_generation_prompt=True,
+            conversations=[messages],
+            tools=tools,
+            chat_template=self.template.text,
+            add_generation_prompt=True,
             **self._special,
         )
         return rendered[0]
@@ -141,7 +155,9 @@ class Renderer:
         trained = _overlaps(offsets, spans)
         truncated_at, lost = None, 0
         if self.max_length is not None and len(ids) > self.max_length:
-            keep = slice(None, self.max_length) if self.truncation_mode == "keep_start" else slice(-self.max_length, None)
+            keep = (
+                slice(None, self.max_length) if self.truncation_mode == "keep_start" else slice(-self.max_length, None)
+            )
             lost = int(trained.sum() - trained[keep].sum())
             cut = self.max_length if self.truncation_mode == "keep_start" else len(ids) - self.max_length
             truncated_at = int(offsets[cut][0])
@@ -177,7 +193,7 @@ class CompactRow:
         return {"input_ids": self.input_ids, "labels": self.labels}
 
 
-def tokenize_many(renderer: "Renderer", conversations: list) -> list[CompactRow]:
+def tokenize_many(renderer: Renderer, conversations: list) -> list[CompactRow]:
     """`Renderer.tokenize` for a batch of conversations, with the same ids and labels, ~2x faster.
 
     One `encode_batch` call for the batch, and the loss mask found from the few span boundaries
@@ -192,7 +208,7 @@ def tokenize_many(renderer: "Renderer", conversations: list) -> list[CompactRow]
     encodings = backend.encode_batch([text for text, _ in rendered], add_special_tokens=False)
     fast = renderer.boundary_masks
     rows = []
-    for index, ((text, spans), encoding) in enumerate(zip(rendered, encodings, strict=True)):
+    for index, ((_text, spans), encoding) in enumerate(zip(rendered, encodings, strict=True)):
         ids = np.asarray(encoding.ids, dtype=np.int32)
         trained = _boundary_mask(encoding, spans, len(ids)) if fast else None
         if trained is not None and index == 0:  # the check that the shortcut holds for this tokenizer
@@ -203,8 +219,11 @@ def tokenize_many(renderer: "Renderer", conversations: list) -> list[CompactRow]
             trained = _overlaps(np.asarray(encoding.offsets, dtype=np.int64).reshape(-1, 2), spans)
         lost, truncated = 0, False
         if renderer.max_length is not None and len(ids) > renderer.max_length:
-            keep = slice(None, renderer.max_length) if renderer.truncation_mode == "keep_start" \
+            keep = (
+                slice(None, renderer.max_length)
+                if renderer.truncation_mode == "keep_start"
                 else slice(-renderer.max_length, None)
+            )
             lost = int(trained.sum() - trained[keep].sum())
             ids, trained, truncated = ids[keep], trained[keep], True
         rows.append(CompactRow(ids, np.where(trained, ids, IGNORE_INDEX).astype(np.int32), lost, truncated))
@@ -212,8 +231,12 @@ def tokenize_many(renderer: "Renderer", conversations: list) -> list[CompactRow]
 
 
 def _compact(row: TokenizedRow) -> CompactRow:
-    return CompactRow(np.asarray(row.input_ids, dtype=np.int32), np.asarray(row.labels, dtype=np.int32),
-                      row.trained_tokens_lost, row.truncated_at is not None)
+    return CompactRow(
+        np.asarray(row.input_ids, dtype=np.int32),
+        np.asarray(row.labels, dtype=np.int32),
+        row.trained_tokens_lost,
+        row.truncated_at is not None,
+    )
 
 
 def _boundary_mask(encoding, spans: list[tuple[int, int]], count: int) -> np.ndarray | None:
@@ -233,12 +256,13 @@ def _boundary_mask(encoding, spans: list[tuple[int, int]], count: int) -> np.nda
             first -= 1
         while last + 1 < count and encoding.token_to_chars(last + 1)[0] < end:
             last += 1
-        trained[first:last + 1] = True
+        trained[first : last + 1] = True
     return trained
 
 
-def split_completion(renderer: "Renderer", prompt: list[dict], completion: list[dict],
-                     tools: list | None, prompt_text: str | None = None) -> TokenizedCompletion:
+def split_completion(
+    renderer: Renderer, prompt: list[dict], completion: list[dict], tools: list | None, prompt_text: str | None = None
+) -> TokenizedCompletion:
     """Render prompt + completion with the official template and cut it where the completion starts.
 
     The prompt text is what the model sees at inference (the template's generation prompt included);
@@ -257,14 +281,16 @@ def split_completion(renderer: "Renderer", prompt: list[dict], completion: list[
             where="chat_template",
             fix="use a prefix-preserving chat template (the built-in LFM templates are)",
         )
-    completion_text = full_text[len(prompt_text):]
+    completion_text = full_text[len(prompt_text) :]
     eos = renderer._special["eos_token"]
     if eos and completion_text.endswith(eos + "\n"):  # the turn separator is never generated (see _end_at_eos)
         completion_text = completion_text[:-1]
     encoding = renderer.tokenizer(prompt_text + completion_text, add_special_tokens=False, return_offsets_mapping=True)
     boundary = len(prompt_text)
     # A token that straddles the boundary goes to the completion, so no completion text goes untrained.
-    cut = next((i for i, (_, end) in enumerate(encoding["offset_mapping"]) if end > boundary), len(encoding["input_ids"]))
+    cut = next(
+        (i for i, (_, end) in enumerate(encoding["offset_mapping"]) if end > boundary), len(encoding["input_ids"])
+    )
     ids = list(encoding["input_ids"])
     return TokenizedCompletion(prompt_text, completion_text, ids[:cut], ids[cut:])
 

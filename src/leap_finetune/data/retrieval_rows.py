@@ -19,8 +19,14 @@ from leap_finetune.data.sft_rows import RowWarning
 from leap_finetune.errors import RowProblem
 
 # other names of the same columns in public retrieval datasets -> ours
-ALIASES = {"anchor": "query", "question": "query", "pos": "positive", "document": "positive", "neg": "negative",
-           "negatives": "negative"}
+ALIASES = {
+    "anchor": "query",
+    "question": "query",
+    "pos": "positive",
+    "document": "positive",
+    "neg": "negative",
+    "negatives": "negative",
+}
 
 
 @dataclass
@@ -38,16 +44,22 @@ def check_retrieval_row(row: SourceRow, **_) -> tuple[RetrievalRow | None, list[
 
     data = row.data
     if not isinstance(data, dict):
-        problem("<row>", "expected an object with `query`, `positive` (and optionally `negative`), "
-                f"got {describe_value(data)}")
+        problem(
+            "<row>",
+            f"expected an object with `query`, `positive` (and optionally `negative`), got {describe_value(data)}",
+        )
         return None, problems, []
     texts = {}
     for name in ("query", "positive"):
         value = data.get(name)
         if name not in data:
             alias = next((a for a, ours in ALIASES.items() if ours == name and a in data), None)
-            problem(name, f"missing (the row has `{alias}`: rename it to `{name}`)" if alias else
-                    f"missing; a retrieval row needs `query` and `positive` (found: {', '.join(sorted(data)) or 'nothing'})")
+            problem(
+                name,
+                f"missing (the row has `{alias}`: rename it to `{name}`)"
+                if alias
+                else f"missing; a retrieval row needs `query` and `positive` (found: {', '.join(sorted(data)) or 'nothing'})",
+            )
         elif not isinstance(value, str):
             problem(name, f"expected a string, got {describe_value(value)}")
         elif not value.strip():

@@ -29,16 +29,23 @@ class RetrievalExample:
 
     def columns(self) -> dict:
         used = self.negatives if self.negatives_used is None else self.negatives[: self.negatives_used]
-        return {"query": self.query, "positive": self.positive,
-                **{f"negative_{i + 1}": text for i, text in enumerate(used)}}
+        return {
+            "query": self.query,
+            "positive": self.positive,
+            **{f"negative_{i + 1}": text for i, text in enumerate(used)},
+        }
 
     def inspect(self) -> dict:
         """The texts as the encoder reads them (prompts included, cut to their side's limit)."""
         query_prompt, document_prompt = self.prompts
         used = self.negatives if self.negatives_used is None else self.negatives[: self.negatives_used]
-        return {"query": query_prompt + self.query, "positive": document_prompt + self.positive,
-                "negatives": [document_prompt + text for text in used],
-                "unused_negatives": len(self.negatives) - len(used), "truncated": self.truncated}
+        return {
+            "query": query_prompt + self.query,
+            "positive": document_prompt + self.positive,
+            "negatives": [document_prompt + text for text in used],
+            "unused_negatives": len(self.negatives) - len(used),
+            "truncated": self.truncated,
+        }
 
 
 class RetrievalEncoder:
@@ -78,5 +85,11 @@ class RetrievalEncoder:
             negatives.append(fitted)
             total += count
             cut_negative |= was_cut
-        return RetrievalExample(query, positive, negatives, total, cut or cut_positive or cut_negative,
-                                prompts=(self.query_prompt, self.document_prompt))
+        return RetrievalExample(
+            query,
+            positive,
+            negatives,
+            total,
+            cut or cut_positive or cut_negative,
+            prompts=(self.query_prompt, self.document_prompt),
+        )

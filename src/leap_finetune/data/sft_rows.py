@@ -85,8 +85,11 @@ def check_sft_row(
     if problems:
         return None, problems, warnings
     if needs_assistant and not any(m["role"] == "assistant" for m in normalised):
-        problem(column, "no assistant message: with loss on assistant tokens this row would train on nothing "
-                "(add the assistant's answer, or set training_config.loss_on: all)")
+        problem(
+            column,
+            "no assistant message: with loss on assistant tokens this row would train on nothing "
+            "(add the assistant's answer, or set training_config.loss_on: all)",
+        )
         return None, problems, warnings
     for index, message in enumerate(normalised[1:], start=1):
         if message["role"] == "system":

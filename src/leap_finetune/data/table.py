@@ -45,24 +45,27 @@ class RowTable:
     known_fingerprint: str | None = None
 
     @classmethod
-    def empty(cls) -> "RowTable":
+    def empty(cls) -> RowTable:
         return cls(pa.table({}), np.zeros(0, np.int64), np.zeros(0, np.int64))
 
     @classmethod
-    def concat(cls, parts: list["RowTable"]) -> "RowTable":
+    def concat(cls, parts: list[RowTable]) -> RowTable:
         parts = [p for p in parts if len(p)]
         if not parts:
             return cls.empty()
         table = pa.concat_tables([p.table for p in parts], promote_options="permissive").combine_chunks()
-        return cls(table, np.concatenate([p.tokens_per_row for p in parts]),
-                   np.concatenate([p.trained_per_row for p in parts]),
-                   [e for p in parts for e in p.examples])
+        return cls(
+            table,
+            np.concatenate([p.tokens_per_row for p in parts]),
+            np.concatenate([p.trained_per_row for p in parts]),
+            [e for p in parts for e in p.examples],
+        )
 
     def __post_init__(self):
         if self.known_fingerprint is None and self.table.num_columns == 0:
             self.known_fingerprint = Fingerprint().hexdigest(self.table.schema)
 
-    def take(self, indices: np.ndarray) -> "RowTable":
+    def take(self, indices: np.ndarray) -> RowTable:
         indices = np.asarray(indices, dtype=np.int64)
         return RowTable(self.table.take(pa.array(indices)), self.tokens_per_row[indices], self.trained_per_row[indices])
 
@@ -115,7 +118,9 @@ class Fingerprint:
             token_ids = pa.types.is_list(column.type) and pa.types.is_integer(column.type.value_type)
             for chunk in column.chunks:
                 if token_ids:
-                    lengths.update(chunk.value_lengths().fill_null(-1).to_numpy(zero_copy_only=False).astype(np.int64).tobytes())
+                    lengths.update(
+                        chunk.value_lengths().fill_null(-1).to_numpy(zero_copy_only=False).astype(np.int64).tobytes()
+                    )
                     values.update(chunk.flatten().to_numpy(zero_copy_only=False).astype(np.int64).tobytes())
                 else:
                     for value in chunk.to_pylist():
@@ -168,9 +173,12 @@ class SplitWriter:
             return RowTable.empty()
         self.writer.close()
         self.sink.close()
-        return RowTable(read_table(self.path), np.concatenate([c[0] for c in self.counts]),
-                        np.concatenate([c[1] for c in self.counts]),
-                        known_fingerprint=self.fingerprint.hexdigest(self.schema))
+        return RowTable(
+            read_table(self.path),
+            np.concatenate([c[0] for c in self.counts]),
+            np.concatenate([c[1] for c in self.counts]),
+            known_fingerprint=self.fingerprint.hexdigest(self.schema),
+        )
 
     def close(self) -> None:
         if self.writer is not None and not self.sink.closed:

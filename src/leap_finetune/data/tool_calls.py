@@ -65,8 +65,9 @@ def format_value(value: Any) -> str:
 
 
 def format_calls(calls: list[ToolCall]) -> str:
-    body = ", ".join(f"{c.name}(" + ", ".join(f"{k}={format_value(v)}" for k, v in c.arguments.items()) + ")"
-                     for c in calls)
+    body = ", ".join(
+        f"{c.name}(" + ", ".join(f"{k}={format_value(v)}" for k, v in c.arguments.items()) + ")" for c in calls
+    )
     return f"{CALL_START}[{body}]{CALL_END}"
 
 
@@ -86,7 +87,9 @@ def parse_calls(text: str) -> list[ToolCall]:
         if name is None:
             raise ToolCallSyntaxError(f"'{ast.unparse(node.func)}' is not a function name")
         if node.args:
-            raise ToolCallSyntaxError(f"{name}(...) has positional arguments; LFM tool calls use keyword arguments only")
+            raise ToolCallSyntaxError(
+                f"{name}(...) has positional arguments; LFM tool calls use keyword arguments only"
+            )
         arguments = {}
         for keyword in node.keywords:
             if keyword.arg is None:
@@ -127,7 +130,9 @@ def find_tool_calls(content: str) -> ToolCallBlocks:
         stray_end = content.find(CALL_END, position)
         if start == -1:
             if stray_end != -1:
-                return ToolCallBlocks(calls, _before(content, first_start), f"{CALL_END} without a {CALL_START} before it")
+                return ToolCallBlocks(
+                    calls, _before(content, first_start), f"{CALL_END} without a {CALL_START} before it"
+                )
             break
         if stray_end != -1 and stray_end < start:
             return ToolCallBlocks(calls, _before(content, first_start), f"{CALL_END} without a {CALL_START} before it")
@@ -135,13 +140,15 @@ def find_tool_calls(content: str) -> ToolCallBlocks:
         end = content.find(CALL_END, start + len(CALL_START))
         if end == -1:
             return ToolCallBlocks(calls, _before(content, first_start), f"{CALL_START} without a closing {CALL_END}")
-        inner = content[start + len(CALL_START):end]
+        inner = content[start + len(CALL_START) : end]
         if CALL_START in inner:
             return ToolCallBlocks(calls, _before(content, first_start), f"a second {CALL_START} before {CALL_END}")
         try:
             calls.extend(parse_calls(inner))
         except ToolCallSyntaxError as err:
-            return ToolCallBlocks(calls, _before(content, first_start), f"the tool call {inner.strip()[:80]!r} does not parse: {err}")
+            return ToolCallBlocks(
+                calls, _before(content, first_start), f"the tool call {inner.strip()[:80]!r} does not parse: {err}"
+            )
         position = end + len(CALL_END)
     return ToolCallBlocks(calls, _before(content, first_start), None)
 
@@ -166,7 +173,9 @@ def foreign_format(content: str) -> str | None:
         except json.JSONDecodeError:
             return None
         items = value if isinstance(value, list) else [value]
-        if items and all(isinstance(i, dict) and "name" in i and ({"arguments", "parameters", "args"} & set(i)) for i in items):
+        if items and all(
+            isinstance(i, dict) and "name" in i and ({"arguments", "parameters", "args"} & set(i)) for i in items
+        ):
             return "a raw JSON function-call object"
     return None
 

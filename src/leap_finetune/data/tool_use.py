@@ -84,8 +84,11 @@ def _system_tool_list(content: str, tools, family: str, field: str, problem, not
     has_markers = tc.LIST_START in content or tc.LIST_END in content
     has_list = has_markers or TOOL_LIST_HINT in content
     if tools and has_list:
-        problem(f"{field}.content", "tool definitions are given twice: in the `tools` column and in the system prompt; "
-                "keep one (the `tools` column is rendered into the system prompt for you)")
+        problem(
+            f"{field}.content",
+            "tool definitions are given twice: in the `tools` column and in the system prompt; "
+            "keep one (the `tools` column is rendered into the system prompt for you)",
+        )
         return content
     if family == "lfm2.5" and has_markers:
         note(ToolNote("lfm25_tool_list_markers", f"{field}.content"))
@@ -103,8 +106,10 @@ def _assistant(message: dict, family: str, field: str, problem, note, tools) -> 
     structured = message.pop("tool_calls", None)
     if structured:
         if tc.CALL_START in content:
-            problem(f"{field}.tool_calls", "the message has both structured `tool_calls` and a bracket-notation call in "
-                    "`content`; keep one")
+            problem(
+                f"{field}.tool_calls",
+                "the message has both structured `tool_calls` and a bracket-notation call in `content`; keep one",
+            )
             return message
         converted = _convert_structured(structured, f"{field}.tool_calls", problem)
         if converted is None:
@@ -114,13 +119,16 @@ def _assistant(message: dict, family: str, field: str, problem, note, tools) -> 
         message["content"] = content
     foreign = tc.foreign_format(content)
     if foreign:
-        problem(f"{field}.content", f"found {foreign}; LFM models call tools as "
-                f"{tc.CALL_START}[name(key=\"value\")]{tc.CALL_END} in the assistant content "
-                "(or give OpenAI-style `tool_calls` and they are converted)")
+        problem(
+            f"{field}.content",
+            f"found {foreign}; LFM models call tools as "
+            f'{tc.CALL_START}[name(key="value")]{tc.CALL_END} in the assistant content '
+            "(or give OpenAI-style `tool_calls` and they are converted)",
+        )
         return message
     blocks = tc.find_tool_calls(content)
     if blocks.problem:
-        problem(f"{field}.content", blocks.problem + f"; expected {tc.CALL_START}[name(key=\"value\", n=3)]{tc.CALL_END}")
+        problem(f"{field}.content", blocks.problem + f'; expected {tc.CALL_START}[name(key="value", n=3)]{tc.CALL_END}')
         return message
     if blocks.calls:
         message["_tool_calls"] = True  # for the sequence check; removed there
@@ -135,15 +143,17 @@ def _assistant(message: dict, family: str, field: str, problem, note, tools) -> 
 
 def _convert_structured(structured, field: str, problem) -> str | None:
     if not isinstance(structured, list):
-        problem(field, "expected a list of tool calls like [{\"type\": \"function\", \"function\": {\"name\": ..., "
-                "\"arguments\": {...}}}]")
+        problem(
+            field,
+            'expected a list of tool calls like [{"type": "function", "function": {"name": ..., "arguments": {...}}}]',
+        )
         return None
     calls = []
     for index, item in enumerate(structured):
         item_field = f"{field}[{index}]"
         function = item.get("function", item) if isinstance(item, dict) else None
         if not isinstance(function, dict) or not isinstance(function.get("name"), str) or not function["name"]:
-            problem(item_field, "expected {\"function\": {\"name\": \"...\", \"arguments\": {...}}}")
+            problem(item_field, 'expected {"function": {"name": "...", "arguments": {...}}}')
             return None
         arguments = function.get("arguments", {})
         if isinstance(arguments, str):
@@ -184,8 +194,11 @@ def _check_call_sequence(messages: list[dict], column: str, problem) -> None:
             open_call = None
             continue
         if open_call is not None:
-            problem(f"{column}[{open_call}].content", f"tool call with no role 'tool' result before {column}[{index}] "
-                    f"({role}); add the tool's result as {{\"role\": \"tool\", \"content\": \"...\"}}")
+            problem(
+                f"{column}[{open_call}].content",
+                f"tool call with no role 'tool' result before {column}[{index}] "
+                f'({role}); add the tool\'s result as {{"role": "tool", "content": "..."}}',
+            )
             open_call = None
         answered_call = None
         if makes_call:

@@ -38,47 +38,68 @@ from leap_finetune.runs.folder import MODEL, RunFolder
 MAX_WAITING = 3  # snapshots waiting their turn (queue mode): bounded disk
 POLL_S = 1.0
 STOPPING_S = 120  # after STOP: how long the driver may take to stop the running evaluation and answer
+
+
 def check_async_eval(resolved: ResolvedConfig, devices) -> None:
     """The machine-dependent checks (validate and run): sbatch for sidecar; one node, and the server's
     packages, for reserved. `devices`: the device plan (launch/devices.py)."""
     mode = resolved.async_eval.mode if resolved.async_eval is not None else "sync"
     where = f"{resolved.config_path or 'config'}: async_eval.mode"
     if mode == "sidecar" and shutil.which("sbatch") is None:
-        raise LeapError("async_eval.mode sidecar submits each evaluation with sbatch, which is not installed here",
-                        where=where, fix="run on a SLURM cluster's node (where sbatch works), or use mode: reserved "
-                        "(a GPU of this machine) or sync")
+        raise LeapError(
+            "async_eval.mode sidecar submits each evaluation with sbatch, which is not installed here",
+            where=where,
+            fix="run on a SLURM cluster's node (where sbatch works), or use mode: reserved "
+            "(a GPU of this machine) or sync",
+        )
     if mode == "sidecar":
         check_sbatch_accepts(resolved, where)
     if mode != "reserved":
         return
     if devices.address:
-        raise LeapError(f"async_eval.mode reserved runs the evaluation server on GPUs of the driver's machine, and "
-                        f"this run trains on the Ray cluster at {devices.address}", where=where,
-                        fix="use mode: sidecar on a cluster, or run on one machine without ray.address")
+        raise LeapError(
+            f"async_eval.mode reserved runs the evaluation server on GPUs of the driver's machine, and "
+            f"this run trains on the Ray cluster at {devices.address}",
+            where=where,
+            fix="use mode: sidecar on a cluster, or run on one machine without ray.address",
+        )
     from leap_finetune.runs.processes import port_in_use
 
     port = resolved.async_eval.reserved.server_port
     if port_in_use("127.0.0.1", port):
-        raise LeapError(f"port {port} is in use by another process: the evaluation server could not start there",
-                        where=f"{resolved.config_path or 'config'}: async_eval.reserved.server_port",
-                        fix="stop what listens there, or choose another server_port")
+        raise LeapError(
+            f"port {port} is in use by another process: the evaluation server could not start there",
+            where=f"{resolved.config_path or 'config'}: async_eval.reserved.server_port",
+            fix="stop what listens there, or choose another server_port",
+        )
     if devices.nodes > 1:
-        raise LeapError(f"async_eval.mode reserved runs the evaluation server on one node, and this run spans "
-                        f"{devices.nodes} nodes", where=where, fix="use mode: sidecar for multi-node training")
+        raise LeapError(
+            f"async_eval.mode reserved runs the evaluation server on one node, and this run spans "
+            f"{devices.nodes} nodes",
+            where=where,
+            fix="use mode: sidecar for multi-node training",
+        )
     from leap_finetune.evaluation.standalone import check_benchmarks
 
     with_images = [b.name for b in check_benchmarks(resolved) if any(item.images for item in b.items)]
     if with_images:
-        raise LeapError(f"benchmark(s) {', '.join(with_images)} have images, and the reserved evaluation server is "
-                        "sent text messages only in this version", where=where,
-                        fix="use mode: sidecar or sync for image benchmarks")
+        raise LeapError(
+            f"benchmark(s) {', '.join(with_images)} have images, and the reserved evaluation server is "
+            "sent text messages only in this version",
+            where=where,
+            fix="use mode: sidecar or sync for image benchmarks",
+        )
     if not use_vllm(resolved):
         import importlib.util
 
         missing = [m for m in ("fastapi", "uvicorn", "openai") if importlib.util.find_spec(m) is None]
         if missing:
-            raise LeapError(f"the reserved evaluation server (leap-finetune's own; vLLM is not installed) needs "
-                            f"{', '.join(missing)}", where=where, fix="pip install 'leap-finetune[serve]' (or vllm)")
+            raise LeapError(
+                f"the reserved evaluation server (leap-finetune's own; vLLM is not installed) needs "
+                f"{', '.join(missing)}",
+                where=where,
+                fix="pip install 'leap-finetune[serve]' (or vllm)",
+            )
 
 
 class AsyncBenchmarks(EvaluationLog):
@@ -108,8 +129,10 @@ class AsyncBenchmarks(EvaluationLog):
         final = when == "after training"
         if busy and not final and (self.settings.on_overlap == "skip" or len(busy) > MAX_WAITING):
             why = "on_overlap: skip" if self.settings.on_overlap == "skip" else f"{MAX_WAITING} snapshots already wait"
-            self.console.print(f"[yellow]evaluation of step {step} skipped: the evaluation of step "
-                               f"{busy[0].step} still runs ({why})[/yellow]")
+            self.console.print(
+                f"[yellow]evaluation of step {step} skipped: the evaluation of step "
+                f"{busy[0].step} still runs ({why})[/yellow]"
+            )
             return {}
         try:
             snapshot = self._snapshot(step, when)
@@ -118,16 +141,23 @@ class AsyncBenchmarks(EvaluationLog):
             self._failed(step, when, f"{type(err).__name__}: {err}", None, err)
             return {}
         self.pending.append(snapshot)
-        self.console.print(f"evaluation of step {step} ({when}) handed to the {self.settings.mode} evaluator"
-                           + (f"; {len(busy)} evaluation(s) ahead of it" if busy else ""))
+        self.console.print(
+            f"evaluation of step {step} ({when}) handed to the {self.settings.mode} evaluator"
+            + (f"; {len(busy)} evaluation(s) ahead of it" if busy else "")
+        )
         return {}
 
     def _snapshot(self, step: int, when: str) -> Snapshot:
         """RUN/benchmarks/snapshots/step-N: model/ and eval.yaml, renamed into place when complete."""
         final = self.snapshots / f"step-{step}"
         evals = self.resolved.evals.model_dump(mode="json", exclude_none=True)
-        config = {"project_name": f"{self.resolved.project_name}-eval", "model_name": self.resolved.model_id,
-                  "chat_template": self.resolved.chat_template, "checkpoint": str(final), "evals": evals}
+        config = {
+            "project_name": f"{self.resolved.project_name}-eval",
+            "model_name": self.resolved.model_id,
+            "chat_template": self.resolved.chat_template,
+            "checkpoint": str(final),
+            "evals": evals,
+        }
 
         snapshot = Snapshot(step, when, final, self.trainer.state.epoch)
 
@@ -157,11 +187,18 @@ class AsyncBenchmarks(EvaluationLog):
         self.failures_in_a_row = 0
         self.finished[snapshot.step] = results
         current = self.trainer.state.global_step
-        late = (", arrived after training" if self.training_ended and current != snapshot.step else
-                f", arrived at step {current}" if current != snapshot.step else "")
+        late = (
+            ", arrived after training"
+            if self.training_ended and current != snapshot.step
+            else f", arrived at step {current}"
+            if current != snapshot.step
+            else ""
+        )
         from leap_finetune.evaluation.runner import print_summary
 
-        print_summary(self.console, results, None, f"of step {snapshot.step} ({snapshot.when}; {self.settings.mode}{late})")
+        print_summary(
+            self.console, results, None, f"of step {snapshot.step} ({snapshot.when}; {self.settings.mode}{late})"
+        )
         self.log_at(snapshot.step, dict(results))
         self.write_results(snapshot.step, snapshot.when, results)
         from leap_finetune.evaluation.standalone import predictions_dir
@@ -193,8 +230,10 @@ class AsyncBenchmarks(EvaluationLog):
         self.training_ended = True
         if wait and self.pending:
             left = [s.step for s in self.pending]
-            self.console.print(f"waiting for {len(left)} evaluation(s) still running or queued (steps "
-                               f"{', '.join(map(str, left))}; at most {self.settings.wait_at_end_s:g} s)")
+            self.console.print(
+                f"waiting for {len(left)} evaluation(s) still running or queued (steps "
+                f"{', '.join(map(str, left))}; at most {self.settings.wait_at_end_s:g} s)"
+            )
             deadline = time.monotonic() + self.settings.wait_at_end_s
             while self.pending and time.monotonic() < deadline:
                 self.take_outcomes()
@@ -203,10 +242,15 @@ class AsyncBenchmarks(EvaluationLog):
         if self.pending:
             handoff.ask_to_stop(self.snapshots)
             steps = ", ".join(str(s.step) for s in self.pending)
-            self.console.print(f"[yellow]evaluations of step(s) {steps} stopped unfinished "
-                               + ("(training stopped early)" if not wait else
-                                  f"(past async_eval.wait_at_end_s = {self.settings.wait_at_end_s:g} s)")
-                               + "[/yellow]")
+            self.console.print(
+                f"[yellow]evaluations of step(s) {steps} stopped unfinished "
+                + (
+                    "(training stopped early)"
+                    if not wait
+                    else f"(past async_eval.wait_at_end_s = {self.settings.wait_at_end_s:g} s)"
+                )
+                + "[/yellow]"
+            )
             self._cancel_waiting()
             # the running one: the driver stops its job or server, then answers (a stopped evaluation: not logged)
             deadline = time.monotonic() + STOPPING_S
@@ -226,8 +270,10 @@ class AsyncBenchmarks(EvaluationLog):
         done = {int(p.stem.split("-")[1]) for p in (self.predictions_dir / "results").glob("step-*.json")}
         lost = [s for s in range(0, step, self.every) if s not in done]
         if lost:
-            self.console.print(f"note: evaluation(s) of step(s) {', '.join(map(str, lost))} have no results (failed, or "
-                               "not finished when the run stopped; their snapshots are gone): not evaluated")
+            self.console.print(
+                f"note: evaluation(s) of step(s) {', '.join(map(str, lost))} have no results (failed, or "
+                "not finished when the run stopped; their snapshots are gone): not evaluated"
+            )
         if step % self.every == 0 and step not in done and step < state.max_steps:
             self.evaluate("at the resumed checkpoint")
         return None
@@ -239,5 +285,3 @@ class AsyncBenchmarks(EvaluationLog):
         if state.global_step % self.every == 0 and state.global_step < state.max_steps:
             self.evaluate("during training")
         return None
-
-

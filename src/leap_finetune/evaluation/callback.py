@@ -46,8 +46,9 @@ class EvaluationLog(TrainerCallback):
 
         folder = self.predictions_dir / "results"
         folder.mkdir(parents=True, exist_ok=True)
-        write_atomic(folder / f"step-{step}.json", json.dumps({"step": step, "when": when, "results": results},
-                                                              indent=2))
+        write_atomic(
+            folder / f"step-{step}.json", json.dumps({"step": step, "when": when, "results": results}, indent=2)
+        )
 
     def _failed(self, step: int, when: str, reason: str, log: Path | None, err: BaseException | None = None) -> None:
         import traceback
@@ -66,21 +67,26 @@ class EvaluationLog(TrainerCallback):
             except OSError:
                 log = None
         where = f" (log: {log})" if log is not None else ""
-        self.console.print(f"[yellow]evaluation at step {step} ({when}) failed: {reason}{where}; training goes on "
-                           f"({self.failures_in_a_row} failure(s) in a row of {self.max_failures} allowed)[/yellow]")
+        self.console.print(
+            f"[yellow]evaluation at step {step} ({when}) failed: {reason}{where}; training goes on "
+            f"({self.failures_in_a_row} failure(s) in a row of {self.max_failures} allowed)[/yellow]"
+        )
         self.log_at(step, {"benchmark/failures": float(self.failures)})
         if self.failures_in_a_row >= self.max_failures:
             self.switched_off = True
-            self.console.print(f"[yellow]evaluation switched off for the rest of the run after {self.failures_in_a_row} "
-                               "failed evaluations in a row (async_eval.failure.max_consecutive); training goes "
-                               "on[/yellow]")
+            self.console.print(
+                f"[yellow]evaluation switched off for the rest of the run after {self.failures_in_a_row} "
+                "failed evaluations in a row (async_eval.failure.max_consecutive); training goes "
+                "on[/yellow]"
+            )
 
 
 class BenchmarkCallback(EvaluationLog):
     """Sync mode: the benchmarks run in the training process (rank 0) while training waits."""
 
-    def __init__(self, evals, benchmarks, renderer, run_dir: Path, console, every: int, processor=None,
-                 max_failures: int = 3):
+    def __init__(
+        self, evals, benchmarks, renderer, run_dir: Path, console, every: int, processor=None, max_failures: int = 3
+    ):
         super().__init__(run_dir, console, every, max_failures)
         self.evals = evals
         self.processor = processor  # a vision-language model's, for rows with images
@@ -96,8 +102,14 @@ class BenchmarkCallback(EvaluationLog):
         if self.switched_off:
             return {}
         try:
-            results = run_benchmarks(trainer.model, self.renderer, self.evals, self.benchmarks,
-                                     predictions_dir=self.predictions_dir, processor=self.processor)
+            results = run_benchmarks(
+                trainer.model,
+                self.renderer,
+                self.evals,
+                self.benchmarks,
+                predictions_dir=self.predictions_dir,
+                processor=self.processor,
+            )
         except Exception as err:  # noqa: BLE001 - an evaluation must never stop training
             self._failed(step, when, f"{type(err).__name__}: {str(err).splitlines()[0] if str(err) else ''}", None, err)
             return {}

@@ -26,8 +26,10 @@ STOP = "STOP"
 
 def describe(snapshot: Snapshot) -> None:
     """What the driver needs besides the model: the step, when it was taken, the trainer's epoch there."""
-    write_atomic(snapshot.folder / DESCRIPTION,
-                 json.dumps({"step": snapshot.step, "when": snapshot.when, "epoch": snapshot.epoch}))
+    write_atomic(
+        snapshot.folder / DESCRIPTION,
+        json.dumps({"step": snapshot.step, "when": snapshot.when, "epoch": snapshot.epoch}),
+    )
 
 
 def requests(snapshots: Path) -> list[Snapshot]:
@@ -60,8 +62,12 @@ def claim(folder: Path, decision: str) -> bool:
 
 def answer(folder: Path, outcome: Outcome) -> None:
     try:
-        write_atomic(folder / OUTCOME, json.dumps({"results": outcome.results, "reason": outcome.reason,
-                                                   "log": str(outcome.log) if outcome.log else None}))
+        write_atomic(
+            folder / OUTCOME,
+            json.dumps(
+                {"results": outcome.results, "reason": outcome.reason, "log": str(outcome.log) if outcome.log else None}
+            ),
+        )
     except FileNotFoundError:
         pass  # rank 0 removed the snapshot meanwhile (training ended): nobody is waiting for this answer
 

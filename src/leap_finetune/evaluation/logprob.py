@@ -35,8 +35,9 @@ class OptionSequence(NamedTuple):
     images: tuple[str, ...] = ()
 
 
-def option_sequences(renderer: Renderer, prompt: list[dict], options: list[str],
-                     images: list[str] | None = None) -> list[OptionSequence]:
+def option_sequences(
+    renderer: Renderer, prompt: list[dict], options: list[str], images: list[str] | None = None
+) -> list[OptionSequence]:
     """One sequence per option. The end-of-turn token after the option is not scored: the question
     is which reply, not where it stops."""
     eos = renderer._special["eos_token"]
@@ -51,18 +52,21 @@ def option_sequences(renderer: Renderer, prompt: list[dict], options: list[str],
             suffix, text = eos_tokens, text[: -len(eos)]
         scored = part.completion_ids[: len(part.completion_ids) - suffix]
         start = len(part.prompt_ids)
-        sequences.append(OptionSequence(part.prompt_ids + scored, start, start + len(scored), text, tuple(images or ())))
+        sequences.append(
+            OptionSequence(part.prompt_ids + scored, start, start + len(scored), text, tuple(images or ()))
+        )
     return sequences
 
 
 @torch.no_grad()
-def score_sequences(model, sequences: list[OptionSequence], *, batch_size: int, pad_id: int,
-                    processor=None) -> list[float]:
+def score_sequences(
+    model, sequences: list[OptionSequence], *, batch_size: int, pad_id: int, processor=None
+) -> list[float]:
     """Sum of log p(token | everything before it) over [start, end) of each sequence."""
     device = next(model.parameters()).device
     scores = []
     for first in range(0, len(sequences), batch_size):
-        chunk = sequences[first:first + batch_size]
+        chunk = sequences[first : first + batch_size]
         pixels = {}
         if processor is not None and any(seq.images for seq in chunk):
             chunk, pixels = _expand_images(processor, chunk, device, model.dtype)
@@ -74,7 +78,7 @@ def score_sequences(model, sequences: list[OptionSequence], *, batch_size: int, 
         targets = input_ids[:, 1:]
         token_logprobs = logprobs.gather(-1, targets.unsqueeze(-1)).squeeze(-1)
         for row, seq in enumerate(chunk):
-            scores.append(token_logprobs[row, seq.start - 1:seq.end - 1].sum().item())
+            scores.append(token_logprobs[row, seq.start - 1 : seq.end - 1].sum().item())
     return scores
 
 
@@ -84,19 +88,25 @@ def _expand_images(processor, chunk: list[OptionSequence], device, dtype):
     from leap_finetune.models.vision import open_image
 
     rows = [i for i, seq in enumerate(chunk) if seq.images]
-    inputs = processor(text=[chunk[i].text for i in rows],
-                       images=[[open_image(path) for path in chunk[i].images] for i in rows],
-                       padding=True, return_tensors="pt")
+    inputs = processor(
+        text=[chunk[i].text for i in rows],
+        images=[[open_image(path) for path in chunk[i].images] for i in rows],
+        padding=True,
+        return_tensors="pt",
+    )
     expanded = list(chunk)
     for position, i in enumerate(rows):
         seq = chunk[i]
         ids = inputs["input_ids"][position][inputs["attention_mask"][position].bool()].tolist()
         shift = len(ids) - len(seq.ids)
-        if ids[seq.start + shift:] != seq.ids[seq.start:]:
+        if ids[seq.start + shift :] != seq.ids[seq.start :]:
             raise RuntimeError("the processor encoded an option differently from the tokenizer")  # a bug, not data
         expanded[i] = seq._replace(ids=ids, start=seq.start + shift, end=seq.end + shift)
-    pixels = {key: (value.to(device, dtype) if value.is_floating_point() else value.to(device))
-              for key, value in inputs.items() if key not in ("input_ids", "attention_mask")}
+    pixels = {
+        key: (value.to(device, dtype) if value.is_floating_point() else value.to(device))
+        for key, value in inputs.items()
+        if key not in ("input_ids", "attention_mask")
+    }
     return expanded, pixels
 
 

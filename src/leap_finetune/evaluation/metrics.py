@@ -89,7 +89,11 @@ def rouge_l(prediction: str, reference: str, item=None) -> tuple[float, bool]:
 
 
 BUILTIN: dict[str, Callable] = {
-    "exact_match": exact_match, "short_answer": short_answer, "mcq_gen": mcq_gen, "bleu": bleu, "rouge_l": rouge_l,
+    "exact_match": exact_match,
+    "short_answer": short_answer,
+    "mcq_gen": mcq_gen,
+    "bleu": bleu,
+    "rouge_l": rouge_l,
 }
 
 
@@ -101,8 +105,12 @@ def load_metric(metric: str, *, guarded: bool = True) -> Callable:
         return BUILTIN[metric]
     from leap_finetune.config.user_code import load_user_function
 
-    function = load_user_function(metric, kind="custom metric", where=metric.partition("::")[0],
-                                  signature="def {name}(prediction, reference, row) -> float")
+    function = load_user_function(
+        metric,
+        kind="custom metric",
+        where=metric.partition("::")[0],
+        signature="def {name}(prediction, reference, row) -> float",
+    )
     return _guarded(function) if guarded else function
 
 
@@ -156,5 +164,7 @@ def check_custom_metric(metric: str, benchmark: str, items) -> None:
             forgot = " (a function without `return` returns None)" if value is None else ""
             raise LeapError(
                 f"custom metric '{metric.rsplit('::', 1)[-1]}' returned {value!r}, not a finite number{forgot}, on "
-                f"benchmark '{benchmark}' ({item.file}, {item.location})", where=metric.split("::", 1)[0],
-                fix="return a float (or a (float, parsed) pair)")
+                f"benchmark '{benchmark}' ({item.file}, {item.location})",
+                where=metric.split("::", 1)[0],
+                fix="return a float (or a (float, parsed) pair)",
+            )

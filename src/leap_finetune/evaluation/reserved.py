@@ -39,12 +39,37 @@ class ReservedServer:
     def server_command(self, resolved: ResolvedConfig, model: Path, port: int) -> list[str]:
         settings = resolved.async_eval
         if use_vllm(resolved):
-            return [sys.executable, "-m", "vllm.entrypoints.openai.api_server", "--model", str(model), "--host",
-                    "127.0.0.1", "--port", str(port), "--tensor-parallel-size", str(settings.tensor_parallel_size),
-                    "--gpu-memory-utilization", str(settings.gpu_memory_utilization), "--served-model-name", "snapshot"]
-        return [sys.executable, "-m", "leap_finetune.evaluation.serve", str(model), "--host", "127.0.0.1",
-                "--port", str(port), "--device", "cuda" if settings.vllm_gpus else "cpu",
-                "--batch-size", str(resolved.evals.batch_size)]
+            return [
+                sys.executable,
+                "-m",
+                "vllm.entrypoints.openai.api_server",
+                "--model",
+                str(model),
+                "--host",
+                "127.0.0.1",
+                "--port",
+                str(port),
+                "--tensor-parallel-size",
+                str(settings.tensor_parallel_size),
+                "--gpu-memory-utilization",
+                str(settings.gpu_memory_utilization),
+                "--served-model-name",
+                "snapshot",
+            ]
+        return [
+            sys.executable,
+            "-m",
+            "leap_finetune.evaluation.serve",
+            str(model),
+            "--host",
+            "127.0.0.1",
+            "--port",
+            str(port),
+            "--device",
+            "cuda" if settings.vllm_gpus else "cpu",
+            "--batch-size",
+            str(resolved.evals.batch_size),
+        ]
 
     def __call__(self, resolved: ResolvedConfig, snapshot: Snapshot, jobs: Path, stop: threading.Event) -> Outcome:
         from leap_finetune.runs.processes import Server, ServerSpec
@@ -55,9 +80,14 @@ class ReservedServer:
         cpu = not settings.vllm_gpus
         if cpu:  # a CPU evaluator: one thread each, at the lowest priority - the cores stay with training
             env["OMP_NUM_THREADS"] = "1"
-        spec = ServerSpec(name="evaluation server", port=port, env=env, start_timeout_s=settings.reserved.start_timeout_s,
-                          command=(["nice", "-n", "19"] if cpu else []) + self.server_command(
-                              resolved, snapshot.folder / MODEL, port))
+        spec = ServerSpec(
+            name="evaluation server",
+            port=port,
+            env=env,
+            start_timeout_s=settings.reserved.start_timeout_s,
+            command=(["nice", "-n", "19"] if cpu else [])
+            + self.server_command(resolved, snapshot.folder / MODEL, port),
+        )
         server_log = jobs / f"step-{snapshot.step}-server.log"
         server = Server(spec, server_log)
         try:
@@ -69,13 +99,26 @@ class ReservedServer:
                 return Outcome(reason=f"the evaluation server {said}", log=server_log)
             log = jobs / f"step-{snapshot.step}.log"
             command = (["nice", "-n", "19"] if cpu else []) + [
-                sys.executable, "-m", "leap_finetune.cli", "eval", str(snapshot.folder / "eval.yaml"),
-                "--server", f"{server.url}/v1", "--output", str(snapshot.folder / "results.json")]
+                sys.executable,
+                "-m",
+                "leap_finetune.cli",
+                "eval",
+                str(snapshot.folder / "eval.yaml"),
+                "--server",
+                f"{server.url}/v1",
+                "--output",
+                str(snapshot.folder / "results.json"),
+            ]
             if use_vllm(resolved):
                 command += ["--server-model", "snapshot"]
             with log.open("ab") as handle:
-                client = subprocess.Popen(command, env={**os.environ, **env}, stdout=handle, stderr=subprocess.STDOUT,
-                                          stdin=subprocess.DEVNULL)
+                client = subprocess.Popen(
+                    command,
+                    env={**os.environ, **env},
+                    stdout=handle,
+                    stderr=subprocess.STDOUT,
+                    stdin=subprocess.DEVNULL,
+                )
                 while client.poll() is None:
                     if stop.is_set():
                         client.kill()
@@ -86,8 +129,9 @@ class ReservedServer:
             if client.returncode == 0 and results.exists():
                 return Outcome(results=json.loads(results.read_text(encoding="utf-8"))["results"], log=log)
             alive = "" if server.process.poll() is None else f"; the server had exited (log: {server_log})"
-            return Outcome(reason=f"leap-finetune eval exited with code {client.returncode}{alive}: "
-                           f"{_last_line(log)}", log=log)
+            return Outcome(
+                reason=f"leap-finetune eval exited with code {client.returncode}{alive}: {_last_line(log)}", log=log
+            )
         finally:
             server.stop()
 

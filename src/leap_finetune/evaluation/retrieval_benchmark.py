@@ -40,8 +40,11 @@ def load_retrieval_benchmark(bench) -> RetrievalBenchmark:
     folder = Path(bench.path)
     key = f"evals.benchmarks ('{bench.name}') path"
     if not folder.is_dir() or not (folder / "corpus.jsonl").is_file() or not (folder / "queries.jsonl").is_file():
-        raise LeapError(f"a retrieval benchmark is a folder with {FILES}", where=f"{key}: {folder}",
-                        fix="point path at such a folder (the BEIR layout)")
+        raise LeapError(
+            f"a retrieval benchmark is a folder with {FILES}",
+            where=f"{key}: {folder}",
+            fix="point path at such a folder (the BEIR layout)",
+        )
     problems: list[RowProblem] = []
     corpus: dict[str, str] = {}
     result = read_dataset(str(folder / "corpus.jsonl"), key=key)
@@ -80,19 +83,27 @@ def load_retrieval_benchmark(bench) -> RetrievalBenchmark:
                 continue
             for doc_id in map(str, listed):
                 if doc_id not in corpus:
-                    problems.append(RowProblem(row.file, row.location, "relevant",
-                                               f"'{doc_id}' is not a document of corpus.jsonl"))
+                    problems.append(
+                        RowProblem(row.file, row.location, "relevant", f"'{doc_id}' is not a document of corpus.jsonl")
+                    )
                 relevant.setdefault(query_id, set()).add(doc_id)
     qrels = _qrels_file(folder)
     if qrels is not None:
         _read_qrels(qrels, queries, corpus, relevant, problems, limited=bench.limit is not None)
     if problems:
-        raise DataError(problems=problems, total_rows=len(queries) + len(corpus), title=f"benchmark '{bench.name}'",
-                        fix_text="correct the rows listed above (every query and document is used)")
+        raise DataError(
+            problems=problems,
+            total_rows=len(queries) + len(corpus),
+            title=f"benchmark '{bench.name}'",
+            fix_text="correct the rows listed above (every query and document is used)",
+        )
     benchmark = RetrievalBenchmark(bench.name, queries, corpus, relevant)
     if benchmark.scored_queries == 0:
-        raise LeapError(f"benchmark '{bench.name}': no query has a relevant document", where=f"{key}: {folder}",
-                        fix="add qrels/test.tsv (query-id, corpus-id, score) or `relevant` lists to queries.jsonl")
+        raise LeapError(
+            f"benchmark '{bench.name}': no query has a relevant document",
+            where=f"{key}: {folder}",
+            fix="add qrels/test.tsv (query-id, corpus-id, score) or `relevant` lists to queries.jsonl",
+        )
     return benchmark
 
 
@@ -111,8 +122,9 @@ def _read_qrels(path: Path, queries, corpus, relevant, problems, *, limited: boo
                 continue
             where = f"line {number}"
             if len(fields) < 2:
-                problems.append(RowProblem(str(path), where, "<line>", "expected query-id, corpus-id and score, "
-                                           "separated by tabs"))
+                problems.append(
+                    RowProblem(str(path), where, "<line>", "expected query-id, corpus-id and score, separated by tabs")
+                )
                 continue
             query_id, doc_id = fields[0], fields[1]
             try:
@@ -122,12 +134,14 @@ def _read_qrels(path: Path, queries, corpus, relevant, problems, *, limited: boo
                 continue
             if query_id not in queries:
                 if not limited:  # with `limit`, the other queries' judgements are simply not used
-                    problems.append(RowProblem(str(path), where, "query-id", f"'{query_id}' is not a query of "
-                                               "queries.jsonl"))
+                    problems.append(
+                        RowProblem(str(path), where, "query-id", f"'{query_id}' is not a query of queries.jsonl")
+                    )
                 continue
             if doc_id not in corpus:
-                problems.append(RowProblem(str(path), where, "corpus-id", f"'{doc_id}' is not a document of "
-                                           "corpus.jsonl"))
+                problems.append(
+                    RowProblem(str(path), where, "corpus-id", f"'{doc_id}' is not a document of corpus.jsonl")
+                )
                 continue
             if score > 0:
                 relevant.setdefault(query_id, set()).add(doc_id)
@@ -142,8 +156,9 @@ def _id(row, problems) -> str | None:
     if isinstance(value, float) and value.is_integer():
         value = int(value)  # 1.0 from a JSON writer that wrote numbers as floats
     if value is None or isinstance(value, bool) or not isinstance(value, (str, int)) or str(value) == "":
-        problems.append(RowProblem(row.file, row.location, "_id", "missing or empty (a text or number id; `id` "
-                                   "is also accepted)"))
+        problems.append(
+            RowProblem(row.file, row.location, "_id", "missing or empty (a text or number id; `id` is also accepted)")
+        )
         return None
     return str(value)
 
@@ -160,14 +175,28 @@ def _text(row, key: str, problems) -> str | None:
 
 def evaluator(benchmark: RetrievalBenchmark, prompts, *, multi_vector: bool, name: str | None = None):
     """sentence-transformers' retrieval evaluator over the benchmark (metrics eval_<name>_<score>_ndcg@10, ...)."""
-    return ir_evaluator(name or f"benchmark_{benchmark.name}", benchmark.queries, benchmark.corpus,
-                        benchmark.relevant, prompts, multi_vector=multi_vector)
+    return ir_evaluator(
+        name or f"benchmark_{benchmark.name}",
+        benchmark.queries,
+        benchmark.corpus,
+        benchmark.relevant,
+        prompts,
+        multi_vector=multi_vector,
+    )
 
 
 def ir_evaluator(name: str, queries: dict, corpus: dict, relevant: dict, prompts, *, multi_vector: bool):
-    kwargs = dict(name=name, mrr_at_k=[10], ndcg_at_k=[10], accuracy_at_k=[1, 10], precision_recall_at_k=[1, 10],
-                  map_at_k=[10], query_prompt=prompts.query if prompts else None,
-                  corpus_prompt=prompts.document if prompts else None, write_csv=False)
+    kwargs = dict(
+        name=name,
+        mrr_at_k=[10],
+        ndcg_at_k=[10],
+        accuracy_at_k=[1, 10],
+        precision_recall_at_k=[1, 10],
+        map_at_k=[10],
+        query_prompt=prompts.query if prompts else None,
+        corpus_prompt=prompts.document if prompts else None,
+        write_csv=False,
+    )
     if multi_vector:
         from sentence_transformers.multi_vector_encoder.evaluation import MultiVectorInformationRetrievalEvaluator
 

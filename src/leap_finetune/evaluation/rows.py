@@ -42,15 +42,19 @@ def load_benchmark(bench: BenchmarkConfig, *, vision: bool, model_name: str) -> 
         if item is not None:
             items.append(item)
     if problems:
-        raise DataError(problems=problems, total_rows=len(result.rows) + len(result.problems),
-                        title=f"benchmark '{bench.name}'",
-                        fix_text="correct the benchmark rows listed above (every benchmark row is scored, so "
-                        "there is no skipping; to leave rows out, remove them or use the benchmark's `limit`)")
+        raise DataError(
+            problems=problems,
+            total_rows=len(result.rows) + len(result.problems),
+            title=f"benchmark '{bench.name}'",
+            fix_text="correct the benchmark rows listed above (every benchmark row is scored, so "
+            "there is no skipping; to leave rows out, remove them or use the benchmark's `limit`)",
+        )
     return items
 
 
-def _check_row(row: SourceRow, bench: BenchmarkConfig, *, vision: bool, model_name: str,
-               problems: list[RowProblem]) -> BenchmarkItem | None:
+def _check_row(
+    row: SourceRow, bench: BenchmarkConfig, *, vision: bool, model_name: str, problems: list[RowProblem]
+) -> BenchmarkItem | None:
     start = len(problems)
 
     def problem(field_name: str, text: str) -> None:
@@ -85,16 +89,22 @@ def _check_row(row: SourceRow, bench: BenchmarkConfig, *, vision: bool, model_na
             turns.append({"role": message["role"], "content": content.text})
             images.extend(image.source for image in content.images)
     if images and not vision:
-        problem("messages", f"the row has an image, but model '{model_name}' is text-only; use a vision-language "
-                "model (LFM2-VL) or remove image rows from benchmark '" + bench.name + "'")
+        problem(
+            "messages",
+            f"the row has an image, but model '{model_name}' is text-only; use a vision-language "
+            "model (LFM2-VL) or remove image rows from benchmark '" + bench.name + "'",
+        )
     if len(problems) > start:
         return None
     if is_logprob(bench.metric):
         return _mcq(row, data, turns, images, problem, bench)
     if turns[-1]["role"] != "assistant":
-        problem("messages", f"no assistant turn at the end: a generation benchmark ({bench.metric}) needs the "
-                "reference answer as the last assistant message (log-prob multiple choice uses options/answer_id "
-                "with metric: logprob_mcq)")
+        problem(
+            "messages",
+            f"no assistant turn at the end: a generation benchmark ({bench.metric}) needs the "
+            "reference answer as the last assistant message (log-prob multiple choice uses options/answer_id "
+            "with metric: logprob_mcq)",
+        )
         return None
     if len(turns) < 2:
         problem("messages", "only an assistant turn: the prompt (everything before the reference) is empty")
@@ -116,16 +126,22 @@ def _mcq(row, data, turns, images, problem, bench) -> BenchmarkItem | None:
     if row.from_text_table and isinstance(answer, str) and answer.strip().lstrip("-").isdigit():
         answer = int(answer)
     if not isinstance(options, list) or len(options) < 2:
-        problem("options", f"expected a list of at least two options, got {describe_value(options)}"
-                + (f" with {len(options)}" if isinstance(options, list) else ""))
+        problem(
+            "options",
+            f"expected a list of at least two options, got {describe_value(options)}"
+            + (f" with {len(options)}" if isinstance(options, list) else ""),
+        )
         return None
     for index, option in enumerate(options):
         if not isinstance(option, str) or not option.strip():
             problem(f"options[{index}]", f"expected a non-empty string, got {describe_value(option)}")
             return None
         if option in options[:index]:
-            problem(f"options[{index}]", f"{option!r} is also options[{options.index(option)}]: two equal options "
-                    "score the same, so the question cannot be answered")
+            problem(
+                f"options[{index}]",
+                f"{option!r} is also options[{options.index(option)}]: two equal options "
+                "score the same, so the question cannot be answered",
+            )
             return None
     if isinstance(answer, bool) or not isinstance(answer, int):
         problem("answer_id", f"expected the index of the correct option (an integer), got {describe_value(answer)}")
@@ -134,7 +150,10 @@ def _mcq(row, data, turns, images, problem, bench) -> BenchmarkItem | None:
         problem("answer_id", f"{answer} is out of range for {len(options)} options (0 to {len(options) - 1})")
         return None
     if turns[-1]["role"] == "assistant":
-        problem("messages", f"ends with an assistant turn: in a log-prob benchmark ({bench.metric}) the options are "
-                "the assistant's reply, so the prompt must end with the user's question")
+        problem(
+            "messages",
+            f"ends with an assistant turn: in a log-prob benchmark ({bench.metric}) the options are "
+            "the assistant's reply, so the prompt must end with the user's question",
+        )
         return None
     return BenchmarkItem(row.file, row.location, turns, options=options, answer_id=answer, images=images)

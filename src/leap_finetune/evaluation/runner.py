@@ -49,8 +49,16 @@ def load_benchmarks(evals: EvalsConfig, *, vision: bool, model_name: str) -> lis
     return loaded
 
 
-def run_benchmarks(model, renderer: Renderer | None, evals: EvalsConfig, benchmarks: list[LoadedBenchmark], *,
-                   predictions_dir: Path | None = None, processor=None, server=None) -> dict[str, float]:
+def run_benchmarks(
+    model,
+    renderer: Renderer | None,
+    evals: EvalsConfig,
+    benchmarks: list[LoadedBenchmark],
+    *,
+    predictions_dir: Path | None = None,
+    processor=None,
+    server=None,
+) -> dict[str, float]:
     """Evaluate every benchmark; returns flat metrics: benchmark/{name}/score and extras.
     `processor`: a vision-language model's, for rows with images. `server` (evaluation/server.py): generation
     benchmarks are answered by it; `model` is then only needed for log-prob benchmarks (None without them)."""
@@ -75,7 +83,9 @@ def run_benchmarks(model, renderer: Renderer | None, evals: EvalsConfig, benchma
             if predictions_dir is not None:
                 predictions_dir.mkdir(parents=True, exist_ok=True)
                 path = predictions_dir / f"{bench.name}.jsonl"
-                path.write_text("".join(json.dumps(p, ensure_ascii=False) + "\n" for p in predictions), encoding="utf-8")
+                path.write_text(
+                    "".join(json.dumps(p, ensure_ascii=False) + "\n" for p in predictions), encoding="utf-8"
+                )
     finally:
         stance.__exit__(None, None, None)
         if was_training:
@@ -90,9 +100,18 @@ def _generation(model, renderer, evals, bench, processor=None, server=None):
         outputs = server.generate(bench.name, bench.items, evals)
     else:
         prompts = [renderer.prompt_text(item.prompt) for item in bench.items]
-        outputs = generate(model, renderer.tokenizer, prompts, max_new_tokens=evals.max_new_tokens,
-                           batch_size=evals.batch_size, do_sample=evals.do_sample, temperature=evals.temperature,
-                           top_p=evals.top_p, images=[item.images for item in bench.items], processor=processor)
+        outputs = generate(
+            model,
+            renderer.tokenizer,
+            prompts,
+            max_new_tokens=evals.max_new_tokens,
+            batch_size=evals.batch_size,
+            do_sample=evals.do_sample,
+            temperature=evals.temperature,
+            top_p=evals.top_p,
+            images=[item.images for item in bench.items],
+            processor=processor,
+        )
     scores, unparsed, predictions = [], 0, []
     errors = getattr(metric, "errors", None)  # a custom metric's exceptions (scored 0), counted, not hidden
     for item, prompt, output in zip(bench.items, prompts, outputs, strict=True):
@@ -100,16 +119,25 @@ def _generation(model, renderer, evals, bench, processor=None, server=None):
         score, parsed = metric(output, item.reference, item)
         unparsed += not parsed
         scores.append(score)
-        predictions.append({"source": f"{item.file}, {item.location}", "prompt": prompt, "prediction": output,
-                            "reference": item.reference, "score": score})
+        predictions.append(
+            {
+                "source": f"{item.file}, {item.location}",
+                "prompt": prompt,
+                "prediction": output,
+                "reference": item.reference,
+                "score": score,
+            }
+        )
         if errors is not None and len(errors) > raised:
             predictions[-1]["metric_error"] = errors[-1]
     metrics = {"score": sum(scores) / len(scores), "unparsed": unparsed, "rows": len(scores)}
     if errors is not None:
         metrics["metric_errors"] = len(errors)
         if errors:
-            warn(f"custom metric of benchmark '{bench.name}' raised on {len(errors)} of {len(scores)} row(s) "
-                 f"(scored 0), e.g. {errors[0]}")
+            warn(
+                f"custom metric of benchmark '{bench.name}' raised on {len(errors)} of {len(scores)} row(s) "
+                f"(scored 0), e.g. {errors[0]}"
+            )
     return metrics, predictions
 
 
@@ -134,13 +162,23 @@ def _logprob(model, renderer, evals, bench, processor=None):
         }
         for key, pick in picks.items():
             correct[key] += pick == item.answer_id
-        predictions.append({"source": f"{item.file}, {item.location}", "prompt": renderer.prompt_text(item.prompt),
-                            "prediction": item.options[picks["sum"]], "reference": item.options[item.answer_id],
-                            "score": float(picks["sum"] == item.answer_id),
-                            "option_logprobs": [round(lp, 4) for lp, _ in scored]})
+        predictions.append(
+            {
+                "source": f"{item.file}, {item.location}",
+                "prompt": renderer.prompt_text(item.prompt),
+                "prediction": item.options[picks["sum"]],
+                "reference": item.options[item.answer_id],
+                "score": float(picks["sum"] == item.answer_id),
+                "option_logprobs": [round(lp, 4) for lp, _ in scored],
+            }
+        )
     rows = len(bench.items)
-    return {"score": correct["sum"] / rows, "accuracy_per_token": correct["per_token"] / rows,
-            "accuracy_per_char": correct["per_char"] / rows, "rows": rows}, predictions
+    return {
+        "score": correct["sum"] / rows,
+        "accuracy_per_token": correct["per_token"] / rows,
+        "accuracy_per_char": correct["per_char"] / rows,
+        "rows": rows,
+    }, predictions
 
 
 def print_summary(console, results: dict[str, float], step: int, when: str) -> None:
@@ -152,7 +190,8 @@ def print_summary(console, results: dict[str, float], step: int, when: str) -> N
         table.add_column(column)
     for name in names:
         prefix = f"benchmark/{name}/"
-        extras = ", ".join(f"{k[len(prefix):]}={v:.3g}" for k, v in results.items()
-                           if k.startswith(prefix) and k != prefix + "score")
+        extras = ", ".join(
+            f"{k[len(prefix) :]}={v:.3g}" for k, v in results.items() if k.startswith(prefix) and k != prefix + "score"
+        )
         table.add_row(name, f"{results[prefix + 'score']:.4f}", extras)
     console.print(table)

@@ -53,11 +53,20 @@ class BatchedGenerator:
         from leap_finetune.evaluation.generation import generate
 
         try:
-            prompts = [self.tokenizer.apply_chat_template(messages, tokenize=False, add_generation_prompt=True)
-                       for messages, _, _ in items]
-            answers = generate(self.model, self.tokenizer, prompts, max_new_tokens=options["max_tokens"],
-                               batch_size=self.batch_size, do_sample=options["temperature"] > 0,
-                               temperature=options["temperature"] or 1.0, top_p=options["top_p"])
+            prompts = [
+                self.tokenizer.apply_chat_template(messages, tokenize=False, add_generation_prompt=True)
+                for messages, _, _ in items
+            ]
+            answers = generate(
+                self.model,
+                self.tokenizer,
+                prompts,
+                max_new_tokens=options["max_tokens"],
+                batch_size=self.batch_size,
+                do_sample=options["temperature"] > 0,
+                temperature=options["temperature"] or 1.0,
+                top_p=options["top_p"],
+            )
         except Exception as err:  # noqa: BLE001 - each request gets the error as a 500
             for _, _, future in items:
                 future.set_exception(err)
@@ -89,23 +98,30 @@ def build_app(model_dir: str, generator: BatchedGenerator, default_max_tokens: i
             raise HTTPException(status_code=400, detail="messages: a non-empty list is required")
         if body.get("stream"):
             raise HTTPException(status_code=400, detail="streaming is not supported by this server")
-        options = {"max_tokens": int(body.get("max_tokens") or body.get("max_completion_tokens") or default_max_tokens),
-                   "temperature": float(body.get("temperature") if body.get("temperature") is not None else 1.0),
-                   "top_p": float(body.get("top_p") if body.get("top_p") is not None else 1.0)}
+        options = {
+            "max_tokens": int(body.get("max_tokens") or body.get("max_completion_tokens") or default_max_tokens),
+            "temperature": float(body.get("temperature") if body.get("temperature") is not None else 1.0),
+            "top_p": float(body.get("top_p") if body.get("top_p") is not None else 1.0),
+        }
         try:
             answer = await asyncio.wrap_future(generator.submit(messages, options))
         except Exception as err:  # noqa: BLE001
             raise HTTPException(status_code=500, detail=f"{type(err).__name__}: {err}") from None
-        return {"id": f"leap-{time.time_ns()}", "object": "chat.completion", "created": int(time.time()),
-                "model": name, "choices": [{"index": 0, "finish_reason": "stop",
-                                            "message": {"role": "assistant", "content": answer}}]}
+        return {
+            "id": f"leap-{time.time_ns()}",
+            "object": "chat.completion",
+            "created": int(time.time()),
+            "model": name,
+            "choices": [{"index": 0, "finish_reason": "stop", "message": {"role": "assistant", "content": answer}}],
+        }
 
     return app
 
 
 def main(argv: list[str] | None = None) -> None:
-    parser = argparse.ArgumentParser(prog="python -m leap_finetune.evaluation.serve",
-                                     description="Serve one model folder for benchmark generation.")
+    parser = argparse.ArgumentParser(
+        prog="python -m leap_finetune.evaluation.serve", description="Serve one model folder for benchmark generation."
+    )
     parser.add_argument("model")
     parser.add_argument("--host", default="127.0.0.1")
     parser.add_argument("--port", type=int, default=8100)

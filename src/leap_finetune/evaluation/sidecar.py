@@ -21,11 +21,35 @@ from leap_finetune.runs.processes import NO_MULTICAST
 POLL_S = 1.0
 # A pending job with one of these reasons will not start by waiting (held, or over a limit of its partition,
 # account or QOS): counted as a failed evaluation at once, not waited for until the end of training.
-NEVER_STARTS = {"JobHeldUser", "JobHeldAdmin", "PartitionTimeLimit", "PartitionNodeLimit", "PartitionConfig",
-                "PartitionDown", "PartitionInactive", "AccountNotAllowed", "InvalidAccount", "InvalidQOS",
-                "QOSMaxWallDurationPerJobLimit", "QOSMaxGRESPerJob", "BadConstraints", "DependencyNeverSatisfied"}
-FINISHED_STATES = {"COMPLETED", "FAILED", "CANCELLED", "TIMEOUT", "NODE_FAIL", "OUT_OF_MEMORY", "PREEMPTED",
-                   "BOOT_FAIL", "DEADLINE", "REVOKED", "SPECIAL_EXIT"}
+NEVER_STARTS = {
+    "JobHeldUser",
+    "JobHeldAdmin",
+    "PartitionTimeLimit",
+    "PartitionNodeLimit",
+    "PartitionConfig",
+    "PartitionDown",
+    "PartitionInactive",
+    "AccountNotAllowed",
+    "InvalidAccount",
+    "InvalidQOS",
+    "QOSMaxWallDurationPerJobLimit",
+    "QOSMaxGRESPerJob",
+    "BadConstraints",
+    "DependencyNeverSatisfied",
+}
+FINISHED_STATES = {
+    "COMPLETED",
+    "FAILED",
+    "CANCELLED",
+    "TIMEOUT",
+    "NODE_FAIL",
+    "OUT_OF_MEMORY",
+    "PREEMPTED",
+    "BOOT_FAIL",
+    "DEADLINE",
+    "REVOKED",
+    "SPECIAL_EXIT",
+}
 
 
 def job_script(resolved: ResolvedConfig, snapshot: Snapshot, jobs: Path) -> str:
@@ -48,11 +72,17 @@ def job_script(resolved: ResolvedConfig, snapshot: Snapshot, jobs: Path) -> str:
     # A CPU evaluator (vllm_gpus: 0) may share the training machine's cores: it yields to training (nice).
     nice = "" if settings.vllm_gpus else "nice -n 19 "
     folder = shlex.quote(str(snapshot.folder))
-    eval_cmd = (f'{nice}"$PYTHON" -m leap_finetune.cli eval {folder}/eval.yaml --output {folder}/results.json')
-    lines = ["#!/bin/bash",
-             f"# leap-finetune: the evaluation of training step {snapshot.step} of {resolved.run_dir} (sidecar).",
-             *[f"#SBATCH {d}" for d in directives], "", "set -euo pipefail", f"export {exports}",
-             f"PYTHON={python}", f"cd {folder}"]
+    eval_cmd = f'{nice}"$PYTHON" -m leap_finetune.cli eval {folder}/eval.yaml --output {folder}/results.json'
+    lines = [
+        "#!/bin/bash",
+        f"# leap-finetune: the evaluation of training step {snapshot.step} of {resolved.run_dir} (sidecar).",
+        *[f"#SBATCH {d}" for d in directives],
+        "",
+        "set -euo pipefail",
+        f"export {exports}",
+        f"PYTHON={python}",
+        f"cd {folder}",
+    ]
     if not settings.vllm_gpus:  # a CPU evaluator: no GPU (not the trainer's, inherited), the CPUs SLURM gave it
         lines += ["export CUDA_VISIBLE_DEVICES=", "export OMP_NUM_THREADS=${SLURM_CPUS_PER_TASK:-1}"]
     # vLLM answers text generation; a vision-language model's image rows are not sent to servers
@@ -65,13 +95,14 @@ def job_script(resolved: ResolvedConfig, snapshot: Snapshot, jobs: Path) -> str:
             f'--port "$port" --tensor-parallel-size {settings.tensor_parallel_size} --gpu-memory-utilization '
             f"{settings.gpu_memory_utilization} --served-model-name snapshot &",
             "  server=$!",
-            '  trap \'kill "$server" 2>/dev/null || true\' EXIT',
+            "  trap 'kill \"$server\" 2>/dev/null || true' EXIT",
             '  for _ in $(seq 1 600); do curl -sf "http://127.0.0.1:$port/health" >/dev/null && break; '
             'kill -0 "$server" || exit 1; sleep 1; done',
             f'  {eval_cmd} --server "http://127.0.0.1:$port/v1" --server-model snapshot',
             "else",
             f"  {eval_cmd}",
-            "fi"]
+            "fi",
+        ]
     else:
         lines.append(eval_cmd)
     return "\n".join(lines) + "\n"
@@ -84,13 +115,18 @@ def sidecar_job(resolved: ResolvedConfig, snapshot: Snapshot, jobs: Path, stop: 
     script.write_text(job_script(resolved, snapshot, jobs), encoding="utf-8")
     extra = list(resolved.async_eval.sbatch.extra_args)
     output = f"--output={jobs}/step-{snapshot.step}-%j.out"
-    submitted = subprocess.run(["sbatch", "--parsable", output, *extra, str(script)], capture_output=True, text=True,
-                               timeout=120)
+    submitted = subprocess.run(
+        ["sbatch", "--parsable", output, *extra, str(script)], capture_output=True, text=True, timeout=120
+    )
     if submitted.returncode != 0:
-        said = [line.strip() for line in (submitted.stderr + submitted.stdout).splitlines()
-                if line.strip() and not line.startswith("Try ")]
-        return Outcome(reason="sbatch rejected the job: " + ("; ".join(said) or f"exit code {submitted.returncode}"),
-                       log=script)
+        said = [
+            line.strip()
+            for line in (submitted.stderr + submitted.stdout).splitlines()
+            if line.strip() and not line.startswith("Try ")
+        ]
+        return Outcome(
+            reason="sbatch rejected the job: " + ("; ".join(said) or f"exit code {submitted.returncode}"), log=script
+        )
     job = submitted.stdout.strip().split(";")[0]
     log = jobs / f"step-{snapshot.step}-{job}.out"
     results = snapshot.folder / "results.json"
@@ -98,33 +134,38 @@ def sidecar_job(resolved: ResolvedConfig, snapshot: Snapshot, jobs: Path, stop: 
     while True:
         if stop.is_set():
             subprocess.run(["scancel", job], capture_output=True, timeout=60)
-            return Outcome(reason=f"SLURM job {job} cancelled while {state}" + (f" ({detail})" if detail else ""),
-                           log=log)
+            return Outcome(
+                reason=f"SLURM job {job} cancelled while {state}" + (f" ({detail})" if detail else ""), log=log
+            )
         shown = subprocess.run(["scontrol", "show", "job", "-o", job], capture_output=True, text=True, timeout=60)
         if shown.returncode == 0:
             found = re.search(r"JobState=(\S+)", shown.stdout)
             state = found.group(1) if found else state
             reason = re.search(r"Reason=(\S+)", shown.stdout)
             code = re.search(r"ExitCode=(\S+)", shown.stdout)
-            detail = ", ".join(x for x in (f"exit code {code.group(1)}" if code else "",
-                                           f"reason {reason.group(1)}" if reason and reason.group(1) != "None" else "")
-                               if x)
+            detail = ", ".join(
+                x
+                for x in (
+                    f"exit code {code.group(1)}" if code else "",
+                    f"reason {reason.group(1)}" if reason and reason.group(1) != "None" else "",
+                )
+                if x
+            )
         elif "Invalid job id" in shown.stderr:  # finished and already purged by the controller
             state = "COMPLETED" if results.exists() else "GONE"
         if state in FINISHED_STATES or state == "GONE":
             break
         if state == "PENDING" and reason and reason.group(1) in NEVER_STARTS:
             subprocess.run(["scancel", job], capture_output=True, timeout=60)
-            return Outcome(reason=f"SLURM job {job} cannot start (Reason={reason.group(1)}); it was cancelled",
-                           log=script)  # (the job never ran: its script is the thing to read)
+            return Outcome(
+                reason=f"SLURM job {job} cannot start (Reason={reason.group(1)}); it was cancelled", log=script
+            )  # (the job never ran: its script is the thing to read)
         time.sleep(POLL_S)
     if state == "COMPLETED" and results.exists():
         return Outcome(results=json.loads(results.read_text(encoding="utf-8"))["results"], log=log)
     if state == "COMPLETED":
         return Outcome(reason=f"SLURM job {job} completed without writing results", log=log)
     return Outcome(reason=f"SLURM job {job} ended {state}" + (f" ({detail})" if detail else ""), log=log)
-
-
 
 
 def check_sbatch_accepts(resolved: ResolvedConfig, where: str) -> None:
@@ -136,15 +177,32 @@ def check_sbatch_accepts(resolved: ResolvedConfig, where: str) -> None:
         folder = Path(scratch)
         script = folder / "check.sbatch"
         script.write_text(job_script(resolved, Snapshot(0, "check", folder), folder), encoding="utf-8")
-        checked = subprocess.run(["sbatch", "--test-only", f"--output={folder}/check.out",
-                                  *resolved.async_eval.sbatch.extra_args, str(script)],
-                                 capture_output=True, text=True, timeout=120)
+        checked = subprocess.run(
+            [
+                "sbatch",
+                "--test-only",
+                f"--output={folder}/check.out",
+                *resolved.async_eval.sbatch.extra_args,
+                str(script),
+            ],
+            capture_output=True,
+            text=True,
+            timeout=120,
+        )
     if checked.returncode != 0:
-        said = [line.strip() for line in (checked.stderr + checked.stdout).splitlines()
-                if line.strip() and not line.startswith("Try ")]
+        said = [
+            line.strip()
+            for line in (checked.stderr + checked.stdout).splitlines()
+            if line.strip() and not line.startswith("Try ")
+        ]
         gpus = resolved.async_eval.vllm_gpus
-        raise LeapError("sbatch would reject the evaluation jobs (checked with sbatch --test-only): " + "; ".join(said),
-                        where=f"{resolved.config_path or 'config'}: async_eval.sbatch",
-                        fix="fix async_eval.sbatch (partition, account, time, extra_args) for this cluster"
-                        + (f"; each job asks for --gpus={gpus} (async_eval.vllm_gpus): a cluster without GPUs needs "
-                           "vllm_gpus: 0" if gpus else ""))
+        raise LeapError(
+            "sbatch would reject the evaluation jobs (checked with sbatch --test-only): " + "; ".join(said),
+            where=f"{resolved.config_path or 'config'}: async_eval.sbatch",
+            fix="fix async_eval.sbatch (partition, account, time, extra_args) for this cluster"
+            + (
+                f"; each job asks for --gpus={gpus} (async_eval.vllm_gpus): a cluster without GPUs needs vllm_gpus: 0"
+                if gpus
+                else ""
+            ),
+        )

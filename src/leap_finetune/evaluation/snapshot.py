@@ -52,9 +52,18 @@ def save_model_folder(model, folder: Path) -> None:
     tied = bool(getattr(config, "tie_word_embeddings", False))
     output, embeddings = base.get_output_embeddings(), base.get_input_embeddings()
     names = {id(p): n for n, p in base.named_parameters(remove_duplicate=False)}
-    head = next((n.replace(".base_layer", "").replace(".modules_to_save.default", "")
-                 for n, p in base.named_parameters(remove_duplicate=False)
-                 if p is getattr(output, "weight", None)), None) if output is not None else None
+    head = (
+        next(
+            (
+                n.replace(".base_layer", "").replace(".modules_to_save.default", "")
+                for n, p in base.named_parameters(remove_duplicate=False)
+                if p is getattr(output, "weight", None)
+            ),
+            None,
+        )
+        if output is not None
+        else None
+    )
     embed = names.get(id(getattr(embeddings, "weight", None)))
     untie = tied and head in state_dict and embed in state_dict and not torch_equal(state_dict[head], state_dict[embed])
     if untie:  # the adapter changed the output head or the embeddings apart: saved as two matrices (as peft does)

@@ -29,8 +29,14 @@ class ModelToEvaluate:
         return f"{self.adapter_dir} (LoRA adapter over {self.model_id})" if self.adapter_dir else self.model_id
 
 
-def evaluate_config(source, *, output: str | Path | None = None, console: Console | None = None,
-                    server: str | None = None, server_model: str | None = None) -> dict:
+def evaluate_config(
+    source,
+    *,
+    output: str | Path | None = None,
+    console: Console | None = None,
+    server: str | None = None,
+    server_model: str | None = None,
+) -> dict:
     """Run the `evals:` block on `checkpoint` (a run, checkpoint or adapter folder) or `model_name`,
     without training. Writes the results as JSON to `output` when given. `server`: the base URL of an
     OpenAI-compatible server that answers the generation benchmarks (log-prob ones still run here)."""
@@ -39,17 +45,22 @@ def evaluate_config(source, *, output: str | Path | None = None, console: Consol
     console = console or Console(stderr=True)
     resolved = source if isinstance(source, ResolvedConfig) else load_config(source)
     if resolved.evals is None:
-        raise LeapError("the config has no benchmarks to run (no evals: block, or evals.benchmarks is empty)",
-                        where=resolved.config_path or "config",
-                        fix="add evals: with benchmarks (see docs/evaluation.md)")
+        raise LeapError(
+            "the config has no benchmarks to run (no evals: block, or evals.benchmarks is empty)",
+            where=resolved.config_path or "config",
+            fix="add evals: with benchmarks (see docs/evaluation.md)",
+        )
     target = model_to_evaluate(resolved)
     benchmarks = check_benchmarks(resolved, target.model_id)
     if output is not None:
         _check_output(Path(output), resolved)
     if resolved.retrieval is not None:  # an embedding / ColBERT model on retrieval benchmarks
         if server:
-            raise LeapError("--server answers generation benchmarks; retrieval benchmarks encode with the model "
-                            "itself", where="--server", fix="leave out --server for an embedding/ColBERT config")
+            raise LeapError(
+                "--server answers generation benchmarks; retrieval benchmarks encode with the model itself",
+                where="--server",
+                fix="leave out --server for an embedding/ColBERT config",
+            )
         report = _evaluate_retrieval(resolved, target, benchmarks, console)
         _write_report(report, output, console)
         return report
@@ -61,8 +72,11 @@ def evaluate_config(source, *, output: str | Path | None = None, console: Consol
 
         with_images = [b.name for b in benchmarks if not is_logprob(b.metric) and any(i.images for i in b.items)]
         if with_images:
-            raise LeapError(f"benchmark(s) {', '.join(with_images)} have images: --server sends text messages only "
-                            "in this version", where="--server", fix="evaluate image benchmarks without --server")
+            raise LeapError(
+                f"benchmark(s) {', '.join(with_images)} have images: --server sends text messages only in this version",
+                where="--server",
+                fix="evaluate image benchmarks without --server",
+            )
         generator = ServerGenerator(server, server_model)  # asks the server first: a wrong URL fails now
         console.print(f"generation benchmarks: {generator.model} at {generator.base_url}")
         if not any(is_logprob(b.metric) for b in benchmarks):
@@ -85,26 +99,34 @@ def evaluate_config(source, *, output: str | Path | None = None, console: Consol
     quiet_libraries()
     init_kwargs = {k: v for k, v in (resolved.training.get("model_init_kwargs") or {}).items() if k != "dtype"}
     tokenizer = load_tokenizer(target.model_id, init_kwargs)
-    model = load_model(target.model_id, tokenizer, init_kwargs,
-                       dtype=torch.bfloat16 if torch.cuda.is_available() else torch.float32)
+    model = load_model(
+        target.model_id, tokenizer, init_kwargs, dtype=torch.bfloat16 if torch.cuda.is_available() else torch.float32
+    )
     if target.adapter_dir is not None:
         from peft import PeftModel
 
         try:
             model = PeftModel.from_pretrained(model, str(target.adapter_dir)).merge_and_unload()
         except Exception as err:  # noqa: BLE001 - an adapter for another base model
-            raise LeapError(f"cannot load the LoRA adapter over {target.model_id}: {str(err).splitlines()[0]}",
-                            where=f"checkpoint: {target.adapter_dir}",
-                            fix="set model_name to the base model the adapter was trained on") from None
+            raise LeapError(
+                f"cannot load the LoRA adapter over {target.model_id}: {str(err).splitlines()[0]}",
+                where=f"checkpoint: {target.adapter_dir}",
+                fix="set model_name to the base model the adapter was trained on",
+            ) from None
     if torch.cuda.is_available():
         model = model.to("cuda")
     renderer = Renderer(tokenizer, load_chat_template(resolved.chat_template, tokenizer), "all", None)
     predictions = predictions_dir(output)
     processor = _processor_for(target.model_id, resolved.model_id, tokenizer, benchmarks)
-    results = run_benchmarks(model, renderer, resolved.evals, benchmarks, predictions_dir=predictions,
-                             processor=processor, server=generator)
-    print_summary(console, results, None, f"of {target.name}" + (f" (generation: {generator.model} at "
-                                                              f"{generator.base_url})" if generator else ""))
+    results = run_benchmarks(
+        model, renderer, resolved.evals, benchmarks, predictions_dir=predictions, processor=processor, server=generator
+    )
+    print_summary(
+        console,
+        results,
+        None,
+        f"of {target.name}" + (f" (generation: {generator.model} at {generator.base_url})" if generator else ""),
+    )
     report = {"model": str(target.adapter_dir or target.model_id), "results": results}
     if generator is not None:
         report.update(server=generator.base_url, server_model=generator.model)
@@ -138,9 +160,12 @@ def _refuse_lora_checkpoint(folder: Path) -> None:
     for file in folder.glob("*.safetensors") if folder.is_dir() else []:
         with safe_open(str(file), framework="pt") as handle:
             if any(".lora_A." in key for key in handle.keys()):
-                raise LeapError("this is a checkpoint of a LoRA retrieval run (its layers hold the adapter unmerged)",
-                                where=f"checkpoint: {folder}", fix="evaluate the finished run (its model/ folder holds "
-                                "the merged model), or resume the run to finish it")
+                raise LeapError(
+                    "this is a checkpoint of a LoRA retrieval run (its layers hold the adapter unmerged)",
+                    where=f"checkpoint: {folder}",
+                    fix="evaluate the finished run (its model/ folder holds "
+                    "the merged model), or resume the run to finish it",
+                )
 
 
 def _run_on_server(resolved: ResolvedConfig, benchmarks, generator, output) -> dict:
@@ -183,13 +208,17 @@ def _evaluate_retrieval(resolved: ResolvedConfig, target: ModelToEvaluate, bench
     from leap_finetune.quiet import quiet_libraries
 
     if target.adapter_dir is not None:
-        raise LeapError("a retrieval run's adapter folder is evaluated through its merged model",
-                        where=f"checkpoint: {target.adapter_dir}", fix="point checkpoint at the run folder or its model/")
+        raise LeapError(
+            "a retrieval run's adapter folder is evaluated through its merged model",
+            where=f"checkpoint: {target.adapter_dir}",
+            fix="point checkpoint at the run folder or its model/",
+        )
     _refuse_lora_checkpoint(Path(target.model_id))
     quiet_libraries()
     multi_vector = method_of(resolved).multi_vector
-    from leap_finetune.models.encoders import build_encoder
     import tempfile
+
+    from leap_finetune.models.encoders import build_encoder
 
     # (a built-in tiny backbone is saved to run_dir first: a temporary one here)
     with tempfile.TemporaryDirectory() as scratch:
@@ -208,8 +237,10 @@ def _evaluate_retrieval(resolved: ResolvedConfig, target: ModelToEvaluate, bench
     for bench in benchmarks:
         unscored = len(bench.items.queries) - bench.items.scored_queries
         if unscored:
-            console.print(f"note: benchmark '{bench.name}': {unscored} of {len(bench.items.queries)} queries have no "
-                          "relevant document (in qrels or their `relevant` list) and are not scored")
+            console.print(
+                f"note: benchmark '{bench.name}': {unscored} of {len(bench.items.queries)} queries have no "
+                "relevant document (in qrels or their `relevant` list) and are not scored"
+            )
     print_summary(console, results, None, f"of {target.name} (score: nDCG@10)")
     return {"model": target.model_id, "results": results}
 
@@ -221,8 +252,11 @@ def _check_output(output: Path, resolved: ResolvedConfig) -> None:
         raise LeapError("--output is a folder", where=str(output), fix="give a file path, e.g. results.json")
     inputs = [resolved.config_path, *(b.path for b in resolved.evals.benchmarks)]
     if str(output) in {str(Path(p).resolve()) for p in inputs if p}:
-        raise LeapError("--output would overwrite an input of this evaluation (the config or a benchmark file)",
-                        where=str(output), fix="give another file path, e.g. results.json")
+        raise LeapError(
+            "--output would overwrite an input of this evaluation (the config or a benchmark file)",
+            where=str(output),
+            fix="give another file path, e.g. results.json",
+        )
     from leap_finetune.files import check_writable
 
     check_writable(output.parent, "--output")
@@ -253,13 +287,18 @@ def model_to_evaluate(resolved: ResolvedConfig) -> ModelToEvaluate:
 
     folder = Path(resolved.checkpoint)
     if not folder.is_dir():
-        raise LeapError("not a folder", where=f"checkpoint: {folder}",
-                        fix="point checkpoint at a run folder, a checkpoint-N folder or an adapter folder")
+        raise LeapError(
+            "not a folder",
+            where=f"checkpoint: {folder}",
+            fix="point checkpoint at a run folder, a checkpoint-N folder or an adapter folder",
+        )
     chosen = model_in(folder)
     if chosen is None:
-        raise LeapError("no model in this folder (no config.json, no adapter_config.json, no model/, no complete "
-                        "checkpoint)", where=f"checkpoint: {folder}",
-                        fix="point checkpoint at a run folder, a checkpoint-N folder or an adapter folder")
+        raise LeapError(
+            "no model in this folder (no config.json, no adapter_config.json, no model/, no complete checkpoint)",
+            where=f"checkpoint: {folder}",
+            fix="point checkpoint at a run folder, a checkpoint-N folder or an adapter folder",
+        )
     if is_model(chosen):
         return ModelToEvaluate(str(chosen))
     return ModelToEvaluate(_adapter_base(chosen, resolved), adapter_dir=chosen)
@@ -276,7 +315,9 @@ def _adapter_base(adapter: Path, resolved: ResolvedConfig) -> str:
             if model_id:
                 return model_id
     try:
-        recorded = json.loads((adapter / "adapter_config.json").read_text(encoding="utf-8")).get("base_model_name_or_path")
+        recorded = json.loads((adapter / "adapter_config.json").read_text(encoding="utf-8")).get(
+            "base_model_name_or_path"
+        )
     except (OSError, json.JSONDecodeError):
         recorded = None
     return recorded or resolved.model_id

@@ -82,8 +82,13 @@ def prepare(resolved: ResolvedConfig, console: Console | None = None, examples: 
     template = load_chat_template(resolved.chat_template, tokenizer)
     # DPO / KTO split prompt from completion themselves and need no generation markers; GRPO renders prompts only
     loss_on = resolved.loss_on if "loss_on" in method_of(resolved).own_keys else "all"
-    renderer = Renderer(tokenizer, template, loss_on, resolved.training.get("max_length"),
-                        resolved.training.get("truncation_mode", "keep_start"))
+    renderer = Renderer(
+        tokenizer,
+        template,
+        loss_on,
+        resolved.training.get("max_length"),
+        resolved.training.get("truncation_mode", "keep_start"),
+    )
     return tokenizer, renderer, prepare_data(resolved, tokenizer, renderer, console=console, examples=examples)
 
 
@@ -94,8 +99,9 @@ def check_lora_targets(resolved: ResolvedConfig, tokenizer) -> None:
     from leap_finetune.models.structure import check_lora_targets as check_targets
     from leap_finetune.models.structure import module_names
 
-    names = module_names(resolved.model_id, tokenizer, resolved.training.get("model_init_kwargs"),
-                         head=resolved.retrieval is None)
+    names = module_names(
+        resolved.model_id, tokenizer, resolved.training.get("model_init_kwargs"), head=resolved.retrieval is None
+    )
     if names is not None:
         check_targets(resolved.peft, names, resolved.model_id, resolved.config_path or "config")
 
@@ -111,8 +117,11 @@ def check_training_arguments(resolved: ResolvedConfig, has_eval: bool) -> None:
     try:
         args = config_cls(**module.training_arguments(resolved, run_dir=os.devnull, has_eval=has_eval))
     except (ValueError, TypeError) as err:
-        raise LeapError(f"a value is not valid for TRL's {config_cls.__name__}: {err}", where=f"{where}: training_config",
-                        fix=f"see docs/config.md and TRL's {config_cls.__name__} documentation") from None
+        raise LeapError(
+            f"a value is not valid for TRL's {config_cls.__name__}: {err}",
+            where=f"{where}: training_config",
+            fix=f"see docs/config.md and TRL's {config_cls.__name__} documentation",
+        ) from None
     check_trainer_parts(args, where)
 
 

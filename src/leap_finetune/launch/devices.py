@@ -46,10 +46,16 @@ class DevicePlan:
         return "nccl" if self.use_gpu else "gloo"
 
     def to_json(self) -> dict:
-        return {"nodes": self.nodes, "gpus_per_node": self.gpus_per_node, "workers": self.workers,
-                "in_process": self.in_process,
-                "own_process": self.own_process, "backend": self.backend, "address": self.address,
-                "devices": {"server": self.server, "judge": self.judge, "eval": self.eval, "training": self.training}}
+        return {
+            "nodes": self.nodes,
+            "gpus_per_node": self.gpus_per_node,
+            "workers": self.workers,
+            "in_process": self.in_process,
+            "own_process": self.own_process,
+            "backend": self.backend,
+            "address": self.address,
+            "devices": {"server": self.server, "judge": self.judge, "eval": self.eval, "training": self.training},
+        }
 
 
 def physical_ids(indices: list[int]) -> str:
@@ -71,32 +77,57 @@ def visible_gpus() -> int:
         return 0
 
 
-def plan_devices(*, gpus: int, nodes: int = 1, server: int = 0, judge: int = 0, eval_gpus: int = 0,
-                 training: int | None = None, num_workers: int | None = None, address: str | None = None,
-                 fsdp: bool = False, where: str = "config") -> DevicePlan:
+def plan_devices(
+    *,
+    gpus: int,
+    nodes: int = 1,
+    server: int = 0,
+    judge: int = 0,
+    eval_gpus: int = 0,
+    training: int | None = None,
+    num_workers: int | None = None,
+    address: str | None = None,
+    fsdp: bool = False,
+    where: str = "config",
+) -> DevicePlan:
     """Counts in, device indices out; an impossible plan is an error with the numbers."""
     reserved = server + judge + eval_gpus
     if reserved and nodes > 1:
         raise LeapError(
             f"the plan reserves {reserved} GPU(s) of a node for servers (server {server}, judge {judge}, eval "
-            f"{eval_gpus}), but the run spans {nodes} nodes: local servers are single-node only", where=where,
+            f"{eval_gpus}), but the run spans {nodes} nodes: local servers are single-node only",
+            where=where,
             fix="use colocate mode (vLLM inside each training worker), external server URLs "
-            "(vllm_server_base_url, a judge URL), or async_eval mode: sidecar")
+            "(vllm_server_base_url, a judge URL), or async_eval mode: sidecar",
+        )
     plan = DevicePlan(nodes=nodes, gpus_per_node=gpus, address=address)
     if gpus == 0:
         if reserved:
-            keys = ", ".join(k for k, n in (("grpo_rollout.server_gpus", server), ("grpo_rollout.judge_gpus", judge),
-                                            ("async_eval.vllm_gpus", eval_gpus)) if n)
-            raise LeapError(f"the plan reserves {reserved} GPU(s) for servers ({keys}), but no GPU is visible",
-                            where=where, fix="run on a GPU machine, or plan for one: leap-finetune plan CONFIG --gpus N"
-                            + (", or set async_eval.vllm_gpus: 0 (a CPU evaluator)" if eval_gpus else ""))
+            keys = ", ".join(
+                k
+                for k, n in (
+                    ("grpo_rollout.server_gpus", server),
+                    ("grpo_rollout.judge_gpus", judge),
+                    ("async_eval.vllm_gpus", eval_gpus),
+                )
+                if n
+            )
+            raise LeapError(
+                f"the plan reserves {reserved} GPU(s) for servers ({keys}), but no GPU is visible",
+                where=where,
+                fix="run on a GPU machine, or plan for one: leap-finetune plan CONFIG --gpus N"
+                + (", or set async_eval.vllm_gpus: 0 (a CPU evaluator)" if eval_gpus else ""),
+            )
         plan.workers = (num_workers or 1) if nodes == 1 else (num_workers or nodes)
         _check_fsdp(fsdp, plan.workers, where)
         if fsdp:
             # accelerate applies FSDP on GPU workers only: on CPU workers the key would be ignored silently.
-            raise LeapError("training_config.fsdp shards the model over GPU workers, but no GPU is visible (on CPU "
-                            "workers accelerate would ignore it and train with DDP)", where=where,
-                            fix="run on GPUs (plan one with: leap-finetune plan CONFIG --gpus N), or remove fsdp")
+            raise LeapError(
+                "training_config.fsdp shards the model over GPU workers, but no GPU is visible (on CPU "
+                "workers accelerate would ignore it and train with DDP)",
+                where=where,
+                fix="run on GPUs (plan one with: leap-finetune plan CONFIG --gpus N), or remove fsdp",
+            )
         return plan
     available = gpus - reserved
     wanted = training if training is not None else available
@@ -108,9 +139,12 @@ def plan_devices(*, gpus: int, nodes: int = 1, server: int = 0, judge: int = 0, 
         index += count
     total = wanted * nodes
     if num_workers is not None and num_workers > total:
-        raise LeapError(f"ray.num_workers is {num_workers}, but the plan has {total} training GPU(s)"
-                        + (f" ({wanted} on each of {nodes} nodes)" if nodes > 1 else ""), where=where,
-                        fix=f"set ray.num_workers to {total} or fewer (one worker per GPU), or leave it out")
+        raise LeapError(
+            f"ray.num_workers is {num_workers}, but the plan has {total} training GPU(s)"
+            + (f" ({wanted} on each of {nodes} nodes)" if nodes > 1 else ""),
+            where=where,
+            fix=f"set ray.num_workers to {total} or fewer (one worker per GPU), or leave it out",
+        )
     plan.workers = num_workers or total
     if num_workers is not None and nodes == 1:
         plan.training = plan.training[:num_workers]
@@ -120,34 +154,59 @@ def plan_devices(*, gpus: int, nodes: int = 1, server: int = 0, judge: int = 0, 
 
 # Each kind of server's GPUs: its key, what it is, and how to run it without GPUs of this node
 RESERVED = (
-    ("server", "grpo_rollout.server_gpus", "the rollout server",
-     ("grpo_rollout.server_gpus: 0 with training_config.vllm_mode: colocate (vLLM inside the training workers) or "
-      "training_config.vllm_server_base_url (a server you run)")),
-    ("judge", "grpo_rollout.judge_gpus", "the judge",
-     "grpo_rollout.judge_gpus: 0 (the judge then runs on CPU; or give rewards.judge.base_url, a judge you run)"),
-    ("eval", "async_eval.vllm_gpus", "the evaluation server",
-     "async_eval.vllm_gpus: 0 (a CPU evaluator) or async_eval.mode: sidecar"),
+    (
+        "server",
+        "grpo_rollout.server_gpus",
+        "the rollout server",
+        (
+            "grpo_rollout.server_gpus: 0 with training_config.vllm_mode: colocate (vLLM inside the training workers) or "
+            "training_config.vllm_server_base_url (a server you run)"
+        ),
+    ),
+    (
+        "judge",
+        "grpo_rollout.judge_gpus",
+        "the judge",
+        "grpo_rollout.judge_gpus: 0 (the judge then runs on CPU; or give rewards.judge.base_url, a judge you run)",
+    ),
+    (
+        "eval",
+        "async_eval.vllm_gpus",
+        "the evaluation server",
+        "async_eval.vllm_gpus: 0 (a CPU evaluator) or async_eval.mode: sidecar",
+    ),
 )
 
 
-def _too_few_gpus(gpus: int, nodes: int, server: int, judge: int, eval_gpus: int, training: int | None,
-                  where: str) -> LeapError:
+def _too_few_gpus(
+    gpus: int, nodes: int, server: int, judge: int, eval_gpus: int, training: int | None, where: str
+) -> LeapError:
     """What each part of the plan takes, by its key, against what is visible; and what to change."""
     counts = {"server": server, "judge": judge, "eval": eval_gpus}
     reserved = sum(counts.values())
     parts = [f"{counts[name]} for {what} ({key})" for name, key, what, _ in RESERVED if counts[name]]
-    parts.append(f"{training} for training (grpo_rollout.training_gpus)" if training is not None
-                 else "at least 1 for training")
+    parts.append(
+        f"{training} for training (grpo_rollout.training_gpus)" if training is not None else "at least 1 for training"
+    )
     needed = reserved + (training if training is not None else 1)
     visible = f"{gpus} {'is' if gpus == 1 else 'are'} visible" + (" per node" if nodes > 1 else "")
     fixes = []
     if training is not None and gpus - reserved >= 1:
         fixes.append(f"set grpo_rollout.training_gpus to {gpus - reserved} or fewer (or leave it out: the rest)")
-    fixes.append(f"run where {needed} GPUs are visible (CUDA_VISIBLE_DEVICES decides; plan for them with "
-                 f"leap-finetune plan CONFIG --gpus {needed})")
+    fixes.append(
+        f"run where {needed} GPUs are visible (CUDA_VISIBLE_DEVICES decides; plan for them with "
+        f"leap-finetune plan CONFIG --gpus {needed})"
+    )
     fixes += [f"take {what} off this node's GPUs: {instead}" for name, _, what, instead in RESERVED if counts[name]]
-    return LeapError(f"the plan needs {needed} GPU(s)" + (" per node" if nodes > 1 else "") + ": "
-                     + ", ".join(parts) + f"; {visible}", where=where, fix="; or ".join(fixes))
+    return LeapError(
+        f"the plan needs {needed} GPU(s)"
+        + (" per node" if nodes > 1 else "")
+        + ": "
+        + ", ".join(parts)
+        + f"; {visible}",
+        where=where,
+        fix="; or ".join(fixes),
+    )
 
 
 def device_plan(resolved, *, gpus: int | None = None, nodes: int | None = None) -> DevicePlan:
@@ -169,36 +228,50 @@ def device_plan(resolved, *, gpus: int | None = None, nodes: int | None = None) 
     async_eval = getattr(resolved, "async_eval", None)
     if async_eval is not None and async_eval.mode == "reserved":
         servers["eval_gpus"] = async_eval.vllm_gpus
-    plan = plan_devices(gpus=visible_gpus() if gpus is None else gpus, nodes=nodes or 1,
-                        num_workers=ray.num_workers if ray else None, address=address,
-                        fsdp=bool(resolved.training.get("fsdp")), where=where, **servers)
+    plan = plan_devices(
+        gpus=visible_gpus() if gpus is None else gpus,
+        nodes=nodes or 1,
+        num_workers=ray.num_workers if ray else None,
+        address=address,
+        fsdp=bool(resolved.training.get("fsdp")),
+        where=where,
+        **servers,
+    )
     if not plan.in_process:
         _check_resources(ray.resources_per_worker if ray else None, plan, cluster, this_machine, where)
     judge = getattr(resolved, "rewards", None) and resolved.rewards.judge
     local_servers = plan.server or plan.judge or (judge is not None and judge.base_url is None)
     if local_servers and address:
-        raise LeapError(f"the run trains on the Ray cluster at {address}, and the plan has local servers (rollout "
-                        "server or judge) on the driver's machine: the cluster's workers may share their GPUs or not "
-                        "reach them", where=where,
-                        fix="give the servers' URLs (training_config.vllm_server_base_url, rewards.judge.base_url), "
-                        "or use vllm_mode: colocate, or run on one machine without ray.address")
+        raise LeapError(
+            f"the run trains on the Ray cluster at {address}, and the plan has local servers (rollout "
+            "server or judge) on the driver's machine: the cluster's workers may share their GPUs or not "
+            "reach them",
+            where=where,
+            fix="give the servers' URLs (training_config.vllm_server_base_url, rewards.judge.base_url), "
+            "or use vllm_mode: colocate, or run on one machine without ray.address",
+        )
     if judge is not None and judge.base_url is None and plan.nodes > 1:
-        raise LeapError(f"rewards.judge has no base_url, so the driver would run the judge on this node, but the run "
-                        f"spans {plan.nodes} nodes: local servers are single-node only", where=where,
-                        fix="run the judge yourself (e.g. vllm serve MODEL on one node) and give its URL as "
-                        "rewards.judge.base_url")
+        raise LeapError(
+            f"rewards.judge has no base_url, so the driver would run the judge on this node, but the run "
+            f"spans {plan.nodes} nodes: local servers are single-node only",
+            where=where,
+            fix="run the judge yourself (e.g. vllm serve MODEL on one node) and give its URL as rewards.judge.base_url",
+        )
     if not plan.in_process:
         import importlib.util
 
         if importlib.util.find_spec("ray") is None:
-            raise LeapError(f"the plan has {plan.workers} training workers, which run through Ray Train, and Ray is "
-                            "not installed", where=where,
-                            fix="pip install 'leap-finetune[distributed]' (or set ray.num_workers: 1 for one process)")
+            raise LeapError(
+                f"the plan has {plan.workers} training workers, which run through Ray Train, and Ray is not installed",
+                where=where,
+                fix="pip install 'leap-finetune[distributed]' (or set ray.num_workers: 1 for one process)",
+            )
     return plan
 
 
-def _check_resources(resources: dict | None, plan: DevicePlan, cluster: list[dict] | None, this_machine: bool,
-                     where: str) -> None:
+def _check_resources(
+    resources: dict | None, plan: DevicePlan, cluster: list[dict] | None, this_machine: bool, where: str
+) -> None:
     """The workers fit on the cluster (asked) or on the local Ray instance the run starts (its CPUs where this is
     the machine, its GPUs), before Ray or any worker starts."""
     from leap_finetune.launch.ray_resources import check_cluster, check_for_plan, check_own_ray
@@ -217,6 +290,9 @@ def _check_resources(resources: dict | None, plan: DevicePlan, cluster: list[dic
 
 def _check_fsdp(fsdp: bool, workers: int, where: str) -> None:
     if fsdp and workers < 2:
-        raise LeapError("training_config.fsdp shards the model over several workers, but the plan has 1", where=where,
-                        fix="run with several GPUs (or ray.num_workers >= 2), or remove fsdp (on one GPU: LoRA, or "
-                        "model_init_kwargs: {dtype: bfloat16})")
+        raise LeapError(
+            "training_config.fsdp shards the model over several workers, but the plan has 1",
+            where=where,
+            fix="run with several GPUs (or ray.num_workers >= 2), or remove fsdp (on one GPU: LoRA, or "
+            "model_init_kwargs: {dtype: bfloat16})",
+        )

@@ -20,9 +20,19 @@ from leap_finetune.runs.processes import NO_MULTICAST
 
 # NVLink multicast is off on the machines we run on; a process that uses it can take a shared host's
 # GPUs out of service. Every process the project starts keeps these (Ray workers included).
-PASSED_ON = ("HF_HUB_OFFLINE", "TRANSFORMERS_OFFLINE", "HF_DATASETS_OFFLINE", "HF_HOME", "HF_TOKEN",
-             "TOKENIZERS_PARALLELISM", "LEAP_FINETUNE_SHOW_WARNINGS", "LEAP_FINETUNE_PROFILE", "WANDB_API_KEY", "WANDB_MODE",
-             "LEAP_FINETUNE_FAULT")
+PASSED_ON = (
+    "HF_HUB_OFFLINE",
+    "TRANSFORMERS_OFFLINE",
+    "HF_DATASETS_OFFLINE",
+    "HF_HOME",
+    "HF_TOKEN",
+    "TOKENIZERS_PARALLELISM",
+    "LEAP_FINETUNE_SHOW_WARNINGS",
+    "LEAP_FINETUNE_PROFILE",
+    "WANDB_API_KEY",
+    "WANDB_MODE",
+    "LEAP_FINETUNE_FAULT",
+)
 
 
 def ray_address(resolved) -> str | None:
@@ -39,9 +49,12 @@ def check_reachable(address: str, timeout: float) -> None:
         with socket.create_connection((host or "127.0.0.1", int(port or 6379)), timeout=timeout):
             return
     except (OSError, ValueError) as err:
-        raise LeapError(f"the Ray cluster at {address} does not answer ({err})", where="ray.address",
-                        fix="start it (ray start --head) or check the address; without ray.address and RAY_ADDRESS "
-                        "a local Ray instance is started") from None
+        raise LeapError(
+            f"the Ray cluster at {address} does not answer ({err})",
+            where="ray.address",
+            fix="start it (ray start --head) or check the address; without ray.address and RAY_ADDRESS "
+            "a local Ray instance is started",
+        ) from None
 
 
 def cluster_nodes(address: str, timeout: float) -> list[dict]:
@@ -96,10 +109,16 @@ def run_on_ray(resolved_json: dict, plan: DevicePlan, run_dir: Path) -> None:
         # (they cannot: their peer is gone) before it reports the failure; its 30 s only delay the error.
         os.environ.setdefault("TORCH_PROCESS_GROUP_SHUTDOWN_TIMEOUT_S", "5")
         if plan.address:
-            check_reachable(plan.address, resolved_json.get("ray", {}).get("connect_timeout_s", 30) if
-                            resolved_json.get("ray") else 30)
-            ray.init(address=plan.address, runtime_env={"env_vars": env}, logging_level="ERROR",
-                     logging_config=ray.LoggingConfig(log_level="ERROR"))
+            check_reachable(
+                plan.address,
+                resolved_json.get("ray", {}).get("connect_timeout_s", 30) if resolved_json.get("ray") else 30,
+            )
+            ray.init(
+                address=plan.address,
+                runtime_env={"env_vars": env},
+                logging_level="ERROR",
+                logging_config=ray.LoggingConfig(log_level="ERROR"),
+            )
         else:
             _init_local(plan, env)
     try:
@@ -121,8 +140,12 @@ def run_on_ray(resolved_json: dict, plan: DevicePlan, run_dir: Path) -> None:
         train_loop_config=resolved_json,
         scaling_config=ScalingConfig(num_workers=plan.workers, use_gpu=plan.use_gpu, resources_per_worker=resources),
         torch_config=TorchConfig(backend=plan.backend),
-        run_config=RunConfig(name="ray", storage_path=str(run_dir), failure_config=FailureConfig(max_failures=0),
-                             worker_runtime_env={"env_vars": env}),
+        run_config=RunConfig(
+            name="ray",
+            storage_path=str(run_dir),
+            failure_config=FailureConfig(max_failures=0),
+            worker_runtime_env={"env_vars": env},
+        ),
     )
     try:
         trainer.fit()
@@ -145,8 +168,9 @@ def _check_cluster(resolved_json: dict, plan: DevicePlan) -> None:
 
     resources = (resolved_json.get("ray") or {}).get("resources_per_worker")
     cluster = f"the Ray cluster at {plan.address}" if plan.address else "the local Ray instance"
-    check_cluster(resources, plan.use_gpu, plan.workers, alive_nodes(), resolved_json.get("config_path") or "config",
-                  cluster)
+    check_cluster(
+        resources, plan.use_gpu, plan.workers, alive_nodes(), resolved_json.get("config_path") or "config", cluster
+    )
 
 
 def _has_dashboard() -> bool:
@@ -198,9 +222,15 @@ def _init_local(plan: DevicePlan, env: dict) -> None:
         os.environ["CUDA_VISIBLE_DEVICES"] = physical_ids(plan.training)
     try:
         # address="local": a new instance, never an unrelated cluster that happens to run on this machine
-        ray.init(address="local", num_cpus=os.cpu_count(), num_gpus=len(plan.training) if plan.use_gpu else 0,
-                 include_dashboard=False, logging_level="ERROR", runtime_env={"env_vars": env},
-                 logging_config=ray.LoggingConfig(log_level="ERROR"))
+        ray.init(
+            address="local",
+            num_cpus=os.cpu_count(),
+            num_gpus=len(plan.training) if plan.use_gpu else 0,
+            include_dashboard=False,
+            logging_level="ERROR",
+            runtime_env={"env_vars": env},
+            logging_config=ray.LoggingConfig(log_level="ERROR"),
+        )
     finally:
         if saved is None:
             os.environ.pop("CUDA_VISIBLE_DEVICES", None)
@@ -215,9 +245,13 @@ def _failure_message(err: Exception, run_dir: Path) -> str:
     text = str(err)
     ranks = sorted(set(re.findall(r"Rank (\d+)", text)))
     lines = [line for line in text.splitlines() if line.strip()]
-    cause = next((line.strip() for line in reversed(lines) if re.match(r"\s*\w+(Error|Exception|Interrupt)\b", line)),
-                 lines[-1].strip() if lines else type(err).__name__)
+    cause = next(
+        (line.strip() for line in reversed(lines) if re.match(r"\s*\w+(Error|Exception|Interrupt)\b", line)),
+        lines[-1].strip() if lines else type(err).__name__,
+    )
     who = f"worker rank {', '.join(ranks)}" if ranks else "a worker"
-    return (f"{who} failed: {cause}\n  the worker logs are under Ray's session folder "
-            f"(/tmp/ray/session_latest/logs/worker-*.err); the last complete checkpoint in {run_dir} is intact: "
-            "resume with training_config.resume_from_checkpoint: latest")
+    return (
+        f"{who} failed: {cause}\n  the worker logs are under Ray's session folder "
+        f"(/tmp/ray/session_latest/logs/worker-*.err); the last complete checkpoint in {run_dir} is intact: "
+        "resume with training_config.resume_from_checkpoint: latest"
+    )

@@ -29,33 +29,46 @@ def snippet(resolved, summary: dict, adapter: bool) -> str:
     query_prompt = ', prompt_name="query"' if prompts is not None and prompts.query else ""
     encoder = method_of(resolved).encoder_class
     if encoder == "SentenceTransformer":
-        return (f'from sentence_transformers import SentenceTransformer\n\nmodel = SentenceTransformer("{model_dir}")\n'
-                f'embeddings = model.encode(["What is the capital of France?"]{query_prompt})\n'
-                'print(embeddings.shape)')
+        return (
+            f'from sentence_transformers import SentenceTransformer\n\nmodel = SentenceTransformer("{model_dir}")\n'
+            f'embeddings = model.encode(["What is the capital of France?"]{query_prompt})\n'
+            "print(embeddings.shape)"
+        )
     if encoder == "MultiVectorEncoder":
-        return (f'from sentence_transformers import MultiVectorEncoder\n\nmodel = MultiVectorEncoder("{model_dir}")\n'
-                f'vectors = model.encode(["What is the capital of France?"]{query_prompt})\nprint(len(vectors[0]))')
+        return (
+            f'from sentence_transformers import MultiVectorEncoder\n\nmodel = MultiVectorEncoder("{model_dir}")\n'
+            f'vectors = model.encode(["What is the capital of France?"]{query_prompt})\nprint(len(vectors[0]))'
+        )
     if adapter:
         base = resolved.model_id
         if base in TINY_MODELS:  # a built-in tiny model is not a Hub id: leap-finetune builds it
-            load_base = (f'from leap_finetune.models.loading import load_model, load_tokenizer\n\n'
-                         f'tokenizer = AutoTokenizer.from_pretrained("{summary["adapter_dir"]}")\n'
-                         f'base = load_model("{base}", tokenizer)\n')
+            load_base = (
+                f"from leap_finetune.models.loading import load_model, load_tokenizer\n\n"
+                f'tokenizer = AutoTokenizer.from_pretrained("{summary["adapter_dir"]}")\n'
+                f'base = load_model("{base}", tokenizer)\n'
+            )
         else:
-            load_base = (f'base = AutoModelForCausalLM.from_pretrained("{base}")\n'
-                         f'tokenizer = AutoTokenizer.from_pretrained("{summary["adapter_dir"]}")\n')
-        load = (f'from peft import PeftModel\nfrom transformers import AutoModelForCausalLM, AutoTokenizer\n'
-                f'{load_base}model = PeftModel.from_pretrained(base, "{summary["adapter_dir"]}")\n')
+            load_base = (
+                f'base = AutoModelForCausalLM.from_pretrained("{base}")\n'
+                f'tokenizer = AutoTokenizer.from_pretrained("{summary["adapter_dir"]}")\n'
+            )
+        load = (
+            f"from peft import PeftModel\nfrom transformers import AutoModelForCausalLM, AutoTokenizer\n"
+            f'{load_base}model = PeftModel.from_pretrained(base, "{summary["adapter_dir"]}")\n'
+        )
     else:
-        load = (f'from transformers import AutoModelForCausalLM, AutoTokenizer\n\n'
-                f'model = AutoModelForCausalLM.from_pretrained("{model_dir}")\n'
-                f'tokenizer = AutoTokenizer.from_pretrained("{model_dir}")\n')
+        load = (
+            f"from transformers import AutoModelForCausalLM, AutoTokenizer\n\n"
+            f'model = AutoModelForCausalLM.from_pretrained("{model_dir}")\n'
+            f'tokenizer = AutoTokenizer.from_pretrained("{model_dir}")\n'
+        )
     return load + (
         'messages = [{"role": "user", "content": "What is the capital of France?"}]\n'
         'inputs = tokenizer.apply_chat_template(messages, add_generation_prompt=True, return_tensors="pt", '
-        'return_dict=True)\n'
-        'output = model.generate(**inputs, max_new_tokens=64)\n'
-        'print(tokenizer.decode(output[0][inputs["input_ids"].shape[1]:], skip_special_tokens=True))')
+        "return_dict=True)\n"
+        "output = model.generate(**inputs, max_new_tokens=64)\n"
+        'print(tokenizer.decode(output[0][inputs["input_ids"].shape[1]:], skip_special_tokens=True))'
+    )
 
 
 def _metadata(resolved, prepared, adapter: bool) -> dict:
@@ -67,8 +80,11 @@ def _metadata(resolved, prepared, adapter: bool) -> dict:
     if adapter:
         tags.append("lora")
     data = {
-        "library_name": "sentence-transformers" if method_of(resolved).retrieval else
-        "peft" if adapter else "transformers",
+        "library_name": "sentence-transformers"
+        if method_of(resolved).retrieval
+        else "peft"
+        if adapter
+        else "transformers",
         "pipeline_tag": "sentence-similarity" if method_of(resolved).retrieval else "text-generation",
         "tags": tags,
     }
@@ -87,15 +103,19 @@ def _number(value, digits: int = 4) -> str:
 
 def _best_eval(run_dir: Path) -> tuple[float, int] | None:
     """(the lowest eval loss, its step) in metrics.jsonl."""
-    losses = [(r["eval_loss"], r["step"]) for r in read_metrics(RunFolder(run_dir).metrics)
-              if isinstance(r.get("eval_loss"), (int, float))]
+    losses = [
+        (r["eval_loss"], r["step"])
+        for r in read_metrics(RunFolder(run_dir).metrics)
+        if isinstance(r.get("eval_loss"), (int, float))
+    ]
     return min(losses, key=lambda pair: pair[0]) if losses else None
 
 
 def _metric(metrics: dict | None, name: str):
     """A held-out retrieval metric (eval_retrieval_<score function>_<name>: cosine, maxsim, ...)."""
-    return next((v for k, v in (metrics or {}).items() if k.startswith("eval_retrieval_") and k.endswith(f"_{name}")),
-                None)
+    return next(
+        (v for k, v in (metrics or {}).items() if k.startswith("eval_retrieval_") and k.endswith(f"_{name}")), None
+    )
 
 
 def retrieval_results(summary: dict) -> list[tuple[str, float | None, float]]:
@@ -107,8 +127,9 @@ def retrieval_results(summary: dict) -> list[tuple[str, float | None, float]]:
     for name in ("mrr@10", "recall@10"):
         after = _metric(summary.get("eval_metrics"), name)
         if after is not None:
-            rows.append((f"held-out {name.replace('mrr', 'MRR')}", _metric(summary.get("initial_eval_metrics"), name),
-                         after))
+            rows.append(
+                (f"held-out {name.replace('mrr', 'MRR')}", _metric(summary.get("initial_eval_metrics"), name), after)
+            )
     for name, after in (summary.get("retrieval_benchmarks") or {}).items():
         if after is not None:
             rows.append((f"{name} nDCG@10", (summary.get("initial_retrieval_benchmarks") or {}).get(name), after))
@@ -120,11 +141,14 @@ def _data_rows(prepared) -> list[str]:
     lines = []
     for s in prepared.sources:
         held_out = 0 if s.val_path else s.eval_rows
-        lines.append(f"| `{s.path}` | {s.rows_read:,} | {s.valid:,} | {s.train_rows:,} | {held_out:,} | "
-                     f"{s.mixing or '-'} | {s.train_tokens:,} |")
+        lines.append(
+            f"| `{s.path}` | {s.rows_read:,} | {s.valid:,} | {s.train_rows:,} | {held_out:,} | "
+            f"{s.mixing or '-'} | {s.train_tokens:,} |"
+        )
         if s.val_path:
-            lines.append(f"| `{s.val_path}` (held out) | {s.val_rows_read:,} | {s.val_valid:,} | - | {s.eval_rows:,} | "
-                         "- | - |")
+            lines.append(
+                f"| `{s.val_path}` (held out) | {s.val_rows_read:,} | {s.val_valid:,} | - | {s.eval_rows:,} | - | - |"
+            )
     return lines
 
 
@@ -135,8 +159,11 @@ def _resume_changes(run_dir: Path) -> list[dict]:
         value = json.loads(RunFolder(run_dir).resume_changes.read_text(encoding="utf-8"))
     except (OSError, ValueError):
         return []
-    return [c for c in value if isinstance(c, dict) and {"step", "key", "before", "now"} <= set(c)] \
-        if isinstance(value, list) else []
+    return (
+        [c for c in value if isinstance(c, dict) and {"step", "key", "before", "now"} <= set(c)]
+        if isinstance(value, list)
+        else []
+    )
 
 
 def _lengths_row(resolved) -> str:
@@ -144,15 +171,19 @@ def _lengths_row(resolved) -> str:
         r = resolved.retrieval
         own = "the encoder's own"
         return f"| max length query / document | {r.query_max_length or own} / {r.document_max_length or own} |"
-    return f"| max length / packing | {resolved.training.get('max_length')} / {resolved.training.get('packing', False)} |"
+    return (
+        f"| max length / packing | {resolved.training.get('max_length')} / {resolved.training.get('packing', False)} |"
+    )
 
 
 def _use_it_too(resolved) -> str:
     run_dir = resolved.run_dir
     if method_of(resolved).retrieval:  # (an encoder: nothing to chat with)
-        return (f"Score it on a retrieval benchmark: `leap-finetune eval CONFIG` with `checkpoint: {run_dir}` and a "
-                f"benchmark of `metric: retrieval`; `leap-finetune export {run_dir}` copies it as a "
-                "sentence-transformers folder.")
+        return (
+            f"Score it on a retrieval benchmark: `leap-finetune eval CONFIG` with `checkpoint: {run_dir}` and a "
+            f"benchmark of `metric: retrieval`; `leap-finetune export {run_dir}` copies it as a "
+            "sentence-transformers folder."
+        )
     return f"Or in the terminal: `leap-finetune chat {run_dir}`."
 
 
@@ -161,37 +192,58 @@ def card_text(resolved, prepared, summary: dict, devices_line: str, adapter: boo
 
     run_dir = Path(resolved.run_dir)
     training = resolved.training
-    method = f"LoRA (r={resolved.peft.get('r')}, alpha={resolved.peft.get('lora_alpha')})" if resolved.peft else \
-        "full fine-tune"
-    lines = [f"# {resolved.run_name}", "",
-             f"**{resolved.training_type.upper()}** of `{resolved.model_name}`, {method}, trained with "
-             f"leap-finetune {__version__}.", ""]
-    lines += ["## Data", "", "| source | rows read | valid | train | eval | mix | tokens used |",
-              "| --- | --- | --- | --- | --- | --- | --- |"]
+    method = (
+        f"LoRA (r={resolved.peft.get('r')}, alpha={resolved.peft.get('lora_alpha')})"
+        if resolved.peft
+        else "full fine-tune"
+    )
+    lines = [
+        f"# {resolved.run_name}",
+        "",
+        f"**{resolved.training_type.upper()}** of `{resolved.model_name}`, {method}, trained with "
+        f"leap-finetune {__version__}.",
+        "",
+    ]
+    lines += [
+        "## Data",
+        "",
+        "| source | rows read | valid | train | eval | mix | tokens used |",
+        "| --- | --- | --- | --- | --- | --- | --- |",
+    ]
     lines += _data_rows(prepared)
     retrieval = method_of(resolved).retrieval
     loss_tokens = "" if retrieval else f" ({prepared.trained_tokens:,} carrying loss)"  # (every token of a text)
-    lines += ["", f"{len(prepared.train):,} training rows, {prepared.train_tokens:,} tokens{loss_tokens}; "
-              f"{len(prepared.eval):,} held out. "
-              f"Not trained on: {prepared.invalid_skipped:,} invalid row(s) skipped, {prepared.fully_truncated:,} "
-              f"with every trained token beyond max_length"
-              + (" (listed in dropped_rows.jsonl)." if prepared.dropped else "."), ""]
-    lines += ["## Training", "",
-              "| setting | value |", "| --- | --- |",
-              f"| learning rate | {training.get('learning_rate')} |",
-              f"| epochs / max steps | {training.get('num_train_epochs')} / {training.get('max_steps', -1)} |",
-              f"| batch per device x accumulation x workers | {training.get('per_device_train_batch_size')} x "
-              f"{training.get('gradient_accumulation_steps', 1)} x {resolved.workers} |",
-              _lengths_row(resolved),
-              f"| steps | {summary.get('global_step')} |"]
+    lines += [
+        "",
+        f"{len(prepared.train):,} training rows, {prepared.train_tokens:,} tokens{loss_tokens}; "
+        f"{len(prepared.eval):,} held out. "
+        f"Not trained on: {prepared.invalid_skipped:,} invalid row(s) skipped, {prepared.fully_truncated:,} "
+        f"with every trained token beyond max_length"
+        + (" (listed in dropped_rows.jsonl)." if prepared.dropped else "."),
+        "",
+    ]
+    lines += [
+        "## Training",
+        "",
+        "| setting | value |",
+        "| --- | --- |",
+        f"| learning rate | {training.get('learning_rate')} |",
+        f"| epochs / max steps | {training.get('num_train_epochs')} / {training.get('max_steps', -1)} |",
+        f"| batch per device x accumulation x workers | {training.get('per_device_train_batch_size')} x "
+        f"{training.get('gradient_accumulation_steps', 1)} x {resolved.workers} |",
+        _lengths_row(resolved),
+        f"| steps | {summary.get('global_step')} |",
+    ]
     if isinstance(summary.get("train_runtime_s"), (int, float)):
         lines.append(f"| training time | {summary['train_runtime_s']:,.1f} s |")
     if summary.get("tokens_seen"):  # (a number only where the trainer counts them)
         lines.append(f"| tokens seen | {summary['tokens_seen']:,} |")
     lines.append(f"| hardware | {devices_line.removeprefix('devices: ')} |")
     for change in _resume_changes(run_dir):  # (resume_allow_changes: the values above hold from that step on)
-        lines.append(f"| changed on resume at step {change['step']} | {change['key'].removeprefix('training_config.')}: "
-                     f"{change['before']!r} -> {change['now']!r} |")
+        lines.append(
+            f"| changed on resume at step {change['step']} | {change['key'].removeprefix('training_config.')}: "
+            f"{change['before']!r} -> {change['now']!r} |"
+        )
     lines.append("")
     lines += ["## Results", "", "| metric | before | after |", "| --- | --- | --- |"]
     if summary.get("train_loss") is not None:
@@ -209,16 +261,31 @@ def card_text(resolved, prepared, summary: dict, devices_line: str, adapter: boo
         before = (summary.get("initial_benchmarks") or {}).get(key)
         lines.append(f"| {key} | {_number(before)} | {_number(after)} |")
     if summary.get("final_reward") is not None:
-        lines.append(f"| reward (first / last 5 steps) | {_number(summary.get('initial_reward'))} | "
-                     f"{_number(summary['final_reward'])} |")
+        lines.append(
+            f"| reward (first / last 5 steps) | {_number(summary.get('initial_reward'))} | "
+            f"{_number(summary['final_reward'])} |"
+        )
     for name, before, after in retrieval_results(summary):
         lines.append(f"| {name} | {_number(before)} | {_number(after)} |")
     lines += ["", "Plots: `plots/` in the run folder; every logged value: `metrics.jsonl`.", ""]
     lines += ["## Use it", "", "```python", snippet(resolved, summary, adapter), "```", "", _use_it_too(resolved), ""]
-    lines += ["## Config", "", "<details><summary>resolved_config.yaml (every value after profiles and defaults)"
-              "</summary>", "", "```yaml", dump_yaml(resolved.to_json_dict()).rstrip(), "```", "", "</details>", ""]
-    card = ModelCard.from_template(ModelCardData(**_metadata(resolved, prepared, adapter)),
-                                   template_str="---\n{{ card_data }}\n---\n\n{{ body }}\n", body="\n".join(lines))
+    lines += [
+        "## Config",
+        "",
+        "<details><summary>resolved_config.yaml (every value after profiles and defaults)</summary>",
+        "",
+        "```yaml",
+        dump_yaml(resolved.to_json_dict()).rstrip(),
+        "```",
+        "",
+        "</details>",
+        "",
+    ]
+    card = ModelCard.from_template(
+        ModelCardData(**_metadata(resolved, prepared, adapter)),
+        template_str="---\n{{ card_data }}\n---\n\n{{ body }}\n",
+        body="\n".join(lines),
+    )
     return str(card)
 
 
@@ -229,8 +296,11 @@ def write_model_cards(resolved, prepared, summary: dict, devices_line: str) -> l
     run_dir = Path(resolved.run_dir)
     written = []
     adapter = bool(summary.get("adapter_dir"))
-    for folder, as_adapter in ((run_dir, False), (Path(summary["model_dir"]), False),
-                               (Path(summary["adapter_dir"]) if adapter else None, True)):
+    for folder, as_adapter in (
+        (run_dir, False),
+        (Path(summary["model_dir"]), False),
+        (Path(summary["adapter_dir"]) if adapter else None, True),
+    ):
         if folder is None or not folder.is_dir():
             continue
         write_atomic(folder / "README.md", card_text(resolved, prepared, summary, devices_line, as_adapter))

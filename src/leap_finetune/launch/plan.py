@@ -48,7 +48,9 @@ class RunPlan:
     metrics_bytes: int | None = None
     trained_seconds: float = 0.0
     finished: dict | None = None  # the summary, when the run already ended at this checkpoint
-    changes: dict = field(default_factory=dict)  # resume_allow_changes: {key: (before, now)} applied from the checkpoint
+    changes: dict = field(
+        default_factory=dict
+    )  # resume_allow_changes: {key: (before, now)} applied from the checkpoint
 
 
 def outputs_folder(resolved: ResolvedConfig, outputs_root: Path | None = None) -> Path:
@@ -69,19 +71,30 @@ def plan_run(resolved: ResolvedConfig, *, outputs_root: Path | None = None) -> R
         check_writable(run_dir, "output_dir")
         from leap_finetune.launch.run_lock import LOCK_NAME
 
-        if run_dir.is_dir() and any(p.name != LOCK_NAME for p in run_dir.iterdir()) or run_dir.is_dir() and \
-                (run_dir / LOCK_NAME).exists() and _held(run_dir):
+        if (
+            run_dir.is_dir()
+            and any(p.name != LOCK_NAME for p in run_dir.iterdir())
+            or run_dir.is_dir()
+            and (run_dir / LOCK_NAME).exists()
+            and _held(run_dir)
+        ):
             from leap_finetune.launch.run_lock import busy_error, is_live, read_holder
 
             if is_live(run_dir):
                 raise busy_error(run_dir, read_holder(run_dir), "output_dir")
             if RunFolder(run_dir).is_run() and latest_checkpoint(run_dir) is None:
-                raise LeapError("the output folder holds a run that stopped before its first complete checkpoint: "
-                                "there is nothing in it to resume", where=f"output_dir: {run_dir}",
-                                fix=f"remove the folder (rm -r {run_dir}) and run again, or choose another output_dir")
-            raise LeapError("the output folder exists and is not empty", where=f"output_dir: {run_dir}",
-                            fix="choose another output_dir, remove the folder, or resume with "
-                            "training_config.resume_from_checkpoint: latest")
+                raise LeapError(
+                    "the output folder holds a run that stopped before its first complete checkpoint: "
+                    "there is nothing in it to resume",
+                    where=f"output_dir: {run_dir}",
+                    fix=f"remove the folder (rm -r {run_dir}) and run again, or choose another output_dir",
+                )
+            raise LeapError(
+                "the output folder exists and is not empty",
+                where=f"output_dir: {run_dir}",
+                fix="choose another output_dir, remove the folder, or resume with "
+                "training_config.resume_from_checkpoint: latest",
+            )
         return RunPlan(run_dir, run_dir.name, None, new_run=True)
     check_writable(root, "output_dir (default: outputs/ beside the config)")
     run_name = resolved.training.get("run_name") or f"{resolved.training_type}-{time.strftime('%Y%m%d-%H%M%S')}"
@@ -117,38 +130,66 @@ def _plan_resume(resolved: ResolvedConfig, root: Path) -> RunPlan:
             if stopped is not None:
                 raise LeapError(
                     f"resume_from_checkpoint: latest, but the run in {stopped} stopped before its first complete "
-                    "checkpoint: there is nothing to resume" + (f" ({'; '.join(notes)})" if notes else ""), where=key,
-                    fix=f"remove that folder (rm -r {stopped}) and remove resume_from_checkpoint to start the run again")
+                    "checkpoint: there is nothing to resume" + (f" ({'; '.join(notes)})" if notes else ""),
+                    where=key,
+                    fix=f"remove that folder (rm -r {stopped}) and remove resume_from_checkpoint to start the run again",
+                )
             raise LeapError(
                 f"resume_from_checkpoint: latest, but no complete checkpoint exists under {searched}"
                 + (f" ({'; '.join(notes)})" if notes else ""),
-                where=key, fix="remove resume_from_checkpoint to start a new run, or point it at a checkpoint folder")
+                where=key,
+                fix="remove resume_from_checkpoint to start a new run, or point it at a checkpoint folder",
+            )
     else:
         checkpoint = Path(resolved.resume_from_checkpoint)
         if not checkpoint.is_dir():
-            raise LeapError("no such checkpoint folder", where=f"{key}: {checkpoint}",
-                            fix="use a checkpoint-N folder of an earlier run, or `latest`")
+            raise LeapError(
+                "no such checkpoint folder",
+                where=f"{key}: {checkpoint}",
+                fix="use a checkpoint-N folder of an earlier run, or `latest`",
+            )
         _check_is_checkpoint(checkpoint, key)
         verdict = verify(checkpoint)
         if not verdict.ok:
-            raise LeapError(f"this checkpoint cannot be resumed from: {verdict.problem}", where=f"{key}: {checkpoint}",
-                            fix="use another checkpoint-N folder of the run, or `latest` (the newest intact one)")
+            raise LeapError(
+                f"this checkpoint cannot be resumed from: {verdict.problem}",
+                where=f"{key}: {checkpoint}",
+                fix="use another checkpoint-N folder of the run, or `latest` (the newest intact one)",
+            )
         run_dir = checkpoint.parent
         newer = [p.name for p in checkpoints(run_dir) if step_of(p) > step_of(checkpoint) and verify(p).ok]
         if newer:
             raise LeapError(
                 f"the run has newer complete checkpoints ({', '.join(newer)}); resuming from {checkpoint.name} in "
-                "place would discard them", where=f"{key}: {checkpoint}",
-                fix="use `latest`, or copy this checkpoint into a new folder and resume from the copy")
+                "place would discard them",
+                where=f"{key}: {checkpoint}",
+                fix="use `latest`, or copy this checkpoint into a new folder and resume from the copy",
+            )
     check_writable(run_dir, "the run folder")
     marker = read_marker(checkpoint) or {}
     stale = [p for p in checkpoints(run_dir) if step_of(p) > step_of(checkpoint) or read_marker(p) is None]
     said = {folder.name for folder, _ in damaged}
-    notes += [f"{p.name} " + ("never completed (interrupted while saving)" if read_marker(p) is None
-                              else "is newer than the checkpoint resumed from") + ": it is removed"
-              for p in stale if p.name not in said]
-    plan = RunPlan(run_dir, run_dir.name, checkpoint, new_run=False, notes=notes, stale=stale,
-                   metrics_bytes=marker.get("metrics_bytes"), trained_seconds=marker.get("trained_seconds", 0.0))
+    notes += [
+        f"{p.name} "
+        + (
+            "never completed (interrupted while saving)"
+            if read_marker(p) is None
+            else "is newer than the checkpoint resumed from"
+        )
+        + ": it is removed"
+        for p in stale
+        if p.name not in said
+    ]
+    plan = RunPlan(
+        run_dir,
+        run_dir.name,
+        checkpoint,
+        new_run=False,
+        notes=notes,
+        stale=stale,
+        metrics_bytes=marker.get("metrics_bytes"),
+        trained_seconds=marker.get("trained_seconds", 0.0),
+    )
     plan.finished = _finished(resolved, run_dir, checkpoint)
     return plan
 
@@ -156,12 +197,17 @@ def _plan_resume(resolved: ResolvedConfig, root: Path) -> RunPlan:
 def _check_is_checkpoint(folder: Path, key: str) -> None:
     """Say what the folder is when it is not a checkpoint-N folder (a run folder, a final model)."""
     if checkpoints(folder):
-        raise LeapError("this is a run folder, not a checkpoint", where=f"{key}: {folder}",
-                        fix=f"use `latest`, or one of its checkpoints: {folder / checkpoints(folder)[-1].name}")
+        raise LeapError(
+            "this is a run folder, not a checkpoint",
+            where=f"{key}: {folder}",
+            fix=f"use `latest`, or one of its checkpoints: {folder / checkpoints(folder)[-1].name}",
+        )
     if (folder / "config.json").exists() and not (folder / "trainer_state.json").exists():
-        raise LeapError("this is a saved model, not a checkpoint: it has no optimizer, scheduler or data position",
-                        where=f"{key}: {folder}",
-                        fix="resume from a checkpoint-N folder; to fine-tune this model further, set model_name to it")
+        raise LeapError(
+            "this is a saved model, not a checkpoint: it has no optimizer, scheduler or data position",
+            where=f"{key}: {folder}",
+            fix="resume from a checkpoint-N folder; to fine-tune this model further, set model_name to it",
+        )
 
 
 def _compared(config: dict, key: str):
@@ -182,8 +228,11 @@ def global_batch(config: dict) -> int:
     """Rows per optimizer step: per device x accumulation x workers (the number of workers may change on a
     resume as long as this does not)."""
     training = config.get("training") or {}
-    return (training.get("per_device_train_batch_size", 8) * training.get("gradient_accumulation_steps", 1)
-            * config.get("workers", 1))
+    return (
+        training.get("per_device_train_batch_size", 8)
+        * training.get("gradient_accumulation_steps", 1)
+        * config.get("workers", 1)
+    )
 
 
 def _dataset_changes(before, now) -> list[tuple]:
@@ -193,8 +242,12 @@ def _dataset_changes(before, now) -> list[tuple]:
     now = now if isinstance(now, list) else [now or {}]
     if len(before) != len(now):
         return [("dataset (the sources)", len(before), len(now))]
-    return [(f"dataset[{i}].{k}" if many else f"dataset.{k}", old.get(k), new.get(k))
-            for i, (old, new) in enumerate(zip(before, now)) for k in RESUME_KEEPS_DATA if old.get(k) != new.get(k)]
+    return [
+        (f"dataset[{i}].{k}" if many else f"dataset.{k}", old.get(k), new.get(k))
+        for i, (old, new) in enumerate(zip(before, now))
+        for k in RESUME_KEEPS_DATA
+        if old.get(k) != new.get(k)
+    ]
 
 
 def resumed_config(plan: RunPlan) -> tuple[dict | None, dict | None]:
@@ -218,8 +271,9 @@ def resumed_config(plan: RunPlan) -> tuple[dict | None, dict | None]:
     return config, data
 
 
-def check_resume_matches(resolved: ResolvedConfig, plan: RunPlan, data_fingerprint: dict | None,
-                         workers: int = 1) -> dict:
+def check_resume_matches(
+    resolved: ResolvedConfig, plan: RunPlan, data_fingerprint: dict | None, workers: int = 1
+) -> dict:
     """A resume continues the same run: the same model, data and step (the global batch: a different
     number of workers is fine when per-device batch x accumulation makes up for it), and the same optimization
     unless `training_config.resume_allow_changes` names the keys that change (then they apply from the resumed
@@ -233,44 +287,82 @@ def check_resume_matches(resolved: ResolvedConfig, plan: RunPlan, data_fingerpri
     if before is None:
         if allow == ["all"]:
             return {}
-        raise LeapError(f"cannot check that this config continues the run at {plan.run_dir}: its checkpoint does not "
-                        "record the run's config and resolved_config.yaml is missing", where=key,
-                        fix="restore resolved_config.yaml in the run folder, or set training_config.resume_allow_changes: "
-                        "[all] to resume with this config as it is")
+        raise LeapError(
+            f"cannot check that this config continues the run at {plan.run_dir}: its checkpoint does not "
+            "record the run's config and resolved_config.yaml is missing",
+            where=key,
+            fix="restore resolved_config.yaml in the run folder, or set training_config.resume_allow_changes: "
+            "[all] to resume with this config as it is",
+        )
     now = {**resolved.to_json_dict(), "workers": workers}
-    fixed = [("the global batch (per_device_train_batch_size x gradient_accumulation_steps x workers)",
-              global_batch(before), global_batch(now))] if global_batch(before) != global_batch(now) else []
+    fixed = (
+        [
+            (
+                "the global batch (per_device_train_batch_size x gradient_accumulation_steps x workers)",
+                global_batch(before),
+                global_batch(now),
+            )
+        ]
+        if global_batch(before) != global_batch(now)
+        else []
+    )
     fixed += [(k, before.get(k), now.get(k)) for k in RESUME_KEEPS if _compared(before, k) != _compared(now, k)]
     fixed += _dataset_changes(before.get("dataset"), now.get("dataset"))
     old_training, new_training = before.get("training") or {}, now.get("training") or {}
-    fixed += [(f"training_config.{k}", old_training.get(k), new_training.get(k)) for k in RESUME_KEEPS_TRAINING
-              if old_training.get(k) != new_training.get(k)]
-    scheduler = ("reduce_lr_on_plateau" in (old_training.get("lr_scheduler_type"), new_training.get("lr_scheduler_type"))
-                 and old_training.get("lr_scheduler_type") != new_training.get("lr_scheduler_type"))
+    fixed += [
+        (f"training_config.{k}", old_training.get(k), new_training.get(k))
+        for k in RESUME_KEEPS_TRAINING
+        if old_training.get(k) != new_training.get(k)
+    ]
+    scheduler = "reduce_lr_on_plateau" in (
+        old_training.get("lr_scheduler_type"),
+        new_training.get("lr_scheduler_type"),
+    ) and old_training.get("lr_scheduler_type") != new_training.get("lr_scheduler_type")
     if scheduler:
-        fixed.append(("training_config.lr_scheduler_type", old_training.get("lr_scheduler_type"),
-                      new_training.get("lr_scheduler_type")))
+        fixed.append(
+            (
+                "training_config.lr_scheduler_type",
+                old_training.get("lr_scheduler_type"),
+                new_training.get("lr_scheduler_type"),
+            )
+        )
     if not fixed and data_fingerprint is not None and saved_data is not None and saved_data != data_fingerprint:
-        fixed.append(("the prepared training data", f"{saved_data.get('train_rows')} rows, {str(saved_data.get('train'))[:12]}",
-                      f"{data_fingerprint.get('train_rows')} rows, {str(data_fingerprint.get('train'))[:12]}"))
+        fixed.append(
+            (
+                "the prepared training data",
+                f"{saved_data.get('train_rows')} rows, {str(saved_data.get('train'))[:12]}",
+                f"{data_fingerprint.get('train_rows')} rows, {str(data_fingerprint.get('train'))[:12]}",
+            )
+        )
     if fixed:
         listed = "; ".join(f"{name}: {old!r} -> {new!r}" for name, old, new in fixed[:6])
-        raise LeapError(f"this config changes what the run at {plan.run_dir} trains: {listed}", where=key,
-                        fix="a resume continues the same run (its data, model and optimizer state): change these back, "
-                        "or start a new run (remove resume_from_checkpoint)")
-    changed = {f"training_config.{k}": (old_training.get(k), new_training.get(k))
-               for k in sorted(set(old_training) | set(new_training))
-               if k not in RESUME_FREE_TRAINING and not k.startswith(RESUME_FREE_PREFIXES)
-               and old_training.get(k) != new_training.get(k)}
-    changed.update({k: (before.get(k), now.get(k)) for k in RESUME_ALLOWABLE if _compared(before, k) != _compared(now, k)})
+        raise LeapError(
+            f"this config changes what the run at {plan.run_dir} trains: {listed}",
+            where=key,
+            fix="a resume continues the same run (its data, model and optimizer state): change these back, "
+            "or start a new run (remove resume_from_checkpoint)",
+        )
+    changed = {
+        f"training_config.{k}": (old_training.get(k), new_training.get(k))
+        for k in sorted(set(old_training) | set(new_training))
+        if k not in RESUME_FREE_TRAINING
+        and not k.startswith(RESUME_FREE_PREFIXES)
+        and old_training.get(k) != new_training.get(k)
+    }
+    changed.update(
+        {k: (before.get(k), now.get(k)) for k in RESUME_ALLOWABLE if _compared(before, k) != _compared(now, k)}
+    )
     refused = {k: v for k, v in changed.items() if allow != ["all"] and k.removeprefix("training_config.") not in allow}
     if refused:
         listed = "; ".join(f"{name}: {old!r} -> {new!r}" for name, (old, new) in list(refused.items())[:6])
         names = ", ".join(k.removeprefix("training_config.") for k in refused)
-        raise LeapError(f"this config changes how the run at {plan.run_dir} trains: {listed}", where=key,
-                        fix=f"change them back to continue the run as it was, or apply them from the resumed step on "
-                        f"with training_config.resume_allow_changes: [{names}] (recorded in the run's "
-                        "resume_changes.json and model card)")
+        raise LeapError(
+            f"this config changes how the run at {plan.run_dir} trains: {listed}",
+            where=key,
+            fix=f"change them back to continue the run as it was, or apply them from the resumed step on "
+            f"with training_config.resume_allow_changes: [{names}] (recorded in the run's "
+            "resume_changes.json and model card)",
+        )
     return changed
 
 
@@ -337,8 +429,11 @@ def restore_benchmark_results(run_dir: Path, metrics: Path, step: int) -> None:
         return
     from leap_finetune.files import read_metrics
 
-    logged = {record.get("step") for record in read_metrics(metrics)
-              if any(key.startswith("benchmark/") and key.endswith("/score") for key in record)}
+    logged = {
+        record.get("step")
+        for record in read_metrics(metrics)
+        if any(key.startswith("benchmark/") and key.endswith("/score") for key in record)
+    }
     restored = []
     for path in sorted(folder.glob("step-*.json"), key=lambda p: int(p.stem.split("-")[1])):
         evaluated = int(path.stem.split("-")[1])

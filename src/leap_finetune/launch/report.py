@@ -36,24 +36,44 @@ def config_table(resolved: ResolvedConfig) -> Table:
     ]
     if method_of(resolved).rewards:
         rows[2] = ("training", "grpo, rewards: " + ", ".join(_reward_names(resolved)))
-        rows[8] = ("generations / length", f"{t.get('num_generations')} per prompt / up to "
-                   f"{t.get('max_completion_length')} tokens")
+        rows[8] = (
+            "generations / length",
+            f"{t.get('num_generations')} per prompt / up to {t.get('max_completion_length')} tokens",
+        )
         from leap_finetune.rl.engines import rollout_advice
 
         engine = rollout_engine(resolved)
-        rows.append(("rollouts", engine + "\n" + rollout_advice(
-            resolved.model_id, engine=engine, lora=resolved.peft is not None,
-            vllm_mode=str(t.get("vllm_mode", "colocate")))))
+        rows.append(
+            (
+                "rollouts",
+                engine
+                + "\n"
+                + rollout_advice(
+                    resolved.model_id,
+                    engine=engine,
+                    lora=resolved.peft is not None,
+                    vllm_mode=str(t.get("vllm_mode", "colocate")),
+                ),
+            )
+        )
     if resolved.retrieval is not None:  # embedding / colbert: no chat template, no loss mask, lengths per side
         r = resolved.retrieval
-        rows[1] = ("prompts", f"query {r.prompts.query!r}, document {r.prompts.document!r}"
-                   if (r.prompts.query or r.prompts.document) else "none")
-        loss = {"mnrl": "in-batch negatives", "cached_mnrl": f"in-batch negatives, cached (mini-batches of "
-                f"{r.mini_batch_size})"}[r.loss]
+        rows[1] = (
+            "prompts",
+            f"query {r.prompts.query!r}, document {r.prompts.document!r}"
+            if (r.prompts.query or r.prompts.document)
+            else "none",
+        )
+        loss = {
+            "mnrl": "in-batch negatives",
+            "cached_mnrl": f"in-batch negatives, cached (mini-batches of {r.mini_batch_size})",
+        }[r.loss]
         rows[2] = ("training", f"{resolved.training_type}, {loss}, pooling {r.pooling}")
         rows[8] = ("max length query / document", f"{r.query_max_length} / {r.document_max_length}")
     if resolved.evals:
-        rows.append(("benchmarks", ", ".join(f"{b.name} ({b.metric.rsplit('::', 1)[-1]})" for b in resolved.evals.benchmarks)))
+        rows.append(
+            ("benchmarks", ", ".join(f"{b.name} ({b.metric.rsplit('::', 1)[-1]})" for b in resolved.evals.benchmarks))
+        )
     for key, value in rows:
         table.add_row(key, value)
     return table
@@ -93,16 +113,21 @@ def _datasets(resolved: ResolvedConfig) -> str:
     return "\n".join(d.path + (f"  (eval: {d.val_path})" if d.val_path else "") for d in dataset_items(resolved))
 
 
-def data_report(console: Console, prepared: PreparedData, resolved: ResolvedConfig | None = None,
-                max_listed: int = 5) -> None:
+def data_report(
+    console: Console, prepared: PreparedData, resolved: ResolvedConfig | None = None, max_listed: int = 5
+) -> None:
     if resolved is not None and method_of(resolved).rewards:
         with_solution = sum(1 for solution in prepared.train.column("solution") if solution)
-        console.print(f"data: {prepared.rows_read} rows read -> {len(prepared.train)} train prompts "
-                      f"({with_solution} with a solution), {len(prepared.eval)} eval; {prepared.train_tokens:,} "
-                      "prompt tokens")
+        console.print(
+            f"data: {prepared.rows_read} rows read -> {len(prepared.train)} train prompts "
+            f"({with_solution} with a solution), {len(prepared.eval)} eval; {prepared.train_tokens:,} "
+            "prompt tokens"
+        )
     elif resolved is not None and resolved.retrieval is not None:
-        console.print(f"data: {prepared.rows_read} rows read -> {len(prepared.train)} train, {len(prepared.eval)} eval "
-                      f"(query, positive, negatives); {prepared.train_tokens:,} train tokens")
+        console.print(
+            f"data: {prepared.rows_read} rows read -> {len(prepared.train)} train, {len(prepared.eval)} eval "
+            f"(query, positive, negatives); {prepared.train_tokens:,} train tokens"
+        )
     else:
         console.print(
             f"data: {prepared.rows_read} rows read -> {len(prepared.train)} train, {len(prepared.eval)} eval; "
@@ -114,12 +139,22 @@ def data_report(console: Console, prepared: PreparedData, resolved: ResolvedConf
             table.add_column(column, justify="left" if column in ("source", "mix") else "right")
         for s in prepared.sources:
             held_out = f" + {s.val_rows_read:,} held out" if s.val_path else ""  # (val_path's rows, read apart)
-            table.add_row(escape("/".join(s.path.split("/")[-2:])), f"{s.rows_read:,}{held_out}", f"{s.valid:,}", f"{s.train_rows:,}", f"{s.eval_rows:,}",
-                          s.mixing or "-", f"{s.used_rows:,}", f"{s.train_tokens:,}")
+            table.add_row(
+                escape("/".join(s.path.split("/")[-2:])),
+                f"{s.rows_read:,}{held_out}",
+                f"{s.valid:,}",
+                f"{s.train_rows:,}",
+                f"{s.eval_rows:,}",
+                s.mixing or "-",
+                f"{s.used_rows:,}",
+                f"{s.train_tokens:,}",
+            )
         console.print(table)
     if prepared.from_cache:
-        console.print(f"data: prepared rows read from the cache ({escape(prepared.from_cache)}); nothing changed since "
-                      "they were prepared")
+        console.print(
+            f"data: prepared rows read from the cache ({escape(prepared.from_cache)}); nothing changed since "
+            "they were prepared"
+        )
     elif prepared.seconds >= 1:
         rows = len(prepared.train) + len(prepared.eval)
         console.print(f"data: prepared in {prepared.seconds:.1f} s ({rows / prepared.seconds:,.0f} rows/s)")
@@ -130,13 +165,18 @@ def data_report(console: Console, prepared: PreparedData, resolved: ResolvedConf
         rows = prepared.warning_rows.get(kind) or len({(w.file, w.location) for w in items})
         examples = ", ".join(f"{w.location} ({w.field})" for w in items[:3])
         label, colour = ("note", "dim") if kind == "converted_tool_calls" else ("warning", "yellow")
-        console.print(f"[{colour}]{label} ({kind}): {escape(WARNINGS[kind])}: {rows} row(s), "
-                      f"e.g. {escape(items[0].file)} {escape(examples)}[/{colour}]")
+        console.print(
+            f"[{colour}]{label} ({kind}): {escape(WARNINGS[kind])}: {rows} row(s), "
+            f"e.g. {escape(items[0].file)} {escape(examples)}[/{colour}]"
+        )
     if resolved is not None and method_of(resolved).kl_pairs:
         from leap_finetune.data.preference_tokens import kto_balance_advice
 
-        advice = kto_balance_advice(prepared.train.column("label"), resolved.training.get("desirable_weight", 1.0),
-                                    resolved.training.get("undesirable_weight", 1.0))
+        advice = kto_balance_advice(
+            prepared.train.column("label"),
+            resolved.training.get("desirable_weight", 1.0),
+            resolved.training.get("undesirable_weight", 1.0),
+        )
         if advice:
             console.print(f"[yellow]warning: {escape(advice)}[/yellow]")
     for notice in prepared.notices:
@@ -144,9 +184,11 @@ def data_report(console: Console, prepared: PreparedData, resolved: ResolvedConf
     if prepared.invalid_skipped:
         share = prepared.invalid_skipped / max(1, prepared.rows_read)
         if share > SKIPPED_SHARE_WARNING:
-            console.print(f"[bold red]warning: {share:.0%} of the rows ({prepared.invalid_skipped} of "
-                          f"{prepared.rows_read}) are invalid and skipped: is this the right data, and the right "
-                          "training_type? (dataset.on_invalid: error lists every problem)[/bold red]")
+            console.print(
+                f"[bold red]warning: {share:.0%} of the rows ({prepared.invalid_skipped} of "
+                f"{prepared.rows_read}) are invalid and skipped: is this the right data, and the right "
+                "training_type? (dataset.on_invalid: error lists every problem)[/bold red]"
+            )
         console.print(f"[yellow]skipped {prepared.invalid_skipped} invalid row(s) (dataset.on_invalid: skip):[/yellow]")
         for row in prepared.dropped[:max_listed]:
             if "max_length" not in row.reason:
@@ -211,31 +253,41 @@ def end_report(console: Console, resolved: ResolvedConfig, summary: dict) -> Non
         for name in ("accuracies", "margins"):
             key = f"eval_rewards/{name}"
             if key in after:
-                table.add_row(f"reward {name} (held out)",
-                              (f"{before[key]:.3f} -> " if key in before else "") + f"{after[key]:.3f}")
+                table.add_row(
+                    f"reward {name} (held out)",
+                    (f"{before[key]:.3f} -> " if key in before else "") + f"{after[key]:.3f}",
+                )
             elif f"rewards/{name}" in trained:
                 table.add_row(f"reward {name} (last training log)", f"{trained[f'rewards/{name}']:.3f}")
     if method_of(resolved).rows == LABELLED:
+
         def gap(values: dict, prefix: str):
             chosen, rejected = values.get(f"{prefix}rewards/chosen"), values.get(f"{prefix}rewards/rejected")
             return chosen - rejected if chosen is not None and rejected is not None else None
 
         held, start, last = gap(after, "eval_"), gap(before, "eval_"), gap(trained, "")
         if held is not None:
-            table.add_row("reward gap, desirable - undesirable (held out)",
-                          (f"{start:.3f} -> " if start is not None else "") + f"{held:.3f}")
+            table.add_row(
+                "reward gap, desirable - undesirable (held out)",
+                (f"{start:.3f} -> " if start is not None else "") + f"{held:.3f}",
+            )
         elif last is not None:
             table.add_row("reward gap, desirable - undesirable (last training log)", f"{last:.3f}")
     if summary.get("final_reward") is not None:
-        table.add_row("reward (first / last 5 steps)", f"{summary['initial_reward']:.3f} -> {summary['final_reward']:.3f}")
+        table.add_row(
+            "reward (first / last 5 steps)", f"{summary['initial_reward']:.3f} -> {summary['final_reward']:.3f}"
+        )
     if summary.get("rollouts"):
         rollouts = summary["rollouts"]
-        table.add_row("rollouts", rollouts["engine"] + (f" ({rollouts['why_not_sampler']})"
-                                                       if rollouts.get("why_not_sampler") else ""))
+        table.add_row(
+            "rollouts",
+            rollouts["engine"] + (f" ({rollouts['why_not_sampler']})" if rollouts.get("why_not_sampler") else ""),
+        )
     judge = summary.get("judge")
     if judge and judge.get("requests"):
         text = f"{judge['failures']:,} of {judge['requests']:,} requests failed" + (
-            f" since the resume at step {judge['since_step']}" if judge.get("since_step") else "")
+            f" since the resume at step {judge['since_step']}" if judge.get("since_step") else ""
+        )
         if judge["failures"] and judge.get("last_failure"):
             text += f" (scored failure_score; last: {judge['last_failure']})"
         table.add_row("judge", text)
@@ -252,12 +304,15 @@ def end_report(console: Console, resolved: ResolvedConfig, summary: dict) -> Non
 def devices_line(devices) -> str:
     if devices.in_process:
         where = f"1 GPU (device {devices.training[0]})" if devices.use_gpu else "CPU"
-        return f"devices: {where}, " + ("one training process (it sees only this GPU)" if devices.own_process
-                                         else "in-process")
+        return f"devices: {where}, " + (
+            "one training process (it sees only this GPU)" if devices.own_process else "in-process"
+        )
     kind = f"{len(devices.training)} GPU(s) per node: {devices.training}" if devices.use_gpu else "CPU workers"
     cluster = f"the Ray cluster at {devices.address}" if devices.address else "a local Ray instance"
-    return (f"devices: {devices.workers} Ray Train workers ({devices.backend}) on {devices.nodes} node(s), {kind}; "
-            f"{cluster}")
+    return (
+        f"devices: {devices.workers} Ray Train workers ({devices.backend}) on {devices.nodes} node(s), {kind}; "
+        f"{cluster}"
+    )
 
 
 def print_plan_notes(console: Console, plan) -> None:
@@ -266,19 +321,27 @@ def print_plan_notes(console: Console, plan) -> None:
     if plan.changes:
         from leap_finetune.runs.checkpoints import step_of
 
-        listed = "; ".join(f"{k.removeprefix('training_config.')}: {old!r} -> {new!r}" for k, (old, new) in plan.changes.items())
-        console.print(f"resume: from step {step_of(plan.resume_checkpoint)} on, {listed} (resume_allow_changes; "
-                      "recorded in resume_changes.json)")
+        listed = "; ".join(
+            f"{k.removeprefix('training_config.')}: {old!r} -> {new!r}" for k, (old, new) in plan.changes.items()
+        )
+        console.print(
+            f"resume: from step {step_of(plan.resume_checkpoint)} on, {listed} (resume_allow_changes; "
+            "recorded in resume_changes.json)"
+        )
     if plan.finished is not None:
-        console.print(f"[green]already finished[/green]: {plan.run_dir} ended at step {plan.finished['global_step']} "
-                      f"with these settings; nothing to train (model: {plan.finished['model_dir']}). To train "
-                      "longer, raise max_steps or num_train_epochs; to start again, remove resume_from_checkpoint.")
+        console.print(
+            f"[green]already finished[/green]: {plan.run_dir} ended at step {plan.finished['global_step']} "
+            f"with these settings; nothing to train (model: {plan.finished['model_dir']}). To train "
+            "longer, raise max_steps or num_train_epochs; to start again, remove resume_from_checkpoint."
+        )
 
 
 def _done_line(console: Console, summary: dict) -> None:
     if summary.get("stopped_early"):
-        console.print(f"[yellow]stopped at step {summary['global_step']} (checkpoint saved); continue with "
-                      "training_config.resume_from_checkpoint: latest[/yellow]")
+        console.print(
+            f"[yellow]stopped at step {summary['global_step']} (checkpoint saved); continue with "
+            "training_config.resume_from_checkpoint: latest[/yellow]"
+        )
         return
     parts = [f"done: {summary['global_step']} steps"]
     if summary.get("final_reward") is not None:
@@ -290,15 +353,25 @@ def _done_line(console: Console, summary: dict) -> None:
         parts.append(f"train loss {summary['train_loss']:.4f}")
     if summary.get("eval_loss") is not None:
         before = summary.get("initial_eval_loss")
-        parts.append(f"eval loss {before:.4f} -> {summary['eval_loss']:.4f}" if before is not None
-                     else f"eval loss {summary['eval_loss']:.4f}")
+        parts.append(
+            f"eval loss {before:.4f} -> {summary['eval_loss']:.4f}"
+            if before is not None
+            else f"eval loss {summary['eval_loss']:.4f}"
+        )
     if summary.get("ndcg@10") is not None:  # embedding / colbert: held-out retrieval
         before = summary.get("initial_ndcg@10")
-        parts.append(f"held-out nDCG@10 {before:.2f} -> {summary['ndcg@10']:.2f}" if before is not None
-                     else f"held-out nDCG@10 {summary['ndcg@10']:.2f}")
+        parts.append(
+            f"held-out nDCG@10 {before:.2f} -> {summary['ndcg@10']:.2f}"
+            if before is not None
+            else f"held-out nDCG@10 {summary['ndcg@10']:.2f}"
+        )
     for name, after in (summary.get("retrieval_benchmarks") or {}).items():
         before = (summary.get("initial_retrieval_benchmarks") or {}).get(name)
-        parts.append(f"{name} nDCG@10 {before:.2f} -> {after:.2f}" if before is not None
-                     else f"{name} nDCG@10 {after:.2f}")
+        parts.append(
+            f"{name} nDCG@10 {before:.2f} -> {after:.2f}" if before is not None else f"{name} nDCG@10 {after:.2f}"
+        )
     console.print(", ".join(parts))
-    console.print(f"model: {summary['model_dir']}" + (f"  adapter: {summary['adapter_dir']}" if summary.get("adapter_dir") else ""))
+    console.print(
+        f"model: {summary['model_dir']}"
+        + (f"  adapter: {summary['adapter_dir']}" if summary.get("adapter_dir") else "")
+    )

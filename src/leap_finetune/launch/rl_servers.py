@@ -12,11 +12,9 @@ import importlib.util
 import sys
 
 from leap_finetune.launch.devices import DevicePlan, physical_ids
-from leap_finetune.runs.processes import ServerSpec
 
 # Every process the project starts keeps NVLink multicast off (ENVIRONMENT.md: NCCL NVLS hangs there).
-from leap_finetune.runs.processes import NO_MULTICAST
-
+from leap_finetune.runs.processes import NO_MULTICAST, ServerSpec
 
 # Each server runs as a module of the driver's own Python: the same environment (and versions) as the run,
 # whether or not its console script is on PATH.
@@ -52,29 +50,71 @@ def local_servers(resolved, devices: DevicePlan) -> list[ServerSpec]:
         vllm_args += ["--max-model-len", str(rollout.max_model_len)]
     specs = []
     if devices.server:
-        specs.append(ServerSpec(
-            name="rollout server", port=int(t.get("vllm_server_port", 8000)),
-            command=[sys.executable, *TRL_CLI, "vllm-serve", "--model", resolved.model_id, "--host", "0.0.0.0",
-                     "--port", str(t.get("vllm_server_port", 8000)),
-                     "--tensor-parallel-size", str(rollout.tensor_parallel_size), *vllm_args],
-            env={"CUDA_VISIBLE_DEVICES": physical_ids(devices.server), **NO_MULTICAST},
-            start_timeout_s=rollout.server_start_timeout_s))
+        specs.append(
+            ServerSpec(
+                name="rollout server",
+                port=int(t.get("vllm_server_port", 8000)),
+                command=[
+                    sys.executable,
+                    *TRL_CLI,
+                    "vllm-serve",
+                    "--model",
+                    resolved.model_id,
+                    "--host",
+                    "0.0.0.0",
+                    "--port",
+                    str(t.get("vllm_server_port", 8000)),
+                    "--tensor-parallel-size",
+                    str(rollout.tensor_parallel_size),
+                    *vllm_args,
+                ],
+                env={"CUDA_VISIBLE_DEVICES": physical_ids(devices.server), **NO_MULTICAST},
+                start_timeout_s=rollout.server_start_timeout_s,
+            )
+        )
     if local_judge(resolved):
         judge = resolved.rewards.judge
         port = rollout.judge_port
         if judge_engine(devices) == "vllm":
             # the judge's own GPUs make its tensor parallelism (tensor_parallel_size is the rollout server's)
-            command = [sys.executable, *VLLM_CLI, "serve", judge.model, "--host", "127.0.0.1", "--port", str(port),
-                       "--tensor-parallel-size", str(len(devices.judge)), *vllm_args]
+            command = [
+                sys.executable,
+                *VLLM_CLI,
+                "serve",
+                judge.model,
+                "--host",
+                "127.0.0.1",
+                "--port",
+                str(port),
+                "--tensor-parallel-size",
+                str(len(devices.judge)),
+                *vllm_args,
+            ]
         else:
             # transformers serve, the model preloaded (its continuous batching has no cache for LFM2's
             # convolution layers, so it is not asked for).
-            command = [sys.executable, *TRANSFORMERS_CLI, "serve", judge.model, "--host", "127.0.0.1", "--port", str(port),
-                       "--device", "auto" if devices.judge else "cpu"]
+            command = [
+                sys.executable,
+                *TRANSFORMERS_CLI,
+                "serve",
+                judge.model,
+                "--host",
+                "127.0.0.1",
+                "--port",
+                str(port),
+                "--device",
+                "auto" if devices.judge else "cpu",
+            ]
             if devices.judge:
                 command += ["--dtype", rollout.dtype]
-        env = {"CUDA_VISIBLE_DEVICES": physical_ids(devices.judge), **NO_MULTICAST} if devices.judge else \
-            {"CUDA_VISIBLE_DEVICES": ""}
-        specs.append(ServerSpec(name="judge server", port=port, command=command, env=env,
-                                start_timeout_s=rollout.server_start_timeout_s))
+        env = (
+            {"CUDA_VISIBLE_DEVICES": physical_ids(devices.judge), **NO_MULTICAST}
+            if devices.judge
+            else {"CUDA_VISIBLE_DEVICES": ""}
+        )
+        specs.append(
+            ServerSpec(
+                name="judge server", port=port, command=command, env=env, start_timeout_s=rollout.server_start_timeout_s
+            )
+        )
     return specs

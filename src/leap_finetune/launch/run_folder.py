@@ -74,22 +74,35 @@ def disk_error(err: OSError, path: Path) -> LeapError:
     import errno
 
     if err.errno == errno.ENOSPC:
-        return LeapError(f"the disk is full ({err.filename or path})", where=str(path),
-                         fix="free space on that disk (or set output_dir to a disk with space) and run again; "
-                         "complete checkpoints of the run are intact: resume with resume_from_checkpoint: latest")
+        return LeapError(
+            f"the disk is full ({err.filename or path})",
+            where=str(path),
+            fix="free space on that disk (or set output_dir to a disk with space) and run again; "
+            "complete checkpoints of the run are intact: resume with resume_from_checkpoint: latest",
+        )
     if err.errno == errno.EDQUOT:
-        return LeapError(f"the disk quota is exceeded ({err.filename or path})", where=str(path),
-                         fix="free space within your quota, or set output_dir elsewhere; complete checkpoints are "
-                         "intact: resume with resume_from_checkpoint: latest")
+        return LeapError(
+            f"the disk quota is exceeded ({err.filename or path})",
+            where=str(path),
+            fix="free space within your quota, or set output_dir elsewhere; complete checkpoints are "
+            "intact: resume with resume_from_checkpoint: latest",
+        )
     if err.errno in (errno.EROFS, errno.EACCES, errno.EPERM):
-        return LeapError(f"cannot write there: {err.strerror} ({err.filename or path})", where=str(path),
-                         fix="set output_dir to a folder you can write in")
-    return LeapError(f"cannot write the run folder: {err.strerror or err}", where=str(path),
-                     fix="check the disk space and permissions there, or set output_dir")
+        return LeapError(
+            f"cannot write there: {err.strerror} ({err.filename or path})",
+            where=str(path),
+            fix="set output_dir to a folder you can write in",
+        )
+    return LeapError(
+        f"cannot write the run folder: {err.strerror or err}",
+        where=str(path),
+        fix="check the disk space and permissions there, or set output_dir",
+    )
 
 
-def stage_run_folder(resolved: ResolvedConfig, prepared: PreparedData, renderer, new_run: bool,
-                      run_dir: Path, staging: Path, lock=None):
+def stage_run_folder(
+    resolved: ResolvedConfig, prepared: PreparedData, renderer, new_run: bool, run_dir: Path, staging: Path, lock=None
+):
     from leap_finetune.launch.run_lock import (
         LOCK_NAME,
         RunLock,
@@ -103,7 +116,9 @@ def stage_run_folder(resolved: ResolvedConfig, prepared: PreparedData, renderer,
         shutil.copy(resolved.config_path, RunFolder(staging).config_copy)
         if resolved.overrides:  # the file as written, and what the command line changed (resolved_config.yaml has both)
             with RunFolder(staging).config_copy.open("a", encoding="utf-8") as handle:
-                handle.write("\n# overridden on the command line:\n" + "".join(f"#   --set {o}\n" for o in resolved.overrides))
+                handle.write(
+                    "\n# overridden on the command line:\n" + "".join(f"#   --set {o}\n" for o in resolved.overrides)
+                )
     data = RunFolder(staging).prepared
     for name, rows in (("train", prepared.train), ("eval", prepared.eval)):
         if len(rows):
@@ -140,9 +155,11 @@ def stage_run_folder(resolved: ResolvedConfig, prepared: PreparedData, renderer,
 
                 if is_live(run_dir):
                     raise busy_error(run_dir, read_holder(run_dir), "output_dir") from None
-            raise LeapError("the output folder exists and is not empty", where=str(run_dir),
-                            fix="choose another output_dir, remove the folder, or resume with resume_from_checkpoint: "
-                            "latest") from None
+            raise LeapError(
+                "the output folder exists and is not empty",
+                where=str(run_dir),
+                fix="choose another output_dir, remove the folder, or resume with resume_from_checkpoint: latest",
+            ) from None
         lock.moved_to(run_dir)
         return lock
     # resuming: refresh the driver's files, keep checkpoints and metrics. Each is swapped by renames (the
@@ -162,8 +179,12 @@ def stage_run_folder(resolved: ResolvedConfig, prepared: PreparedData, renderer,
 def fingerprint(prepared: PreparedData) -> dict:
     """A hash of the token ids the trainer will read (train and eval), in order: a resume checks that
     the data are the run's (the data position in a checkpoint means nothing for other data)."""
-    return {"train": prepared.train.fingerprint(), "eval": prepared.eval.fingerprint(), "train_rows": len(prepared.train),
-            "eval_rows": len(prepared.eval)}
+    return {
+        "train": prepared.train.fingerprint(),
+        "eval": prepared.eval.fingerprint(),
+        "train_rows": len(prepared.train),
+        "eval_rows": len(prepared.eval),
+    }
 
 
 def samples(prepared: PreparedData, renderer) -> list[dict]:
@@ -178,9 +199,11 @@ def samples(prepared: PreparedData, renderer) -> list[dict]:
         calls = [i for i in answers if "<|tool_call_start|>" in messages[i]["content"]]
         target = calls[0] if calls else answers[-1]
         users = [m for m in messages[:target] if m["role"] == "user"]
-        samples.append({
-            "prompt": renderer.prompt_text(messages[:target], conversation.tools),
-            "question": users[-1]["content"] if users else "",
-            "reference": messages[target]["content"],
-        })
+        samples.append(
+            {
+                "prompt": renderer.prompt_text(messages[:target], conversation.tools),
+                "question": users[-1]["content"] if users else "",
+                "reference": messages[target]["content"],
+            }
+        )
     return samples

@@ -76,7 +76,7 @@ class RunLock:
         self.token = token
 
     @classmethod
-    def take(cls, folder: Path, *, where: str = "the run folder") -> "RunLock":
+    def take(cls, folder: Path, *, where: str = "the run folder") -> RunLock:
         """Lock `folder` (it must exist) or raise the error that names the run holding it."""
         path = Path(folder) / LOCK_NAME
         fcntl = _flock()
@@ -90,8 +90,12 @@ class RunLock:
                     break
                 except OSError as err:
                     if err.errno in (errno.ENOSYS, errno.EOPNOTSUPP, errno.ENOLCK):
-                        print(f"warning: this file system has no file locks ({path}): a second run in the same "
-                              "folder cannot be refused", file=sys.stderr, flush=True)
+                        print(
+                            f"warning: this file system has no file locks ({path}): a second run in the same "
+                            "folder cannot be refused",
+                            file=sys.stderr,
+                            flush=True,
+                        )
                         break
                     if err.errno not in (errno.EWOULDBLOCK, errno.EACCES) or time.monotonic() > deadline:
                         holder = read_holder(Path(folder))
@@ -100,8 +104,17 @@ class RunLock:
                     time.sleep(0.1)
         handle.seek(0)
         handle.truncate()
-        handle.write(json.dumps({"pid": os.getpid(), "host": socket.gethostname(), "token": token,
-                                 "started": time.strftime("%Y-%m-%d %H:%M:%S"), "command": " ".join(sys.argv)}))
+        handle.write(
+            json.dumps(
+                {
+                    "pid": os.getpid(),
+                    "host": socket.gethostname(),
+                    "token": token,
+                    "started": time.strftime("%Y-%m-%d %H:%M:%S"),
+                    "command": " ".join(sys.argv),
+                }
+            )
+        )
         handle.flush()
         _HELD.append(handle)
         return cls(handle, path, token)
@@ -130,9 +143,12 @@ def busy_error(folder: Path, holder: dict, where: str) -> LeapError:
     who = f"process {holder.get('pid', '?')} on {holder.get('host', '?')}"
     since = f", started {holder['started']}" if holder.get("started") else ""
     command = f" ({holder['command']})" if holder.get("command") else ""
-    return LeapError(f"another run is live in this folder: {who}{since}{command}", where=f"{where}: {folder}",
-                     fix="wait for it to end or stop it (Ctrl-C or kill -TERM: it saves a checkpoint), then resume; "
-                     "or give this run another output_dir")
+    return LeapError(
+        f"another run is live in this folder: {who}{since}{command}",
+        where=f"{where}: {folder}",
+        fix="wait for it to end or stop it (Ctrl-C or kill -TERM: it saves a checkpoint), then resume; "
+        "or give this run another output_dir",
+    )
 
 
 def lock_state(folder: Path) -> bool | None:
@@ -143,7 +159,7 @@ def lock_state(folder: Path) -> bool | None:
     if fcntl is None or not path.exists():
         return None
     try:
-        with open(path, "r", encoding="utf-8") as handle:
+        with open(path, encoding="utf-8") as handle:
             try:
                 fcntl.flock(handle.fileno(), fcntl.LOCK_SH | fcntl.LOCK_NB)
             except OSError as err:

@@ -7,8 +7,8 @@ so what `plan` prints is what `run` does. `--gpus` / `--nodes` plan for a machin
 from __future__ import annotations
 
 from leap_finetune.launch.devices import DevicePlan
-from leap_finetune.runs.processes import NO_MULTICAST
 from leap_finetune.methods import method_of
+from leap_finetune.runs.processes import NO_MULTICAST
 
 
 def server_processes(devices: DevicePlan, resolved) -> list[dict]:
@@ -42,23 +42,58 @@ def _evaluation_processes(devices: DevicePlan, resolved) -> list[dict]:
 
     snapshot = "RUN/benchmarks/snapshots/step-N"
     if settings.mode == "sidecar":
-        return [{"name": "evaluation job (sbatch, one per evaluation, submitted by rank 0)", "node": 0,
-                 "command": ["sbatch", "RUN/benchmarks/jobs/step-N.sbatch", "->", "leap-finetune", "eval",
-                             f"{snapshot}/eval.yaml"], "env": {}}]
+        return [
+            {
+                "name": "evaluation job (sbatch, one per evaluation, submitted by rank 0)",
+                "node": 0,
+                "command": [
+                    "sbatch",
+                    "RUN/benchmarks/jobs/step-N.sbatch",
+                    "->",
+                    "leap-finetune",
+                    "eval",
+                    f"{snapshot}/eval.yaml",
+                ],
+                "env": {},
+            }
+        ]
     env = {"CUDA_VISIBLE_DEVICES": ",".join(map(str, devices.eval)), **NO_MULTICAST} if devices.eval else {}
     port = settings.reserved.server_port
-    return [{"name": "evaluation server (respawned by rank 0 on each snapshot)", "node": 0, "env": env,
-             "command": ["python", "-m", "leap_finetune.evaluation.serve", f"{snapshot}/model", "--port", str(port),
-                         "(vLLM if installed)", "+", "leap-finetune", "eval", "--server", f"http://127.0.0.1:{port}/v1"]}]
+    return [
+        {
+            "name": "evaluation server (respawned by rank 0 on each snapshot)",
+            "node": 0,
+            "env": env,
+            "command": [
+                "python",
+                "-m",
+                "leap_finetune.evaluation.serve",
+                f"{snapshot}/model",
+                "--port",
+                str(port),
+                "(vLLM if installed)",
+                "+",
+                "leap-finetune",
+                "eval",
+                "--server",
+                f"http://127.0.0.1:{port}/v1",
+            ],
+        }
+    ]
 
 
 def _training_processes(devices: DevicePlan, config_path: str | None) -> list[dict]:
     run = ["leap-finetune", "run", config_path or "CONFIG.yaml"]
     if devices.own_process:
-        return [{"name": "driver (prepares data, starts the servers, waits)", "node": 0, "command": run, "env": {}},
-                {"name": "train (one process, sees only its GPU)", "node": 0,
-                 "command": ["python", "-m", "leap_finetune.launch.single", "PAYLOAD.json"],
-                 "env": {"CUDA_VISIBLE_DEVICES": str(devices.training[0]), **NO_MULTICAST}}]
+        return [
+            {"name": "driver (prepares data, starts the servers, waits)", "node": 0, "command": run, "env": {}},
+            {
+                "name": "train (one process, sees only its GPU)",
+                "node": 0,
+                "command": ["python", "-m", "leap_finetune.launch.single", "PAYLOAD.json"],
+                "env": {"CUDA_VISIBLE_DEVICES": str(devices.training[0]), **NO_MULTICAST},
+            },
+        ]
     if devices.in_process:
         env = {"CUDA_VISIBLE_DEVICES": str(devices.training[0])} if devices.use_gpu else {}
         return [{"name": "train", "node": 0, "command": run, "env": env}]
@@ -66,17 +101,28 @@ def _training_processes(devices: DevicePlan, config_path: str | None) -> list[di
     driver_env = {**({"CUDA_VISIBLE_DEVICES": ids} if devices.use_gpu else {}), **NO_MULTICAST}
     listed = [{"name": "driver (prepares data, starts Ray Train, waits)", "node": 0, "command": run, "env": driver_env}]
     if not devices.address:
-        listed.append({"name": "ray (local instance, started by the driver)", "node": 0,
-                       "command": ["ray.init", f"num_gpus={len(devices.training) if devices.use_gpu else 0}"],
-                       "env": driver_env})
+        listed.append(
+            {
+                "name": "ray (local instance, started by the driver)",
+                "node": 0,
+                "command": ["ray.init", f"num_gpus={len(devices.training) if devices.use_gpu else 0}"],
+                "env": driver_env,
+            }
+        )
     per_node = max(1, devices.workers // devices.nodes)
     for rank in range(devices.workers):
         node, local = divmod(rank, per_node)
         env = {"RANK": str(rank), "LOCAL_RANK": str(local), "WORLD_SIZE": str(devices.workers), **NO_MULTICAST}
         if devices.use_gpu:
             env["CUDA_VISIBLE_DEVICES"] = str(devices.training[local % len(devices.training)])
-        listed.append({"name": f"training worker rank {rank}", "node": node,
-                       "command": ["ray::RayTrainWorker", "leap_finetune.launch.worker.train_worker"], "env": env})
+        listed.append(
+            {
+                "name": f"training worker rank {rank}",
+                "node": node,
+                "command": ["ray::RayTrainWorker", "leap_finetune.launch.worker.train_worker"],
+                "env": env,
+            }
+        )
     return listed
 
 
@@ -90,9 +136,14 @@ def plan_report(resolved, devices: DevicePlan, prepared, no_tokens: str = "") ->
     tokens_per_row = prepared.train_tokens / rows if rows else 0
     return {
         **devices.to_json(),
-        "batch": {"per_device": t.get("per_device_train_batch_size", 8),
-                  "gradient_accumulation_steps": t.get("gradient_accumulation_steps", 1), "workers": devices.workers,
-                  "global": steps.per_step, "unit": steps.unit, "detail": steps.per_step_detail},
+        "batch": {
+            "per_device": t.get("per_device_train_batch_size", 8),
+            "gradient_accumulation_steps": t.get("gradient_accumulation_steps", 1),
+            "workers": devices.workers,
+            "global": steps.per_step,
+            "unit": steps.unit,
+            "detail": steps.per_step_detail,
+        },
         "rows": rows,
         "steps_per_epoch": steps.steps_per_epoch,
         "max_steps": t.get("max_steps", -1),
@@ -100,8 +151,11 @@ def plan_report(resolved, devices: DevicePlan, prepared, no_tokens: str = "") ->
         # GRPO: the prompts' tokens of a step's completions (the completions add up to max_completion_length each)
         "tokens_per_step": round(tokens_per_row * steps.per_step) if prepared.tokenized else None,
         "tokens_not_counted": None if prepared.tokenized else _why_no_tokens(resolved, no_tokens),
-        "sampling": (f"each prompt {t.get('num_generations', 8)} times (GRPO's groups)"
-                     if method_of(resolved).rewards else t.get("train_sampling_strategy", "random")),
+        "sampling": (
+            f"each prompt {t.get('num_generations', 8)} times (GRPO's groups)"
+            if method_of(resolved).rewards
+            else t.get("train_sampling_strategy", "random")
+        ),
         "last_batch": steps.last_batch,
         "rollouts": _rollouts(resolved),
         "processes": processes(devices, resolved.config_path, resolved),
@@ -116,16 +170,24 @@ def _rollouts(resolved) -> dict | None:
     from leap_finetune.rl.engines import rollout_advice
 
     engine = rollout_engine(resolved)
-    return {"engine": engine,
-            "advice": rollout_advice(resolved.model_id, engine=engine, lora=resolved.peft is not None,
-                                     vllm_mode=str(resolved.training.get("vllm_mode", "colocate")))}
+    return {
+        "engine": engine,
+        "advice": rollout_advice(
+            resolved.model_id,
+            engine=engine,
+            lora=resolved.peft is not None,
+            vllm_mode=str(resolved.training.get("vllm_mode", "colocate")),
+        ),
+    }
 
 
 def _why_no_tokens(resolved, no_tokens: str) -> str:
     cut = method_of(resolved).cut_by_max_length and resolved.training.get("max_length")
-    return ((no_tokens or "the tokenizer is not at hand") + ", and plan does not download it; `leap-finetune validate` "
-            "does, then plan counts them" + ("; the rows above include any that max_length would cut away entirely"
-                                             if cut else ""))
+    return (
+        (no_tokens or "the tokenizer is not at hand") + ", and plan does not download it; `leap-finetune validate` "
+        "does, then plan counts them"
+        + ("; the rows above include any that max_length would cut away entirely" if cut else "")
+    )
 
 
 def print_plan(console, report: dict) -> None:
@@ -139,29 +201,46 @@ def print_plan(console, report: dict) -> None:
     nodes = report["nodes"]
     for role in ("server", "judge", "eval", "training"):
         for index in devices[role]:
-            table.add_row(str(index), role + (f" (on each of {nodes} nodes)" if role == "training" and nodes > 1 else ""))
+            table.add_row(
+                str(index), role + (f" (on each of {nodes} nodes)" if role == "training" and nodes > 1 else "")
+            )
     if report["gpus_per_node"]:
         console.print(table)
     else:
         console.print("devices: CPU only")
     batch = report["batch"]
-    mode = ("one training process beside the driver (no Ray)" if report.get("own_process") else "in-process (no Ray)") \
-        if report["in_process"] else f"Ray Train, {report['backend']}" + (
-        f", cluster at {report['address']}" if report["address"] else ", a local Ray instance")
+    mode = (
+        ("one training process beside the driver (no Ray)" if report.get("own_process") else "in-process (no Ray)")
+        if report["in_process"]
+        else f"Ray Train, {report['backend']}"
+        + (f", cluster at {report['address']}" if report["address"] else ", a local Ray instance")
+    )
     console.print(f"workers: {report['workers']} on {nodes} node(s) - {mode}")
     grpo = batch["unit"] == "completions"
-    console.print(f"batch: {batch['per_device']} per device x {batch['gradient_accumulation_steps']} accumulation x "
-                  f"{batch['workers']} worker(s) = {batch['global']} {batch['unit']} per step"
-                  + (f" ({batch['detail']})" if batch["detail"] else "")
-                  + f"; {report['rows']} {'prompts' if grpo else 'rows'} -> {report['steps_per_epoch']} steps per epoch"
-                  + (f" (max_steps {report['max_steps']})" if report["max_steps"] and report["max_steps"] > 0 else
-                     f", {report['total_steps']} in all" if report["total_steps"] != report["steps_per_epoch"] else "")
-                  + (f"; ~{report['tokens_per_step']:,} {'prompt ' if grpo else ''}tokens per step"
-                     if report["tokens_per_step"] is not None else ""))
+    console.print(
+        f"batch: {batch['per_device']} per device x {batch['gradient_accumulation_steps']} accumulation x "
+        f"{batch['workers']} worker(s) = {batch['global']} {batch['unit']} per step"
+        + (f" ({batch['detail']})" if batch["detail"] else "")
+        + f"; {report['rows']} {'prompts' if grpo else 'rows'} -> {report['steps_per_epoch']} steps per epoch"
+        + (
+            f" (max_steps {report['max_steps']})"
+            if report["max_steps"] and report["max_steps"] > 0
+            else f", {report['total_steps']} in all"
+            if report["total_steps"] != report["steps_per_epoch"]
+            else ""
+        )
+        + (
+            f"; ~{report['tokens_per_step']:,} {'prompt ' if grpo else ''}tokens per step"
+            if report["tokens_per_step"] is not None
+            else ""
+        )
+    )
     if report["tokens_per_step"] is None:
         console.print(f"tokens: not counted ({escape(report['tokens_not_counted'])})")
-    console.print(f"sampling: {report['sampling']}" + (" (each step's rows dealt so workers get equal tokens)"
-                                                      if report["sampling"] == "batch_rebalance" else ""))
+    console.print(
+        f"sampling: {report['sampling']}"
+        + (" (each step's rows dealt so workers get equal tokens)" if report["sampling"] == "batch_rebalance" else "")
+    )
     if report["last_batch"]:
         console.print(report["last_batch"])
     if report.get("rollouts"):
@@ -169,5 +248,7 @@ def print_plan(console, report: dict) -> None:
     console.print("processes:")
     for process in report["processes"]:
         env = " ".join(f"{k}={v}" for k, v in process["env"].items())
-        console.print(f"  [bold]{escape(process['name'])}[/bold] (node {process['node']}): "
-                      f"{escape(env + ' ' if env else '')}{escape(' '.join(process['command']))}")
+        console.print(
+            f"  [bold]{escape(process['name'])}[/bold] (node {process['node']}): "
+            f"{escape(env + ' ' if env else '')}{escape(' '.join(process['command']))}"
+        )

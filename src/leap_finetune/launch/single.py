@@ -23,9 +23,8 @@ from pathlib import Path
 
 from leap_finetune.errors import LeapError, RunFailed
 from leap_finetune.launch.devices import DevicePlan, physical_ids
-from leap_finetune.runs.processes import NO_MULTICAST
-from leap_finetune.runs.processes import _die_with_parent
 from leap_finetune.runs.folder import RunFolder
+from leap_finetune.runs.processes import NO_MULTICAST, _die_with_parent
 from leap_finetune.signals import Stopped, handled
 
 # what a process started by a launcher of its own would inherit and mistake for its place in a group
@@ -50,8 +49,9 @@ def run_in_child(payload: dict, devices: DevicePlan, run_dir: Path) -> dict:
     try:
         if threading.current_thread() is threading.main_thread():
             previous = {s: signal.signal(s, forward) for s in (signal.SIGINT, signal.SIGTERM)}
-        child = subprocess.Popen([sys.executable, "-m", "leap_finetune.launch.single", str(folder)], env=env,
-                                 preexec_fn=_die_with_parent)
+        child = subprocess.Popen(
+            [sys.executable, "-m", "leap_finetune.launch.single", str(folder)], env=env, preexec_fn=_die_with_parent
+        )
         code = child.wait()
         outcome = _read(folder / "outcome.json")
     finally:
@@ -71,14 +71,22 @@ def run_in_child(payload: dict, devices: DevicePlan, run_dir: Path) -> dict:
         raise Stopped(outcome["stopped"]["signum"], outcome["stopped"]["when"])
     if signals:  # stopped by the user before the training process could say how it ended
         raise Stopped(signals[-1], "(the training process ended)")
-    how = f"was killed by signal {-code}" + (" (SIGKILL: often the system running out of memory)"
-                                             if code == -signal.SIGKILL else "") if code < 0 else f"exited with code {code}"
+    how = (
+        f"was killed by signal {-code}"
+        + (" (SIGKILL: often the system running out of memory)" if code == -signal.SIGKILL else "")
+        if code < 0
+        else f"exited with code {code}"
+    )
     if not run_dir.is_dir():
-        raise RunFailed(f"the training process (CUDA_VISIBLE_DEVICES={ids}) {how}: the run folder {run_dir} was deleted "
-                        "while it trained; start the run again")
-    raise RunFailed(f"the training process (CUDA_VISIBLE_DEVICES={ids}) {how}; its output is above. Complete "
-                    f"checkpoints in {run_dir}, if any, are intact: resume with "
-                    "training_config.resume_from_checkpoint: latest")
+        raise RunFailed(
+            f"the training process (CUDA_VISIBLE_DEVICES={ids}) {how}: the run folder {run_dir} was deleted "
+            "while it trained; start the run again"
+        )
+    raise RunFailed(
+        f"the training process (CUDA_VISIBLE_DEVICES={ids}) {how}; its output is above. Complete "
+        f"checkpoints in {run_dir}, if any, are intact: resume with "
+        "training_config.resume_from_checkpoint: latest"
+    )
 
 
 def _read(path: Path) -> dict:

@@ -41,8 +41,12 @@ def script_text(resolved: ResolvedConfig, slurm: SlurmConfig, log_folder: Path, 
         directives.append(f"--gpus-per-node={gpus}")
     if slurm.stop_before_time_limit_s:
         directives.append(f"--signal=B:TERM@{slurm.stop_before_time_limit_s}")
-    for key, value in (("partition", slurm.partition), ("account", slurm.account), ("mem", slurm.mem),
-                       ("cpus-per-task", slurm.cpus_per_task)):
+    for key, value in (
+        ("partition", slurm.partition),
+        ("account", slurm.account),
+        ("mem", slurm.mem),
+        ("cpus-per-task", slurm.cpus_per_task),
+    ):
         if value is not None:
             directives.append(f"--{key}={sbatch_value(str(value))}")
     directives += [line.removeprefix("#SBATCH").strip() for line in slurm.extra_sbatch]
@@ -50,8 +54,10 @@ def script_text(resolved: ResolvedConfig, slurm: SlurmConfig, log_folder: Path, 
     config = shlex.quote(resolved.config_path or "CONFIG.yaml")
     lines = [
         "#!/bin/bash",
-        (f"# leap-finetune: {one_line(str(resolved.config_path))} on {nodes} node(s) x {gpus} GPU(s), Ray Train over "
-         "the allocation."),
+        (
+            f"# leap-finetune: {one_line(str(resolved.config_path))} on {nodes} node(s) x {gpus} GPU(s), Ray Train over "
+            "the allocation."
+        ),
         "# Written by `leap-finetune slurm`; submit with: sbatch <this file>",
         *[f"#SBATCH {d}" for d in directives],
         "",
@@ -67,11 +73,11 @@ def script_text(resolved: ResolvedConfig, slurm: SlurmConfig, log_folder: Path, 
         "",
         "# The nodes of the allocation; Ray's head runs on the first.",
         'nodes=($(scontrol show hostnames "$SLURM_JOB_NODELIST"))',
-        'head=${nodes[0]}',
-        'head_ip=$(srun --overlap --nodes=1 --ntasks=1 -w "$head" hostname --ip-address | awk \'{print $1}\')',
+        "head=${nodes[0]}",
+        "head_ip=$(srun --overlap --nodes=1 --ntasks=1 -w \"$head\" hostname --ip-address | awk '{print $1}')",
         "port=$((20000 + SLURM_JOB_ID % 20000))  # one port per job: jobs may share a node",
         'export RAY_ADDRESS="$head_ip:$port"',
-        'cpus=${SLURM_CPUS_ON_NODE:-1}',
+        "cpus=${SLURM_CPUS_ON_NODE:-1}",
         "",
         "# Always stop this job's Ray on every node, whatever ends the job: killing the `ray start --block`",
         "# steps' srun ends them and the Ray processes each started (other jobs' Ray instances are left alone).",
@@ -81,7 +87,7 @@ def script_text(resolved: ResolvedConfig, slurm: SlurmConfig, log_folder: Path, 
         '  for step in $(squeue -h -s -j "$SLURM_JOB_ID" -o %i 2>/dev/null | grep -vE "\\.(batch|extern)$"); do',
         '    scancel -s KILL "$step" 2>/dev/null || true',
         "  done",
-        '  kill -KILL $(jobs -p) 2>/dev/null || true',
+        "  kill -KILL $(jobs -p) 2>/dev/null || true",
         "  wait 2>/dev/null || true",
         "}",
         "trap cleanup EXIT",
@@ -101,7 +107,8 @@ def script_text(resolved: ResolvedConfig, slurm: SlurmConfig, log_folder: Path, 
         f'"$PYTHON" -m leap_finetune.launch.slurm wait --address "$RAY_ADDRESS" --nodes {nodes} --gpus {nodes * gpus} '
         f"--timeout {slurm.ray_start_timeout_s}",
         "",
-        f'"$PYTHON" -m leap_finetune.cli run {config}' + "".join(f" --set {shlex.quote(o)}" for o in resolved.overrides)
+        f'"$PYTHON" -m leap_finetune.cli run {config}'
+        + "".join(f" --set {shlex.quote(o)}" for o in resolved.overrides)
         + " &",
         "run=$!",
         "trap 'echo \"leap-finetune: SIGTERM: the run saves a checkpoint and stops\"; kill -TERM $run 2>/dev/null || true' TERM",
@@ -119,9 +126,12 @@ def log_pattern(log_folder: Path) -> str:
     folder = str(log_folder)
     if "\\" in folder or one_line(folder) != folder:
         # (sbatch takes a backslash in --output as "no %j patterns": the log would not be where it is announced)
-        raise LeapError(f"the job's log folder {folder!r} holds a backslash or a control character, which sbatch's "
-                        "--output would misread", where="leap-finetune slurm",
-                        fix="keep the config (and outputs/) in a folder whose path has neither")
+        raise LeapError(
+            f"the job's log folder {folder!r} holds a backslash or a control character, which sbatch's "
+            "--output would misread",
+            where="leap-finetune slurm",
+            fix="keep the config (and outputs/) in a folder whose path has neither",
+        )
     return folder.replace("%", "%%") + "/slurm-%j.out"
 
 
@@ -137,8 +147,15 @@ def check_job_resources(resolved: ResolvedConfig, devices, where: str) -> None:
     resources = resolved.ray.resources_per_worker if resolved.ray else None
     check_for_plan(resources, devices.use_gpu, where)
     node = {"GPU": float(devices.gpus_per_node)} if devices.use_gpu else {}
-    check_own_ray(resources, devices.use_gpu, devices.workers, devices.nodes, node, where,
-                  "a Ray cluster of its own in the SLURM job")
+    check_own_ray(
+        resources,
+        devices.use_gpu,
+        devices.workers,
+        devices.nodes,
+        node,
+        where,
+        "a Ray cluster of its own in the SLURM job",
+    )
 
 
 def write_script(resolved: ResolvedConfig, slurm: SlurmConfig, folder: Path) -> Path:
@@ -157,8 +174,11 @@ def write_script(resolved: ResolvedConfig, slurm: SlurmConfig, folder: Path) -> 
 
 def sbatch(*args: str) -> subprocess.CompletedProcess:
     if shutil.which("sbatch") is None:
-        raise LeapError("sbatch is not installed here (not a SLURM login node?)", where="leap-finetune slurm",
-                        fix="run this where sbatch works, or leave out --submit and copy the script there")
+        raise LeapError(
+            "sbatch is not installed here (not a SLURM login node?)",
+            where="leap-finetune slurm",
+            fix="run this where sbatch works, or leave out --submit and copy the script there",
+        )
     return subprocess.run(["sbatch", *args], capture_output=True, text=True, timeout=120)
 
 
@@ -168,16 +188,22 @@ def check_with_sbatch(script: Path) -> None:
     result = sbatch("--test-only", str(script))
     if result.returncode != 0:
         lines = [line for line in (result.stderr or result.stdout).splitlines() if line.strip()]
-        raise LeapError(f"sbatch would reject the job: {lines[-1] if lines else 'exit code ' + str(result.returncode)}",
-                        where=f"slurm: ({script})", fix="correct the slurm: keys (partition, account, time, nodes, "
-                        "gpus_per_node, extra_sbatch) for this cluster")
+        raise LeapError(
+            f"sbatch would reject the job: {lines[-1] if lines else 'exit code ' + str(result.returncode)}",
+            where=f"slurm: ({script})",
+            fix="correct the slurm: keys (partition, account, time, nodes, "
+            "gpus_per_node, extra_sbatch) for this cluster",
+        )
 
 
 def submit(script: Path) -> str:
     result = sbatch("--parsable", str(script))
     if result.returncode != 0:
-        raise LeapError(f"sbatch refused the job: {result.stderr.strip()}", where=str(script),
-                        fix="correct the slurm: keys for this cluster")
+        raise LeapError(
+            f"sbatch refused the job: {result.stderr.strip()}",
+            where=str(script),
+            fix="correct the slurm: keys for this cluster",
+        )
     return result.stdout.strip().split(";")[0]
 
 
@@ -200,8 +226,12 @@ def wait_for_cluster(address: str, nodes: int, gpus: int, timeout: float) -> int
             if ray.is_initialized():
                 ray.shutdown()
         time.sleep(2)
-    print(f"error: after {timeout:.0f} s only {seen[0]} of {nodes} node(s) and {seen[1]} of {gpus} GPU(s) joined "
-          f"the Ray cluster at {address}", file=sys.stderr, flush=True)
+    print(
+        f"error: after {timeout:.0f} s only {seen[0]} of {nodes} node(s) and {seen[1]} of {gpus} GPU(s) joined "
+        f"the Ray cluster at {address}",
+        file=sys.stderr,
+        flush=True,
+    )
     return 1
 
 

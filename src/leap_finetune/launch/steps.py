@@ -53,29 +53,44 @@ def _grpo_steps(t: dict, prompts: int, workers: int, where: str) -> EpochSteps:
     iterations = t.get("num_iterations", 1)
     # GRPOConfig.__post_init__: one of generation_batch_size / steps_per_generation decides the other
     completions = t.get("generation_batch_size")
-    per_generation = t.get("steps_per_generation") or (completions // (per_device * workers) if completions
-                                                       else accumulation)
+    per_generation = t.get("steps_per_generation") or (
+        completions // (per_device * workers) if completions else accumulation
+    )
     completions = completions or per_device * workers * per_generation
     prompts_per_generation = completions // generations
     whole = prompts // prompts_per_generation  # RepeatSampler keeps whole generation batches only
     if not whole:
-        raise LeapError(f"the training data has {prompts} prompt(s), fewer than one generation batch of "
-                        f"{prompts_per_generation} prompts ({completions} completions / num_generations {generations}): "
-                        "TRL trains on whole generation batches only, so nothing would be trained", where=where,
-                        fix=f"add prompts (at least {prompts_per_generation}), or lower per_device_train_batch_size, "
-                        "gradient_accumulation_steps (or generation_batch_size) or the workers, or raise num_generations")
+        raise LeapError(
+            f"the training data has {prompts} prompt(s), fewer than one generation batch of "
+            f"{prompts_per_generation} prompts ({completions} completions / num_generations {generations}): "
+            "TRL trains on whole generation batches only, so nothing would be trained",
+            where=where,
+            fix=f"add prompts (at least {prompts_per_generation}), or lower per_device_train_batch_size, "
+            "gradient_accumulation_steps (or generation_batch_size) or the workers, or raise num_generations",
+        )
     batches = whole * iterations * per_generation  # the dataloader's batches per worker
     steps = math.ceil(batches / accumulation)
     per_step = per_device * accumulation * workers
     left = prompts % prompts_per_generation
-    which = "other prompts each epoch (shuffle_dataset)" if t.get("shuffle_dataset", True) else \
-        "the data's last prompts every epoch (shuffle_dataset: false)"
-    note = (f"last batch: {left} prompt(s) per epoch do not fill a generation batch of {prompts_per_generation} "
-            f"prompts and are not trained on: TRL's sampler takes whole generation batches only ({which})") \
-        if left else None
+    which = (
+        "other prompts each epoch (shuffle_dataset)"
+        if t.get("shuffle_dataset", True)
+        else "the data's last prompts every epoch (shuffle_dataset: false)"
+    )
+    note = (
+        (
+            f"last batch: {left} prompt(s) per epoch do not fill a generation batch of {prompts_per_generation} "
+            f"prompts and are not trained on: TRL's sampler takes whole generation batches only ({which})"
+        )
+        if left
+        else None
+    )
     prompts_per_step = per_step // generations
-    detail = f"{prompts_per_step} prompt{'s' if prompts_per_step > 1 else ''} x {generations} generations" \
-        if per_step % generations == 0 else f"{generations} generations per prompt"
+    detail = (
+        f"{prompts_per_step} prompt{'s' if prompts_per_step > 1 else ''} x {generations} generations"
+        if per_step % generations == 0
+        else f"{generations} generations per prompt"
+    )
     if iterations > 1:
         detail += f"; each generation batch trained {iterations} times (num_iterations)"
     return EpochSteps(per_step, "completions", steps, note, detail)
@@ -93,6 +108,8 @@ def last_batch_note(training: dict, rows: int, per_step: int, workers: int) -> s
         topped = f", topped up to {groups} with rows from the epoch's start" if left < groups else ""
         return f"last batch: the last step of each epoch trains the {left} remaining row(s){topped}"
     if workers > 1:
-        return (f"last batch: the last step of each epoch trains the {left} remaining row(s), topped up to "
-                f"{per_step} with rows from the epoch's start (every worker gets a full batch)")
+        return (
+            f"last batch: the last step of each epoch trains the {left} remaining row(s), topped up to "
+            f"{per_step} with rows from the epoch's start (every worker gets a full batch)"
+        )
     return f"last batch: the last step of each epoch trains the {left} remaining row(s)"

@@ -26,7 +26,7 @@ def plain(line: str) -> str:
 
 
 class _Tee(io.TextIOBase):
-    def __init__(self, stream, log: "TrainLog"):
+    def __init__(self, stream, log: TrainLog):
         self.stream, self.log = stream, log
 
     def write(self, text: str) -> int:
@@ -61,7 +61,7 @@ class TrainLog:
         self.held: list[str] = []
         self.file = None
 
-    def __enter__(self) -> "TrainLog":
+    def __enter__(self) -> TrainLog:
         self.saved = sys.stdout, sys.stderr
         sys.stdout, sys.stderr = _Tee(sys.stdout, self), _Tee(sys.stderr, self)
         return self
@@ -72,8 +72,9 @@ class TrainLog:
             if self.header:
                 from leap_finetune import __version__
 
-                self.file.write(f"==== {time.strftime('%Y-%m-%d %H:%M:%S')} leap-finetune {__version__}: "
-                                f"{' '.join(sys.argv)}\n")
+                self.file.write(
+                    f"==== {time.strftime('%Y-%m-%d %H:%M:%S')} leap-finetune {__version__}: {' '.join(sys.argv)}\n"
+                )
             self.file.writelines(self.held)
             self.held = []
             self.file.flush()

@@ -64,7 +64,9 @@ def train_run(resolved, prepared, plan, devices, servers, lock, console, callbac
     signals.enter("finishing")  # the model card and report are written whatever signal comes now
     summary["run_dir"] = str(plan.run_dir)
     if summary.get("error"):  # the worker stopped the run on a mistake of the user's (a judge down for good)
-        raise LeapError(summary["error"]["message"], where=summary["error"].get("where"), fix=summary["error"].get("fix"))
+        raise LeapError(
+            summary["error"]["message"], where=summary["error"].get("where"), fix=summary["error"].get("fix")
+        )
     if summary.get("model_dir") and not summary.get("stopped_early"):
         from leap_finetune.launch.model_card import write_model_cards
 
@@ -81,8 +83,9 @@ def _stopped(err: KeyboardInterrupt, plan, kept: Path | None) -> signals.Stopped
     if kept is None and plan.new_run:
         stopped.note = "nothing was saved (no checkpoint yet); the new run folder was removed"
     elif kept is not None:
-        stopped.note = (f"the last complete checkpoint is {kept}: continue with training_config."
-                        "resume_from_checkpoint: latest")
+        stopped.note = (
+            f"the last complete checkpoint is {kept}: continue with training_config.resume_from_checkpoint: latest"
+        )
     else:
         stopped.note = f"no complete checkpoint in {plan.run_dir}"
     return stopped
@@ -110,19 +113,29 @@ def print_start(console: Console, resolved: ResolvedConfig, prepared: PreparedDa
         steps = f"<= {steps} (packing merges rows)"
     action = f"resuming from {plan.resume_checkpoint}" if plan.resume_checkpoint else "new run"
     rows = "prompts" if epoch.unit == "completions" else "rows"
-    console.print(f"run: {plan.run_dir} ({action}); {len(prepared.train)} {rows}, {prepared.train_tokens:,} tokens, "
-                  f"{steps} steps of {epoch.per_step} {epoch.unit}")
+    console.print(
+        f"run: {plan.run_dir} ({action}); {len(prepared.train)} {rows}, {prepared.train_tokens:,} tokens, "
+        f"{steps} steps of {epoch.per_step} {epoch.unit}"
+    )
     if epoch.last_batch:
         console.print(epoch.last_batch)
     console.print(devices_line(devices))
     if judge_url(resolved) and devices.use_gpu and not devices.judge:
-        console.print("[yellow]note: the judge runs on CPU (grpo_rollout.judge_gpus: 0): slow for a model of more "
-                      "than a few hundred million parameters; give it GPUs with judge_gpus: 1[/yellow]")
+        console.print(
+            "[yellow]note: the judge runs on CPU (grpo_rollout.judge_gpus: 0): slow for a model of more "
+            "than a few hundred million parameters; give it GPUs with judge_gpus: 1[/yellow]"
+        )
     from leap_finetune.recipes import recipe
 
-    args = recipe(resolved.training_type).training_arguments(resolved, run_dir=str(plan.run_dir), has_eval=bool(prepared.eval),
-                                                             cuda=devices.use_gpu)
-    precision = "bf16 mixed precision" if args.get("bf16") else "fp16 mixed precision" if args.get("fp16") else "float32"
-    chosen = "set in training_config" if {"bf16", "fp16"} & set(resolved.training) else \
-        "chosen automatically" + ("; float32 on a GPU without bf16" if devices.use_gpu else "")
+    args = recipe(resolved.training_type).training_arguments(
+        resolved, run_dir=str(plan.run_dir), has_eval=bool(prepared.eval), cuda=devices.use_gpu
+    )
+    precision = (
+        "bf16 mixed precision" if args.get("bf16") else "fp16 mixed precision" if args.get("fp16") else "float32"
+    )
+    chosen = (
+        "set in training_config"
+        if {"bf16", "fp16"} & set(resolved.training)
+        else "chosen automatically" + ("; float32 on a GPU without bf16" if devices.use_gpu else "")
+    )
     console.print(f"device: {'cpu' if args.get('use_cpu') else 'gpu'}, {precision} ({chosen})")

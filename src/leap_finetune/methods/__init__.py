@@ -74,34 +74,124 @@ class Method:
 
 # What the evaluation of each type logs (read from real runs of TRL's trainers and of the retrieval recipe).
 _CHAT = ("loss", "mean_token_accuracy", "entropy", "num_tokens")
-_DPO = ("loss", "rewards/chosen", "rewards/rejected", "rewards/accuracies", "rewards/margins", "logps/chosen",
-        "logps/rejected", "logits/chosen", "logits/rejected", "mean_token_accuracy", "entropy", "num_tokens")
-_KTO = ("loss", "kl", "rewards/chosen", "rewards/rejected", "rewards/margins", "logps/chosen", "logps/rejected",
-        "logits/chosen", "logits/rejected", "entropy", "num_tokens")
+_DPO = (
+    "loss",
+    "rewards/chosen",
+    "rewards/rejected",
+    "rewards/accuracies",
+    "rewards/margins",
+    "logps/chosen",
+    "logps/rejected",
+    "logits/chosen",
+    "logits/rejected",
+    "mean_token_accuracy",
+    "entropy",
+    "num_tokens",
+)
+_KTO = (
+    "loss",
+    "kl",
+    "rewards/chosen",
+    "rewards/rejected",
+    "rewards/margins",
+    "logps/chosen",
+    "logps/rejected",
+    "logits/chosen",
+    "logits/rejected",
+    "entropy",
+    "num_tokens",
+)
 # TRL's GRPOTrainer on a held-out split, besides rewards/<name>/mean|std (named by the config's rewards)
-_GRPO = ("reward", "reward_std", "frac_reward_zero_std", "loss", "entropy", "num_tokens", "completions/mean_length",
-         "completions/min_length", "completions/max_length", "completions/clipped_ratio",
-         "completions/mean_terminated_length", "completions/min_terminated_length",
-         "completions/max_terminated_length")
+_GRPO = (
+    "reward",
+    "reward_std",
+    "frac_reward_zero_std",
+    "loss",
+    "entropy",
+    "num_tokens",
+    "completions/mean_length",
+    "completions/min_length",
+    "completions/max_length",
+    "completions/clipped_ratio",
+    "completions/mean_terminated_length",
+    "completions/min_terminated_length",
+    "completions/max_terminated_length",
+)
 # sentence-transformers' loss; the retrieval evaluator's retrieval_<score>_<metric>@k are matched by pattern
 _RETRIEVAL = ("loss", "sequential_score")
 
-METHODS: dict[str, Method] = {m.name: m for m in (
-    Method("sft", "generation", "DEFAULT_SFT", "a language model (chat)", CONVERSATION, _CHAT,
-           own_keys=("loss_on", "compile_layers"), fused_lm_loss=True, length_samplers=True, cut_by_max_length=True,
-           starter_benchmarks=True, arguments="trl:SFTConfig"),
-    Method("dpo", "preference", "DEFAULT_DPO", "a language model (chat) tuned on preference pairs", PAIR, _DPO,
-           cut_by_max_length=True, starter_benchmarks=True, arguments="trl:DPOConfig"),
-    Method("kto", "preference", "DEFAULT_KTO", "a language model (chat) tuned on desirable/undesirable answers",
-           LABELLED, _KTO, kl_pairs=True, cut_by_max_length=True, starter_benchmarks=True, arguments="trl:KTOConfig"),
-    Method("grpo", "reinforcement", "DEFAULT_GRPO", "a language model (chat) tuned on rewards", PROMPT, _GRPO,
-           rewards=True, arguments="trl:GRPOConfig"),
-    Method("embedding", "retrieval", "DEFAULT_EMBEDDING", "an embedding model (one vector per text)", TEXT_PAIR,
-           _RETRIEVAL, encoder_class="SentenceTransformer", arguments="sentence_transformers:SentenceTransformerTrainingArguments"),
-    Method("colbert", "retrieval", "DEFAULT_COLBERT", "a ColBERT model (one vector per token)", TEXT_PAIR,
-           _RETRIEVAL, encoder_class="MultiVectorEncoder",
-           arguments="sentence_transformers.multi_vector_encoder:MultiVectorEncoderTrainingArguments"),
-)}
+METHODS: dict[str, Method] = {
+    m.name: m
+    for m in (
+        Method(
+            "sft",
+            "generation",
+            "DEFAULT_SFT",
+            "a language model (chat)",
+            CONVERSATION,
+            _CHAT,
+            own_keys=("loss_on", "compile_layers"),
+            fused_lm_loss=True,
+            length_samplers=True,
+            cut_by_max_length=True,
+            starter_benchmarks=True,
+            arguments="trl:SFTConfig",
+        ),
+        Method(
+            "dpo",
+            "preference",
+            "DEFAULT_DPO",
+            "a language model (chat) tuned on preference pairs",
+            PAIR,
+            _DPO,
+            cut_by_max_length=True,
+            starter_benchmarks=True,
+            arguments="trl:DPOConfig",
+        ),
+        Method(
+            "kto",
+            "preference",
+            "DEFAULT_KTO",
+            "a language model (chat) tuned on desirable/undesirable answers",
+            LABELLED,
+            _KTO,
+            kl_pairs=True,
+            cut_by_max_length=True,
+            starter_benchmarks=True,
+            arguments="trl:KTOConfig",
+        ),
+        Method(
+            "grpo",
+            "reinforcement",
+            "DEFAULT_GRPO",
+            "a language model (chat) tuned on rewards",
+            PROMPT,
+            _GRPO,
+            rewards=True,
+            arguments="trl:GRPOConfig",
+        ),
+        Method(
+            "embedding",
+            "retrieval",
+            "DEFAULT_EMBEDDING",
+            "an embedding model (one vector per text)",
+            TEXT_PAIR,
+            _RETRIEVAL,
+            encoder_class="SentenceTransformer",
+            arguments="sentence_transformers:SentenceTransformerTrainingArguments",
+        ),
+        Method(
+            "colbert",
+            "retrieval",
+            "DEFAULT_COLBERT",
+            "a ColBERT model (one vector per token)",
+            TEXT_PAIR,
+            _RETRIEVAL,
+            encoder_class="MultiVectorEncoder",
+            arguments="sentence_transformers.multi_vector_encoder:MultiVectorEncoderTrainingArguments",
+        ),
+    )
+}
 
 TRAINING_TYPES: tuple[str, ...] = tuple(METHODS)
 RETRIEVAL_TYPES: tuple[str, ...] = tuple(name for name, m in METHODS.items() if m.retrieval)

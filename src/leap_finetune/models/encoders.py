@@ -23,8 +23,9 @@ def pooling_mode(resolved: ResolvedConfig, config) -> str:
     mode = resolved.retrieval.pooling
     if mode != "auto":
         return mode
-    causal = any(a.endswith("ForCausalLM") for a in (getattr(config, "architectures", None) or [])) or \
-        getattr(config, "model_type", "") in ("lfm2", "lfm2_moe")
+    causal = any(a.endswith("ForCausalLM") for a in (getattr(config, "architectures", None) or [])) or getattr(
+        config, "model_type", ""
+    ) in ("lfm2", "lfm2_moe")
     return "lasttoken" if causal else "mean"
 
 

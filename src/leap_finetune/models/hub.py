@@ -24,8 +24,9 @@ def is_hub_id(model_id: str) -> bool:
 
 
 def offline_by_setting() -> bool:
-    return os.environ.get("HF_HUB_OFFLINE", "").lower() in ("1", "true", "yes", "on") or \
-        os.environ.get("TRANSFORMERS_OFFLINE", "").lower() in ("1", "true", "yes", "on")
+    return os.environ.get("HF_HUB_OFFLINE", "").lower() in ("1", "true", "yes", "on") or os.environ.get(
+        "TRANSFORMERS_OFFLINE", ""
+    ).lower() in ("1", "true", "yes", "on")
 
 
 def endpoint() -> str:

@@ -84,9 +84,13 @@ def load_model(model_id: str, tokenizer, init_kwargs: dict | None = None, *, dty
 # What a model folder needs, as transformers looks for it: (what, any one of these files)
 FOLDER_FILES = {
     "tokenizer": (("tokenizer files", ("tokenizer.json", "tokenizer.model", "vocab.json", "tokenizer_config.json")),),
-    "model": (("config.json", ("config.json",)),
-              ("weights", ("model.safetensors", "model.safetensors.index.json", "pytorch_model.bin",
-                           "pytorch_model.bin.index.json"))),
+    "model": (
+        ("config.json", ("config.json",)),
+        (
+            "weights",
+            ("model.safetensors", "model.safetensors.index.json", "pytorch_model.bin", "pytorch_model.bin.index.json"),
+        ),
+    ),
 }
 
 
@@ -94,20 +98,29 @@ def _unavailable(model_id: str, what: str, err: Exception, subfolder: str | None
     said = " ".join(str(err).split()) or type(err).__name__  # (transformers' messages run over several lines)
     said = said if len(said) <= 300 else said[:297] + "..."
     if os.path.isabs(model_id) and not os.path.exists(model_id):
-        return LeapError(f"model_name: the folder {model_id} does not exist", where=model_id,
-                         fix="check model_name (a relative path starts at the config file's folder); a model another "
-                         "config trains exists only once that run finished")
+        return LeapError(
+            f"model_name: the folder {model_id} does not exist",
+            where=model_id,
+            fix="check model_name (a relative path starts at the config file's folder); a model another "
+            "config trains exists only once that run finished",
+        )
     if os.path.isdir(model_id):
         return _folder_error(Path(model_id) / (subfolder or ""), what, said)
     from leap_finetune.models.hub import hub_unreachable, is_hub_id
 
     unreachable = hub_unreachable() if is_hub_id(model_id) else None
-    fix = ("check the model id and your network; offline, download it once with `hf download "
-           f"{model_id}` where the Hub is reachable, or point model_name at a local folder "
-           "(built-in offline models: tiny-lfm2, tiny-lfm2.5)")
+    fix = (
+        "check the model id and your network; offline, download it once with `hf download "
+        f"{model_id}` where the Hub is reachable, or point model_name at a local folder "
+        "(built-in offline models: tiny-lfm2, tiny-lfm2.5)"
+    )
     if unreachable is not None and _not_in_cache(err):  # (its files were looked for in the cache only)
-        return LeapError(f"cannot load the {what} '{model_id}': it is not in the Hugging Face cache, and the Hub "
-                         f"cannot be used ({unreachable})", where="model_name", fix=fix)
+        return LeapError(
+            f"cannot load the {what} '{model_id}': it is not in the Hugging Face cache, and the Hub "
+            f"cannot be used ({unreachable})",
+            where="model_name",
+            fix=fix,
+        )
     return LeapError(f"cannot load the {what} '{model_id}': {said}", where="model_name", fix=fix)
 
 
@@ -130,19 +143,32 @@ def _folder_error(folder: Path, what: str, said: str) -> LeapError:
     """What the folder lacks, by name (transformers' own message lists its internal fallbacks, over lines)."""
     entries = sorted(folder.iterdir()) if folder.is_dir() else []
     present = [p.name + ("/" if p.is_dir() else "") for p in entries]
-    holds = ("it is empty" if not present else "it holds " + ", ".join(present[:8])
-             + (f" and {len(present) - 8} more" if len(present) > 8 else ""))
-    missing = [f"{label} ({', '.join(names)})" if len(names) > 1 else label
-               for label, names in FOLDER_FILES[what] if not any((folder / name).exists() for name in names)]
+    holds = (
+        "it is empty"
+        if not present
+        else "it holds " + ", ".join(present[:8]) + (f" and {len(present) - 8} more" if len(present) > 8 else "")
+    )
+    missing = [
+        f"{label} ({', '.join(names)})" if len(names) > 1 else label
+        for label, names in FOLDER_FILES[what]
+        if not any((folder / name).exists() for name in names)
+    ]
     nested = [p.name for p in entries if (p / "config.json").is_file()]
     if what == "model" and nested and not (folder / "config.json").exists():
-        fix = (f"the model is in the sub-folder {nested[0]}/: set training_config.model_init_kwargs: "
-               f"{{subfolder: {nested[0]}}}, or point model_name at that folder")
+        fix = (
+            f"the model is in the sub-folder {nested[0]}/: set training_config.model_init_kwargs: "
+            f"{{subfolder: {nested[0]}}}, or point model_name at that folder"
+        )
     else:
-        fix = ("set model_name to a complete model folder (a finished run's model/ folder, or `hf download MODEL "
-               "--local-dir FOLDER`)" + (", or copy the base model's tokenizer files into it" if what == "tokenizer"
-                                         else ""))
+        fix = (
+            "set model_name to a complete model folder (a finished run's model/ folder, or `hf download MODEL "
+            "--local-dir FOLDER`)"
+            + (", or copy the base model's tokenizer files into it" if what == "tokenizer" else "")
+        )
     if missing:
-        return LeapError(f"cannot load the {what} from the folder: it has no {' and no '.join(missing)}; {holds}",
-                         where=str(folder), fix=fix)
+        return LeapError(
+            f"cannot load the {what} from the folder: it has no {' and no '.join(missing)}; {holds}",
+            where=str(folder),
+            fix=fix,
+        )
     return LeapError(f"cannot load the {what} from the folder ({holds}): {said}", where=str(folder), fix=fix)

@@ -41,18 +41,23 @@ def _refuse_unfinished(folder: Path, model_name: str) -> None:
     if not folder.is_dir() or (folder / "config.json").exists():
         return
     if RunFolder(folder).is_run():
-        raise LeapError(f"{folder} is a run that has not finished (it has no model/ yet)", where="model_name",
-                        fix="let the run finish (or resume it), or give one of its checkpoint-N folders")
+        raise LeapError(
+            f"{folder} is a run that has not finished (it has no model/ yet)",
+            where="model_name",
+            fix="let the run finish (or resume it), or give one of its checkpoint-N folders",
+        )
     runs = sorted(p.name for p in folder.iterdir() if RunFolder(p).is_run())
     if runs:
-        raise LeapError(f"{folder} is a project folder, and none of its runs has finished (no model/ in "
-                        f"{', '.join(runs[:5])}{' ...' if len(runs) > 5 else ''})", where="model_name",
-                        fix="run (or resume) the config that trains it to the end first, or give a run's "
-                        "checkpoint-N folder")
+        raise LeapError(
+            f"{folder} is a project folder, and none of its runs has finished (no model/ in "
+            f"{', '.join(runs[:5])}{' ...' if len(runs) > 5 else ''})",
+            where="model_name",
+            fix="run (or resume) the config that trains it to the end first, or give a run's checkpoint-N folder",
+        )
 
 
 def model_family(model_name: str, model_id: str) -> str:
-    """"lfm2.5", "lfm2" or "other": decides the default chat template."""
+    """ "lfm2.5", "lfm2" or "other": decides the default chat template."""
     if model_name in TINY_MODELS:
         return TINY_MODELS[model_name]
     names = [model_name, model_id]

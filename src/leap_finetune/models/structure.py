@@ -9,8 +9,7 @@ import re
 from leap_finetune.errors import LeapError
 
 
-def module_names(model_id: str, tokenizer, init_kwargs: dict | None = None,
-                 head: bool = True) -> dict[str, str] | None:
+def module_names(model_id: str, tokenizer, init_kwargs: dict | None = None, head: bool = True) -> dict[str, str] | None:
     """Every module name of the model with its class name, or None when its config.json is not at hand.
     `head=False`: the bare model (AutoModel), as sentence-transformers loads a retrieval backbone."""
     import torch
@@ -23,12 +22,17 @@ def module_names(model_id: str, tokenizer, init_kwargs: dict | None = None,
         return _names(model)
     from transformers import AutoConfig, AutoModel, AutoModelForCausalLM, AutoModelForImageTextToText
 
+    from leap_finetune.models.hub import download_kwargs
     from leap_finetune.models.vision import is_vision_model
 
-    from leap_finetune.models.hub import download_kwargs
-
-    kwargs = {**download_kwargs(model_id), **{k: v for k, v in (init_kwargs or {}).items() if k in (
-        "revision", "trust_remote_code", "cache_dir", "token", "subfolder", "local_files_only")}}
+    kwargs = {
+        **download_kwargs(model_id),
+        **{
+            k: v
+            for k, v in (init_kwargs or {}).items()
+            if k in ("revision", "trust_remote_code", "cache_dir", "token", "subfolder", "local_files_only")
+        },
+    }
     try:
         config = AutoConfig.from_pretrained(model_id, **kwargs)
     except Exception:  # noqa: BLE001 - unreachable or not a transformers model: loading will say so
@@ -64,30 +68,46 @@ def _check_layers(layers, names: dict[str, str], model_id: str, where: str) -> N
     present = {int(m.group(1)) for name in names if (m := re.search(r"\.layers\.(\d+)$", name))}
     missing = [i for i in wanted if i not in present]
     if present and missing:
-        raise LeapError(f"peft_config.layers_to_transform names layer(s) {missing}, but {model_id} has layers "
-                        f"0-{max(present)}", where=where, fix=f"use layer indices from 0 to {max(present)}")
+        raise LeapError(
+            f"peft_config.layers_to_transform names layer(s) {missing}, but {model_id} has layers 0-{max(present)}",
+            where=where,
+            fix=f"use layer indices from 0 to {max(present)}",
+        )
 
 
 def _check(targets, key: str, names: dict[str, str], model_id: str, where: str) -> None:
     if targets == "all-linear" or (targets is None and key == "modules_to_save"):
         return
     if targets is None or targets == []:
-        raise LeapError(f"peft_config.{key} is empty: LoRA would adapt no layer", where=where,
-                        fix="name the layers to adapt (DEFAULT_LORA: q_proj, k_proj, v_proj, out_proj, in_proj, w1, w2, "
-                        "w3), or all-linear")
+        raise LeapError(
+            f"peft_config.{key} is empty: LoRA would adapt no layer",
+            where=where,
+            fix="name the layers to adapt (DEFAULT_LORA: q_proj, k_proj, v_proj, out_proj, in_proj, w1, w2, "
+            "w3), or all-linear",
+        )
     if isinstance(targets, str):
         if not any(re.fullmatch(targets, name) for name in names):
-            raise LeapError(f"peft_config.{key} '{targets}' (a regular expression) matches no module of {model_id}",
-                            where=where, fix="to name modules, write a list (e.g. [q_proj, v_proj]); " + _suggest(names))
+            raise LeapError(
+                f"peft_config.{key} '{targets}' (a regular expression) matches no module of {model_id}",
+                where=where,
+                fix="to name modules, write a list (e.g. [q_proj, v_proj]); " + _suggest(names),
+            )
         return
     missing = [t for t in targets if not any(name == t or name.endswith("." + t) for name in names)]
     if missing:
-        raise LeapError(f"peft_config.{key} names {', '.join(repr(m) for m in missing)}, which "
-                        f"{'is not a module' if len(missing) == 1 else 'are not modules'} of {model_id}", where=where,
-                        fix=_suggest(names))
+        raise LeapError(
+            f"peft_config.{key} names {', '.join(repr(m) for m in missing)}, which "
+            f"{'is not a module' if len(missing) == 1 else 'are not modules'} of {model_id}",
+            where=where,
+            fix=_suggest(names),
+        )
 
 
 def _suggest(names: dict[str, str]) -> str:
     layers = ("Linear", "Conv1d", "Conv2d", "Embedding")
     leaves = sorted({name.rsplit(".", 1)[-1] for name, kind in names.items() if name and kind in layers})
-    return "this model's linear, convolution and embedding layers: " + ", ".join(leaves) + " (or target_modules: all-linear)"
+    return (
+        "this model's linear, convolution and embedding layers: "
+        + ", ".join(leaves)
+        + " (or target_modules: all-linear)"
+    )

@@ -29,8 +29,13 @@ TINY_VISION = {
     "patch_size": 16,
     "vision_use_head": False,
 }
-TINY_IMAGE_PROCESSOR = {"do_image_splitting": False, "min_image_tokens": 4, "max_image_tokens": 16,
-                        "encoder_patch_size": 16, "downsample_factor": 2}
+TINY_IMAGE_PROCESSOR = {
+    "do_image_splitting": False,
+    "min_image_tokens": 4,
+    "max_image_tokens": 16,
+    "encoder_patch_size": 16,
+    "downsample_factor": 2,
+}
 
 TINY_ARCH = {
     "hidden_size": 128,
@@ -69,8 +74,11 @@ def build_tiny_processor(tokenizer):
     """LFM2-VL's processor around the tiny tokenizer (needs torchvision, like the real one)."""
     from transformers import Lfm2VlImageProcessor, Lfm2VlProcessor
 
-    return Lfm2VlProcessor(image_processor=Lfm2VlImageProcessor(**TINY_IMAGE_PROCESSOR), tokenizer=tokenizer,
-                           chat_template=tokenizer.chat_template)
+    return Lfm2VlProcessor(
+        image_processor=Lfm2VlImageProcessor(**TINY_IMAGE_PROCESSOR),
+        tokenizer=tokenizer,
+        chat_template=tokenizer.chat_template,
+    )
 
 
 def build_tiny_model(name: str, tokenizer, dtype=None):
@@ -90,10 +98,15 @@ def build_tiny_model(name: str, tokenizer, dtype=None):
     if name in TINY_VISION_MODELS:
         from transformers import Lfm2VlConfig, Lfm2VlForConditionalGeneration
 
-        patches = (TINY_IMAGE_PROCESSOR["max_image_tokens"] * TINY_IMAGE_PROCESSOR["downsample_factor"] ** 2)
-        config = Lfm2VlConfig(text_config=config.to_dict(), vision_config={**TINY_VISION, "num_patches": patches},
-                              image_token_id=tokenizer.convert_tokens_to_ids("<image>"), projector_hidden_size=64,
-                              downsample_factor=TINY_IMAGE_PROCESSOR["downsample_factor"], tie_word_embeddings=True)
+        patches = TINY_IMAGE_PROCESSOR["max_image_tokens"] * TINY_IMAGE_PROCESSOR["downsample_factor"] ** 2
+        config = Lfm2VlConfig(
+            text_config=config.to_dict(),
+            vision_config={**TINY_VISION, "num_patches": patches},
+            image_token_id=tokenizer.convert_tokens_to_ids("<image>"),
+            projector_hidden_size=64,
+            downsample_factor=TINY_IMAGE_PROCESSOR["downsample_factor"],
+            tie_word_embeddings=True,
+        )
         model_class = Lfm2VlForConditionalGeneration
     else:
         model_class = Lfm2ForCausalLM

@@ -35,16 +35,21 @@ def find_trained(path: str) -> TrainedModel:
     if not folder.exists():
         if path in TINY_MODELS or (not path.startswith((".", "/", "~")) and path.count("/") == 1):
             return TrainedModel(path)  # a Hub id (or a built-in tiny model)
-        raise LeapError("no such folder", where=path,
-                        fix="give a run folder (outputs/PROJECT/RUN), a checkpoint-N folder, an adapter folder, a "
-                        "model folder or a Hub model id")
+        raise LeapError(
+            "no such folder",
+            where=path,
+            fix="give a run folder (outputs/PROJECT/RUN), a checkpoint-N folder, an adapter folder, a "
+            "model folder or a Hub model id",
+        )
     if not folder.is_dir():
         raise LeapError("not a folder", where=path, fix="give the run folder, not a file in it")
     found = model_in(folder)
     if found is None:
-        raise LeapError("no model here (no config.json, no adapter_config.json, no model/ or adapter/, no "
-                        "complete checkpoint)", where=path,
-                        fix="give a run folder that finished or saved a checkpoint, or a model folder")
+        raise LeapError(
+            "no model here (no config.json, no adapter_config.json, no model/ or adapter/, no complete checkpoint)",
+            where=path,
+            fix="give a run folder that finished or saved a checkpoint, or a model folder",
+        )
     folder = found
     run_config = _run_config(folder)
     if is_model(folder):
@@ -90,8 +95,11 @@ def load_trained(trained: TrainedModel, *, merge: bool = False, dtype=None):
     init_kwargs.pop("dtype", None)
     init_kwargs.pop("quantization_config", None)  # (a merged or chatted-with model is not re-quantized)
     source = trained.adapter_dir if trained.adapter_dir and _has_tokenizer(trained.adapter_dir) else trained.model_id
-    tokenizer = load_tokenizer(str(source), None) if str(source) != trained.model_id else \
-        load_tokenizer(trained.model_id, init_kwargs)
+    tokenizer = (
+        load_tokenizer(str(source), None)
+        if str(source) != trained.model_id
+        else load_tokenizer(trained.model_id, init_kwargs)
+    )
     model = load_model(trained.model_id, tokenizer, init_kwargs, dtype=dtype or torch.float32)
     if trained.adapter_dir is not None:
         from peft import PeftModel
@@ -132,13 +140,18 @@ def _adapter_base(adapter: Path, run_config: dict | None) -> str:
     if run_config and run_config.get("model_id"):
         return run_config["model_id"]
     try:
-        recorded = json.loads((adapter / "adapter_config.json").read_text(encoding="utf-8")).get("base_model_name_or_path")
+        recorded = json.loads((adapter / "adapter_config.json").read_text(encoding="utf-8")).get(
+            "base_model_name_or_path"
+        )
     except (OSError, json.JSONDecodeError):
         recorded = None
     if not recorded:
-        raise LeapError("the adapter does not say which model it adapts (no run config beside it, no "
-                        "base_model_name_or_path in adapter_config.json)", where=str(adapter),
-                        fix="give the run folder the adapter came from")
+        raise LeapError(
+            "the adapter does not say which model it adapts (no run config beside it, no "
+            "base_model_name_or_path in adapter_config.json)",
+            where=str(adapter),
+            fix="give the run folder the adapter came from",
+        )
     return recorded
 
 

@@ -40,16 +40,18 @@ def _find_kernel():
 _KERNEL, _KERNEL_PARAMS = _find_kernel()
 
 
-def varlen_attention_forward(module, query, key, value, attention_mask, dropout: float = 0.0,
-                             scaling: float | None = None, **kwargs):
+def varlen_attention_forward(
+    module, query, key, value, attention_mask, dropout: float = 0.0, scaling: float | None = None, **kwargs
+):
     """transformers' attention-function signature: query/key/value are (batch, heads, length, dim);
     returns ((batch, length, heads, dim), None)."""
     cu_seq_lens = kwargs.get("cu_seq_lens_q")
     if cu_seq_lens is None and attention_mask is None and query.shape[0] == 1 and query.shape[2] > 1:
         cu_seq_lens = _boundaries_from_positions(kwargs.get("position_ids"))  # packed without boundaries
     if cu_seq_lens is None or query.shape[0] != 1 or attention_mask is not None:  # a padded batch
-        return sdpa_attention_forward(module, query, key, value, attention_mask, dropout=dropout,
-                                      scaling=scaling, **kwargs)
+        return sdpa_attention_forward(
+            module, query, key, value, attention_mask, dropout=dropout, scaling=scaling, **kwargs
+        )
     q, k, v = (t[0].transpose(0, 1) for t in (query, key, value))  # (total, heads, dim)
     groups = q.shape[1] // k.shape[1]
     if q.dtype == torch.float32 and q.is_cuda and torch.is_autocast_enabled("cuda"):

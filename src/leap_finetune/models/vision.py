@@ -54,9 +54,12 @@ def load_processor(model_id: str, tokenizer):
     try:
         processor = AutoProcessor.from_pretrained(model_id, **download_kwargs(model_id))
     except Exception as err:  # noqa: BLE001
-        raise LeapError(f"cannot load the processor of '{model_id}': {str(err).splitlines()[0]}", where="model_name",
-                        fix="a vision-language model folder needs its processor files "
-                        "(preprocessor_config.json / processor_config.json)") from None
+        raise LeapError(
+            f"cannot load the processor of '{model_id}': {str(err).splitlines()[0]}",
+            where="model_name",
+            fix="a vision-language model folder needs its processor files "
+            "(preprocessor_config.json / processor_config.json)",
+        ) from None
     processor.tokenizer = tokenizer
     return processor
 

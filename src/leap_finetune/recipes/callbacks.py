@@ -85,13 +85,20 @@ class RichProgress(TrainerCallback):
         )
 
         self.progress = Progress(
-            TextColumn("[bold]training"), BarColumn(), MofNCompleteColumn(),
-            TextColumn("{task.fields[loss]}"), TextColumn("{task.fields[speed]} tok/s"),
-            TextColumn("ETA"), TimeRemainingColumn(), console=self.console, transient=False,
+            TextColumn("[bold]training"),
+            BarColumn(),
+            MofNCompleteColumn(),
+            TextColumn("{task.fields[loss]}"),
+            TextColumn("{task.fields[speed]} tok/s"),
+            TextColumn("ETA"),
+            TimeRemainingColumn(),
+            console=self.console,
+            transient=False,
         )
         self.progress.start()
-        self.task = self.progress.add_task("train", total=state.max_steps, completed=state.global_step,
-                                           loss="loss -", speed="-")
+        self.task = self.progress.add_task(
+            "train", total=state.max_steps, completed=state.global_step, loss="loss -", speed="-"
+        )
         self._start = time.perf_counter()
         self._start_tokens = state.num_input_tokens_seen or 0
 
@@ -163,7 +170,7 @@ class ResumeChanges(TrainerCallback):
         groups = optimizer.param_groups
         if "weight_decay" in keys:
             # transformers' optimizer: group 0 decays, group 1 (biases, norms) never does
-            for group in (groups[:1] if len(groups) == 2 else [g for g in groups if g.get("weight_decay")]):
+            for group in groups[:1] if len(groups) == 2 else [g for g in groups if g.get("weight_decay")]:
                 group["weight_decay"] = args.weight_decay
         for group in groups:
             if keys & {"adam_beta1", "adam_beta2"} and "betas" in group:
@@ -216,9 +223,12 @@ class StopOnSignal(TrainerCallback):
         if gone:
             from leap_finetune.errors import LeapError
 
-            raise LeapError(f"the run folder was deleted while the run was training (at step {state.global_step}): "
-                            "nothing more can be saved", where=args.output_dir,
-                            fix="start the run again (nothing of it is left to resume)")
+            raise LeapError(
+                f"the run folder was deleted while the run was training (at step {state.global_step}): "
+                "nothing more can be saved",
+                where=args.output_dir,
+                fix="start the run again (nothing of it is left to resume)",
+            )
         if flag or other:
             self.received = flag or None
             self.stopped_by_reason = bool(other and not flag)
@@ -298,7 +308,7 @@ class CheckpointMarker(TrainerCallback):
             return
         complete = [p for p in checkpoints(self.run_dir) if read_marker(p) is not None]
         best = Path(state.best_model_checkpoint).name if state.best_model_checkpoint else None
-        keep = complete[-self.keep:]
+        keep = complete[-self.keep :]
         if best and self.keep == 1 and all(p.name != best for p in keep):  # as transformers: best + newest
             keep = [p for p in complete if p.name == best] + keep
         for folder in complete:

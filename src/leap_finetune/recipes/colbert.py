@@ -27,14 +27,21 @@ def build_loss(resolved: ResolvedConfig, model):
 
     gather = retrieval.several_workers()
     if resolved.retrieval.loss == "cached_mnrl":
-        return CachedMultiVectorMultipleNegativesRankingLoss(model, mini_batch_size=resolved.retrieval.mini_batch_size,
-                                                             gather_across_devices=gather)
+        return CachedMultiVectorMultipleNegativesRankingLoss(
+            model, mini_batch_size=resolved.retrieval.mini_batch_size, gather_across_devices=gather
+        )
     return MultiVectorMultipleNegativesRankingLoss(model, gather_across_devices=gather)
 
 
 def train(resolved_json: dict, callbacks: list | None = None) -> dict:
     from sentence_transformers.multi_vector_encoder import MultiVectorEncoderTrainer
 
-    return retrieval.train(resolved_json, model_factory=build_model, loss_factory=build_loss,
-                           trainer_cls=MultiVectorEncoderTrainer, args_cls=config_class(), multi_vector=True,
-                           callbacks=callbacks)
+    return retrieval.train(
+        resolved_json,
+        model_factory=build_model,
+        loss_factory=build_loss,
+        trainer_cls=MultiVectorEncoderTrainer,
+        args_cls=config_class(),
+        multi_vector=True,
+        callbacks=callbacks,
+    )

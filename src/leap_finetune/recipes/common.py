@@ -22,8 +22,8 @@ from leap_finetune.recipes.callbacks import (
     RichProgress,
     StopOnSignal,
 )
-from leap_finetune.runs.checkpoints import read_marker
 from leap_finetune.runs import folder as folder_names
+from leap_finetune.runs.checkpoints import read_marker
 from leap_finetune.runs.folder import RunFolder
 
 PREPARED_DIR = folder_names.PREPARED
@@ -116,21 +116,32 @@ def lora_config(resolved: ResolvedConfig):
     return LoraConfig(task_type="CAUSAL_LM", **resolved.peft)
 
 
-def standard_callbacks(resolved: ResolvedConfig, run_dir: Path, console, stop_on_signal: StopOnSignal,
-                       extra: list | None, benchmarks=None) -> list:
+def standard_callbacks(
+    resolved: ResolvedConfig, run_dir: Path, console, stop_on_signal: StopOnSignal, extra: list | None, benchmarks=None
+) -> list:
     resumed = read_marker(Path(resolved.resume_checkpoint_path)) if resolved.resume_checkpoint_path else None
-    marker = CheckpointMarker(run_dir, resolved.training.get("save_total_limit"),
-                              seconds_before=(resumed or {}).get("trained_seconds", 0.0),
-                              record={"config": resolved.to_json_dict(), "data": _fingerprint(run_dir)})
+    marker = CheckpointMarker(
+        run_dir,
+        resolved.training.get("save_total_limit"),
+        seconds_before=(resumed or {}).get("trained_seconds", 0.0),
+        record={"config": resolved.to_json_dict(), "data": _fingerprint(run_dir)},
+    )
     from leap_finetune.recipes.plots import Plots
     from leap_finetune.recipes.trackers import TrackerConfig, tracker_environment
 
     tracker_environment(resolved)
 
     # (Plots after MetricsLog: the last log of the run is in metrics.jsonl when the plots are drawn)
-    callbacks = [FinishOnly(), ResumeChanges(resolved.resume_changes), MetricsLog(RunFolder(run_dir).metrics), marker,
-                 RichProgress(console), stop_on_signal,
-                 Plots(run_dir, console), TrackerConfig(resolved, console)]
+    callbacks = [
+        FinishOnly(),
+        ResumeChanges(resolved.resume_changes),
+        MetricsLog(RunFolder(run_dir).metrics),
+        marker,
+        RichProgress(console),
+        stop_on_signal,
+        Plots(run_dir, console),
+        TrackerConfig(resolved, console),
+    ]
     if os.environ.get("LEAP_FINETUNE_PROFILE"):  # a developer's tool for the benchmarks (recipes/profiling.py)
         from leap_finetune.recipes.profiling import StepProfile
 
@@ -166,22 +177,40 @@ def benchmark_callback(resolved: ResolvedConfig, tokenizer, run_dir: Path, conso
     benchmarks = load_benchmarks(resolved.evals, vision=vision, model_name=resolved.model_name)
     processor = load_processor(resolved.model_id, tokenizer) if vision and has_images(benchmarks) else None
     max_failures = resolved.async_eval.failure.max_consecutive if resolved.async_eval else 3
-    return BenchmarkCallback(resolved.evals, benchmarks, renderer, run_dir, console, every, processor=processor,
-                             max_failures=max_failures)
+    return BenchmarkCallback(
+        resolved.evals, benchmarks, renderer, run_dir, console, every, processor=processor, max_failures=max_failures
+    )
 
 
-def train_evaluate_save(trainer, resolved: ResolvedConfig, run_dir: Path, tokenizer, console,
-                        stop_on_signal: StopOnSignal, samples: list[dict], after_training=None) -> dict:
+def train_evaluate_save(
+    trainer,
+    resolved: ResolvedConfig,
+    run_dir: Path,
+    tokenizer,
+    console,
+    stop_on_signal: StopOnSignal,
+    samples: list[dict],
+    after_training=None,
+) -> dict:
     """Baseline eval -> train (resuming if planned) -> final eval -> save model (+ adapter) -> summary.
     `after_training(trainer) -> dict`: called on every rank right after training (it may be a collective); what
     it returns goes into the summary. A full disk is an error that says so (disk_errors)."""
     with disk_errors(run_dir, trainer, resolved.training):
-        return _train_evaluate_save(trainer, resolved, run_dir, tokenizer, console, stop_on_signal, samples,
-                                    after_training)
+        return _train_evaluate_save(
+            trainer, resolved, run_dir, tokenizer, console, stop_on_signal, samples, after_training
+        )
 
 
-def _train_evaluate_save(trainer, resolved: ResolvedConfig, run_dir: Path, tokenizer, console,
-                         stop_on_signal: StopOnSignal, samples: list[dict], after_training=None) -> dict:
+def _train_evaluate_save(
+    trainer,
+    resolved: ResolvedConfig,
+    run_dir: Path,
+    tokenizer,
+    console,
+    stop_on_signal: StopOnSignal,
+    samples: list[dict],
+    after_training=None,
+) -> dict:
     from transformers.trainer_callback import PrinterCallback, ProgressCallback
 
     from leap_finetune.evaluation.callback import EvaluationLog
@@ -196,8 +225,10 @@ def _train_evaluate_save(trainer, resolved: ResolvedConfig, run_dir: Path, token
     if main:
         _print_model_summary(console, trainer.model)
         if getattr(trainer, "is_fsdp_enabled", False):
-            console.print(f"fsdp: the model is sharded over {trainer.accelerator.num_processes} workers "
-                          "(the final model is gathered on rank 0 to be saved)")
+            console.print(
+                f"fsdp: the model is sharded over {trainer.accelerator.num_processes} workers "
+                "(the final model is gathered on rank 0 to be saved)"
+            )
     has_eval = trainer.eval_dataset is not None  # the baseline evaluation is logged at step 0 (eval_on_start)
     run_benchmarks = benchmarks is not None and main  # once, not once per rank
     baseline_benchmarks = benchmarks.evaluate("before training") if run_benchmarks and not resume else {}
@@ -222,11 +253,18 @@ def _train_evaluate_save(trainer, resolved: ResolvedConfig, run_dir: Path, token
     from leap_finetune.recipes.plots import Plots
 
     plots = next(c for c in trainer.callback_handler.callbacks if isinstance(c, Plots))
-    train_loss = history["train_loss"] if (resume or result is None) and history["train_loss"] is not None \
+    train_loss = (
+        history["train_loss"]
+        if (resume or result is None) and history["train_loss"] is not None
         else (result.training_loss if result is not None else None)
-    summary = {"global_step": trainer.state.global_step, "train_loss": train_loss,
-               "train_runtime_s": round(marker.trained_seconds(), 3),
-               "tokens_seen": trainer.state.num_input_tokens_seen, **extra}
+    )
+    summary = {
+        "global_step": trainer.state.global_step,
+        "train_loss": train_loss,
+        "train_runtime_s": round(marker.trained_seconds(), 3),
+        "tokens_seen": trainer.state.num_input_tokens_seen,
+        **extra,
+    }
     rewards = history["rewards"]
     if rewards:  # GRPO: the mean reward of the first and the last (up to) 5 logged steps
         window = min(5, len(rewards))
@@ -261,23 +299,31 @@ def _train_evaluate_save(trainer, resolved: ResolvedConfig, run_dir: Path, token
         summary["initial_eval_loss"] = baseline.get("eval_loss") if baseline else None
         summary["eval_metrics"] = {k: float(v) for k, v in last.items() if k.startswith("eval_") and _is_number(v)}
         if baseline:
-            summary["initial_eval_metrics"] = {k: float(v) for k, v in baseline.items()
-                                               if k.startswith("eval_") and _is_number(v)}
+            summary["initial_eval_metrics"] = {
+                k: float(v) for k, v in baseline.items() if k.startswith("eval_") and _is_number(v)
+            }
 
     plots.draw_in_background(trainer.is_world_process_zero())  # every evaluation is logged by now
     # The model (merged for LoRA, plus the adapter) loadable with from_pretrained.
     final_model = trainer.model
     state_dict = _full_state_dict(trainer)
     if resolved.peft is not None:
-        _save_atomic(RunFolder(run_dir).adapter, lambda path: (final_model.save_pretrained(path, state_dict=state_dict),
-                                                        tokenizer.save_pretrained(path)))
-        final_model = (_merged_from_adapter(resolved, tokenizer, RunFolder(run_dir).adapter) if state_dict is not None
-                       else final_model.merge_and_unload())
+        _save_atomic(
+            RunFolder(run_dir).adapter,
+            lambda path: (final_model.save_pretrained(path, state_dict=state_dict), tokenizer.save_pretrained(path)),
+        )
+        final_model = (
+            _merged_from_adapter(resolved, tokenizer, RunFolder(run_dir).adapter)
+            if state_dict is not None
+            else final_model.merge_and_unload()
+        )
         summary["adapter_dir"] = str(RunFolder(run_dir).adapter)
         state_dict = None
     saver = _processing_saver(resolved, tokenizer, console)
-    _save_atomic(RunFolder(run_dir).model, lambda path: (final_model.save_pretrained(path, state_dict=state_dict),
-                                                  saver.save_pretrained(path)))
+    _save_atomic(
+        RunFolder(run_dir).model,
+        lambda path: (final_model.save_pretrained(path, state_dict=state_dict), saver.save_pretrained(path)),
+    )
     summary["model_dir"] = str(RunFolder(run_dir).model)
     if samples and not getattr(trainer, "is_fsdp_enabled", False):  # a sharded model generates on every rank only
         print_samples(console, "after training", final_model, tokenizer, samples)
@@ -307,31 +353,48 @@ def disk_errors(run_dir: Path, trainer=None, training: dict | None = None):
         step = f" at step {trainer.state.global_step}" if trainer is not None and trainer.state is not None else ""
         kept = _saved_so_far(run_dir)
         if isinstance(err, (OSError, RuntimeError)) and not run_dir.is_dir():
-            raise LeapError(f"the run folder was deleted while the run was training ({step.strip() or 'at its end'}): "
-                            "nothing more can be saved", where=str(run_dir),
-                            fix="start the run again (nothing of it is left to resume)") from None
+            raise LeapError(
+                f"the run folder was deleted while the run was training ({step.strip() or 'at its end'}): "
+                "nothing more can be saved",
+                where=str(run_dir),
+                fix="start the run again (nothing of it is left to resume)",
+            ) from None
         if is_disk_full(err):
-            raise LeapError(f"the disk is full{step}: writing the run folder failed ({type(err).__name__})",
-                            where=str(run_dir), fix="free space on that disk (checkpoints: save_total_limit keeps "
-                            f"fewer), then {kept}") from None
-        if isinstance(err, MemoryError) or isinstance(err, RuntimeError) and any(
-                word in str(err) or word == type(err).__name__ for word in OUT_OF_MEMORY):
+            raise LeapError(
+                f"the disk is full{step}: writing the run folder failed ({type(err).__name__})",
+                where=str(run_dir),
+                fix=f"free space on that disk (checkpoints: save_total_limit keeps fewer), then {kept}",
+            ) from None
+        if (
+            isinstance(err, MemoryError)
+            or isinstance(err, RuntimeError)
+            and any(word in str(err) or word == type(err).__name__ for word in OUT_OF_MEMORY)
+        ):
             t = training or {}
             colocated = bool(t.get("use_vllm")) and t.get("vllm_mode", "colocate") == "colocate"
             length = "max_completion_length" if "num_generations" in t else "max_length"  # (GRPO)
             keys = ("per_device_train_batch_size", length, "gradient_checkpointing") + (
-                ("vllm_gpu_memory_utilization",) if colocated else ())
+                ("vllm_gpu_memory_utilization",) if colocated else ()
+            )
             settings = ", ".join(f"{k} {t[k]}" for k in keys if k in t)
             where = "GPU" if "CUDA" in str(err) or "cuda" in str(err) else "memory"
             # vLLM colocated holds its share of the GPU beside training (TRL's default 0.3: out of memory for full
             # fine-tuning of LFM2-1.2B at 64 completions on an H200, where 0.15 ran - bench/RESULTS.md)
-            engine = ("lower vllm_gpu_memory_utilization (the share of the GPU vLLM keeps beside training; 0.15 ran "
-                      "LFM2-1.2B at 64 completions on an H200) or set use_vllm: false (no engine memory), ") \
-                if colocated else ""
-            raise LeapError(f"out of {where}{step} ({settings})", where="training_config",
-                            fix=f"{engine}lower per_device_train_batch_size (raise gradient_accumulation_steps to keep "
-                            f"the global batch), lower {length}, set gradient_checkpointing: true, or train LoRA "
-                            f"(peft_config); then {kept}") from None
+            engine = (
+                (
+                    "lower vllm_gpu_memory_utilization (the share of the GPU vLLM keeps beside training; 0.15 ran "
+                    "LFM2-1.2B at 64 completions on an H200) or set use_vllm: false (no engine memory), "
+                )
+                if colocated
+                else ""
+            )
+            raise LeapError(
+                f"out of {where}{step} ({settings})",
+                where="training_config",
+                fix=f"{engine}lower per_device_train_batch_size (raise gradient_accumulation_steps to keep "
+                f"the global batch), lower {length}, set gradient_checkpointing: true, or train LoRA "
+                f"(peft_config); then {kept}",
+            ) from None
         raise
 
 
@@ -341,8 +404,10 @@ def _saved_so_far(run_dir: Path) -> str:
 
     complete = [p for p in checkpoints(run_dir) if verify(p).ok] if run_dir.is_dir() else []
     if complete:
-        return (f"resume with training_config.resume_from_checkpoint: latest (the last complete checkpoint, "
-                f"{complete[-1].name}, is intact; one cut short is never resumed from)")
+        return (
+            f"resume with training_config.resume_from_checkpoint: latest (the last complete checkpoint, "
+            f"{complete[-1].name}, is intact; one cut short is never resumed from)"
+        )
     return "run again (no checkpoint was saved yet: nothing to resume)"
 
 
@@ -405,9 +470,15 @@ def metrics_history(path: Path) -> dict:
             previous = record["step"]
     rewards = [float(r["reward"]) for r in records if "reward" in r and _is_number(r["reward"])]
     initial_eval = {k: v for r in records if r.get("step") == 0 for k, v in r.items() if k.startswith("eval_")}
-    initial_benchmarks = {k: v for r in records if r.get("step") == 0 for k, v in r.items() if k.startswith("benchmark/")}
-    return {"train_loss": total / steps if steps else None, "initial_eval": initial_eval,
-            "initial_benchmarks": initial_benchmarks, "rewards": rewards}
+    initial_benchmarks = {
+        k: v for r in records if r.get("step") == 0 for k, v in r.items() if k.startswith("benchmark/")
+    }
+    return {
+        "train_loss": total / steps if steps else None,
+        "initial_eval": initial_eval,
+        "initial_benchmarks": initial_benchmarks,
+        "rewards": rewards,
+    }
 
 
 def _processing_saver(resolved: ResolvedConfig, tokenizer, console):
@@ -462,15 +533,23 @@ def print_samples(console, when: str, model, tokenizer, samples: list[dict]) -> 
     for sample in samples:
         ids = tokenizer(sample["prompt"], add_special_tokens=False, return_tensors="pt")["input_ids"].to(device)
         with torch.no_grad(), torch.compiler.set_stance("force_eager"):  # compiled layers: training shapes only
-            out = model.generate(ids, max_new_tokens=sample.get("max_new_tokens", 64), do_sample=False,
-                                 eos_token_id=tokenizer.eos_token_id, pad_token_id=tokenizer.pad_token_id,
-                                 use_cache=True)
+            out = model.generate(
+                ids,
+                max_new_tokens=sample.get("max_new_tokens", 64),
+                do_sample=False,
+                eos_token_id=tokenizer.eos_token_id,
+                pad_token_id=tokenizer.pad_token_id,
+                use_cache=True,
+            )
         # Special tokens stay visible (tool-call markers are part of the answer); generation stops at eos.
-        new = out[0, ids.shape[1]:].tolist()
+        new = out[0, ids.shape[1] :].tolist()
         if tokenizer.eos_token_id in new:
             new = new[: new.index(tokenizer.eos_token_id)]
         answer = tokenizer.decode([t for t in new if t != tokenizer.pad_token_id]).strip()
-        console.print(f"  Q: {sample['question']}\n     model: {answer!r}   expected: {sample['reference']!r}",
-                      markup=False, highlight=False)
+        console.print(
+            f"  Q: {sample['question']}\n     model: {answer!r}   expected: {sample['reference']!r}",
+            markup=False,
+            highlight=False,
+        )
     if was_training:
         model.train()

@@ -61,8 +61,9 @@ def run_preference(resolved_json: dict, callbacks: list | None, config_cls, trai
     peft_config = common.lora_config(resolved)
     ref_model = None
     if peft_config is None and not args.precompute_ref_log_probs:
-        ref_model = load_model(resolved.model_id, tokenizer, resolved.training.get("model_init_kwargs"),
-                               dtype=model.dtype)
+        ref_model = load_model(
+            resolved.model_id, tokenizer, resolved.training.get("model_init_kwargs"), dtype=model.dtype
+        )
         ref_model.config.use_cache = False
 
     stop_on_signal = StopOnSignal()
@@ -74,7 +75,13 @@ def run_preference(resolved_json: dict, callbacks: list | None, config_cls, trai
         eval_dataset=eval_dataset,
         processing_class=tokenizer,
         peft_config=peft_config,
-        callbacks=common.standard_callbacks(resolved, run_dir, console, stop_on_signal, callbacks,
-                                            common.benchmark_callback(resolved, tokenizer, run_dir, console)),
+        callbacks=common.standard_callbacks(
+            resolved,
+            run_dir,
+            console,
+            stop_on_signal,
+            callbacks,
+            common.benchmark_callback(resolved, tokenizer, run_dir, console),
+        ),
     )
     return common.train_evaluate_save(trainer, resolved, run_dir, tokenizer, console, stop_on_signal, [])

@@ -24,14 +24,21 @@ def build_loss(resolved: ResolvedConfig, model):
 
     gather = retrieval.several_workers()
     if resolved.retrieval.loss == "cached_mnrl":
-        return losses.CachedMultipleNegativesRankingLoss(model, mini_batch_size=resolved.retrieval.mini_batch_size,
-                                                         gather_across_devices=gather)
+        return losses.CachedMultipleNegativesRankingLoss(
+            model, mini_batch_size=resolved.retrieval.mini_batch_size, gather_across_devices=gather
+        )
     return losses.MultipleNegativesRankingLoss(model, gather_across_devices=gather)
 
 
 def train(resolved_json: dict, callbacks: list | None = None) -> dict:
     from sentence_transformers import SentenceTransformerTrainer
 
-    return retrieval.train(resolved_json, model_factory=build_model, loss_factory=build_loss,
-                           trainer_cls=SentenceTransformerTrainer, args_cls=config_class(), multi_vector=False,
-                           callbacks=callbacks)
+    return retrieval.train(
+        resolved_json,
+        model_factory=build_model,
+        loss_factory=build_loss,
+        trainer_cls=SentenceTransformerTrainer,
+        args_cls=config_class(),
+        multi_vector=False,
+        callbacks=callbacks,
+    )

@@ -48,8 +48,10 @@ def reward_functions(resolved: ResolvedConfig, judge_url: str | None = None) -> 
     # a custom reward that fails stops the run where it is (the step is not finished: nothing to save); the
     # checkpoints saved before are complete
     then = (lambda: common._saved_so_far(Path(resolved.run_dir))) if resolved.run_dir else None
-    functions = [build_reward(spec, where=f"{where}: rewards.funcs[{index}]", then=then)
-                 for index, spec in enumerate(resolved.rewards.funcs)]
+    functions = [
+        build_reward(spec, where=f"{where}: rewards.funcs[{index}]", then=then)
+        for index, spec in enumerate(resolved.rewards.funcs)
+    ]
     judge = resolved.rewards.judge
     if judge is not None:
         functions.append(Judge(judge, judge.base_url or judge_url))
@@ -80,8 +82,9 @@ def trainer_class():
 
                 # leap-finetune's decoding loop (rl/sampler.py) wherever it samples what generate would sample
                 # (asked with TRL's generation settings applied to the model, as during a rollout)
-                with unwrap_model_for_generation(self.model_wrapped, self.accelerator,
-                                                 generation_kwargs=self.generation_kwargs) as model:
+                with unwrap_model_for_generation(
+                    self.model_wrapped, self.accelerator, generation_kwargs=self.generation_kwargs
+                ) as model:
                     self.rollout_why_not = why_not(model, self.generation_config, multimodal=self._is_vlm)
                 cuda = self.accelerator.device.type == "cuda"
                 if self.rollout_why_not is None:
@@ -91,8 +94,7 @@ def trainer_class():
                     # then compiles its one-token decoding step (CUDA graphs) - 3.6x TRL's default (bench/NOTES.md)
                     self.generation_config.disable_compile = False
 
-        def _generate_single_turn(self, prompt_ids, images, multimodal_fields, num_generations,
-                                  has_tool_images=False):
+        def _generate_single_turn(self, prompt_ids, images, multimodal_fields, num_generations, has_tool_images=False):
             import time
 
             import torch
@@ -101,8 +103,9 @@ def trainer_class():
             if self.rollout_engine.startswith("leap-finetune sampler") and not images and not multimodal_fields:
                 completion_ids, logprobs = self._sample(prompt_ids)
             else:
-                completion_ids, logprobs = super()._generate_single_turn(prompt_ids, images, multimodal_fields,
-                                                                         num_generations, has_tool_images)
+                completion_ids, logprobs = super()._generate_single_turn(
+                    prompt_ids, images, multimodal_fields, num_generations, has_tool_images
+                )
             if torch.cuda.is_available() and self.accelerator.device.type == "cuda":
                 torch.cuda.synchronize()
             self._rollout_seconds += time.perf_counter() - start
@@ -122,30 +125,50 @@ def trainer_class():
 
             device = self.accelerator.device
             tensors = [torch.tensor(ids) for ids in prompt_ids]
-            input_ids = pad(tensors, padding_value=self._tokenizer.pad_token_id, padding_side="left",
-                            pad_to_multiple_of=self.pad_to_multiple_of).to(device)
-            attention_mask = pad([torch.ones_like(t) for t in tensors], padding_value=0, padding_side="left",
-                                 pad_to_multiple_of=self.pad_to_multiple_of).to(device)
-            with (profiling_context(self, "transformers.generate"),
-                  unwrap_model_for_generation(self.model_wrapped, self.accelerator,
-                                              generation_kwargs=self.generation_kwargs,
-                                              gradient_checkpointing_kwargs=self.args.gradient_checkpointing_kwargs)
-                  as model):
+            input_ids = pad(
+                tensors,
+                padding_value=self._tokenizer.pad_token_id,
+                padding_side="left",
+                pad_to_multiple_of=self.pad_to_multiple_of,
+            ).to(device)
+            attention_mask = pad(
+                [torch.ones_like(t) for t in tensors],
+                padding_value=0,
+                padding_side="left",
+                pad_to_multiple_of=self.pad_to_multiple_of,
+            ).to(device)
+            with (
+                profiling_context(self, "transformers.generate"),
+                unwrap_model_for_generation(
+                    self.model_wrapped,
+                    self.accelerator,
+                    generation_kwargs=self.generation_kwargs,
+                    gradient_checkpointing_kwargs=self.args.gradient_checkpointing_kwargs,
+                ) as model,
+            ):
                 if self._sampler is None or self._sampler.model is not model:
                     cuda = device.type == "cuda"
                     # on a GPU: decode with a bf16 copy refreshed every rollout (rl/sampler.py); not fp16 (LFM2's
                     # activations can overflow it without autocast's fp32 residual stream)
                     half = torch.bfloat16 if self.args.bf16 else None
-                    self._sampler = Sampler(model, self.generation_config, list(self.eos_token_ids),
-                                            self._tokenizer.pad_token_id, compile=cuda,
-                                            rollout_dtype=half if cuda else None)
-                completions, logps = self._sampler.generate(input_ids, attention_mask, self.max_completion_length,
-                                                            logprobs=True)
+                    self._sampler = Sampler(
+                        model,
+                        self.generation_config,
+                        list(self.eos_token_ids),
+                        self._tokenizer.pad_token_id,
+                        compile=cuda,
+                        rollout_dtype=half if cuda else None,
+                    )
+                completions, logps = self._sampler.generate(
+                    input_ids, attention_mask, self.max_completion_length, logprobs=True
+                )
             is_eos = torch.isin(completions, torch.tensor(self.eos_token_ids, device=device))
             ends = torch.where(is_eos.any(dim=1), is_eos.int().argmax(dim=1), completions.size(1)).cpu().tolist()
             completions, logps = completions.cpu(), logps.cpu()
-            return ([row[: end + 1].tolist() for row, end in zip(completions, ends, strict=True)],
-                    [row[: end + 1].tolist() for row, end in zip(logps, ends, strict=True)])
+            return (
+                [row[: end + 1].tolist() for row, end in zip(completions, ends, strict=True)],
+                [row[: end + 1].tolist() for row, end in zip(logps, ends, strict=True)],
+            )
 
         def log(self, logs, start_time=None):
             if self.model.training and self._rollout_seconds > 0:
@@ -160,9 +183,18 @@ def trainer_class():
             with RunFolder(self.args.output_dir).completions.open("a", encoding="utf-8") as handle:
                 for i in range(count):
                     rewards = {name: values[i] for name, values in self._logs["rewards"].items() if i < len(values)}
-                    handle.write(json.dumps({"step": self.state.global_step, "prompt": self._logs["prompt"][i],
-                                             "completion": self._logs["completion"][i], "rewards": rewards,
-                                             "advantage": self._logs["advantages"][i]}) + "\n")
+                    handle.write(
+                        json.dumps(
+                            {
+                                "step": self.state.global_step,
+                                "prompt": self._logs["prompt"][i],
+                                "completion": self._logs["completion"][i],
+                                "rewards": rewards,
+                                "advantage": self._logs["advantages"][i],
+                            }
+                        )
+                        + "\n"
+                    )
 
     return LeapGRPOTrainer
 
@@ -190,13 +222,20 @@ def train(resolved_json: dict, callbacks: list | None = None) -> dict:
         eval_dataset=eval_dataset,
         processing_class=tokenizer,
         peft_config=common.lora_config(resolved),
-        callbacks=common.standard_callbacks(resolved, run_dir, console, stop_on_signal, [watch, *(callbacks or [])],
-                                            common.benchmark_callback(resolved, tokenizer, run_dir, console)),
+        callbacks=common.standard_callbacks(
+            resolved,
+            run_dir,
+            console,
+            stop_on_signal,
+            [watch, *(callbacks or [])],
+            common.benchmark_callback(resolved, tokenizer, run_dir, console),
+        ),
     )
     watch.judges = judges(trainer)
     if trainer.accelerator.is_main_process:
-        console.print(f"rollouts: {trainer.rollout_engine}"
-                      + (f" ({trainer.rollout_why_not})" if trainer.rollout_why_not else ""))
+        console.print(
+            f"rollouts: {trainer.rollout_engine}" + (f" ({trainer.rollout_why_not})" if trainer.rollout_why_not else "")
+        )
 
     def after_training(trainer) -> dict:
         """The judge's requests and failures over every rank; a judge that stopped the run is its error."""
@@ -212,13 +251,16 @@ def train(resolved_json: dict, callbacks: list | None = None) -> dict:
             totals["since_step"] = step_of(Path(resolved.resume_checkpoint_path))
         extra = {"judge": totals, **rollouts}
         if watch.stopped and trainer.state.global_step < trainer.state.max_steps:  # (at the last step: finished)
-            extra["error"] = {"message": f"{totals['stop_reason'] or 'the judge failed every request'}; the run saved a "
-                                         "checkpoint and stopped",
-                              "where": f"{resolved.config_path or 'config'}: rewards.judge",
-                              "fix": "fix or restart the judge server (its log: servers/judge_server.log for a local "
-                                     "judge), then resume with resume_from_checkpoint: latest; "
-                                     "rewards.judge.max_failed_steps: 0 trains on without it"}
+            extra["error"] = {
+                "message": f"{totals['stop_reason'] or 'the judge failed every request'}; the run saved a "
+                "checkpoint and stopped",
+                "where": f"{resolved.config_path or 'config'}: rewards.judge",
+                "fix": "fix or restart the judge server (its log: servers/judge_server.log for a local "
+                "judge), then resume with resume_from_checkpoint: latest; "
+                "rewards.judge.max_failed_steps: 0 trains on without it",
+            }
         return extra
 
-    return common.train_evaluate_save(trainer, resolved, run_dir, tokenizer, console, stop_on_signal, [],
-                                      after_training=after_training)
+    return common.train_evaluate_save(
+        trainer, resolved, run_dir, tokenizer, console, stop_on_signal, [], after_training=after_training
+    )

@@ -43,7 +43,7 @@ def kl_completions(completions: list, batch_size: int) -> list:
     rotated in eval batches, and a last batch of one row takes the completion of the row before it."""
     pairs = []
     for start in range(0, len(completions), batch_size):
-        chunk = completions[start:start + batch_size]
+        chunk = completions[start : start + batch_size]
         if len(chunk) == 1 and start > 0:
             pairs.append(completions[start - 1])
         else:

@@ -47,10 +47,20 @@ def write_plots(run_dir: Path) -> list[Path]:
     figures = {
         "loss.png": ("loss", [("train loss", "loss"), ("eval loss", "eval_loss")], True),
         "learning_rate.png": ("learning rate", [("learning rate", "learning_rate")], False),
-        "benchmarks.png": ("benchmark scores", [(k.split("/")[1], k) for k in keys
-                                                if k.startswith("benchmark/") and k.endswith("/score")], False),
-        "rewards.png": ("rewards", [(k, k) for k in keys if k.startswith(("rewards/", "eval_rewards/"))
-                                    or k in ("reward", "eval_reward", "kl", "eval_kl")], False),
+        "benchmarks.png": (
+            "benchmark scores",
+            [(k.split("/")[1], k) for k in keys if k.startswith("benchmark/") and k.endswith("/score")],
+            False,
+        ),
+        "rewards.png": (
+            "rewards",
+            [
+                (k, k)
+                for k in keys
+                if k.startswith(("rewards/", "eval_rewards/")) or k in ("reward", "eval_reward", "kl", "eval_kl")
+            ],
+            False,
+        ),
     }
     folder = run_dir / FOLDER
     folder.mkdir(exist_ok=True)
@@ -69,7 +79,9 @@ def write_plots(run_dir: Path) -> list[Path]:
             axes[0][0].plot(steps, values, label=label, marker=marker, markersize=3)
             if with_tokens:
                 points = [(t, v) for t, v in zip(tokens, values) if t is not None]
-                axes[0][1].plot([t for t, _ in points], [v for _, v in points], label=label, marker=marker, markersize=3)
+                axes[0][1].plot(
+                    [t for t, _ in points], [v for _, v in points], label=label, marker=marker, markersize=3
+                )
         for index, axis in enumerate(axes[0]):
             axis.set_xlabel("tokens seen" if index else "step")
             axis.set_title(title + (" (by tokens)" if index else ""))
@@ -111,8 +123,9 @@ class Plots(TrainerCallback):
             write_plots(self.run_dir)
         except Exception as err:  # noqa: BLE001 - a plot never stops training
             self.failed = True
-            self.console.print(f"[yellow]note: the plots could not be drawn ({type(err).__name__}: {err}); "
-                               "training goes on[/yellow]")
+            self.console.print(
+                f"[yellow]note: the plots could not be drawn ({type(err).__name__}: {err}); training goes on[/yellow]"
+            )
 
     def on_train_begin(self, args, state, control, **kwargs):
         import threading

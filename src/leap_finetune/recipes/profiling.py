@@ -28,8 +28,9 @@ class StepProfile(TrainerCallback):
         if state.global_step == self.first:
             import torch
 
-            self._profiler = torch.profiler.profile(activities=[torch.profiler.ProfilerActivity.CPU,
-                                                                torch.profiler.ProfilerActivity.CUDA])
+            self._profiler = torch.profiler.profile(
+                activities=[torch.profiler.ProfilerActivity.CPU, torch.profiler.ProfilerActivity.CUDA]
+            )
             self._profiler.__enter__()
 
     def on_step_end(self, args, state, control, **kwargs):
@@ -49,9 +50,12 @@ class StepProfile(TrainerCallback):
         kernels = [e for e in events if device_time(e) > 0 and e.device_type.name == "CUDA"]
         total = sum(device_time(e) for e in kernels)
         nccl = sum(device_time(e) for e in kernels if "nccl" in e.key.lower())
-        wall = sum(self.times[self.first:self.first + self.steps])
-        lines = [f"steps {self.first + 1}-{self.first + self.steps}: wall {wall * 1e3:.0f} ms, GPU kernel time "
-                 f"{total / 1e3:.0f} ms, of which NCCL {nccl / 1e3:.0f} ms ({100 * nccl / max(total, 1):.1f}%)", ""]
+        wall = sum(self.times[self.first : self.first + self.steps])
+        lines = [
+            f"steps {self.first + 1}-{self.first + self.steps}: wall {wall * 1e3:.0f} ms, GPU kernel time "
+            f"{total / 1e3:.0f} ms, of which NCCL {nccl / 1e3:.0f} ms ({100 * nccl / max(total, 1):.1f}%)",
+            "",
+        ]
         for e in sorted(kernels, key=device_time, reverse=True)[:25]:
             lines.append(f"{device_time(e) / 1e3:10.1f} ms {e.count:6d}x  {e.key[:110]}")
         self.folder.mkdir(parents=True, exist_ok=True)

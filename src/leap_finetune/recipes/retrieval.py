@@ -14,8 +14,8 @@ from pathlib import Path
 
 from leap_finetune.config.resolved import ResolvedConfig
 from leap_finetune.files import write_atomic
-from leap_finetune.models.encoders import backbone
 from leap_finetune.methods import method_of
+from leap_finetune.models.encoders import backbone
 from leap_finetune.recipes import common
 from leap_finetune.recipes.callbacks import CheckpointMarker, StopOnSignal
 from leap_finetune.runs.folder import RunFolder
@@ -73,7 +73,8 @@ def leap_trainer(trainer_cls):
                 return super().get_train_dataloader()
             self.accelerator.even_batches = True
             self._train_dataloader = self.accelerator.prepare(
-                self._build_dataloader(self.train_dataset, self.args.train_batch_size, dataset_kind="train"))
+                self._build_dataloader(self.train_dataset, self.args.train_batch_size, dataset_kind="train")
+            )
             return self._train_dataloader
 
         def _track_num_input_tokens(self, inputs):
@@ -142,8 +143,10 @@ def load_lora_checkpoint(model, checkpoint: Path) -> None:
             for key, value in load_file(str(file)).items():
                 match = [k for k in names if k == prefix + key or k.endswith("." + key)]
                 if len(match) != 1:
-                    raise RuntimeError(f"checkpoint {checkpoint}: weight {key} of {file.name} matches "
-                                       f"{len(match)} parameters of the model")
+                    raise RuntimeError(
+                        f"checkpoint {checkpoint}: weight {key} of {file.name} matches "
+                        f"{len(match)} parameters of the model"
+                    )
                 loaded[match[0]] = value
     model.load_state_dict(loaded, strict=True)
 
@@ -200,15 +203,38 @@ def main_score(metrics: dict) -> tuple[str, float] | None:
     return None
 
 
-def train(resolved_json: dict, *, model_factory, loss_factory, trainer_cls, args_cls, multi_vector: bool,
-          callbacks: list | None = None) -> dict:
+def train(
+    resolved_json: dict,
+    *,
+    model_factory,
+    loss_factory,
+    trainer_cls,
+    args_cls,
+    multi_vector: bool,
+    callbacks: list | None = None,
+) -> dict:
     with common.disk_errors(Path(resolved_json["run_dir"]), training=resolved_json.get("training")):
-        return _train(resolved_json, model_factory=model_factory, loss_factory=loss_factory, trainer_cls=trainer_cls,
-                      args_cls=args_cls, multi_vector=multi_vector, callbacks=callbacks)
+        return _train(
+            resolved_json,
+            model_factory=model_factory,
+            loss_factory=loss_factory,
+            trainer_cls=trainer_cls,
+            args_cls=args_cls,
+            multi_vector=multi_vector,
+            callbacks=callbacks,
+        )
 
 
-def _train(resolved_json: dict, *, model_factory, loss_factory, trainer_cls, args_cls, multi_vector: bool,
-           callbacks: list | None = None) -> dict:
+def _train(
+    resolved_json: dict,
+    *,
+    model_factory,
+    loss_factory,
+    trainer_cls,
+    args_cls,
+    multi_vector: bool,
+    callbacks: list | None = None,
+) -> dict:
     from rich.console import Console
     from transformers.trainer_callback import PrinterCallback, ProgressCallback
 
@@ -226,9 +252,12 @@ def _train(resolved_json: dict, *, model_factory, loss_factory, trainer_cls, arg
         add_lora(model, resolved, console)
     stop_on_signal = StopOnSignal()
     trainer = leap_trainer(trainer_cls)(
-        model=model, args=args, train_dataset=train_dataset,
+        model=model,
+        args=args,
+        train_dataset=train_dataset,
         eval_dataset=eval_dataset.select_columns(["query", "positive"]) if eval_dataset is not None else None,
-        loss=loss_factory(resolved, model), evaluator=evaluator(resolved, train_dataset, eval_dataset, multi_vector),
+        loss=loss_factory(resolved, model),
+        evaluator=evaluator(resolved, train_dataset, eval_dataset, multi_vector),
         callbacks=common.standard_callbacks(resolved, run_dir, console, stop_on_signal, callbacks),
     )
     trainer.remove_callback(ProgressCallback)
@@ -246,9 +275,12 @@ def _train(resolved_json: dict, *, model_factory, loss_factory, trainer_cls, arg
     # (fewer steps than logging_steps log no loss: the Trainer's own mean then)
     train_loss = history["train_loss"] if history["train_loss"] is not None or result is None else result.training_loss
     marker = next(c for c in trainer.callback_handler.callbacks if isinstance(c, CheckpointMarker))
-    summary = {"global_step": trainer.state.global_step, "train_loss": train_loss,
-               "train_runtime_s": round(marker.trained_seconds(), 3),
-               "tokens_seen": trainer.state.num_input_tokens_seen}
+    summary = {
+        "global_step": trainer.state.global_step,
+        "train_loss": train_loss,
+        "train_runtime_s": round(marker.trained_seconds(), 3),
+        "tokens_seen": trainer.state.num_input_tokens_seen,
+    }
     from leap_finetune.recipes.plots import Plots
 
     plots = next(c for c in trainer.callback_handler.callbacks if isinstance(c, Plots))
@@ -275,10 +307,12 @@ def _train(resolved_json: dict, *, model_factory, loss_factory, trainer_cls, arg
         if benchmarks:
             from leap_finetune.evaluation.retrieval_benchmark import scores
 
-            summary["retrieval_benchmarks"] = {name: scores(final, f"benchmark_{name}").get("ndcg@10")
-                                               for name in benchmarks}
+            summary["retrieval_benchmarks"] = {
+                name: scores(final, f"benchmark_{name}").get("ndcg@10") for name in benchmarks
+            }
             summary["initial_retrieval_benchmarks"] = {
-                name: scores(history["initial_eval"], f"benchmark_{name}").get("ndcg@10") for name in benchmarks}
+                name: scores(history["initial_eval"], f"benchmark_{name}").get("ndcg@10") for name in benchmarks
+            }
     if resolved.peft is not None:
         # the backbone's adapter on its own (peft's format), then the model with it merged: a
         # sentence-transformers folder that loads without peft
@@ -288,9 +322,11 @@ def _train(resolved_json: dict, *, model_factory, loss_factory, trainer_cls, arg
     common._save_atomic(RunFolder(run_dir).model, lambda path: model.save_pretrained(str(path)))
     summary["model_dir"] = str(RunFolder(run_dir).model)
     cls = "MultiVectorEncoder" if multi_vector else "SentenceTransformer"
-    prompt = ", prompt_name=\"query\"" if resolved.retrieval.prompts.query else ""
-    console.print(f"use it:\n  from sentence_transformers import {cls}\n  model = {cls}({str(RunFolder(run_dir).model)!r})\n"
-                  f"  embeddings = model.encode([\"your query\"]{prompt})")
+    prompt = ', prompt_name="query"' if resolved.retrieval.prompts.query else ""
+    console.print(
+        f"use it:\n  from sentence_transformers import {cls}\n  model = {cls}({str(RunFolder(run_dir).model)!r})\n"
+        f'  embeddings = model.encode(["your query"]{prompt})'
+    )
     plots.wait()
     summary["finished_at"] = time.time()  # by this process's clock: which run finished last (models.registry)
     write_atomic(RunFolder(run_dir).summary, json.dumps(summary, indent=2))
@@ -312,9 +348,12 @@ def load_encoder(folder: Path, run_config: dict | None, training_type: str):
         cls = MultiVectorEncoder if method_of(training_type).multi_vector else SentenceTransformer
         return cls(str(folder), device="cpu"), False
     if run_config is None:
-        raise LeapError("a checkpoint of a LoRA retrieval run, without its run's resolved_config.yaml beside it "
-                        "(needed to rebuild the model the adapter belongs to)", where=str(folder),
-                        fix="export the checkpoint from inside its run folder (outputs/PROJECT/RUN/checkpoint-N)")
+        raise LeapError(
+            "a checkpoint of a LoRA retrieval run, without its run's resolved_config.yaml beside it "
+            "(needed to rebuild the model the adapter belongs to)",
+            where=str(folder),
+            fix="export the checkpoint from inside its run folder (outputs/PROJECT/RUN/checkpoint-N)",
+        )
     import logging
 
     from leap_finetune.models.encoders import build_encoder
@@ -358,8 +397,10 @@ def save_adapter(model, resolved: ResolvedConfig, folder: Path) -> None:
     config.save_pretrained(str(folder))
     weights = get_peft_model_state_dict(adapted)
     # named as PeftModel.save_pretrained names them (the backbone is PeftModel's base_model.model)
-    save_file({f"base_model.model.{k}": v.detach().cpu().contiguous() for k, v in weights.items()},
-              str(folder / "adapter_model.safetensors"))
+    save_file(
+        {f"base_model.model.{k}": v.detach().cpu().contiguous() for k, v in weights.items()},
+        str(folder / "adapter_model.safetensors"),
+    )
 
 
 def merge_lora(model) -> None:
@@ -384,5 +425,3 @@ def several_workers() -> bool:
     import os
 
     return int(os.environ.get("WORLD_SIZE", "1")) > 1
-
-

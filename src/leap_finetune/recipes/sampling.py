@@ -36,11 +36,15 @@ def balanced_sampler(args, dataset, *, padding_free: bool):
     from transformers.trainer_pt_utils import BatchRebalanceSampler
 
     world_size = max(1, args.world_size)
-    options = dict(lengths=row_lengths(dataset),
-                   effective_batch_size=args.per_device_train_batch_size * args.gradient_accumulation_steps * world_size,
-                   dp_size=world_size, grad_accum=args.gradient_accumulation_steps,
-                   rank=args.process_index if world_size > 1 else 0, drop_last=args.dataloader_drop_last,
-                   seed=args.data_seed if args.data_seed is not None else args.seed)
+    options = dict(
+        lengths=row_lengths(dataset),
+        effective_batch_size=args.per_device_train_batch_size * args.gradient_accumulation_steps * world_size,
+        dp_size=world_size,
+        grad_accum=args.gradient_accumulation_steps,
+        rank=args.process_index if world_size > 1 else 0,
+        drop_last=args.dataloader_drop_last,
+        seed=args.data_seed if args.data_seed is not None else args.seed,
+    )
     if padding_free:
         return _token_balanced_class()(**options)
     return BatchRebalanceSampler(**options)
@@ -58,15 +62,17 @@ def _token_balanced_class():
             groups: list[list[int]] = [[] for _ in range(groups_count)]
             heap = [(0, k) for k in range(groups_count)]
             # Ties broken by the row's position: every rank computes the same dealing.
-            for position, (index, length) in sorted(enumerate(zip(indices, lengths)), key=lambda p: (-p[1][1], p[0])):
+            for _position, (index, length) in sorted(enumerate(zip(indices, lengths)), key=lambda p: (-p[1][1], p[0])):
                 tokens, k = heapq.heappop(heap)
                 groups[k].append(index)
                 heapq.heappush(heap, (tokens + length, k))
             cost = dict((k, tokens) for tokens, k in heap)
             order = sorted(range(groups_count), key=lambda k: (-cost[k], k))
             # Slot s (micro-step s) takes the s-th block of dp_size groups: equal cost across ranks per slot.
-            return [[groups[order[slot * self.dp_size + rank]] for slot in range(self.grad_accum)]
-                    for rank in range(self.dp_size)]
+            return [
+                [groups[order[slot * self.dp_size + rank]] for slot in range(self.grad_accum)]
+                for rank in range(self.dp_size)
+            ]
 
     return TokenBalancedSampler
 
@@ -89,4 +95,3 @@ def epoch_callback():
                 self.sampler.set_epoch(int(state.epoch or 0))
 
     return SamplerEpoch()
-

@@ -97,8 +97,9 @@ def train(resolved_json: dict, callbacks: list | None = None) -> dict:
     train_dataset = for_trainer(train_dataset, args, args.packing)
     if eval_dataset is not None:
         eval_dataset = for_trainer(eval_dataset, args, args.packing if args.eval_packing is None else args.eval_packing)
-    tokenizer, model = common.load_tokenizer_and_model(resolved, packing=args.packing or args.padding_free,
-                                                       console=console)
+    tokenizer, model = common.load_tokenizer_and_model(
+        resolved, packing=args.packing or args.padding_free, console=console
+    )
     fast = speed_plan(resolved)
     if common.is_main_process():
         console.print(fast.line)
@@ -116,7 +117,13 @@ def train(resolved_json: dict, callbacks: list | None = None) -> dict:
         eval_dataset=eval_dataset,
         processing_class=tokenizer,
         peft_config=common.lora_config(resolved),
-        callbacks=common.standard_callbacks(resolved, run_dir, console, stop_on_signal, callbacks,
-                                            common.benchmark_callback(resolved, tokenizer, run_dir, console)),
+        callbacks=common.standard_callbacks(
+            resolved,
+            run_dir,
+            console,
+            stop_on_signal,
+            callbacks,
+            common.benchmark_callback(resolved, tokenizer, run_dir, console),
+        ),
     )
     return common.train_evaluate_save(trainer, resolved, run_dir, tokenizer, console, stop_on_signal, samples)

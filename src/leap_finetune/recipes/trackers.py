@@ -47,15 +47,17 @@ class TrackerConfig(TrainerCallback):
                 except ImportError:
                     continue  # ("all": a tracker that is not installed)
                 except Exception as err:  # noqa: BLE001 - a tracker never stops training
-                    self.console.print(f"[yellow]note: the config could not be sent to {name} "
-                                       f"({type(err).__name__}: {err})[/yellow]")
+                    self.console.print(
+                        f"[yellow]note: the config could not be sent to {name} ({type(err).__name__}: {err})[/yellow]"
+                    )
 
     def _tensorboard(self, args) -> None:
         from torch.utils.tensorboard import SummaryWriter
 
         # an event file of its own in the run's TensorBoard folder: TensorBoard shows both files' data as one run
-        with SummaryWriter(log_dir=os.environ.get("TENSORBOARD_LOGGING_DIR", os.path.join(args.output_dir, "tensorboard"))) \
-                as writer:
+        with SummaryWriter(
+            log_dir=os.environ.get("TENSORBOARD_LOGGING_DIR", os.path.join(args.output_dir, "tensorboard"))
+        ) as writer:
             writer.add_text("leap_finetune/config", "```\n" + json.dumps(self.config, indent=2) + "\n```")
 
     def _wandb(self, args) -> None:

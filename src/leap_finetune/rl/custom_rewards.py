@@ -44,6 +44,7 @@ def label(spec: str) -> str:
 
 # ---- what a reward function returned ----------------------------------------------------------------------
 
+
 def problem(values, count: int) -> tuple[int | None, str] | None:
     """What is wrong with a reward's answer for `count` completions: (the index of the wrong value or None, what
     it is); None when it is one number (or None) per completion."""
@@ -83,14 +84,16 @@ def _number(value):
 
 def _short(value, limit: int = 60) -> str:
     text = repr(value)
-    return text if len(text) <= limit else text[:limit - 3] + "..."
+    return text if len(text) <= limit else text[: limit - 3] + "..."
 
 
 def _fix(found: tuple[int | None, str]) -> str:
     if found[1] == "NaN":
         return "return None for a completion the reward should leave out (NaN is most often 0/0 by accident)"
-    return ("return a list with one number per completion, in the order of `completions` (None leaves a completion "
-            "out of this reward)")
+    return (
+        "return a list with one number per completion, in the order of `completions` (None leaves a completion "
+        "out of this reward)"
+    )
 
 
 def _raised(err: Exception, spec: str) -> str:
@@ -124,6 +127,7 @@ async def _awaited(result):
 
 # ---- before the model loads: once on the first training rows ---------------------------------------------------
 
+
 @dataclass
 class SampleCall:
     """A call as TRL makes it, on placeholder completions of the first training rows."""
@@ -141,11 +145,17 @@ def sample_call(examples: list[dict], columns: list[str], tokenizer) -> SampleCa
 
     sample = SampleCall()
     extra = [c for c in columns if c not in ("prompt", "solution", "prompt_text", "tools")]
-    per_column: dict[str, list] = {"prompts": [], "completion_ids": [], "solution": [], "prompt_text": [],
-                                   **({"tools": []} if "tools" in columns else {}), **{c: [] for c in extra}}
+    per_column: dict[str, list] = {
+        "prompts": [],
+        "completion_ids": [],
+        "solution": [],
+        "prompt_text": [],
+        **({"tools": []} if "tools" in columns else {}),
+        **{c: [] for c in extra},
+    }
     for example in examples[:ROWS_AT_VALIDATE]:
         solution = example.get("solution") or ""
-        for completion in ([solution, ""] if solution else [""]):
+        for completion in [solution, ""] if solution else [""]:
             sample.completions.append(completion)
             source = example.get("source") or {}
             sample.rows.append(f"{Path(source.get('file', '?')).name}, {source.get('location', '?')}")
@@ -157,8 +167,12 @@ def sample_call(examples: list[dict], columns: list[str], tokenizer) -> SampleCa
                 per_column["tools"].append(example.get("tools", ""))
             for column in extra:
                 per_column[column].append((example.get("columns") or {}).get(column))
-    sample.kwargs = {**per_column, "trainer_state": TrainerState(), "log_extra": lambda *a, **k: None,
-                     "log_metric": lambda *a, **k: None}
+    sample.kwargs = {
+        **per_column,
+        "trainer_state": TrainerState(),
+        "log_extra": lambda *a, **k: None,
+        "log_metric": lambda *a, **k: None,
+    }
     return sample
 
 
@@ -181,23 +195,37 @@ def check_custom_rewards(resolved, prepared, tokenizer, console=None) -> None:
         try:
             values = call(function, list(sample.completions), dict(sample.kwargs))
         except Exception as err:  # noqa: BLE001 - the user's code: whatever it raised, said with its line
-            raise LeapError(f"the custom reward {label(spec)} raised {_raised(err, spec)} when called on {on}",
-                            where=where, fix="correct the function (a completion can be empty: the model may stop at "
-                            f"once; `leap-finetune --debug validate` shows the traceback); {skip}") from err
+            raise LeapError(
+                f"the custom reward {label(spec)} raised {_raised(err, spec)} when called on {on}",
+                where=where,
+                fix="correct the function (a completion can be empty: the model may stop at "
+                f"once; `leap-finetune --debug validate` shows the traceback); {skip}",
+            ) from err
         found = problem(values, len(sample.completions))
         if found is not None:
             value, what = found
-            detail = what if value is None else \
-                f"its value for the completion {_short(sample.completions[value], 40)} of {sample.rows[value]} is {what}"
-            raise LeapError(f"the custom reward {label(spec)} returned {_short(values)} when called on {on}: {detail}",
-                            where=where, fix=f"{_fix(found)}; {skip}")
+            detail = (
+                what
+                if value is None
+                else f"its value for the completion {_short(sample.completions[value], 40)} of {sample.rows[value]} is {what}"
+            )
+            raise LeapError(
+                f"the custom reward {label(spec)} returned {_short(values)} when called on {on}: {detail}",
+                where=where,
+                fix=f"{_fix(found)}; {skip}",
+            )
     if console is not None:
         names = ", ".join(label(spec) for _, spec in specs)
-        console.print(f"custom reward(s) {names}: called once on {on}; the answers are as TRL needs them (this ran "
-                      f"your code: {skip})", markup=False, highlight=False)
+        console.print(
+            f"custom reward(s) {names}: called once on {on}; the answers are as TRL needs them (this ran "
+            f"your code: {skip})",
+            markup=False,
+            highlight=False,
+        )
 
 
 # ---- while training: every call checked ------------------------------------------------------------------------
+
 
 def checked_reward(function: Callable, spec: str, where: str, then: Callable[[], str]) -> Callable:
     """The function as TRL calls it, its answer checked: an exception, a wrong length or a value that is not a
@@ -211,8 +239,9 @@ def checked_reward(function: Callable, spec: str, where: str, then: Callable[[],
         prompts = list(dict.fromkeys(kwargs.get("prompt_text") or kwargs.get("prompts") or []))
         more = f" and {len(prompts) - 1} more" if len(prompts) > 1 else ""
         on = f"{len(completions)} completions of the prompt {_short(prompts[0], 60) if prompts else '?'}{more}"
-        return LeapError(f"the custom reward {label(spec)} {what}{step}, on {on}{detail}", where=where,
-                         fix=f"{fix}, then {then()}")
+        return LeapError(
+            f"the custom reward {label(spec)} {what}{step}, on {on}{detail}", where=where, fix=f"{fix}, then {then()}"
+        )
 
     def answer(values, kwargs: dict, completions: list) -> list[float | None]:
         found = problem(values, len(completions))
@@ -228,6 +257,7 @@ def checked_reward(function: Callable, spec: str, where: str, then: Callable[[],
         raise failed(f"returned {_short(values)}", kwargs, completions, _fix(found), detail)
 
     if inspect.iscoroutinefunction(function):
+
         async def reward(completions, **kwargs):
             try:
                 values = await function(completions, **kwargs)
@@ -235,6 +265,7 @@ def checked_reward(function: Callable, spec: str, where: str, then: Callable[[],
                 raise failed(f"raised {_raised(err, spec)}", kwargs, completions, RAISED_FIX) from err
             return answer(values, kwargs, completions)
     else:
+
         def reward(completions, **kwargs):
             try:
                 values = function(completions, **kwargs)

@@ -37,8 +37,9 @@ def rollout_advice(model_id: str, *, engine: str, lora: bool, vllm_mode: str = "
     """One line: the engine measured faster for this model's size, with its rollout tokens/s, against `engine` (the
     one this config uses: report.rollout_engine)."""
     if engine.startswith("vLLM") and vllm_mode == "server":
-        return ("vLLM server mode (rollouts on their own GPUs) is not measured yet; on one GPU, "
-                + rollout_advice(model_id, engine="vLLM, colocate", lora=lora))
+        return "vLLM server mode (rollouts on their own GPUs) is not measured yet; on one GPU, " + rollout_advice(
+            model_id, engine="vLLM, colocate", lora=lora
+        )
     size = measured_size(model_id)
     table, kind = (LORA_MEASURED, "LoRA ") if lora else (MEASURED, "")
     if engine.startswith("leap-finetune sampler"):
@@ -49,10 +50,14 @@ def rollout_advice(model_id: str, *, engine: str, lora: bool, vllm_mode: str = "
         verdict = f" - this config rolls out with {engine}, not the sampler"
     if size is None:
         rows = "; ".join(f"{name}: {_k(r['sampler'])} vs vLLM colocate {_k(r['vllm'])}" for name, r in table.items())
-        return (f"measured for LFM2 up to 1.2B, not this size: use_vllm: false (leap-finetune's sampler) was faster "
-                f"({kind}{rows} rollout tokens/s; {WHERE})" + verdict)
+        return (
+            f"measured for LFM2 up to 1.2B, not this size: use_vllm: false (leap-finetune's sampler) was faster "
+            f"({kind}{rows} rollout tokens/s; {WHERE})" + verdict
+        )
     row = table[size]
     faster = row["sampler"] / row["vllm"]
-    return (f"faster at {size} size{' with LoRA' if lora else ''}: use_vllm: false (leap-finetune's sampler), "
-            f"{_k(row['sampler'])} rollout tokens/s vs {_k(row['vllm'])} for vLLM colocate ({faster:.1f}x; {WHERE})"
-            + verdict)
+    return (
+        f"faster at {size} size{' with LoRA' if lora else ''}: use_vllm: false (leap-finetune's sampler), "
+        f"{_k(row['sampler'])} rollout tokens/s vs {_k(row['vllm'])} for vLLM colocate ({faster:.1f}x; {WHERE})"
+        + verdict
+    )

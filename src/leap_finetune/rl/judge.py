@@ -38,7 +38,11 @@ def parse_score(text: str) -> float | None:
             value = json.loads(candidate)
         except json.JSONDecodeError:
             continue
-        if isinstance(value, dict) and isinstance(value.get("score"), (int, float)) and not isinstance(value["score"], bool):
+        if (
+            isinstance(value, dict)
+            and isinstance(value.get("score"), (int, float))
+            and not isinstance(value["score"], bool)
+        ):
             return float(value["score"])
     match = _NUMBER.search(text or "")
     return float(match.group()) if match else None
@@ -62,9 +66,12 @@ def _client(config: JudgeConfig, base_url: str, timeout: float | None = None, re
     from openai import OpenAI
 
     key = os.environ.get(config.api_key_env) if config.api_key_env else None
-    return OpenAI(base_url=base_url, api_key=key or "not-needed",
-                  timeout=config.timeout_s if timeout is None else timeout,
-                  max_retries=config.retries if retries is None else retries)
+    return OpenAI(
+        base_url=base_url,
+        api_key=key or "not-needed",
+        timeout=config.timeout_s if timeout is None else timeout,
+        max_retries=config.retries if retries is None else retries,
+    )
 
 
 class Judge:
@@ -96,12 +103,21 @@ class Judge:
     def _score(self, prompt: str, completion: str, solution: str) -> tuple[float | None, bool]:
         """(score or None, whether a failure was the server's: no answer, a timeout, an HTTP error)."""
         c = self.config
-        message = fill_template(c.prompt_template, prompt=prompt, completion=completion, solution=solution or "",
-                                min_score=_plain(c.min_score), max_score=_plain(c.max_score))
+        message = fill_template(
+            c.prompt_template,
+            prompt=prompt,
+            completion=completion,
+            solution=solution or "",
+            min_score=_plain(c.min_score),
+            max_score=_plain(c.max_score),
+        )
         try:
             answer = self.client().chat.completions.create(
-                model=c.model, messages=[{"role": "user", "content": message}], temperature=c.temperature,
-                max_tokens=c.max_tokens)
+                model=c.model,
+                messages=[{"role": "user", "content": message}],
+                temperature=c.temperature,
+                max_tokens=c.max_tokens,
+            )
             text = answer.choices[0].message.content or ""
         except Exception as err:  # noqa: BLE001 - any failure of the judge is counted, never raised into training
             self.last_failure = describe_failure(err)
@@ -123,14 +139,16 @@ class Judge:
             head = list(pool.map(lambda item: self._score(*item), items[:first]))
             if head and all(score is None and server for score, server in head) and len(items) > first:
                 return [None] * len(items)
-            return [score for score, _ in head] + [score for score, _ in
-                                                     pool.map(lambda item: self._score(*item), items[first:])]
+            return [score for score, _ in head] + [
+                score for score, _ in pool.map(lambda item: self._score(*item), items[first:])
+            ]
         finally:
             # not `with`: interrupted (a second Ctrl-C), the run must not wait for requests in flight to time out
             pool.shutdown(wait=False, cancel_futures=True)
 
-    def __call__(self, completions, prompts=None, solution=None, prompt_text=None, log_metric=None,
-                 trainer_state=None, **_) -> list[float]:
+    def __call__(
+        self, completions, prompts=None, solution=None, prompt_text=None, log_metric=None, trainer_state=None, **_
+    ) -> list[float]:
         from leap_finetune.rl.rewards import _text
 
         questions = prompt_text if prompt_text is not None else prompts
@@ -143,8 +161,10 @@ class Judge:
             self._count_step(getattr(trainer_state, "global_step", None), bool(scores) and failures == len(scores))
             limit = self.config.max_failed_steps
             if limit and self.failed_steps_in_a_row >= limit and self.stop_reason is None:
-                self.stop_reason = (f"the judge at {self.base_url} failed every request for {self.failed_steps_in_a_row} "
-                                    f"steps in a row (last: {self.last_failure})")
+                self.stop_reason = (
+                    f"the judge at {self.base_url} failed every request for {self.failed_steps_in_a_row} "
+                    f"steps in a row (last: {self.last_failure})"
+                )
         if log_metric is not None:
             log_metric("judge/failures", float(failures))
             log_metric("judge/requests", float(len(scores)))
@@ -164,7 +184,6 @@ class Judge:
             return
         self._step_failed = (step, all_failed)
         self.failed_steps_in_a_row = self.failed_steps_in_a_row + 1 if all_failed else 0
-
 
 
 def judges(trainer) -> list[Judge]:
@@ -196,8 +215,11 @@ def judge_watch(stop_on_signal):
             if self._said is None or self._said[0] != reason or state.global_step - self._said[1] >= 20:
                 requests = (logs or {}).get("judge/requests")
                 share = f"{float(failed):g} of {float(requests):g}" if requests else f"{float(failed):g}"
-                print(f"  step {state.global_step}: the judge failed {share} requests (last: {reason})", file=sys.stderr,
-                      flush=True)
+                print(
+                    f"  step {state.global_step}: the judge failed {share} requests (last: {reason})",
+                    file=sys.stderr,
+                    flush=True,
+                )
                 self._said = (reason, state.global_step)
 
     return JudgeWatch()
@@ -219,8 +241,12 @@ def judge_totals(trainer) -> dict | None:
         value = torch.tensor(counts, dtype=torch.int64, device=trainer.args.device)
         dist.all_reduce(value)
         counts = value.tolist()
-    return {"failures": int(counts[0]), "requests": int(counts[1]), "last_failure": judge.last_failure,
-            "stop_reason": judge.stop_reason}
+    return {
+        "failures": int(counts[0]),
+        "requests": int(counts[1]),
+        "last_failure": judge.last_failure,
+        "stop_reason": judge.stop_reason,
+    }
 
 
 def check_judge_server(resolved, console=None) -> None:
@@ -235,14 +261,20 @@ def check_judge_server(resolved, console=None) -> None:
         listed = _client(judge, judge.base_url.rstrip("/"), timeout=min(judge.timeout_s, 15), retries=0).models.list()
         served = [m.id for m in listed.data]
     except Exception as err:  # noqa: BLE001 - whatever the server or the network did, said in one line
-        raise LeapError(f"the judge at {judge.base_url} does not answer GET /models ({describe_failure(err)})",
-                        where=where, fix="start the judge server (or correct base_url: an OpenAI-compatible API, "
-                        "usually ending in /v1); rewards.judge.check_at_validate: false skips this check") from None
+        raise LeapError(
+            f"the judge at {judge.base_url} does not answer GET /models ({describe_failure(err)})",
+            where=where,
+            fix="start the judge server (or correct base_url: an OpenAI-compatible API, "
+            "usually ending in /v1); rewards.judge.check_at_validate: false skips this check",
+        ) from None
     if served and judge.model not in served and console is not None:
         # a warning, not an error: some servers answer whatever name is asked (llama.cpp's) or list aliases
-        console.print(f"[yellow]warning: the judge at {judge.base_url} lists {', '.join(served[:8])}, not "
-                      f"'{judge.model}' (rewards.judge.model): a server that needs the name will refuse every "
-                      "request[/yellow]", markup=True)
+        console.print(
+            f"[yellow]warning: the judge at {judge.base_url} lists {', '.join(served[:8])}, not "
+            f"'{judge.model}' (rewards.judge.model): a server that needs the name will refuse every "
+            "request[/yellow]",
+            markup=True,
+        )
 
 
 def _plain(number: float) -> str:

@@ -13,12 +13,11 @@ for that reward (TRL averages the others).
 from __future__ import annotations
 
 import functools
-import json
-
 import importlib.util
 import inspect
+import json
 import re
-from typing import Callable
+from collections.abc import Callable
 
 from leap_finetune.data.tool_calls import tool_call_is_valid
 from leap_finetune.errors import LeapError
@@ -94,8 +93,11 @@ def format_reward(pattern: str) -> Callable:
 
 def length_reward(target_tokens: int) -> Callable:
     def length(completions, completion_ids=None, **_) -> list[float]:
-        counts = [len(ids) for ids in completion_ids] if completion_ids is not None else \
-            [len(_text(c).split()) for c in completions]
+        counts = (
+            [len(ids) for ids in completion_ids]
+            if completion_ids is not None
+            else [len(_text(c).split()) for c in completions]
+        )
         return [max(0.0, 1.0 - abs(n - target_tokens) / target_tokens) for n in counts]
 
     return length
@@ -143,52 +145,82 @@ def check_reward_spec(spec, index: int, where: str) -> str | dict:
     options = {}
     if isinstance(spec, dict):
         if "name" not in spec or not isinstance(spec["name"], str):
-            raise LeapError(f"{key} is a mapping without a `name`", where=where,
-                            fix="write e.g. {name: format, pattern: '^Answer:'}")
+            raise LeapError(
+                f"{key} is a mapping without a `name`",
+                where=where,
+                fix="write e.g. {name: format, pattern: '^Answer:'}",
+            )
         options = {k: v for k, v in spec.items() if k != "name"}
         name = spec["name"]
     elif isinstance(spec, str):
         name = spec
     else:
-        raise LeapError(f"{key} is {spec!r}", where=where, fix="give a built-in name (" + ", ".join(BUILTIN_REWARDS)
-                        + ") or ./file.py::function")
+        raise LeapError(
+            f"{key} is {spec!r}",
+            where=where,
+            fix="give a built-in name (" + ", ".join(BUILTIN_REWARDS) + ") or ./file.py::function",
+        )
     if "::" in name:
         if options:
-            raise LeapError(f"{key}: a custom reward takes no options ({', '.join(options)})", where=where,
-                            fix="read them from the rows' columns instead, or set them in your file")
+            raise LeapError(
+                f"{key}: a custom reward takes no options ({', '.join(options)})",
+                where=where,
+                fix="read them from the rows' columns instead, or set them in your file",
+            )
         load_custom_reward(name, where=f"{where}: {key}")
         return name
     if name not in BUILTIN_REWARDS and (":" in name or name.endswith(".py")):
         file, _, function = name.rpartition(":") if ":" in name else (name, "", "my_reward")
         file = file if file.endswith(".py") else file.replace(".", "/") + ".py"
-        raise LeapError(f"{key} is '{name}': a custom reward is named by its file and function, with two colons",
-                        where=where, fix=f"write {file if file.startswith(('.', '/')) else './' + file}::{function} "
-                        "(the path relative to the config file's folder)")
+        raise LeapError(
+            f"{key} is '{name}': a custom reward is named by its file and function, with two colons",
+            where=where,
+            fix=f"write {file if file.startswith(('.', '/')) else './' + file}::{function} "
+            "(the path relative to the config file's folder)",
+        )
     if name not in BUILTIN_REWARDS:
         from leap_finetune.config.suggest import unknown_key_fix
 
-        raise LeapError(f"{key} is '{name}', not a built-in reward", where=where,
-                        fix=unknown_key_fix(name, BUILTIN_REWARDS) + "; or a custom one: ./rewards.py::my_reward")
+        raise LeapError(
+            f"{key} is '{name}', not a built-in reward",
+            where=where,
+            fix=unknown_key_fix(name, BUILTIN_REWARDS) + "; or a custom one: ./rewards.py::my_reward",
+        )
     _, needed, _ = BUILTIN_REWARDS[name]
     unknown = sorted(set(options) - set(needed))
     if unknown:
-        raise LeapError(f"{key}: the '{name}' reward has no option {', '.join(unknown)}", where=where,
-                        fix=f"its options: {', '.join(needed) or 'none'}")
+        raise LeapError(
+            f"{key}: the '{name}' reward has no option {', '.join(unknown)}",
+            where=where,
+            fix=f"its options: {', '.join(needed) or 'none'}",
+        )
     missing = [n for n in needed if n not in options]
     if missing:
         example = {"pattern": "'^Answer: '", "target_tokens": "200"}[missing[0]]
-        raise LeapError(f"{key}: the '{name}' reward needs {', '.join(missing)}", where=where,
-                        fix=f"write {{name: {name}, {missing[0]}: {example}}}")
+        raise LeapError(
+            f"{key}: the '{name}' reward needs {', '.join(missing)}",
+            where=where,
+            fix=f"write {{name: {name}, {missing[0]}: {example}}}",
+        )
     if name == "format":
         try:
             re.compile(options["pattern"])
         except (re.error, TypeError) as err:
-            raise LeapError(f"{key}: pattern {options['pattern']!r} is not a regular expression ({err})",
-                            where=where, fix="correct the pattern (Python `re` syntax)") from None
-    if name == "length" and (not isinstance(options["target_tokens"], int) or isinstance(options["target_tokens"], bool)
-                             or options["target_tokens"] <= 0):
-        raise LeapError(f"{key}: target_tokens is {options['target_tokens']!r}", where=where,
-                        fix="give a whole number of tokens > 0")
+            raise LeapError(
+                f"{key}: pattern {options['pattern']!r} is not a regular expression ({err})",
+                where=where,
+                fix="correct the pattern (Python `re` syntax)",
+            ) from None
+    if name == "length" and (
+        not isinstance(options["target_tokens"], int)
+        or isinstance(options["target_tokens"], bool)
+        or options["target_tokens"] <= 0
+    ):
+        raise LeapError(
+            f"{key}: target_tokens is {options['target_tokens']!r}",
+            where=where,
+            fix="give a whole number of tokens > 0",
+        )
     return {"name": name, **options} if options else name
 
 
@@ -196,16 +228,20 @@ def load_custom_reward(spec: str, where: str) -> Callable:
     from leap_finetune.config.user_code import load_user_function
 
     name = spec.partition("::")[2]
-    function = load_user_function(spec, kind="custom reward", where=where,
-                                  signature="def {name}(completions, **kwargs) -> list[float]")
+    function = load_user_function(
+        spec, kind="custom reward", where=where, signature="def {name}(completions, **kwargs) -> list[float]"
+    )
     parameters = inspect.signature(function).parameters
     first = next(iter(parameters.values()), None)
     takes_kwargs = any(p.kind is inspect.Parameter.VAR_KEYWORD for p in parameters.values())
     if first is None or first.name != "completions" or not takes_kwargs:
         found = f"({', '.join(str(p) for p in parameters.values())})"
-        raise LeapError(f"the custom reward {name}{found} does not have the reward signature", where=where,
-                        fix=f"define def {name}(completions, **kwargs) -> list[float | None]: completions are the "
-                        "generated texts; kwargs hold the rows' columns (solution, ...) and TRL's extras")
+        raise LeapError(
+            f"the custom reward {name}{found} does not have the reward signature",
+            where=where,
+            fix=f"define def {name}(completions, **kwargs) -> list[float | None]: completions are the "
+            "generated texts; kwargs hold the rows' columns (solution, ...) and TRL's extras",
+        )
     return function
 
 
@@ -217,8 +253,9 @@ def build_reward(spec: str | dict, where: str | None = None, then: Callable[[], 
 
     name = spec["name"] if isinstance(spec, dict) else spec
     if "::" in name:
-        function = checked_reward(load_custom_reward(name, where=where or name), name, where or label(name),
-                                  then or (lambda: "run again"))
+        function = checked_reward(
+            load_custom_reward(name, where=where or name), name, where or label(name), then or (lambda: "run again")
+        )
     else:
         factory, needed, _ = BUILTIN_REWARDS[name]
         function = factory(**{k: spec[k] for k in needed}) if needed else factory()

@@ -46,16 +46,20 @@ def decode_attention(module, query, key, value, attention_mask, dropout: float =
     from transformers.integrations.sdpa_attention import sdpa_attention_forward
 
     if query.shape[2] != 1:
-        return sdpa_attention_forward(module, query, key, value, attention_mask, dropout=dropout, scaling=scaling,
-                                      **kwargs)
+        return sdpa_attention_forward(
+            module, query, key, value, attention_mask, dropout=dropout, scaling=scaling, **kwargs
+        )
     batch, heads, _, dim = query.shape
     groups = heads // key.shape[1]
-    scale = scaling if scaling is not None else dim ** -0.5
+    scale = scaling if scaling is not None else dim**-0.5
     grouped = query.reshape(batch, key.shape[1], groups, dim)  # [batch, kv heads, query heads per kv head, dim]
     scores = torch.matmul(grouped, key.transpose(-1, -2)).float() * scale  # [batch, kv heads, groups, length]
     if attention_mask is not None:  # [batch, 1, 1, length]: True (or 0) where the token may attend
-        scores = scores.masked_fill(~attention_mask, float("-inf")) if attention_mask.dtype == torch.bool \
+        scores = (
+            scores.masked_fill(~attention_mask, float("-inf"))
+            if attention_mask.dtype == torch.bool
             else scores + attention_mask.float()
+        )
     out = torch.matmul(scores.softmax(-1).to(value.dtype), value)  # [batch, kv heads, groups, dim]
     return out.reshape(batch, heads, 1, dim).transpose(1, 2), None
 
@@ -142,9 +146,11 @@ def why_not_config(training: dict, *, vision: bool = False) -> str | None:
         return "a vision model's rollouts (image inputs)"
     if training.get("cache_implementation") != "static":
         return "cache_implementation is not static"
-    settings = {"min_p": training.get("min_p") not in (None, 0, 0.0),
-                "repetition_penalty": training.get("repetition_penalty") not in (None, 1, 1.0),
-                "generation_kwargs": bool(training.get("generation_kwargs"))}
+    settings = {
+        "min_p": training.get("min_p") not in (None, 0, 0.0),
+        "repetition_penalty": training.get("repetition_penalty") not in (None, 1, 1.0),
+        "generation_kwargs": bool(training.get("generation_kwargs")),
+    }
     named = [name for name, used in settings.items() if used]
     return f"generation settings the loop does not apply ({', '.join(named)})" if named else None
 
@@ -180,8 +186,7 @@ class Sampler:
             torch._dynamo.config.recompile_limit = max(torch._dynamo.config.recompile_limit, 64)
         # (reduce-overhead: CUDA graphs; the cache tensors are marked static by transformers' StaticCache, so the
         # graph writes into them in place)
-        self._step = torch.compile(self._decode, mode=COMPILE_MODE, dynamic=False) if self.compile \
-            else self._decode
+        self._step = torch.compile(self._decode, mode=COMPILE_MODE, dynamic=False) if self.compile else self._decode
 
     def _pick(self, logits, noise):
         """The drawn token and its log-probability under the processed distribution (what vLLM returns as the
@@ -196,8 +201,18 @@ class Sampler:
         return token, torch.log(probs.gather(-1, token[:, None])[:, 0])
 
     def _decode(self, token, positions, mask, cache, noise):
-        logits = self.policy(input_ids=token, position_ids=positions, attention_mask=mask, cache=cache,
-                             logits_to_keep=1, use_cache=True).logits[:, -1].float()
+        logits = (
+            self.policy(
+                input_ids=token,
+                position_ids=positions,
+                attention_mask=mask,
+                cache=cache,
+                logits_to_keep=1,
+                use_cache=True,
+            )
+            .logits[:, -1]
+            .float()
+        )
         return self._pick(logits, noise)
 
     def _next(self, token, position, mask, cache, noise):
@@ -215,8 +230,11 @@ class Sampler:
             import warnings
 
             self.compile_error = f"{type(err).__name__}: {str(err).splitlines()[0][:200]}"
-            warnings.warn(f"GRPO rollouts: the compiled decoding step failed ({self.compile_error}); decoding "
-                          "without it (slower) from here on", stacklevel=2)
+            warnings.warn(
+                f"GRPO rollouts: the compiled decoding step failed ({self.compile_error}); decoding "
+                "without it (slower) from here on",
+                stacklevel=2,
+            )
             self._step = self._decode
             raise _Restart from err  # (the cache may hold part of the failed step: the rollout starts again)
 
@@ -267,8 +285,18 @@ class Sampler:
         with torch.no_grad():
             # prefill: eager, once per rollout (its 2D mask must be the prompt's own length: transformers trims the
             # convolution layers' padding mask to the trailing positions of the mask it is given)
-            logits = self.policy(input_ids=input_ids, attention_mask=attention_mask, position_ids=positions,
-                                 cache=cache, logits_to_keep=1, use_cache=True).logits[:, -1].float()
+            logits = (
+                self.policy(
+                    input_ids=input_ids,
+                    attention_mask=attention_mask,
+                    position_ids=positions,
+                    cache=cache,
+                    logits_to_keep=1,
+                    use_cache=True,
+                )
+                .logits[:, -1]
+                .float()
+            )
             vocab = logits.shape[-1]
             token, logp = self._pick(logits, torch.empty_like(logits).exponential_())
             token = token.view(batch, 1)

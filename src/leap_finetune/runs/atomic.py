@@ -51,8 +51,13 @@ def recover(target: Path) -> None:
             return
 
 
-def replace_folder(target: Path, write: Callable[[Path], None], *, before_swap: Callable[[], None] | None = None,
-                   staging_suffix: str = ".partial") -> None:
+def replace_folder(
+    target: Path,
+    write: Callable[[Path], None],
+    *,
+    before_swap: Callable[[], None] | None = None,
+    staging_suffix: str = ".partial",
+) -> None:
     """`write(staging)` fills a sibling staging folder (.NAME.partial, removed first if an earlier attempt left
     one); then the staging folder takes `target`'s place (swap_in). A failure while writing or swapping leaves
     `target` as it was and no staging folder. `before_swap`: a hook between the write and the swap (the tests

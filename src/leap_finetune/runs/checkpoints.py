@@ -31,8 +31,13 @@ MARKER = "leap_checkpoint_complete.json"
 # What a resumable checkpoint must hold besides the model weights (transformers silently starts a
 # fresh optimizer or scheduler when one of these is missing).
 STATE_FILES = ("trainer_state.json", "optimizer.pt", "scheduler.pt")
-WEIGHTS = ("model.safetensors", "adapter_model.safetensors", "pytorch_model.bin", "model.safetensors.index.json",
-           "adapter_model.bin")
+WEIGHTS = (
+    "model.safetensors",
+    "adapter_model.safetensors",
+    "pytorch_model.bin",
+    "model.safetensors.index.json",
+    "adapter_model.bin",
+)
 
 
 DIGEST_LIMIT = 64 * 2**20  # files up to this size get a SHA-256 in the marker
@@ -127,6 +132,7 @@ def _fsync_dir(folder: Path) -> None:
 
 # ---- look-ups: which checkpoint, which run ------------------------------------------------------------------
 
+
 def newest_run(folder: Path) -> Path | None:
     """`folder` itself when it holds checkpoints, else its sub-folder (run) whose newest checkpoint
     marker was written last."""
@@ -160,8 +166,11 @@ def stopped_before_checkpoint(folder: Path) -> Path | None:
     checkpoint (a driver killed before its first save: nothing could clean it up)."""
     if not folder.is_dir():
         return None
-    candidates = [folder] if RunFolder(folder).is_run() else \
-        [p for p in folder.iterdir() if p.is_dir() and RunFolder(p).is_run()]
+    candidates = (
+        [folder]
+        if RunFolder(folder).is_run()
+        else [p for p in folder.iterdir() if p.is_dir() and RunFolder(p).is_run()]
+    )
     left = [p for p in candidates if newest_intact(p)[0] is None]
     return max(left, key=lambda p: p.stat().st_mtime) if left else None
 

@@ -84,23 +84,31 @@ class Server:
     def start(self) -> None:
         spec = self.spec
         if port_in_use(spec.host, spec.port):
-            raise LeapError(f"the {spec.name} cannot start: port {spec.port} is in use by another process",
-                            where=f"{spec.host}:{spec.port}",
-                            fix="stop what listens there (e.g. a server left from another run), or choose another "
-                            "port in the config")
+            raise LeapError(
+                f"the {spec.name} cannot start: port {spec.port} is in use by another process",
+                where=f"{spec.host}:{spec.port}",
+                fix="stop what listens there (e.g. a server left from another run), or choose another "
+                "port in the config",
+            )
         self.log_path.parent.mkdir(parents=True, exist_ok=True)
         with self.log_path.open("ab") as log:
             log.write(f"$ {' '.join(spec.command)}\n".encode())
             log.flush()
             try:
-                self.process = subprocess.Popen(spec.command, env={**os.environ, **spec.env}, stdout=log,
-                                                stderr=subprocess.STDOUT, stdin=subprocess.DEVNULL,
-                                                preexec_fn=_die_with_parent)
+                self.process = subprocess.Popen(
+                    spec.command,
+                    env={**os.environ, **spec.env},
+                    stdout=log,
+                    stderr=subprocess.STDOUT,
+                    stdin=subprocess.DEVNULL,
+                    preexec_fn=_die_with_parent,
+                )
             except FileNotFoundError:
-                raise LeapError(f"the {spec.name} cannot start: '{spec.command[0]}' is not installed",
-                                where=" ".join(spec.command[:3]),
-                                fix="install it in this environment (docs/install.md lists the extra that brings it)") \
-                    from None
+                raise LeapError(
+                    f"the {spec.name} cannot start: '{spec.command[0]}' is not installed",
+                    where=" ".join(spec.command[:3]),
+                    fix="install it in this environment (docs/install.md lists the extra that brings it)",
+                ) from None
 
     def wait_healthy(self) -> None:
         """Until the health URL answers 200, the process exits (an error with its log's tail), or the
@@ -110,9 +118,12 @@ class Server:
         while True:
             code = self.process.poll()
             if code is not None:
-                raise LeapError(f"the {spec.name} exited with code {code} before answering its health check; "
-                                f"the end of its log:\n{self.log_tail()}", where=spec.name,
-                                fix="read the log; the command was: " + " ".join(spec.command))
+                raise LeapError(
+                    f"the {spec.name} exited with code {code} before answering its health check; "
+                    f"the end of its log:\n{self.log_tail()}",
+                    where=spec.name,
+                    fix="read the log; the command was: " + " ".join(spec.command),
+                )
             try:
                 with urllib.request.urlopen(self.url + spec.health_path, timeout=5) as answer:
                     if answer.status == 200:
@@ -121,10 +132,13 @@ class Server:
                 pass
             if time.monotonic() > deadline:
                 self.stop()
-                raise LeapError(f"the {spec.name} did not answer {self.url}{spec.health_path} within "
-                                f"{spec.start_timeout_s:g} s; the end of its log:\n{self.log_tail()}",
-                                where=spec.name, fix="read the log; a large model may need a longer start timeout "
-                                "(grpo_rollout.server_start_timeout_s)")
+                raise LeapError(
+                    f"the {spec.name} did not answer {self.url}{spec.health_path} within "
+                    f"{spec.start_timeout_s:g} s; the end of its log:\n{self.log_tail()}",
+                    where=spec.name,
+                    fix="read the log; a large model may need a longer start timeout "
+                    "(grpo_rollout.server_start_timeout_s)",
+                )
             time.sleep(0.5)
 
     def log_tail(self) -> str:

@@ -24,8 +24,11 @@ def validate_dataset(raw, where: str):
     for index, item in enumerate(items):
         name = f"dataset[{index}]" if isinstance(raw, list) else "dataset"
         if not isinstance(item, dict):
-            raise LeapError(f"{name} must be a mapping with a path (got {type(item).__name__})", where=where,
-                            fix="write each source as `- path: data.jsonl` (with its own limit, weight, ...)")
+            raise LeapError(
+                f"{name} must be a mapping with a path (got {type(item).__name__})",
+                where=where,
+                fix="write each source as `- path: data.jsonl` (with its own limit, weight, ...)",
+            )
         _check_keys(item, DatasetConfig.model_fields, where, name)
         try:
             validated.append(DatasetConfig.model_validate(item))
@@ -33,21 +36,27 @@ def validate_dataset(raw, where: str):
             raise _source_error(_pydantic_error(err, where, prefix=name), err, item) from None
     weighted = [item.weight is not None for item in validated]
     if isinstance(raw, dict) and validated[0].weight is not None:
-        raise LeapError("dataset.weight is a share of several sources, and there is one", where=f"{where}: dataset.weight",
-                        fix="remove it (or use epochs: N to repeat the rows; or list several sources)")
+        raise LeapError(
+            "dataset.weight is a share of several sources, and there is one",
+            where=f"{where}: dataset.weight",
+            fix="remove it (or use epochs: N to repeat the rows; or list several sources)",
+        )
     if any(weighted) and not all(weighted):
         missing = ", ".join(f"dataset[{i}]" for i, w in enumerate(weighted) if not w)
-        raise LeapError(f"some sources have a weight and some do not ({missing})", where=f"{where}: dataset",
-                        fix="give every source a weight (their shares of the mix), or none (use epochs per source)")
+        raise LeapError(
+            f"some sources have a weight and some do not ({missing})",
+            where=f"{where}: dataset",
+            fix="give every source a weight (their shares of the mix), or none (use epochs per source)",
+        )
     return validated if isinstance(raw, list) else validated[0]
 
 
 # Why a mixing key must be a finite number > 0, and what to write instead of 0 (which would train nothing of the source)
 MIXING_FIXES = {
     "weight": "give it a finite number > 0: its share relative to the other sources' weights (weight: 2 trains twice "
-              "the rows of weight: 1); to leave the source out, remove it from the list",
+    "the rows of weight: 1); to leave the source out, remove it from the list",
     "epochs": "give it a finite number > 0 (2 repeats each row twice, 0.5 takes half of them); to leave the source "
-              "out, remove it from the list",
+    "out, remove it from the list",
 }
 
 
@@ -95,11 +104,16 @@ def check_distinct_sources(items: list, where: str) -> None:
             held_out = any(source.test_size for source in (items[earlier], item))
             raise LeapError(
                 f"dataset[{later}] reads the rows of dataset[{earlier}] ({overlap}): they would be trained twice per "
-                "epoch" + (", and the rows one entry holds out for evaluation would be trained by the other"
-                           if held_out else ""),
+                "epoch"
+                + (
+                    ", and the rows one entry holds out for evaluation would be trained by the other"
+                    if held_out
+                    else ""
+                ),
                 where=where,
                 fix="list the source once; to train its rows more often, give it weight: 2 (twice the share of a "
-                "source with weight: 1) or epochs: 2")
+                "source with weight: 1) or epochs: 2",
+            )
 
 
 def _same_rows(a, b) -> str | None:
@@ -110,7 +124,9 @@ def _same_rows(a, b) -> str | None:
         if local_a == local_b:
             return a.path
         for folder, file in ((local_a, local_b), (local_b, local_a)):
-            if folder.is_dir() and file.is_file() and file.parent == folder:  # (a folder source reads the files in it, not sub-folders)
+            if (
+                folder.is_dir() and file.is_file() and file.parent == folder
+            ):  # (a folder source reads the files in it, not sub-folders)
                 return f"{file} is in the folder {folder}"
         return None
     if a.path == b.path and a.subset == b.subset and _split_overlaps(a.split, b.split):
@@ -131,9 +147,7 @@ DATA_SUFFIXES = (".jsonl", ".json", ".parquet", ".csv")
 def resolve_data_path(path: str, base: Path) -> str:
     """A local path (made absolute) or a Hub dataset id (kept as written)."""
     candidate = local_path(path, base)
-    looks_local = (
-        path.startswith((".", "/", "~")) or path.endswith(DATA_SUFFIXES) or path.count("/") != 1
-    )
+    looks_local = path.startswith((".", "/", "~")) or path.endswith(DATA_SUFFIXES) or path.count("/") != 1
     if candidate.exists() or looks_local:
         return str(candidate)
     return path

@@ -21,13 +21,17 @@ from leap_finetune.methods import method_of
 TEMPLATE_FIELDS = {"prompt", "completion", "solution", "min_score", "max_score"}
 
 
-def resolve_grpo(model: LeapConfigModel, training: dict, base: Path, where: str
-                 ) -> tuple[GrpoRolloutConfig | None, RewardsConfig | None]:
+def resolve_grpo(
+    model: LeapConfigModel, training: dict, base: Path, where: str
+) -> tuple[GrpoRolloutConfig | None, RewardsConfig | None]:
     if not method_of(model).rewards:
         for block, value in (("grpo_rollout", model.grpo_rollout), ("rewards", model.rewards)):
             if value is not None:
-                raise LeapError(f"'{block}:' applies to training_type: grpo, and training_type is "
-                                f"{model.training_type}", where=where, fix=f"remove {block}, or set training_type: grpo")
+                raise LeapError(
+                    f"'{block}:' applies to training_type: grpo, and training_type is {model.training_type}",
+                    where=where,
+                    fix=f"remove {block}, or set training_type: grpo",
+                )
         return None, None
     rewards = _resolve_rewards(model.rewards, base, where)
     rollout = model.grpo_rollout or GrpoRolloutConfig()
@@ -40,8 +44,11 @@ def _resolve_rewards(rewards: RewardsConfig | None, base: Path, where: str) -> R
 
     example = "rewards: [accuracy]   (or ./my_rewards.py::my_reward, or a judge: {judge: {model: ..., base_url: ...}})"
     if rewards is None:
-        raise LeapError("training_type grpo needs rewards: the functions that score each completion", where=where,
-                        fix=f"add e.g. {example}")
+        raise LeapError(
+            "training_type grpo needs rewards: the functions that score each completion",
+            where=where,
+            fix=f"add e.g. {example}",
+        )
     if not rewards.funcs and rewards.judge is None:
         raise LeapError("rewards has no function and no judge", where=where, fix=f"add e.g. {example}")
     funcs = []
@@ -71,25 +78,38 @@ def _check_weights(rewards: RewardsConfig, where: str) -> None:
     listed = f"{len(rewards.funcs)} function(s)" + (" and the judge" if rewards.judge is not None else "")
     if rewards.weights is not None:
         if len(rewards.weights) != count:
-            raise LeapError(f"rewards.weights has {len(rewards.weights)} value(s), but there are {count} rewards "
-                            f"({listed})", where=where, fix=f"give {count} weights, in the order of funcs then the "
-                            "judge, or leave weights out (1 each)")
+            raise LeapError(
+                f"rewards.weights has {len(rewards.weights)} value(s), but there are {count} rewards ({listed})",
+                where=where,
+                fix=f"give {count} weights, in the order of funcs then the judge, or leave weights out (1 each)",
+            )
         infinite = next((i for i, w in enumerate(rewards.weights) if not math.isfinite(w)), None)
         if infinite is not None:
-            raise LeapError(f"rewards.weights[{infinite}] is {shown(rewards.weights[infinite])}: expected a finite "
-                            "number", where=where, fix="give every reward a finite weight (1 is the default)")
+            raise LeapError(
+                f"rewards.weights[{infinite}] is {shown(rewards.weights[infinite])}: expected a finite number",
+                where=where,
+                fix="give every reward a finite weight (1 is the default)",
+            )
         if rewards.judge is not None and "weight" in rewards.judge.model_fields_set:
-            raise LeapError("the judge's weight is given twice: rewards.judge.weight and the last of rewards.weights",
-                            where=where, fix="keep one (rewards.weights lists the judge's weight after the functions')")
+            raise LeapError(
+                "the judge's weight is given twice: rewards.judge.weight and the last of rewards.weights",
+                where=where,
+                fix="keep one (rewards.weights lists the judge's weight after the functions')",
+            )
     weights = reward_weights(rewards)
     if weights and not any(weights):
-        given = f"rewards.weights: [{', '.join(plain(w) for w in weights)}]" if rewards.weights is not None else \
-            "rewards.judge.weight: 0, the only reward"
-        raise LeapError(f"every reward's weight is 0 ({given}): every completion's weighted reward would be 0, "
-                        "and GRPO would learn nothing (a completion's advantage is its reward minus its group's mean)",
-                        where=where,
-                        fix="give at least one reward a non-zero weight; a weight of 0 for one reward is fine when "
-                        "another is not 0 (it is then computed and logged, not trained on)")
+        given = (
+            f"rewards.weights: [{', '.join(plain(w) for w in weights)}]"
+            if rewards.weights is not None
+            else "rewards.judge.weight: 0, the only reward"
+        )
+        raise LeapError(
+            f"every reward's weight is 0 ({given}): every completion's weighted reward would be 0, "
+            "and GRPO would learn nothing (a completion's advantage is its reward minus its group's mean)",
+            where=where,
+            fix="give at least one reward a non-zero weight; a weight of 0 for one reward is fine when "
+            "another is not 0 (it is then computed and logged, not trained on)",
+        )
 
 
 def _absolute(file: str, base: Path) -> str:
@@ -99,30 +119,51 @@ def _absolute(file: str, base: Path) -> str:
 
 def _check_judge(judge, where: str) -> None:
     if judge.base_url is not None and not judge.base_url.startswith(("http://", "https://")):
-        raise LeapError(f"rewards.judge.base_url is {judge.base_url!r}: expected an http:// or https:// URL",
-                        where=where, fix=f"write e.g. http://{judge.base_url.split('://')[-1]}")
+        raise LeapError(
+            f"rewards.judge.base_url is {judge.base_url!r}: expected an http:// or https:// URL",
+            where=where,
+            fix=f"write e.g. http://{judge.base_url.split('://')[-1]}",
+        )
     if judge.max_score <= judge.min_score:
-        raise LeapError(f"rewards.judge.max_score ({judge.max_score}) must be above min_score ({judge.min_score})",
-                        where=where, fix="e.g. min_score: 0, max_score: 10")
+        raise LeapError(
+            f"rewards.judge.max_score ({judge.max_score}) must be above min_score ({judge.min_score})",
+            where=where,
+            fix="e.g. min_score: 0, max_score: 10",
+        )
     try:
         names = {f for _, f, _, _ in string.Formatter().parse(judge.prompt_template) if f is not None}
     except ValueError as err:
-        raise LeapError(f"rewards.judge.prompt_template does not parse: {err}", where=where,
-                        fix="write {{ and }} for literal braces") from None
+        raise LeapError(
+            f"rewards.judge.prompt_template does not parse: {err}",
+            where=where,
+            fix="write {{ and }} for literal braces",
+        ) from None
     unknown = sorted(n for n in names if n not in TEMPLATE_FIELDS)
     if unknown:
-        raise LeapError(f"rewards.judge.prompt_template names {', '.join('{' + n + '}' for n in unknown)}", where=where,
-                        fix="it may use {prompt}, {completion}, {solution}, {min_score}, {max_score} "
-                        "(write {{ and }} for literal braces)")
+        raise LeapError(
+            f"rewards.judge.prompt_template names {', '.join('{' + n + '}' for n in unknown)}",
+            where=where,
+            fix="it may use {prompt}, {completion}, {solution}, {min_score}, {max_score} "
+            "(write {{ and }} for literal braces)",
+        )
     if "completion" not in names:
-        raise LeapError("rewards.judge.prompt_template has no {completion}: the judge would not see the answer",
-                        where=where, fix="add {completion} (and usually {prompt} and {solution})")
+        raise LeapError(
+            "rewards.judge.prompt_template has no {completion}: the judge would not see the answer",
+            where=where,
+            fix="add {completion} (and usually {prompt} and {solution})",
+        )
     if judge.api_key_env and not os.environ.get(judge.api_key_env):
-        raise LeapError(f"rewards.judge.api_key_env names {judge.api_key_env}, which is not set", where=where,
-                        fix=f"export {judge.api_key_env}=... before running (the key never goes in the config)")
+        raise LeapError(
+            f"rewards.judge.api_key_env names {judge.api_key_env}, which is not set",
+            where=where,
+            fix=f"export {judge.api_key_env}=... before running (the key never goes in the config)",
+        )
     if importlib.util.find_spec("openai") is None:
-        raise LeapError("rewards.judge talks to its server through the `openai` client, which is not installed",
-                        where=where, fix="pip install 'leap-finetune[grpo]'")
+        raise LeapError(
+            "rewards.judge talks to its server through the `openai` client, which is not installed",
+            where=where,
+            fix="pip install 'leap-finetune[grpo]'",
+        )
 
 
 def _check_rollout(rollout: GrpoRolloutConfig, rewards: RewardsConfig, training: dict, where: str) -> None:
@@ -131,36 +172,59 @@ def _check_rollout(rollout: GrpoRolloutConfig, rewards: RewardsConfig, training:
         from transformers.generation.configuration_utils import ALL_CACHE_IMPLEMENTATIONS
 
         if cache not in ALL_CACHE_IMPLEMENTATIONS:  # TRL's config takes any text; its generation config would not
-            raise LeapError(f"training_config.cache_implementation is {cache!r}", where=where,
-                            fix="use static (DEFAULT_GRPO: compiled decoding on a GPU), null (TRL's dynamic cache), or "
-                            f"one of: {', '.join(ALL_CACHE_IMPLEMENTATIONS)}")
+            raise LeapError(
+                f"training_config.cache_implementation is {cache!r}",
+                where=where,
+                fix="use static (DEFAULT_GRPO: compiled decoding on a GPU), null (TRL's dynamic cache), or "
+                f"one of: {', '.join(ALL_CACHE_IMPLEMENTATIONS)}",
+            )
     mode = training.get("vllm_mode", "colocate")
     use_vllm = bool(training.get("use_vllm"))
     external = training.get("vllm_server_base_url")
     if rollout.server_gpus and not (use_vllm and mode == "server"):
-        raise LeapError(f"grpo_rollout.server_gpus is {rollout.server_gpus}, but no rollout server is started "
-                        f"(use_vllm: {str(use_vllm).lower()}, vllm_mode: {mode})", where=where,
-                        fix="set vllm_mode: server (with use_vllm: true) to use them, or server_gpus: 0")
+        raise LeapError(
+            f"grpo_rollout.server_gpus is {rollout.server_gpus}, but no rollout server is started "
+            f"(use_vllm: {str(use_vllm).lower()}, vllm_mode: {mode})",
+            where=where,
+            fix="set vllm_mode: server (with use_vllm: true) to use them, or server_gpus: 0",
+        )
     if use_vllm and mode == "server":
         if external and rollout.server_gpus:
-            raise LeapError("training_config.vllm_server_base_url points at an external rollout server, and "
-                            f"grpo_rollout.server_gpus ({rollout.server_gpus}) would start a local one", where=where,
-                            fix="keep one: remove vllm_server_base_url, or set server_gpus: 0")
+            raise LeapError(
+                "training_config.vllm_server_base_url points at an external rollout server, and "
+                f"grpo_rollout.server_gpus ({rollout.server_gpus}) would start a local one",
+                where=where,
+                fix="keep one: remove vllm_server_base_url, or set server_gpus: 0",
+            )
         if not external and not rollout.server_gpus:
-            raise LeapError("vllm_mode: server needs a rollout server: grpo_rollout.server_gpus is 0 and "
-                            "training_config.vllm_server_base_url is not set", where=where,
-                            fix="set grpo_rollout.server_gpus: 1 (a local `trl vllm-serve`), or vllm_server_base_url: "
-                            "http://host:8000 for a server you run, or vllm_mode: colocate")
+            raise LeapError(
+                "vllm_mode: server needs a rollout server: grpo_rollout.server_gpus is 0 and "
+                "training_config.vllm_server_base_url is not set",
+                where=where,
+                fix="set grpo_rollout.server_gpus: 1 (a local `trl vllm-serve`), or vllm_server_base_url: "
+                "http://host:8000 for a server you run, or vllm_mode: colocate",
+            )
     judge = rewards.judge
-    if (judge is not None and judge.base_url is None and use_vllm and mode == "server" and not external
-            and rollout.judge_port == int(training.get("vllm_server_port", 8000))):
-        raise LeapError(f"the local judge and the rollout server would both listen on port {rollout.judge_port}",
-                        where=where, fix="set grpo_rollout.judge_port or training_config.vllm_server_port to another "
-                        "port")
+    if (
+        judge is not None
+        and judge.base_url is None
+        and use_vllm
+        and mode == "server"
+        and not external
+        and rollout.judge_port == int(training.get("vllm_server_port", 8000))
+    ):
+        raise LeapError(
+            f"the local judge and the rollout server would both listen on port {rollout.judge_port}",
+            where=where,
+            fix="set grpo_rollout.judge_port or training_config.vllm_server_port to another port",
+        )
     if rollout.judge_gpus and (judge is None or judge.base_url is not None):
-        raise LeapError(f"grpo_rollout.judge_gpus is {rollout.judge_gpus}, but no local judge is configured "
-                        "(rewards.judge without base_url)", where=where,
-                        fix="set judge_gpus: 0, or configure rewards.judge without base_url")
+        raise LeapError(
+            f"grpo_rollout.judge_gpus is {rollout.judge_gpus}, but no local judge is configured "
+            "(rewards.judge without base_url)",
+            where=where,
+            fix="set judge_gpus: 0, or configure rewards.judge without base_url",
+        )
 
 
 def check_generation_batch(resolved, workers: int) -> None:
@@ -172,11 +236,13 @@ def check_generation_batch(resolved, workers: int) -> None:
     per_generation = t.get("steps_per_generation") or t.get("gradient_accumulation_steps", 1)
     batch = t.get("generation_batch_size") or t.get("per_device_train_batch_size", 8) * per_generation * workers
     if batch % generations:
-        raise LeapError(f"a generation batch is {batch} completions (per_device_train_batch_size x steps_per_generation "
-                        f"x {workers} worker(s), or generation_batch_size), not a multiple of num_generations "
-                        f"({generations}): each prompt's completions must fill whole batches",
-                        where=resolved.config_path or "config",
-                        fix=f"make the batch a multiple of {generations}, or change num_generations")
+        raise LeapError(
+            f"a generation batch is {batch} completions (per_device_train_batch_size x steps_per_generation "
+            f"x {workers} worker(s), or generation_batch_size), not a multiple of num_generations "
+            f"({generations}): each prompt's completions must fill whole batches",
+            where=resolved.config_path or "config",
+            fix=f"make the batch a multiple of {generations}, or change num_generations",
+        )
 
 
 def check_rollout_engine(resolved) -> None:
@@ -185,11 +251,13 @@ def check_rollout_engine(resolved) -> None:
     if not method_of(resolved).rewards:
         return
     if resolved.training.get("use_vllm") and importlib.util.find_spec("vllm") is None:
-        raise LeapError("training_config.use_vllm is true (DEFAULT_GRPO's rollouts run on vLLM), and vLLM is not "
-                        "installed", where=resolved.config_path or "config",
-                        fix="pip install 'leap-finetune[vllm]' on a CUDA machine, or set use_vllm: false (rollouts "
-                        "through leap-finetune's sampler: measured 3-6x faster than vLLM colocate on one GPU for LFM2 "
-                        "up to 1.2B, docs/grpo.md, 'Which engine is faster')")
+        raise LeapError(
+            "training_config.use_vllm is true (DEFAULT_GRPO's rollouts run on vLLM), and vLLM is not installed",
+            where=resolved.config_path or "config",
+            fix="pip install 'leap-finetune[vllm]' on a CUDA machine, or set use_vllm: false (rollouts "
+            "through leap-finetune's sampler: measured 3-6x faster than vLLM colocate on one GPU for LFM2 "
+            "up to 1.2B, docs/grpo.md, 'Which engine is faster')",
+        )
     t = resolved.training
     paged = next((k for k in ("use_transformers_continuous_batching", "use_transformers_paged") if t.get(k)), None)
     if paged and not t.get("use_vllm"):
@@ -197,11 +265,13 @@ def check_rollout_engine(resolved) -> None:
 
         kind = model_type(resolved.model_id)
         if kind in ("lfm2", "lfm2_moe", "lfm2_vl"):
-            raise LeapError(f"training_config.{paged}: transformers' continuous batching has no cache for LFM2's "
-                            f"convolution layers (model type {kind}): the first rollout would fail",
-                            where=resolved.config_path or "config",
-                            fix=f"remove {paged}: DEFAULT_GRPO's static cache with a compiled decoding step is the "
-                            "fast path for LFM2 (bench/RESULTS.md), or use vLLM (use_vllm: true)")
+            raise LeapError(
+                f"training_config.{paged}: transformers' continuous batching has no cache for LFM2's "
+                f"convolution layers (model type {kind}): the first rollout would fail",
+                where=resolved.config_path or "config",
+                fix=f"remove {paged}: DEFAULT_GRPO's static cache with a compiled decoding step is the "
+                "fast path for LFM2 (bench/RESULTS.md), or use vLLM (use_vllm: true)",
+            )
     rollout = resolved.grpo_rollout
     judge = resolved.rewards.judge if resolved.rewards is not None else None
     if judge is None or judge.base_url is not None:
@@ -209,10 +279,14 @@ def check_rollout_engine(resolved) -> None:
     vllm_judge = rollout.judge_gpus and importlib.util.find_spec("vllm") is not None
     missing = [m for m in ("fastapi", "uvicorn") if importlib.util.find_spec(m) is None]
     if not vllm_judge and missing:
-        where = f"on {rollout.judge_gpus} GPU(s) with `transformers serve` (vLLM is not installed)" \
-            if rollout.judge_gpus else "on CPU (judge_gpus: 0) with `transformers serve`"
-        raise LeapError(f"rewards.judge has no base_url, so the driver runs the judge {where}, which needs "
-                        f"{' and '.join(missing)}",
-                        where=resolved.config_path or "config",
-                        fix="pip install 'leap-finetune[grpo]' (transformers' serving extra), or install vLLM for a GPU "
-                        "judge, or give rewards.judge.base_url of a running server")
+        where = (
+            f"on {rollout.judge_gpus} GPU(s) with `transformers serve` (vLLM is not installed)"
+            if rollout.judge_gpus
+            else "on CPU (judge_gpus: 0) with `transformers serve`"
+        )
+        raise LeapError(
+            f"rewards.judge has no base_url, so the driver runs the judge {where}, which needs {' and '.join(missing)}",
+            where=resolved.config_path or "config",
+            fix="pip install 'leap-finetune[grpo]' (transformers' serving extra), or install vLLM for a GPU "
+            "judge, or give rewards.judge.base_url of a running server",
+        )

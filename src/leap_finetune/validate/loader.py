@@ -20,11 +20,6 @@ from leap_finetune.config.cluster_values import (
     check_ray_values,
     check_slurm_values,
 )
-from leap_finetune.validate.datasets import (
-    resolve_data_path,
-    resolve_dataset,
-    validate_dataset,
-)
 from leap_finetune.config.lora import check_lora_values
 from leap_finetune.config.model_init import check_model_init_kwargs
 from leap_finetune.config.paths import expand_home, local_path
@@ -43,6 +38,11 @@ from leap_finetune.config.trackers import check_report_to
 from leap_finetune.config.yaml_io import read_yaml
 from leap_finetune.errors import LeapError
 from leap_finetune.methods import METHODS, method_of
+from leap_finetune.validate.datasets import (
+    resolve_data_path,
+    resolve_dataset,
+    validate_dataset,
+)
 
 LOSS_ON = ("assistant", "all", "final_assistant")
 
@@ -59,8 +59,9 @@ MANAGED_TRAINING_KEYS = {
 }
 
 
-def load_config(source: str | Path | dict, *, base_dir: Path | None = None,
-                overrides: list[str] | None = None) -> ResolvedConfig:
+def load_config(
+    source: str | Path | dict, *, base_dir: Path | None = None, overrides: list[str] | None = None
+) -> ResolvedConfig:
     """Read and validate a config from a YAML path or a dict; relative paths resolve against the
     YAML file's folder (or `base_dir`, default the current folder, for a dict). `overrides` are the
     command line's `--set KEY=VALUE`, applied before anything is checked."""
@@ -86,12 +87,27 @@ def load_config(source: str | Path | dict, *, base_dir: Path | None = None,
 def _load(raw: dict, config_path: Path | None, base: Path, where: str) -> ResolvedConfig:
 
     _check_keys(raw, LeapConfigModel.model_fields, where, "the top level")
-    for block in ("peft_config", "training_config", "dataset", "evals", "async_eval", "ray", "slurm", "grpo_rollout",
-                  "rewards", "retrieval"):
+    for block in (
+        "peft_config",
+        "training_config",
+        "dataset",
+        "evals",
+        "async_eval",
+        "ray",
+        "slurm",
+        "grpo_rollout",
+        "rewards",
+        "retrieval",
+    ):
         if block in raw and raw[block] is None:
-            raise LeapError(f"'{block}:' is empty", where=where, fix={
-                "peft_config": "for LoRA with the defaults write `peft_config: {extends: DEFAULT_LORA}`; for a full "
-                "fine-tune remove the key"}.get(block, f"give {block} its keys, or remove it"))
+            raise LeapError(
+                f"'{block}:' is empty",
+                where=where,
+                fix={
+                    "peft_config": "for LoRA with the defaults write `peft_config: {extends: DEFAULT_LORA}`; for a full "
+                    "fine-tune remove the key"
+                }.get(block, f"give {block} its keys, or remove it"),
+            )
     if isinstance(raw.get("dataset"), (dict, list)):
         raw = {**raw, "dataset": validate_dataset(raw["dataset"], where)}
     if isinstance(raw.get("ray"), dict):
@@ -128,8 +144,12 @@ def _load(raw: dict, config_path: Path | None, base: Path, where: str) -> Resolv
         _check_keys(raw["async_eval"], AsyncEvalConfig.model_fields, where, "async_eval")
         for key in ("sbatch", "reserved", "failure"):
             if isinstance(raw["async_eval"].get(key), dict):
-                _check_keys(raw["async_eval"][key], AsyncEvalConfig.model_fields[key].annotation.model_fields, where,
-                            f"async_eval.{key}")
+                _check_keys(
+                    raw["async_eval"][key],
+                    AsyncEvalConfig.model_fields[key].annotation.model_fields,
+                    where,
+                    f"async_eval.{key}",
+                )
     if isinstance(raw.get("evals"), dict):
         from leap_finetune.config.schema import BenchmarkConfig
 
@@ -166,16 +186,22 @@ def _load(raw: dict, config_path: Path | None, base: Path, where: str) -> Resolv
     if not method_of(model).retrieval:
         for index, bench in enumerate(evals.benchmarks if evals is not None else []):
             if bench.metric == "retrieval":
-                raise LeapError(f"benchmark '{bench.name}' has metric retrieval, which scores embedding and ColBERT "
-                                f"models, and training_type is {model.training_type}",
-                                where=f"{where}: evals.benchmarks[{index}].metric",
-                                fix="use a generation or log-prob metric (docs/evaluation.md), or training_type: "
-                                "embedding / colbert")
+                raise LeapError(
+                    f"benchmark '{bench.name}' has metric retrieval, which scores embedding and ColBERT "
+                    f"models, and training_type is {model.training_type}",
+                    where=f"{where}: evals.benchmarks[{index}].metric",
+                    fix="use a generation or log-prob metric (docs/evaluation.md), or training_type: "
+                    "embedding / colbert",
+                )
 
     output_dir = str(local_path(model.output_dir, base)) if model.output_dir else None
     training["model_init_kwargs"] = check_model_init_kwargs(
-        training.get("model_init_kwargs"), tiny=model_id in TINY_MODELS, training_type=model.training_type,
-        peft=peft is not None, where=where)
+        training.get("model_init_kwargs"),
+        tiny=model_id in TINY_MODELS,
+        training_type=model.training_type,
+        peft=peft is not None,
+        where=where,
+    )
     if not training["model_init_kwargs"]:
         del training["model_init_kwargs"]
     return ResolvedConfig(
@@ -210,46 +236,66 @@ def _resolve_retrieval(model: LeapConfigModel, training: dict, where: str):
 
     if not method_of(model).retrieval:
         if model.retrieval is not None:
-            raise LeapError(f"'retrieval:' applies to training_type embedding or colbert, and training_type is "
-                            f"{model.training_type}", where=where, fix="remove retrieval, or set training_type: embedding")
+            raise LeapError(
+                f"'retrieval:' applies to training_type embedding or colbert, and training_type is "
+                f"{model.training_type}",
+                where=where,
+                fix="remove retrieval, or set training_type: embedding",
+            )
         return None
     import importlib.util
 
     from leap_finetune.models.tiny import TINY_MODELS
 
     if importlib.util.find_spec("sentence_transformers") is None:
-        raise LeapError(f"training_type {model.training_type} trains with sentence-transformers, which is not installed",
-                        where=f"{where}: training_type", fix="pip install 'leap-finetune[retrieval]'")
+        raise LeapError(
+            f"training_type {model.training_type} trains with sentence-transformers, which is not installed",
+            where=f"{where}: training_type",
+            fix="pip install 'leap-finetune[retrieval]'",
+        )
     if model.model_name in TINY_MODELS and model.model_name not in ("tiny-lfm2", "tiny-lfm2.5"):
-        raise LeapError(f"{model.model_name} is not a text model: it cannot be a {model.training_type} backbone",
-                        where=f"{where}: model_name", fix="use tiny-lfm2, an LFM2 model, or a sentence-transformers "
-                        "model or encoder folder (e.g. all-MiniLM-L6-v2)")
+        raise LeapError(
+            f"{model.model_name} is not a text model: it cannot be a {model.training_type} backbone",
+            where=f"{where}: model_name",
+            fix="use tiny-lfm2, an LFM2 model, or a sentence-transformers "
+            "model or encoder folder (e.g. all-MiniLM-L6-v2)",
+        )
     for index, bench in enumerate(model.evals.benchmarks if model.evals is not None else []):
         if bench.metric != "retrieval":
-            raise LeapError(f"benchmark '{bench.name}' has metric {bench.metric}: an {model.training_type} model "
-                            "generates no text, so only retrieval benchmarks apply",
-                            where=f"{where}: evals.benchmarks[{index}].metric",
-                            fix="use metric: retrieval with a folder of corpus.jsonl, queries.jsonl and qrels/test.tsv "
-                            "(docs/retrieval.md, \"Retrieval benchmarks\"); the held-out rows are scored anyway")
+            raise LeapError(
+                f"benchmark '{bench.name}' has metric {bench.metric}: an {model.training_type} model "
+                "generates no text, so only retrieval benchmarks apply",
+                where=f"{where}: evals.benchmarks[{index}].metric",
+                fix="use metric: retrieval with a folder of corpus.jsonl, queries.jsonl and qrels/test.tsv "
+                '(docs/retrieval.md, "Retrieval benchmarks"); the held-out rows are scored anyway',
+            )
     if training.get("fsdp"):
-        raise LeapError(f"FSDP does not apply to {model.training_type} training: its workers each "
-                        "hold the whole model (DDP) and gather the documents of every worker",
-                        where=f"{where}: training_config.fsdp", fix="remove fsdp (a retrieval model fits on each GPU; "
-                        "for a large one use LoRA with peft_config, or a smaller per_device_train_batch_size with "
-                        "retrieval.loss: cached_mnrl)")
+        raise LeapError(
+            f"FSDP does not apply to {model.training_type} training: its workers each "
+            "hold the whole model (DDP) and gather the documents of every worker",
+            where=f"{where}: training_config.fsdp",
+            fix="remove fsdp (a retrieval model fits on each GPU; "
+            "for a large one use LoRA with peft_config, or a smaller per_device_train_batch_size with "
+            "retrieval.loss: cached_mnrl)",
+        )
     for key in ("modules_to_save", "trainable_token_indices"):
         if (model.peft_config or {}).get(key):
-            raise LeapError(f"peft_config.{key} does not apply to {model.training_type} training: the LoRA layers are "
-                            "merged into the saved model, and these modules would not be",
-                            where=f"{where}: peft_config.{key}", fix=f"remove {key} (a ColBERT projection or Dense "
-                            "layer after the backbone is trained fully anyway)")
+            raise LeapError(
+                f"peft_config.{key} does not apply to {model.training_type} training: the LoRA layers are "
+                "merged into the saved model, and these modules would not be",
+                where=f"{where}: peft_config.{key}",
+                fix=f"remove {key} (a ColBERT projection or Dense layer after the backbone is trained fully anyway)",
+            )
     accumulation = training.get("gradient_accumulation_steps", 1)
     if accumulation > 1:
-        raise LeapError(f"{accumulation} accumulation steps: with in-batch negatives, "
-                        "accumulated small batches are not one large batch (each query only sees the documents of "
-                        "its own small batch)", where=f"{where}: training_config.gradient_accumulation_steps",
-                        fix="set it to 1, and for a large effective batch use retrieval.loss: cached_mnrl with a large "
-                        "per_device_train_batch_size (GradCache keeps memory at mini_batch_size rows)")
+        raise LeapError(
+            f"{accumulation} accumulation steps: with in-batch negatives, "
+            "accumulated small batches are not one large batch (each query only sees the documents of "
+            "its own small batch)",
+            where=f"{where}: training_config.gradient_accumulation_steps",
+            fix="set it to 1, and for a large effective batch use retrieval.loss: cached_mnrl with a large "
+            "per_device_train_batch_size (GradCache keeps memory at mini_batch_size rows)",
+        )
     return model.retrieval or RetrievalConfig()
 
 
@@ -261,7 +307,9 @@ def _resolve_evals(evals: EvalsConfig | None, base: Path, where: str) -> EvalsCo
     for index, bench in enumerate(evals.benchmarks):
         here = f"{where}: evals.benchmarks[{index}]"
         if bench.name in names:
-            raise LeapError(f"two benchmarks are named '{bench.name}'", where=here, fix="give each benchmark its own name")
+            raise LeapError(
+                f"two benchmarks are named '{bench.name}'", where=here, fix="give each benchmark its own name"
+            )
         names.add(bench.name)
         bench.path = resolve_data_path(bench.path, base)
         if "::" in bench.metric:
@@ -269,7 +317,8 @@ def _resolve_evals(evals: EvalsConfig | None, base: Path, where: str) -> EvalsCo
             path = local_path(file, base)
             if not path.is_file() or not function.isidentifier():
                 raise LeapError(
-                    f"custom metric '{bench.metric}': " + ("file not found" if not path.is_file() else "bad function name"),
+                    f"custom metric '{bench.metric}': "
+                    + ("file not found" if not path.is_file() else "bad function name"),
                     where=f"{here}.metric",
                     fix="write it as ./my_metrics.py::function_name (the path relative to the config file)",
                 )
@@ -281,7 +330,9 @@ def _resolve_evals(evals: EvalsConfig | None, base: Path, where: str) -> EvalsCo
             raise LeapError(
                 f"unknown metric '{bench.metric}'",
                 where=f"{here}.metric",
-                fix=(hint + " " if hint else "") + "generation metrics: " + ", ".join(GENERATION_METRICS)
+                fix=(hint + " " if hint else "")
+                + "generation metrics: "
+                + ", ".join(GENERATION_METRICS)
                 + "; log-prob multiple choice: logprob_mcq; or ./file.py::function; for embedding/colbert models: "
                 "retrieval",
             )
@@ -384,7 +435,10 @@ def _resolve_training(model: LeapConfigModel, where: str) -> tuple[dict, str, st
     if profile_name != own_profile:
         raise LeapError(
             f"training_config.extends is {profile_name}, a profile for another training type than "
-            f"{model.training_type}", where=where, fix=f"use extends: {own_profile} (or leave extends out)")
+            f"{model.training_type}",
+            where=where,
+            fix=f"use extends: {own_profile} (or leave extends out)",
+        )
     own_keys = set(method_of(model).own_keys)
     allowed = (trainer_arg_fields(model.training_type) if user else set()) | own_keys | {"resume_allow_changes"}
     for key in user:
@@ -395,7 +449,8 @@ def _resolve_training(model: LeapConfigModel, where: str) -> tuple[dict, str, st
         if key == "loss_on" and "loss_on" not in own_keys:
             raise LeapError(
                 f"training_config.loss_on applies to sft; {model.training_type} trains on the completion tokens",
-                where=where, fix="remove loss_on",
+                where=where,
+                fix="remove loss_on",
             )
         if key == "torch_compile" and user[key] and method_of(model).fused_lm_loss:
             raise LeapError(
@@ -412,10 +467,16 @@ def _resolve_training(model: LeapConfigModel, where: str) -> tuple[dict, str, st
             if owners:
                 message, fix = other_type_key(key, model.training_type, owners)
                 raise LeapError(message, where=where, fix=fix)
-            owner = "sentence-transformers' training arguments" if method_of(model).retrieval else \
-                f"TRL's {model.training_type.upper()}Config"
-            raise LeapError(f"unknown key '{key}' in training_config (not a leap-finetune key, nor one of {owner})",
-                            where=where, fix=unknown_key_fix(key, allowed))
+            owner = (
+                "sentence-transformers' training arguments"
+                if method_of(model).retrieval
+                else f"TRL's {model.training_type.upper()}Config"
+            )
+            raise LeapError(
+                f"unknown key '{key}' in training_config (not a leap-finetune key, nor one of {owner})",
+                where=where,
+                fix=unknown_key_fix(key, allowed),
+            )
     if "assistant_only_loss" in user:
         value = user.pop("assistant_only_loss")
         mapped = "assistant" if value else "all"
@@ -431,13 +492,21 @@ def _resolve_training(model: LeapConfigModel, where: str) -> tuple[dict, str, st
     if user or model.dataset is not None:  # (an evaluation-only config trains nothing: no TRL import, ~8 s)
         merged = check_training_values(method_of(model).arguments_class(), merged, where)
     check_report_to(merged.get("report_to"), where)
-    check_training_rules(model.training_type, merged, where, rewards=_reward_names(model),
-                         benchmarks=tuple(b.name for b in model.evals.benchmarks) if model.evals else ())
+    check_training_rules(
+        model.training_type,
+        merged,
+        where,
+        rewards=_reward_names(model),
+        benchmarks=tuple(b.name for b in model.evals.benchmarks) if model.evals else (),
+    )
     if merged.get("fsdp") and model.evals is not None:
-        raise LeapError("benchmarks during training (evals:) run on rank 0 alone, which a model sharded by "
-                        "training_config.fsdp cannot do (every rank holds part of the weights)", where=where,
-                        fix="remove evals: and run `leap-finetune eval RUN_FOLDER` on the trained model, or train "
-                        "without fsdp (DDP)")
+        raise LeapError(
+            "benchmarks during training (evals:) run on rank 0 alone, which a model sharded by "
+            "training_config.fsdp cannot do (every rank holds part of the weights)",
+            where=where,
+            fix="remove evals: and run `leap-finetune eval RUN_FOLDER` on the trained model, or train "
+            "without fsdp (DDP)",
+        )
     loss_on = merged.pop("loss_on", "assistant")
     if loss_on not in LOSS_ON:
         raise LeapError(
@@ -470,31 +539,48 @@ def _check_allow_changes(training: dict, where: str, training_type: str) -> None
     if isinstance(value, str):
         value = [value]
     if not isinstance(value, list) or not all(isinstance(v, str) and v for v in value):
-        raise LeapError(f"training_config.resume_allow_changes is {value!r}", where=where,
-                        fix="give a list of training_config keys, e.g. resume_allow_changes: [learning_rate], or [all]")
+        raise LeapError(
+            f"training_config.resume_allow_changes is {value!r}",
+            where=where,
+            fix="give a list of training_config keys, e.g. resume_allow_changes: [learning_rate], or [all]",
+        )
     value = list(dict.fromkeys(value))
-    fixed = [v for v in value if v in ("dataset", "model_name", "training_type", "chat_template", "peft_config",
-                                       "retrieval", "loss_on")]
+    fixed = [
+        v
+        for v in value
+        if v in ("dataset", "model_name", "training_type", "chat_template", "peft_config", "retrieval", "loss_on")
+    ]
     if fixed:
-        raise LeapError(f"training_config.resume_allow_changes lists {', '.join(fixed)}: a resume never changes the "
-                        "data, the model or what is trained", where=where,
-                        fix="remove it; to train on other data or another model, start a new run")
+        raise LeapError(
+            f"training_config.resume_allow_changes lists {', '.join(fixed)}: a resume never changes the "
+            "data, the model or what is trained",
+            where=where,
+            fix="remove it; to train on other data or another model, start a new run",
+        )
     never = [v for v in value if v in RESUME_KEEPS_TRAINING]
     if never:
-        raise LeapError(f"training_config.resume_allow_changes lists {', '.join(never)}, which a resume cannot change "
-                        "(the data each step reads, the model's shape or the optimizer the checkpoint holds)",
-                        where=where, fix="remove it, or start a new run")
+        raise LeapError(
+            f"training_config.resume_allow_changes lists {', '.join(never)}, which a resume cannot change "
+            "(the data each step reads, the model's shape or the optimizer the checkpoint holds)",
+            where=where,
+            fix="remove it, or start a new run",
+        )
     if "all" in value and len(value) > 1:
-        raise LeapError("training_config.resume_allow_changes lists `all` with other keys", where=where,
-                        fix="give either [all] or the keys")
+        raise LeapError(
+            "training_config.resume_allow_changes lists `all` with other keys",
+            where=where,
+            fix="give either [all] or the keys",
+        )
     known = set(training) | set(RESUME_ALLOWABLE) | {"all"}
     fields = trainer_arg_fields(training_type)
     unknown = [v for v in value if v not in known and v not in fields]
     if unknown:
-        raise LeapError(f"training_config.resume_allow_changes lists {', '.join(unknown)}, not a training_config key",
-                        where=where, fix=unknown_key_fix(unknown[0], sorted(fields | set(RESUME_ALLOWABLE))))
+        raise LeapError(
+            f"training_config.resume_allow_changes lists {', '.join(unknown)}, not a training_config key",
+            where=where,
+            fix=unknown_key_fix(unknown[0], sorted(fields | set(RESUME_ALLOWABLE))),
+        )
     training["resume_allow_changes"] = value
-
 
 
 def _check_kto_batch_size(training: dict, where: str) -> None:
@@ -535,8 +621,11 @@ def _resolve_peft(peft_config: dict | None, where: str) -> dict | None:
     merged.update(user)
     use_peft = merged.pop("use_peft", True)
     if not isinstance(use_peft, bool):
-        raise LeapError(f"peft_config.use_peft is {use_peft!r}: expected true or false", where=where,
-                        fix="use_peft: true (LoRA) or false (a full fine-tune)")
+        raise LeapError(
+            f"peft_config.use_peft is {use_peft!r}: expected true or false",
+            where=where,
+            fix="use_peft: true (LoRA) or false (a full fine-tune)",
+        )
     return check_lora_values(merged, where) if use_peft else None
 
 
@@ -547,4 +636,5 @@ def _reward_names(model) -> tuple[str, ...]:
     from leap_finetune.rl.rewards import reward_name
 
     return tuple(reward_name(spec) for spec in model.rewards.funcs) + (
-        ("judge",) if model.rewards.judge is not None else ())
+        ("judge",) if model.rewards.judge is not None else ()
+    )

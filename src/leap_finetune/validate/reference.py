@@ -102,8 +102,8 @@ def render_reference() -> str:
         "Where the `evals:` benchmarks run during training, and what a failed evaluation does. `mode: sync` (the",
         "default) pauses training while they run; `sidecar` runs each evaluation as an sbatch job on a snapshot of",
         "the model; `reserved` runs it on an evaluation server on GPUs taken out of training (one node). Results",
-        "are logged at the training step of the snapshot in every mode (docs/evaluation.md, \"Evaluation that does not pause",
-        "training\").",
+        'are logged at the training step of the snapshot in every mode (docs/evaluation.md, "Evaluation that does not pause',
+        'training").',
         "",
         *_fields_table(AsyncEvalConfig, "async_eval."),
         "",
@@ -141,7 +141,7 @@ def render_reference() -> str:
         "pattern: REGEX}`), `length` (`{name: length, target_tokens: N}`), `tool_call_valid` (LFM tool calls that",
         "parse and name the row's tools). A custom reward is `def fn(completions, **kwargs) -> list[float | None]`:",
         "`completions` are the generated texts; kwargs hold the rows' columns (`solution`, `prompt_text` - the",
-        "prompt as plain text -, `tools` - the row's tools as JSON text, \"\" without -, any other column of your",
+        'prompt as plain text -, `tools` - the row\'s tools as JSON text, "" without -, any other column of your',
         "data) and TRL's `prompts`, `completion_ids`,",
         "`trainer_state`, `log_metric`. None skips a completion for that reward; NaN, infinities and anything",
         "that is not a number stop the run with an error naming the function, the step and the prompt.",
@@ -183,7 +183,7 @@ def render_reference() -> str:
         *[f"| `{name}` | {_config_class_name(name)} |" for name in TRAINING_TYPES],
         "",
         "Values are parsed as transformers' `HfArgumentParser` parses its own arguments: by the field's type",
-        "(`learning_rate: \"1e-3\"` is the number 1e-3; `learning_rate: fast` is an error naming the key) and",
+        '(`learning_rate: "1e-3"` is the number 1e-3; `learning_rate: fast` is an error naming the key) and',
         "its choices (`lr_scheduler_type`, `optim`, `save_strategy`, ... list their accepted values). These",
         "keys are also range-checked at `validate`:",
         "",
@@ -199,8 +199,11 @@ def render_reference() -> str:
         "",
         "| key | values | meaning |",
         "| --- | --- | --- |",
-        "| `extends` | " + ", ".join(f"`{p}`" for p in profiles.TRAINING_PROFILES) + " | the profile your keys override |",
-        "| `loss_on` | " + ", ".join(f"`{v}`" for v in loader.LOSS_ON)
+        "| `extends` | "
+        + ", ".join(f"`{p}`" for p in profiles.TRAINING_PROFILES)
+        + " | the profile your keys override |",
+        "| `loss_on` | "
+        + ", ".join(f"`{v}`" for v in loader.LOSS_ON)
         + " | sft only: which tokens carry the loss: every assistant turn's content and its `<\\|im_end\\|>` (default), every token, or only the last assistant turn (DPO and KTO train on the completions) |",
         "| `resume_from_checkpoint` | `latest` or a `checkpoint-N` folder | continue a run: `latest` is the newest intact checkpoint (every file as it was written) of the newest run of this project |",
         "| `resume_allow_changes` | a list of keys, or `[all]` | a resume refuses a config that changes how the run trains (learning rate, scheduler, optimizer settings, loss settings, rewards); keys listed here apply from the resumed step on (the new learning-rate schedule from its first step) and are recorded in `resume_changes.json` and the model card. The data, the model's shape, `seed` and `optim` can never change |",
@@ -227,8 +230,11 @@ def render_reference() -> str:
         "`dtype: bfloat16` loads the weights (and so the optimizer states) in bf16: faster and half the",
         "memory, but small updates are lost (see bench/NOTES.md).",
         "",
-        "- forwarded: `dtype`, " + ", ".join(f"`{k}`" for k in model_init.FORWARDED) + "; of these, "
-        + ", ".join(f"`{k}`" for k in model_init.TOKENIZER_KEYS) + " go to the tokenizer too",
+        "- forwarded: `dtype`, "
+        + ", ".join(f"`{k}`" for k in model_init.FORWARDED)
+        + "; of these, "
+        + ", ".join(f"`{k}`" for k in model_init.TOKENIZER_KEYS)
+        + " go to the tokenizer too",
         *[f"- refused: `{key}`: {why}" for key, why in model_init.REFUSED.items()],
         "- `quantization_config` (e.g. `{load_in_4bit: true, bnb_4bit_quant_type: nf4}`) needs a `peft_config`",
         "  (QLoRA) and its library (bitsandbytes), both checked at `validate`",
@@ -266,6 +272,7 @@ def _config_class_name(training_type: str) -> str:
     """`SFTConfig` (TRL), `SentenceTransformerTrainingArguments` (sentence-transformers), ...: read from the recipe
     itself, so a new training type cannot be left out of the reference."""
     cls = METHODS[training_type].arguments_class()
-    library = {"trl": "TRL", "sentence_transformers": "sentence-transformers"}.get(cls.__module__.split(".")[0],
-                                                                               cls.__module__.split(".")[0])
+    library = {"trl": "TRL", "sentence_transformers": "sentence-transformers"}.get(
+        cls.__module__.split(".")[0], cls.__module__.split(".")[0]
+    )
     return f"{library}'s `{cls.__name__}`"
