@@ -26,7 +26,7 @@ from pathlib import Path
 
 sys.path.insert(0, str(Path(__file__).resolve().parent))
 
-NO_MULTICAST = {"NCCL_NVLS_ENABLE": "0", "TORCH_SYMM_MEM_DISABLE_MULTICAST": "1", "NVSHMEM_DISABLE_NVLS": "1"}
+from leap_finetune.runs.processes import NO_MULTICAST  # noqa: E402 - the project's own (NVLink multicast off)
 
 
 def write_benchmark(path: Path, rows: int) -> None:

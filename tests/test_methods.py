@@ -108,3 +108,17 @@ def test_every_type_has_a_row_checker_and_a_tokenizer(training_type):
     )
     assert callable(contract(resolved))
     assert method_of(training_type).rows in {rows for rows, _ in ROW_SHAPES}
+
+
+def test_the_optimizer_validate_does_not_ask_about_is_one_that_builds(tmp_path):
+    """`validate` asks transformers' Trainer for the optimizer only when training_config chooses one
+    (config/rules.py OPTIMIZER_KEYS): no profile chooses one, and each type's default builds."""
+    from transformers import Trainer
+
+    from leap_finetune.config.rules import OPTIMIZER_KEYS
+
+    for method in METHODS.values():
+        assert not set(OPTIMIZER_KEYS) & set(profiles.training_profile(method.profile)), method.profile
+        args = method.arguments_class()(output_dir=str(tmp_path), use_cpu=True)
+        optimizer_cls, _ = Trainer.get_optimizer_cls_and_kwargs(args)
+        assert optimizer_cls.__name__ == "AdamW", (method.name, optimizer_cls)

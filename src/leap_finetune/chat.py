@@ -49,7 +49,7 @@ def refuse_retrieval(source: str, trained) -> None:
     kind = retrieval_type(trained)
     if kind is None:
         return
-    cls = "MultiVectorEncoder" if kind == "colbert" else "SentenceTransformer"
+    cls = METHODS[kind].encoder_class
     if trained.adapter_dir is not None:  # (the backbone's LoRA weights alone: the run's model/ has them merged)
         folder, first = str(RunFolder(trained.adapter_dir.parent).model), ""
     elif unmerged_lora(Path(trained.model_id)):

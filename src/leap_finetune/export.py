@@ -15,6 +15,7 @@ from pathlib import Path
 from rich.console import Console
 
 from leap_finetune.errors import LeapError
+from leap_finetune.methods import METHODS
 from leap_finetune.models.trained import (
     chat_template_text,
     find_trained,
@@ -86,7 +87,7 @@ def _export_encoder(trained, kind: str, merge: bool, output: Path, console: Cons
     quiet_libraries()
     model, merged = load_encoder(Path(trained.model_id), trained.run_config, kind)
     _stage(output, lambda path: model.save_pretrained(str(path), create_model_card=False))
-    cls = "MultiVectorEncoder" if kind == "colbert" else "SentenceTransformer"
+    cls = METHODS[kind].encoder_class
     note = (
         " (the LoRA adapter merged: a retrieval model is always exported merged)"
         if merged and not merge

@@ -137,19 +137,28 @@ def check_best_model_metric(
     )
 
 
-def check_trainer_parts(args, where: str) -> None:
-    """The optimizer class and the scheduler the Trainer would make from `args` (a TRL config)."""
-    import torch
-    from transformers import Trainer, get_scheduler
+# training_config keys that choose the optimizer; without any of them the trainer's default AdamW is used
+OPTIMIZER_KEYS = ("optim", "optim_args", "optim_target_modules")
 
-    try:
-        optimizer_cls, optimizer_kwargs = Trainer.get_optimizer_cls_and_kwargs(args)
-    except (ImportError, ValueError, TypeError) as err:
-        raise LeapError(
-            f"training_config.optim '{getattr(args.optim, 'value', args.optim)}': {str(err).splitlines()[0]}",
-            where=where,
-            fix="install what it names, or use optim: adamw_torch (the default)",
-        ) from None
+
+def check_trainer_parts(args, where: str, training: dict | None = None) -> None:
+    """The optimizer class and the scheduler the Trainer would make from `args` (a TRL config). `training`: the
+    run's training_config; when no key of it chooses the optimizer, the trainer's default AdamW is not asked for
+    (its class always exists, and asking imports transformers' Trainer: seconds of `validate`)."""
+    import torch
+    from transformers.optimization import get_scheduler
+
+    if training is None or any(key in training for key in OPTIMIZER_KEYS):
+        from transformers import Trainer
+
+        try:
+            Trainer.get_optimizer_cls_and_kwargs(args)
+        except (ImportError, ValueError, TypeError) as err:
+            raise LeapError(
+                f"training_config.optim '{getattr(args.optim, 'value', args.optim)}': {str(err).splitlines()[0]}",
+                where=where,
+                fix="install what it names, or use optim: adamw_torch (the default)",
+            ) from None
     parameter = torch.nn.Parameter(torch.zeros(1))
     optimizer = torch.optim.SGD([parameter], lr=args.learning_rate)
     kwargs = args.lr_scheduler_kwargs

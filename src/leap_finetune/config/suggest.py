@@ -5,6 +5,8 @@ from __future__ import annotations
 import difflib
 from collections.abc import Iterable
 
+from leap_finetune.methods import METHODS
+
 
 def did_you_mean(word: str, choices: Iterable[str]) -> str:
     choices = list(dict.fromkeys(choices))
@@ -23,14 +25,21 @@ def unknown_key_fix(key: str, choices: Iterable[str]) -> str:
 
 # A training_config key of other training types, and what this training type uses instead ((key, type) -> text)
 INSTEAD = {
-    ("max_length", "grpo"): "remove it: GRPO keeps each prompt whole and limits the generated tokens with "
-    "max_completion_length (with vLLM, vllm_max_model_length is the context: prompt + "
-    "completion)",
-    ("max_length", "embedding"): "set the lengths per side: retrieval.query_max_length and "
-    "retrieval.document_max_length",
     **{
-        ("max_completion_length", kind): "use max_length instead (prompt and completion tokens together)"
-        for kind in ("sft", "dpo", "kto")
+        ("max_length", name): "remove it: GRPO keeps each prompt whole and limits the generated tokens with "
+        "max_completion_length (with vLLM, vllm_max_model_length is the context: prompt + completion)"
+        for name, method in METHODS.items()
+        if method.rewards
+    },
+    **{
+        ("max_length", name): "set the lengths per side: retrieval.query_max_length and retrieval.document_max_length"
+        for name, method in METHODS.items()
+        if method.retrieval
+    },
+    **{
+        ("max_completion_length", name): "use max_length instead (prompt and completion tokens together)"
+        for name, method in METHODS.items()
+        if method.cut_by_max_length
     },
 }
 

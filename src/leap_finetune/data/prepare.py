@@ -110,9 +110,8 @@ def dataset_items(resolved: ResolvedConfig) -> list[DatasetConfig]:
     return list(ds) if isinstance(ds, list) else [ds]
 
 
-# The columns that identify each training type's rows (to say "these are DPO rows" instead of listing
-# the same missing field in every row).
-# The columns that mark each row kind (their training types are named from methods/)
+# The columns that mark each row kind (to say "these are DPO rows" instead of listing the same missing field in
+# every row; the kind's training types are named from methods/)
 ROW_SHAPES = (
     (PAIR, ("chosen", "rejected")),
     (LABELLED, ("completion", "label")),

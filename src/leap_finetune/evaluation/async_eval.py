@@ -111,7 +111,7 @@ class AsyncBenchmarks(EvaluationLog):
         self.resolved = resolved
         self.settings = resolved.async_eval
         self.template_text = template_text  # the chat template the benchmarks render with (saved with snapshots)
-        self.snapshots = RunFolder(run_dir).benchmarks / "snapshots"
+        self.snapshots = RunFolder(run_dir).snapshots
         self.pending: list[Snapshot] = []  # handed to the driver, in order; the first may be running
         self.finished: dict[int, dict] = {}
         self.epoch: float | None = None  # the epoch of the snapshot whose outcome is being logged
@@ -179,7 +179,7 @@ class AsyncBenchmarks(EvaluationLog):
                 self._succeeded(snapshot, outcome.results)
             elif not self.switched_off:
                 self._failed(snapshot.step, snapshot.when, outcome.reason, outcome.log)
-            shutil.rmtree(snapshot.folder, ignore_errors=True)
+            handoff.remove(snapshot.folder)
         if self.switched_off:
             self._cancel_waiting()
 
@@ -221,7 +221,7 @@ class AsyncBenchmarks(EvaluationLog):
         for snapshot in list(self.pending):
             if handoff.claim(snapshot.folder, "cancel"):
                 self.pending.remove(snapshot)
-                shutil.rmtree(snapshot.folder, ignore_errors=True)
+                handoff.remove(snapshot.folder)
 
     # -- the end -----------------------------------------------------------------------------------------------
     def finish(self, *, wait: bool) -> dict[int, dict]:
@@ -235,8 +235,15 @@ class AsyncBenchmarks(EvaluationLog):
                 f"{', '.join(map(str, left))}; at most {self.settings.wait_at_end_s:g} s)"
             )
             deadline = time.monotonic() + self.settings.wait_at_end_s
+            driver = handoff.DriverWatch(self.snapshots)
             while self.pending and time.monotonic() < deadline:
                 self.take_outcomes()
+                if self.pending and not driver.alive():
+                    self.console.print(
+                        "[yellow]the driver's evaluator stopped answering (see the run's output): "
+                        "not waiting for it[/yellow]"
+                    )
+                    break
                 time.sleep(POLL_S / 2)
         self.take_outcomes()
         if self.pending:
@@ -257,7 +264,8 @@ class AsyncBenchmarks(EvaluationLog):
             while self.pending and handoff.answered(self.pending[0].folder) is None and time.monotonic() < deadline:
                 time.sleep(POLL_S / 2)
         self.pending.clear()
-        shutil.rmtree(self.snapshots, ignore_errors=True)
+        for folder in self.snapshots.glob("step-*"):  # (STOP stays for the driver, which removes the folder)
+            handoff.remove(folder)
         return self.finished
 
     def on_train_begin(self, args, state, control, **kwargs):

@@ -16,7 +16,7 @@ from leap_finetune.config.resolved import ResolvedConfig
 from leap_finetune.errors import LeapError
 from leap_finetune.evaluation.snapshot import Outcome, Snapshot
 from leap_finetune.runs.folder import MODEL
-from leap_finetune.runs.processes import NO_MULTICAST
+from leap_finetune.runs.processes import NO_MULTICAST, die_with_parent
 
 POLL_S = 1.0
 
@@ -118,6 +118,7 @@ class ReservedServer:
                     stdout=handle,
                     stderr=subprocess.STDOUT,
                     stdin=subprocess.DEVNULL,
+                    preexec_fn=die_with_parent,  # (the driver's Ctrl-C stops training first, not the evaluation)
                 )
                 while client.poll() is None:
                     if stop.is_set():

@@ -116,7 +116,11 @@ def sidecar_job(resolved: ResolvedConfig, snapshot: Snapshot, jobs: Path, stop: 
     extra = list(resolved.async_eval.sbatch.extra_args)
     output = f"--output={jobs}/step-{snapshot.step}-%j.out"
     submitted = subprocess.run(
-        ["sbatch", "--parsable", output, *extra, str(script)], capture_output=True, text=True, timeout=120
+        ["sbatch", "--parsable", output, *extra, str(script)],
+        capture_output=True,
+        start_new_session=True,
+        text=True,
+        timeout=120,
     )
     if submitted.returncode != 0:
         said = [
@@ -133,11 +137,13 @@ def sidecar_job(resolved: ResolvedConfig, snapshot: Snapshot, jobs: Path, stop: 
     state, detail, reason = "PENDING", "", None
     while True:
         if stop.is_set():
-            subprocess.run(["scancel", job], capture_output=True, timeout=60)
+            subprocess.run(["scancel", job], capture_output=True, start_new_session=True, timeout=60)
             return Outcome(
                 reason=f"SLURM job {job} cancelled while {state}" + (f" ({detail})" if detail else ""), log=log
             )
-        shown = subprocess.run(["scontrol", "show", "job", "-o", job], capture_output=True, text=True, timeout=60)
+        shown = subprocess.run(
+            ["scontrol", "show", "job", "-o", job], capture_output=True, start_new_session=True, text=True, timeout=60
+        )
         if shown.returncode == 0:
             found = re.search(r"JobState=(\S+)", shown.stdout)
             state = found.group(1) if found else state
@@ -156,7 +162,7 @@ def sidecar_job(resolved: ResolvedConfig, snapshot: Snapshot, jobs: Path, stop: 
         if state in FINISHED_STATES or state == "GONE":
             break
         if state == "PENDING" and reason and reason.group(1) in NEVER_STARTS:
-            subprocess.run(["scancel", job], capture_output=True, timeout=60)
+            subprocess.run(["scancel", job], capture_output=True, start_new_session=True, timeout=60)
             return Outcome(
                 reason=f"SLURM job {job} cannot start (Reason={reason.group(1)}); it was cancelled", log=script
             )  # (the job never ran: its script is the thing to read)
@@ -186,6 +192,7 @@ def check_sbatch_accepts(resolved: ResolvedConfig, where: str) -> None:
                 str(script),
             ],
             capture_output=True,
+            start_new_session=True,
             text=True,
             timeout=120,
         )

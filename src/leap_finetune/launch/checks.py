@@ -122,7 +122,7 @@ def check_training_arguments(resolved: ResolvedConfig, has_eval: bool) -> None:
             where=f"{where}: training_config",
             fix=f"see docs/config.md and TRL's {config_cls.__name__} documentation",
         ) from None
-    check_trainer_parts(args, where)
+    check_trainer_parts(args, where, resolved.training)
 
 
 def check_async_eval(resolved: ResolvedConfig, devices: DevicePlan) -> None:

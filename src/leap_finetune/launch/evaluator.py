@@ -12,6 +12,7 @@ from __future__ import annotations
 
 import contextlib
 import shutil
+import sys
 import threading
 
 from leap_finetune.config.resolved import ResolvedConfig
@@ -28,31 +29,53 @@ class DriverEvaluator:
         from leap_finetune.evaluation.sidecar import sidecar_job
 
         self.resolved = resolved
-        self.snapshots = RunFolder(run_dir).benchmarks / "snapshots"
-        self.jobs = RunFolder(run_dir).benchmarks / "jobs"
+        self.snapshots = RunFolder(run_dir).snapshots
+        self.jobs = RunFolder(run_dir).eval_jobs
         self.run = sidecar_job if resolved.async_eval.mode == "sidecar" else ReservedServer(resolved, run_dir)
         self.closing = threading.Event()
         self.stop = handoff.StopAsked(self.closing, self.snapshots)
+        self.unanswered: list[tuple[Snapshot, Outcome]] = []  # outcomes the disk refused: written again each poll
         self.thread = threading.Thread(target=self._loop, name="leap-eval", daemon=True)
+        # the heartbeat rank 0 reads (an evaluation can run for minutes: the beat is not the loop's)
+        self.heart = threading.Thread(target=self._beat, name="leap-eval-heartbeat", daemon=True)
 
     def start(self) -> None:
         # what a run killed earlier left (a resume): its snapshots were never evaluated, and rank 0 says so
         shutil.rmtree(self.snapshots, ignore_errors=True)
         self.jobs.mkdir(parents=True, exist_ok=True)
+        handoff.beat(self.snapshots, 1)
         self.thread.start()
+        self.heart.start()
 
     def close(self) -> None:
         self.closing.set()
         self.thread.join()
+        self.heart.join()
+        shutil.rmtree(self.snapshots, ignore_errors=True)  # (rank 0 has taken every outcome it waited for)
 
     def _loop(self) -> None:
         while not self.closing.is_set():
-            for snapshot in handoff.requests(self.snapshots):
-                if self.stop.is_set():
-                    break
-                if handoff.claim(snapshot.folder, "evaluate"):
-                    handoff.answer(snapshot.folder, self._evaluate(snapshot))
+            try:
+                self._poll()
+            except Exception as err:  # noqa: BLE001 - one bad poll (a file system error) must not end the evaluator
+                print(f"leap-finetune: the evaluator skipped a poll: {type(err).__name__}: {err}", file=sys.stderr)
             self.closing.wait(POLL_S)
+
+    def _beat(self) -> None:
+        count = 1
+        while not self.closing.wait(POLL_S):
+            count += 1
+            handoff.beat(self.snapshots, count)
+
+    def _poll(self) -> None:
+        self.unanswered = [(s, o) for s, o in self.unanswered if not handoff.answer(s.folder, o)]
+        for snapshot in handoff.requests(self.snapshots):
+            if self.stop.is_set():
+                return
+            if handoff.claim(snapshot.folder, "evaluate"):
+                outcome = self._evaluate(snapshot)
+                if not handoff.answer(snapshot.folder, outcome):
+                    self.unanswered.append((snapshot, outcome))
 
     def _evaluate(self, snapshot: Snapshot) -> Outcome:
         try:

@@ -169,7 +169,7 @@ def data_report(
             f"[{colour}]{label} ({kind}): {escape(WARNINGS[kind])}: {rows} row(s), "
             f"e.g. {escape(items[0].file)} {escape(examples)}[/{colour}]"
         )
-    if resolved is not None and method_of(resolved).kl_pairs:
+    if resolved is not None and method_of(resolved).rows == LABELLED:
         from leap_finetune.data.preference_tokens import kto_balance_advice
 
         advice = kto_balance_advice(
@@ -349,7 +349,7 @@ def _done_line(console: Console, summary: dict) -> None:
         judge = summary.get("judge") or {}
         if judge.get("failures"):
             parts.append(f"judge failures {judge['failures']:,} of {judge['requests']:,}")
-    else:
+    elif summary.get("train_loss") is not None:
         parts.append(f"train loss {summary['train_loss']:.4f}")
     if summary.get("eval_loss") is not None:
         before = summary.get("initial_eval_loss")

@@ -34,7 +34,7 @@ def processes(devices: DevicePlan, config_path: str | None, resolved=None) -> li
 
 
 def _evaluation_processes(devices: DevicePlan, resolved) -> list[dict]:
-    """async_eval: what rank 0 starts at each evaluation (evaluation/async_eval.py)."""
+    """async_eval: what the driver starts at each evaluation rank 0 hands over (launch/evaluator.py)."""
     settings = getattr(resolved, "async_eval", None)
     if settings is None or settings.mode == "sync":
         return []
@@ -44,7 +44,7 @@ def _evaluation_processes(devices: DevicePlan, resolved) -> list[dict]:
     if settings.mode == "sidecar":
         return [
             {
-                "name": "evaluation job (sbatch, one per evaluation, submitted by rank 0)",
+                "name": "evaluation job (sbatch, one per evaluation, submitted by the driver)",
                 "node": 0,
                 "command": [
                     "sbatch",
@@ -61,7 +61,7 @@ def _evaluation_processes(devices: DevicePlan, resolved) -> list[dict]:
     port = settings.reserved.server_port
     return [
         {
-            "name": "evaluation server (respawned by rank 0 on each snapshot)",
+            "name": "evaluation server (respawned by the driver on each snapshot)",
             "node": 0,
             "env": env,
             "command": [

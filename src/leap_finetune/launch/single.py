@@ -24,7 +24,7 @@ from pathlib import Path
 from leap_finetune.errors import LeapError, RunFailed
 from leap_finetune.launch.devices import DevicePlan, physical_ids
 from leap_finetune.runs.folder import RunFolder
-from leap_finetune.runs.processes import NO_MULTICAST, _die_with_parent
+from leap_finetune.runs.processes import NO_MULTICAST, die_with_parent
 from leap_finetune.signals import Stopped, handled
 
 # what a process started by a launcher of its own would inherit and mistake for its place in a group
@@ -50,7 +50,7 @@ def run_in_child(payload: dict, devices: DevicePlan, run_dir: Path) -> dict:
         if threading.current_thread() is threading.main_thread():
             previous = {s: signal.signal(s, forward) for s in (signal.SIGINT, signal.SIGTERM)}
         child = subprocess.Popen(
-            [sys.executable, "-m", "leap_finetune.launch.single", str(folder)], env=env, preexec_fn=_die_with_parent
+            [sys.executable, "-m", "leap_finetune.launch.single", str(folder)], env=env, preexec_fn=die_with_parent
         )
         code = child.wait()
         outcome = _read(folder / "outcome.json")

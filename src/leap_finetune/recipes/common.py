@@ -7,6 +7,7 @@ import json
 import os
 import time
 from contextlib import contextmanager
+from dataclasses import dataclass
 from pathlib import Path
 
 from leap_finetune import faults
@@ -75,6 +76,32 @@ def common_arguments(resolved: ResolvedConfig, *, run_dir: str, has_eval: bool, 
         args.setdefault("run_name", resolved.run_name)
     args.setdefault("project", resolved.project_name)
     return args
+
+
+@dataclass
+class WorkerStart:
+    """What every recipe's worker has once it starts: the run's config, its folder, the prepared rows and the
+    trainer's arguments (built from the config as `validate` built them)."""
+
+    resolved: ResolvedConfig
+    run_dir: Path
+    console: object  # a rich Console on stderr
+    train_dataset: object
+    eval_dataset: object | None
+    args: object
+
+
+def start_worker(resolved_json: dict, args_cls, training_arguments) -> WorkerStart:
+    """The first steps of every recipe's `train`, in order: the config read back, the libraries' chatter quieted,
+    the prepared rows loaded, the trainer's arguments built."""
+    from rich.console import Console
+
+    resolved = ResolvedConfig.model_validate(resolved_json)
+    quiet_libraries()
+    run_dir = Path(resolved.run_dir)
+    train_dataset, eval_dataset = load_prepared(run_dir)
+    args = args_cls(**training_arguments(resolved, run_dir=str(run_dir), has_eval=eval_dataset is not None))
+    return WorkerStart(resolved, run_dir, Console(stderr=True), train_dataset, eval_dataset, args)
 
 
 def load_prepared(run_dir: Path):

@@ -7,8 +7,6 @@ reference log-probs once before training and frees it.
 
 from __future__ import annotations
 
-from pathlib import Path
-
 from leap_finetune.config.resolved import ResolvedConfig
 from leap_finetune.methods import METHODS
 from leap_finetune.recipes import common
@@ -46,17 +44,11 @@ def train(resolved_json: dict, callbacks: list | None = None) -> dict:
 
 def run_preference(resolved_json: dict, callbacks: list | None, config_cls, trainer_cls) -> dict:
     """The DPO and KTO worker (they differ only in their TRL classes)."""
-    from rich.console import Console
-
     from leap_finetune.models.loading import load_model
 
-    resolved = ResolvedConfig.model_validate(resolved_json)
-    common.quiet_libraries()
-    run_dir = Path(resolved.run_dir)
-    console = Console(stderr=True)
-
-    train_dataset, eval_dataset = common.load_prepared(run_dir)
-    args = config_cls(**training_arguments(resolved, run_dir=str(run_dir), has_eval=eval_dataset is not None))
+    start = common.start_worker(resolved_json, config_cls, training_arguments)
+    resolved, run_dir, console, args = start.resolved, start.run_dir, start.console, start.args
+    train_dataset, eval_dataset = start.train_dataset, start.eval_dataset
     tokenizer, model = common.load_tokenizer_and_model(resolved, packing=False, console=console)
     peft_config = common.lora_config(resolved)
     ref_model = None

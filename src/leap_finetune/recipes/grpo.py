@@ -200,15 +200,9 @@ def trainer_class():
 
 
 def train(resolved_json: dict, callbacks: list | None = None) -> dict:
-    from rich.console import Console
-
-    resolved = ResolvedConfig.model_validate(resolved_json)
-    common.quiet_libraries()
-    run_dir = Path(resolved.run_dir)
-    console = Console(stderr=True)
-
-    train_dataset, eval_dataset = common.load_prepared(run_dir)
-    args = config_class()(**training_arguments(resolved, run_dir=str(run_dir), has_eval=eval_dataset is not None))
+    start = common.start_worker(resolved_json, config_class(), training_arguments)
+    resolved, run_dir, console, args = start.resolved, start.run_dir, start.console, start.args
+    train_dataset, eval_dataset = start.train_dataset, start.eval_dataset
     tokenizer, model = common.load_tokenizer_and_model(resolved, packing=False, console=console)
     from leap_finetune.rl.judge import judge_totals, judge_watch, judges
 

@@ -235,15 +235,11 @@ def _train(
     multi_vector: bool,
     callbacks: list | None = None,
 ) -> dict:
-    from rich.console import Console
     from transformers.trainer_callback import PrinterCallback, ProgressCallback
 
-    resolved = ResolvedConfig.model_validate(resolved_json)
-    common.quiet_libraries()
-    run_dir = Path(resolved.run_dir)
-    console = Console(stderr=True)
-    train_dataset, eval_dataset = common.load_prepared(run_dir)
-    args = args_cls(**training_arguments(resolved, run_dir=str(run_dir), has_eval=eval_dataset is not None))
+    start = common.start_worker(resolved_json, args_cls, training_arguments)
+    resolved, run_dir, console, args = start.resolved, start.run_dir, start.console, start.args
+    train_dataset, eval_dataset = start.train_dataset, start.eval_dataset
     from transformers import set_seed
 
     set_seed(args.seed)  # new layers (a pooling projection, LoRA) start the same in every run of this config

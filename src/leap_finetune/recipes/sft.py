@@ -7,8 +7,6 @@ Ray or torchrun can call `train(resolved_dict)` unchanged.
 
 from __future__ import annotations
 
-from pathlib import Path
-
 from leap_finetune.config.resolved import ResolvedConfig
 from leap_finetune.methods import METHODS
 from leap_finetune.recipes import common, speed
@@ -85,15 +83,9 @@ def speed_plan(resolved: ResolvedConfig, cuda: bool | None = None) -> speed.Spee
 
 
 def train(resolved_json: dict, callbacks: list | None = None) -> dict:
-    from rich.console import Console
-
-    resolved = ResolvedConfig.model_validate(resolved_json)
-    common.quiet_libraries()
-    run_dir = Path(resolved.run_dir)
-    console = Console(stderr=True)
-
-    train_dataset, eval_dataset = common.load_prepared(run_dir)
-    args = config_class()(**training_arguments(resolved, run_dir=str(run_dir), has_eval=eval_dataset is not None))
+    start = common.start_worker(resolved_json, config_class(), training_arguments)
+    resolved, run_dir, console, args = start.resolved, start.run_dir, start.console, start.args
+    train_dataset, eval_dataset = start.train_dataset, start.eval_dataset
     train_dataset = for_trainer(train_dataset, args, args.packing)
     if eval_dataset is not None:
         eval_dataset = for_trainer(eval_dataset, args, args.packing if args.eval_packing is None else args.eval_packing)

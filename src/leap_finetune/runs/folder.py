@@ -85,6 +85,16 @@ class RunFolder:
         return self.path / BENCHMARKS
 
     @property
+    def snapshots(self) -> Path:
+        """Asynchronous evaluation: the snapshots rank 0 hands to the driver (evaluation/handoff.py)."""
+        return self.path / BENCHMARKS / "snapshots"
+
+    @property
+    def eval_jobs(self) -> Path:
+        """Asynchronous evaluation: the sbatch scripts, job and server logs."""
+        return self.path / BENCHMARKS / "jobs"
+
+    @property
     def servers(self) -> Path:
         return self.path / SERVERS
 

@@ -1,6 +1,7 @@
-"""Servers the driver runs beside training (GRPO's rollout server and judge; later the evaluation
-server): started BEFORE Ray or any training process, health-checked within a bounded time, logged to
-the run folder, and always stopped - at the end, on an error, on Ctrl-C.
+"""Servers the driver runs beside training: GRPO's rollout server and judge, started BEFORE Ray or any training
+process, and the reserved evaluation server, started by the driver's evaluator (launch/evaluator.py) on each
+snapshot; each health-checked within a bounded time, logged to the run folder, and always stopped - at the end,
+on an error, on Ctrl-C.
 
 A server runs in its own process session (its workers with it), so stopping it stops the whole group:
 SIGTERM, then SIGKILL after a grace period. On Linux it also gets SIGTERM if the driver dies without
@@ -55,7 +56,9 @@ def _libc():
 _LIBC = _libc()
 
 
-def _die_with_parent() -> None:  # runs in the child, before exec
+def die_with_parent() -> None:
+    """preexec_fn of every long-lived child the driver starts: its own session (a Ctrl-C at the terminal is the
+    driver's to handle, not the child's) and SIGTERM when the driver dies (runs in the child, before exec)."""
     os.setsid()
     if _LIBC is not None:
         _LIBC.prctl(1, signal.SIGTERM)  # PR_SET_PDEATHSIG
@@ -101,7 +104,7 @@ class Server:
                     stdout=log,
                     stderr=subprocess.STDOUT,
                     stdin=subprocess.DEVNULL,
-                    preexec_fn=_die_with_parent,
+                    preexec_fn=die_with_parent,
                 )
             except FileNotFoundError:
                 raise LeapError(
