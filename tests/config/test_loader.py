@@ -320,3 +320,40 @@ def test_a_judge_url_needs_its_scheme(folder):
     text = " ".join(_error(folder, config).split())
     assert "rewards.judge.base_url is '127.0.0.1:8000/v1': expected an http:// or https:// URL" in text
     assert "http://127.0.0.1:8000/v1" in text
+
+
+def test_a_dataset_given_as_a_path_is_the_mapping_it_stands_for(folder):
+    """`dataset: train.jsonl` (a newcomer's first guess) is `dataset: {path: train.jsonl}`; in a list too."""
+    resolved = load_config(write_config(folder, {**tiny_config(), "dataset": "train.jsonl"}))
+    assert resolved.dataset.path == str(folder / "train.jsonl")
+    write_jsonl(folder / "more.jsonl", fact_rows(4))
+    mixed = load_config(write_config(folder, {**tiny_config(), "dataset": ["train.jsonl", {"path": "more.jsonl"}]}))
+    assert [d.path for d in mixed.dataset] == [str(folder / "train.jsonl"), str(folder / "more.jsonl")]
+
+
+@pytest.mark.parametrize(
+    ("key", "value", "block"),
+    [("learning_rate", 1e-4, "training_config"), ("loss_on", "all", "training_config"), ("r", 8, "peft_config")],
+)
+def test_a_training_or_lora_key_at_the_top_level_is_told_where_it_belongs(folder, key, value, block):
+    message = _error(folder, {**tiny_config(), key: value})
+    assert f"'{key}' is a" in message and f"move it under {block}:" in message
+    assert "training_type" not in message.split("fix:")[-1]  # (was: "did you mean 'training_type'?")
+
+
+def test_pydantic_words_do_not_reach_the_user(folder):
+    test_size = _error(folder, tiny_config(dataset={"path": "train.jsonl", "test_size": 1.5}))
+    assert "Value error" not in test_size and "a test_size >= 1 is a row count" in test_size
+    not_a_mapping = _error(folder, {**tiny_config(), "training_config": 5})
+    assert "give training_config a mapping of its keys" in not_a_mapping
+
+
+def test_run_refuses_checkpoint_which_only_eval_reads(folder):
+    """A config with `checkpoint:` trained from model_name with exit 0, the checkpoint silently ignored."""
+    from leap_finetune.api import validate_config
+
+    with pytest.raises(LeapError) as info:
+        validate_config(write_config(folder, {**tiny_config(), "checkpoint": str(folder)}))
+    message = info.value.format()
+    assert "checkpoint: names the model `leap-finetune eval` scores" in message
+    assert "resume_from_checkpoint" in message and "model_name" in message

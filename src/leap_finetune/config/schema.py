@@ -510,6 +510,15 @@ class RewardsConfig(StrictModel):
         return reward_list(value)
 
 
+def dataset_shorthand(value):
+    """`dataset: PATH` (or a list with PATH items) as the mappings it stands for: `{path: PATH}`."""
+    if isinstance(value, str):
+        return {"path": value}
+    if isinstance(value, list):
+        return [{"path": item} if isinstance(item, str) else item for item in value]
+    return value
+
+
 class LeapConfigModel(StrictModel):
     """The top level of a leap-finetune YAML file."""
 
@@ -530,7 +539,8 @@ class LeapConfigModel(StrictModel):
     dataset: DatasetConfig | list[DatasetConfig] | None = Field(
         default=None,
         description="Where the training rows come from (keys below); required to train. A list of such "
-        "mappings mixes several sources (each with its own keys, `weight` or `epochs`).",
+        "mappings mixes several sources (each with its own keys, `weight` or `epochs`). A path alone is shorthand "
+        "for `{path: ...}`.",
     )
     training_config: dict = Field(
         default_factory=dict, description="Any TRL / transformers training argument, plus `extends` and `loss_on`."
@@ -575,6 +585,14 @@ class LeapConfigModel(StrictModel):
         ge=0,
         description="Print the model's answers to this many held-out prompts before and after training.",
     )
+
+    @field_validator(
+        "dataset", mode="before", json_schema_input_type=DatasetConfig | list[DatasetConfig | str] | str | None
+    )
+    @classmethod
+    def check_dataset(cls, value):
+        """`dataset: data/train.jsonl` is shorthand for `dataset: {path: data/train.jsonl}` (in a list too)."""
+        return dataset_shorthand(value)
 
     @field_validator("rewards", mode="before", json_schema_input_type=RewardsConfig | list[str | dict] | str | None)
     @classmethod

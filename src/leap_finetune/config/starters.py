@@ -57,7 +57,7 @@ TRAINING = {
     "grpo": """rewards: [accuracy]                # the completion's final answer against the row's solution; more in docs/grpo.md
 training_config:
   extends: DEFAULT_GRPO             # rollouts on vLLM (use_vllm: true): needs vLLM on a CUDA machine
-  # use_vllm: false                 # rollouts with transformers' generation (CPU, or no vLLM)
+  # use_vllm: false                 # uncomment on a CPU (tiny-lfm2) or without vLLM: leap-finetune's sampler
   per_device_train_batch_size: 16   # prompts x num_generations
   num_generations: 8
   max_completion_length: 256

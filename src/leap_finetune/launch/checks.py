@@ -45,6 +45,14 @@ def check_run(resolved: ResolvedConfig, console: Console, outputs_root: str | Pa
     """Every check of `validate` and `run`, in the order a user meets them: the rows, the trainer's arguments,
     the run folder and resume point, the rollout engine and judge, the custom rewards (called once on the
     first rows), the devices and batches, asynchronous evaluation, the resumed run's settings, the folder's lock."""
+    if resolved.checkpoint:  # (eval's key: a run trains from model_name, and would silently ignore it)
+        raise LeapError(
+            "checkpoint: names the model `leap-finetune eval` scores; a run trains from model_name",
+            where=f"{resolved.config_path or 'config'}: checkpoint",
+            fix="to continue a run set training_config.resume_from_checkpoint: latest (or a checkpoint-N folder); "
+            "to fine-tune a trained model further set model_name to its folder; to score it run "
+            "`leap-finetune eval CONFIG` (checkpoint stays)",
+        )
     tokenizer, renderer, prepared = prepare(resolved, console)
     check_training_arguments(resolved, has_eval=bool(prepared.eval))
     plan = plan_run(resolved, outputs_root=Path(outputs_root) if outputs_root else None)

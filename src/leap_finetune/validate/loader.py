@@ -32,6 +32,7 @@ from leap_finetune.config.schema import (
     TRAINING_TYPES,
     EvalsConfig,
     LeapConfigModel,
+    dataset_shorthand,
 )
 from leap_finetune.config.suggest import did_you_mean, other_type_key, unknown_key_fix
 from leap_finetune.config.trackers import check_report_to
@@ -86,7 +87,9 @@ def load_config(
 
 def _load(raw: dict, config_path: Path | None, base: Path, where: str) -> ResolvedConfig:
 
-    _check_keys(raw, LeapConfigModel.model_fields, where, "the top level")
+    _check_top_level_keys(raw, where)
+    if "dataset" in raw:
+        raw = {**raw, "dataset": dataset_shorthand(raw["dataset"])}
     for block in (
         "peft_config",
         "training_config",
@@ -348,6 +351,32 @@ def require_dataset(resolved: ResolvedConfig) -> None:
         )
 
 
+# LoRA options written at the top level (they belong under peft_config)
+_LORA_KEYS = ("r", "lora_alpha", "lora_dropout", "target_modules", "use_peft", "modules_to_save", "bias")
+
+
+def _check_top_level_keys(raw: dict, where: str) -> None:
+    """Unknown top-level keys; a training argument or a LoRA option written there is told where it belongs."""
+    for key in raw:
+        if key in LeapConfigModel.model_fields:
+            continue
+        kind = raw.get("training_type") if raw.get("training_type") in METHODS else "sft"
+        value = raw[key]
+        if key in _LORA_KEYS:
+            raise LeapError(
+                f"'{key}' is a LoRA option, not a top-level key",
+                where=f"{where}: {key}",
+                fix=f"move it under peft_config:  peft_config: {{{key}: {value!r}}}",
+            )
+        if key in METHODS[kind].own_keys or (not key.startswith("_") and key in trainer_arg_fields(kind)):
+            raise LeapError(
+                f"'{key}' is a training argument, not a top-level key",
+                where=f"{where}: {key}",
+                fix=f"move it under training_config:  training_config: {{{key}: {value!r}}}",
+            )
+        _check_keys({key: value}, LeapConfigModel.model_fields, where, "the top level")
+
+
 def _check_keys(data: dict, allowed, where: str, block: str) -> None:
     for key in data:
         if key not in allowed:
@@ -396,7 +425,10 @@ def _pydantic_error(err: ValidationError, where: str, prefix: str = "") -> LeapE
     number = explain(getattr(schema, err.title, None), first, prefix)  # a number's type or range: said in our words
     if number is not None:
         return LeapError(f"{number[0]}{more}", where=where, fix=number[1])
-    return LeapError(f"{loc}: {first['msg']}{got_text}{more}", where=where, fix=fix)
+    message = first["msg"].removeprefix("Value error, ")  # (our own validators' words, without pydantic's label)
+    if first["type"] == "dict_type":
+        fix = f"give {loc or 'it'} a mapping of its keys, e.g. `{loc or 'training_config'}: {{key: value}}` (docs/config.md)"
+    return LeapError(f"{loc}: {message}{got_text}{more}", where=where, fix=fix)
 
 
 def trainer_arg_fields(training_type: str) -> set[str]:
