@@ -78,10 +78,14 @@ def chat(
 ) -> str | None:
     """One answer to `prompt` (returned), or an interactive conversation on the terminal."""
     import torch
+    import transformers
 
     console = console or Console(stderr=True)
     trained = find_trained(source)
     refuse_retrieval(source, trained)
+    # transformers' loading bars and kernel notices are not the answer the user asked for (as in `run`)
+    transformers.utils.logging.set_verbosity_error()
+    transformers.utils.logging.disable_progress_bar()
     model, tokenizer = load_trained(trained, dtype=torch.bfloat16 if torch.cuda.is_available() else torch.float32)
     if torch.cuda.is_available():
         model = model.to("cuda")
