@@ -364,7 +364,7 @@ def test_errors_name_the_source_and_entry(tmp_path):
         ([{"path": first}, {"path": second, "epochs": 2, "weight": 1}], "either weight"),
         ([{"path": first}, {"path": second, "limt": 2}], "unknown key 'limt' in dataset[1]"),
         ([], "'dataset:' is an empty list"),
-        ([{"path": first}, "other.jsonl"], "dataset[1] must be a mapping"),
+        ([{"path": first}, 5], "dataset[1] must be a path or a mapping with a path"),
     ):
         config["dataset"] = entry
         with pytest.raises(

@@ -25,9 +25,9 @@ def validate_dataset(raw, where: str):
         name = f"dataset[{index}]" if isinstance(raw, list) else "dataset"
         if not isinstance(item, dict):
             raise LeapError(
-                f"{name} must be a mapping with a path (got {type(item).__name__})",
+                f"{name} must be a path or a mapping with a path (got {type(item).__name__})",
                 where=where,
-                fix="write each source as `- path: data.jsonl` (with its own limit, weight, ...)",
+                fix="write each source as `- data.jsonl`, or `- path: data.jsonl` with its own limit, weight, ...",
             )
         _check_keys(item, DatasetConfig.model_fields, where, name)
         try:
