@@ -329,6 +329,7 @@ def test_a_dataset_given_as_a_path_is_the_mapping_it_stands_for(folder):
     write_jsonl(folder / "more.jsonl", fact_rows(4))
     mixed = load_config(write_config(folder, {**tiny_config(), "dataset": ["train.jsonl", {"path": "more.jsonl"}]}))
     assert [d.path for d in mixed.dataset] == [str(folder / "train.jsonl"), str(folder / "more.jsonl")]
+    assert "dataset is 5: expected a path, a mapping with a path" in _error(folder, {**tiny_config(), "dataset": 5})
 
 
 @pytest.mark.parametrize(

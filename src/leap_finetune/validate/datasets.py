@@ -15,7 +15,7 @@ from leap_finetune.errors import LeapError
 def validate_dataset(raw, where: str):
     """`dataset:` as one mapping or a list of them (several sources), each checked on its own so an error
     names the entry (`dataset[1].limit`)."""
-    from leap_finetune.validate.loader import _check_keys, _pydantic_error
+    from leap_finetune.validate.keys import check_keys, pydantic_error
 
     items = raw if isinstance(raw, list) else [raw]
     if not items:
@@ -29,11 +29,11 @@ def validate_dataset(raw, where: str):
                 where=where,
                 fix="write each source as `- data.jsonl`, or `- path: data.jsonl` with its own limit, weight, ...",
             )
-        _check_keys(item, DatasetConfig.model_fields, where, name)
+        check_keys(item, DatasetConfig.model_fields, where, name)
         try:
             validated.append(DatasetConfig.model_validate(item))
         except ValidationError as err:
-            raise _source_error(_pydantic_error(err, where, prefix=name), err, item) from None
+            raise _source_error(pydantic_error(err, where, prefix=name), err, item) from None
     weighted = [item.weight is not None for item in validated]
     if isinstance(raw, dict) and validated[0].weight is not None:
         raise LeapError(

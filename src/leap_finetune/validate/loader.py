@@ -44,6 +44,7 @@ from leap_finetune.validate.datasets import (
     resolve_dataset,
     validate_dataset,
 )
+from leap_finetune.validate.keys import check_keys, check_top_level_keys, pydantic_error, trainer_arg_fields
 
 LOSS_ON = ("assistant", "all", "final_assistant")
 
@@ -87,9 +88,15 @@ def load_config(
 
 def _load(raw: dict, config_path: Path | None, base: Path, where: str) -> ResolvedConfig:
 
-    _check_top_level_keys(raw, where)
+    check_top_level_keys(raw, where)
     if "dataset" in raw:
         raw = {**raw, "dataset": dataset_shorthand(raw["dataset"])}
+        if not isinstance(raw["dataset"], (dict, list, type(None))):
+            raise LeapError(
+                f"dataset is {raw['dataset']!r}: expected a path, a mapping with a path, or a list of them",
+                where=f"{where}: dataset",
+                fix="write `dataset: data/train.jsonl`, or `dataset: {path: data/train.jsonl, test_size: 0.1}`",
+            )
     for block in (
         "peft_config",
         "training_config",
@@ -116,38 +123,38 @@ def _load(raw: dict, config_path: Path | None, base: Path, where: str) -> Resolv
     if isinstance(raw.get("ray"), dict):
         from leap_finetune.config.schema import RayConfig
 
-        _check_keys(raw["ray"], RayConfig.model_fields, where, "ray")
+        check_keys(raw["ray"], RayConfig.model_fields, where, "ray")
         check_ray_values(raw["ray"], where)
     if isinstance(raw.get("slurm"), dict):
         from leap_finetune.config.schema import SlurmConfig
 
-        _check_keys(raw["slurm"], SlurmConfig.model_fields, where, "slurm")
+        check_keys(raw["slurm"], SlurmConfig.model_fields, where, "slurm")
         check_slurm_values(raw["slurm"], where)
     if isinstance(raw.get("async_eval"), dict) and isinstance(raw["async_eval"].get("sbatch"), dict):
         check_eval_sbatch_values(raw["async_eval"]["sbatch"], where)
     if isinstance(raw.get("grpo_rollout"), dict):
         from leap_finetune.config.schema import GrpoRolloutConfig
 
-        _check_keys(raw["grpo_rollout"], GrpoRolloutConfig.model_fields, where, "grpo_rollout")
+        check_keys(raw["grpo_rollout"], GrpoRolloutConfig.model_fields, where, "grpo_rollout")
     if isinstance(raw.get("rewards"), dict):
         from leap_finetune.config.schema import JudgeConfig, RewardsConfig
 
-        _check_keys(raw["rewards"], RewardsConfig.model_fields, where, "rewards")
+        check_keys(raw["rewards"], RewardsConfig.model_fields, where, "rewards")
         if isinstance(raw["rewards"].get("judge"), dict):
-            _check_keys(raw["rewards"]["judge"], JudgeConfig.model_fields, where, "rewards.judge")
+            check_keys(raw["rewards"]["judge"], JudgeConfig.model_fields, where, "rewards.judge")
     if isinstance(raw.get("retrieval"), dict):
         from leap_finetune.config.schema import RetrievalConfig, RetrievalPrompts
 
-        _check_keys(raw["retrieval"], RetrievalConfig.model_fields, where, "retrieval")
+        check_keys(raw["retrieval"], RetrievalConfig.model_fields, where, "retrieval")
         if isinstance(raw["retrieval"].get("prompts"), dict):
-            _check_keys(raw["retrieval"]["prompts"], RetrievalPrompts.model_fields, where, "retrieval.prompts")
+            check_keys(raw["retrieval"]["prompts"], RetrievalPrompts.model_fields, where, "retrieval.prompts")
     if isinstance(raw.get("async_eval"), dict):
         from leap_finetune.config.schema import AsyncEvalConfig
 
-        _check_keys(raw["async_eval"], AsyncEvalConfig.model_fields, where, "async_eval")
+        check_keys(raw["async_eval"], AsyncEvalConfig.model_fields, where, "async_eval")
         for key in ("sbatch", "reserved", "failure"):
             if isinstance(raw["async_eval"].get(key), dict):
-                _check_keys(
+                check_keys(
                     raw["async_eval"][key],
                     AsyncEvalConfig.model_fields[key].annotation.model_fields,
                     where,
@@ -156,15 +163,15 @@ def _load(raw: dict, config_path: Path | None, base: Path, where: str) -> Resolv
     if isinstance(raw.get("evals"), dict):
         from leap_finetune.config.schema import BenchmarkConfig
 
-        _check_keys(raw["evals"], EvalsConfig.model_fields, where, "evals")
+        check_keys(raw["evals"], EvalsConfig.model_fields, where, "evals")
         for bench in raw["evals"].get("benchmarks") or []:
             if isinstance(bench, dict):
-                _check_keys(bench, BenchmarkConfig.model_fields, where, "evals.benchmarks[]")
+                check_keys(bench, BenchmarkConfig.model_fields, where, "evals.benchmarks[]")
     _check_training_type(raw.get("training_type", "sft"), where)
     try:
         model = LeapConfigModel.model_validate(raw)
     except ValidationError as err:
-        raise _pydantic_error(err, where) from None
+        raise pydantic_error(err, where) from None
     if model.evals is not None and not model.evals.benchmarks:  # `evals.benchmarks: []` switches benchmarks off
         model = model.model_copy(update={"evals": None})
 
@@ -351,42 +358,6 @@ def require_dataset(resolved: ResolvedConfig) -> None:
         )
 
 
-# LoRA options written at the top level (they belong under peft_config)
-_LORA_KEYS = ("r", "lora_alpha", "lora_dropout", "target_modules", "use_peft", "modules_to_save", "bias")
-
-
-def _check_top_level_keys(raw: dict, where: str) -> None:
-    """Unknown top-level keys; a training argument or a LoRA option written there is told where it belongs."""
-    for key in raw:
-        if key in LeapConfigModel.model_fields:
-            continue
-        kind = raw.get("training_type") if raw.get("training_type") in METHODS else "sft"
-        value = raw[key]
-        if key in _LORA_KEYS:
-            raise LeapError(
-                f"'{key}' is a LoRA option, not a top-level key",
-                where=f"{where}: {key}",
-                fix=f"move it under peft_config:  peft_config: {{{key}: {value!r}}}",
-            )
-        if key in METHODS[kind].own_keys or (not key.startswith("_") and key in trainer_arg_fields(kind)):
-            raise LeapError(
-                f"'{key}' is a training argument, not a top-level key",
-                where=f"{where}: {key}",
-                fix=f"move it under training_config:  training_config: {{{key}: {value!r}}}",
-            )
-        _check_keys({key: value}, LeapConfigModel.model_fields, where, "the top level")
-
-
-def _check_keys(data: dict, allowed, where: str, block: str) -> None:
-    for key in data:
-        if key not in allowed:
-            raise LeapError(
-                f"unknown key '{key}' in {block}",
-                where=where,
-                fix=unknown_key_fix(str(key), allowed),
-            )
-
-
 def _check_training_type(value, where: str) -> None:
     if value in SUPPORTED_TRAINING_TYPES:
         return
@@ -408,32 +379,6 @@ def _version() -> str:
     from leap_finetune import __version__
 
     return __version__
-
-
-def _pydantic_error(err: ValidationError, where: str, prefix: str = "") -> LeapError:
-    first = err.errors()[0]
-    loc = ".".join([prefix] * bool(prefix) + [str(p) for p in first["loc"]])
-    got = first.get("input")
-    got_text = f" (got {got!r})" if not isinstance(got, dict) else ""
-    more = f" [and {err.error_count() - 1} more problem(s)]" if err.error_count() > 1 else ""
-    fix = "see docs/config.md for every key, its type and default"
-    if first["type"] == "missing":
-        return LeapError(f"required key '{loc}' is missing{more}", where=where, fix=fix)
-    from leap_finetune.config import schema
-    from leap_finetune.config.numbers import explain
-
-    number = explain(getattr(schema, err.title, None), first, prefix)  # a number's type or range: said in our words
-    if number is not None:
-        return LeapError(f"{number[0]}{more}", where=where, fix=number[1])
-    message = first["msg"].removeprefix("Value error, ")  # (our own validators' words, without pydantic's label)
-    if first["type"] == "dict_type":
-        fix = f"give {loc or 'it'} a mapping of its keys, e.g. `{loc or 'training_config'}: {{key: value}}` (docs/config.md)"
-    return LeapError(f"{loc}: {message}{got_text}{more}", where=where, fix=fix)
-
-
-def trainer_arg_fields(training_type: str) -> set[str]:
-    """The keyword arguments the training type's TRL config class accepts."""
-    return {f.name for f in dataclasses.fields(METHODS[training_type].arguments_class()) if f.init}
 
 
 def _types_with_key(key: str, training_type: str) -> list[str]:

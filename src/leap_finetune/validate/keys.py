@@ -1,0 +1,74 @@
+"""The keys of a config file: unknown ones (with where they belong, when they are another block's), and
+pydantic's verdicts said in our words - shared by the loader and the dataset block."""
+
+from __future__ import annotations
+
+import dataclasses
+
+from pydantic import ValidationError
+
+from leap_finetune.config.schema import LeapConfigModel
+from leap_finetune.config.suggest import unknown_key_fix
+from leap_finetune.errors import LeapError
+from leap_finetune.methods import METHODS
+
+# LoRA options written at the top level (they belong under peft_config)
+LORA_KEYS = ("r", "lora_alpha", "lora_dropout", "target_modules", "use_peft", "modules_to_save", "bias")
+
+
+def check_top_level_keys(raw: dict, where: str) -> None:
+    """Unknown top-level keys; a training argument or a LoRA option written there is told where it belongs."""
+    for key in raw:
+        if key in LeapConfigModel.model_fields:
+            continue
+        kind = raw.get("training_type") if raw.get("training_type") in METHODS else "sft"
+        value = raw[key]
+        if key in LORA_KEYS:
+            raise LeapError(
+                f"'{key}' is a LoRA option, not a top-level key",
+                where=f"{where}: {key}",
+                fix=f"move it under peft_config:  peft_config: {{{key}: {value!r}}}",
+            )
+        if key in METHODS[kind].own_keys or (not key.startswith("_") and key in trainer_arg_fields(kind)):
+            raise LeapError(
+                f"'{key}' is a training argument, not a top-level key",
+                where=f"{where}: {key}",
+                fix=f"move it under training_config:  training_config: {{{key}: {value!r}}}",
+            )
+        check_keys({key: value}, LeapConfigModel.model_fields, where, "the top level")
+
+
+def check_keys(data: dict, allowed, where: str, block: str) -> None:
+    for key in data:
+        if key not in allowed:
+            raise LeapError(
+                f"unknown key '{key}' in {block}",
+                where=where,
+                fix=unknown_key_fix(str(key), allowed),
+            )
+
+
+def pydantic_error(err: ValidationError, where: str, prefix: str = "") -> LeapError:
+    first = err.errors()[0]
+    loc = ".".join([prefix] * bool(prefix) + [str(p) for p in first["loc"]])
+    got = first.get("input")
+    got_text = f" (got {got!r})" if not isinstance(got, dict) else ""
+    more = f" [and {err.error_count() - 1} more problem(s)]" if err.error_count() > 1 else ""
+    fix = "see docs/config.md for every key, its type and default"
+    if first["type"] == "missing":
+        return LeapError(f"required key '{loc}' is missing{more}", where=where, fix=fix)
+    from leap_finetune.config import schema
+    from leap_finetune.config.numbers import explain
+
+    number = explain(getattr(schema, err.title, None), first, prefix)  # a number's type or range: said in our words
+    if number is not None:
+        return LeapError(f"{number[0]}{more}", where=where, fix=number[1])
+    message = first["msg"].removeprefix("Value error, ")  # (our own validators' words, without pydantic's label)
+    if first["type"] == "dict_type":
+        fix = f"give {loc or 'it'} a mapping of its keys, e.g. `{loc or 'training_config'}: {{key: value}}` (docs/config.md)"
+    return LeapError(f"{loc}: {message}{got_text}{more}", where=where, fix=fix)
+
+
+def trainer_arg_fields(training_type: str) -> set[str]:
+    """The keyword arguments the training type's TRL config class accepts."""
+    return {f.name for f in dataclasses.fields(METHODS[training_type].arguments_class()) if f.init}
