@@ -61,9 +61,9 @@ def matmul_peak() -> float:
     return 2 * 8192**3 * iters / (time.perf_counter() - start)
 
 
-def build_model(name: str, folder: Path):
-    from leap_finetune.models.tiny import load_tiny_tokenizer
-
+def lfm2_config(name: str) -> transformers.Lfm2Config:
+    """The LFM2 architecture `name` (ARCHS) with LFM2's vocabulary size and special token ids (pad 0, bos 1, eos 7:
+    the bundled tokenizer's too). Also the language model of bench/vl_sft_throughput.py's LFM2-VL models."""
     arch = dict(ARCHS[name])
     attn = arch.pop("full_attn_idxs")
     layer_types = ["full_attention" if i in attn else "conv" for i in range(arch["num_hidden_layers"])]
@@ -78,8 +78,15 @@ def build_model(name: str, folder: Path):
         tie_word_embeddings=True,
         **arch,
     )
-    tokenizer = load_tiny_tokenizer("tiny-lfm2")
     config.pad_token_id, config.bos_token_id, config.eos_token_id = 0, 1, 7
+    return config
+
+
+def build_model(name: str, folder: Path):
+    from leap_finetune.models.tiny import load_tiny_tokenizer
+
+    config = lfm2_config(name)
+    tokenizer = load_tiny_tokenizer("tiny-lfm2")
     from leap_finetune.models.lfm2_keys import add_original_lfm2_keys
 
     add_original_lfm2_keys(config)  # as LiquidAI's checkpoints: vLLM's LFM2 reads them
@@ -127,8 +134,6 @@ def tokens_per_second(metrics_path: Path, warmup_steps: int) -> float:
 
 
 def leap_run(label: str, model_dir: Path, data: Path, work: Path, steps: int, training: dict) -> dict:
-    from leap_finetune.api import run_config
-
     config = {
         "project_name": f"bench-{label}",
         "model_name": str(model_dir),
@@ -145,14 +150,22 @@ def leap_run(label: str, model_dir: Path, data: Path, work: Path, steps: int, tr
             **training,
         },
     }
+    return measured_leap_run(config, work)
+
+
+def measured_leap_run(config: dict, work: Path, warmup_steps: int = 10, callbacks: list | None = None) -> dict:
+    """Trains `config` through the real path (api.run_config, as `leap-finetune run` does) and measures it: real
+    tokens/s after `warmup_steps` from the run's metrics.jsonl, peak GPU memory, wall time, the first losses."""
+    from leap_finetune.api import run_config
+
     if torch.cuda.is_available():
         torch.cuda.reset_peak_memory_stats()
     start = time.perf_counter()
-    summary = run_config(config, outputs_root=work / "outputs")
+    summary = run_config(config, outputs_root=work / "outputs", callbacks=callbacks)
     run_dir = Path(summary["run_dir"])
     losses = [json.loads(l).get("loss") for l in (run_dir / "metrics.jsonl").read_text().splitlines()]
     return {
-        "tokens_per_second": tokens_per_second(run_dir / "metrics.jsonl", warmup_steps=10),
+        "tokens_per_second": tokens_per_second(run_dir / "metrics.jsonl", warmup_steps=warmup_steps),
         "peak_gib": torch.cuda.max_memory_allocated() / 2**30 if torch.cuda.is_available() else 0.0,
         "wall_s": time.perf_counter() - start,
         "losses": [l for l in losses if l is not None][:4],

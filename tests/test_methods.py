@@ -104,7 +104,7 @@ def test_every_type_has_a_row_checker_and_a_tokenizer(training_type):
     from leap_finetune.methods import method_of
 
     resolved = SimpleNamespace(
-        training_type=training_type, chat_template="lfm2", model_family="lfm2", loss_on="assistant"
+        training_type=training_type, chat_template="lfm2", model_family="lfm2", loss_on="assistant", vision=False
     )
     assert callable(contract(resolved))
     assert method_of(training_type).rows in {rows for rows, _ in ROW_SHAPES}

@@ -32,6 +32,8 @@ VALUE_OPTIONS = {
     "--prompt",
     "-p",
     "--system",
+    "--image",
+    "-i",
     "--max-new-tokens",
     "--temperature",
     "--rows",
@@ -273,6 +275,14 @@ def inspect(
             if item.get("truncated_at") is not None:
                 text.stylize("strike dim", item["truncated_at"], len(item["text"]))
             console.print(text)
+            for number, image in enumerate(item.get("images") or [], start=1):  # each <image> above, in order
+                console.print(
+                    Text(
+                        f"<image> {number}: {image['image']} ({image['size']} pixels) -> {image['tiles']} tile(s), "
+                        f"{image['tokens']} tokens (no loss)",
+                        style="cyan",
+                    )
+                )
             continue
         # dpo / kto: the prompt, then each completion (all of a completion is trained)
         console.print(
@@ -347,21 +357,37 @@ def chat_command(
     model: str = typer.Argument(..., help="A run folder, checkpoint-N, adapter or model folder, or a model id."),
     prompt: str = typer.Option(None, "--prompt", "-p", help="Print one answer to this prompt and exit."),
     system: str = typer.Option(None, "--system", help="A system message first."),
+    images: list[str] = typer.Option(
+        None,
+        "--image",
+        "-i",
+        metavar="FILE",
+        help="An image (a file or an http(s) URL) for a vision-language model (LFM2-VL), repeatable: it goes "
+        "with --prompt, or with the first message of the conversation (/image PATH attaches one later).",
+    ),
     max_new_tokens: int = typer.Option(256, "--max-new-tokens", min=1, help="Answer length limit."),
     temperature: float = typer.Option(0.0, "--temperature", min=0.0, help="0: greedy (the default)."),
     sets: list[str] = _no_config_set_option(),
 ) -> None:
     """Chat with a trained model in the terminal (its LoRA adapter over the base model, the chat template
-    it was trained with); --prompt for a single answer on stdout. Not for embedding or ColBERT models."""
+    it was trained with); --prompt for a single answer on stdout; --image to show a vision-language model
+    an image. Not for embedding or ColBERT models."""
     _refuse_set(
         sets,
         "chat",
         "chat talks to a trained model as it is; its settings are options (--system, "
-        "--temperature, --max-new-tokens: leap-finetune chat --help)",
+        "--temperature, --max-new-tokens, --image: leap-finetune chat --help)",
     )
     from leap_finetune.chat import chat
 
-    reply = chat(model, prompt=prompt, system=system, max_new_tokens=max_new_tokens, temperature=temperature)
+    reply = chat(
+        model,
+        prompt=prompt,
+        system=system,
+        images=images,
+        max_new_tokens=max_new_tokens,
+        temperature=temperature,
+    )
     if reply is not None:
         sys.stdout.write(reply + "\n")
 

@@ -22,6 +22,7 @@ from leap_finetune.models.trained import (
     load_trained,
     retrieval_type,
 )
+from leap_finetune.models.vision import is_vision_model
 
 
 def export_model(
@@ -42,11 +43,25 @@ def export_model(
     kind = retrieval_type(trained)
     if kind is not None:
         return _export_encoder(trained, kind, merge, output, console)
+    from leap_finetune.quiet import quiet_libraries
+
+    quiet_libraries()  # (transformers' loading and writing bars, peft's deprecation notices)
+    vision = is_vision_model(trained.model_id)
     if trained.adapter_dir is not None and not merge:
-        _stage(output, lambda path: shutil.copytree(trained.adapter_dir, path))
+        # a vision-language adapter carries its processor too: AutoProcessor.from_pretrained(output) loads
+        processor = _processor(trained, _adapter_tokenizer(trained), console) if vision else None
+
+        def copy(path: Path) -> None:
+            shutil.copytree(trained.adapter_dir, path)
+            if processor is not None:
+                processor.save_pretrained(path)
+
+        _stage(output, copy)
         console.print(
-            f"exported the LoRA adapter {trained.adapter_dir} (over {trained.model_id}) to {output}; "
-            "--merge writes a full model instead"
+            f"exported the LoRA adapter {trained.adapter_dir} (over {trained.model_id}) to {output}"
+            + (" with its processor" if processor is not None else "")
+            + "; --merge writes a full model instead",
+            markup=False,
         )
         return output
     model, tokenizer = load_trained(trained, merge=True)  # merged in float32
@@ -56,18 +71,49 @@ def export_model(
     template = chat_template_text(trained, tokenizer)
     if template:
         tokenizer.chat_template = template  # the template the run trained with travels with the model
+    # a vision-language model is saved with its processor (image settings, tokenizer, chat template), as a run's
+    # model/ is: the folder loads with AutoProcessor and AutoModelForImageTextToText
+    saver = (_processor(trained, tokenizer, console) if vision else None) or tokenizer
 
     def write(path: Path) -> None:
         model.save_pretrained(path)
-        tokenizer.save_pretrained(path)
+        saver.save_pretrained(path)
 
     _stage(output, write)
     what = f"{trained.adapter_dir} merged into {trained.model_id}" if trained.adapter_dir else trained.model_id
-    console.print(
-        f"exported {what} to {output} (a full model: AutoModelForCausalLM.from_pretrained, vLLM, or a "
-        "GGUF conversion; docs/export.md)"
+    loads = (
+        "a full vision-language model with its processor: AutoModelForImageTextToText and AutoProcessor.from_pretrained"
+        if vision
+        else "a full model: AutoModelForCausalLM.from_pretrained, vLLM, or a GGUF conversion"
     )
+    console.print(f"exported {what} to {output} ({loads}; docs/export.md)", markup=False)
     return output
+
+
+def _adapter_tokenizer(trained):
+    """The tokenizer saved beside the adapter (the run's), else its base model's."""
+    from leap_finetune.models.loading import load_tokenizer
+
+    folder = trained.adapter_dir
+    if (folder / "tokenizer_config.json").is_file() or (folder / "tokenizer.json").is_file():
+        return load_tokenizer(str(folder))
+    return load_tokenizer(trained.model_id)
+
+
+def _processor(trained, tokenizer, console: Console):
+    """The vision-language model's processor around the exported tokenizer, or None (said) where it cannot be
+    built: without torchvision, or without processor files here or in the run's base model."""
+    from leap_finetune.chat import trained_processor
+
+    try:
+        return trained_processor(trained, tokenizer, chat_template_text(trained, tokenizer))
+    except LeapError as err:
+        console.print(
+            f"warning: exported without the image processor ({err.message}); AutoProcessor will not load the "
+            f"folder: {err.fix or 'copy the base model processor files into it'}",
+            markup=False,
+        )
+        return None
 
 
 def _export_encoder(trained, kind: str, merge: bool, output: Path, console: Console) -> Path:

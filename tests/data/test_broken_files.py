@@ -25,7 +25,7 @@ CASES = [
     ("no_messages_column.csv", ["row 1", "no 'messages' list", "columns found: prompt, answer"]),
     ("not_parquet.parquet", ["not_parquet.parquet", "cannot read the Parquet file"]),
     ("int_messages.parquet", ["row 1", "field 'messages'", "got a number (1)"]),
-    ("image_part.jsonl", ["field 'messages[0].content[0]'", "'image' part"]),
+    ("image_part.jsonl", ["field 'messages[0].content[0]'", "an image part needs a vision-language model"]),
     ("empty_assistant.jsonl", ["field 'messages[1].content'", "assistant message is empty"]),
     ("unknown_message_key.jsonl", ["field 'messages[0].weight'", "unknown message key"]),
     ("row_not_object.json", ["row 1", "field '<row>'", "expected an object"]),

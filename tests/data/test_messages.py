@@ -59,12 +59,12 @@ TEXT_ONLY = [
     (
         {"type": "image", "image": "x.jpg"},
         "m[0].content[0]",
-        "a 'image' part needs a vision/audio model, and text SFT does not support it yet",
+        "an image part needs a vision-language model (model_name: an LFM2-VL model such as LiquidAI/LFM2-VL-450M) and training_type sft or dpo; this run reads text only",
     ),
     (
         {"type": "audio"},
         "m[0].content[0]",
-        "a 'audio' part needs a vision/audio model, and text SFT does not support it yet",
+        "a 'audio' part needs an audio/video model; leap-finetune trains on text and images",
     ),
     ({"type": "html"}, "m[0].content[0]", "unknown part type 'html'; expected 'text'"),
     ("hi", "m[0].content[0]", 'expected a typed part like {"type": "text", "text": "..."}, got a string (\'hi\')'),
@@ -78,7 +78,7 @@ def test_a_text_only_caller_says_what_is_wrong_with_the_part(part, field, text):
     assert parse([part]) == (None, [(field, text)])
 
 
-@pytest.mark.parametrize("part", [{"type": "video"}, {"type": "text", "text": 3}, "hi", {"type": "image_url"}])
+@pytest.mark.parametrize("part", [{"type": "video"}, {"type": "text", "text": 3}, "hi"])
 def test_a_caller_that_takes_images_says_what_both_kinds_of_part_look_like(tmp_path, part):
     expected = 'expected {"type": "text", "text": ...} or {"type": "image", "image": path}'
     assert parse([part], tmp_path) == (None, [("m[0].content[0]", expected)])
@@ -105,10 +105,9 @@ def test_image_parts_are_references_resolved_against_the_folder_with_urls_kept(t
 
 
 def test_image_parts_without_a_source_or_file(tmp_path):
-    assert parse([{"type": "image"}], tmp_path) == (
-        None,
-        [("m[0].content[0]", "an image part needs 'image': a file path")],
-    )
+    needs = "an image part needs 'image': a file path, a data URI or base64 text"
+    assert parse([{"type": "image"}], tmp_path) == (None, [("m[0].content[0]", needs)])
+    assert parse([{"type": "image_url"}], tmp_path) == (None, [("m[0].content[0]", needs)])
     assert parse([{"type": "image", "path": "nope.jpg"}], tmp_path) == (
         None,
         [("m[0].content[0]", f"image file not found: {tmp_path / 'nope.jpg'}")],
@@ -143,7 +142,7 @@ def test_check_tools_reads_json_text_from_csv():
 
 
 IMAGE = [{"type": "image", "image": "img.jpg"}, {"type": "text", "text": "What is it?"}]
-REFUSED = "a 'image' part needs a vision/audio model, and text SFT does not support it yet"
+REFUSED = "an image part needs a vision-language model (model_name: an LFM2-VL model such as LiquidAI/LFM2-VL-450M) and training_type sft or dpo; this run reads text only"
 
 
 def test_every_training_row_type_refuses_image_parts_in_the_same_words():

@@ -229,6 +229,47 @@ def test_reserved_server_gives_the_sync_results_and_a_killed_server_is_a_counted
     assert len(predictions) == 12 and "prediction" in json.loads(predictions[0])
 
 
+@pytest.mark.slow
+def test_reserved_server_answers_image_benchmarks_with_their_images(workdir):
+    """A tiny LFM2-VL trained with async_eval reserved and image benchmarks: each snapshot is saved with its
+    processor, our evaluation server is sent the images as image_url parts and reads them, and the scores of
+    step 0 (the untrained model) are the ones `leap-finetune eval` gives in this process."""
+    from leap_finetune.api import evaluate_config
+
+    shutil.copy(EXAMPLES / "data" / "quickstart.jsonl", workdir / "train.jsonl")
+    shutil.copytree(EXAMPLES / "data" / "images", workdir / "images")
+    for name in ("fruit_images_generation.jsonl", "fruit_images_mcq.jsonl"):
+        shutil.copy(EXAMPLES / "data" / name, workdir / name)
+    evals = {
+        "max_new_tokens": 8,
+        "batch_size": 4,
+        "eval_steps": 2,
+        "benchmarks": [
+            {"name": "fruits", "path": "fruit_images_generation.jsonl", "metric": "exact_match", "limit": 4},
+            {"name": "fruits_mcq", "path": "fruit_images_mcq.jsonl", "metric": "logprob_mcq", "limit": 4},
+        ],
+    }
+    config = tiny_config(
+        model_name="tiny-lfm2.5-vl",
+        training_config={"max_steps": 2, "per_device_train_batch_size": 4, "save_steps": 100},
+        evals=evals,
+        async_eval={"mode": "reserved", "vllm_gpus": 0, "reserved": {"server_port": _free_port()}},
+    )
+    summary = run_config(write_config(workdir, config, "reserved_vl.yaml"))
+    run_dir = Path(summary["run_dir"])
+    assert summary["global_step"] == 2 and _failures(run_dir) == {}
+    scores = _scores(run_dir)
+    assert sorted(scores) == [0, 2]
+    local = evaluate_config(write_config(workdir, {"model_name": "tiny-lfm2.5-vl", "evals": evals}, "local.yaml"))
+    expected = {k: v for k, v in local["results"].items() if not k.endswith("/seconds")}
+    assert scores[0] == pytest.approx(expected, rel=1e-6)
+    for step in (0, 2):  # each server generated the 4 rows of the generation benchmark with their 4 images
+        server_log = (run_dir / "benchmarks" / "jobs" / f"step-{step}-server.log").read_text()
+        assert server_log.count("POST /v1/chat/completions") == 4
+        served = [line.split(" with ")[1].split()[0] for line in server_log.splitlines() if "image(s) in" in line]
+        assert sum(map(int, served)) == 4, server_log[-2000:]
+
+
 def test_a_lora_snapshot_is_the_merged_model_and_training_weights_are_untouched(tmp_path):
     import copy
 

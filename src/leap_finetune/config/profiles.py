@@ -84,6 +84,20 @@ TRAINING_PROFILES: dict[str, dict] = {
     },
 }
 
+# SFT of a vision-language model (LFM2-VL) on rows with images: the language model and projector at the learning
+# rate, the vision encoder at a tenth of it (it was trained on far more images than a fine-tuning set holds; the
+# original LEAP-Finetune used the same 0.1x). Images make rows long: 256 tokens per 512x512 tile.
+TRAINING_PROFILES["DEFAULT_VLM_SFT"] = {
+    **TRAINING_PROFILES["DEFAULT_SFT"],
+    "learning_rate": 2e-5,
+    "max_length": 4096,
+    "per_device_train_batch_size": 2,
+    "per_device_eval_batch_size": 2,
+    # (train_vision_encoder / train_projector / train_language_model: all true for a full fine-tune, the language
+    # model's adapters only with LoRA; filled in by validate/vision.py, which knows whether LoRA is on)
+    "vision_encoder_lr_multiplier": 0.1,
+}
+
 # embedding / colbert (sentence-transformers' trainer: no max_length; lengths are retrieval.*_max_length)
 _RETRIEVAL = {
     **{k: v for k, v in _COMMON.items() if k != "max_length"},
@@ -108,6 +122,16 @@ PEFT_PROFILES: dict[str, dict] = {
         "target_modules": ["q_proj", "k_proj", "v_proj", "out_proj", "in_proj", "w1", "w2", "w3"],
     },
 }
+# LoRA on a vision-language model: adapters on the language model's layers only (a regular expression over module
+# names: SigLIP2's attention also has q/k/v/out_proj). The vision encoder and projector stay frozen unless
+# training_config.train_vision_encoder / train_projector say otherwise (then they are trained in full and saved
+# with the adapter).
+PEFT_PROFILES["DEFAULT_VLM_LORA"] = {
+    **PEFT_PROFILES["DEFAULT_LORA"],
+    "target_modules": r".*language_model.*\.(q_proj|k_proj|v_proj|out_proj|in_proj|w1|w2|w3)",
+}
+# what `train_*` means with LoRA: the defaults of a vision-language LoRA run
+VLM_LORA_TRAINS = {"train_vision_encoder": False, "train_projector": False, "train_language_model": True}
 
 # each training type's starting profile, as methods/ names it
 DEFAULT_TRAINING_PROFILE = {name: method.profile for name, method in METHODS.items()}

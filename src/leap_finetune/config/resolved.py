@@ -12,6 +12,7 @@ from leap_finetune.config.schema import (
     DatasetConfig,
     EvalsConfig,
     GrpoRolloutConfig,
+    ImageProcessorConfig,
     RayConfig,
     RetrievalConfig,
     RewardsConfig,
@@ -46,6 +47,8 @@ class ResolvedConfig(BaseModel):
     rewards: RewardsConfig | None = None  # grpo: checked reward specs (custom paths absolute)
     retrieval: RetrievalConfig | None = None  # embedding / colbert (set for every such config)
     async_eval: AsyncEvalConfig | None = None  # where benchmarks run, and the failure policy
+    vision: bool = False  # a vision-language model trained on rows that may carry images (sft, dpo)
+    image_processor: ImageProcessorConfig | None = None  # vision: the user's image settings (None: the model's)
     # Decided by the driver's plan (None until then):
     run_dir: str | None = None
     run_name: str | None = None

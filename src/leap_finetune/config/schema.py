@@ -81,6 +81,12 @@ class DatasetConfig(StrictModel):
         description="Processes that check and tokenize the rows (at most the machine's cores); default: one per "
         "~2,000 rows, up to every core (Linux; one elsewhere).",
     )
+    image_root: str | None = Field(
+        default=None,
+        min_length=1,
+        description="Vision-language models: the folder relative image paths in the rows start from (default: the "
+        "folder of the data file that names them).",
+    )
     cache: bool = Field(
         default=True,
         description="Keep the prepared rows on disk ($LEAP_FINETUNE_CACHE, default ~/.cache/leap-finetune/prepared), "
@@ -101,6 +107,41 @@ class DatasetConfig(StrictModel):
         if value is not None and value >= 1 and value != int(value):
             raise ValueError("a test_size >= 1 is a row count and must be a whole number (or use a fraction below 1)")
         return value
+
+
+class ImageProcessorConfig(StrictModel):
+    """Vision-language models: how images become tokens (LFM2-VL's image processor settings; unset keys keep the
+    model's own). Used to count each row's image tokens while the rows are checked, to build the batches, and
+    saved with the trained model so that inference sees images the same way."""
+
+    min_image_tokens: int | None = Field(
+        default=None, ge=1, description="Tokens of the smallest image (small images are scaled up to it)."
+    )
+    max_image_tokens: int | None = Field(
+        default=None,
+        ge=1,
+        description="Tokens of one tile or of an image that is not split (256 for LFM2-VL: a 512x512 tile). "
+        "Lower it to make rows with images shorter.",
+    )
+    do_image_splitting: bool | None = Field(
+        default=None, description="Split large images into tiles (plus a thumbnail); false: one resized image each."
+    )
+    min_tiles: int | None = Field(default=None, ge=1, description="Fewest tiles of a split image.")
+    max_tiles: int | None = Field(
+        default=None, ge=1, description="Most tiles of a split image (each up to max_image_tokens tokens)."
+    )
+    use_thumbnail: bool | None = Field(default=None, description="Add a thumbnail of the whole image to its tiles.")
+
+    @model_validator(mode="after")
+    def check_ranges(self) -> ImageProcessorConfig:
+        for low, high in (("min_image_tokens", "max_image_tokens"), ("min_tiles", "max_tiles")):
+            a, b = getattr(self, low), getattr(self, high)
+            if a is not None and b is not None and a > b:
+                raise ValueError(f"{low} ({a}) is larger than {high} ({b})")
+        return self
+
+    def settings(self) -> dict:
+        return {k: v for k, v in self.model_dump().items() if v is not None}
 
 
 GENERATION_METRICS = ("exact_match", "short_answer", "mcq_gen", "bleu", "rouge_l")
@@ -579,6 +620,10 @@ class LeapConfigModel(StrictModel):
         default=None,
         min_length=1,
         description="`leap-finetune eval` only: a run folder or checkpoint folder to evaluate instead of model_name.",
+    )
+    image_processor: ImageProcessorConfig | None = Field(
+        default=None,
+        description="Vision-language models: how images become tokens (keys below; default: the model's own).",
     )
     samples: int = Field(
         default=0,

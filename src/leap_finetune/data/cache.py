@@ -86,6 +86,9 @@ def entry_for(resolved, tokenizer, renderer, sources, examples: int) -> Entry | 
             getattr(renderer, "document_prompt", None),
             getattr(renderer, "query_max", None),
             getattr(renderer, "document_max", None),
+            # a vision-language run: the settings that decide each image's tokens (the images themselves are
+            # re-read per batch, and a changed one is caught there by its token count)
+            renderer.reader.describe() if getattr(renderer, "reader", None) is not None else None,
         ],
     )
     for source in sources:

@@ -17,6 +17,7 @@ import numpy as np
 from leap_finetune.config.resolved import ResolvedConfig
 from leap_finetune.data.chat_templates import render_family
 from leap_finetune.data.grpo_rows import category, check_grpo_row, prepare_prompt
+from leap_finetune.data.images import ImageProblem, ImageRow, VisionRenderer, open_image
 from leap_finetune.data.preference_rows import check_dpo_row, check_kto_row
 from leap_finetune.data.preference_tokens import tokenize_kto, tokenize_pair
 from leap_finetune.data.readers import SourceRow, parse_row
@@ -63,10 +64,12 @@ def contract(resolved: ResolvedConfig):
         return check_retrieval_row
     family = render_family(resolved.chat_template, resolved.model_family)
     if rows == CONVERSATION:
-        return functools.partial(check_sft_row, needs_assistant=resolved.loss_on != "all", family=family)
-    return functools.partial(
-        {PAIR: check_dpo_row, LABELLED: check_kto_row, PROMPT: check_grpo_row}[rows], family=family
-    )
+        return functools.partial(
+            check_sft_row, needs_assistant=resolved.loss_on != "all", family=family, takes_images=resolved.vision
+        )
+    if rows == PAIR:
+        return functools.partial(check_dpo_row, family=family, takes_images=resolved.vision)
+    return functools.partial({LABELLED: check_kto_row, PROMPT: check_grpo_row}[rows], family=family)
 
 
 def tokenize_row(resolved: ResolvedConfig, renderer, parsed):
@@ -75,9 +78,14 @@ def tokenize_row(resolved: ResolvedConfig, renderer, parsed):
     if rows == TEXT_PAIR:
         return renderer.encode(parsed)  # a RetrievalEncoder (data/retrieval_tokens.py)
     if rows == CONVERSATION:
+        if getattr(parsed, "images", None) and isinstance(renderer, VisionRenderer):
+            return renderer.tokenize_images(parsed, image_sizes(renderer, parsed.images))[0]
         return renderer.tokenize(parsed.messages, parsed.tools)
     if rows == PAIR:
-        return tokenize_pair(renderer, parsed)
+        pair = tokenize_pair(renderer, parsed)
+        if isinstance(renderer, VisionRenderer):  # every pair of an image run has the image columns
+            renderer.expand_pair(pair, image_sizes(renderer, parsed.images) if parsed.images else [])
+        return pair
     if rows == PROMPT:
         return prepare_prompt(renderer, parsed)
     return tokenize_kto(renderer, parsed)
@@ -109,6 +117,8 @@ def check_chunk(rows: list[SourceRow]) -> CheckedChunk:
             result.columns_seen.append(set(row.data))
         parsed, problems, warnings = check(row)
         result.warnings.extend(warnings)
+        if not problems and getattr(parsed, "images", None):
+            problems = check_images(row, parsed, _JOB.renderer)
         if problems:
             result.problems.extend(problems)
             continue
@@ -118,6 +128,53 @@ def check_chunk(rows: list[SourceRow]) -> CheckedChunk:
                 (row.file, row.location, {k: category(v) for k, v in parsed.extra.items() if v is not None})
             )
     return result
+
+
+def check_images(row: SourceRow, parsed, renderer) -> list[RowProblem]:
+    """Every image of the row decoded, and the row with its images' tokens within max_length (a
+    VisionRenderer's reader counts them; without one - `plan` without the tokenizer - the files are opened)."""
+    sizes = []
+    for ref in parsed.images:
+        try:
+            sizes.append(
+                renderer.reader.check(ref) if isinstance(renderer, VisionRenderer) else open_image(ref.source).size
+            )
+        except ImageProblem as err:
+            return [RowProblem(row.file, row.location, ref.field, str(err))]
+    if isinstance(renderer, VisionRenderer):
+        try:
+            too_long = renderer.fits(parsed, sizes)
+        except ImageProblem as err:
+            return [RowProblem(row.file, row.location, "messages", str(err))]
+        if too_long:
+            return [RowProblem(row.file, row.location, "messages", too_long)]
+    return []
+
+
+def image_sizes(renderer: VisionRenderer, images) -> list[tuple[int, int]]:
+    """(width, height) of each image from its header (pass 1 decoded each in full). An image that no longer reads
+    changed since pass 1: an error of the data step."""
+    try:
+        return [renderer.reader.size(ref.source) for ref in images]
+    except ImageProblem as err:
+        raise LeapError(
+            f"an image changed while the rows were prepared: {err}",
+            where=images[0].field,
+            fix="leave the images in place while leap-finetune prepares the rows, and run again",
+        ) from None
+
+
+def _vision_rows(renderer: VisionRenderer, conversations: list) -> list[ImageRow]:
+    """Every row of an image run with the same columns: rows without images as text rows are (cut at
+    max_length), with an empty list of images."""
+    rows = []
+    for conversation in conversations:
+        if conversation.images:
+            rows.append(renderer.tokenize_images(conversation, image_sizes(renderer, conversation.images))[1])
+            continue
+        text = tokenize_many(renderer, [conversation])[0]
+        rows.append(ImageRow(text.input_ids, text.labels, [], [], 0, text.trained_tokens_lost, text.truncated))
+    return rows
 
 
 # ---- pass 2: tokenize the valid rows -------------------------------------------------------------------
@@ -159,14 +216,16 @@ def tokenize_chunk(request: TokenizeRequest) -> TokenizedChunk:
     result = TokenizedChunk(table=RowTable.empty(), kept=np.zeros(len(valid), dtype=bool), expected=request.expected)
     try:
         conversations = method_of(resolved).rows == CONVERSATION  # (tokenized in one batch, compact)
-        if conversations:
+        if conversations and isinstance(renderer, VisionRenderer):
+            compact = _vision_rows(renderer, [parsed for _, parsed in valid])
+        elif conversations:
             compact = tokenize_many(renderer, [parsed for _, parsed in valid])
         else:
             compact = [tokenize_row(resolved, renderer, parsed) for _, parsed in valid]
         for position in request.examples:
             source, parsed = valid[position]
             full = tokenize_row(resolved, renderer, parsed) if conversations else compact[position]
-            full.meta = {"file": source.file, "location": source.location}
+            full.meta.update(file=source.file, location=source.location)
             result.examples[position] = full
     except LeapError as err:  # raised by the data step in order, after the problems of every row
         result.error = err

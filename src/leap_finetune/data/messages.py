@@ -6,8 +6,8 @@ was expected; the row modules wrap it into a RowProblem with the file and row. A
 string or a list of typed parts; `parse_content` joins the text parts into one string (what LFM2.5's
 template does itself, and what LFM2's would otherwise JSON-dump verbatim into the prompt) and returns
 image parts apart, as `ImageRef`s, with `IMAGE_PLACEHOLDER` standing in the text where each was. Whether
-image parts are taken at all is the caller's choice (`image_folder`): benchmark rows take them, text
-training rows do not (yet: rows with images for vision-language training come through here too).
+image parts are taken at all is the caller's choice (`image_folder` / `images`): benchmark rows take them,
+and training rows of a vision-language run (SFT, DPO) in user turns.
 """
 
 from __future__ import annotations
@@ -109,9 +109,10 @@ def check_tools(tools: Any, from_text_table: bool, problem: Problem) -> list | N
     return parsed
 
 
-def check_message(message: Any, field: str, problem: Problem) -> dict | None:
+def check_message(message: Any, field: str, problem: Problem, *, images: ImageParts | None = None) -> dict | None:
     """One training message, normalised (ShareGPT `from`/`value` resolved, content as one string), or None
-    after reporting what is wrong with it."""
+    after reporting what is wrong with it. With `images` (a vision-language run) a user or tool turn may hold
+    image parts: they are appended to `images.found`, `<image>` standing where each was."""
     if not isinstance(message, dict):
         problem(field, f"expected an object with 'role' and 'content', got {describe_value(message)}")
         return None
@@ -155,9 +156,20 @@ def check_message(message: Any, field: str, problem: Problem) -> dict | None:
         return None
     # (null content of a tool-calling assistant turn: the template renders it as empty text)
     raw = "" if message["content"] is None else message["content"]
-    content = parse_content(raw, f"{field}.content", problem)
+    takes_images = images is not None and role in ("user", "tool")
+    if images is not None and not takes_images and _has_image_part(raw):
+        where = "the system prompt" if role == "system" else "an assistant turn"
+        problem(
+            f"{field}.content",
+            f"{where} cannot hold an image (the model reads images in user turns; it never generates them); "
+            "its content must be text: a string or text parts",
+        )
+        return None
+    content = parse_content(raw, f"{field}.content", problem, images=images if takes_images else None)
     if content is None:
         return None
+    if images is not None and takes_images:
+        images.found.extend(content.images)
     if role == "assistant" and not (content.text.strip() or message.get("tool_calls") or message.get("thinking")):
         problem(f"{field}.content", "the assistant message is empty: it would train the model to answer with nothing")
         return None
@@ -165,47 +177,149 @@ def check_message(message: Any, field: str, problem: Problem) -> dict | None:
     return message
 
 
-def parse_content(content: Any, field: str, problem: Problem, *, image_folder: Path | None = None) -> Content | None:
-    """A message's content: a string, or a list of typed parts ({"type": "text", "text": ...}; with
-    `image_folder`, also {"type": "image", "image": path or URL}). None after reporting the first bad part.
+@dataclass
+class ImageParts:
+    """How a caller that takes images reads image parts: `folder` is where relative paths start (the data file's
+    folder, or dataset.image_root); `column` the row's `images` list, which parts without a source take in order
+    (the Hugging Face / TRL layout: {"type": "image"} in the messages, the pictures in an `images` column)."""
 
-    `image_folder` is where relative image paths start (the data file's folder): a caller that takes images
-    gives it; without it an image part is refused (text training)."""
+    folder: Path
+    column: list | None = None
+    column_field: str = "images"
+    found: list[ImageRef] = dataclasses.field(default_factory=list)
+    taken: int = 0  # entries of `column` taken so far
+
+
+def _has_image_part(content: Any) -> bool:
+    return isinstance(content, list) and any(
+        isinstance(part, dict) and part.get("type") in ("image", "image_url") for part in content
+    )
+
+
+def parse_content(
+    content: Any,
+    field: str,
+    problem: Problem,
+    *,
+    image_folder: Path | None = None,
+    images: ImageParts | None = None,
+) -> Content | None:
+    """A message's content: a string, or a list of typed parts ({"type": "text", "text": ...}; for a caller that
+    takes images, also {"type": "image", "image": a path, a data URI or base64 text, or an http(s) URL}). None after
+    reporting the first bad part.
+
+    `image_folder` (or `images`, with a row's `images` column) is where relative image paths start: a caller that
+    takes images gives it; without it an image part is refused (text training)."""
+    if images is None and image_folder is not None:
+        images = ImageParts(image_folder)
     if isinstance(content, str):
+        if images is not None and IMAGE_PLACEHOLDER in content:
+            problem(
+                field,
+                f"the text holds '{IMAGE_PLACEHOLDER}', the model's image token: write an image part "
+                '{"type": "image", "image": path} instead',
+            )
+            return None
         return Content(content)
     if not isinstance(content, list):
         problem(field, f"expected a string or a list of typed parts, got {describe_value(content)}")
         return None
-    texts, images = [], []
+    texts, found = [], []
     for index, part in enumerate(content):
         part_field = f"{field}[{index}]"
         kind = part.get("type") if isinstance(part, dict) else None
         if kind == "text" and isinstance(part.get("text"), str):
+            if images is not None and IMAGE_PLACEHOLDER in part["text"]:
+                problem(
+                    f"{part_field}.text",
+                    f"the text holds '{IMAGE_PLACEHOLDER}', the model's image token: write an image part "
+                    '{"type": "image", "image": path} instead',
+                )
+                return None
             texts.append(part["text"])
-        elif kind == "image" and image_folder is not None:
-            image = _image(part, part_field, image_folder, problem)
+        elif kind in ("image", "image_url") and images is not None:
+            image = _image(part, part_field, images, problem)
             if image is None:
                 return None
-            images.append(image)
+            found.append(image)
             texts.append(IMAGE_PLACEHOLDER)
         else:
-            problem(*_refusal(part, part_field, takes_images=image_folder is not None))
+            problem(*_refusal(part, part_field, takes_images=images is not None))
             return None
-    return Content("".join(texts), images)
+    return Content("".join(texts), found)
 
 
-def _image(part: dict, field: str, folder: Path, problem: Problem) -> ImageRef | None:
-    source = part.get("image") or part.get("path") or part.get("url")
+def _image(part: dict, field: str, images: ImageParts, problem: Problem) -> ImageRef | None:
+    source = part.get("image") if "image" in part else part.get("path") or part.get("url")
+    if part.get("type") == "image_url":  # OpenAI's {"type": "image_url", "image_url": {"url": ...}}
+        inner = part.get("image_url")
+        source = inner.get("url") if isinstance(inner, dict) else inner
+    if source is None:
+        if images.column is None or images.taken >= len(images.column):
+            have = 0 if images.column is None else len(images.column)
+            problem(
+                field,
+                "an image part needs 'image': a file path, a data URI or base64 text"
+                + (f" (the row's '{images.column_field}' column has {have} image(s) for more parts)" if have else ""),
+            )
+            return None
+        source = images.column[images.taken]
+        field = f"{images.column_field}[{images.taken}]"
+        images.taken += 1
+    source = image_source(source)
     if not isinstance(source, str) or not source:
-        problem(field, "an image part needs 'image': a file path")
+        problem(
+            field,
+            f"an image part needs 'image': a file path, a data URI or base64 text, got {describe_value(source)}",
+        )
         return None
-    if source.startswith(("http://", "https://")):
-        return ImageRef(source, field)  # fetched when used: a row is checked without the network
-    path = folder / Path(source).expanduser()  # (~/x.jpg: the home folder's; an absolute path stays itself)
+    if source.startswith(("http://", "https://", "data:")) or looks_base64(source):
+        return ImageRef(source, field)  # decoded (URLs fetched) when checked: a row is parsed without the network
+    path = images.folder / Path(source).expanduser()  # (~/x.jpg: the home folder's; an absolute path stays itself)
     if not path.is_file():
         problem(field, f"image file not found: {path}")
         return None
     return ImageRef(str(path), field)
+
+
+def image_source(value: Any) -> Any:
+    """An image as a string: a path or URL as given; bytes ({"bytes": ...} of a Parquet / Hub image column, or raw)
+    and decoded pictures (PIL, what a Hub dataset's Image column yields) as a data URI, so that every image of the
+    prepared rows is one string the batches can read back."""
+    import base64
+
+    if isinstance(value, dict) and ("bytes" in value or "path" in value):
+        value = value.get("bytes") or value.get("path")
+    if isinstance(value, (bytes, bytearray)):
+        return "data:image;base64," + base64.b64encode(bytes(value)).decode("ascii")
+    if hasattr(value, "save") and hasattr(value, "size"):  # a PIL image
+        import io
+
+        buffer = io.BytesIO()
+        value.save(buffer, format="PNG")
+        return "data:image/png;base64," + base64.b64encode(buffer.getvalue()).decode("ascii")
+    return value
+
+
+def looks_base64(source: str) -> bool:
+    """Base64 text of an image without a data URI prefix: the base64 alphabet only, and its first bytes decode to an
+    image file's signature (PNG, JPEG, GIF, WebP, BMP, TIFF) - a file name never does."""
+    import base64
+    import binascii
+    import re
+
+    head = source[:64].strip()
+    if len(head) < 16 or re.fullmatch(r"[A-Za-z0-9+/=]+", head) is None:
+        return False
+    try:
+        start = base64.b64decode(head[: len(head) // 4 * 4])
+    except (binascii.Error, ValueError):
+        return False
+    return start.startswith(IMAGE_SIGNATURES)
+
+
+# the first bytes of the image files Pillow reads for LFM2-VL
+IMAGE_SIGNATURES = (b"\x89PNG", b"\xff\xd8\xff", b"GIF8", b"RIFF", b"BM", b"II*\x00", b"MM\x00*")
 
 
 def _refusal(part: Any, field: str, *, takes_images: bool) -> tuple[str, str]:
@@ -219,5 +333,10 @@ def _refusal(part: Any, field: str, *, takes_images: bool) -> tuple[str, str]:
     if part["type"] == "text":
         return f"{field}.text", f"a text part needs a string 'text', got {describe_value(part.get('text'))}"
     if part["type"] in MEDIA_PART_TYPES:
-        return field, f"a '{part['type']}' part needs a vision/audio model, and text SFT does not support it yet"
+        if part["type"] in ("image", "image_url"):
+            return field, (
+                "an image part needs a vision-language model (model_name: an LFM2-VL model such as "
+                "LiquidAI/LFM2-VL-450M) and training_type sft or dpo; this run reads text only"
+            )
+        return field, f"a '{part['type']}' part needs an audio/video model; leap-finetune trains on text and images"
     return field, f"unknown part type '{part['type']}'; expected 'text'"

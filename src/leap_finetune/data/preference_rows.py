@@ -10,13 +10,14 @@ their prompt. Tool use is normalised with the same function as SFT data.
 
 from __future__ import annotations
 
+import dataclasses
 import json
 from dataclasses import dataclass
 from typing import Any
 
-from leap_finetune.data.messages import TOOLS_COLUMN, check_message, check_tools, describe_value
+from leap_finetune.data.messages import TOOLS_COLUMN, ImageParts, ImageRef, check_message, check_tools, describe_value
 from leap_finetune.data.readers import SourceRow
-from leap_finetune.data.sft_rows import RowWarning
+from leap_finetune.data.sft_rows import RowWarning, check_images_used, image_parts
 from leap_finetune.data.tool_use import ToolNote, normalise_tool_use
 from leap_finetune.errors import RowProblem
 
@@ -32,6 +33,7 @@ class PreferenceRow:
     rejected: list[dict]
     tools: list | None = None
     implicit_prompt: bool = False
+    images: list[ImageRef] = dataclasses.field(default_factory=list)  # the prompt's, in order (vision-language)
 
 
 @dataclass
@@ -47,11 +49,13 @@ class KtoRow:
 class RowChecker:
     """One row's fields checked into messages, its problems and warnings gathered (GRPO's `prompt` rows too)."""
 
-    def __init__(self, row: SourceRow, family: str):
+    def __init__(self, row: SourceRow, family: str, takes_images: bool = False):
         self.row = row
         self.family = family
         self.problems: list[RowProblem] = []
         self.warnings: list[RowWarning] = []
+        # a vision-language run: image parts in the prompt's user turns (completions are the model's text)
+        self.images: ImageParts | None = image_parts(row, self.problem) if takes_images else None
 
     def problem(self, field: str, text: str) -> None:
         self.problems.append(RowProblem(self.row.file, self.row.location, field, text))
@@ -86,9 +90,22 @@ class RowChecker:
             self.problem(name, f"expected a string or a list of messages, got {describe_value(value)}")
             return None
         before = len(self.problems)
-        checked = [check_message(message, f"{name}[{i}]", self.problem) for i, message in enumerate(value)]
+        images = self.images if name == "prompt" else self._completion_images()
+        checked = [
+            check_message(message, f"{name}[{i}]", self.problem, images=images) for i, message in enumerate(value)
+        ]
+        if images is not None and images is not self.images and images.found:
+            self.problem(
+                images.found[0].field,
+                f"an image in {name}: images go in the prompt's user turns (write the row with a `prompt` that "
+                "holds the image and the question, and chosen/rejected as the answers)",
+            )
         out = [message for message in checked if message is not None]
         return out if len(self.problems) == before else None
+
+    def _completion_images(self) -> ImageParts | None:
+        """A vision-language run reads image parts everywhere (to say where they belong), keeps the prompt's only."""
+        return None if self.images is None else ImageParts(self.images.folder)
 
     def completion(self, name: str, value: Any) -> list[dict] | None:
         messages = self.messages(name, value, "assistant")
@@ -146,9 +163,9 @@ class RowChecker:
 
 
 def check_dpo_row(
-    row: SourceRow, *, family: str = "other"
+    row: SourceRow, *, family: str = "other", takes_images: bool = False
 ) -> tuple[PreferenceRow | None, list[RowProblem], list[RowWarning]]:
-    c = RowChecker(row, family)
+    c = RowChecker(row, family, takes_images and isinstance(row.data, dict))
     if not isinstance(row.data, dict):
         c.problem("<row>", f"expected an object with prompt, chosen and rejected, got {describe_value(row.data)}")
         return None, c.problems, c.warnings
@@ -175,7 +192,15 @@ def check_dpo_row(
     normal_rejected = c.normalise(prompt, rejected, tools, "rejected")
     if normal_chosen is None or normal_rejected is None:
         return None, c.problems, c.warnings
-    return PreferenceRow(normal_chosen[0], normal_chosen[1], normal_rejected[1], tools, implicit), [], c.warnings
+    check_images_used(c.images, c.problem)
+    if c.problems:
+        return None, c.problems, c.warnings
+    images = list(c.images.found) if c.images is not None else []
+    return (
+        PreferenceRow(normal_chosen[0], normal_chosen[1], normal_rejected[1], tools, implicit, images),
+        [],
+        c.warnings,
+    )
 
 
 def _implicit_prompt(c: RowChecker, chosen_raw, rejected_raw):

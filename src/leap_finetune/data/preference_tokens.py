@@ -19,6 +19,8 @@ class TokenizedPair:
     max_length: int | None
     meta: dict = field(default_factory=dict)
     implicit_prompt: bool = False
+    images: list[str] | None = None  # an image run: the prompt's image sources (prompt_ids hold their tokens)
+    image_tokens: list[int] | None = None
 
     @property
     def tokens(self) -> int:
@@ -36,7 +38,10 @@ class TokenizedPair:
         return self.trained_tokens < len(self.chosen_ids) + len(self.rejected_ids)
 
     def columns(self) -> dict:
-        return {"prompt_ids": self.prompt_ids, "chosen_ids": self.chosen_ids, "rejected_ids": self.rejected_ids}
+        columns = {"prompt_ids": self.prompt_ids, "chosen_ids": self.chosen_ids, "rejected_ids": self.rejected_ids}
+        if self.images is not None:
+            columns.update(image_sources=self.images, image_tokens=self.image_tokens)
+        return columns
 
     def inspect(self) -> dict:
         item = {
@@ -106,6 +111,7 @@ def tokenize_pair(renderer: Renderer, row: PreferenceRow) -> TokenizedPair:
         rejected.completion_ids,
         renderer.max_length,
         implicit_prompt=row.implicit_prompt,
+        images=[ref.source for ref in row.images] if getattr(row, "images", None) else None,
     )
 
 

@@ -201,11 +201,18 @@ def _streams(items: list[DatasetConfig]) -> tuple[list[_Stream], list[str]]:
     streams = []
     for index, item in enumerate(items):
         key = "dataset.path" if len(items) == 1 else f"dataset[{index}].path"
-        source = Source(item.path, split=item.split, subset=item.subset, limit=item.limit, key=key)
+        source = Source(
+            item.path, split=item.split, subset=item.subset, limit=item.limit, key=key, image_root=item.image_root
+        )
         streams.append(_Stream(index, source, held_out=False))
         if item.val_path:
             val = Source(
-                item.val_path, split=item.split, subset=item.subset, limit=None, key=key.replace("path", "val_path")
+                item.val_path,
+                split=item.split,
+                subset=item.subset,
+                limit=None,
+                key=key.replace("path", "val_path"),
+                image_root=item.image_root,
             )
             streams.append(_Stream(index, val, held_out=True))
     for stream in streams:
@@ -522,7 +529,13 @@ def _changed(path: str) -> LeapError:
 
 
 def _inspect_item(row) -> dict:
-    return {**row.inspect(), "source": row.meta, "tokens": row.tokens, "trained_tokens": row.trained_tokens}
+    meta = dict(row.meta)
+    images = meta.pop("images", None)  # (a row with images: each image's size, tiles and tokens)
+    tokens = meta.pop("tokens", row.tokens)  # (with images: the expanded count, image tokens included)
+    item = {**row.inspect(), "source": meta, "tokens": tokens, "trained_tokens": row.trained_tokens}
+    if images:
+        item["images"] = images
+    return item
 
 
 def _check_left(prepared: PreparedData, items: list[DatasetConfig]) -> None:

@@ -28,6 +28,9 @@ class SourceRow:
     location: str  # "line 12" (JSONL), "row 3" (1-based for JSON arrays, Parquet, CSV, Hub)
     data: Any
     from_text_table: bool = False  # CSV: structured fields arrive as JSON text
+    image_root: str | None = (
+        None  # dataset.image_root: where the row's relative image paths start (else its file's folder)
+    )
     raw_json: bool = False  # JSONL: `data` is the line's text, parsed where the row is checked (parse_row)
 
 
@@ -62,8 +65,10 @@ class Source:
         subset: str | None = None,
         limit: int | None = None,
         key: str = "dataset.path",
+        image_root: str | None = None,
     ):
         self.path, self.split, self.subset, self.limit, self.key = path, split, subset, limit, key
+        self.image_root = image_root
         self.skipped: list[str] = []
         self.hub = None
         local = Path(path)
@@ -108,7 +113,12 @@ class Source:
             rows = (SourceRow(name, f"row {i}", row) for i, row in enumerate(self.hub, start=1))
         else:
             rows = (row for file in self.files for row in _file_rows(file))
-        return itertools.islice(rows, self.limit)
+        rows = itertools.islice(rows, self.limit)
+        return rows if self.image_root is None else map(self._with_image_root, rows)
+
+    def _with_image_root(self, row: SourceRow) -> SourceRow:
+        row.image_root = self.image_root
+        return row
 
 
 def read_dataset(

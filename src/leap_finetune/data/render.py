@@ -147,14 +147,14 @@ class Renderer:
         )
         return rendered[0]
 
-    def tokenize(self, messages: list[dict], tools: list | None = None) -> TokenizedRow:
+    def tokenize(self, messages: list[dict], tools: list | None = None, *, truncate: bool = True) -> TokenizedRow:
         text, spans = self.render(messages, tools)
         encoding = self.tokenizer(text, add_special_tokens=False, return_offsets_mapping=True)
         ids = np.asarray(encoding["input_ids"], dtype=np.int64)
         offsets = np.asarray(encoding["offset_mapping"], dtype=np.int64).reshape(-1, 2)
         trained = _overlaps(offsets, spans)
         truncated_at, lost = None, 0
-        if self.max_length is not None and len(ids) > self.max_length:
+        if truncate and self.max_length is not None and len(ids) > self.max_length:
             keep = (
                 slice(None, self.max_length) if self.truncation_mode == "keep_start" else slice(-self.max_length, None)
             )

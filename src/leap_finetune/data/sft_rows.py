@@ -9,10 +9,19 @@ joined into one string).
 from __future__ import annotations
 
 import json
-from dataclasses import dataclass
+from dataclasses import dataclass, field
+from pathlib import Path
 
 from leap_finetune.config.suggest import did_you_mean
-from leap_finetune.data.messages import MESSAGE_COLUMNS, TOOLS_COLUMN, check_message, check_tools, describe_value
+from leap_finetune.data.messages import (
+    MESSAGE_COLUMNS,
+    TOOLS_COLUMN,
+    ImageParts,
+    ImageRef,
+    check_message,
+    check_tools,
+    describe_value,
+)
 from leap_finetune.data.readers import SourceRow
 from leap_finetune.data.tool_use import ToolNote, normalise_tool_use
 from leap_finetune.errors import RowProblem
@@ -24,6 +33,34 @@ class Conversation:
 
     messages: list[dict]
     tools: list | None = None  # tool definitions, rendered into the system prompt by the template
+    images: list[ImageRef] = field(default_factory=list)  # in order; `<image>` in the messages where each is
+
+
+IMAGES_COLUMN = "images"
+
+
+def image_parts(row: SourceRow, problem) -> ImageParts | None:
+    """How a vision-language run reads a row's image parts: relative paths from dataset.image_root or the data
+    file's folder, and the row's `images` column (Hub / TRL layout) for parts without a source."""
+    data = row.data if isinstance(row.data, dict) else {}
+    column = data.get(IMAGES_COLUMN)
+    if column is not None and not isinstance(column, list):
+        problem(
+            IMAGES_COLUMN, f"expected a list of images (paths, data URIs or pictures), got {describe_value(column)}"
+        )
+        return None
+    folder = Path(row.image_root) if getattr(row, "image_root", None) else Path(row.file).parent
+    return ImageParts(folder, column)
+
+
+def check_images_used(parts: ImageParts | None, problem) -> None:
+    """Every entry of the `images` column belongs to an image part (a spare one is a misaligned row)."""
+    if parts is not None and parts.column and parts.taken < len(parts.column):
+        problem(
+            IMAGES_COLUMN,
+            f"the row's images column has {len(parts.column)} image(s) and its messages {parts.taken} image part(s) "
+            'without a source; each {"type": "image"} part takes the next image, in order',
+        )
 
 
 @dataclass(frozen=True)
@@ -35,7 +72,7 @@ class RowWarning:
 
 
 def check_sft_row(
-    row: SourceRow, *, needs_assistant: bool = True, family: str = "other"
+    row: SourceRow, *, needs_assistant: bool = True, family: str = "other", takes_images: bool = False
 ) -> tuple[Conversation | None, list[RowProblem], list[RowWarning]]:
     """Return (conversation, [], warnings) for a valid row, or (None, problems, warnings)."""
     problems: list[RowProblem] = []
@@ -75,12 +112,16 @@ def check_sft_row(
         problem(column, "the list of messages is empty")
         return None, problems, warnings
 
+    parts = image_parts(row, problem) if takes_images else None
+    if problems:
+        return None, problems, warnings
     normalised = []
     for index, message in enumerate(messages):
-        field = f"{column}[{index}]"
-        turn = check_message(message, field, problem)
+        turn = check_message(message, f"{column}[{index}]", problem, images=parts)
         if turn is not None:
             normalised.append(turn)
+    if not problems:
+        check_images_used(parts, problem)
     tools = check_tools(data.get(TOOLS_COLUMN), row.from_text_table, problem)
     if problems:
         return None, problems, warnings
@@ -99,4 +140,4 @@ def check_sft_row(
     normalised = normalise_tool_use(normalised, tools, family, column, problem, note)
     if problems:
         return None, problems, warnings
-    return Conversation(normalised, tools), [], warnings
+    return Conversation(normalised, tools, list(parts.found) if parts is not None else []), [], warnings

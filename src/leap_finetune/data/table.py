@@ -13,6 +13,9 @@ from dataclasses import dataclass, field
 import numpy as np
 import pyarrow as pa
 
+# columns whose type cannot be read from the values when a chunk has only empty lists (text rows of an image run)
+TYPED_COLUMNS = {"image_sources": pa.list_(pa.string()), "image_tokens": pa.list_(pa.int32())}
+
 
 def columns_to_table(rows: list[dict]) -> pa.Table:
     """The trainer's columns of a chunk of rows. Token-id columns given as NumPy arrays become
@@ -29,7 +32,9 @@ def columns_to_table(rows: list[dict]) -> pa.Table:
             flat = np.concatenate(values).astype(np.int32, copy=False) if len(values) else np.zeros(0, np.int32)
             arrays[key] = pa.ListArray.from_arrays(pa.array(offsets), pa.array(flat))
         else:
-            arrays[key] = pa.array([v.tolist() if isinstance(v, np.ndarray) else v for v in values])
+            arrays[key] = pa.array(
+                [v.tolist() if isinstance(v, np.ndarray) else v for v in values], type=TYPED_COLUMNS.get(key)
+            )
     return pa.table(arrays) if arrays else pa.table({})
 
 
@@ -83,6 +88,17 @@ class RowTable:
     @property
     def trained_tokens(self) -> int:
         return int(self.trained_per_row.sum())
+
+    def images(self) -> tuple[int, int, int]:
+        """(rows with images, images, image tokens) of an image run's rows; zeros for text rows."""
+        if "image_tokens" not in self.table.column_names:
+            return 0, 0, 0
+        import pyarrow.compute as pc
+
+        column = self.table.column("image_tokens")
+        flat = pc.list_flatten(column)
+        rows = int(pc.sum(pc.greater(pc.list_value_length(column), 0)).as_py() or 0)
+        return rows, len(flat), int(pc.sum(flat).as_py() or 0)
 
     def column(self, name: str) -> list:
         return self.table.column(name).to_pylist() if name in self.table.column_names else [None] * len(self)

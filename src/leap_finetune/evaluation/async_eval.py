@@ -79,16 +79,6 @@ def check_async_eval(resolved: ResolvedConfig, devices) -> None:
             where=where,
             fix="use mode: sidecar for multi-node training",
         )
-    from leap_finetune.evaluation.standalone import check_benchmarks
-
-    with_images = [b.name for b in check_benchmarks(resolved) if any(item.images for item in b.items)]
-    if with_images:
-        raise LeapError(
-            f"benchmark(s) {', '.join(with_images)} have images, and the reserved evaluation server is "
-            "sent text messages only in this version",
-            where=where,
-            fix="use mode: sidecar or sync for image benchmarks",
-        )
     if not use_vllm(resolved):
         import importlib.util
 
@@ -116,6 +106,8 @@ class AsyncBenchmarks(EvaluationLog):
         self.finished: dict[int, dict] = {}
         self.epoch: float | None = None  # the epoch of the snapshot whose outcome is being logged
         self.training_ended = False
+        self.processor = None  # a vision-language model's, saved with each snapshot (loaded at the first)
+        self.processor_loaded = False
 
     # -- taking snapshots ------------------------------------------------------------------------------------
     def evaluate(self, when: str) -> dict:
@@ -163,12 +155,36 @@ class AsyncBenchmarks(EvaluationLog):
 
         def write(staging: Path) -> None:
             staging.mkdir(parents=True)
-            save_full_model(self.trainer, staging / MODEL, self.template_text)
+            save_full_model(self.trainer, staging / MODEL, self.template_text, self._processor())
             (staging / "eval.yaml").write_text(dump_yaml(config), encoding="utf-8")
             handoff.describe(Snapshot(step, when, staging, snapshot.epoch))  # (last: the request is complete)
 
         replace_folder(final, write)
         return snapshot
+
+    def _processor(self):
+        """A vision-language model's processor, for the snapshots: an evaluation server (vLLM or ours) reads
+        the image settings from the model folder. Without torchvision it cannot load: the snapshot is saved
+        without it (image benchmarks needed torchvision at validate already)."""
+        if not self.processor_loaded:
+            self.processor_loaded = True
+            from leap_finetune.models.vision import is_vision_model, load_processor
+
+            if is_vision_model(self.resolved.model_id):
+                tokenizer = self.trainer.processing_class
+                tokenizer = getattr(tokenizer, "tokenizer", tokenizer)
+                # the config's image_processor: settings, where the config has them (as the final model's)
+                image_settings = getattr(self.resolved, "image_processor", None)
+                settings = image_settings.settings() if image_settings is not None else None
+                try:
+                    self.processor = (
+                        load_processor(self.resolved.model_id, tokenizer, settings)
+                        if settings
+                        else load_processor(self.resolved.model_id, tokenizer)
+                    )
+                except LeapError as err:
+                    self.console.print(f"note: snapshots are saved without the image processor ({err.message})")
+        return self.processor
 
     # -- taking outcomes (rank 0, between steps) -------------------------------------------------------------
     def take_outcomes(self) -> None:

@@ -20,7 +20,7 @@ def generate(
     do_sample: bool = False,
     temperature: float = 1.0,
     top_p: float = 1.0,
-    images: list[list[str]] | None = None,
+    images: list[list] | None = None,  # per prompt: image paths / URLs, or PIL images
     processor=None,
 ) -> list[str]:
     device = next(model.parameters()).device
@@ -55,15 +55,16 @@ def generate(
     return outputs
 
 
-def _with_images(processor, texts: list[str], image_paths: list[list[str]], device, dtype) -> dict:
-    """Left-padded processor inputs; pixel values in the model's dtype."""
+def _with_images(processor, texts: list[str], image_paths: list[list], device, dtype) -> dict:
+    """Left-padded processor inputs; pixel values in the model's dtype. An image is a path or URL (opened here)
+    or a PIL image (the evaluation server's, decoded from the request)."""
     tokenizer = processor.tokenizer
     side = tokenizer.padding_side
     tokenizer.padding_side = "left"
     try:
         inputs = processor(
             text=texts,
-            images=[[open_image(p) for p in paths] for paths in image_paths],
+            images=[[open_image(p) if isinstance(p, str) else p for p in paths] for paths in image_paths],
             padding=True,
             return_tensors="pt",
         )

@@ -9,29 +9,105 @@ cache for LFM2's convolution layers: "Invalid layer type: conv"), so a 200-row b
 H200 where sync mode's batched generation takes ~11 s. Here requests that arrive together are generated
 together (up to --batch-size), with the tokenizer's chat template (the snapshot's is the one the benchmarks
 render with). Endpoints: GET /health, GET /v1/models, POST /v1/chat/completions (non-streaming).
+
+A vision-language model (LFM2-VL) also takes OpenAI image parts (`{"type": "image_url", "image_url": {"url":
+...}}`: a base64 `data:` URI, an http(s) URL or a local path): each becomes `<image>` in the text and the model's
+processor expands it, as sync mode's image benchmarks (evaluation/generation.py). Its processor comes from the
+model folder (a snapshot of async evaluation holds it), else from `--processor` (a training checkpoint holds
+none: give its base model). A text-only model answers an image part with 400.
 """
 
 from __future__ import annotations
 
 import argparse
+import base64
+import io
 import queue
+import sys
 import threading
 import time
 from concurrent.futures import Future
 
+from leap_finetune.data.messages import IMAGE_PLACEHOLDER
+
+
+class BadRequest(ValueError):
+    """A request the server cannot take (answered 400 with this text)."""
+
+
+def read_messages(messages: list) -> tuple[list[dict], list[str]]:
+    """Chat messages with string content (text parts joined, `<image>` where each image part was) and the image
+    sources in order. Raises BadRequest for a message or part the server does not understand."""
+    flat, images = [], []
+    for index, message in enumerate(messages):
+        if not isinstance(message, dict) or not isinstance(message.get("role"), str):
+            raise BadRequest(f"messages[{index}]: expected an object with a role")
+        content = message.get("content")
+        if content is None or isinstance(content, str):
+            flat.append({**message, "content": content or ""})
+            continue
+        if not isinstance(content, list):
+            raise BadRequest(f"messages[{index}].content: expected a string or a list of parts")
+        texts = []
+        for number, part in enumerate(content):
+            where = f"messages[{index}].content[{number}]"
+            kind = part.get("type") if isinstance(part, dict) else None
+            if kind == "text" and isinstance(part.get("text"), str):
+                texts.append(part["text"])
+            elif kind in ("image_url", "image"):
+                source = part.get(kind)
+                source = source.get("url") if isinstance(source, dict) else source
+                if not isinstance(source, str) or not source:
+                    raise BadRequest(f'{where}: an image part needs {{"{kind}": {{"url": ...}}}}')
+                images.append(source)
+                texts.append(IMAGE_PLACEHOLDER)
+            else:
+                raise BadRequest(
+                    f'{where}: expected a {{"type": "text", "text": ...}} or {{"type": "image_url", "image_url": '
+                    f'{{"url": ...}}}} part, got type {kind!r}'
+                )
+        flat.append({**message, "content": "".join(texts)})
+    return flat, images
+
+
+def decode_image(source: str):
+    """An image part's source as an RGB PIL image: a base64 data URI, an http(s) URL or a local path."""
+    from PIL import Image
+
+    if source.startswith("data:"):
+        header, _, data = source.partition(",")
+        if not header.endswith(";base64") or not data:
+            raise BadRequest(f"an image data URI must be data:image/...;base64,<data>, got {header[:60]!r}")
+        try:
+            raw = base64.b64decode(data, validate=True)
+            with Image.open(io.BytesIO(raw)) as image:
+                return image.convert("RGB")
+        except Exception as err:  # noqa: BLE001 - bad base64 or not an image
+            raise BadRequest(f"the image data URI ({header}) is not a readable image: {err}") from None
+    from leap_finetune.models.vision import open_image
+
+    path = source.removeprefix("file://")
+    try:
+        return open_image(source if source.startswith(("http://", "https://")) else path)
+    except Exception as err:  # noqa: BLE001 - unreachable URL, missing file, not an image
+        raise BadRequest(f"cannot read the image {source[:200]!r}: {type(err).__name__}: {err}") from None
+
 
 class BatchedGenerator:
     """Requests queue up; one thread takes what has arrived (up to batch_size, waiting `gather_s` for more)
-    and generates it as one batch per (max_tokens, sampling) setting."""
+    and generates it as one batch per (max_tokens, sampling) setting. `processor`: a vision-language model's,
+    for requests with images (None: text only)."""
 
-    def __init__(self, model, tokenizer, batch_size: int, gather_s: float = 0.02):
+    def __init__(self, model, tokenizer, batch_size: int, gather_s: float = 0.02, processor=None):
         self.model, self.tokenizer, self.batch_size, self.gather_s = model, tokenizer, batch_size, gather_s
+        self.processor = processor
         self.requests: queue.Queue = queue.Queue()
         threading.Thread(target=self._loop, daemon=True, name="leap-serve").start()
 
-    def submit(self, messages: list[dict], options: dict) -> Future:
+    def submit(self, messages: list[dict], options: dict, images: list | None = None) -> Future:
+        """`messages`: string contents, `<image>` where each of `images` (PIL images, in order) goes."""
         future: Future = Future()
-        self.requests.put((messages, options, future))
+        self.requests.put((messages, options, future, images or []))
         return future
 
     def _loop(self) -> None:
@@ -52,10 +128,12 @@ class BatchedGenerator:
     def _generate(self, options: dict, items: list) -> None:
         from leap_finetune.evaluation.generation import generate
 
+        start = time.perf_counter()
+        images = [item[3] for item in items]
         try:
             prompts = [
                 self.tokenizer.apply_chat_template(messages, tokenize=False, add_generation_prompt=True)
-                for messages, _, _ in items
+                for messages, *_ in items
             ]
             answers = generate(
                 self.model,
@@ -66,16 +144,27 @@ class BatchedGenerator:
                 do_sample=options["temperature"] > 0,
                 temperature=options["temperature"] or 1.0,
                 top_p=options["top_p"],
+                images=images if any(images) else None,
+                processor=self.processor,
             )
         except Exception as err:  # noqa: BLE001 - each request gets the error as a 500
-            for _, _, future in items:
+            for _, _, future, _ in items:
                 future.set_exception(err)
             return
-        for (_, _, future), answer in zip(items, answers, strict=True):
+        print(
+            f"generated {len(items)} answer(s) with {sum(map(len, images))} image(s) in "
+            f"{time.perf_counter() - start:.2f} s",
+            file=sys.stderr,
+            flush=True,
+        )
+        for (_, _, future, _), answer in zip(items, answers, strict=True):
             future.set_result(answer)
 
 
-def build_app(model_dir: str, generator: BatchedGenerator, default_max_tokens: int = 256):
+def build_app(
+    model_dir: str, generator: BatchedGenerator, default_max_tokens: int = 256, *, no_images: str | None = None
+):
+    """`no_images`: why this server takes no image parts (when its generator has no processor)."""
     import asyncio
 
     from fastapi import FastAPI, HTTPException
@@ -98,13 +187,22 @@ def build_app(model_dir: str, generator: BatchedGenerator, default_max_tokens: i
             raise HTTPException(status_code=400, detail="messages: a non-empty list is required")
         if body.get("stream"):
             raise HTTPException(status_code=400, detail="streaming is not supported by this server")
+        try:
+            messages, sources = read_messages(messages)
+            if sources and generator.processor is None:
+                raise BadRequest(
+                    no_images or f"'{name}' is a text-only model: image parts need a vision-language model (LFM2-VL)"
+                )
+            images = [await asyncio.to_thread(decode_image, source) for source in sources]
+        except BadRequest as err:
+            raise HTTPException(status_code=400, detail=str(err)) from None
         options = {
             "max_tokens": int(body.get("max_tokens") or body.get("max_completion_tokens") or default_max_tokens),
             "temperature": float(body.get("temperature") if body.get("temperature") is not None else 1.0),
             "top_p": float(body.get("top_p") if body.get("top_p") is not None else 1.0),
         }
         try:
-            answer = await asyncio.wrap_future(generator.submit(messages, options))
+            answer = await asyncio.wrap_future(generator.submit(messages, options, images))
         except Exception as err:  # noqa: BLE001
             raise HTTPException(status_code=500, detail=f"{type(err).__name__}: {err}") from None
         return {
@@ -127,6 +225,12 @@ def main(argv: list[str] | None = None) -> None:
     parser.add_argument("--port", type=int, default=8100)
     parser.add_argument("--device", default="cuda")
     parser.add_argument("--batch-size", type=int, default=32)
+    parser.add_argument(
+        "--processor",
+        default=None,
+        help="a vision-language model's processor (image settings), when the model folder holds none "
+        "(a training checkpoint: give its base model)",
+    )
     args = parser.parse_args(argv)
 
     import torch
@@ -139,8 +243,31 @@ def main(argv: list[str] | None = None) -> None:
     tokenizer = load_tokenizer(args.model, {})
     dtype = torch.float32 if args.device == "cpu" else torch.bfloat16
     model = load_model(args.model, tokenizer, {}, dtype=dtype).to(args.device).eval()
-    app = build_app(args.model, BatchedGenerator(model, tokenizer, args.batch_size))
+    processor, no_images = image_processor(args.model, args.processor, tokenizer)
+    if no_images:
+        print(f"note: image parts will be refused: {no_images}", file=sys.stderr, flush=True)
+    generator = BatchedGenerator(model, tokenizer, args.batch_size, processor=processor)
+    app = build_app(args.model, generator, no_images=no_images)
     uvicorn.run(app, host=args.host, port=args.port, log_level="info")
+
+
+def image_processor(model: str, processor_source: str | None, tokenizer):
+    """(the processor, None) for a vision-language model; (None, why image parts are refused) otherwise."""
+    from leap_finetune.errors import LeapError
+    from leap_finetune.models.vision import has_processor_files, is_vision_model, load_processor
+
+    if not is_vision_model(model):
+        return None, f"'{model}' is a text-only model: image parts need a vision-language model (LFM2-VL)"
+    source = processor_source or model
+    if not has_processor_files(source):
+        return None, (
+            f"'{source}' holds no image processor files (processor_config.json / preprocessor_config.json): "
+            "start the server with --processor BASE_MODEL"
+        )
+    try:
+        return load_processor(source, tokenizer), None
+    except LeapError as err:  # e.g. no torchvision: the server still answers text
+        return None, f"the image processor of '{source}' cannot load: {err.message}"
 
 
 if __name__ == "__main__":

@@ -2,13 +2,22 @@
 `transformers serve`, llama.cpp's server or a hosted API answer the benchmark prompts through their chat
 completions endpoint (the server applies the model's own chat template). Log-prob benchmarks need the
 model's token probabilities and always run through transformers.
+
+Rows with images are sent as OpenAI content parts: each user turn (and any turn that had an image) becomes a list
+of `{"type": "text", "text": ...}` and `{"type": "image_url", "image_url": {"url": ...}}` parts, in the order
+the row had them; a local image file goes as a base64 `data:` URI with its MIME type, an http(s) URL as it is.
 """
 
 from __future__ import annotations
 
+import base64
+import mimetypes
 import os
+import re
 from concurrent.futures import ThreadPoolExecutor
+from pathlib import Path
 
+from leap_finetune.data.messages import IMAGE_PLACEHOLDER
 from leap_finetune.errors import LeapError
 
 FIX = (
@@ -56,20 +65,152 @@ class ServerGenerator:
         return models[0]
 
     def generate(self, bench_name: str, items, evals) -> list[str]:
+        for item in items:  # every image file of the benchmark is there before the first request is sent
+            check_images(item, bench_name)
+
         def one(item) -> str:
             options = {"max_tokens": evals.max_new_tokens, "temperature": evals.temperature if evals.do_sample else 0.0}
             if evals.do_sample:
                 options["top_p"] = evals.top_p
+            messages = chat_messages(item, bench_name)
             try:
-                answer = self.client.chat.completions.create(model=self.model, messages=item.prompt, **options)
+                answer = self.client.chat.completions.create(model=self.model, messages=messages, **options)
             except Exception as err:  # noqa: BLE001 - reported with the row it belongs to
                 raise LeapError(
                     f"the server at {self.base_url} failed on benchmark '{bench_name}' ({item.file}, "
-                    f"{item.location}): {type(err).__name__}: {str(err).splitlines()[0] if str(err) else ''}",
+                    f"{item.location}): {_reason(err)}",
                     where="--server",
-                    fix="look at the server's log; " + FIX,
+                    fix="look at the server's log"
+                    + ("; image rows need a server with a vision-language model (LFM2-VL)" if item.images else "")
+                    + "; "
+                    + FIX,
                 ) from None
             return (answer.choices[0].message.content or "").strip()  # as local generation's answers
 
         with ThreadPoolExecutor(max_workers=max(1, evals.batch_size)) as pool:
             return list(pool.map(one, items))
+
+
+def _reason(err: Exception) -> str:
+    """The client's error with what the server said (the openai client's text is only "Error code: 400" for
+    a body it does not know, e.g. FastAPI's {"detail": ...})."""
+    text = f"{type(err).__name__}: {str(err).splitlines()[0] if str(err) else ''}"
+    body = getattr(err, "body", None)
+    if isinstance(body, dict):
+        error = body.get("error")
+        said = body.get("detail") or (error.get("message") if isinstance(error, dict) else error) or body.get("message")
+        if isinstance(said, str) and said and said not in text:
+            text += f" ({said})"
+    return text
+
+
+def is_url(source: str) -> bool:
+    return source.startswith(("http://", "https://"))
+
+
+def check_images(item, bench_name: str) -> None:
+    """The row's image files are readable and each image has its `<image>` in the prompt (a text part that
+    itself holds `<image>` would put the images out of place)."""
+    if not item.images:
+        return
+    placeholders = sum(turn["content"].count(IMAGE_PLACEHOLDER) for turn in item.prompt)
+    if placeholders != len(item.images):
+        raise LeapError(
+            f"benchmark '{bench_name}' ({item.file}, {item.location}): the prompt has {placeholders} "
+            f"'{IMAGE_PLACEHOLDER}' for {len(item.images)} image(s), so the images cannot be put in their place",
+            where=f"{item.file}, {item.location}",
+            fix=f"remove the literal '{IMAGE_PLACEHOLDER}' from the row's text parts",
+        )
+    for source in item.images:
+        if is_url(source) or _inline(source):
+            continue
+        if not (Path(source).is_file() and os.access(source, os.R_OK)):
+            raise LeapError(
+                f"benchmark '{bench_name}' ({item.file}, {item.location}): the image file {source} cannot be "
+                "read (it is gone, or not readable): nothing was sent to the server",
+                where=f"{item.file}, {item.location}",
+                fix="put the image back at that path (relative paths start at the benchmark file's folder), or "
+                "correct the row",
+            )
+
+
+def chat_messages(item, bench_name: str = "") -> list[dict]:
+    """The row's prompt as chat messages for the server: text as it is; with images, each user turn (and any
+    turn with an image) as a list of text and image_url parts, each image where its `<image>` stands."""
+    if not item.images:
+        return item.prompt
+    images = iter(item.images)
+    messages = []
+    for turn in item.prompt:
+        pieces = turn["content"].split(IMAGE_PLACEHOLDER)
+        if len(pieces) == 1 and turn["role"] != "user":
+            messages.append(turn)
+            continue
+        parts = []
+        for index, text in enumerate(pieces):
+            if index:
+                parts.append(image_part(next(images), item, bench_name))
+            if text:
+                parts.append({"type": "text", "text": text})
+        messages.append({**turn, "content": parts})
+    return messages
+
+
+def image_part(source: str, item=None, bench_name: str = "") -> dict:
+    """An OpenAI image part: an http(s) URL as it is; a local file, or an image a row holds inline (a data URI
+    or base64 text), as a base64 data URI with its MIME type."""
+    if is_url(source):
+        return {"type": "image_url", "image_url": {"url": source}}
+    where = f"{item.file}, {item.location}" if item is not None else source[:80]
+    prefix = f"benchmark '{bench_name}' ({where}): " if item is not None else ""
+    inline = _inline(source)
+    if inline:
+        try:
+            data = base64.b64decode(inline)
+        except ValueError:
+            data = b""
+        shown = "the row's inline image (data URI / base64 text)"
+    else:
+        try:
+            data = Path(source).read_bytes()
+        except OSError as err:
+            raise LeapError(
+                f"{prefix}cannot read the image file {source} ({err.strerror or err})",
+                where=where,
+                fix="put the image back at that path, or correct the row",
+            ) from None
+        shown = source
+    mime = _mime_type("" if inline else source, data)
+    if mime is None:
+        raise LeapError(
+            f"{prefix}{shown} is not an image (not a format PIL can read)",
+            where=where,
+            fix="give an image (PNG, JPEG, WebP, ...)",
+        )
+    return {"type": "image_url", "image_url": {"url": f"data:{mime};base64,{base64.b64encode(data).decode()}"}}
+
+
+def _inline(source: str) -> str | None:
+    """The base64 text of an image a row holds inline (a `data:` URI, or base64 text: 200+ characters of the
+    base64 alphabet are no path anyone writes), None for a file path."""
+    if source.startswith("data:"):
+        return source.partition(",")[2]
+    if len(source) >= 200 and re.fullmatch(r"[A-Za-z0-9+/=\s]+", source[:400]):
+        return source
+    return None
+
+
+def _mime_type(path: str, data: bytes) -> str | None:
+    """From the file name (photo.jpg: image/jpeg), else from the content (a file without a known suffix)."""
+    guessed = mimetypes.guess_type(path)[0] if path else None
+    if guessed and guessed.startswith("image/"):
+        return guessed
+    import io
+
+    from PIL import Image, UnidentifiedImageError
+
+    try:
+        with Image.open(io.BytesIO(data)) as image:
+            return Image.MIME.get(image.format or "")
+    except (UnidentifiedImageError, OSError):
+        return None

@@ -85,7 +85,7 @@ def job_script(resolved: ResolvedConfig, snapshot: Snapshot, jobs: Path) -> str:
     ]
     if not settings.vllm_gpus:  # a CPU evaluator: no GPU (not the trainer's, inherited), the CPUs SLURM gave it
         lines += ["export CUDA_VISIBLE_DEVICES=", "export OMP_NUM_THREADS=${SLURM_CPUS_PER_TASK:-1}"]
-    # vLLM answers text generation; a vision-language model's image rows are not sent to servers
+    # vLLM answers text generation; a vision-language model is evaluated in the job through transformers
     if settings.vllm_gpus and not is_vision_model(resolved.model_id):
         lines += [
             "# vLLM answers the generation benchmarks when it is installed; otherwise transformers generates.",

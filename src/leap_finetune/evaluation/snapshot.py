@@ -24,14 +24,17 @@ class Outcome:
     log: Path | None = None  # where to read more
 
 
-def save_full_model(trainer, folder: Path, template_text: str) -> None:
+def save_full_model(trainer, folder: Path, template_text: str, processor=None) -> None:
     """The model as a plain from_pretrained folder (LoRA merged, without changing the training weights),
     with the tokenizer whose chat template is the one the benchmarks render with (an evaluation server applies
-    the tokenizer's template)."""
+    the tokenizer's template). `processor`: a vision-language model's, saved too (its image settings), so that
+    an evaluation server on the folder takes images."""
     model = trainer.accelerator.unwrap_model(trainer.model) if hasattr(trainer, "accelerator") else trainer.model
     save_model_folder(model, folder)
     tokenizer = trainer.processing_class
     tokenizer = getattr(tokenizer, "tokenizer", tokenizer)  # a processor's tokenizer
+    if processor is not None:  # (first: the tokenizer and the template below are the ones that count)
+        processor.save_pretrained(str(folder))
     tokenizer.save_pretrained(str(folder))
     (folder / "chat_template.jinja").write_text(template_text, encoding="utf-8")
     tokenizer_config = folder / "tokenizer_config.json"

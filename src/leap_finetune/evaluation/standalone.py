@@ -39,7 +39,8 @@ def evaluate_config(
 ) -> dict:
     """Run the `evals:` block on `checkpoint` (a run, checkpoint or adapter folder) or `model_name`,
     without training. Writes the results as JSON to `output` when given. `server`: the base URL of an
-    OpenAI-compatible server that answers the generation benchmarks (log-prob ones still run here)."""
+    OpenAI-compatible server that answers the generation benchmarks, images sent as image_url parts
+    (evaluation/server.py); log-prob ones still run here, images through the model's processor."""
     from leap_finetune.validate.loader import load_config
 
     console = console or Console(stderr=True)
@@ -70,13 +71,6 @@ def evaluate_config(
     if server:
         from leap_finetune.evaluation.server import ServerGenerator
 
-        with_images = [b.name for b in benchmarks if not is_logprob(b.metric) and any(i.images for i in b.items)]
-        if with_images:
-            raise LeapError(
-                f"benchmark(s) {', '.join(with_images)} have images: --server sends text messages only in this version",
-                where="--server",
-                fix="evaluate image benchmarks without --server",
-            )
         generator = ServerGenerator(server, server_model)  # asks the server first: a wrong URL fails now
         console.print(f"generation benchmarks: {generator.model} at {generator.base_url}")
         if not any(is_logprob(b.metric) for b in benchmarks):

@@ -90,13 +90,20 @@ def prepare(resolved: ResolvedConfig, console: Console | None = None, examples: 
     template = load_chat_template(resolved.chat_template, tokenizer)
     # DPO / KTO split prompt from completion themselves and need no generation markers; GRPO renders prompts only
     loss_on = resolved.loss_on if "loss_on" in method_of(resolved).own_keys else "all"
-    renderer = Renderer(
+    options = (
         tokenizer,
         template,
         loss_on,
         resolved.training.get("max_length"),
         resolved.training.get("truncation_mode", "keep_start"),
     )
+    if resolved.vision:  # rows with images: each image decoded and counted in tokens by the model's processor
+        from leap_finetune.data.images import VisionRenderer
+        from leap_finetune.models.vision import image_reader
+
+        renderer = VisionRenderer(*options, reader=image_reader(resolved, tokenizer))
+    else:
+        renderer = Renderer(*options)
     return tokenizer, renderer, prepare_data(resolved, tokenizer, renderer, console=console, examples=examples)
 
 

@@ -39,6 +39,8 @@ def snippet(resolved, summary: dict, adapter: bool) -> str:
             f'from sentence_transformers import MultiVectorEncoder\n\nmodel = MultiVectorEncoder("{model_dir}")\n'
             f'vectors = model.encode(["What is the capital of France?"]{query_prompt})\nprint(len(vectors[0]))'
         )
+    if _vision(resolved):
+        return _vision_snippet(resolved, summary, adapter)
     if adapter:
         base = resolved.model_id
         if base in TINY_MODELS:  # a built-in tiny model is not a Hub id: leap-finetune builds it
@@ -71,6 +73,108 @@ def snippet(resolved, summary: dict, adapter: bool) -> str:
     )
 
 
+# The image the snippet of a vision-language model asks about when the run's benchmarks have none (two cats on a
+# sofa, from COCO: the image of transformers' own examples)
+EXAMPLE_IMAGE = "http://images.cocodataset.org/val2017/000000039769.jpg"
+
+
+def _vision(resolved) -> bool:
+    from leap_finetune.models.vision import is_vision_model
+
+    return not method_of(resolved).retrieval and is_vision_model(resolved.model_id)
+
+
+def _benchmark_image(resolved) -> str | None:
+    """The first image of the run's benchmark rows (a file that exists, or a URL): the snippet then runs as
+    pasted on this machine and asks about an image like those the run was scored on."""
+    import json
+
+    from leap_finetune.data.messages import MESSAGE_COLUMNS
+
+    for bench in getattr(getattr(resolved, "evals", None), "benchmarks", None) or []:
+        path = Path(str(getattr(bench, "path", "") or ""))
+        try:
+            lines = path.read_text(encoding="utf-8").splitlines()[:50]
+        except (OSError, UnicodeDecodeError):
+            continue
+        for line in lines:
+            try:
+                row = json.loads(line)
+            except ValueError:
+                continue
+            messages = next((row.get(c) for c in MESSAGE_COLUMNS if c in row), None) if isinstance(row, dict) else None
+            for message in messages if isinstance(messages, list) else []:
+                content = message.get("content") if isinstance(message, dict) else None
+                for part in content if isinstance(content, list) else []:
+                    if not isinstance(part, dict) or part.get("type") != "image":
+                        continue
+                    source = part.get("image") or part.get("path") or part.get("url")  # (as data/messages.py reads)
+                    if not isinstance(source, str) or not source:
+                        continue
+                    if source.startswith(("http://", "https://")):
+                        return source
+                    file = path.parent / Path(source).expanduser()
+                    if file.is_file():
+                        return str(file.resolve())
+    return None
+
+
+def _keywords(settings: dict) -> str:
+    return "".join(f", {key}={value!r}" for key, value in settings.items())
+
+
+def _vision_snippet(resolved, summary: dict, adapter: bool) -> str:
+    """A vision-language model: AutoModelForImageTextToText and its processor, a message with an image part."""
+    model_dir = summary["model_dir"]
+    if adapter:
+        base, adapter_dir = resolved.model_id, summary["adapter_dir"]
+        # the run's image_processor: settings (its model/ is saved with them; the base model's processor is not)
+        configured = getattr(resolved, "image_processor", None)
+        settings = configured.settings() if configured is not None else {}
+        if base in TINY_MODELS:  # a built-in tiny model is not a Hub id: leap-finetune builds it and its processor
+            load = (
+                "from peft import PeftModel\nfrom transformers import AutoTokenizer\n"
+                "from transformers.image_utils import load_image\n"
+                "from leap_finetune.models.loading import load_model\n"
+                "from leap_finetune.models.vision import load_processor\n\n"
+                f'tokenizer = AutoTokenizer.from_pretrained("{adapter_dir}")\n'
+                f'processor = load_processor("{base}", tokenizer{", " + repr(settings) if settings else ""})\n'
+                f'model = PeftModel.from_pretrained(load_model("{base}", tokenizer), "{adapter_dir}")\n'
+            )
+        else:
+            load = (
+                "from peft import PeftModel\n"
+                "from transformers import AutoModelForImageTextToText, AutoProcessor, AutoTokenizer\n"
+                "from transformers.image_utils import load_image\n\n"
+                f'processor = AutoProcessor.from_pretrained("{base}"{_keywords(settings)})\n'
+                "# the tokenizer and chat template the run trained with\n"
+                f'processor.tokenizer = AutoTokenizer.from_pretrained("{adapter_dir}")\n'
+                f'base = AutoModelForImageTextToText.from_pretrained("{base}")\n'
+                f'model = PeftModel.from_pretrained(base, "{adapter_dir}")\n'
+            )
+        load += "processor.chat_template = processor.tokenizer.chat_template\n"
+    else:
+        load = (
+            "from transformers import AutoModelForImageTextToText, AutoProcessor\n"
+            "from transformers.image_utils import load_image\n\n"
+            f'model = AutoModelForImageTextToText.from_pretrained("{model_dir}")\n'
+            f'processor = AutoProcessor.from_pretrained("{model_dir}")\n'
+        )
+    image = _benchmark_image(resolved)
+    return load + (
+        f'image = load_image("{image or EXAMPLE_IMAGE}")  # a file or an http(s) URL\n'
+        "messages = [\n"
+        '    {"role": "user", "content": [{"type": "image", "image": image}, '
+        '{"type": "text", "text": "What is in this image?"}]}\n'
+        "]\n"
+        "inputs = processor.apply_chat_template(\n"
+        '    messages, add_generation_prompt=True, tokenize=True, return_dict=True, return_tensors="pt"\n'
+        ").to(model.device)\n"
+        "output = model.generate(**inputs, max_new_tokens=64)\n"
+        'print(processor.decode(output[0][inputs["input_ids"].shape[1]:], skip_special_tokens=True))'
+    )
+
+
 def _metadata(resolved, prepared, adapter: bool) -> dict:
     from leap_finetune.data.prepare import dataset_items
 
@@ -85,7 +189,11 @@ def _metadata(resolved, prepared, adapter: bool) -> dict:
         else "peft"
         if adapter
         else "transformers",
-        "pipeline_tag": "sentence-similarity" if method_of(resolved).retrieval else "text-generation",
+        "pipeline_tag": "sentence-similarity"
+        if method_of(resolved).retrieval
+        else "image-text-to-text"
+        if _vision(resolved)
+        else "text-generation",
         "tags": tags,
     }
     base = _hub_id(resolved.model_id)
@@ -183,6 +291,11 @@ def _use_it_too(resolved) -> str:
             f"Score it on a retrieval benchmark: `leap-finetune eval CONFIG` with `checkpoint: {run_dir}` and a "
             f"benchmark of `metric: retrieval`; `leap-finetune export {run_dir}` copies it as a "
             "sentence-transformers folder."
+        )
+    if _vision(resolved):
+        return (
+            f"Or in the terminal: `leap-finetune chat {run_dir} --image IMAGE` (`/image PATH` attaches one to the "
+            "next message)."
         )
     return f"Or in the terminal: `leap-finetune chat {run_dir}`."
 

@@ -34,6 +34,13 @@ def config_table(resolved: ResolvedConfig) -> Table:
         ("batch x accumulation", f"{t.get('per_device_train_batch_size')} x {t.get('gradient_accumulation_steps', 1)}"),
         ("max length / packing", f"{t.get('max_length')} / {t.get('packing', False)}"),
     ]
+    if resolved.vision:  # (launch is above validate: the words of validate/vision.py)
+        from leap_finetune.validate.vision import trained_parts
+
+        rows.insert(4, ("trains", "\n".join(f"{part}: {how}" for part, how in trained_parts(t, resolved.peft))))
+        if resolved.image_processor is not None and resolved.image_processor.settings():
+            settings = resolved.image_processor.settings()
+            rows.insert(5, ("images", ", ".join(f"{k} {v}" for k, v in settings.items())))
     if method_of(resolved).rewards:
         rows[2] = ("training", "grpo, rewards: " + ", ".join(_reward_names(resolved)))
         rows[8] = (
@@ -132,6 +139,12 @@ def data_report(
         console.print(
             f"data: {prepared.rows_read} rows read -> {len(prepared.train)} train, {len(prepared.eval)} eval; "
             f"{prepared.train_tokens:,} train tokens, {prepared.trained_tokens:,} carry loss"
+        )
+    with_images, images, image_tokens = prepared.train.images()
+    if images:
+        console.print(
+            f"data: {images:,} training images in {with_images:,} rows, {image_tokens:,} image tokens "
+            f"({image_tokens / images:,.0f} per image; counted in the train tokens, never trained)"
         )
     if len(prepared.sources) > 1:
         table = Table(title="data sources", title_justify="left")

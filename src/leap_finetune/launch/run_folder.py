@@ -13,6 +13,7 @@ from pathlib import Path
 
 from leap_finetune.config.resolved import ResolvedConfig
 from leap_finetune.config.yaml_io import dump_yaml
+from leap_finetune.data.messages import IMAGE_PLACEHOLDER
 from leap_finetune.data.prepare import PreparedData
 from leap_finetune.errors import LeapError
 from leap_finetune.launch.plan import record_changes, rewind
@@ -199,11 +200,14 @@ def samples(prepared: PreparedData, renderer) -> list[dict]:
         calls = [i for i in answers if "<|tool_call_start|>" in messages[i]["content"]]
         target = calls[0] if calls else answers[-1]
         users = [m for m in messages[:target] if m["role"] == "user"]
-        samples.append(
-            {
-                "prompt": renderer.prompt_text(messages[:target], conversation.tools),
-                "question": users[-1]["content"] if users else "",
-                "reference": messages[target]["content"],
-            }
-        )
+        prompt = renderer.prompt_text(messages[:target], conversation.tools)
+        sample = {
+            "prompt": prompt,
+            "question": users[-1]["content"] if users else "",
+            "reference": messages[target]["content"],
+        }
+        images = getattr(conversation, "images", None)
+        if images:  # (a vision-language run: the pictures of the prompt, in order)
+            sample["images"] = [ref.source for ref in images[: prompt.count(IMAGE_PLACEHOLDER)]]
+        samples.append(sample)
     return samples

@@ -22,6 +22,10 @@ LABELLED = "labelled completion"  # prompt, completion, label: KTO
 PROMPT = "prompt"  # a prompt (+ solution and columns for the rewards): GRPO
 TEXT_PAIR = "text pair"  # query, document (+ negatives): embedding, ColBERT
 
+# training_config keys of a vision-language run (types with a vision_profile): which parts train, and the vision
+# encoder's learning rate as a multiple of learning_rate
+VISION_KEYS = ("train_vision_encoder", "train_projector", "train_language_model", "vision_encoder_lr_multiplier")
+
 
 @dataclass(frozen=True)
 class Method:
@@ -50,6 +54,13 @@ class Method:
     starter_benchmarks: bool = False
     # the library's training-arguments class the type's training_config keys belong to ("module:Class")
     arguments: str = ""
+    # with a vision-language model (LFM2-VL): rows may carry image parts, the vision keys apply
+    # (VISION_KEYS), and this is the profile a config starts from (None: images are refused)
+    vision_profile: str | None = None
+
+    @property
+    def images(self) -> bool:
+        return self.vision_profile is not None
 
     @property
     def retrieval(self) -> bool:
@@ -136,6 +147,7 @@ METHODS: dict[str, Method] = {
             cut_by_max_length=True,
             starter_benchmarks=True,
             arguments="trl:SFTConfig",
+            vision_profile="DEFAULT_VLM_SFT",
         ),
         Method(
             "dpo",
@@ -147,6 +159,7 @@ METHODS: dict[str, Method] = {
             cut_by_max_length=True,
             starter_benchmarks=True,
             arguments="trl:DPOConfig",
+            vision_profile="DEFAULT_DPO",
         ),
         Method(
             "kto",

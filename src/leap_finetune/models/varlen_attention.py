@@ -25,7 +25,7 @@ from transformers.integrations.sdpa_attention import sdpa_attention_forward
 NAME = "leap_varlen"
 # Model types whose attention layers pass the collator's boundaries through (checked by
 # tests/models/test_varlen_attention.py); other models keep transformers' own packing path.
-SUPPORTED_MODEL_TYPES = {"lfm2", "lfm2_moe"}
+SUPPORTED_MODEL_TYPES = {"lfm2", "lfm2_moe", "lfm2_vl"}  # lfm2_vl: its language model (an LFM2)
 
 
 def _find_kernel():
@@ -128,7 +128,15 @@ def use_varlen_attention(model) -> str | None:
     if getattr(config, "_attn_implementation", None) not in (None, "sdpa", "eager", NAME):
         return None  # the user chose one (flash_attention_2, flex_attention): keep it
     register()
-    model.set_attn_implementation(NAME)
+    if config.model_type == "lfm2_vl":
+        # only the language model's attention: the vision encoder (SigLIP2) attends within each image
+        # (pixel_attention_mask), not over the flattened batch
+        language = model.model.language_model
+        if getattr(language.config, "_attn_implementation", None) not in (None, "sdpa", "eager", NAME):
+            return None
+        language.set_attn_implementation(NAME)
+    else:
+        model.set_attn_implementation(NAME)
     if torch.cuda.is_available() and _KERNEL is not None:
         return "varlen flash attention (torch.nn.attention.varlen)"
     return "per-document SDPA (no CUDA varlen kernel here)"

@@ -42,8 +42,25 @@ def require_torchvision(model_id: str) -> None:
         ) from None
 
 
-def load_processor(model_id: str, tokenizer):
-    """The model's processor, sharing the tokenizer leap-finetune renders with."""
+def image_reader(resolved, tokenizer):
+    """The run's images as its model sees them (data/images.py), with the config's `image_processor:` settings."""
+    from leap_finetune.data.images import ImageReader
+
+    settings = resolved.image_processor.settings() if resolved.image_processor is not None else {}
+    return ImageReader(load_processor(resolved.model_id, tokenizer), settings)
+
+
+def load_processor(model_id: str, tokenizer, settings: dict | None = None):
+    """The model's processor, sharing the tokenizer leap-finetune renders with; `settings`: the config's
+    `image_processor:` keys, applied to its image processor (what the trained model is saved with)."""
+    processor = _load_processor(model_id, tokenizer)
+    if settings:
+        image_processor = processor.image_processor
+        processor.image_processor = type(image_processor).from_dict({**image_processor.to_dict(), **settings})
+    return processor
+
+
+def _load_processor(model_id: str, tokenizer):
     require_torchvision(model_id)
     if model_id in TINY_MODELS:
         return build_tiny_processor(tokenizer)

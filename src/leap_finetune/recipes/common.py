@@ -13,6 +13,7 @@ from pathlib import Path
 from leap_finetune import faults
 from leap_finetune.config.resolved import ResolvedConfig
 from leap_finetune.files import write_atomic
+from leap_finetune.methods import PAIR, method_of
 from leap_finetune.quiet import quiet_libraries  # noqa: F401 - also imported from here
 from leap_finetune.recipes.callbacks import (
     AlreadyTrained,
@@ -48,6 +49,13 @@ def common_arguments(resolved: ResolvedConfig, *, run_dir: str, has_eval: bool, 
     # model_init_kwargs (e.g. dtype) is applied by leap-finetune's own loader; TRL would ignore it
     args.pop("model_init_kwargs", None)
     args.pop("resume_allow_changes", None)  # (the driver's: launch/plan.check_resume_matches)
+    from leap_finetune.recipes.vision import pop_vision_keys
+
+    pop_vision_keys(args)  # (applied to the model and the optimizer: recipes/vision.py)
+    if resolved.vision:
+        args["remove_unused_columns"] = False  # the images' columns reach the collator
+        # a batch of rows without images leaves the vision encoder without gradients (several workers)
+        args.setdefault("ddp_find_unused_parameters", True)
     args["output_dir"] = run_dir
     # bf16 where the hardware has it, float32 otherwise; an explicit bf16/fp16 key wins.
     if "bf16" not in args and "fp16" not in args:
@@ -140,7 +148,74 @@ def lora_config(resolved: ResolvedConfig):
         return None
     from peft import LoraConfig
 
-    return LoraConfig(task_type="CAUSAL_LM", **resolved.peft)
+    options = dict(resolved.peft)
+    if resolved.vision:  # the vision encoder / projector trained in full next to the adapters, when asked
+        from leap_finetune.recipes.vision import lora_modules_to_save
+
+        extra = lora_modules_to_save(resolved.training)
+        if extra:
+            options["modules_to_save"] = list(dict.fromkeys([*(options.get("modules_to_save") or []), *extra]))
+    return LoraConfig(task_type="CAUSAL_LM", **options)
+
+
+def prepare_vision_model(resolved: ResolvedConfig, model, console) -> None:
+    """A full fine-tune of a vision-language model: the parts set to false are frozen (LoRA freezes through peft)."""
+    if not resolved.vision:
+        return
+    from leap_finetune.recipes.vision import freeze_parts
+    from leap_finetune.validate.vision import trained_parts
+
+    if resolved.peft is None:
+        freeze_parts(model, resolved.training)
+    if is_main_process():
+        console.print(
+            "trains: " + ", ".join(f"{part} {how}" for part, how in trained_parts(resolved.training, resolved.peft))
+        )
+
+
+def vision_optimizer(trainer_class):
+    """`trainer_class` whose optimizer gives the vision encoder learning_rate x vision_encoder_lr_multiplier."""
+
+    class WithVisionRate(trainer_class):
+        vision_lr_multiplier: float | None = None
+
+        def create_optimizer(self, model=None):
+            optimizer = super().create_optimizer(model) if model is not None else super().create_optimizer()
+            if self.vision_lr_multiplier is not None:
+                from leap_finetune.recipes.vision import split_vision_groups
+
+                split_vision_groups(self.optimizer, self.model, self.vision_lr_multiplier)
+            return optimizer
+
+    WithVisionRate.__name__ = WithVisionRate.__qualname__ = trainer_class.__name__
+    return WithVisionRate
+
+
+def image_collator(resolved: ResolvedConfig, tokenizer, args):
+    """The collator of an image run (recipes/vision.py), None for a text run (the trainer's own): TRL's text
+    collator of the type (SFT's or DPO's) plus the batch's pixels."""
+    if not resolved.vision:
+        return None
+    from leap_finetune.models.vision import image_reader
+    from leap_finetune.recipes.vision import ImageBatches, PairImageBatches
+
+    reader = image_reader(resolved, tokenizer)
+    if method_of(resolved).rows == PAIR:
+        from trl.trainer.dpo_trainer import DataCollatorForPreference
+
+        # (rows with images fit max_length: checked when the rows were prepared, so nothing is cut here)
+        text = DataCollatorForPreference(
+            pad_token_id=tokenizer.pad_token_id, pad_to_multiple_of=getattr(args, "pad_to_multiple_of", None)
+        )
+        return PairImageBatches(text, reader)
+    from trl.trainer.sft_trainer import DataCollatorForLanguageModeling
+
+    text = DataCollatorForLanguageModeling(
+        pad_token_id=tokenizer.pad_token_id,
+        padding_free=bool(getattr(args, "padding_free", False)),
+        pad_to_multiple_of=getattr(args, "pad_to_multiple_of", None),
+    )
+    return ImageBatches(text, reader)
 
 
 def standard_callbacks(
@@ -202,7 +277,8 @@ def benchmark_callback(resolved: ResolvedConfig, tokenizer, run_dir: Path, conso
     renderer = Renderer(tokenizer, template, "all", None)
     vision = is_vision_model(resolved.model_id)
     benchmarks = load_benchmarks(resolved.evals, vision=vision, model_name=resolved.model_name)
-    processor = load_processor(resolved.model_id, tokenizer) if vision and has_images(benchmarks) else None
+    settings = resolved.image_processor.settings() if resolved.image_processor is not None else None
+    processor = load_processor(resolved.model_id, tokenizer, settings) if vision and has_images(benchmarks) else None
     max_failures = resolved.async_eval.failure.max_consecutive if resolved.async_eval else 3
     return BenchmarkCallback(
         resolved.evals, benchmarks, renderer, run_dir, console, every, processor=processor, max_failures=max_failures
@@ -353,7 +429,8 @@ def _train_evaluate_save(
     )
     summary["model_dir"] = str(RunFolder(run_dir).model)
     if samples and not getattr(trainer, "is_fsdp_enabled", False):  # a sharded model generates on every rank only
-        print_samples(console, "after training", final_model, tokenizer, samples)
+        reader = getattr(trainer.data_collator, "reader", None)  # (an image run's collator: its processor)
+        print_samples(console, "after training", final_model, tokenizer, samples, reader.processor if reader else None)
     plots.wait()
     summary["finished_at"] = time.time()  # by this process's clock: which run finished last (models.registry)
     write_atomic(RunFolder(run_dir).summary, json.dumps(summary, indent=2))
@@ -516,8 +593,9 @@ def _processing_saver(resolved: ResolvedConfig, tokenizer, console):
 
     if not is_vision_model(resolved.model_id):
         return tokenizer
+    settings = resolved.image_processor.settings() if resolved.image_processor is not None else None
     try:
-        return load_processor(resolved.model_id, tokenizer)
+        return load_processor(resolved.model_id, tokenizer, settings)
     except LeapError as err:
         console.print(f"note: the model is saved without its image processor ({err.message})")
         return tokenizer
@@ -550,7 +628,8 @@ def load_samples(run_dir: Path) -> list[dict]:
     return json.loads(path.read_text()) if path.exists() else []
 
 
-def print_samples(console, when: str, model, tokenizer, samples: list[dict]) -> None:
+def print_samples(console, when: str, model, tokenizer, samples: list[dict], processor=None) -> None:
+    """`processor`: a vision-language model's, for samples with pictures."""
     import torch
 
     was_training = model.training
@@ -558,6 +637,26 @@ def print_samples(console, when: str, model, tokenizer, samples: list[dict]) -> 
     console.print(f"[bold]sample answers {when}[/bold]")
     device = next(model.parameters()).device
     for sample in samples:
+        if sample.get("images") and processor is not None:
+            from leap_finetune.evaluation.generation import generate
+
+            with torch.compiler.set_stance("force_eager"):
+                answer = generate(
+                    model,
+                    tokenizer,
+                    [sample["prompt"]],
+                    max_new_tokens=sample.get("max_new_tokens", 64),
+                    batch_size=1,
+                    images=[sample["images"]],
+                    processor=processor,
+                )[0]
+            console.print(
+                f"  Q: [{len(sample['images'])} image(s)] {sample['question']}\n     model: {answer!r}   "
+                f"expected: {sample['reference']!r}",
+                markup=False,
+                highlight=False,
+            )
+            continue
         ids = tokenizer(sample["prompt"], add_special_tokens=False, return_tensors="pt")["input_ids"].to(device)
         with torch.no_grad(), torch.compiler.set_stance("force_eager"):  # compiled layers: training shapes only
             out = model.generate(

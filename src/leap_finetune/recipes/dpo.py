@@ -31,7 +31,7 @@ def trainer_class():
                 return dataset
             return super()._prepare_dataset(dataset, processing_class, args, dataset_name)
 
-    return LeapDPOTrainer
+    return common.vision_optimizer(LeapDPOTrainer)
 
 
 def training_arguments(resolved: ResolvedConfig, *, run_dir: str, has_eval: bool, cuda: bool | None = None) -> dict:
@@ -50,6 +50,7 @@ def run_preference(resolved_json: dict, callbacks: list | None, config_cls, trai
     resolved, run_dir, console, args = start.resolved, start.run_dir, start.console, start.args
     train_dataset, eval_dataset = start.train_dataset, start.eval_dataset
     tokenizer, model = common.load_tokenizer_and_model(resolved, packing=False, console=console)
+    common.prepare_vision_model(resolved, model, console)
     peft_config = common.lora_config(resolved)
     ref_model = None
     if peft_config is None and not args.precompute_ref_log_probs:
@@ -59,12 +60,15 @@ def run_preference(resolved_json: dict, callbacks: list | None, config_cls, trai
         ref_model.config.use_cache = False
 
     stop_on_signal = StopOnSignal()
+    if resolved.vision:
+        trainer_cls.vision_lr_multiplier = resolved.training.get("vision_encoder_lr_multiplier")
     trainer = trainer_cls(
         model=model,
         ref_model=ref_model,
         args=args,
         train_dataset=train_dataset,
         eval_dataset=eval_dataset,
+        data_collator=common.image_collator(resolved, tokenizer, args),
         processing_class=tokenizer,
         peft_config=peft_config,
         callbacks=common.standard_callbacks(

@@ -56,7 +56,7 @@ def trainer_class():
             self._sampler_epoch.sampler = sampler  # (its epoch is set at every epoch's start, resumes included)
             return sampler
 
-    return LeapSFTTrainer
+    return common.vision_optimizer(LeapSFTTrainer)
 
 
 def for_trainer(dataset, args, packing: bool):
@@ -92,21 +92,28 @@ def train(resolved_json: dict, callbacks: list | None = None) -> dict:
     tokenizer, model = common.load_tokenizer_and_model(
         resolved, packing=args.packing or args.padding_free, console=console
     )
+    common.prepare_vision_model(resolved, model, console)
     fast = speed_plan(resolved)
     if common.is_main_process():
         console.print(fast.line)
     if fast.compile_layers:
         speed.compile_layers(model)
     samples = common.load_samples(run_dir) if common.is_main_process() else []
+    collator = common.image_collator(resolved, tokenizer, args)  # (None for text rows: TRL's own)
+    processor = collator.reader.processor if collator is not None else None
     if samples:
-        common.print_samples(console, "before training", model, tokenizer, samples)
+        common.print_samples(console, "before training", model, tokenizer, samples, processor)
 
     stop_on_signal = StopOnSignal()
-    trainer = trainer_class()(
+    trainer_cls = trainer_class()
+    if resolved.vision:
+        trainer_cls.vision_lr_multiplier = resolved.training.get("vision_encoder_lr_multiplier")
+    trainer = trainer_cls(
         model=model,
         args=args,
         train_dataset=train_dataset,
         eval_dataset=eval_dataset,
+        data_collator=collator,
         processing_class=tokenizer,
         peft_config=common.lora_config(resolved),
         callbacks=common.standard_callbacks(

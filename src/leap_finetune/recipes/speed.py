@@ -79,6 +79,7 @@ def compile_layers(model) -> int:
 
 def _decoder_layers(model):
     inner = getattr(model, "model", None)
+    inner = getattr(inner, "language_model", inner)  # a vision-language model: its language model's layers
     layers = getattr(inner, "layers", None)
     if layers is None:
         raise ValueError(f"{type(model).__name__} has no .model.layers to compile")

@@ -87,6 +87,16 @@ def resolve_dataset(model, base: Path, where: str):
         dataset.path = resolve_data_path(dataset.path, base)
         if dataset.val_path:
             dataset.val_path = resolve_data_path(dataset.val_path, base)
+        if dataset.image_root:
+            root = local_path(dataset.image_root, base)
+            if not root.is_dir():
+                raise LeapError(
+                    f"dataset.image_root is not a folder: {root}",
+                    where=f"{where}: dataset.image_root",
+                    fix="give the folder that relative image paths in the rows start from (or leave it out: they "
+                    "start from the data file's folder)",
+                )
+            dataset.image_root = str(root)
         resolved.append(dataset)
     if isinstance(model.dataset, list):
         check_distinct_sources(resolved, where)

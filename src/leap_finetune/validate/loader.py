@@ -38,7 +38,7 @@ from leap_finetune.config.suggest import did_you_mean, other_type_key, unknown_k
 from leap_finetune.config.trackers import check_report_to
 from leap_finetune.config.yaml_io import read_yaml
 from leap_finetune.errors import LeapError
-from leap_finetune.methods import METHODS, method_of
+from leap_finetune.methods import METHODS, VISION_KEYS, method_of
 from leap_finetune.validate.datasets import (
     resolve_data_path,
     resolve_dataset,
@@ -160,6 +160,10 @@ def _load(raw: dict, config_path: Path | None, base: Path, where: str) -> Resolv
                     where,
                     f"async_eval.{key}",
                 )
+    if isinstance(raw.get("image_processor"), dict):
+        from leap_finetune.config.schema import ImageProcessorConfig
+
+        check_keys(raw["image_processor"], ImageProcessorConfig.model_fields, where, "image_processor")
     if isinstance(raw.get("evals"), dict):
         from leap_finetune.config.schema import BenchmarkConfig
 
@@ -175,8 +179,16 @@ def _load(raw: dict, config_path: Path | None, base: Path, where: str) -> Resolv
     if model.evals is not None and not model.evals.benchmarks:  # `evals.benchmarks: []` switches benchmarks off
         model = model.model_copy(update={"evals": None})
 
-    training, loss_on, resume = _resolve_training(model, where)
-    peft = _resolve_peft(model.peft_config, where)
+    from leap_finetune.models.registry import resolve_model_id
+    from leap_finetune.models.vision import is_vision_model
+    from leap_finetune.validate.vision import check_vision_keys, resolve_vision
+
+    model_id = resolve_model_id(model.model_name, base)
+    vision = method_of(model).images and is_vision_model(model_id)
+    check_vision_keys(model, vision, where)
+    training, loss_on, resume = _resolve_training(model, where, vision)
+    peft = _resolve_peft(model.peft_config, where, vision)
+    peft = resolve_vision(model.training_type, training, peft, vision, where)
     from leap_finetune.validate.grpo import resolve_grpo
 
     grpo_rollout, rewards = resolve_grpo(model, training, base, where)
@@ -184,10 +196,9 @@ def _load(raw: dict, config_path: Path | None, base: Path, where: str) -> Resolv
     check_async_eval_config(model, where)
 
     from leap_finetune.data.chat_templates import resolve_chat_template
-    from leap_finetune.models.registry import model_family, resolve_model_id
+    from leap_finetune.models.registry import model_family
     from leap_finetune.models.tiny import TINY_MODELS
 
-    model_id = resolve_model_id(model.model_name, base)
     family = model_family(model.model_name, model_id)
     chat_template = resolve_chat_template(model.chat_template, family, base, where)
 
@@ -238,6 +249,8 @@ def _load(raw: dict, config_path: Path | None, base: Path, where: str) -> Resolv
         rewards=rewards,
         retrieval=retrieval,
         async_eval=model.async_eval,
+        vision=vision,
+        image_processor=model.image_processor if vision else None,
     )
 
 
@@ -399,9 +412,11 @@ def _types_with_key(key: str, training_type: str) -> list[str]:
     return owners
 
 
-def _resolve_training(model: LeapConfigModel, where: str) -> tuple[dict, str, str | None]:
+def _resolve_training(model: LeapConfigModel, where: str, vision: bool = False) -> tuple[dict, str, str | None]:
     user = dict(model.training_config)
-    profile_name = user.pop("extends", None) or profiles.DEFAULT_TRAINING_PROFILE[model.training_type]
+    method = method_of(model)
+    default_profile = method.vision_profile if vision else profiles.DEFAULT_TRAINING_PROFILE[model.training_type]
+    profile_name = user.pop("extends", None) or default_profile
     if profile_name not in profiles.TRAINING_PROFILES:
         raise LeapError(
             f"unknown profile '{profile_name}' in training_config.extends",
@@ -409,14 +424,21 @@ def _resolve_training(model: LeapConfigModel, where: str) -> tuple[dict, str, st
             fix=unknown_key_fix(str(profile_name), profiles.TRAINING_PROFILES),
         )
     own_profile = profiles.DEFAULT_TRAINING_PROFILE[model.training_type]
-    if profile_name != own_profile:
+    if profile_name == method.vision_profile and profile_name != own_profile and not vision:
+        raise LeapError(
+            f"training_config.extends is {profile_name}, the profile for vision-language models, and "
+            f"'{model.model_name}' is a text model",
+            where=where,
+            fix=f"use extends: {own_profile} (or leave extends out)",
+        )
+    if profile_name not in (own_profile, method.vision_profile):
         raise LeapError(
             f"training_config.extends is {profile_name}, a profile for another training type than "
             f"{model.training_type}",
             where=where,
             fix=f"use extends: {own_profile} (or leave extends out)",
         )
-    own_keys = set(method_of(model).own_keys)
+    own_keys = set(method.own_keys) | (set(VISION_KEYS) if method.images else set())
     allowed = (trainer_arg_fields(model.training_type) if user else set()) | own_keys | {"resume_allow_changes"}
     for key in user:
         if key in MANAGED_TRAINING_KEYS:
@@ -573,11 +595,11 @@ def _check_kto_batch_size(training: dict, where: str) -> None:
             )
 
 
-def _resolve_peft(peft_config: dict | None, where: str) -> dict | None:
+def _resolve_peft(peft_config: dict | None, where: str, vision: bool = False) -> dict | None:
     if peft_config is None:
         return None
     user = dict(peft_config)
-    profile_name = user.pop("extends", None) or "DEFAULT_LORA"
+    profile_name = user.pop("extends", None) or ("DEFAULT_VLM_LORA" if vision else "DEFAULT_LORA")
     if profile_name not in profiles.PEFT_PROFILES:
         raise LeapError(
             f"unknown profile '{profile_name}' in peft_config.extends",

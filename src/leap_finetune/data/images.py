@@ -1,0 +1,267 @@
+"""Images of a vision-language run (LFM2-VL): read, decoded, and counted in tokens before any model loads.
+
+Every image of every row is opened and decoded while the rows are checked (a missing, truncated or unreadable
+file is a row problem, not a crash at step 9,000), and the tokens it becomes are counted from its size with the
+model's own processor settings: LFM2-VL resizes an image to a multiple of 32 pixels between min_image_tokens and
+max_image_tokens, or splits a large one into 512-pixel tiles plus a thumbnail. The rendered text keeps one
+`<image>` per image; the prepared token ids hold the image's full expansion (start, tile markers, the image
+tokens, end), never trained, so `max_length` and the batches see the real length.
+
+The expansion is computed from the image's size alone (the processor's `smart_resize`, `_is_image_too_large`,
+`_get_grid_layout` and `_build_image_tokens`, all integer arithmetic): no pixels are resized while the rows are
+prepared. tests/data/test_images.py checks it against the processor's own output for sizes that resize, split
+and tile. The pixels are made per batch by the processor (recipes/vision.py).
+"""
+
+from __future__ import annotations
+
+import base64
+import binascii
+import io
+from dataclasses import dataclass
+from functools import lru_cache
+
+import numpy as np
+
+from leap_finetune.data.messages import IMAGE_PLACEHOLDER, ImageRef, looks_base64
+from leap_finetune.data.render import IGNORE_INDEX, Renderer, TokenizedRow
+
+# what Pillow opens that LFM2-VL's processor reads as RGB
+FORMATS = ("PNG", "JPEG", "WEBP", "GIF", "BMP", "TIFF")
+
+
+class ImageProblem(Exception):
+    """What is wrong with one image, in the words a row problem uses."""
+
+
+@dataclass(frozen=True)
+class ImageLayout:
+    tiles: int  # pictures the vision encoder sees: the tiles and the thumbnail, or 1
+    ids: tuple[int, ...]  # the tokens that replace the image's `<image>`
+
+
+def read_bytes(source: str) -> bytes:
+    """The encoded image: a file's bytes, or a data URI's / base64 text's decoded payload."""
+    if source.startswith(("http://", "https://")):
+        raise ImageProblem(
+            f"an image given by URL ({source[:80]}): training reads every image at every epoch, so images must be "
+            "local; download them and give the paths (or data URIs)"
+        )
+    if source.startswith("data:") or looks_base64(source):
+        payload = source.partition(",")[2] if source.startswith("data:") else source
+        try:
+            return base64.b64decode(payload, validate=False)
+        except (binascii.Error, ValueError) as err:
+            raise ImageProblem(f"the image's base64 text does not decode ({err})") from None
+    try:
+        with open(source, "rb") as handle:
+            return handle.read()
+    except FileNotFoundError:
+        raise ImageProblem(f"image file not found: {source}") from None
+    except OSError as err:
+        raise ImageProblem(f"cannot read image file {source}: {err.strerror or err}") from None
+
+
+def open_image(source: str, *, decode: bool = True):
+    """The image as RGB (decoded in full: a truncated file fails here), or only its header with decode=False."""
+    from PIL import Image, UnidentifiedImageError
+
+    where = _shown(source)
+    data = read_bytes(source)
+    try:
+        image = Image.open(io.BytesIO(data))
+        if image.format not in FORMATS:
+            raise ImageProblem(f"{where} is a {image.format} image; supported: {', '.join(FORMATS)}")
+        if decode:
+            image.load()
+            image = image.convert("RGB")
+    except UnidentifiedImageError:
+        raise ImageProblem(
+            f"{where} is not an image Pillow can read (expected {', '.join(FORMATS)}; {len(data)} bytes)"
+        ) from None
+    except ImageProblem:
+        raise
+    except (OSError, ValueError, SyntaxError) as err:  # Pillow's words for a truncated or corrupt file
+        raise ImageProblem(f"{where} cannot be decoded: {err} (a truncated or corrupt file?)") from None
+    if min(image.size) < 1:
+        raise ImageProblem(f"{where} is empty ({image.size[0]}x{image.size[1]} pixels)")
+    return image
+
+
+def _shown(source: str) -> str:
+    return "the data URI image" if source.startswith("data:") or len(source) > 300 else source
+
+
+class ImageReader:
+    """A vision-language model's images as the model sees them: the processor (with the config's
+    `image_processor:` settings applied) turns each into tokens here and into pixels per batch."""
+
+    def __init__(self, processor, settings: dict | None = None):
+        self.settings = dict(settings or {})
+        image_processor = processor.image_processor
+        if self.settings:
+            image_processor = type(image_processor).from_dict({**image_processor.to_dict(), **self.settings})
+            processor.image_processor = image_processor
+        self.processor = processor
+        self.image_processor = image_processor
+        self.tokenizer = processor.tokenizer
+        self.image_token_id = int(self.tokenizer.convert_tokens_to_ids(IMAGE_PLACEHOLDER))
+        self._layout = lru_cache(maxsize=4096)(self._compute_layout)
+
+    def describe(self) -> dict:
+        """The settings that decide each image's tokens (part of the data cache's key)."""
+        ip = self.image_processor
+        keys = ("min_image_tokens", "max_image_tokens", "do_image_splitting", "min_tiles", "max_tiles", "tile_size")
+        return {key: getattr(ip, key, None) for key in keys + ("use_thumbnail", "encoder_patch_size")}
+
+    def check(self, ref: ImageRef) -> tuple[int, int]:
+        """Decode the image in full; its (width, height)."""
+        return open_image(ref.source).size
+
+    def size(self, source: str) -> tuple[int, int]:
+        """(width, height) from the header only (the rows were decoded in full when checked)."""
+        return open_image(source, decode=False).size
+
+    def layout(self, width: int, height: int) -> ImageLayout:
+        return self._layout(width, height)
+
+    def _compute_layout(self, width: int, height: int) -> ImageLayout:
+        ip, processor = self.image_processor, self.processor
+        min_tiles, max_tiles = (ip.min_tiles, ip.max_tiles) if ip.do_image_splitting else (1, 1)
+        splitting = not min_tiles == max_tiles == 1
+        large = ip._is_image_too_large(
+            height, width, ip.max_image_tokens, ip.encoder_patch_size, ip.downsample_factor, ip.max_pixels_tolerance
+        )
+        new_width, new_height = ip.smart_resize(
+            height, width, ip.downsample_factor, ip.min_image_tokens, ip.max_image_tokens, ip.encoder_patch_size
+        )
+        rows = cols = 1
+        if large and splitting:
+            cols, rows, *_ = ip._get_grid_layout(height, width, min_tiles, max_tiles, ip.tile_size)
+        tiles = rows * cols + (1 if ip.use_thumbnail and rows * cols != 1 else 0)
+        per_tile, for_image = processor._get_image_num_tokens([new_height, new_width])
+        text = processor._build_image_tokens(rows, cols, per_tile, for_image, ip.use_thumbnail, True)
+        ids = self.tokenizer(text, add_special_tokens=False)["input_ids"]
+        return ImageLayout(tiles, tuple(ids))
+
+    def pixels(self, sources: list[str]) -> dict:
+        """The batch's pixel inputs (pixel_values, pixel_attention_mask, spatial_shapes), images in order."""
+        return self.pixels_of([open_image(source) for source in sources])
+
+    def pixels_of(self, images: list) -> dict:
+        """Pixel inputs of decoded (RGB) images."""
+        return dict(self.image_processor(images, return_tensors="pt"))
+
+
+@dataclass
+class ImageRow:
+    """An SFT row with images, as training keeps it: the expanded ids, and the images in order."""
+
+    input_ids: np.ndarray
+    labels: np.ndarray
+    images: list[str]
+    image_tokens: list[int]  # per image
+    tiles: int
+    trained_tokens_lost: int = 0
+    truncated: bool = False
+
+    @property
+    def tokens(self) -> int:
+        return len(self.input_ids)
+
+    @property
+    def trained_tokens(self) -> int:
+        return int((self.labels != IGNORE_INDEX).sum())
+
+    def columns(self) -> dict:
+        return {
+            "input_ids": self.input_ids,
+            "labels": self.labels,
+            "image_sources": self.images,
+            "image_tokens": self.image_tokens,
+        }
+
+
+class VisionRenderer(Renderer):
+    """The Renderer of a vision-language run: rows with images are expanded to the image tokens and never cut
+    (cutting inside an image breaks the model's input); a row that does not fit max_length is a row problem,
+    found when the rows are checked. Rows without images are rendered as text rows are."""
+
+    def __init__(self, tokenizer, template, loss_on, max_length, truncation_mode="keep_start", *, reader):
+        super().__init__(tokenizer, template, loss_on, max_length, truncation_mode)
+        self.reader = reader
+
+    def expand(self, row: TokenizedRow, sizes: list[tuple[int, int]]) -> tuple[np.ndarray, np.ndarray, list]:
+        """(ids, labels, layouts): each `<image>` of the rendered row replaced by its image's tokens (no loss)."""
+        ids = np.asarray(row.input_ids, dtype=np.int64)
+        labels = np.asarray(row.labels, dtype=np.int64)
+        at = np.flatnonzero(ids == self.reader.image_token_id)
+        if len(at) != len(sizes):
+            raise ImageProblem(
+                f"the rendered row has {len(at)} image token(s) for {len(sizes)} image(s): the chat template "
+                f"dropped or repeated an image part"
+            )
+        layouts = [self.reader.layout(w, h) for w, h in sizes]
+        id_parts, label_parts, start = [], [], 0
+        for position, layout in zip(at, layouts, strict=True):
+            id_parts += [ids[start:position], np.asarray(layout.ids, dtype=np.int64)]
+            label_parts += [labels[start:position], np.full(len(layout.ids), IGNORE_INDEX, dtype=np.int64)]
+            start = position + 1
+        id_parts.append(ids[start:])
+        label_parts.append(labels[start:])
+        return np.concatenate(id_parts), np.concatenate(label_parts), layouts
+
+    def tokenize_images(self, conversation, sizes: list[tuple[int, int]]) -> tuple[TokenizedRow, ImageRow]:
+        """The row in full (for `inspect`: the text keeps one `<image>` per image) and as training keeps it."""
+        row = self.tokenize(conversation.messages, conversation.tools, truncate=False)
+        ids, labels, layouts = self.expand(row, sizes)
+        row.meta["images"] = [
+            {"image": _shown(ref.source), "size": f"{w}x{h}", "tiles": layout.tiles, "tokens": len(layout.ids)}
+            for ref, (w, h), layout in zip(conversation.images, sizes, layouts, strict=True)
+        ]
+        row.meta["tokens"] = len(ids)
+        image_row = ImageRow(
+            ids.astype(np.int32),
+            labels.astype(np.int32),
+            [ref.source for ref in conversation.images],
+            [len(layout.ids) for layout in layouts],
+            sum(layout.tiles for layout in layouts),
+        )
+        return row, image_row
+
+    def expand_pair(self, pair, sizes: list[tuple[int, int]]) -> None:
+        """A DPO pair (data/preference_tokens.TokenizedPair): the prompt's `<image>`s expanded in place, and the
+        images recorded (the completions never hold images)."""
+        prompt = TokenizedRow("", list(pair.prompt_ids), list(pair.prompt_ids), [])
+        ids, _, layouts = self.expand(prompt, sizes)
+        pair.prompt_ids = ids.tolist()
+        pair.images = list(pair.images or [])
+        pair.image_tokens = [len(layout.ids) for layout in layouts]
+        pair.meta["images"] = [
+            {"image": _shown(source), "size": f"{w}x{h}", "tiles": layout.tiles, "tokens": len(layout.ids)}
+            for source, (w, h), layout in zip(pair.images, sizes, layouts, strict=True)
+        ]
+
+    def fits(self, row, sizes: list[tuple[int, int]]) -> str | None:
+        """None when the row (a conversation, or a DPO pair) with its images fits max_length; else what to tell
+        the user."""
+        if self.max_length is None:
+            return None
+        if hasattr(row, "chosen"):  # a DPO pair: the prompt with the longer completion
+            from leap_finetune.data.preference_tokens import tokenize_pair
+
+            pair = tokenize_pair(self, row)
+            self.expand_pair(pair, sizes)
+            tokens = len(pair.prompt_ids) + max(len(pair.chosen_ids), len(pair.rejected_ids))
+            image_tokens, tiles = sum(pair.image_tokens), sum(m["tiles"] for m in pair.meta["images"])
+        else:
+            _, image_row = self.tokenize_images(row, sizes)
+            tokens, image_tokens, tiles = image_row.tokens, sum(image_row.image_tokens), image_row.tiles
+        if tokens <= self.max_length:
+            return None
+        return (
+            f"{tokens} tokens with its {len(sizes)} image(s) ({image_tokens} image tokens, "
+            f"{tiles} tile(s)) > max_length {self.max_length}; a row with images is never cut (a cut "
+            "image breaks the model's input): lower image_processor.max_image_tokens / max_tiles, raise "
+            "training_config.max_length, or set dataset.on_invalid: skip"
+        )

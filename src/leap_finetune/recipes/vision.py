@@ -1,0 +1,132 @@
+"""Training a vision-language model (LFM2-VL) on rows with images: the parts that train, the vision encoder's
+learning rate, and the batches' pixels.
+
+- Parts: `train_vision_encoder`, `train_projector`, `train_language_model` (training_config; resolved by
+  validate/vision.py). A full fine-tune freezes the parts set to false; with LoRA the adapters sit on the language
+  model and a part set to true is trained in full and saved with the adapter (peft's modules_to_save).
+- Learning rate: the vision encoder's parameters get their own optimizer groups at learning_rate x
+  `vision_encoder_lr_multiplier` (split from the Trainer's own groups, so weight decay and the schedule apply).
+- Batches: the prepared rows hold the expanded image tokens and each image's source (`image_sources`); the
+  collator pads the text as TRL's does (padding-free included: the images' features are scattered into the
+  flattened sequence at the image tokens, row by row) and adds the pixels the processor makes, checking that each
+  image still becomes the tokens the rows were prepared with.
+"""
+
+from __future__ import annotations
+
+from leap_finetune.errors import LeapError
+from leap_finetune.methods import VISION_KEYS
+
+IMAGE_COLUMNS = ("image_sources", "image_tokens")
+VISION_ENCODER, PROJECTOR, LANGUAGE_MODEL = "vision_tower", "multi_modal_projector", "language_model"
+
+
+def pop_vision_keys(args: dict) -> dict:
+    """The vision keys are leap-finetune's: the trainer's config never sees them."""
+    return {key: args.pop(key) for key in VISION_KEYS if key in args}
+
+
+def parts(model) -> dict:
+    """The three parts of an LFM2-VL model (Lfm2VlForConditionalGeneration: model.vision_tower, ...); the LM head
+    belongs to the language model (tied to its embeddings)."""
+    inner = getattr(model, "model", None)
+    found = {name: getattr(inner, name, None) for name in (VISION_ENCODER, PROJECTOR, LANGUAGE_MODEL)}
+    missing = [name for name, module in found.items() if module is None]
+    if missing:
+        raise LeapError(
+            f"the model ({type(model).__name__}) has no {', '.join(missing)}: leap-finetune knows the parts of LFM2-VL "
+            "(vision_tower, multi_modal_projector, language_model)",
+            where="model_name",
+            fix="use an LFM2-VL model, or train it without the vision keys",
+        )
+    return found
+
+
+def freeze_parts(model, training: dict) -> dict[str, int]:
+    """A full fine-tune: parts set to false stop training. Returns trainable parameters per part."""
+    found = parts(model)
+    wanted = {
+        VISION_ENCODER: training.get("train_vision_encoder", True),
+        PROJECTOR: training.get("train_projector", True),
+        LANGUAGE_MODEL: training.get("train_language_model", True),
+    }
+    for name, module in found.items():
+        module.requires_grad_(bool(wanted[name]))
+    head = getattr(model, "lm_head", None)
+    if head is not None:
+        head.requires_grad_(bool(wanted[LANGUAGE_MODEL]))
+    return {name: sum(p.numel() for p in module.parameters() if p.requires_grad) for name, module in found.items()}
+
+
+def lora_modules_to_save(training: dict) -> list[str]:
+    """With LoRA: the parts trained in full next to the adapters."""
+    return [
+        name
+        for name, key in ((VISION_ENCODER, "train_vision_encoder"), (PROJECTOR, "train_projector"))
+        if training.get(key)
+    ]
+
+
+def split_vision_groups(optimizer, model, multiplier: float) -> int:
+    """Move the vision encoder's parameters of each optimizer group into a group of their own at lr x multiplier
+    (before the scheduler is made: it scales each group's own initial rate). Returns the parameters moved."""
+    if multiplier == 1:
+        return 0
+    vision = {id(p) for name, p in model.named_parameters() if f"{VISION_ENCODER}." in name and p.requires_grad}
+    if not vision:
+        return 0
+    moved = 0
+    for group in list(optimizer.param_groups):
+        mine = [p for p in group["params"] if id(p) in vision]
+        if not mine:
+            continue
+        group["params"] = [p for p in group["params"] if id(p) not in vision]
+        optimizer.add_param_group({**{k: v for k, v in group.items() if k != "params"}, "params": mine})
+        optimizer.param_groups[-1]["lr"] = group["lr"] * multiplier
+        moved += len(mine)
+    optimizer.param_groups[:] = [g for g in optimizer.param_groups if g["params"]]
+    return moved
+
+
+class ImageBatches:
+    """The collator of an image run: TRL's text collator for input_ids / labels (padded, or padding-free), plus
+    pixel_values, pixel_attention_mask and spatial_shapes of the batch's images in row order."""
+
+    repeat = 1
+
+    def __init__(self, text_collator, reader):
+        self.text_collator = text_collator
+        self.reader = reader
+
+    def __call__(self, examples: list[dict]) -> dict:
+        sources, tokens = [], []
+        for example in examples:
+            sources += example.get("image_sources") or []
+            tokens += example.get("image_tokens") or []
+        batch = self.text_collator([{k: v for k, v in ex.items() if k not in IMAGE_COLUMNS} for ex in examples])
+        if not sources:
+            return batch
+        for source, expected in zip(sources, tokens, strict=True):
+            width, height = self.reader.size(source)
+            now = len(self.reader.layout(width, height).ids)
+            if now != expected:
+                raise LeapError(
+                    f"the image {source[:120]} now becomes {now} tokens and was prepared as {expected}: it changed "
+                    "after the rows were prepared",
+                    where="dataset",
+                    fix="keep the images unchanged during a run; to train on the new ones start a new run",
+                )
+        pixels = self.reader.pixels(sources)
+        if self.repeat > 1:  # DPO: the batch holds every row twice (chosen rows, then rejected rows)
+            import torch
+
+            pixels = {key: torch.cat([value] * self.repeat) for key, value in pixels.items()}
+        batch.update(pixels)
+        return batch
+
+
+class PairImageBatches(ImageBatches):
+    """DPO's collator of an image run: TRL's preference collator (chosen rows, then rejected rows, each the prompt
+    and its completion) plus the prompt images' pixels, once per half."""
+
+    repeat = 2
