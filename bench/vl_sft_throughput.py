@@ -449,6 +449,7 @@ def ours_run(key: str, lora: bool, model_dir: Path, work: Path, args) -> dict:
         "per_device_train_batch_size": args.batch,
         "logging_steps": args.logging_steps,
         "save_strategy": "no",
+        **json.loads(args.ours_extra or "{}"),  # a lever under test (bench/NOTES.md)
     }
     config = {
         "project_name": f"bench-vl-{key}-{'lora' if lora else 'full'}",
@@ -533,6 +534,7 @@ def main() -> None:
     parser.add_argument("--out", default=None, help="write the table so far to this file after every variant")
     parser.add_argument("--record", action="store_true", help="append the finished table to bench/RESULTS.md")
     parser.add_argument("--smoke", action="store_true", help="CPU check: tiny-sized models, 3 steps")
+    parser.add_argument("--ours-extra", default=None, help="JSON: training_config keys added to our variants")
     args = parser.parse_args()
     if args.smoke:
         os.environ["CUDA_VISIBLE_DEVICES"] = ""  # before anything touches CUDA

@@ -21,13 +21,15 @@ def config_class():
 def training_arguments(resolved: ResolvedConfig, *, run_dir: str, has_eval: bool, cuda: bool | None = None) -> dict:
     args = common.common_arguments(resolved, run_dir=run_dir, has_eval=has_eval, cuda=cuda)
     args.pop("compile_layers", None)  # leap-finetune's key (see recipes/speed.py), applied to the model
-    args["padding_free"] = speed_plan(resolved, cuda).padding_free
+    # TRL's own padding-free collator refuses a custom collator: an image run's collator (recipes/vision.py)
+    # flattens the batch itself (`flat_batches` below), and TRL sees padded batches
+    args["padding_free"] = speed_plan(resolved, cuda).padding_free and not resolved.vision
     # Data arrive rendered, masked, truncated and tokenized (input_ids + labels): TRL's documented switch
     # skips its own preparation; what it would still do (packing, shuffling) is `for_trainer` below.
     args["dataset_kwargs"] = {"skip_prepare_dataset": True}
     args["assistant_only_loss"] = False
     args["completion_only_loss"] = False
-    if args.get("padding_free") and not args.get("packing"):
+    if speed_plan(resolved, cuda).padding_free and not args.get("packing"):
         # Rows were already cut to max_length when the data were prepared; TRL refuses padding-free
         # batches with max_length set because it would not enforce it itself.
         args["max_length"] = None
@@ -43,6 +45,8 @@ def trainer_class():
         """SFTTrainer whose `batch_rebalance` sampler balances tokens for padding-free batches and reads
         row lengths from the Arrow column (recipes/sampling.py)."""
 
+        flat_batches = False  # padding-free batches (TRL's, or an image run's own collator)
+
         def __init__(self, *args, **kwargs):
             super().__init__(*args, **kwargs)
             self._sampler_epoch = epoch_callback()
@@ -52,7 +56,7 @@ def trainer_class():
             dataset = train_dataset if train_dataset is not None else self.train_dataset
             if self.args.train_sampling_strategy != "batch_rebalance" or dataset is None:
                 return super()._get_train_sampler(train_dataset)
-            sampler = balanced_sampler(self.args, dataset, padding_free=bool(self.args.padding_free))
+            sampler = balanced_sampler(self.args, dataset, padding_free=self.flat_batches)
             self._sampler_epoch.sampler = sampler  # (its epoch is set at every epoch's start, resumes included)
             return sampler
 
@@ -89,23 +93,23 @@ def train(resolved_json: dict, callbacks: list | None = None) -> dict:
     train_dataset = for_trainer(train_dataset, args, args.packing)
     if eval_dataset is not None:
         eval_dataset = for_trainer(eval_dataset, args, args.packing if args.eval_packing is None else args.eval_packing)
-    tokenizer, model = common.load_tokenizer_and_model(
-        resolved, packing=args.packing or args.padding_free, console=console
-    )
-    common.prepare_vision_model(resolved, model, console)
     fast = speed_plan(resolved)
+    flat = bool(args.padding_free or (resolved.vision and fast.padding_free))  # (see training_arguments)
+    tokenizer, model = common.load_tokenizer_and_model(resolved, packing=args.packing or flat, console=console)
+    common.prepare_vision_model(resolved, model, console)
     if common.is_main_process():
         console.print(fast.line)
     if fast.compile_layers:
         speed.compile_layers(model)
     samples = common.load_samples(run_dir) if common.is_main_process() else []
-    collator = common.image_collator(resolved, tokenizer, args)  # (None for text rows: TRL's own)
+    collator = common.image_collator(resolved, tokenizer, args, padding_free=flat)  # (None for text: TRL's own)
     processor = collator.reader.processor if collator is not None else None
     if samples:
         common.print_samples(console, "before training", model, tokenizer, samples, processor)
 
     stop_on_signal = StopOnSignal()
     trainer_cls = trainer_class()
+    trainer_cls.flat_batches = flat
     if resolved.vision:
         trainer_cls.vision_lr_multiplier = resolved.training.get("vision_encoder_lr_multiplier")
     trainer = trainer_cls(
