@@ -24,6 +24,12 @@ RESUME_KEEPS_TRAINING = (
     "optim",
     "optim_args",
     "optim_target_modules",
+    # a vision-language run's parts and the vision encoder's optimizer groups (a checkpoint's optimizer state holds
+    # them; recipes/vision.py)
+    "train_vision_encoder",
+    "train_projector",
+    "train_language_model",
+    "vision_encoder_lr_multiplier",
 )
 # training_config keys a resume may change freely: how long to train, how often to log, evaluate and save,
 # where to report, memory and speed knobs that leave the arithmetic alone (the batch: see global_batch)

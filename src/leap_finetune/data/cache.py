@@ -129,6 +129,7 @@ def _file_digest(path: Path) -> str:
 
 def load(entry: Entry, console):
     """The prepared data of a complete, intact entry; None (after deleting a broken one) otherwise."""
+    from leap_finetune.data.messages import ImageRef
     from leap_finetune.data.prepare import DroppedRow, PreparedData, SourceReport
     from leap_finetune.data.sft_rows import Conversation, RowWarning
 
@@ -144,6 +145,11 @@ def load(entry: Entry, console):
             if path.stat().st_size != size or _file_digest(path) != sha:
                 raise ValueError(f"{name} does not match the manifest")
         report = json.loads((entry.folder / "report.json").read_text(encoding="utf-8"))
+        changed = _images_changed(report)
+        if changed:
+            if console is not None:
+                console.print(f"[dim]data: {changed} since the rows were prepared: preparing them again[/dim]")
+            return None
         splits = {name: _read_split(entry.folder, name) for name in ("train", "eval")}
         splits["train"].examples = report["examples"]
         splits["train"].known_fingerprint, splits["eval"].known_fingerprint = report["fingerprints"]
@@ -155,7 +161,10 @@ def load(entry: Entry, console):
             invalid_skipped=report["invalid_skipped"],
             fully_truncated=report["fully_truncated"],
             partially_truncated=report["partially_truncated"],
-            sample_messages=[Conversation(**c) for c in report["sample_messages"]],
+            sample_messages=[
+                Conversation(c["messages"], c["tools"], [ImageRef(*r) for r in c.get("images", [])])
+                for c in report["sample_messages"]
+            ],
             warnings=[RowWarning(**w) for w in report["warnings"]],
             warning_rows=report["warning_rows"],
             notices=report["notices"],
@@ -172,6 +181,48 @@ def load(entry: Entry, console):
         return None
     os.utime(manifest_path)  # most recently used (entries beyond KEEP are removed oldest first)
     return prepared
+
+
+def _image_files(prepared) -> dict:
+    """(size, mtime_ns) of every image file the prepared rows read (a vision-language run): the cache key holds the
+    data files, not the pictures they name, so a cached entry is used only while these are unchanged."""
+    import pyarrow.compute as pc
+
+    from leap_finetune.data.messages import looks_base64
+
+    if not any("image_sources" in split.table.column_names for split in (prepared.train, prepared.eval)):
+        return None  # (a text run)
+    files = {}
+    for split in (prepared.train, prepared.eval):
+        if "image_sources" not in split.table.column_names:
+            continue
+        for source in pc.unique(pc.list_flatten(split.table.column("image_sources"))).to_pylist():
+            if source and not source.startswith(("data:", "http://", "https://")) and not looks_base64(source):
+                try:
+                    stat = os.stat(source)
+                    files[source] = [stat.st_size, stat.st_mtime_ns]
+                except OSError:
+                    files[source] = None
+    return files
+
+
+def _images_changed(report: dict) -> str | None:
+    """What changed among the pictures of a cached entry (None: nothing). A row dropped for its image (missing,
+    unreadable, too long) may be fixed since: an entry with such rows is prepared again too."""
+    if report.get("image_files") is None:
+        return None
+    for source, known in report["image_files"].items():
+        try:
+            stat = os.stat(source)
+            now = [stat.st_size, stat.st_mtime_ns]
+        except OSError:
+            now = None
+        if now != known:
+            return f"the image {source} changed"
+    for dropped in report.get("dropped", []):
+        if "image" in dropped.get("reason", ""):
+            return f"a row was dropped for its image ({dropped['file']}, {dropped['location']})"
+    return None
 
 
 def _read_split(folder: Path, name: str) -> RowTable:
@@ -218,7 +269,11 @@ def store(entry: Entry, prepared, staging: Path, console) -> None:
             "invalid_skipped": prepared.invalid_skipped,
             "fully_truncated": prepared.fully_truncated,
             "partially_truncated": prepared.partially_truncated,
-            "sample_messages": [{"messages": c.messages, "tools": c.tools} for c in prepared.sample_messages],
+            "sample_messages": [
+                {"messages": c.messages, "tools": c.tools, "images": [[r.source, r.field] for r in c.images]}
+                for c in prepared.sample_messages
+            ],
+            "image_files": _image_files(prepared),
             "warnings": [w.__dict__ for w in prepared.warnings],
             "warning_rows": prepared.warning_rows,
             "notices": prepared.notices,

@@ -15,16 +15,15 @@ and tile. The pixels are made per batch by the processor (recipes/vision.py).
 
 from __future__ import annotations
 
-import base64
 import binascii
 import io
 from dataclasses import dataclass
-from functools import lru_cache
 
 import numpy as np
 
-from leap_finetune.data.messages import IMAGE_PLACEHOLDER, ImageRef, looks_base64
+from leap_finetune.data.messages import IMAGE_PLACEHOLDER, ImageRef, b64decode, looks_base64
 from leap_finetune.data.render import IGNORE_INDEX, Renderer, TokenizedRow
+from leap_finetune.errors import LeapError
 
 # what Pillow opens that LFM2-VL's processor reads as RGB
 FORMATS = ("PNG", "JPEG", "WEBP", "GIF", "BMP", "TIFF")
@@ -50,7 +49,7 @@ def read_bytes(source: str) -> bytes:
     if source.startswith("data:") or looks_base64(source):
         payload = source.partition(",")[2] if source.startswith("data:") else source
         try:
-            return base64.b64decode(payload, validate=False)
+            return b64decode("".join(payload.split()))
         except (binascii.Error, ValueError) as err:
             raise ImageProblem(f"the image's base64 text does not decode ({err})") from None
     try:
@@ -106,13 +105,23 @@ class ImageReader:
         self.image_processor = image_processor
         self.tokenizer = processor.tokenizer
         self.image_token_id = int(self.tokenizer.convert_tokens_to_ids(IMAGE_PLACEHOLDER))
-        self._layout = lru_cache(maxsize=4096)(self._compute_layout)
+        self._layouts: dict[tuple[int, int], ImageLayout] = {}  # (a plain dict: the reader pickles to spawned workers)
+        ip = image_processor
+        for low, high in (("min_image_tokens", "max_image_tokens"), ("min_tiles", "max_tiles")):
+            if getattr(ip, low) > getattr(ip, high):
+                raise LeapError(
+                    f"image_processor: {low} {getattr(ip, low)} is larger than {high} {getattr(ip, high)} (the "
+                    "model's own setting where the config leaves one out)",
+                    where="image_processor",
+                    fix=f"set both {low} and {high}, with {low} <= {high}",
+                )
 
     def describe(self) -> dict:
         """The settings that decide each image's tokens (part of the data cache's key)."""
         ip = self.image_processor
         keys = ("min_image_tokens", "max_image_tokens", "do_image_splitting", "min_tiles", "max_tiles", "tile_size")
-        return {key: getattr(ip, key, None) for key in keys + ("use_thumbnail", "encoder_patch_size")}
+        keys += ("use_thumbnail", "encoder_patch_size", "downsample_factor", "max_pixels_tolerance")
+        return {key: getattr(ip, key, None) for key in keys}
 
     def check(self, ref: ImageRef) -> tuple[int, int]:
         """Decode the image in full; its (width, height)."""
@@ -120,10 +129,21 @@ class ImageReader:
 
     def size(self, source: str) -> tuple[int, int]:
         """(width, height) from the header only (the rows were decoded in full when checked)."""
+        if not source.startswith(("data:", "http://", "https://")) and not looks_base64(source):
+            from PIL import Image
+
+            try:
+                with Image.open(source) as image:  # (reads the header, not the file)
+                    return image.size
+            except Exception:  # noqa: BLE001 - said in the words of open_image below
+                pass
         return open_image(source, decode=False).size
 
     def layout(self, width: int, height: int) -> ImageLayout:
-        return self._layout(width, height)
+        key = (width, height)
+        if key not in self._layouts:
+            self._layouts[key] = self._compute_layout(width, height)
+        return self._layouts[key]
 
     def _compute_layout(self, width: int, height: int) -> ImageLayout:
         ip, processor = self.image_processor, self.processor
@@ -179,6 +199,7 @@ class ImageRow:
             "labels": self.labels,
             "image_sources": self.images,
             "image_tokens": self.image_tokens,
+            "image_tiles": self.tiles,  # (the batch balance counts the vision encoder's work: recipes/sampling.py)
         }
 
 

@@ -168,6 +168,14 @@ def check_message(message: Any, field: str, problem: Problem, *, images: ImagePa
     content = parse_content(raw, f"{field}.content", problem, images=images if takes_images else None)
     if content is None:
         return None
+    if images is not None and not takes_images and IMAGE_PLACEHOLDER in content.text:
+        # (in a vision-language run it is the image token: the model would look for a picture there)
+        problem(
+            f"{field}.content",
+            f"the text holds '{IMAGE_PLACEHOLDER}', the model's image token; images go in user turns as image parts "
+            "- reword the text",
+        )
+        return None
     if images is not None and takes_images:
         images.found.extend(content.images)
     if role == "assistant" and not (content.text.strip() or message.get("tool_calls") or message.get("thinking")):
@@ -276,8 +284,22 @@ def _image(part: dict, field: str, images: ImageParts, problem: Problem) -> Imag
     if source.startswith(("http://", "https://", "data:")) or looks_base64(source):
         return ImageRef(source, field)  # decoded (URLs fetched) when checked: a row is parsed without the network
     path = images.folder / Path(source).expanduser()  # (~/x.jpg: the home folder's; an absolute path stays itself)
-    if not path.is_file():
-        problem(field, f"image file not found: {path}")
+    try:
+        found = path.is_file()
+    except OSError:  # a name too long for the file system: neither a path nor base64 of a known image format
+        found = False
+    if not found:
+        shown = str(path) if len(source) <= 200 else f"{source[:40]}... ({len(source)} characters)"
+        problem(
+            field,
+            f"image file not found: {shown}"
+            + (
+                " (nor base64 of a PNG, JPEG, GIF, WebP, BMP or TIFF file: give it as a data URI, "
+                "data:image/png;base64,...)"
+                if len(source) > 200
+                else ""
+            ),
+        )
         return None
     return ImageRef(str(path), field)
 
@@ -295,27 +317,39 @@ def image_source(value: Any) -> Any:
     if hasattr(value, "save") and hasattr(value, "size"):  # a PIL image
         import io
 
+        # (its own format where Pillow can write it - a JPEG photo stays a JPEG - else PNG of its RGB)
+        fmt = value.format if value.format in ("JPEG", "PNG", "WEBP") else "PNG"
+        if fmt == "PNG" and value.mode not in ("RGB", "RGBA", "L", "LA", "P", "1", "I", "I;16"):
+            value = value.convert("RGB")  # (CMYK and others: not writable as PNG)
         buffer = io.BytesIO()
-        value.save(buffer, format="PNG")
-        return "data:image/png;base64," + base64.b64encode(buffer.getvalue()).decode("ascii")
+        value.save(buffer, format=fmt)
+        return f"data:image/{fmt.lower()};base64," + base64.b64encode(buffer.getvalue()).decode("ascii")
     return value
 
 
 def looks_base64(source: str) -> bool:
     """Base64 text of an image without a data URI prefix: the base64 alphabet only, and its first bytes decode to an
     image file's signature (PNG, JPEG, GIF, WebP, BMP, TIFF) - a file name never does."""
-    import base64
     import binascii
     import re
 
     head = source[:64].strip()
-    if len(head) < 16 or re.fullmatch(r"[A-Za-z0-9+/=]+", head) is None:
+    if len(head) < 16 or re.fullmatch(r"[A-Za-z0-9+/=_-]+", head) is None:
         return False
     try:
-        start = base64.b64decode(head[: len(head) // 4 * 4])
+        start = b64decode(head[: len(head) // 4 * 4])
     except (binascii.Error, ValueError):
         return False
     return start.startswith(IMAGE_SIGNATURES)
+
+
+def b64decode(text: str) -> bytes:
+    """Base64 in the standard or the URL-safe alphabet."""
+    import base64
+
+    if "-" in text or "_" in text:
+        return base64.urlsafe_b64decode(text + "=" * (-len(text) % 4))
+    return base64.b64decode(text + "=" * (-len(text) % 4))
 
 
 # the first bytes of the image files Pillow reads for LFM2-VL

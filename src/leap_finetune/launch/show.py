@@ -157,9 +157,19 @@ def plan_report(resolved, devices: DevicePlan, prepared, no_tokens: str = "") ->
             else t.get("train_sampling_strategy", "random")
         ),
         "last_batch": steps.last_batch,
+        "trains": _trains(resolved),
         "rollouts": _rollouts(resolved),
         "processes": processes(devices, resolved.config_path, resolved),
     }
+
+
+def _trains(resolved) -> dict | None:
+    """A vision-language run: how each part trains (full, LoRA, frozen; the vision encoder's learning rate)."""
+    if not resolved.vision:
+        return None
+    from leap_finetune.validate.vision import trained_parts
+
+    return dict(trained_parts(resolved.training, resolved.peft))
 
 
 def _rollouts(resolved) -> dict | None:
@@ -243,6 +253,8 @@ def print_plan(console, report: dict) -> None:
     )
     if report["last_batch"]:
         console.print(report["last_batch"])
+    if report.get("trains"):
+        console.print("trains: " + ", ".join(f"{part} {how}" for part, how in report["trains"].items()))
     if report.get("rollouts"):
         console.print(f"rollouts: {escape(report['rollouts']['engine'])}; {escape(report['rollouts']['advice'])}")
     console.print("processes:")

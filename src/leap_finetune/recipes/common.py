@@ -189,7 +189,9 @@ def vision_optimizer(trainer_class):
             if self.vision_lr_multiplier is not None:
                 from leap_finetune.recipes.vision import split_vision_groups
 
-                split_vision_groups(self.optimizer, self.model, self.vision_lr_multiplier)
+                split_vision_groups(
+                    self.optimizer, model if model is not None else self.model, self.vision_lr_multiplier
+                )
             return optimizer
 
     WithVisionRate.__name__ = WithVisionRate.__qualname__ = trainer_class.__name__
@@ -210,7 +212,11 @@ def image_collator(resolved: ResolvedConfig, tokenizer, args, *, padding_free: b
 
         # (rows with images fit max_length: checked when the rows were prepared, so nothing is cut here)
         text = DataCollatorForPreference(
-            pad_token_id=tokenizer.pad_token_id, pad_to_multiple_of=getattr(args, "pad_to_multiple_of", None)
+            pad_token_id=tokenizer.pad_token_id,
+            # (text pairs are cut as TRL's own collator cuts them; pairs with images fit, checked with the rows)
+            max_length=getattr(args, "max_length", None),
+            truncation_mode=getattr(args, "truncation_mode", "keep_start"),
+            pad_to_multiple_of=getattr(args, "pad_to_multiple_of", None),
         )
         return PairImageBatches(text, reader)
     from trl.trainer.sft_trainer import DataCollatorForLanguageModeling

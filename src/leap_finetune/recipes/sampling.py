@@ -22,13 +22,22 @@ from __future__ import annotations
 
 import heapq
 
+# A tile's vision-encoder work in language-model tokens: LFM2-VL's processor pads every tile (and thumbnail, and image
+# that is not split) to 1,024 patches, so a tile costs the same whatever its size; SigLIP2 over 1,024 patches is about
+# the language model over 256 tokens (LFM2-VL-450M: 86M x 1,024 vs 354M x 256 parameter-FLOPs).
+TILE_TOKENS = 256
+
 
 def row_lengths(dataset) -> list[int]:
-    """Token count of each row, read from the Arrow column (no Python copy of the token ids)."""
+    """The cost of each row for the balance: its token count, read from the Arrow column (no Python copy of the
+    token ids), plus TILE_TOKENS per image tile of an image run - so that the batches are grouped by tile count."""
     import pyarrow.compute as pc
 
-    column = dataset.with_format("arrow")["input_ids"]
-    return pc.list_value_length(column).to_pylist()
+    table = dataset.with_format("arrow")
+    lengths = pc.list_value_length(table["input_ids"])
+    if "image_tiles" in table.column_names:
+        lengths = pc.add(lengths, pc.multiply(pc.fill_null(table["image_tiles"], 0), TILE_TOKENS))
+    return lengths.to_pylist()
 
 
 def balanced_sampler(args, dataset, *, padding_free: bool):

@@ -17,7 +17,7 @@ from __future__ import annotations
 from leap_finetune.errors import LeapError
 from leap_finetune.methods import VISION_KEYS
 
-IMAGE_COLUMNS = ("image_sources", "image_tokens")
+IMAGE_COLUMNS = ("image_sources", "image_tokens", "image_tiles")
 VISION_ENCODER, PROJECTOR, LANGUAGE_MODEL = "vision_tower", "multi_modal_projector", "language_model"
 
 
@@ -69,19 +69,23 @@ def lora_modules_to_save(training: dict) -> list[str]:
 
 def split_vision_groups(optimizer, model, multiplier: float) -> int:
     """Move the vision encoder's parameters of each optimizer group into a group of their own at lr x multiplier
-    (before the scheduler is made: it scales each group's own initial rate). Returns the parameters moved."""
-    if multiplier == 1:
-        return 0
+    (before the scheduler is made: it scales each group's own initial rate). Returns the parameters moved. Done at
+    any multiplier, 1 included, so that a checkpoint's optimizer state always has the same groups; a group it made
+    (`vision_encoder` set) is not split again."""
     vision = {id(p) for name, p in model.named_parameters() if f"{VISION_ENCODER}." in name and p.requires_grad}
     if not vision:
         return 0
     moved = 0
     for group in list(optimizer.param_groups):
+        if group.get("vision_encoder"):
+            continue
         mine = [p for p in group["params"] if id(p) in vision]
         if not mine:
             continue
         group["params"] = [p for p in group["params"] if id(p) not in vision]
-        optimizer.add_param_group({**{k: v for k, v in group.items() if k != "params"}, "params": mine})
+        optimizer.add_param_group(
+            {**{k: v for k, v in group.items() if k != "params"}, "params": mine, "vision_encoder": True}
+        )
         optimizer.param_groups[-1]["lr"] = group["lr"] * multiplier
         moved += len(mine)
     optimizer.param_groups[:] = [g for g in optimizer.param_groups if g["params"]]
@@ -106,17 +110,29 @@ class ImageBatches:
         batch = self.text_collator([{k: v for k, v in ex.items() if k not in IMAGE_COLUMNS} for ex in examples])
         if not sources:
             return batch
-        for source, expected in zip(sources, tokens, strict=True):
-            width, height = self.reader.size(source)
-            now = len(self.reader.layout(width, height).ids)
-            if now != expected:
-                raise LeapError(
-                    f"the image {source[:120]} now becomes {now} tokens and was prepared as {expected}: it changed "
-                    "after the rows were prepared",
-                    where="dataset",
-                    fix="keep the images unchanged during a run; to train on the new ones start a new run",
-                )
-        pixels = self.reader.pixels(sources)
+        from leap_finetune.data.images import ImageProblem
+
+        shown = ""
+        try:
+            for source, expected in zip(sources, tokens, strict=True):
+                shown = source[:120]
+                width, height = self.reader.size(source)
+                now = len(self.reader.layout(width, height).ids)
+                if now != expected:
+                    raise LeapError(
+                        f"the image {shown} now becomes {now} tokens and was prepared as {expected}: it changed "
+                        "after the rows were prepared",
+                        where="dataset",
+                        fix="keep the images unchanged during a run; to train on the new ones start a new run",
+                    )
+            pixels = self.reader.pixels(sources)
+        except ImageProblem as err:  # (checked when the rows were prepared: the file changed since)
+            raise LeapError(
+                f"an image of this batch cannot be read any more: {err}",
+                where="dataset",
+                fix="keep the images in place and unchanged during a run (it resumes from its last checkpoint: "
+                "`training_config.resume_from_checkpoint: latest`)",
+            ) from None
         if self.repeat > 1:  # DPO: the batch holds every row twice (chosen rows, then rejected rows)
             import torch
 

@@ -23,6 +23,8 @@ from leap_finetune.methods import VISION_KEYS, method_of
 # the language model's layers, as module names of Lfm2VlForConditionalGeneration (model.language_model.layers...)
 LANGUAGE_MODEL_MODULES = r".*language_model.*\.({names})"
 LANGUAGE_MODEL_PREFIX = "language_model"
+# the linear layers of an LFM2 decoder layer: attention, short convolution, SwiGLU MLP
+LFM2_LINEAR = ("q_proj", "k_proj", "v_proj", "out_proj", "in_proj", "w1", "w2", "w3")
 
 
 def check_vision_keys(model, vision: bool, where: str) -> None:
@@ -73,6 +75,14 @@ def resolve_vision(training_type: str, training: dict, peft: dict | None, vision
             where=where,
             fix="give a number > 0: the vision encoder's learning rate as a multiple of learning_rate (default 0.1)",
         )
+    for key in ("packing", "eval_packing"):
+        if training.get(key):
+            raise LeapError(
+                f"training_config.{key} joins rows into fixed-length blocks, which would cut pictures apart; rows "
+                "with images are not packed",
+                where=where,
+                fix=f"remove {key}: on a GPU image runs use padding-free batches (no padding, no cut rows) by default",
+            )
     if not any(training[key] for key in VISION_KEYS[:3]):
         raise LeapError(
             "training_config sets train_vision_encoder, train_projector and train_language_model all to false: "
@@ -84,9 +94,12 @@ def resolve_vision(training_type: str, training: dict, peft: dict | None, vision
         return None
     peft = dict(peft)
     targets = peft.get("target_modules")
+    if targets == "all-linear":  # (peft's every linear layer: the vision encoder's and the projector's too)
+        targets = list(LFM2_LINEAR)
     if isinstance(targets, list) and targets:
         # (a list matches module names anywhere: SigLIP2's q/k/v/out_proj too)
         peft["target_modules"] = LANGUAGE_MODEL_MODULES.format(names="|".join(re.escape(t) for t in targets))
+    # (a regular expression of the user's own is theirs: it may name vision modules on purpose)
     if not training["train_language_model"]:
         raise LeapError(
             "with LoRA, train_language_model: false leaves the adapters nothing to train (they sit on the language "

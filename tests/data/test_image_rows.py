@@ -64,6 +64,11 @@ def test_rows_with_images_are_expanded_and_only_the_answer_carries_loss(workdir,
     )["input_ids"][0]
     assert ids.tolist() == expected.tolist()
     assert row["image_sources"] == [str(workdir / "a.png"), str(workdir / "b.png")]
+    assert row["image_tiles"] == 2  # (one picture each, not split: the tiny processor's settings)
+    from leap_finetune.recipes.sampling import TILE_TOKENS, row_lengths
+
+    # the batch balance counts each tile's vision-encoder work on top of the tokens
+    assert row_lengths(prepared.train.dataset())[0] == len(ids) + 2 * TILE_TOKENS
     assert sum(row["image_tokens"]) == int(np.isin(ids, image_token_ids(tokenizer)).sum())
     # token by token: loss exactly on the answer and its end-of-turn token; never on an image token or the prompt
     trained = labels != IGNORE_INDEX
@@ -196,6 +201,18 @@ BROKEN = [
         "images must be local",
     ),
     (
+        "the image token in an answer",
+        lambda d: image_row(str(picture(d / "t.png")), answer="see <image>"),
+        "messages[1].content",
+        "the model's image token",
+    ),
+    (
+        "a long string that is neither a file nor base64 of an image",
+        lambda d: image_row("Zm9v" * 80),
+        "messages[0].content[0]",
+        "nor base64 of a PNG, JPEG",
+    ),
+    (
         "the image token written as text",
         lambda d: {
             "messages": [
@@ -275,6 +292,7 @@ def test_vision_keys_on_a_text_model_or_type_say_where_they_belong(workdir, conf
             "leaves the adapters nothing to train",
         ),
         ({"extends": "DEFAULT_VLM_SFT", "model_name": None}, None, "is a text model"),
+        ({"packing": True}, None, "rows with images are not packed"),
     ],
 )
 def test_bad_vision_values_are_refused_before_anything_loads(workdir, training, peft, words):
@@ -324,3 +342,59 @@ def test_image_processor_settings_change_the_tokens_and_are_checked(workdir):
 
 def test_tiny_processor_settings_are_what_the_tests_assume():
     assert TINY_IMAGE_PROCESSOR["max_image_tokens"] == 16 and not TINY_IMAGE_PROCESSOR["do_image_splitting"]
+
+
+def test_a_decoded_picture_of_a_hub_images_column_becomes_a_data_uri_that_reads_back(tmp_path):
+    """What a Hub dataset's Image column yields (PIL pictures) is kept as a data URI string in the prepared rows."""
+    from leap_finetune.data.images import open_image
+    from leap_finetune.data.messages import ImageParts, parse_content
+
+    picture = Image.new("RGB", (30, 20), (9, 99, 199))
+    parts = ImageParts(tmp_path, [picture])
+    problems = []
+    content = parse_content([{"type": "image"}, QUESTION], "m[0].content", lambda *p: problems.append(p), images=parts)
+    assert problems == [] and content.text == "<image>What colour is it?"
+    [ref] = content.images
+    assert ref.source.startswith("data:image/png;base64,") and ref.field == "images[0]"
+    back = open_image(ref.source)
+    assert back.size == (30, 20) and back.getpixel((3, 3)) == (9, 99, 199)
+
+
+def test_the_cache_is_used_only_while_the_pictures_are_unchanged(workdir, monkeypatch):
+    """The cache key holds the data files, not the pictures: a changed picture, or a fixed one that was missing,
+    prepares the rows again; unchanged ones read them from the cache (samples keep their pictures)."""
+    monkeypatch.setenv("LEAP_FINETUNE_CACHE", str(workdir / "cache"))
+    picture(workdir / "a.png", (48, 48))
+    write_jsonl(workdir / "train.jsonl", [image_row("a.png")] * 3 + [image_row("later.png")])
+    config = vl_config()
+    config["dataset"]["on_invalid"] = "skip"
+    config["dataset"]["test_size"] = 1
+    config["samples"] = 1
+    path = write_config(workdir, config)
+    first = prepare(load_config(path))[2]
+    assert first.from_cache is None and len(first.train) + len(first.eval) == 3
+    again = prepare(load_config(path))[2]
+    assert again.from_cache is None  # a row was dropped for its picture: it may be there now
+    picture(workdir / "later.png", (48, 48))
+    fixed = prepare(load_config(path))[2]
+    assert fixed.from_cache is None and len(fixed.train) + len(fixed.eval) == 4
+    cached = prepare(load_config(path))[2]
+    assert cached.from_cache is not None
+    assert cached.sample_messages[0].images and cached.sample_messages[0].images[0].source.endswith(".png")
+    picture(workdir / "a.png", (640, 200))  # same name, another picture: other tokens
+    changed = prepare(load_config(path))[2]
+    assert changed.from_cache is None
+    assert changed.train.images()[2] + changed.eval.images()[2] != cached.train.images()[2] + cached.eval.images()[2]
+
+
+def test_url_safe_base64_reads_and_a_range_the_config_half_sets_is_checked(workdir):
+    raw = data_uri().partition(",")[2]
+    urlsafe = raw.replace("+", "-").replace("/", "_").rstrip("=")
+    write_jsonl(workdir / "train.jsonl", [image_row(urlsafe), image_row(raw)])
+    _, _, prepared = prepare(load_config(write_config(workdir, vl_config())))
+    assert prepared.train.images()[1] == 2
+    # min_tiles alone above the model's max_tiles: said before anything trains, naming both keys
+    config = {**vl_config(), "image_processor": {"min_tiles": 12, "do_image_splitting": True}}
+    result = invoke("validate", str(write_config(workdir, config)), cwd=workdir)
+    assert result.returncode == 2, result.stderr
+    assert "min_tiles 12 is larger than max_tiles" in " ".join(result.stderr.split())
