@@ -342,7 +342,11 @@ def init(
             fix="name it e.g. config.yaml",
         )
     output.parent.mkdir(parents=True, exist_ok=True)
-    output.write_text(starter(training_type, model, str(output)), encoding="utf-8")
+    from leap_finetune.methods import method_of
+    from leap_finetune.models.vision import is_vision_model
+
+    vision = method_of(training_type).images and is_vision_model(model)
+    output.write_text(starter(training_type, model, str(output), vision=vision), encoding="utf-8")
     console = Console(stderr=True)
     console.print(
         f"wrote {output} ({training_type} on {model}); put your rows in data/train.jsonl (the format is "

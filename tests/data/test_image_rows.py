@@ -251,15 +251,23 @@ def test_each_broken_image_row_is_a_clear_error_naming_the_row(workdir, name, ma
     assert not (workdir / "outputs").exists()  # nothing written
 
 
-def test_on_invalid_skip_drops_a_broken_image_row_and_says_so(workdir):
+def test_on_invalid_skip_drops_each_kind_of_broken_image_row_and_says_so(workdir):
     picture(workdir / "ok.png")
-    write_jsonl(workdir / "train.jsonl", [image_row("ok.png")] * 3 + [image_row("gone.png")])
-    config = vl_config()
+    rows = [image_row("ok.png")] * 3 + [
+        image_row("gone.png"),
+        image_row(truncated_png(workdir)),
+        image_row(not_an_image(workdir)),
+        image_row(str(picture(workdir / "big.png", (640, 640)))),  # 18 image tokens: 42 > max_length 36
+    ]
+    write_jsonl(workdir / "train.jsonl", rows)
+    config = vl_config(max_length=36)
     config["dataset"]["on_invalid"] = "skip"
     resolved = load_config(write_config(workdir, config))
     _, _, prepared = prepare(resolved)
-    assert len(prepared.train) == 3 and prepared.invalid_skipped == 1
-    assert "image file not found" in prepared.dropped[0].reason
+    assert len(prepared.train) == 3 and prepared.invalid_skipped == 4
+    reasons = " | ".join(d.reason for d in prepared.dropped)
+    for words in ("image file not found", "cannot be decoded", "is not an image", "> max_length 36"):
+        assert words in reasons, reasons
 
 
 @pytest.mark.parametrize(
@@ -398,3 +406,27 @@ def test_url_safe_base64_reads_and_a_range_the_config_half_sets_is_checked(workd
     result = invoke("validate", str(write_config(workdir, config)), cwd=workdir)
     assert result.returncode == 2, result.stderr
     assert "min_tiles 12 is larger than max_tiles" in " ".join(result.stderr.split())
+
+
+def test_init_for_a_vision_model_writes_an_image_starter_that_validates(workdir):
+    result = invoke("init", "vl.yaml", "--model", "tiny-lfm2.5-vl", cwd=workdir)
+    assert result.returncode == 0, result.stderr
+    text = (workdir / "vl.yaml").read_text()
+    assert "extends: DEFAULT_VLM_SFT" in text and "DEFAULT_VLM_LORA" in text and "packing" not in text
+    example = next(line for line in text.splitlines() if '{"messages"' in line).strip().lstrip("# ")
+    (workdir / "data" / "images").mkdir(parents=True)
+    picture(workdir / "data" / "images" / "0001.png")
+    (workdir / "data" / "train.jsonl").write_text((example + "\n") * 30)
+    result = invoke("validate", "vl.yaml", cwd=workdir)
+    assert result.returncode == 0, result.stderr
+
+
+def test_a_benchmark_picture_that_does_not_decode_is_refused_by_validate(workdir):
+    picture(workdir / "ok.png")
+    write_jsonl(workdir / "train.jsonl", [image_row("ok.png")] * 2)
+    write_jsonl(workdir / "bench.jsonl", [image_row("ok.png"), image_row(truncated_png(workdir))])
+    config = {**vl_config(), "evals": {"benchmarks": [{"name": "b", "path": "bench.jsonl", "metric": "exact_match"}]}}
+    result = invoke("validate", str(write_config(workdir, config)), cwd=workdir)
+    assert result.returncode == 2, result.stderr
+    message = " ".join(result.stderr.split())
+    assert "bench.jsonl, line 2" in message and "cannot be decoded" in message, message

@@ -100,14 +100,50 @@ def schema_text() -> str:
     return json.dumps(json_schema(), indent=2, sort_keys=True) + "\n"
 
 
-def starter(training_type: str, model: str, file_name: str) -> str:
+# a vision-language model (LFM2-VL): rows with pictures, the parts that train (docs/vision.md)
+VISION_ROWS = {
+    "sft": '{"messages": [{"role": "user", "content": [{"type": "image", "image": "images/0001.png"}, '
+    '{"type": "text", "text": "What is the total?"}]}, {"role": "assistant", "content": "42.50 EUR"}]}',
+    "dpo": '{"prompt": [{"role": "user", "content": [{"type": "image", "image": "images/0001.png"}, '
+    '{"type": "text", "text": "What is the total?"}]}], "chosen": "42.50 EUR", "rejected": "40 EUR"}',
+}
+VISION_TRAINING = {
+    "sft": """training_config:
+  extends: DEFAULT_VLM_SFT          # SFT defaults for images: max_length 4096, the vision encoder at 0.1x
+  num_train_epochs: 3
+  per_device_train_batch_size: 2
+  learning_rate: 2e-5
+  max_length: 4096                  # a row with its image tokens must fit (256 per 512x512 tile): validate says which don't
+  # train_vision_encoder: true      # which parts train (LoRA: the language model only)
+  # train_projector: true
+  # train_language_model: true
+  # vision_encoder_lr_multiplier: 0.1
+
+# image_processor:                  # how images become tokens (default: the model's own)
+#   max_image_tokens: 256
+#   max_tiles: 10
+""",
+    "dpo": """training_config:
+  extends: DEFAULT_DPO              # beta 0.1, learning rate 5e-7, ...
+  num_train_epochs: 1
+  per_device_train_batch_size: 2
+  max_length: 4096                  # the prompt with its image tokens and the longer answer must fit
+  # train_vision_encoder: true      # which parts train (LoRA: the language model only)
+  # vision_encoder_lr_multiplier: 0.1
+""",
+}
+
+
+def starter(training_type: str, model: str, file_name: str, *, vision: bool = False) -> str:
+    """`vision`: the model is a vision-language model (LFM2-VL) and the type trains on images (sft, dpo)."""
+    vision = vision and training_type in VISION_ROWS
     lora = (
         ""
         if method_of(training_type).retrieval
-        else """
+        else f"""
 # LoRA instead of a full fine-tune (remove the # of both lines):
 # peft_config:
-#   extends: DEFAULT_LORA
+#   extends: {"DEFAULT_VLM_LORA" if vision else "DEFAULT_LORA"}
 """
     )
     evals = (
@@ -139,12 +175,12 @@ training_type: {training_type}
 dataset:
   path: data/train.jsonl              # .jsonl, .json, .parquet, .csv, a folder of them, or a Hub dataset id
   # one row per line, e.g.:
-  # {ROWS[training_type]}
+  # {(VISION_ROWS if vision else ROWS)[training_type]}
 {held_out}
   # limit: 1000                       # the first N rows only
   # on_invalid: skip                  # drop invalid rows (listed in dropped_rows.jsonl) instead of stopping
-
-{TRAINING[training_type]}{lora}{evals}"""
+{"  # image_root: /data/pictures       # where relative image paths start (default: the data file's folder)" + chr(10) if vision else ""}
+{(VISION_TRAINING if vision else TRAINING)[training_type]}{lora}{evals}"""
 
 
 assert set(ROWS) == set(TRAINING) == set(TRAINING_TYPES)

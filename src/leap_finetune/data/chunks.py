@@ -102,6 +102,9 @@ class CheckedChunk:
     warnings: list[RowWarning] = field(default_factory=list)
     columns_seen: list[set] = field(default_factory=list)  # of the first 50 rows: another training type's data?
     extra_kinds: list[tuple[str, str, dict]] = field(default_factory=list)  # GRPO: (file, location, {column: kind})
+    # rows whose images failed (decoding, length): pass 2's own check of the row does not open images, so it is
+    # told to skip them (on_invalid: skip)
+    image_invalid: list[tuple[str, str]] = field(default_factory=list)
 
 
 def check_chunk(rows: list[SourceRow]) -> CheckedChunk:
@@ -119,6 +122,8 @@ def check_chunk(rows: list[SourceRow]) -> CheckedChunk:
         result.warnings.extend(warnings)
         if not problems and getattr(parsed, "images", None):
             problems = check_images(row, parsed, _JOB.renderer)
+            if problems:
+                result.image_invalid.append((row.file, row.location))
         if problems:
             result.problems.extend(problems)
             continue

@@ -88,7 +88,9 @@ def open_image(source: str, *, decode: bool = True):
 
 
 def _shown(source: str) -> str:
-    return "the data URI image" if source.startswith("data:") or len(source) > 300 else source
+    if source.startswith("data:"):
+        return "the inline image (data URI or image bytes)"
+    return "the inline image (base64 text)" if len(source) > 300 else source
 
 
 class ImageReader:

@@ -512,7 +512,7 @@ def _requests(stream: _Stream, wanted: dict):
         count = checked.valid - len(skip)
         yield TokenizeRequest(
             rows,
-            skip=skip,
+            skip=skip | frozenset(checked.image_invalid),  # (invalid already: not in checked.valid)
             expected=count,
             examples=frozenset(i - base for i in wanted["examples"] if base <= i < base + count),
             samples=frozenset(i - base for i in wanted["samples"] if base <= i < base + count),

@@ -143,7 +143,33 @@ def check_benchmarks(resolved: ResolvedConfig, model_id: str | None = None):
     benchmarks = load_benchmarks(resolved.evals, vision=vision, model_name=resolved.model_name)
     if vision and has_images(benchmarks):
         require_torchvision(model_id)
+        _decode_images(benchmarks)
     return benchmarks
+
+
+def _decode_images(benchmarks) -> None:
+    """Every local picture of the benchmarks decoded now (a truncated or unreadable one would fail the evaluation
+    at step 0, or mid-run), each problem naming the benchmark's file and row. URLs are fetched when evaluated."""
+    from leap_finetune.data.images import ImageProblem, open_image
+    from leap_finetune.errors import DataError, RowProblem
+
+    problems = []
+    for bench in benchmarks:
+        for item in bench.items:
+            for number, source in enumerate(item.images):
+                if source.startswith(("http://", "https://")):
+                    continue
+                try:
+                    open_image(source)
+                except ImageProblem as err:
+                    problems.append(RowProblem(item.file, item.location, f"image {number + 1}", str(err)))
+    if problems:
+        raise DataError(
+            problems=problems,
+            total_rows=sum(len(b.items) for b in benchmarks),
+            fix_text="replace or remove the listed pictures of the benchmark rows (evals.benchmarks)",
+            title="benchmarks",
+        )
 
 
 def _refuse_lora_checkpoint(folder: Path) -> None:

@@ -64,7 +64,9 @@ def pydantic_error(err: ValidationError, where: str, prefix: str = "") -> LeapEr
     if number is not None:
         return LeapError(f"{number[0]}{more}", where=where, fix=number[1])
     message = first["msg"].removeprefix("Value error, ")  # (our own validators' words, without pydantic's label)
-    if first["type"] == "dict_type":
+    if first["type"] in ("dict_type", "model_type", "model_attributes_type"):
+        # (pydantic names the class: "a valid dictionary or instance of ImageProcessorConfig")
+        message = "expected a mapping of its keys"
         fix = f"give {loc or 'it'} a mapping of its keys, e.g. `{loc or 'training_config'}: {{key: value}}` (docs/config.md)"
     return LeapError(f"{loc}: {message}{got_text}{more}", where=where, fix=fix)
 
