@@ -178,24 +178,20 @@ def prepare_vision_model(resolved: ResolvedConfig, model, console) -> None:
         )
 
 
-def vision_optimizer(trainer_class):
-    """`trainer_class` whose optimizer gives the vision encoder learning_rate x vision_encoder_lr_multiplier."""
+class VisionRate:
+    """A mixin of the SFT and DPO trainers (first among their bases): the optimizer gives the vision encoder
+    learning_rate x vision_encoder_lr_multiplier (recipes/vision.py split_vision_groups) when the class attribute is
+    set (an image run)."""
 
-    class WithVisionRate(trainer_class):
-        vision_lr_multiplier: float | None = None
+    vision_lr_multiplier: float | None = None
 
-        def create_optimizer(self, model=None):
-            optimizer = super().create_optimizer(model) if model is not None else super().create_optimizer()
-            if self.vision_lr_multiplier is not None:
-                from leap_finetune.recipes.vision import split_vision_groups
+    def create_optimizer(self, model=None):
+        optimizer = super().create_optimizer(model) if model is not None else super().create_optimizer()
+        if self.vision_lr_multiplier is not None:
+            from leap_finetune.recipes.vision import split_vision_groups
 
-                split_vision_groups(
-                    self.optimizer, model if model is not None else self.model, self.vision_lr_multiplier
-                )
-            return optimizer
-
-    WithVisionRate.__name__ = WithVisionRate.__qualname__ = trainer_class.__name__
-    return WithVisionRate
+            split_vision_groups(self.optimizer, model if model is not None else self.model, self.vision_lr_multiplier)
+        return optimizer
 
 
 def image_collator(resolved: ResolvedConfig, tokenizer, args, *, padding_free: bool = False):

@@ -21,7 +21,7 @@ def config_class():
 def trainer_class():
     from trl import DPOTrainer
 
-    class LeapDPOTrainer(DPOTrainer):
+    class LeapDPOTrainer(common.VisionRate, DPOTrainer):
         """TRL re-tokenizes every dataset from text; ours arrive as prompt_ids / chosen_ids /
         rejected_ids, rendered with the official template and checked by the driver (which also
         drops and reports rows that max_length would empty), so preparation is skipped."""
@@ -31,7 +31,7 @@ def trainer_class():
                 return dataset
             return super()._prepare_dataset(dataset, processing_class, args, dataset_name)
 
-    return common.vision_optimizer(LeapDPOTrainer)
+    return LeapDPOTrainer
 
 
 def training_arguments(resolved: ResolvedConfig, *, run_dir: str, has_eval: bool, cuda: bool | None = None) -> dict:

@@ -41,7 +41,7 @@ def trainer_class():
 
     from leap_finetune.recipes.sampling import balanced_sampler, epoch_callback
 
-    class LeapSFTTrainer(SFTTrainer):
+    class LeapSFTTrainer(common.VisionRate, SFTTrainer):
         """SFTTrainer whose `batch_rebalance` sampler balances tokens for padding-free batches and reads
         row lengths from the Arrow column (recipes/sampling.py)."""
 
@@ -56,11 +56,12 @@ def trainer_class():
             dataset = train_dataset if train_dataset is not None else self.train_dataset
             if self.args.train_sampling_strategy != "batch_rebalance" or dataset is None:
                 return super()._get_train_sampler(train_dataset)
-            sampler = balanced_sampler(self.args, dataset, padding_free=self.flat_batches)
+            flat = self.flat_batches or bool(self.args.padding_free)
+            sampler = balanced_sampler(self.args, dataset, padding_free=flat)
             self._sampler_epoch.sampler = sampler  # (its epoch is set at every epoch's start, resumes included)
             return sampler
 
-    return common.vision_optimizer(LeapSFTTrainer)
+    return LeapSFTTrainer
 
 
 def for_trainer(dataset, args, packing: bool):
