@@ -178,7 +178,7 @@ def _vision_rows(renderer: VisionRenderer, conversations: list) -> list[ImageRow
             rows.append(renderer.tokenize_images(conversation, image_sizes(renderer, conversation.images))[1])
             continue
         text = tokenize_many(renderer, [conversation])[0]
-        rows.append(ImageRow(text.input_ids, text.labels, [], [], 0, text.trained_tokens_lost, text.truncated))
+        rows.append(ImageRow(text.input_ids, text.labels, text.trained_tokens_lost, text.truncated))
     return rows
 
 

@@ -17,12 +17,12 @@ from __future__ import annotations
 
 import binascii
 import io
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 
 import numpy as np
 
 from leap_finetune.data.messages import IMAGE_PLACEHOLDER, ImageRef, b64decode, looks_base64
-from leap_finetune.data.render import IGNORE_INDEX, Renderer, TokenizedRow
+from leap_finetune.data.render import IGNORE_INDEX, CompactRow, Renderer, TokenizedRow
 from leap_finetune.errors import LeapError
 
 # what Pillow opens that LFM2-VL's processor reads as RGB
@@ -176,29 +176,17 @@ class ImageReader:
 
 
 @dataclass
-class ImageRow:
-    """An SFT row with images, as training keeps it: the expanded ids, and the images in order."""
+class ImageRow(CompactRow):
+    """An SFT row of an image run, as training keeps it: the expanded ids, and the images in order (a row without
+    images has none)."""
 
-    input_ids: np.ndarray
-    labels: np.ndarray
-    images: list[str]
-    image_tokens: list[int]  # per image
-    tiles: int
-    trained_tokens_lost: int = 0
-    truncated: bool = False
-
-    @property
-    def tokens(self) -> int:
-        return len(self.input_ids)
-
-    @property
-    def trained_tokens(self) -> int:
-        return int((self.labels != IGNORE_INDEX).sum())
+    images: list[str] = field(default_factory=list)
+    image_tokens: list[int] = field(default_factory=list)  # per image
+    tiles: int = 0
 
     def columns(self) -> dict:
         return {
-            "input_ids": self.input_ids,
-            "labels": self.labels,
+            **super().columns(),
             "image_sources": self.images,
             "image_tokens": self.image_tokens,
             "image_tiles": self.tiles,  # (the batch balance counts the vision encoder's work: recipes/sampling.py)
@@ -246,9 +234,11 @@ class VisionRenderer(Renderer):
         image_row = ImageRow(
             ids.astype(np.int32),
             labels.astype(np.int32),
-            [ref.source for ref in conversation.images],
-            [len(layout.ids) for layout in layouts],
-            sum(layout.tiles for layout in layouts),
+            trained_tokens_lost=0,
+            truncated=False,
+            images=[ref.source for ref in conversation.images],
+            image_tokens=[len(layout.ids) for layout in layouts],
+            tiles=sum(layout.tiles for layout in layouts),
         )
         return row, image_row
 

@@ -9,7 +9,7 @@ from __future__ import annotations
 
 from leap_finetune.config.resolved import ResolvedConfig
 from leap_finetune.methods import METHODS
-from leap_finetune.recipes import common
+from leap_finetune.recipes import common, vision
 from leap_finetune.recipes.callbacks import StopOnSignal
 
 
@@ -21,7 +21,7 @@ def config_class():
 def trainer_class():
     from trl import DPOTrainer
 
-    class LeapDPOTrainer(common.VisionRate, DPOTrainer):
+    class LeapDPOTrainer(vision.VisionRate, DPOTrainer):
         """TRL re-tokenizes every dataset from text; ours arrive as prompt_ids / chosen_ids /
         rejected_ids, rendered with the official template and checked by the driver (which also
         drops and reports rows that max_length would empty), so preparation is skipped."""
@@ -50,7 +50,7 @@ def run_preference(resolved_json: dict, callbacks: list | None, config_cls, trai
     resolved, run_dir, console, args = start.resolved, start.run_dir, start.console, start.args
     train_dataset, eval_dataset = start.train_dataset, start.eval_dataset
     tokenizer, model = common.load_tokenizer_and_model(resolved, packing=False, console=console)
-    common.prepare_vision_model(resolved, model, console)
+    vision.prepare_vision_model(resolved, model, console)
     peft_config = common.lora_config(resolved)
     ref_model = None
     if peft_config is None and not args.precompute_ref_log_probs:
@@ -68,7 +68,7 @@ def run_preference(resolved_json: dict, callbacks: list | None, config_cls, trai
         args=args,
         train_dataset=train_dataset,
         eval_dataset=eval_dataset,
-        data_collator=common.image_collator(resolved, tokenizer, args),
+        data_collator=vision.image_collator(resolved, tokenizer, args),
         processing_class=tokenizer,
         peft_config=peft_config,
         callbacks=common.standard_callbacks(

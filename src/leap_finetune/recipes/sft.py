@@ -9,7 +9,7 @@ from __future__ import annotations
 
 from leap_finetune.config.resolved import ResolvedConfig
 from leap_finetune.methods import METHODS
-from leap_finetune.recipes import common, speed
+from leap_finetune.recipes import common, speed, vision
 from leap_finetune.recipes.callbacks import StopOnSignal
 
 
@@ -41,7 +41,7 @@ def trainer_class():
 
     from leap_finetune.recipes.sampling import balanced_sampler, epoch_callback
 
-    class LeapSFTTrainer(common.VisionRate, SFTTrainer):
+    class LeapSFTTrainer(vision.VisionRate, SFTTrainer):
         """SFTTrainer whose `batch_rebalance` sampler balances tokens for padding-free batches and reads
         row lengths from the Arrow column (recipes/sampling.py)."""
 
@@ -97,13 +97,13 @@ def train(resolved_json: dict, callbacks: list | None = None) -> dict:
     fast = speed_plan(resolved)
     flat = bool(args.padding_free or (resolved.vision and fast.padding_free))  # (see training_arguments)
     tokenizer, model = common.load_tokenizer_and_model(resolved, packing=args.packing or flat, console=console)
-    common.prepare_vision_model(resolved, model, console)
+    vision.prepare_vision_model(resolved, model, console)
     if common.is_main_process():
         console.print(fast.line)
     if fast.compile_layers:
         speed.compile_layers(model)
     samples = common.load_samples(run_dir) if common.is_main_process() else []
-    collator = common.image_collator(resolved, tokenizer, args, padding_free=flat)  # (None for text: TRL's own)
+    collator = vision.image_collator(resolved, tokenizer, args, padding_free=flat)  # (None for text: TRL's own)
     processor = collator.reader.processor if collator is not None else None
     if samples:
         common.print_samples(console, "before training", model, tokenizer, samples, processor)

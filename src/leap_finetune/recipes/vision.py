@@ -146,3 +146,65 @@ class PairImageBatches(ImageBatches):
     and its completion) plus the prompt images' pixels, once per half."""
 
     repeat = 2
+
+
+def prepare_vision_model(resolved, model, console) -> None:
+    """A full fine-tune of a vision-language model: the parts set to false are frozen (LoRA freezes through peft)."""
+    if not resolved.vision:
+        return
+    from leap_finetune.validate.vision import trained_parts
+
+    if resolved.peft is None:
+        freeze_parts(model, resolved.training)
+    from leap_finetune.recipes.common import is_main_process
+
+    if is_main_process():
+        console.print(
+            "trains: " + ", ".join(f"{part} {how}" for part, how in trained_parts(resolved.training, resolved.peft))
+        )
+
+
+class VisionRate:
+    """A mixin of the SFT and DPO trainers (first among their bases): the optimizer gives the vision encoder
+    learning_rate x vision_encoder_lr_multiplier (recipes/vision.py split_vision_groups) when the class attribute is
+    set (an image run)."""
+
+    vision_lr_multiplier: float | None = None
+
+    def create_optimizer(self, model=None):
+        optimizer = super().create_optimizer(model) if model is not None else super().create_optimizer()
+        if self.vision_lr_multiplier is not None:
+            split_vision_groups(self.optimizer, model if model is not None else self.model, self.vision_lr_multiplier)
+        return optimizer
+
+
+def image_collator(resolved, tokenizer, args, *, padding_free: bool = False):
+    """The collator of an image run (recipes/vision.py), None for a text run (the trainer's own): TRL's text
+    collator of the type (SFT's or DPO's) plus the batch's pixels."""
+    if not resolved.vision:
+        return None
+    from leap_finetune.models.vision import image_reader
+
+    reader = image_reader(resolved, tokenizer)
+    from leap_finetune.methods import PAIR, method_of
+
+    if method_of(resolved).rows == PAIR:
+        from trl.trainer.dpo_trainer import DataCollatorForPreference
+
+        # (rows with images fit max_length: checked when the rows were prepared, so nothing is cut here)
+        text = DataCollatorForPreference(
+            pad_token_id=tokenizer.pad_token_id,
+            # (text pairs are cut as TRL's own collator cuts them; pairs with images fit, checked with the rows)
+            max_length=getattr(args, "max_length", None),
+            truncation_mode=getattr(args, "truncation_mode", "keep_start"),
+            pad_to_multiple_of=getattr(args, "pad_to_multiple_of", None),
+        )
+        return PairImageBatches(text, reader)
+    from trl.trainer.sft_trainer import DataCollatorForLanguageModeling
+
+    text = DataCollatorForLanguageModeling(
+        pad_token_id=tokenizer.pad_token_id,
+        padding_free=padding_free,
+        pad_to_multiple_of=getattr(args, "pad_to_multiple_of", None),
+    )
+    return ImageBatches(text, reader)
