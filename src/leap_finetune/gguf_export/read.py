@@ -1,0 +1,112 @@
+"""Reading a GGUF file back: its header (gguf's reader) and, for `eval`, the model itself through transformers'
+`gguf_file` loading, which dequantises every tensor to float32: the scores are those of the quantized weights,
+computed by transformers' kernels (llama.cpp's own kernels: `eval --server` against llama-server)."""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+from leap_finetune.errors import LeapError
+
+SERVER_HINT = "serve it with llama-server -m FILE and run leap-finetune eval --server http://127.0.0.1:8080/v1"
+
+
+def header(path: Path) -> dict:
+    """The GGUF file's key/value metadata (arrays of more than 64 items left out: the vocabulary)."""
+    reader = _reader(path)
+    fields = {}
+    for name, field in reader.fields.items():
+        if len(field.data) > 64:
+            continue
+        try:
+            fields[name] = field.contents()
+        except Exception:  # noqa: BLE001 - a field type this reader cannot turn into Python: not needed here
+            continue
+    return fields
+
+
+def _reader(path: Path):
+    try:
+        from gguf import GGUFReader
+    except ImportError:
+        from leap_finetune.gguf_export.convert import INSTALL
+
+        raise LeapError("reading a GGUF file needs the gguf package", where=str(path), fix=INSTALL) from None
+    try:
+        return GGUFReader(str(path))
+    except (ValueError, OSError) as err:
+        raise LeapError(
+            f"not a readable GGUF file ({err})",
+            where=str(path),
+            fix="give a .gguf file written by leap-finetune export --gguf or llama.cpp's converter",
+        ) from None
+
+
+def check_gguf_evaluable(path: Path, resolved, benchmarks) -> None:
+    """Before anything loads: the file is a language model transformers can read, and no benchmark needs what a
+    GGUF language model file does not hold (pictures: the projector is in the separate mmproj file)."""
+    from leap_finetune.evaluation.runner import has_images
+
+    architecture = header(path).get("general.architecture")
+    if architecture == "clip":
+        raise LeapError(
+            "this is a projector (mmproj) file: the vision encoder of a vision-language model, not a language model",
+            where=f"checkpoint: {path}",
+            fix="give the model's .gguf file (the one without the mmproj- prefix)",
+        )
+    if has_images(benchmarks):
+        raise LeapError(
+            "image benchmarks cannot run on a GGUF file through transformers (it reads the language model only; "
+            "the vision encoder is in the separate mmproj file)",
+            where=f"checkpoint: {path}",
+            fix="serve the model with its projector (llama-server -m FILE --mmproj MMPROJ_FILE) and run leap-finetune "
+            "eval --server http://127.0.0.1:8080/v1; or evaluate the transformers model",
+        )
+
+
+def load_gguf(path: Path):
+    """(model, tokenizer) from a GGUF file, dequantised to float32, in eval mode."""
+    import torch
+    from transformers import AutoModelForCausalLM, AutoTokenizer
+
+    _read_q5_blocks()
+    folder, name = str(Path(path).parent), Path(path).name
+    try:
+        tokenizer = AutoTokenizer.from_pretrained(folder, gguf_file=name)
+        model = AutoModelForCausalLM.from_pretrained(folder, gguf_file=name, dtype=torch.float32)
+    except (ValueError, KeyError, NotImplementedError, RuntimeError, ImportError) as err:
+        raise LeapError(
+            f"transformers cannot read this GGUF file: {str(err).splitlines()[0]}",
+            where=f"checkpoint: {path}",
+            fix=SERVER_HINT,
+        ) from None
+    model.eval()
+    return model, tokenizer
+
+
+def _read_q5_blocks() -> None:
+    """transformers' GGUF dequantiser (5.24) lacks ggml's Q5_0 and Q5_1 blocks, which llama-quantize writes for the
+    k-quants' rows whose length is not a multiple of 256 (q4_k_m and q5_k_m of a model with a hidden size of 128,
+    768, ...). The gguf package's own dequantiser (llama.cpp's reference, in numpy) reads them; it is added to
+    transformers' table of block types. tests/test_library_canaries.py watches the table's shape."""
+    try:
+        from transformers.integrations.gguf import dequant
+    except ImportError:
+        return
+    from gguf import GGMLQuantizationType
+    from gguf.constants import GGML_QUANT_SIZES
+    from gguf.quants import dequantize
+
+    for kind in (GGMLQuantizationType.Q5_0, GGMLQuantizationType.Q5_1):
+        if kind.value in dequant.GGML_BLOCK:
+            continue
+
+        def blocks_to_values(blocks, dtype, kind=kind):
+            import torch
+
+            values = dequantize(blocks.cpu().numpy(), kind)
+            return torch.from_numpy(values.copy()).to(dtype)
+
+        dequant.GGML_BLOCK[kind.value] = GGML_QUANT_SIZES[kind]
+        dequant.GGML_NAME[kind.value] = kind.name
+        dequant._DEQUANT[kind.value] = blocks_to_values
