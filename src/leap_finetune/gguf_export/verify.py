@@ -60,18 +60,29 @@ class Verification:
 
 
 def benchmarks_of(run_config: dict | None):
-    """The run's resolved config with its benchmarks, or (None, why not)."""
+    """The run's resolved config with its benchmarks (every row validated now, before any file is written), or
+    (None, why there is nothing to measure)."""
     if not run_config:
         return None, "the model does not come from a run folder (no resolved_config.yaml beside it): no benchmarks"
+    from pydantic import ValidationError
+
     from leap_finetune.config.resolved import ResolvedConfig
 
-    resolved = ResolvedConfig.model_validate(run_config)
+    try:
+        resolved = ResolvedConfig.model_validate(run_config)
+    except ValidationError as err:
+        raise LeapError(
+            f"the run's resolved_config.yaml does not read as this release's config ({err.errors()[0]['msg']}: "
+            f"{'.'.join(str(p) for p in err.errors()[0]['loc'])}); its benchmarks cannot be run",
+            where="resolved_config.yaml",
+            fix="export with --no-verify, then run leap-finetune eval with a current config on the files",
+        ) from None
     if resolved.evals is None or not resolved.evals.benchmarks:
         return None, "the run has no benchmarks (evals.benchmarks)"
-    from leap_finetune.evaluation.runner import has_images
-    from leap_finetune.evaluation.standalone import check_benchmarks
+    from leap_finetune.evaluation.runner import has_images, load_benchmarks
 
-    images = [b.name for b in check_benchmarks(resolved) if has_images([b])]
+    loaded = load_benchmarks(resolved.evals, vision=True, model_name=resolved.model_name)
+    images = [b.name for b in loaded if has_images([b])]
     if images:
         return None, (
             f"image benchmarks ({', '.join(images)}) need the vision encoder, which llama.cpp keeps in the mmproj "
@@ -81,25 +92,23 @@ def benchmarks_of(run_config: dict | None):
     return resolved, None
 
 
-def verify(run_config: dict | None, original: Path, files: dict[str, Path], console: Console) -> Verification:
-    """The run's benchmarks on `original` and on each of `files` (type -> GGUF file)."""
-    resolved, why_not = benchmarks_of(run_config)
+def verify(resolved, why_not: str | None, original: Path, files: dict[str, Path], console: Console) -> Verification:
+    """The run's benchmarks (`benchmarks_of`) on `original` and on each of `files` (type -> GGUF file)."""
     if resolved is None:
         return Verification([], skipped=why_not)
     from leap_finetune.evaluation.standalone import evaluate_config
+    from leap_finetune.gguf_export.read import GgufUnreadable
 
     names = [(b.name, b.metric) for b in resolved.evals.benchmarks]
     result = Verification(names)
     quiet = Console(file=io.StringIO())  # (each evaluation's own table: ours compares them)
     for label, path in [(ORIGINAL, original), *files.items()]:
         console.print(f"verifying: the run's benchmarks on {label}", markup=False)
-        try:
-            report = evaluate_config(resolved.model_copy(update={"checkpoint": str(path)}), console=quiet)
-        except LeapError as err:
-            if label == ORIGINAL or "transformers cannot read" not in err.message:
-                raise
-            # (llama-quantize falls back to q5_0 / q5_1 for rows that are not a multiple of 256 values, which
-            # transformers' dequantiser does not read: llama.cpp itself can still be asked, through its server)
+        checked = resolved.model_copy(update={"checkpoint": str(path)})
+        try:  # (float32, not re-quantized: the original as the GGUF files are read)
+            report = evaluate_config(checked, console=quiet, float32=True)
+        except GgufUnreadable as err:
+            # a block type transformers' loader lacks: llama.cpp itself can still be asked, through its server
             result.unread[label] = err.message.split(": ", 1)[-1]
             continue
         result.scores[label] = {name: report["results"][f"benchmark/{name}/score"] for name, _ in names}
