@@ -29,6 +29,7 @@ LAYERS = [
     ("recipes",),
     ("launch",),
     ("export", "chat"),
+    ("gguf_export",),
     ("api",),
     ("cli", "__init__"),
 ]

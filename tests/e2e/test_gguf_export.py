@@ -140,7 +140,7 @@ def test_gguf_files_read_back_with_every_tensor_the_template_and_special_tokens(
 
 
 def test_f16_logits_match_the_transformers_model_within_f16_rounding(runs, exported):
-    from leap_finetune.gguf_export.read import load_gguf
+    from leap_finetune.models.gguf import load_gguf
 
     model, tokenizer = _hf_model(runs["full"] / "model")
     texts = ["Say teal twice.", tokenizer.apply_chat_template([{"role": "user", "content": "Say gold twice."}],
@@ -197,7 +197,7 @@ def test_each_file_is_verified_and_the_reported_loss_is_the_eval_difference(runs
 def test_lora_run_exports_merged_and_matches_the_merged_model(runs):
     from peft import PeftModel
 
-    from leap_finetune.gguf_export.read import load_gguf
+    from leap_finetune.models.gguf import load_gguf
     from leap_finetune.models.loading import load_model
     from leap_finetune.models.tiny import load_tiny_tokenizer
 

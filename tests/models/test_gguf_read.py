@@ -17,7 +17,7 @@ def test_transformers_reads_q5_blocks_as_the_gguf_reference_does(kind):
     from gguf.quants import dequantize, quantize
     from transformers.integrations.gguf import dequant
 
-    from leap_finetune.gguf_export.read import _read_q5_blocks
+    from leap_finetune.models.gguf import _read_q5_blocks
 
     quant = GGMLQuantizationType[kind]
     values = np.random.default_rng(0).standard_normal((4, 64)).astype(np.float32)

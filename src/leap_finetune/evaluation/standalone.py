@@ -59,7 +59,6 @@ def evaluate_config(
     target = model_to_evaluate(resolved)
     if target.gguf_file is not None:
         from leap_finetune.evaluation.runner import load_benchmarks
-        from leap_finetune.gguf_export.read import check_gguf_evaluable
 
         # (the rows first, without decoding pictures: a GGUF file refuses image benchmarks anyway)
         check_gguf_evaluable(
@@ -111,7 +110,7 @@ def evaluate_config(
     if float32:  # (export --gguf's original: as the GGUF files are read, float32 and not re-quantized)
         init_kwargs.pop("quantization_config", None)
     if target.gguf_file is not None:
-        from leap_finetune.gguf_export.read import load_gguf
+        from leap_finetune.models.gguf import load_gguf
 
         model, tokenizer = load_gguf(target.gguf_file)
     else:
@@ -154,6 +153,39 @@ def evaluate_config(
         report["base_model"] = target.model_id
     _write_report(report, output, console)
     return report
+
+
+def check_gguf_evaluable(path: Path, resolved, benchmarks, server: str | None = None) -> None:
+    """Before anything loads: the file is a language model transformers can read, and no benchmark needs what a
+    GGUF language model file does not hold (pictures: the projector is in the separate mmproj file; a server given
+    with --server answers the generation ones)."""
+    from leap_finetune.evaluation.rows import is_logprob
+    from leap_finetune.evaluation.runner import has_images
+
+    if resolved.retrieval is not None:
+        raise LeapError(
+            "a GGUF file is a chat model; retrieval benchmarks need the embedding / ColBERT model",
+            where=f"checkpoint: {path}",
+            fix="point checkpoint at the retrieval run's folder or its model/",
+        )
+
+    from leap_finetune.models.gguf import header
+
+    architecture = header(path).get("general.architecture")
+    if architecture == "clip":
+        raise LeapError(
+            "this is a projector (mmproj) file: the vision encoder of a vision-language model, not a language model",
+            where=f"checkpoint: {path}",
+            fix="give the model's .gguf file (the one without the mmproj- prefix)",
+        )
+    if has_images([b for b in benchmarks if not server or is_logprob(b.metric)]):
+        raise LeapError(
+            "image benchmarks cannot run on a GGUF file through transformers (it reads the language model only; "
+            "the vision encoder is in the separate mmproj file)",
+            where=f"checkpoint: {path}",
+            fix="serve the model with its projector (llama-server -m FILE --mmproj MMPROJ_FILE) and run leap-finetune "
+            "eval --server http://127.0.0.1:8080/v1; or evaluate the transformers model",
+        )
 
 
 def check_benchmarks(resolved: ResolvedConfig, model_id: str | None = None):

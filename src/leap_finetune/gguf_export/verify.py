@@ -67,6 +67,7 @@ def benchmarks_of(run_config: dict | None):
     from pydantic import ValidationError
 
     from leap_finetune.config.resolved import ResolvedConfig
+    from leap_finetune.runs.folder import RESOLVED_CONFIG
 
     try:
         resolved = ResolvedConfig.model_validate(run_config)
@@ -74,7 +75,7 @@ def benchmarks_of(run_config: dict | None):
         raise LeapError(
             f"the run's resolved_config.yaml does not read as this release's config ({err.errors()[0]['msg']}: "
             f"{'.'.join(str(p) for p in err.errors()[0]['loc'])}); its benchmarks cannot be run",
-            where="resolved_config.yaml",
+            where=RESOLVED_CONFIG,
             fix="export with --no-verify, then run leap-finetune eval with a current config on the files",
         ) from None
     if resolved.evals is None or not resolved.evals.benchmarks:
@@ -97,7 +98,7 @@ def verify(resolved, why_not: str | None, original: Path, files: dict[str, Path]
     if resolved is None:
         return Verification([], skipped=why_not)
     from leap_finetune.evaluation.standalone import evaluate_config
-    from leap_finetune.gguf_export.read import GgufUnreadable
+    from leap_finetune.models.gguf import GgufUnreadable
 
     names = [(b.name, b.metric) for b in resolved.evals.benchmarks]
     result = Verification(names)

