@@ -185,10 +185,32 @@ def test_each_file_is_verified_and_the_reported_loss_is_the_eval_difference(runs
         assert bench["gguf"]["q8_0"]["quantization_loss"] == pytest.approx(direct, abs=1e-9)
         assert bench["original"] == pytest.approx(scores["original"][f"benchmark/{name}/score"], abs=1e-9)
         assert abs(bench["gguf"]["q8_0"]["quantization_loss"]) <= Q8_TOLERANCE
+    # the token-level drift: f16 moves the predictions least, bf16 (8 bits of mantissa) and q8_0 more
+    drift = record["verification"]["drift"]
+    assert drift["f16"]["kl"] < drift["bf16"]["kl"] and drift["f16"]["kl"] < drift["q8_0"]["kl"]
+    assert drift["f16"]["top1"] >= drift["q8_0"]["top1"] >= 0.9 and drift["q8_0"]["tokens"] >= 16
+    # ... and q8_0's KL is what a direct computation over the same answer tokens gives
+    from leap_finetune.config.resolved import ResolvedConfig
+    from leap_finetune.config.yaml_io import read_yaml
+    from leap_finetune.gguf_export.drift import answer_ids
+    from leap_finetune.models.gguf import load_gguf
+
+    resolved = ResolvedConfig.model_validate(read_yaml(runs["full"] / "resolved_config.yaml"))
+    model, tokenizer = _hf_model(runs["full"] / "model")
+    quantized = load_gguf(exported["files"]["q8_0"])[0]
+    total, count = 0.0, 0
+    with torch.no_grad():
+        for ids, start in answer_ids(resolved, tokenizer):
+            p = torch.softmax(model(torch.tensor([ids])).logits[0, start - 1 : -1], -1)
+            q = torch.softmax(quantized(torch.tensor([ids])).logits[0, start - 1 : -1], -1)
+            total += float((p * (p.log() - q.log())).sum())
+            count += p.shape[0]
+    assert count == drift["q8_0"]["tokens"]
+    assert drift["q8_0"]["kl"] == pytest.approx(total / count, rel=2e-2)  # (float32 rounding of tiny logs)
     # printed as a table, and in the folder's model card with the commands that run each file
     assert "The run's benchmarks on each file" in exported["stderr"] and "q8_0" in exported["stderr"]
     card = (exported["folder"] / "README.md").read_text()
-    assert "| model | twice (exact_match) | twice_mcq (logprob_mcq) |" in card
+    assert "| model | twice (exact_match) | twice_mcq (logprob_mcq) | KL from original (nats/token) |" in card
     assert "llama-server -m full-q8_0.gguf --port 8080 --jinja" in card  # (the smallest file)
     assert "ollama create" in card and "lms import" in card
     assert not (exported["folder"] / ".transformers").exists()  # the scratch transformers folder is gone

@@ -91,19 +91,24 @@ def verification_lines(verification: Verification, eval_command: str | None) -> 
     if verification.skipped:
         return [f"Not measured: {verification.skipped}."]
     lines = [
-        "| model | " + " | ".join(f"{name} ({metric})" for name, metric in verification.benchmarks) + " |",
-        "|---|" + "---|" * len(verification.benchmarks),
+        "| model | "
+        + " | ".join(f"{name} ({metric})" for name, metric in verification.benchmarks)
+        + " | KL from original (nats/token) | same top-1 token |",
+        "|---|" + "---|" * (len(verification.benchmarks) + 2),
     ]
     for model in verification.scores:
         label = model if model == ORIGINAL else f"`{model}`"
-        lines.append(
-            f"| {label} | " + " | ".join(verification.cell(model, n) for n, _ in verification.benchmarks) + " |"
+        cells = [verification.cell(model, n) for n, _ in verification.benchmarks] + list(
+            verification.drift_cells(model)
         )
+        lines.append(f"| {label} | " + " | ".join(cells) + " |")
     lines += [
         "",
         "Each GGUF cell: its score, and in brackets the change from the original (negative: points lost). The "
         "original is the transformers model the files were converted from; each file was read back by "
         "transformers (dequantised, `gguf_file`) and scored by the same code (quantization.json has the numbers). "
+        "The last two columns compare the next-token predictions over the benchmark answers, token by token: they "
+        "move with every rounded weight, where a small benchmark's score moves only when an answer flips. "
         "llama.cpp's kernels differ slightly from transformers': for generation benchmarks through llama.cpp "
         "itself, run `leap-finetune eval --server` against `llama-server`.",
     ]

@@ -26,6 +26,7 @@ class Verification:
     )  # model ("original", "q8_0") -> benchmark -> score
     skipped: str | None = None  # why nothing was measured
     unread: dict[str, str] = field(default_factory=dict)  # GGUF type -> why transformers could not score it
+    drift: dict[str, dict[str, float]] = field(default_factory=dict)  # GGUF type -> kl, top1 (gguf_export/drift.py)
 
     def loss(self, model: str, benchmark: str) -> float:
         """Points lost by quantization: the original's score minus the GGUF file's (negative: it scored higher)."""
@@ -38,6 +39,12 @@ class Verification:
         change = self.scores[model][benchmark] - self.scores[ORIGINAL][benchmark] + 0.0  # (no -0.0000)
         return f"{self.scores[model][benchmark]:.4f} ({'±0' if change == 0 else f'{change:+.4f}'})"
 
+    def drift_cells(self, model: str) -> tuple[str, str]:
+        if model == ORIGINAL:
+            return "0", "1.000"
+        found = self.drift.get(model)
+        return (f"{found['kl']:.2e}", f"{found['top1']:.3f}") if found else ("-", "-")
+
     def as_json(self) -> dict:
         models = [m for m in self.scores if m != ORIGINAL]
         return {
@@ -45,6 +52,11 @@ class Verification:
             "file read back dequantised by transformers (gguf_file)",
             "skipped": self.skipped,
             "not_measured": self.unread,
+            "drift": {
+                "how": "over the benchmark rows' answers: mean KL(original || file) of the next-token distributions "
+                "(nats per token) and the share of positions where the most likely token is the same",
+                **self.drift,
+            },
             "benchmarks": [
                 {
                     "name": name,
@@ -113,6 +125,10 @@ def verify(resolved, why_not: str | None, original: Path, files: dict[str, Path]
             result.unread[label] = err.message.split(": ", 1)[-1]
             continue
         result.scores[label] = {name: report["results"][f"benchmark/{name}/score"] for name, _ in names}
+    from leap_finetune.gguf_export.drift import drift
+
+    console.print("measuring how far each file's next-token predictions moved from the original's", markup=False)
+    result.drift = drift(resolved, original, files, set(result.scores) - {ORIGINAL})
     return result
 
 
@@ -126,8 +142,14 @@ def print_table(verification: Verification, console: Console) -> None:
     table.add_column("model")
     for name, metric in verification.benchmarks:
         table.add_column(f"{name}\n({metric})", justify="right")
+    table.add_column("KL from original\n(nats/token)", justify="right")
+    table.add_column("same top-1\ntoken", justify="right")
     for model in verification.scores:
-        table.add_row(model, *(verification.cell(model, name) for name, _ in verification.benchmarks))
+        table.add_row(
+            model,
+            *(verification.cell(model, name) for name, _ in verification.benchmarks),
+            *verification.drift_cells(model),
+        )
     console.print(table)
     for model, why in verification.unread.items():
         console.print(f"{model}: not measured here ({why}); {SERVER_HINT}", markup=False)
