@@ -106,3 +106,44 @@ def test_q4_k_m_through_llama_server_scores_as_the_transformers_gguf_path(llama_
     finally:
         server.terminate()
         server.wait(timeout=30)
+
+
+def test_k_quant_blocks_of_a_model_with_256_wide_rows_read_back_as_llama_cpp_wrote_them(llama_cpp, tmp_path):
+    """The tiny models' rows (128 values) are shorter than a k-quant block (256): llama-quantize stores them as q5_0
+    / q8_0. A model 256 wide gets real Q4_K / Q6_K blocks: transformers' reading of them (what `eval` and the
+    verification score) equals the gguf package's reference dequantiser, and is the trained weight within 4-bit
+    rounding."""
+    import numpy as np
+    import torch
+    from gguf import GGUFReader
+    from gguf.quants import dequantize
+    from transformers import Lfm2Config, Lfm2ForCausalLM
+
+    from leap_finetune.models.gguf import load_gguf
+    from leap_finetune.models.tiny import TINY_ARCH, load_tiny_tokenizer
+
+    tokenizer = load_tiny_tokenizer("tiny-lfm2")
+    torch.manual_seed(0)
+    config = Lfm2Config(
+        **{**TINY_ARCH, "hidden_size": 256, "intermediate_size": 768},
+        vocab_size=len(tokenizer),
+        bos_token_id=tokenizer.bos_token_id,
+        eos_token_id=tokenizer.eos_token_id,
+        pad_token_id=tokenizer.pad_token_id,
+    )
+    model = Lfm2ForCausalLM(config).eval()
+    model.save_pretrained(tmp_path / "wide")
+    tokenizer.save_pretrained(tmp_path / "wide")
+    out = tmp_path / "gguf"
+    result = invoke("export", str(tmp_path / "wide"), "--gguf", "q4_k_m", "--llama-cpp", str(llama_cpp), "-o", str(out))
+    assert result.returncode == 0, result.stderr
+    reader = GGUFReader(str(out / "wide-q4_k_m.gguf"))
+    kinds = {t.name: t.tensor_type.name for t in reader.tensors}
+    assert kinds["blk.0.ffn_gate.weight"] == "Q4_K" and "Q6_K" in kinds.values()
+    loaded, _ = load_gguf(out / "wide-q4_k_m.gguf")
+    ours = loaded.state_dict()["model.layers.0.feed_forward.w1.weight"]
+    tensor = next(t for t in reader.tensors if t.name == "blk.0.ffn_gate.weight")
+    reference = torch.from_numpy(np.array(dequantize(tensor.data, tensor.tensor_type))).reshape(ours.shape)
+    assert torch.equal(ours, reference.float())
+    trained = model.state_dict()["model.layers.0.feed_forward.w1.weight"]
+    assert (ours - trained).norm() / trained.norm() < 0.1  # 4-bit blocks: a few percent of the weight
