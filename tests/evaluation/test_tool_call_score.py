@@ -1,0 +1,99 @@
+"""The tool-call scorer against hand-written turns: argument types compared as values, key order, several calls in
+order or as a set, malformed output, text around the call, the JSON form, turns that should not call."""
+
+from __future__ import annotations
+
+import pytest
+
+from leap_finetune.data.tool_calls import ToolCall
+from leap_finetune.evaluation.tool_call_score import aggregate, parse_turn, score_turn
+
+START, END = "<|tool_call_start|>", "<|tool_call_end|>"
+WEATHER = ToolCall("get_weather", {"city": "Oslo", "days": 3})
+TIME = ToolCall("get_time", {"zone": "CET"})
+
+
+def call(text: str) -> str:
+    return f"{START}[{text}]{END}"
+
+
+def test_arguments_are_compared_as_values():
+    assert score_turn(call('get_weather(city="Oslo", days=3)'), [WEATHER]).exact == 1.0
+    assert score_turn(call('get_weather(days=3.0, city="Oslo")'), [WEATHER]).exact == 1.0  # 3 == 3.0, order free
+    assert score_turn(call('get_weather(city="Oslo", days="3")'), [WEATHER]).exact == 0.0  # a string is not 3
+    flag = ToolCall("set", {"on": True, "level": 1})
+    assert score_turn(call("set(on=1, level=1)"), [flag]).exact == 0.0  # a bool is not a number
+    assert score_turn(call("set(level=1, on=True)"), [flag]).exact == 1.0
+    nested = ToolCall("book", {"who": {"name": "Ada", "seats": 2}, "tags": ["a", "b"]})
+    assert score_turn(call('book(tags=["a", "b"], who={"seats": 2.0, "name": "Ada"})'), [nested]).exact == 1.0
+    assert score_turn(call('book(tags=["b", "a"], who={"seats": 2, "name": "Ada"})'), [nested]).exact == 0.0
+
+
+def test_partial_credit_names_and_argument_f1():
+    wrong_value = score_turn(call('get_weather(city="Bergen", days=3)'), [WEATHER])
+    assert (wrong_value.exact, wrong_value.name, wrong_value.argument_f1) == (0.0, 1.0, 0.5)
+    wrong_name = score_turn(call('get_forecast(city="Oslo", days=3)'), [WEATHER])
+    assert wrong_name.name == 0.0 and wrong_name.argument_f1 == 0.0
+    extra_argument = score_turn(call('get_weather(city="Oslo", days=3, unit="C")'), [WEATHER])
+    assert extra_argument.exact == 0.0 and extra_argument.argument_f1 == pytest.approx(2 * (2 / 3) * 1 / (2 / 3 + 1))
+
+
+def test_several_calls_as_a_set_or_in_order():
+    both = call('get_time(zone="CET"), get_weather(city="Oslo", days=3)')
+    assert score_turn(both, [WEATHER, TIME], order="set").exact == 1.0
+    swapped = score_turn(both, [WEATHER, TIME], order="ordered")
+    assert swapped.exact == 0.0 and swapped.name == 0.0
+    one_missing = score_turn(call('get_weather(city="Oslo", days=3)'), [WEATHER, TIME])
+    assert one_missing.exact == 0.0 and one_missing.name == 0.5
+    one_extra = score_turn(both, [WEATHER])
+    assert one_extra.exact == 0.0 and one_extra.name == 0.5
+    # two blocks in one turn count as one list of calls
+    assert score_turn(call('get_weather(city="Oslo", days=3)') + call('get_time(zone="CET")'), [WEATHER, TIME]).exact
+    with pytest.raises(ValueError):
+        score_turn(both, [WEATHER], order="random")
+
+
+def test_malformed_output_and_other_formats_do_not_parse():
+    for text in (
+        f'{START}[get_weather(city="Oslo", days=3){END[:-2]}',  # no closing marker
+        call('get_weather("Oslo", 3)'),  # positional arguments
+        call("get_weather(city=Oslo)"),  # not a literal
+        '<tool_call>{"name": "get_weather", "arguments": {"city": "Oslo", "days": 3}}</tool_call>',  # Hermes
+    ):
+        scored = score_turn(text, [WEATHER])
+        assert scored.parsed == 0.0 and scored.exact == 0.0 and scored.problem, text
+    # text around the call is fine (LFM2.5 may think first; a sentence before it)
+    weather = call('get_weather(city="Oslo", days=3)')
+    around = f"<think>Oslo, three days.</think>Let me check. {weather} One moment."
+    assert score_turn(around, [WEATHER]).exact == 1.0
+
+
+def test_the_json_form_between_the_markers():
+    text = f'{START}[{{"name": "get_weather", "arguments": {{"days": 3, "city": "Oslo"}}}}]{END}'
+    assert parse_turn(text) == ([WEATHER], None)
+    assert score_turn(text, [WEATHER]).exact == 1.0
+    as_string = f'{START}[{{"name": "get_weather", "arguments": "{{\\"city\\": \\"Oslo\\", \\"days\\": 3}}"}}]{END}'
+    assert score_turn(as_string, [WEATHER]).exact == 1.0  # (OpenAI's arguments as a JSON string)
+
+
+def test_turns_that_should_not_call():
+    assert score_turn("It is sunny in Oslo.", []).no_call == 1.0
+    called = score_turn(call('get_weather(city="Oslo", days=3)'), [])
+    assert called.no_call == 0.0 and called.exact == 0.0 and called.name is None
+    broken = score_turn(f"{START}[oops", [])
+    assert broken.no_call == 0.0 and broken.parsed == 0.0
+
+
+def test_aggregate_means_each_over_the_rows_it_applies_to():
+    rows = [
+        score_turn(call('get_weather(city="Oslo", days=3)'), [WEATHER]),  # exact
+        score_turn(call('get_weather(city="Bergen", days=3)'), [WEATHER]),  # name right, half the arguments
+        score_turn("No call needed.", []),  # right not to call
+        score_turn(call("get_weather("), [WEATHER]),  # does not parse
+    ]
+    found = aggregate(rows)
+    assert found["exact"] == pytest.approx(2 / 4)
+    assert found["parsed"] == pytest.approx(3 / 4)
+    assert found["name"] == pytest.approx((1 + 1 + 0) / 3)
+    assert found["argument_f1"] == pytest.approx((1 + 0.5 + 0) / 3)
+    assert found["no_call"] == 1.0
