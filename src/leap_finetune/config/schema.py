@@ -144,7 +144,7 @@ class ImageProcessorConfig(StrictModel):
         return {k: v for k, v in self.model_dump().items() if v is not None}
 
 
-GENERATION_METRICS = ("exact_match", "short_answer", "mcq_gen", "bleu", "rouge_l")
+GENERATION_METRICS = ("exact_match", "short_answer", "mcq_gen", "bleu", "rouge_l", "tool_call")
 LOGPROB_METRICS = ("logprob_mcq", "logprob_zero_shot")
 
 
@@ -161,6 +161,17 @@ class BenchmarkConfig(StrictModel):
         "(path: a folder of corpus.jsonl, queries.jsonl, qrels/test.tsv)."
     )
     limit: int | None = Field(default=None, gt=0, description="Use only the first N rows.")
+    tool_call_order: Literal["set", "ordered"] | None = Field(
+        default=None,
+        description="metric: tool_call only: several calls in one turn compared as a set (default: any order) or "
+        "in the order of the reference.",
+    )
+
+    @model_validator(mode="after")
+    def _order_with_tool_call(self):
+        if self.tool_call_order is not None and self.metric != "tool_call":
+            raise ValueError(f"tool_call_order goes with metric: tool_call (this benchmark's metric is {self.metric})")
+        return self
 
 
 class EvalsConfig(StrictModel):

@@ -111,7 +111,7 @@ def _assistant(message: dict, family: str, field: str, problem, note, tools) -> 
                 "the message has both structured `tool_calls` and a bracket-notation call in `content`; keep one",
             )
             return message
-        converted = _convert_structured(structured, f"{field}.tool_calls", problem)
+        converted = convert_structured(structured, f"{field}.tool_calls", problem)
         if converted is None:
             return message
         note(ToolNote("converted_tool_calls", f"{field}.tool_calls"))
@@ -141,7 +141,8 @@ def _assistant(message: dict, family: str, field: str, problem, note, tools) -> 
     return message
 
 
-def _convert_structured(structured, field: str, problem) -> str | None:
+def convert_structured(structured, field: str, problem) -> str | None:
+    """OpenAI-style structured `tool_calls` as LFM bracket notation, or None (each mistake told to `problem`)."""
     if not isinstance(structured, list):
         problem(
             field,

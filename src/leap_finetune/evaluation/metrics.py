@@ -88,12 +88,22 @@ def rouge_l(prediction: str, reference: str, item=None) -> tuple[float, bool]:
     return 2 * precision * recall / (precision + recall), True
 
 
+def tool_call(prediction: str, reference: str, item=None) -> tuple[float, bool]:
+    """1 when the turn makes exactly the reference turn's calls (as a set; evaluation/tool_call_score.py). The
+    benchmark's sub-scores - parse rate, names, argument F1, no call - are added by the runner."""
+    from leap_finetune.evaluation.tool_call_score import score_turn
+
+    scored = score_turn(prediction, item.reference_calls or [])
+    return scored.exact, bool(scored.parsed)
+
+
 BUILTIN: dict[str, Callable] = {
     "exact_match": exact_match,
     "short_answer": short_answer,
     "mcq_gen": mcq_gen,
     "bleu": bleu,
     "rouge_l": rouge_l,
+    "tool_call": tool_call,
 }
 
 

@@ -14,6 +14,8 @@ from pathlib import Path
 from leap_finetune.config.schema import LOGPROB_METRICS, BenchmarkConfig
 from leap_finetune.data.messages import MESSAGE_COLUMNS, ROLES, describe_value, parse_content
 from leap_finetune.data.readers import SourceRow, read_dataset
+from leap_finetune.data.tool_calls import find_tool_calls
+from leap_finetune.data.tool_use import convert_structured
 from leap_finetune.errors import DataError, RowProblem
 
 
@@ -26,6 +28,8 @@ class BenchmarkItem:
     options: list[str] | None = None  # log-prob multiple choice
     answer_id: int | None = None
     images: list[str] = field(default_factory=list)
+    tools: list | None = None  # the row's `tools` column: tool definitions the chat template renders
+    reference_calls: list | None = None  # metric tool_call: the reference turn's calls ([]: it makes none)
 
 
 def is_logprob(metric: str) -> bool:
@@ -84,6 +88,9 @@ def _check_row(
         if not isinstance(message, dict) or message.get("role") not in ROLES:
             problem(f"{field_name}.role", f"expected a message with a role in {', '.join(ROLES)}")
             continue
+        message = _with_calls_in_content(message, field_name, problem)
+        if message is None:
+            continue
         content = parse_content(message.get("content"), f"{field_name}.content", problem, image_folder=folder)
         if content is not None:
             turns.append({"role": message["role"], "content": content.text})
@@ -112,7 +119,62 @@ def _check_row(
     if not turns[-1]["content"].strip():
         problem(f"messages[{len(turns) - 1}].content", "the reference answer (the last assistant turn) is empty")
         return None
-    return BenchmarkItem(row.file, row.location, turns[:-1], reference=turns[-1]["content"], images=images)
+    tools = _tools(data, row, problem)
+    reference_calls = None
+    if bench.metric == "tool_call":
+        blocks = find_tool_calls(turns[-1]["content"])
+        if blocks.problem is not None:
+            problem(
+                f"messages[{len(turns) - 1}]",
+                f"the reference turn's tool call does not parse ({blocks.problem}); write it as "
+                '<|tool_call_start|>[name(key=value)]<|tool_call_end|> or as tool_calls: [{"function": {"name": '
+                '..., "arguments": {...}}}]',
+            )
+            return None
+        reference_calls = blocks.calls
+    if len(problems) > start:
+        return None
+    return BenchmarkItem(
+        row.file,
+        row.location,
+        turns[:-1],
+        reference=turns[-1]["content"],
+        images=images,
+        tools=tools,
+        reference_calls=reference_calls,
+    )
+
+
+def _with_calls_in_content(message: dict, field_name: str, problem) -> dict | None:
+    """An assistant message's structured `tool_calls` (OpenAI's form) appended to its content in LFM notation, as
+    training data is (data/tool_use.py): prompts and references then hold the calls as the model writes them."""
+    if message.get("role") != "assistant" or message.get("tool_calls") is None:
+        return message
+    converted = convert_structured(message["tool_calls"], f"{field_name}.tool_calls", problem)
+    if converted is None:
+        return None
+    content = message.get("content")
+    if content is not None and not isinstance(content, str):
+        problem(f"{field_name}.content", "an assistant turn with tool_calls: expected text content (or none)")
+        return None
+    return {**message, "content": (content or "") + converted}
+
+
+def _tools(data: dict, row, problem) -> list | None:
+    """The row's `tools` column: a list of tool definitions (JSON schemas), or its JSON text."""
+    tools = data.get("tools")
+    if tools is None:
+        return None
+    if isinstance(tools, str):
+        try:
+            tools = json.loads(tools)
+        except json.JSONDecodeError as err:
+            problem("tools", f"expected a list of tool definitions or its JSON text ({err.msg})")
+            return None
+    if not isinstance(tools, list) or not all(isinstance(t, dict) for t in tools):
+        problem("tools", f"expected a list of tool definitions (JSON schema objects), got {describe_value(tools)}")
+        return None
+    return tools
 
 
 def _mcq(row, data, turns, images, problem, bench) -> BenchmarkItem | None:

@@ -27,6 +27,7 @@ class LoadedBenchmark:
     name: str
     metric: str
     items: list[BenchmarkItem]
+    tool_call_order: str = "set"  # (metric tool_call)
 
 
 def has_images(benchmarks: list[LoadedBenchmark]) -> bool:
@@ -45,7 +46,7 @@ def load_benchmarks(evals: EvalsConfig, *, vision: bool, model_name: str) -> lis
         items = load_benchmark(bench, vision=vision, model_name=model_name)
         if "::" in bench.metric:  # a custom metric that cannot import or fails on its own references fails now
             check_custom_metric(bench.metric, bench.name, items)
-        loaded.append(LoadedBenchmark(bench.name, bench.metric, items))
+        loaded.append(LoadedBenchmark(bench.name, bench.metric, items, bench.tool_call_order or "set"))
     return loaded
 
 
@@ -99,7 +100,7 @@ def _generation(model, renderer, evals, bench, processor=None, server=None):
         prompts = [item.prompt for item in bench.items]
         outputs = server.generate(bench.name, bench.items, evals)
     else:
-        prompts = [renderer.prompt_text(item.prompt) for item in bench.items]
+        prompts = [renderer.prompt_text(item.prompt, item.tools) for item in bench.items]
         outputs = generate(
             model,
             renderer.tokenizer,
@@ -112,6 +113,8 @@ def _generation(model, renderer, evals, bench, processor=None, server=None):
             images=[item.images for item in bench.items],
             processor=processor,
         )
+    if bench.metric == "tool_call":
+        return _tool_calls(bench, prompts, outputs)
     scores, unparsed, predictions = [], 0, []
     errors = getattr(metric, "errors", None)  # a custom metric's exceptions (scored 0), counted, not hidden
     for item, prompt, output in zip(bench.items, prompts, outputs, strict=True):
@@ -138,6 +141,32 @@ def _generation(model, renderer, evals, bench, processor=None, server=None):
                 f"custom metric of benchmark '{bench.name}' raised on {len(errors)} of {len(scores)} row(s) "
                 f"(scored 0), e.g. {errors[0]}"
             )
+    return metrics, predictions
+
+
+def _tool_calls(bench, prompts, outputs):
+    """metric tool_call: the score is the exact-call accuracy; the sub-scores (evaluation/tool_call_score.py) are
+    logged beside it (benchmark/{name}/parsed, name, argument_f1, no_call) and kept per row in the predictions."""
+    from dataclasses import asdict
+
+    from leap_finetune.evaluation.tool_call_score import aggregate, score_turn
+
+    scored, predictions = [], []
+    for item, prompt, output in zip(bench.items, prompts, outputs, strict=True):
+        found = score_turn(output, item.reference_calls or [], order=bench.tool_call_order)
+        scored.append(found)
+        predictions.append(
+            {
+                "source": f"{item.file}, {item.location}",
+                "prompt": prompt,
+                "prediction": output,
+                "reference": item.reference,
+                "score": found.exact,
+                **{k: v for k, v in asdict(found).items() if k != "exact" and v is not None},
+            }
+        )
+    metrics = {"score": aggregate(scored)["exact"], **aggregate(scored)}
+    metrics.update(unparsed=sum(not s.parsed for s in scored), rows=len(scored))
     return metrics, predictions
 
 
