@@ -523,7 +523,8 @@ def reward_list(value):
                     {
                         "shown": shown(entry),
                         "index": index,
-                        "expected": "a reward's name: a built-in (accuracy, format, length, tool_call_valid), "
+                        "expected": "a reward's name: a built-in (accuracy, format, length, tool_call_valid, "
+                        "tool_call_match), "
                         "./file.py::function, or a mapping {name: ..., its options}",
                         "fix": "write e.g. rewards: [accuracy] or rewards: [./my_rewards.py::my_reward]",
                     },
@@ -537,7 +538,7 @@ class RewardsConfig(StrictModel):
     funcs: list[str | dict] = Field(
         default_factory=list,
         description="Built-ins: `accuracy`, `format` (with "
-        "`pattern`), `length` (with `target_tokens`), `tool_call_valid`; or "
+        "`pattern`), `length` (with `target_tokens`), `tool_call_valid`, `tool_call_match`; or "
         "`path/to/file.py::function`. A mapping gives options: `{name: format, pattern: "
         "'^Answer:'}`. One name alone is a list of one.",
     )

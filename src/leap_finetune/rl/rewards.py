@@ -111,6 +111,40 @@ def tool_call_valid(completions, tools=None, **_) -> list[float]:
     return [1.0 if tool_call_is_valid(_text(c), t) else 0.0 for c, t in zip(completions, per_row, strict=True)]
 
 
+def tool_call_match(completions, solution, **_) -> list[float | None]:
+    """The completion's tool calls against the reference turn's (`solution`: the row's last assistant turn, its calls
+    in LFM notation), scored as the `tool_call` benchmark metric does (evaluation/tool_call_score.py), with partial
+    credit: 0.5 x exact + 0.25 x names + 0.25 x argument F1; a turn that should not call: 1 when it makes no call;
+    calls that do not parse: 0. A row without a solution: None (not scored)."""
+    from leap_finetune.evaluation.tool_call_score import score_turn
+
+    rewards: list[float | None] = []
+    for completion, gold in zip(completions, solution, strict=True):
+        if gold is None or str(gold).strip() == "":
+            rewards.append(None)
+            continue
+        reference = _reference_calls(str(gold))
+        if reference is None:  # (a solution whose calls do not parse: the data check refuses it; never scored)
+            rewards.append(None)
+            continue
+        found = score_turn(_text(completion), reference)
+        if not reference:
+            rewards.append(found.no_call)
+        else:
+            rewards.append(
+                0.0 if not found.parsed else 0.5 * found.exact + 0.25 * found.name + 0.25 * found.argument_f1
+            )
+    return rewards
+
+
+@functools.lru_cache(maxsize=1024)
+def _reference_calls(solution: str):
+    from leap_finetune.data.tool_calls import find_tool_calls
+
+    blocks = find_tool_calls(solution)
+    return None if blocks.problem else blocks.calls
+
+
 def _row_tools(tools) -> list | None:
     if isinstance(tools, str):
         return _parsed_tools(tools)
@@ -129,6 +163,11 @@ BUILTIN_REWARDS: dict[str, tuple[Callable, tuple[str, ...], str]] = {
     "format": (format_reward, ("pattern",), "the completion matches a regular expression"),
     "length": (length_reward, ("target_tokens",), "1 at target_tokens completion tokens, falling linearly to 0"),
     "tool_call_valid": (lambda: tool_call_valid, (), "LFM tool calls that parse, naming declared tools"),
+    "tool_call_match": (
+        lambda: tool_call_match,
+        (),
+        "the completion's tool calls against the solution's: 0.5 exact + 0.25 names + 0.25 argument F1",
+    ),
 }
 
 

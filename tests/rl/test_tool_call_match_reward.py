@@ -1,0 +1,33 @@
+"""GRPO's `tool_call_match` reward: the completion's calls against the solution turn's, with the benchmark metric's
+scorer and partial credit; turns that should not call; rows without a solution are not scored."""
+
+from __future__ import annotations
+
+import pytest
+
+from leap_finetune.rl.rewards import BUILTIN_REWARDS, tool_call_match
+
+START, END = "<|tool_call_start|>", "<|tool_call_end|>"
+GOLD = f'{START}[get_weather(city="Oslo", days=3)]{END}'
+
+
+def test_partial_credit_follows_the_sub_scores():
+    completions = [
+        f'Checking. {START}[get_weather(days=3.0, city="Oslo")]{END}',  # exact (values, any key order)
+        f'{START}[get_weather(city="Bergen", days=3)]{END}',  # name right, half the arguments
+        f'{START}[get_time(zone="CET")]{END}',  # wrong function
+        f'{START}[get_weather(city="Oslo"{END}',  # does not parse
+        "It is sunny.",  # no call at all
+    ]
+    rewards = tool_call_match(completions, [GOLD] * len(completions))
+    assert rewards[0] == 1.0
+    assert rewards[1] == pytest.approx(0.5 * 0 + 0.25 * 1 + 0.25 * 0.5)
+    assert rewards[2] == 0.0 and rewards[3] == 0.0 and rewards[4] == 0.0
+    assert rewards[0] > rewards[1] > rewards[2]  # the order GRPO needs: closer calls earn more
+
+
+def test_no_call_rows_and_rows_without_a_solution():
+    assert tool_call_match(["Hello!", f"{START}[wave()]{END}"], ["Hi there.", "Hi there."]) == [1.0, 0.0]
+    assert tool_call_match(["anything"], [None]) == [None]
+    assert tool_call_match(["anything"], [""]) == [None]
+    assert "tool_call_match" in BUILTIN_REWARDS
