@@ -210,8 +210,8 @@ def evaluate(
     ),
     sets: list[str] = _set_option(),
 ) -> None:
-    """Run the config's evals: benchmarks on `checkpoint` (a run or checkpoint folder) or
-    `model_name`, without training."""
+    """Run the config's evals: benchmarks on `checkpoint` (a run or checkpoint folder, an adapter, or a
+    .gguf file from export --gguf) or `model_name`, without training."""
     from leap_finetune.api import evaluate_config
 
     evaluate_config(_source(config, sets), output=output, server=server, server_model=server_model)
