@@ -38,8 +38,8 @@ def test_tool_call_benchmark_logs_its_sub_scores_and_keeps_them_per_row(workdir)
     assert found["benchmark/calls/rows"] == 3
     rows = [json.loads(line) for line in (workdir / "results.predictions" / "calls.jsonl").read_text().splitlines()]
     # the score is recomputed here from each row's own prediction and reference
+    from leap_finetune.data.tool_call_score import score_turn
     from leap_finetune.data.tool_calls import ToolCall
-    from leap_finetune.evaluation.tool_call_score import score_turn
 
     expected = [[ToolCall("get_weather", {"city": "Oslo"})]] * 2 + [[]]
     direct = [score_turn(row["prediction"], calls, order="ordered").exact for row, calls in zip(rows, expected)]

@@ -89,9 +89,9 @@ def rouge_l(prediction: str, reference: str, item=None) -> tuple[float, bool]:
 
 
 def tool_call(prediction: str, reference: str, item=None) -> tuple[float, bool]:
-    """1 when the turn makes exactly the reference turn's calls (as a set; evaluation/tool_call_score.py). The
+    """1 when the turn makes exactly the reference turn's calls (as a set; data/tool_call_score.py). The
     benchmark's sub-scores - parse rate, names, argument F1, no call - are added by the runner."""
-    from leap_finetune.evaluation.tool_call_score import score_turn
+    from leap_finetune.data.tool_call_score import score_turn
 
     scored = score_turn(prediction, item.reference_calls or [])
     return scored.exact, bool(scored.parsed)

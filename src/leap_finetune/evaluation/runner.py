@@ -145,11 +145,11 @@ def _generation(model, renderer, evals, bench, processor=None, server=None):
 
 
 def _tool_calls(bench, prompts, outputs):
-    """metric tool_call: the score is the exact-call accuracy; the sub-scores (evaluation/tool_call_score.py) are
+    """metric tool_call: the score is the exact-call accuracy; the sub-scores (data/tool_call_score.py) are
     logged beside it (benchmark/{name}/parsed, name, argument_f1, no_call) and kept per row in the predictions."""
     from dataclasses import asdict
 
-    from leap_finetune.evaluation.tool_call_score import aggregate, score_turn
+    from leap_finetune.data.tool_call_score import aggregate, score_turn
 
     scored, predictions = [], []
     for item, prompt, output in zip(bench.items, prompts, outputs, strict=True):

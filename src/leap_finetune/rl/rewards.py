@@ -113,10 +113,10 @@ def tool_call_valid(completions, tools=None, **_) -> list[float]:
 
 def tool_call_match(completions, solution, **_) -> list[float | None]:
     """The completion's tool calls against the reference turn's (`solution`: the row's last assistant turn, its calls
-    in LFM notation), scored as the `tool_call` benchmark metric does (evaluation/tool_call_score.py), with partial
+    in LFM notation), scored as the `tool_call` benchmark metric does (data/tool_call_score.py), with partial
     credit: 0.5 x exact + 0.25 x names + 0.25 x argument F1; a turn that should not call: 1 when it makes no call;
     calls that do not parse: 0. A row without a solution: None (not scored)."""
-    from leap_finetune.evaluation.tool_call_score import score_turn
+    from leap_finetune.data.tool_call_score import score_turn
 
     rewards: list[float | None] = []
     for completion, gold in zip(completions, solution, strict=True):

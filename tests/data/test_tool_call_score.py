@@ -5,8 +5,8 @@ from __future__ import annotations
 
 import pytest
 
+from leap_finetune.data.tool_call_score import aggregate, parse_turn, score_turn
 from leap_finetune.data.tool_calls import ToolCall
-from leap_finetune.evaluation.tool_call_score import aggregate, parse_turn, score_turn
 
 START, END = "<|tool_call_start|>", "<|tool_call_end|>"
 WEATHER = ToolCall("get_weather", {"city": "Oslo", "days": 3})
