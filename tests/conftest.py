@@ -93,6 +93,29 @@ def fact_rows(n: int = 40) -> list[dict]:
     return rows
 
 
+def train_full_and_lora(folder: Path, full_config: Path) -> tuple[Path, Path]:
+    """Trains `full_config` (project `full`) and a short LoRA run (project `lora`, 8 steps, a checkpoint every 4) on
+    folder/train.jsonl through the CLI; returns the two run folders."""
+    lora = write_config(
+        folder,
+        {
+            **tiny_config(
+                data="train.jsonl",
+                project_name="lora",
+                training_config={"max_steps": 8, "learning_rate": 1e-2, "save_steps": 4},
+            ),
+            "peft_config": {"extends": "DEFAULT_LORA", "r": 8},
+        },
+        name="lora.yaml",
+    )
+    for config in (full_config, lora):
+        result = invoke(str(config), cwd=folder)
+        assert result.returncode == 0, result.stderr
+    [full_run] = list((folder / "outputs" / "full").iterdir())
+    [lora_run] = list((folder / "outputs" / "lora").iterdir())
+    return full_run, lora_run
+
+
 def hub_cache_with_tiny_model(cache: Path, repo: str) -> Path:
     """A Hugging Face cache holding `repo` as a download leaves it (refs/main, snapshots/SHA): the tiny
     tokenizer and config."""

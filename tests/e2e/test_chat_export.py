@@ -8,7 +8,7 @@ import json
 import pytest
 import torch
 
-from tests.conftest import fact_rows, invoke, tiny_config, write_config, write_jsonl
+from tests.conftest import fact_rows, invoke, tiny_config, train_full_and_lora, write_config, write_jsonl
 
 
 @pytest.fixture(scope="module")
@@ -31,23 +31,7 @@ def trained(tmp_path_factory):
         ),
         name="full.yaml",
     )
-    lora = write_config(
-        folder,
-        {
-            **tiny_config(
-                data="train.jsonl",
-                project_name="lora",
-                training_config={"max_steps": 8, "learning_rate": 1e-2, "save_steps": 4},
-            ),
-            "peft_config": {"extends": "DEFAULT_LORA", "r": 8},
-        },
-        name="lora.yaml",
-    )
-    for config in (full, lora):
-        result = invoke(str(config), cwd=folder)
-        assert result.returncode == 0, result.stderr
-    [full_run] = list((folder / "outputs" / "full").iterdir())
-    [lora_run] = list((folder / "outputs" / "lora").iterdir())
+    full_run, lora_run = train_full_and_lora(folder, full)
     return {"full": full_run, "lora": lora_run, "folder": folder}
 
 

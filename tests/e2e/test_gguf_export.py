@@ -11,7 +11,7 @@ import subprocess
 import pytest
 import torch
 
-from tests.conftest import fact_rows, invoke, run_cli, tiny_config, write_config, write_jsonl
+from tests.conftest import fact_rows, invoke, run_cli, tiny_config, train_full_and_lora, write_config, write_jsonl
 
 WORDS = ["red", "blue", "green", "gold", "pink", "gray", "teal", "navy"]
 # q8_0 keeps 8 bits per weight in blocks of 32: on these benchmarks of the trained tiny model it scores within
@@ -58,23 +58,7 @@ def runs(tmp_path_factory):
         ),
         name="full.yaml",
     )
-    lora = write_config(
-        folder,
-        {
-            **tiny_config(
-                data="train.jsonl",
-                project_name="lora",
-                training_config={"max_steps": 8, "learning_rate": 1e-2, "save_steps": 4},
-            ),
-            "peft_config": {"extends": "DEFAULT_LORA", "r": 8},
-        },
-        name="lora.yaml",
-    )
-    for config in (full, lora):
-        result = invoke(str(config), cwd=folder)
-        assert result.returncode == 0, result.stderr
-    [full_run] = list((folder / "outputs" / "full").iterdir())
-    [lora_run] = list((folder / "outputs" / "lora").iterdir())
+    full_run, lora_run = train_full_and_lora(folder, full)
     return {"full": full_run, "lora": lora_run, "folder": folder, "config": full}
 
 
