@@ -5,7 +5,14 @@ from __future__ import annotations
 
 import pytest
 
-from leap_finetune.data.tool_call_score import aggregate, parse_turn, score_turn
+from leap_finetune.data.tool_call_score import (
+    aggregate,
+    calls_in_text,
+    parse_turn,
+    score_calls,
+    score_turn,
+    served_calls,
+)
 from leap_finetune.data.tool_calls import ToolCall
 
 START, END = "<|tool_call_start|>", "<|tool_call_end|>"
@@ -97,3 +104,43 @@ def test_aggregate_means_each_over_the_rows_it_applies_to():
     assert found["name"] == pytest.approx((1 + 1 + 0) / 3)
     assert found["argument_f1"] == pytest.approx((1 + 0.5 + 0) / 3)
     assert found["no_call"] == 1.0
+
+
+def test_a_servers_tool_calls_are_scored_like_the_same_calls_in_text():
+    served, problem = served_calls([("get_weather", '{"days": 3.0, "city": "Oslo"}')])
+    assert problem is None and score_calls(served, problem, [WEATHER]).exact == 1.0
+    _, problem = served_calls([("get_weather", '{"city": "Oslo"')])
+    assert "not JSON" in problem and score_calls([], problem, [WEATHER]).parsed == 0.0
+    assert "not a JSON object" in served_calls([("get_weather", "[1]")])[1]
+    # a server whose parser left the calls in the text: with the markers, or with them removed as special tokens
+    assert calls_in_text(call('get_weather(city="Oslo")'))
+    assert calls_in_text(' [get_weather(city="Oslo", days=3)] ')
+    assert not calls_in_text("[1, 2] are the numbers") and not calls_in_text("It is sunny.")
+
+
+def test_the_saved_response_template_reads_calls_as_our_parser_does():
+    """transformers' parser with the template every LFM tokenizer gets (models/response_template.py) returns the
+    calls our parser reads, for every kind of argument value, with the text around them as content."""
+    import json
+
+    from leap_finetune.models.loading import load_tokenizer
+
+    tokenizer = load_tokenizer("tiny-lfm2")
+    assert tokenizer.response_template is not None
+    prefix = "<|im_start|>user\nhi<|im_end|>\n<|im_start|>assistant\n"
+    turns = [
+        call('get_weather(city="Oslo", days=3)'),
+        "Let me look." + call('f(a="it\'s \\"q\\"\\n", b=-1.5, c=[1, {"k": None}], d=True), g()') + " Done.",
+        "<think>which tool?</think>" + call('get_weather(city="Ünïcode")'),
+        "No call here.",
+    ]
+    for turn in turns:
+        ids = tokenizer(turn + "<|im_end|>", add_special_tokens=False)["input_ids"]
+        parsed = tokenizer.parse_response(ids, prefix=prefix)
+        ours, problem = parse_turn(turn)
+        assert problem is None
+        theirs = [(c["function"]["name"], c["function"]["arguments"]) for c in parsed.get("tool_calls", [])]
+        assert theirs == [(c.name, c.arguments) for c in ours], turn
+        assert json.dumps(theirs)  # (arguments are JSON values: what a server returns)
+        if "Let me look." in turn:
+            assert parsed["content"] == "Let me look. Done."

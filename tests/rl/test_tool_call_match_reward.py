@@ -31,3 +31,23 @@ def test_no_call_rows_and_rows_without_a_solution():
     assert tool_call_match(["anything"], [None]) == [None]
     assert tool_call_match(["anything"], [""]) == [None]
     assert "tool_call_match" in BUILTIN_REWARDS
+
+
+def test_the_tool_rewards_read_the_markers_trl_decodes_away():
+    """TRL decodes completions without special tokens, and LFM's tool-call markers are special tokens: the built
+    rewards decode the completion ids again with them (end-of-turn and padding dropped)."""
+    from leap_finetune.models.loading import load_tokenizer
+    from leap_finetune.rl.rewards import build_reward
+
+    tokenizer = load_tokenizer("tiny-lfm2")
+    turn = f'{START}[get_weather(city="Oslo", days=3)]{END}'
+    ids = tokenizer(turn, add_special_tokens=False)["input_ids"] + [tokenizer.eos_token_id, tokenizer.pad_token_id]
+    as_trl_decodes = tokenizer.decode(ids, skip_special_tokens=True)
+    assert START not in as_trl_decodes
+    for name, expected in (("tool_call_match", 1.0), ("tool_call_valid", 1.0)):
+        bare = build_reward(name)
+        built = build_reward(name, tokenizer=tokenizer)
+        kwargs = {"solution": [GOLD]} if name == "tool_call_match" else {}
+        assert built([as_trl_decodes], completion_ids=[ids], **kwargs) == [expected]
+        assert bare([as_trl_decodes], completion_ids=[ids], **kwargs) == [0.0]  # (what it scored before)
+        assert built.__name__ == name

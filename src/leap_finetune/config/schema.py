@@ -87,6 +87,14 @@ class DatasetConfig(StrictModel):
         description="Vision-language models: the folder relative image paths in the rows start from (default: the "
         "folder of the data file that names them).",
     )
+    hold_out_tools: list[str] | None = Field(
+        default=None,
+        min_length=1,
+        description="Tool-calling data (sft, grpo): every row that names one of these tools (calls it, or lists it "
+        "among its tool definitions) is left out of training and evaluation rows, and becomes the `unseen_tools` "
+        "benchmark (metric tool_call): how well the model calls tools it never saw. A tool named in any source is "
+        "held out of every source. See docs/tool-calling.md.",
+    )
     cache: bool = Field(
         default=True,
         description="Keep the prepared rows on disk ($LEAP_FINETUNE_CACHE, default ~/.cache/leap-finetune/prepared), "
@@ -100,6 +108,19 @@ class DatasetConfig(StrictModel):
                 "give a source either weight (its share of the mix) or epochs (a multiple of its rows), not both"
             )
         return self
+
+    @field_validator("hold_out_tools")
+    @classmethod
+    def check_hold_out_tools(cls, value: list[str] | None) -> list[str] | None:
+        if value is None:
+            return value
+        for name in value:
+            if not name.strip():
+                raise ValueError("a tool name is empty: give the function names of the tools to hold out")
+        repeated = sorted({name for name in value if value.count(name) > 1})
+        if repeated:
+            raise ValueError(f"a tool is named twice: {', '.join(repeated)}")
+        return value
 
     @field_validator("test_size")
     @classmethod

@@ -169,6 +169,9 @@ def load(entry: Entry, console):
             warning_rows=report["warning_rows"],
             notices=report["notices"],
             sources=[SourceReport(**s) for s in report["sources"]],
+            tool_split=report["tool_split"],
+            unseen_tool_rows=report["unseen_tool_rows"],
+            tool_held_rows=report["tool_held_rows"],
             from_cache=str(entry.folder),
         )
     except (OSError, ValueError, KeyError, TypeError, pa.ArrowInvalid) as err:
@@ -278,6 +281,9 @@ def store(entry: Entry, prepared, staging: Path, console) -> None:
             "warning_rows": prepared.warning_rows,
             "notices": prepared.notices,
             "sources": [s.to_json() for s in prepared.sources],
+            "tool_split": prepared.tool_split,
+            "unseen_tool_rows": prepared.unseen_tool_rows,
+            "tool_held_rows": prepared.tool_held_rows,
             "examples": prepared.train.examples,
             "fingerprints": [prepared.train.fingerprint(), prepared.eval.fingerprint()],
         }

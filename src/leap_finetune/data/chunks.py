@@ -17,6 +17,7 @@ import numpy as np
 from leap_finetune.config.resolved import ResolvedConfig
 from leap_finetune.data.chat_templates import render_family
 from leap_finetune.data.grpo_rows import category, check_grpo_row, prepare_prompt
+from leap_finetune.data.held_out_tools import benchmark_rows, held_out_names, tools_named
 from leap_finetune.data.images import ImageProblem, ImageRow, VisionRenderer, open_image
 from leap_finetune.data.preference_rows import check_dpo_row, check_kto_row
 from leap_finetune.data.preference_tokens import tokenize_kto, tokenize_pair
@@ -55,6 +56,10 @@ def set_job(job: Job, parent: int | None = None) -> None:
         signal.signal(signal.SIGINT, signal.SIG_IGN)  # (Ctrl-C reaches the whole process group)
         signal.signal(signal.SIGTERM, signal.SIG_DFL)
         die_with_parent(signal.SIGKILL, parent)  # measured before: a SIGKILLed driver left ~550 MB workers behind
+
+
+def dataset_list(resolved: ResolvedConfig) -> list:
+    return list(resolved.dataset) if isinstance(resolved.dataset, list) else [resolved.dataset]
 
 
 def contract(resolved: ResolvedConfig):
@@ -105,12 +110,17 @@ class CheckedChunk:
     # rows whose images failed (decoding, length): pass 2's own check of the row does not open images, so it is
     # told to skip them (on_invalid: skip)
     image_invalid: list[tuple[str, str]] = field(default_factory=list)
+    # dataset.hold_out_tools: (file, location, tools the row names) per valid row, and the benchmark rows of the
+    # rows that name a held-out tool
+    tool_rows: list[tuple[str, str, tuple[str, ...]]] = field(default_factory=list)
+    unseen_tool_rows: list[dict] = field(default_factory=list)
 
 
 def check_chunk(rows: list[SourceRow]) -> CheckedChunk:
     resolved = _JOB.resolved
     check = contract(resolved)
     result = CheckedChunk(rows=len(rows), valid=0)
+    held_out = held_out_names(dataset_list(resolved))
     for row in rows:
         problem = parse_row(row)
         if problem:
@@ -128,6 +138,11 @@ def check_chunk(rows: list[SourceRow]) -> CheckedChunk:
             result.problems.extend(problems)
             continue
         result.valid += 1
+        if held_out:
+            names = tools_named(parsed)
+            result.tool_rows.append((row.file, row.location, tuple(sorted(names))))
+            if names & held_out:
+                result.unseen_tool_rows.extend(benchmark_rows(parsed, row.file, row.location))
         if method_of(resolved).rewards:  # (the rewards read the extra columns: each has one kind across rows)
             result.extra_kinds.append(
                 (row.file, row.location, {k: category(v) for k, v in parsed.extra.items() if v is not None})

@@ -29,10 +29,12 @@ from leap_finetune.data.chunks import (
     Workers,
     check_chunk,
     chunked,
+    dataset_list,
     processes_for,
     tokenize_chunk,
 )
 from leap_finetune.data.grpo_rows import column_kind_problems
+from leap_finetune.data.held_out_tools import held_out_names
 from leap_finetune.data.mixing import held_out_mask, mix
 from leap_finetune.data.progress import Progress
 from leap_finetune.data.readers import SUFFIXES, Source
@@ -91,6 +93,11 @@ class PreparedData:
     warning_rows: dict[str, int] = field(default_factory=dict)  # rows with each kind of warning
     notices: list[str] = field(default_factory=list)  # about the data as a whole (skipped folder entries, ...)
     sources: list[SourceReport] = field(default_factory=list)
+    # dataset.hold_out_tools: rows per split of each tool the rows name ({tool: {"train", "eval", "held_out"}}),
+    # and the `unseen_tools` benchmark's rows (data/held_out_tools.py)
+    tool_split: dict[str, dict[str, int]] = field(default_factory=dict)
+    unseen_tool_rows: list[dict] = field(default_factory=list)
+    tool_held_rows: int = 0  # rows left out for naming a held-out tool
     from_cache: str | None = None  # the cache entry these were read from (None: prepared now)
     seconds: float = 0.0  # preparation time (0 when read from the cache)
     tokenized: bool = True  # False: counted without a tokenizer (count_rows): no tokens, no max_length cuts
@@ -132,7 +139,8 @@ class _Stream:
     source: Source
     held_out: bool  # every valid row is an evaluation row (val_path)
     chunks: list[CheckedChunk] = field(default_factory=list)
-    skip: set = field(default_factory=set)  # (file, location): valid rows the column-kind check rejected
+    skip: set = field(default_factory=set)  # (file, location): valid rows the column-kind check rejected, or held out
+    tool_held: int = 0  # valid rows that name a held-out tool (in `skip`)
     problems: list[RowProblem] = field(default_factory=list)
     eval_mask: np.ndarray | None = None  # per valid row: held out for evaluation
 
@@ -245,6 +253,7 @@ def count_rows(resolved: ResolvedConfig, *, console=None) -> PreparedData:
     ):
         read, dropped, warnings = _check_every_row(resolved, items, streams, workers, progress)
     _choose_held_out(streams, items, resolved.training.get("seed", 42))
+    tool_split, unseen = _tool_split(streams, items)
     train_rows, eval_rows = [0] * len(items), [0] * len(items)
     for stream in streams:
         held = int(stream.eval_mask.sum()) if stream.eval_mask is not None else 0
@@ -269,6 +278,9 @@ def count_rows(resolved: ResolvedConfig, *, console=None) -> PreparedData:
         warning_rows=warnings.rows,
         notices=notices,
         sources=reports,
+        tool_split=tool_split,
+        unseen_tool_rows=unseen,
+        tool_held_rows=sum(s.tool_held for s in streams),
         tokenized=False,
     )
     _check_left(prepared, items)
@@ -344,6 +356,7 @@ def _prepare_now(
         faults.point("data-prep")
         read, dropped, warnings = _check_every_row(resolved, items, streams, workers, progress)
         _choose_held_out(streams, items, resolved.training.get("seed", 42))
+        tool_split, unseen = _tool_split(streams, items)
 
         any_eval = any(s.eval_mask is not None and s.eval_mask.any() for s in streams)
         wanted = _wanted(streams, examples, resolved.samples, any_eval)
@@ -401,6 +414,9 @@ def _prepare_now(
         warning_rows=warnings.rows,
         notices=notices,
         sources=reports,
+        tool_split=tool_split,
+        unseen_tool_rows=unseen,
+        tool_held_rows=sum(s.tool_held for s in streams),
     )
     first_rows = [example_rows[k] for k in sorted(example_rows) if example_rows[k].trained_tokens > 0]
     _check_left(prepared, items)
@@ -453,6 +469,13 @@ def _after_check(stream: _Stream, resolved: ResolvedConfig) -> None:
     """The stream's problems in file order; GRPO's column kinds across rows; another training type's rows."""
     for checked in stream.chunks:
         stream.problems.extend(checked.problems)
+    held_out = held_out_names(dataset_list(resolved))
+    if held_out:
+        held = {
+            (file, location) for c in stream.chunks for file, location, names in c.tool_rows if held_out & set(names)
+        }
+        stream.skip |= held
+        stream.tool_held = len(held)
     if method_of(resolved).rewards:
         for problem in column_kind_problems(k for c in stream.chunks for k in c.extra_kinds):
             stream.skip.add((problem.file, problem.location))
@@ -474,6 +497,62 @@ def _dropped(problems: list[RowProblem]) -> list[DroppedRow]:
         else:
             row.reason += "; " + reason
     return list(rows.values())
+
+
+def _tool_split(streams: list[_Stream], items: list[DatasetConfig]) -> tuple[dict, list[dict]]:
+    """dataset.hold_out_tools: which tools went where (rows per split naming each tool), and the benchmark rows of
+    the held-out rows. Every held-out tool must be named by some row (a name no row uses is most often a typo);
+    and the held-out rows must leave something to train on and something to measure."""
+    held_out = held_out_names(items)
+    if not held_out:
+        return {}, []
+    split: dict[str, dict[str, int]] = {}
+    unseen: list[dict] = []
+    for stream in streams:
+        kept = [
+            names
+            for chunk in stream.chunks
+            for file, location, names in chunk.tool_rows
+            if (file, location) not in stream.skip
+        ]
+        mask = stream.eval_mask if stream.eval_mask is not None else np.zeros(len(kept), dtype=bool)
+        for names, to_eval in zip(kept, mask, strict=True):
+            for name in names:
+                split.setdefault(name, {"train": 0, "eval": 0, "held_out": 0})["eval" if to_eval else "train"] += 1
+        for chunk in stream.chunks:
+            for _, _, names in chunk.tool_rows:
+                if held_out & set(names):  # (every tool such a row names: the held-out rows' other tools too)
+                    for name in names:
+                        split.setdefault(name, {"train": 0, "eval": 0, "held_out": 0})["held_out"] += 1
+            unseen.extend(chunk.unseen_tool_rows)
+    where = "dataset.hold_out_tools" if len(items) == 1 else "dataset[].hold_out_tools"
+    missing = sorted(name for name in held_out if name not in split)  # (a named tool's rows are all held out)
+    if missing:
+        from leap_finetune.config.suggest import did_you_mean
+
+        known = sorted(split)
+        hint = did_you_mean(missing[0], known)
+        raise LeapError(
+            f"no row names the tool(s) {', '.join(missing)} (held out by {where})" + (f"; {hint}" if hint else ""),
+            where=where,
+            fix="give the function names your rows call or define"
+            + (f" (they name: {', '.join(known[:20])}{' ...' if len(known) > 20 else ''})" if known else "")
+            + ", or remove the key",
+        )
+    if not unseen:
+        raise LeapError(
+            f"no held-out row calls a tool: the rows naming {', '.join(sorted(held_out))} only list them among their "
+            "tool definitions, so the unseen-tools benchmark would have no row to score",
+            where=where,
+            fix="hold out tools that your rows call, or remove the key",
+        )
+    if not any(s.valid for s in streams if not s.held_out):
+        raise LeapError(
+            f"every row names a held-out tool ({', '.join(sorted(held_out))}): no training rows are left",
+            where=where,
+            fix="hold out fewer tools, or give rows that do not list the held-out tools among their definitions",
+        )
+    return dict(sorted(split.items())), unseen
 
 
 def _choose_held_out(streams: list[_Stream], items: list[DatasetConfig], seed: int) -> None:

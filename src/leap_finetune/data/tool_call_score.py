@@ -94,9 +94,45 @@ def _call_key(call: tc.ToolCall):
 def score_turn(generated: str, reference: list[tc.ToolCall], *, order: str = "set") -> CallScore:
     """`generated`: the model's assistant turn (text); `reference`: the calls the reference turn makes ([] for a
     turn that should answer without calling)."""
+    calls, problem = parse_turn(generated)
+    return score_calls(calls, problem, reference, order=order)
+
+
+def served_calls(calls: list[tuple[str, str]] | None) -> tuple[list[tc.ToolCall], str | None]:
+    """The tool calls an OpenAI-compatible server returned ([(name, arguments as JSON text)]) as ToolCalls, and why
+    they are not read when an argument string is not a JSON object."""
+    found = []
+    for name, arguments in calls or []:
+        try:
+            value = json.loads(arguments) if isinstance(arguments, str) else arguments
+        except json.JSONDecodeError as err:
+            return found, f"the arguments of {name} are not JSON ({err.msg})"
+        if not isinstance(value, dict):
+            return found, f"the arguments of {name} are not a JSON object"
+        found.append(tc.ToolCall(name, value))
+    return found, None
+
+
+def calls_in_text(content: str) -> bool:
+    """Whether a served answer's text holds tool calls its server did not return as tool_calls: LFM notation with the
+    markers, or without them (a server that removes special tokens from the text leaves `[name(key=value)]`)."""
+    if tc.CALL_START in content:
+        return True
+    text = content.strip()
+    if not (text.startswith("[") and text.endswith("]")):
+        return False
+    try:
+        return bool(tc.parse_calls(text))
+    except tc.ToolCallSyntaxError:
+        return False
+
+
+def score_calls(
+    calls: list[tc.ToolCall], problem: str | None, reference: list[tc.ToolCall], *, order: str = "set"
+) -> CallScore:
+    """Calls already read (from a turn's text, or a server's tool_calls) against the reference calls."""
     if order not in ORDERS:
         raise ValueError(f"order must be one of {ORDERS}, not {order!r}")
-    calls, problem = parse_turn(generated)
     parsed = 0.0 if problem else 1.0
     if not reference:
         made_none = not calls and problem is None

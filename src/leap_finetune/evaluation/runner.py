@@ -98,7 +98,7 @@ def _generation(model, renderer, evals, bench, processor=None, server=None):
     metric = load_metric(bench.metric)
     if server is not None:  # the server applies the model's chat template to the messages
         prompts = [item.prompt for item in bench.items]
-        outputs = server.generate(bench.name, bench.items, evals)
+        outputs = server.generate(bench.name, bench.items, evals, tool_calls=bench.metric == "tool_call")
     else:
         prompts = [renderer.prompt_text(item.prompt, item.tools) for item in bench.items]
         outputs = generate(
@@ -152,14 +152,20 @@ def _tool_calls(bench, prompts, outputs):
     from leap_finetune.data.tool_call_score import aggregate, score_turn
 
     scored, predictions = [], []
+    served = outputs and not isinstance(outputs[0], str)  # (eval --server: ServedTurns)
     for item, prompt, output in zip(bench.items, prompts, outputs, strict=True):
-        found = score_turn(output, item.reference_calls or [], order=bench.tool_call_order)
+        if served:
+            found, extra = _served_score(output, item, bench.tool_call_order)
+            text = output.content
+        else:
+            found, extra, text = score_turn(output, item.reference_calls or [], order=bench.tool_call_order), {}, output
         scored.append(found)
         predictions.append(
             {
                 "source": f"{item.file}, {item.location}",
                 "prompt": prompt,
-                "prediction": output,
+                "prediction": text,
+                **extra,
                 "reference": item.reference,
                 "score": found.exact,
                 **{k: v for k, v in asdict(found).items() if k != "exact" and v is not None},
@@ -167,7 +173,46 @@ def _tool_calls(bench, prompts, outputs):
         )
     metrics = {"score": aggregate(scored)["exact"], **aggregate(scored)}
     metrics.update(unparsed=sum(not s.parsed for s in scored), rows=len(scored))
+    if served:
+        with_tools = [o for o in outputs if o.sent_tools]
+        metrics["server_tool_calls"] = sum(o.calls is not None for o in outputs)  # answers with parsed tool_calls
+        metrics["calls_in_text"] = sum("calls_in_text" in p for p in predictions)
+        metrics["server_errors"] = sum(o.error is not None for o in outputs)
+        _warn_served(bench.name, metrics, len(with_tools), len(outputs))
     return metrics, predictions
+
+
+def _served_score(output, item, order: str):
+    """A server's answer scored by the tool_calls its parser returned: calls it left in the text (its parser does not
+    read the trained format, or was not asked to) count as no call, and are flagged."""
+    from leap_finetune.data.tool_call_score import calls_in_text, score_calls, served_calls
+
+    if output.error is not None:
+        return score_calls([], f"the server failed: {output.error}", item.reference_calls or [], order=order), {
+            "server_error": output.error
+        }
+    calls, problem = served_calls(output.calls)
+    extra = {"tool_calls": [{"name": n, "arguments": a} for n, a in output.calls or []]}
+    if not output.calls and calls_in_text(output.content):
+        extra["calls_in_text"] = True
+    return score_calls(calls, problem, item.reference_calls or [], order=order), extra
+
+
+def _warn_served(name: str, metrics: dict, sent_tools: int, rows: int) -> None:
+    if metrics["calls_in_text"]:
+        warn(
+            f"benchmark '{name}': the server returned tool calls as text in {metrics['calls_in_text']} of {rows} "
+            "answer(s), not as tool_calls (scored as no call): its tool-call parser does not read them. vLLM: serve "
+            "with --enable-auto-tool-choice --tool-call-parser lfm2; transformers serve: a model saved by "
+            "leap-finetune carries the parser (tokenizer response_template); llama-server: --jinja"
+            + ("" if sent_tools == rows else f"; {rows - sent_tools} row(s) have no `tools` column to send")
+        )
+    if metrics["server_errors"]:
+        warn(
+            f"benchmark '{name}': the server failed on {metrics['server_errors']} of {rows} answer(s) (scored 0; "
+            "the reason is in each row's server_error in the predictions): often its tool-call parser failing on "
+            "an answer"
+        )
 
 
 def _logprob(model, renderer, evals, bench, processor=None):

@@ -11,10 +11,12 @@ the row had them; a local image file goes as a base64 `data:` URI with its MIME 
 from __future__ import annotations
 
 import base64
+import json
 import mimetypes
 import os
 import re
 from concurrent.futures import ThreadPoolExecutor
+from dataclasses import dataclass
 from pathlib import Path
 
 from leap_finetune.data.messages import IMAGE_PLACEHOLDER
@@ -23,6 +25,13 @@ from leap_finetune.errors import LeapError
 FIX = (
     "start the server (e.g. `vllm serve MODEL` or `transformers serve`) and give its base URL, e.g. "
     "http://127.0.0.1:8000/v1"
+)
+
+
+# what a server needs to take a request with `tools` and return LFM's calls as tool_calls (docs/tool-calling.md)
+TOOLS_FIX = (
+    "a tool_call benchmark sends the rows' tools: serve vLLM with --enable-auto-tool-choice --tool-call-parser lfm2, "
+    "llama-server with --jinja"
 )
 
 
@@ -64,31 +73,74 @@ class ServerGenerator:
             )
         return models[0]
 
-    def generate(self, bench_name: str, items, evals) -> list[str]:
+    def generate(self, bench_name: str, items, evals, *, tool_calls: bool = False) -> list:
+        """The answers' text; with `tool_calls` (metric tool_call) each answer as a ServedTurn: rows with a `tools`
+        column send them as OpenAI `tools`, and the calls come back as the server's parser read them."""
         for item in items:  # every image file of the benchmark is there before the first request is sent
             check_images(item, bench_name)
 
-        def one(item) -> str:
+        def one(item):
             options = {"max_tokens": evals.max_new_tokens, "temperature": evals.temperature if evals.do_sample else 0.0}
             if evals.do_sample:
                 options["top_p"] = evals.top_p
+            if tool_calls and item.tools:
+                options["tools"] = openai_tools(item.tools)
             messages = chat_messages(item, bench_name)
             try:
                 answer = self.client.chat.completions.create(model=self.model, messages=messages, **options)
             except Exception as err:  # noqa: BLE001 - reported with the row it belongs to
+                if tool_calls and _server_side(err):  # (a parser that fails on one answer: that row's result)
+                    return ServedTurn("", None, sent_tools="tools" in options, error=_reason(err))
+                reason = _reason(err)
                 raise LeapError(
                     f"the server at {self.base_url} failed on benchmark '{bench_name}' ({item.file}, "
-                    f"{item.location}): {_reason(err)}",
+                    f"{item.location}): {reason}",
                     where="--server",
-                    fix="look at the server's log"
+                    fix=(TOOLS_FIX + "; or " if "tools" in options and "tool" in reason.lower() else "")
+                    + "look at the server's log"
                     + ("; image rows need a server with a vision-language model (LFM2-VL)" if item.images else "")
                     + "; "
                     + FIX,
                 ) from None
-            return (answer.choices[0].message.content or "").strip()  # as local generation's answers
+            message = answer.choices[0].message
+            content = (message.content or "").strip()  # as local generation's answers
+            if not tool_calls:
+                return content
+            calls = [(c.function.name, c.function.arguments) for c in message.tool_calls or [] if c.function]
+            return ServedTurn(content, calls or None, sent_tools="tools" in options)
 
         with ThreadPoolExecutor(max_workers=max(1, evals.batch_size)) as pool:
             return list(pool.map(one, items))
+
+
+@dataclass
+class ServedTurn:
+    """A tool_call benchmark's answer from the server: its text, and the tool calls its parser returned
+    ([(name, arguments as JSON text)], None when it returned none)."""
+
+    content: str
+    calls: list[tuple[str, str]] | None
+    sent_tools: bool  # the row's tools went as OpenAI `tools`
+    error: str | None = None  # the server failed on this row (an answer its parser could not read)
+
+
+def openai_tools(tools: list) -> list[dict]:
+    """Tool definitions as OpenAI's `tools` field: {"type": "function", "function": schema} (bare schemas wrapped,
+    JSON text read)."""
+    out = []
+    for tool in tools:
+        if isinstance(tool, str):
+            tool = json.loads(tool)
+        out.append(
+            tool if tool.get("type") == "function" and "function" in tool else {"type": "function", "function": tool}
+        )
+    return out
+
+
+def _server_side(err: Exception) -> bool:
+    """A 5xx answer (the server took the request and failed on it), not a refused connection or a bad request."""
+    status = getattr(err, "status_code", None)
+    return isinstance(status, int) and status >= 500
 
 
 def _reason(err: Exception) -> str:

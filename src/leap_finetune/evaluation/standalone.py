@@ -50,6 +50,7 @@ def evaluate_config(
 
     console = console or Console(stderr=True)
     resolved = source if isinstance(source, ResolvedConfig) else load_config(source)
+    add_run_unseen_tools(resolved, console)
     if resolved.evals is None:
         raise LeapError(
             "the config has no benchmarks to run (no evals: block, or evals.benchmarks is empty)",
@@ -354,6 +355,42 @@ def _processor_for(model_id: str, base_model_id: str, tokenizer, benchmarks):
     if not (is_vision_model(model_id) and has_images(benchmarks)):
         return None
     return load_processor(model_id if has_processor_files(model_id) else base_model_id, tokenizer)
+
+
+def add_run_unseen_tools(resolved: ResolvedConfig, console: Console) -> None:
+    """A config with dataset.hold_out_tools scores its run's `unseen_tools` benchmark too: the rows the run held out
+    are in the run folder (prepared/unseen_tools.jsonl) of `checkpoint` (a run, or a folder in one)."""
+    from leap_finetune.data.held_out_tools import UNSEEN_TOOLS_BENCHMARK
+
+    items = resolved.dataset if isinstance(resolved.dataset, list) else [resolved.dataset]
+    if not any(item is not None and item.hold_out_tools for item in items):
+        return
+    if resolved.evals is not None and any(b.name == UNSEEN_TOOLS_BENCHMARK for b in resolved.evals.benchmarks):
+        return
+    checkpoint = Path(resolved.checkpoint) if resolved.checkpoint else None
+    found = next(
+        (
+            RunFolder(folder).unseen_tools
+            for folder in ((checkpoint, checkpoint.parent, checkpoint.parent.parent) if checkpoint else ())
+            if RunFolder(folder).unseen_tools.is_file()
+        ),
+        None,
+    )
+    if found is None:
+        console.print(
+            f"[yellow]note: benchmark '{UNSEEN_TOOLS_BENCHMARK}' (dataset.hold_out_tools) is not scored: its rows are "
+            "in the run folder of a trained run (prepared/unseen_tools.jsonl), and "
+            + (f"checkpoint {checkpoint} is not in one" if checkpoint else "no checkpoint: is set")
+            + "; set checkpoint: to the run folder[/yellow]"
+        )
+        return
+    from leap_finetune.config.schema import BenchmarkConfig, EvalsConfig
+
+    bench = BenchmarkConfig(name=UNSEEN_TOOLS_BENCHMARK, path=str(found), metric="tool_call")
+    if resolved.evals is None:
+        resolved.evals = EvalsConfig(benchmarks=[bench])
+    else:
+        resolved.evals = resolved.evals.model_copy(update={"benchmarks": [*resolved.evals.benchmarks, bench]})
 
 
 def model_to_evaluate(resolved: ResolvedConfig) -> ModelToEvaluate:

@@ -56,6 +56,7 @@ def check_run(resolved: ResolvedConfig, console: Console, outputs_root: str | Pa
     tokenizer, renderer, prepared = prepare(resolved, console)
     check_training_arguments(resolved, has_eval=bool(prepared.eval))
     plan = plan_run(resolved, outputs_root=Path(outputs_root) if outputs_root else None)
+    add_unseen_tools_benchmark(resolved, prepared, plan.run_dir)
     check_rollout_engine(resolved)  # vLLM installed where use_vllm says so (plan does not need it)
     check_judge_server(resolved, console)  # an external judge answers (and serves its model)
     if plan.finished is None:  # (a finished run trains nothing: the user's code is not run for it)
@@ -67,6 +68,23 @@ def check_run(resolved: ResolvedConfig, console: Console, outputs_root: str | Pa
     plan.changes = check_resume_matches(resolved, plan, fingerprint(prepared), devices.workers)
     check_run_folder_free(plan)
     return CheckedRun(resolved, tokenizer, renderer, prepared, plan, devices)
+
+
+def add_unseen_tools_benchmark(resolved: ResolvedConfig, prepared: PreparedData, run_dir: Path) -> None:
+    """dataset.hold_out_tools: the held-out rows are benchmark `unseen_tools` (metric tool_call), scored with the
+    run's other benchmarks (an `evals:` block with only it when the config has none). Its rows are written to the
+    run folder's prepared/ with the other prepared rows (launch/run_folder.py)."""
+    if not prepared.unseen_tool_rows or (resolved.evals is not None and not resolved.evals.benchmarks):
+        return  # (`evals.benchmarks: []` turns benchmarks off for a run: this one too)
+    from leap_finetune.config.schema import BenchmarkConfig, EvalsConfig
+    from leap_finetune.data.held_out_tools import UNSEEN_TOOLS_BENCHMARK
+    from leap_finetune.runs.folder import RunFolder
+
+    bench = BenchmarkConfig(name=UNSEEN_TOOLS_BENCHMARK, path=str(RunFolder(run_dir).unseen_tools), metric="tool_call")
+    if resolved.evals is None:
+        resolved.evals = EvalsConfig(benchmarks=[bench])
+    else:
+        resolved.evals = resolved.evals.model_copy(update={"benchmarks": [*resolved.evals.benchmarks, bench]})
 
 
 def prepare(resolved: ResolvedConfig, console: Console | None = None, examples: int = 5, tokenizer=None):

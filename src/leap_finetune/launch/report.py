@@ -163,6 +163,8 @@ def data_report(
                 f"{s.train_tokens:,}",
             )
         console.print(table)
+    if prepared.tool_split:
+        _tool_table(console, prepared)
     if prepared.from_cache:
         console.print(
             f"data: prepared rows read from the cache ({escape(prepared.from_cache)}); nothing changed since "
@@ -217,6 +219,29 @@ def data_report(
         console.print(
             f"[yellow]{prepared.partially_truncated} row(s) lose some trained tokens to max_length truncation[/yellow]"
         )
+
+
+def _tool_table(console: Console, prepared: PreparedData) -> None:
+    """dataset.hold_out_tools: the rows naming each tool in each split, and where the held-out ones went."""
+    from leap_finetune.data.held_out_tools import UNSEEN_TOOLS_BENCHMARK
+
+    held_out = {name for name, counts in prepared.tool_split.items() if not counts["train"] + counts["eval"]}
+    table = Table(title="tools (rows naming each: calls or definitions)", title_justify="left")
+    for column in ("tool", "train", "eval", "held out"):
+        table.add_column(column, justify="left" if column == "tool" else "right")
+    for name, counts in prepared.tool_split.items():
+        held = counts["held_out"]
+        table.add_row(
+            escape(name) + (" (held out)" if name in held_out else ""),
+            f"{counts['train']:,}",
+            f"{counts['eval']:,}",
+            f"{held:,}" if held else "-",
+        )
+    console.print(table)
+    console.print(
+        f"data: {prepared.tool_held_rows:,} row(s) naming a held-out tool are not trained on; their {len(prepared.unseen_tool_rows):,} "
+        f"tool-calling turn(s) are the benchmark '{UNSEEN_TOOLS_BENCHMARK}' (metric tool_call)"
+    )
 
 
 def _last_logged(run_dir: Path, keys: tuple[str, ...]) -> dict:

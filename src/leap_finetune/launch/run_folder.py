@@ -126,6 +126,10 @@ def stage_run_folder(
             rows.dataset().save_to_disk(str(data / name))
     (data / "samples.json").write_text(json.dumps(samples(prepared, renderer)), encoding="utf-8")
     (data / "fingerprint.json").write_text(json.dumps(fingerprint(prepared)), encoding="utf-8")
+    if prepared.unseen_tool_rows:  # dataset.hold_out_tools: the benchmark the driver added to evals (launch/checks.py)
+        RunFolder(staging).unseen_tools.write_text(
+            "".join(json.dumps(row, ensure_ascii=False) + "\n" for row in prepared.unseen_tool_rows), encoding="utf-8"
+        )
     if resolved.retrieval is not None:  # a built-in tiny backbone, as a folder sentence-transformers loads
         from leap_finetune.models.encoders import save_tiny_backbone
 

@@ -16,6 +16,16 @@ from leap_finetune.models.tiny import TINY_MODELS, build_tiny_model, load_tiny_t
 
 
 def load_tokenizer(model_id: str, init_kwargs: dict | None = None):
+    """The model's tokenizer; an LFM one with the response template that lets `transformers serve` return its tool
+    calls as OpenAI tool_calls (models/response_template.py), saved with everything trained from it."""
+    from leap_finetune.models.response_template import add_response_template
+
+    tokenizer = _load_tokenizer(model_id, init_kwargs)
+    add_response_template(tokenizer)
+    return tokenizer
+
+
+def _load_tokenizer(model_id: str, init_kwargs: dict | None = None):
     if model_id in TINY_MODELS:
         return load_tiny_tokenizer(model_id)
     from transformers import AutoTokenizer

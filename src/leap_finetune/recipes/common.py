@@ -229,6 +229,11 @@ def benchmark_callback(resolved: ResolvedConfig, tokenizer, run_dir: Path, conso
     )
 
 
+# The benchmark results of the run's summary, end report and model card: each score, and a tool_call benchmark's
+# sub-scores (its score is the exact-call accuracy; evaluation/runner.py)
+SUMMARY_BENCHMARK_KEYS = ("/score", "/name", "/argument_f1", "/parsed", "/no_call")
+
+
 def train_evaluate_save(
     trainer,
     resolved: ResolvedConfig,
@@ -339,8 +344,10 @@ def _train_evaluate_save(
             final = finished.get(trainer.state.global_step, {})
             if not resume:  # (resumed: the step-0 results were logged by the first process, read above)
                 baseline_benchmarks = finished.get(0, {})
-        summary["benchmarks"] = {k: v for k, v in final.items() if k.endswith("/score")}
-        summary["initial_benchmarks"] = {k: v for k, v in baseline_benchmarks.items() if k.endswith("/score")}
+        summary["benchmarks"] = {k: v for k, v in final.items() if k.endswith(SUMMARY_BENCHMARK_KEYS)}
+        summary["initial_benchmarks"] = {
+            k: v for k, v in baseline_benchmarks.items() if k.endswith(SUMMARY_BENCHMARK_KEYS)
+        }
     if has_eval:
         summary["eval_loss"] = float(last["eval_loss"])
         summary["initial_eval_loss"] = baseline.get("eval_loss") if baseline else None

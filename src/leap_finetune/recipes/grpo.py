@@ -40,7 +40,7 @@ def training_arguments(resolved: ResolvedConfig, *, run_dir: str, has_eval: bool
     return args
 
 
-def reward_functions(resolved: ResolvedConfig, judge_url: str | None = None) -> list:
+def reward_functions(resolved: ResolvedConfig, judge_url: str | None = None, tokenizer=None) -> list:
     from leap_finetune.rl.judge import Judge
     from leap_finetune.rl.rewards import build_reward
 
@@ -49,7 +49,7 @@ def reward_functions(resolved: ResolvedConfig, judge_url: str | None = None) -> 
     # checkpoints saved before are complete
     then = (lambda: common._saved_so_far(Path(resolved.run_dir))) if resolved.run_dir else None
     functions = [
-        build_reward(spec, where=f"{where}: rewards.funcs[{index}]", then=then)
+        build_reward(spec, where=f"{where}: rewards.funcs[{index}]", then=then, tokenizer=tokenizer)
         for index, spec in enumerate(resolved.rewards.funcs)
     ]
     judge = resolved.rewards.judge
@@ -210,7 +210,7 @@ def train(resolved_json: dict, callbacks: list | None = None) -> dict:
     watch = judge_watch(stop_on_signal)
     trainer = trainer_class()(
         model=model,
-        reward_funcs=reward_functions(resolved, judge_url=resolved.judge_url),
+        reward_funcs=reward_functions(resolved, judge_url=resolved.judge_url, tokenizer=tokenizer),
         args=args,
         train_dataset=train_dataset,
         eval_dataset=eval_dataset,

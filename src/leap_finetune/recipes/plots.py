@@ -1,6 +1,6 @@
 """Plots of a run as PNG files in `plots/`, drawn from metrics.jsonl at every checkpoint and at the end (so a
 running job can be looked at): loss (train and eval, against steps and against tokens), learning rate,
-benchmark scores, and rewards for DPO / KTO / GRPO.
+benchmark scores, a tool_call benchmark's sub-scores (tool_calls_NAME.png), and rewards for DPO / KTO / GRPO.
 
 Each PNG records the series it draws (label -> number of points) in its metadata (`leap-finetune series`):
 what the tests read back, and a way to see at a glance what a figure holds. Drawing never stops training: a
@@ -35,6 +35,15 @@ def _series(records: list[dict], key: str) -> tuple[list, list, list]:
     return steps, tokens, values
 
 
+TOOL_CALL_PARTS = ("exact", "name", "argument_f1", "parsed", "no_call")  # metric tool_call's sub-scores
+
+
+def _tool_call_benchmarks(keys: list[str]) -> list[str]:
+    """Benchmarks of metric tool_call (they log an argument_f1 or a no_call beside the score)."""
+    found = [k.split("/")[1] for k in keys if k.startswith("benchmark/") and k.endswith(("/argument_f1", "/no_call"))]
+    return list(dict.fromkeys(found))
+
+
 def write_plots(run_dir: Path) -> list[Path]:
     # matplotlib's object API with the Agg canvas (files only, no display, no pyplot state: safe in a thread)
     from matplotlib.backends.backend_agg import FigureCanvasAgg
@@ -52,6 +61,18 @@ def write_plots(run_dir: Path) -> list[Path]:
             [(k.split("/")[1], k) for k in keys if k.startswith("benchmark/") and k.endswith("/score")],
             False,
         ),
+        **{
+            f"tool_calls_{bench}.png": (
+                f"{bench}: tool calls",
+                [
+                    (part, f"benchmark/{bench}/{part}")
+                    for part in TOOL_CALL_PARTS
+                    if f"benchmark/{bench}/{part}" in keys
+                ],
+                False,
+            )
+            for bench in _tool_call_benchmarks(keys)
+        },
         "rewards.png": (
             "rewards",
             [

@@ -103,15 +103,29 @@ def length_reward(target_tokens: int) -> Callable:
     return length
 
 
-def tool_call_valid(completions, tools=None, **_) -> list[float]:
+def _with_markers(completions, completion_ids, tokenizer) -> list[str]:
+    """The completions as text with their tool-call markers. TRL decodes completions without special tokens, and
+    LFM's <|tool_call_start|> / <|tool_call_end|> are special tokens: without them no call would parse. So the tool
+    rewards decode TRL's `completion_ids` again, keeping every special token but end-of-turn and padding."""
+    if tokenizer is None or completion_ids is None:
+        return [_text(c) for c in completions]
+    drop = {tokenizer.eos_token_id, tokenizer.pad_token_id} - {None}
+    return [
+        tokenizer.decode([int(i) for i in ids if int(i) not in drop], skip_special_tokens=False)
+        for ids in completion_ids
+    ]
+
+
+def tool_call_valid(completions, tools=None, completion_ids=None, tokenizer=None, **_) -> list[float]:
     """1 when the completion holds LFM tool calls that parse and (with the row's `tools`) name declared tools.
     `tools` is one entry per completion: the row's tools as JSON text as the prepared data holds them ("" for a
     row without), or a list."""
     per_row = [_row_tools(t) for t in tools] if isinstance(tools, list) else [None] * len(completions)
-    return [1.0 if tool_call_is_valid(_text(c), t) else 0.0 for c, t in zip(completions, per_row, strict=True)]
+    texts = _with_markers(completions, completion_ids, tokenizer)
+    return [1.0 if tool_call_is_valid(text, t) else 0.0 for text, t in zip(texts, per_row, strict=True)]
 
 
-def tool_call_match(completions, solution, **_) -> list[float | None]:
+def tool_call_match(completions, solution, completion_ids=None, tokenizer=None, **_) -> list[float | None]:
     """The completion's tool calls against the reference turn's (`solution`: the row's last assistant turn, its calls
     in LFM notation), scored as the `tool_call` benchmark metric does (data/tool_call_score.py), with partial
     credit: 0.5 x exact + 0.25 x names + 0.25 x argument F1; a turn that should not call: 1 when it makes no call;
@@ -119,7 +133,7 @@ def tool_call_match(completions, solution, **_) -> list[float | None]:
     from leap_finetune.data.tool_call_score import score_turn
 
     rewards: list[float | None] = []
-    for completion, gold in zip(completions, solution, strict=True):
+    for completion, gold in zip(_with_markers(completions, completion_ids, tokenizer), solution, strict=True):
         if gold is None or str(gold).strip() == "":
             rewards.append(None)
             continue
@@ -127,7 +141,7 @@ def tool_call_match(completions, solution, **_) -> list[float | None]:
         if reference is None:  # (a solution whose calls do not parse: the data check refuses it; never scored)
             rewards.append(None)
             continue
-        found = score_turn(_text(completion), reference)
+        found = score_turn(completion, reference)
         if not reference:
             rewards.append(found.no_call)
         else:
@@ -284,10 +298,16 @@ def load_custom_reward(spec: str, where: str) -> Callable:
     return function
 
 
-def build_reward(spec: str | dict, where: str | None = None, then: Callable[[], str] | None = None) -> Callable:
+# built-in rewards that read tool-call markers: given the run's tokenizer (see _with_markers)
+READS_MARKERS = ("tool_call_valid", "tool_call_match")
+
+
+def build_reward(
+    spec: str | dict, where: str | None = None, then: Callable[[], str] | None = None, tokenizer=None
+) -> Callable:
     """The callable for a checked `rewards.funcs` entry, named as it is logged. A custom one is wrapped so that
     what it raises or returns wrong stops the run with a LeapError at `where` (custom_rewards.checked_reward;
-    `then()`: what to do after the fix)."""
+    `then()`: what to do after the fix). `tokenizer`: the run's, for the rewards that read tool-call markers."""
     from leap_finetune.rl.custom_rewards import checked_reward, label
 
     name = spec["name"] if isinstance(spec, dict) else spec
@@ -298,5 +318,7 @@ def build_reward(spec: str | dict, where: str | None = None, then: Callable[[], 
     else:
         factory, needed, _ = BUILTIN_REWARDS[name]
         function = factory(**{k: spec[k] for k in needed}) if needed else factory()
+        if name in READS_MARKERS and tokenizer is not None:
+            function = functools.partial(function, tokenizer=tokenizer)
     function.__name__ = reward_name(spec)
     return function

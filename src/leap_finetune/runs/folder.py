@@ -3,7 +3,8 @@
 RUN/
   config.yaml            the config as written (+ the command line's --set lines as comments)
   resolved_config.yaml   everything the run decided (profiles merged, paths absolute): what marks a run folder
-  prepared/              the validated, tokenized rows (train/, eval/, samples.json, fingerprint.json)
+  prepared/              the validated, tokenized rows (train/, eval/, samples.json, fingerprint.json; with
+                         dataset.hold_out_tools, unseen_tools.jsonl: the held-out rows as a benchmark)
   dropped_rows.jsonl     rows left out (on_invalid: skip), with why
   train.log              everything printed
   metrics.jsonl          one JSON line per log / evaluation step
@@ -25,6 +26,7 @@ from pathlib import Path
 CONFIG_COPY = "config.yaml"
 RESOLVED_CONFIG = "resolved_config.yaml"
 PREPARED = "prepared"
+UNSEEN_TOOLS = "unseen_tools.jsonl"  # in prepared/
 DROPPED_ROWS = "dropped_rows.jsonl"
 TRAIN_LOG = "train.log"
 METRICS = "metrics.jsonl"
@@ -59,6 +61,10 @@ class RunFolder:
     @property
     def prepared(self) -> Path:
         return self.path / PREPARED
+
+    @property
+    def unseen_tools(self) -> Path:
+        return self.path / PREPARED / UNSEEN_TOOLS
 
     @property
     def dropped_rows(self) -> Path:

@@ -161,3 +161,38 @@ def resolve_data_path(path: str, base: Path) -> str:
     if candidate.exists() or looks_local:
         return str(candidate)
     return path
+
+
+def check_hold_out_tools(model, dataset, evals, vision: bool, where: str) -> None:
+    """`dataset.hold_out_tools` on data that has tool calls (sft conversations, grpo prompts with a solution), on a
+    text model, and with no benchmark of its own named like the one it makes. Whether each named tool occurs in the
+    rows is checked when the rows are read (data/held_out_tools.py)."""
+    from leap_finetune.data.held_out_tools import UNSEEN_TOOLS_BENCHMARK
+    from leap_finetune.methods import CONVERSATION, PROMPT, method_of
+
+    items = dataset if isinstance(dataset, list) else [dataset]
+    named = [(i, item) for i, item in enumerate(items) if item is not None and item.hold_out_tools]
+    if not named:
+        return
+    index, item = named[0]
+    key = f"dataset[{index}].hold_out_tools" if isinstance(dataset, list) else "dataset.hold_out_tools"
+    if method_of(model.training_type).rows not in (CONVERSATION, PROMPT):
+        raise LeapError(
+            f"{key} holds out tool-calling rows of sft or grpo data; training_type is {model.training_type}",
+            where=f"{where}: {key}",
+            fix=f"remove {key} (or hold the rows out of the {model.training_type} data yourself)",
+        )
+    if vision:
+        raise LeapError(
+            f"{key} is for text models: the held-out rows become a text benchmark, and '{model.model_name}' is a "
+            "vision-language model",
+            where=f"{where}: {key}",
+            fix=f"remove {key}, and write the unseen-tools benchmark rows yourself (docs/tool-calling.md)",
+        )
+    for number, bench in enumerate(evals.benchmarks if evals is not None else []):
+        if bench.name == UNSEEN_TOOLS_BENCHMARK:
+            raise LeapError(
+                f"benchmark '{UNSEEN_TOOLS_BENCHMARK}' is the name of the benchmark {key} makes from the held-out rows",
+                where=f"{where}: evals.benchmarks[{number}].name",
+                fix=f"rename your benchmark (or remove {key})",
+            )

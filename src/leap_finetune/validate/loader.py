@@ -40,6 +40,7 @@ from leap_finetune.config.yaml_io import read_yaml
 from leap_finetune.errors import LeapError
 from leap_finetune.methods import METHODS, VISION_KEYS, method_of
 from leap_finetune.validate.datasets import (
+    check_hold_out_tools,
     resolve_data_path,
     resolve_dataset,
     validate_dataset,
@@ -204,6 +205,7 @@ def _load(raw: dict, config_path: Path | None, base: Path, where: str) -> Resolv
 
     dataset = resolve_dataset(model, base, where)
     evals = _resolve_evals(model.evals, base, where)
+    check_hold_out_tools(model, dataset, evals, vision, where)
     if not method_of(model).retrieval:
         for index, bench in enumerate(evals.benchmarks if evals is not None else []):
             if bench.metric == "retrieval":
