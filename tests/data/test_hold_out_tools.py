@@ -86,19 +86,20 @@ def test_rows_naming_a_held_out_tool_leave_every_split_and_become_the_benchmark(
     assert len(prepared.train) == 20 and len(prepared.eval) == 1  # (val.jsonl: its held-out row is out too)
     assert not any("get_stock_price" in text for text in texts)
     assert prepared.tool_held_rows == 5  # 4 rows of train.jsonl, 1 of val.jsonl
-    # one benchmark row per tool-calling turn of the held-out rows: 1 + 2 + 1 + 1 (+ 1 from val.jsonl)
+    # one benchmark row per turn that calls the held-out tool: 1 + 1 (the structured row's call of get_time is
+    # left out: a seen tool), none from the rows that only list it, + 1 from val.jsonl
     rows = prepared.unseen_tool_rows
-    assert len(rows) == 6
+    assert len(rows) == 3
     for row in rows:
         assert row["messages"][-1]["role"] == "assistant" and "held_out_from" in row
-    second = next(r for r in rows if len(r["messages"]) > 3)  # the structured row's second call: the whole history
-    assert [m["role"] for m in second["messages"]] == ["user", "assistant", "tool", "user", "assistant"]
-    assert "get_time" in second["messages"][-1]["content"] and "get_stock_price" in second["messages"][1]["content"]
+    structured = next(r for r in rows if "NVDA" in r["messages"][-1]["content"])  # (converted to LFM notation)
+    assert [m["role"] for m in structured["messages"]] == ["user", "assistant"]
+    assert structured["messages"][-1]["content"].startswith('<|tool_call_start|>[get_stock_price(x="NVDA")]')
     assert prepared.tool_split["get_stock_price"] == {"train": 0, "eval": 0, "held_out": 5}
     assert prepared.tool_split["get_weather"]["held_out"] == 1 and prepared.tool_split["get_time"]["held_out"] == 4
     assert prepared.tool_split["get_weather"]["train"] + prepared.tool_split["get_weather"]["eval"] == 11
     report = out.getvalue()
-    assert "get_stock_price (held out)" in report and "6 tool-calling turn(s)" in report and "5 row(s)" in report
+    assert "get_stock_price (held out)" in report and "3 turn(s) calling one" in report and "5 row(s)" in report
 
 
 def test_a_run_scores_the_held_out_rows_as_benchmark_unseen_tools(tmp_path):
@@ -109,16 +110,16 @@ def test_a_run_scores_the_held_out_rows_as_benchmark_unseen_tools(tmp_path):
     assert result.returncode == 0, result.stderr
     run = tmp_path / "run"
     written = [json.loads(line) for line in (run / "prepared" / "unseen_tools.jsonl").read_text().splitlines()]
-    assert len(written) == 5
+    assert len(written) == 2
     resolved = yaml.safe_load((run / "resolved_config.yaml").read_text())
     (bench,) = resolved["evals"]["benchmarks"]  # (the config had no evals: one is made for it)
     assert bench["name"] == "unseen_tools" and bench["metric"] == "tool_call"
     metrics = [json.loads(line) for line in (run / "metrics.jsonl").read_text().splitlines()]
-    assert any(m.get("benchmark/unseen_tools/rows") == 5 for m in metrics)
+    assert any(m.get("benchmark/unseen_tools/rows") == 2 for m in metrics)
     # `leap-finetune eval CONFIG --set checkpoint=RUN` scores it again from the run folder
     again = invoke("eval", str(path), "--set", f"checkpoint={run}", "--output", str(tmp_path / "again.json"))
     assert again.returncode == 0, again.stderr
-    assert json.loads((tmp_path / "again.json").read_text())["results"]["benchmark/unseen_tools/rows"] == 5
+    assert json.loads((tmp_path / "again.json").read_text())["results"]["benchmark/unseen_tools/rows"] == 2
 
 
 def test_grpo_prompts_naming_a_held_out_tool_become_benchmark_rows_with_their_solution(tmp_path):
@@ -167,12 +168,16 @@ def test_hold_out_mistakes_are_refused_with_where_and_how(tmp_path):
     refused({"hold_out_tools": ["a", "a"]}, "named twice: a")
     refused({"hold_out_tools": "get_stock_price"}, "dataset.hold_out_tools")
     refused({"hold_out_tools": [3]}, "dataset.hold_out_tools")
-    write_jsonl(tmp_path / "all.jsonl", train[:10])  # every row lists get_time
-    refused({"path": "all.jsonl", "hold_out_tools": ["get_time"]}, "every row names a held-out tool")
+    write_jsonl(tmp_path / "all.jsonl", train[:10])  # every row calls get_weather
+    refused(
+        {"path": "all.jsonl", "hold_out_tools": ["get_weather"]}, "names a held-out tool", "no training rows are left"
+    )
+    # the same with a test_size: the hold-out's message, not the split's
+    refused({"path": "all.jsonl", "hold_out_tools": ["get_weather"], "test_size": 0.2}, "names a held-out tool")
     listed = {"tools": [_tool("get_stock_price")], "messages": [{"role": "user", "content": "hi"},
               {"role": "assistant", "content": "hello"}]}  # fmt: skip
     write_jsonl(tmp_path / "listed.jsonl", train[:10] + [listed])  # named only among definitions, never called
-    refused({"path": "listed.jsonl", "hold_out_tools": ["get_stock_price"]}, "no held-out row calls a tool")
+    refused({"path": "listed.jsonl", "hold_out_tools": ["get_stock_price"]}, "no row calls a held-out tool")
     refused(
         {"path": "dpo.jsonl", "hold_out_tools": ["x"]},
         "holds out tool-calling rows of sft or grpo data",
@@ -192,9 +197,26 @@ def test_the_held_out_rows_come_back_from_the_data_cache(tmp_path, monkeypatch):
     first = validate_config(config, console=Console(file=io.StringIO()))
     again = validate_config(config, console=Console(file=io.StringIO()))
     assert first.from_cache is None and again.from_cache is not None
-    assert again.unseen_tool_rows == first.unseen_tool_rows and len(again.unseen_tool_rows) == 5
+    assert again.unseen_tool_rows == first.unseen_tool_rows and len(again.unseen_tool_rows) == 2
     assert again.tool_split == first.tool_split and again.tool_held_rows == first.tool_held_rows == 4
     # another held-out tool is other prepared data: not read from the same entry
     other = validate_config({**config, "dataset": {**config["dataset"], "hold_out_tools": ["get_time"]}},
                             console=Console(file=io.StringIO()))  # fmt: skip
     assert other.from_cache is None and other.tool_split["get_time"]["train"] == 0
+
+
+def test_tool_names_in_every_place_a_row_holds_them():
+    """LFM2.5's system tool list has lost its markers by the time the row is read (normalised): its names are read
+    from the whole system prompt; a GRPO solution of structured calls (JSON text) is a tool_calls reference turn."""
+    from leap_finetune.data.grpo_rows import GrpoRow
+    from leap_finetune.data.held_out_tools import benchmark_rows, tools_named
+    from leap_finetune.data.sft_rows import Conversation
+
+    system = {"role": "system", "content": "Tools: " + json.dumps([_tool("get_stock_price")])}
+    row = Conversation([system, {"role": "user", "content": "p?"}, *_turns("get_time", "x")])
+    assert tools_named(row) == {"get_stock_price", "get_time"}
+    solution = json.dumps([{"type": "function", "function": {"name": "get_stock_price", "arguments": {"x": "A"}}}])
+    grpo = GrpoRow([{"role": "user", "content": "price?"}], solution, [_tool("get_stock_price")])
+    assert tools_named(grpo) == {"get_stock_price"}
+    (bench,) = benchmark_rows(grpo, "f.jsonl", "line 1", frozenset({"get_stock_price"}))
+    assert bench["messages"][-1] == {"role": "assistant", "tool_calls": json.loads(solution)}

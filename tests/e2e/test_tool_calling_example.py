@@ -88,6 +88,20 @@ def _serve(model: Path, logs: Path):
     return running([spec], logs), f"http://127.0.0.1:{port}/v1"
 
 
+def _serve_own(model: Path, logs: Path):
+    from leap_finetune.runs.processes import ServerSpec, running
+
+    port = _free_port()
+    spec = ServerSpec(
+        name="own server",
+        port=port,
+        env={"CUDA_VISIBLE_DEVICES": ""},
+        command=[sys.executable, "-m", "leap_finetune.evaluation.serve", str(model), "--host", "127.0.0.1", "--port",
+                 str(port), "--device", "cpu", "--batch-size", "8"],
+    )  # fmt: skip
+    return running([spec], logs), f"http://127.0.0.1:{port}/v1"
+
+
 def _eval(run: Path, out: Path, *extra: str):
     examples = run.parents[2]
     result = invoke(
@@ -118,6 +132,13 @@ def test_a_server_returns_the_trained_calls_as_tool_calls_and_scores_like_local_
     assert served["benchmark/tool_calls/calls_in_text"] == 0
     for key in ("exact", "name", "argument_f1"):
         assert served[f"benchmark/tool_calls/{key}"] == pytest.approx(local[f"benchmark/tool_calls/{key}"])
+
+    # leap-finetune's own evaluation server (async_eval reserved mode without vLLM) returns them the same way
+    own, own_url = _serve_own(sft_run / "model", tmp_path / "logs-own")
+    with own:
+        mine, mine_rows, _ = _eval(sft_run, tmp_path / "own.json", "--server", own_url)
+    assert [r["tool_calls"] for r in mine_rows] == [r["tool_calls"] for r in served_rows]
+    assert mine["benchmark/tool_calls/exact"] == pytest.approx(local["benchmark/tool_calls/exact"])
 
     # the same model without the response template: transformers serve returns the calls as text
     bare = tmp_path / "bare"

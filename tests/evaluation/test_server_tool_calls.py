@@ -109,3 +109,24 @@ def test_a_server_that_refuses_tools_says_how_to_serve(workdir, server):
         evaluate_config(_config(workdir), server=server)
     message = info.value.format()
     assert "--enable-auto-tool-choice --tool-call-parser lfm2" in message and "calls.jsonl, line 1" in message
+
+
+def test_tool_definitions_go_in_openai_form_and_calls_in_text_are_found_anywhere():
+    from leap_finetune.data.tool_call_score import calls_in_text
+    from leap_finetune.evaluation.server import openai_tools
+
+    wrapped = {"type": "function", "function": TOOL}
+    assert openai_tools([TOOL, wrapped, {"function": TOOL}, json.dumps(TOOL)]) == [wrapped] * 4
+    assert calls_in_text('Sure. [get_weather(city="Oslo")] Done.')
+    assert not calls_in_text("See [1] and [note(s)] for details")
+
+
+def test_vllm_evaluation_servers_get_lfms_tool_parser_for_tool_benchmarks(workdir):
+    from leap_finetune.evaluation.server import vllm_tool_flags
+    from leap_finetune.validate.loader import load_config
+
+    flags = vllm_tool_flags(load_config(_config(workdir)))
+    assert flags == ["--enable-auto-tool-choice", "--tool-call-parser", "lfm2"]
+    plain = write_config(workdir, {"model_name": "tiny-lfm2", "evals": {"benchmarks": [
+        {"name": "calls", "path": "calls.jsonl", "metric": "exact_match"}]}}, name="plain.yaml")  # fmt: skip
+    assert vllm_tool_flags(load_config(plain)) == []

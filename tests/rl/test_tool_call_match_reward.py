@@ -51,3 +51,23 @@ def test_the_tool_rewards_read_the_markers_trl_decodes_away():
         assert built([as_trl_decodes], completion_ids=[ids], **kwargs) == [expected]
         assert bare([as_trl_decodes], completion_ids=[ids], **kwargs) == [0.0]  # (what it scored before)
         assert built.__name__ == name
+
+
+def test_a_custom_reward_that_asks_for_the_markers_gets_them(tmp_path):
+    from leap_finetune.models.loading import load_tokenizer
+    from leap_finetune.rl.rewards import build_reward
+
+    (tmp_path / "r.py").write_text(
+        "from leap_finetune.rl.rewards import tool_call_is_valid\n"
+        "def calls_ok(completions, completions_with_markers, **kwargs):\n"
+        "    return [1.0 if tool_call_is_valid(t) else 0.0 for t in completions_with_markers]\n"
+        "def plain(completions, **kwargs):\n"
+        "    return [float('completions_with_markers' in kwargs)] * len(completions)\n"
+    )
+    tokenizer = load_tokenizer("tiny-lfm2")
+    ids = tokenizer(GOLD, add_special_tokens=False)["input_ids"] + [tokenizer.eos_token_id]
+    text = tokenizer.decode(ids, skip_special_tokens=True)
+    reward = build_reward(f"{tmp_path / 'r.py'}::calls_ok", tokenizer=tokenizer)
+    assert reward([text], completion_ids=[ids]) == [1.0]
+    # a reward that does not name the parameter is called as before
+    assert build_reward(f"{tmp_path / 'r.py'}::plain", tokenizer=tokenizer)([text], completion_ids=[ids]) == [0.0]

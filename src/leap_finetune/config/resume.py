@@ -5,7 +5,18 @@ from __future__ import annotations
 
 # What a resume must keep: the run's model, data and the settings that decide what one step is.
 RESUME_KEEPS = ("model_id", "training_type", "chat_template", "loss_on", "peft", "retrieval")
-RESUME_KEEPS_DATA = ("path", "val_path", "limit", "test_size", "split", "subset", "on_invalid", "weight", "epochs")
+RESUME_KEEPS_DATA = (
+    "path",
+    "val_path",
+    "limit",
+    "test_size",
+    "split",
+    "subset",
+    "on_invalid",
+    "weight",
+    "epochs",
+    "hold_out_tools",
+)
 # training_config keys that no key can change on a resume: the data each step reads and its order, the model's
 # shape, and the optimizer whose state the checkpoint holds
 RESUME_KEEPS_TRAINING = (

@@ -142,7 +142,7 @@ def check_chunk(rows: list[SourceRow]) -> CheckedChunk:
             names = tools_named(parsed)
             result.tool_rows.append((row.file, row.location, tuple(sorted(names))))
             if names & held_out:
-                result.unseen_tool_rows.extend(benchmark_rows(parsed, row.file, row.location))
+                result.unseen_tool_rows.extend(benchmark_rows(parsed, row.file, row.location, held_out))
         if method_of(resolved).rewards:  # (the rewards read the extra columns: each has one kind across rows)
             result.extra_kinds.append(
                 (row.file, row.location, {k: category(v) for k, v in parsed.extra.items() if v is not None})

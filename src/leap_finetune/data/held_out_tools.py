@@ -3,8 +3,8 @@
 A row names a tool when it calls it (an assistant turn, a GRPO solution) or lists it among its tool definitions (a
 `tools` column, or the tool list of the system prompt): a tool the model has only seen defined is not unseen. Such
 a row is left out of the training and evaluation rows of every source, and each of its assistant turns that calls a
-tool becomes one row of the `unseen_tools` benchmark (metric tool_call): the conversation up to that turn is the
-prompt, the turn with its calls the reference. Run folders keep the benchmark in prepared/ (runs/folder.py).
+held-out tool becomes one row of the `unseen_tools` benchmark (metric tool_call): the conversation up to that turn
+is the prompt, the turn with its calls the reference. Run folders keep the benchmark in prepared/ (runs/folder.py).
 """
 
 from __future__ import annotations
@@ -40,21 +40,35 @@ def tools_named(parsed) -> set[str]:
     return names
 
 
-def benchmark_rows(parsed, file: str, location: str) -> list[dict]:
-    """The row's assistant turns that call a tool, each as a benchmark row (messages up to and with the turn)."""
+def benchmark_rows(parsed, file: str, location: str, held_out: frozenset[str]) -> list[dict]:
+    """The row's assistant turns that call a held-out tool, each as a benchmark row (messages up to and with the
+    turn). Its turns that call only other tools are not trained on either, but measure seen tools: left out."""
     messages = list(getattr(parsed, "messages", None) or getattr(parsed, "prompt", None) or [])
     solution = getattr(parsed, "solution", None)
-    if solution:  # grpo: the prompt's answer
-        messages.append({"role": "assistant", "content": solution})
+    if solution:  # grpo: the prompt's answer (structured calls as JSON text: given back as tool_calls)
+        messages.append(_solution_turn(solution))
     rows = []
     for index, message in enumerate(messages):
-        if index and message.get("role") == "assistant" and _calls(message):
+        if index and message.get("role") == "assistant" and _calls(message) & held_out:
             row = {"messages": [_plain(m) for m in messages[: index + 1]]}
             if parsed.tools:
                 row["tools"] = parsed.tools
             row["held_out_from"] = f"{file}, {location}"  # (not read by the benchmark: where the row came from)
             rows.append(row)
     return rows
+
+
+def _solution_turn(solution: str) -> dict:
+    """A GRPO solution as the reference turn: its text, or - for a family that keeps structured calls, whose
+    solution is their JSON text - the calls as `tool_calls` (the benchmark converts them to LFM notation)."""
+    if CALL_START not in solution and solution.lstrip().startswith("["):
+        try:
+            calls = json.loads(solution)
+        except json.JSONDecodeError:
+            calls = None
+        if isinstance(calls, list) and calls and tool_names(calls):
+            return {"role": "assistant", "content": None, "tool_calls": calls}
+    return {"role": "assistant", "content": solution}
 
 
 def _calls(message: dict) -> set[str]:
@@ -83,8 +97,7 @@ def _system_tool_list(content: str) -> set[str]:
         content = content[start : end if end != -1 else len(content)]
     elif "List of tools:" in content:
         content = content[content.find("List of tools:") :]
-    else:
-        return set()
+    # else: the whole system prompt (LFM2.5's normalisation has removed the markers from it by now)
     return {json.loads(f'"{name}"') for name in _NAME.findall(content)}
 
 

@@ -15,6 +15,7 @@ Per row:
 from __future__ import annotations
 
 import json
+import re
 from collections import Counter
 from dataclasses import dataclass
 from typing import Any
@@ -118,13 +119,18 @@ def calls_in_text(content: str) -> bool:
     markers, or without them (a server that removes special tokens from the text leaves `[name(key=value)]`)."""
     if tc.CALL_START in content:
         return True
-    text = content.strip()
-    if not (text.startswith("[") and text.endswith("]")):
-        return False
-    try:
-        return bool(tc.parse_calls(text))
-    except tc.ToolCallSyntaxError:
-        return False
+    for start in (m.start() for m in _CALL_LIST.finditer(content)):  # a `[name(` anywhere, text around it or not
+        for end in range(len(content), start, -1):
+            if content[end - 1] == "]":
+                try:
+                    if tc.parse_calls(content[start:end]):
+                        return True
+                except tc.ToolCallSyntaxError:
+                    continue
+    return False
+
+
+_CALL_LIST = re.compile(r"\[\s*[A-Za-z_][\w.]*\(")
 
 
 def score_calls(

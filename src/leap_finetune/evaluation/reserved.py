@@ -37,6 +37,8 @@ class ReservedServer:
         self.devices = resolved.eval_devices or ""  # physical ids, decided by the driver ("" on CPU)
 
     def server_command(self, resolved: ResolvedConfig, model: Path, port: int) -> list[str]:
+        from leap_finetune.evaluation.server import vllm_tool_flags
+
         settings = resolved.async_eval
         if use_vllm(resolved):
             return [
@@ -55,6 +57,7 @@ class ReservedServer:
                 str(settings.gpu_memory_utilization),
                 "--served-model-name",
                 "snapshot",
+                *vllm_tool_flags(resolved),
             ]
         return [
             sys.executable,

@@ -104,10 +104,13 @@ class BatchedGenerator:
         self.requests: queue.Queue = queue.Queue()
         threading.Thread(target=self._loop, daemon=True, name="leap-serve").start()
 
-    def submit(self, messages: list[dict], options: dict, images: list | None = None) -> Future:
-        """`messages`: string contents, `<image>` where each of `images` (PIL images, in order) goes."""
+    def submit(
+        self, messages: list[dict], options: dict, images: list | None = None, tools: list | None = None
+    ) -> Future:
+        """`messages`: string contents, `<image>` where each of `images` (PIL images, in order) goes; `tools`: the
+        request's tool definitions, rendered by the chat template."""
         future: Future = Future()
-        self.requests.put((messages, options, future, images or []))
+        self.requests.put((messages, options, future, images or [], tools))
         return future
 
     def _loop(self) -> None:
@@ -132,8 +135,8 @@ class BatchedGenerator:
         images = [item[3] for item in items]
         try:
             prompts = [
-                self.tokenizer.apply_chat_template(messages, tokenize=False, add_generation_prompt=True)
-                for messages, *_ in items
+                self.tokenizer.apply_chat_template(item[0], tools=item[4], tokenize=False, add_generation_prompt=True)
+                for item in items
             ]
             answers = generate(
                 self.model,
@@ -148,7 +151,7 @@ class BatchedGenerator:
                 processor=self.processor,
             )
         except Exception as err:  # noqa: BLE001 - each request gets the error as a 500
-            for _, _, future, _ in items:
+            for _, _, future, *_ in items:
                 future.set_exception(err)
             return
         print(
@@ -157,8 +160,27 @@ class BatchedGenerator:
             file=sys.stderr,
             flush=True,
         )
-        for (_, _, future, _), answer in zip(items, answers, strict=True):
+        for (_, _, future, *_), answer in zip(items, answers, strict=True):
             future.set_result(answer)
+
+
+def tool_call_message(answer: str) -> tuple[dict, str]:
+    """An answer with LFM tool calls as an OpenAI message: the calls as tool_calls (arguments as JSON text), the text
+    around them as content; an answer whose calls do not parse is returned as text (its finish reason: stop)."""
+    import json
+    import re
+
+    from leap_finetune.data.tool_calls import CALL_END, CALL_START, find_tool_calls
+
+    blocks = find_tool_calls(answer)
+    if blocks.problem is not None or not blocks.calls:
+        return {"role": "assistant", "content": answer}, "stop"
+    text = re.sub(re.escape(CALL_START) + ".*?" + re.escape(CALL_END), "", answer, flags=re.S).strip()
+    calls = [
+        {"id": f"call_{i}", "type": "function", "function": {"name": c.name, "arguments": json.dumps(c.arguments)}}
+        for i, c in enumerate(blocks.calls)
+    ]
+    return {"role": "assistant", "content": text or None, "tool_calls": calls}, "tool_calls"
 
 
 def build_app(
@@ -201,16 +223,20 @@ def build_app(
             "temperature": float(body.get("temperature") if body.get("temperature") is not None else 1.0),
             "top_p": float(body.get("top_p") if body.get("top_p") is not None else 1.0),
         }
+        tools = body.get("tools") or None
         try:
-            answer = await asyncio.wrap_future(generator.submit(messages, options, images))
+            answer = await asyncio.wrap_future(generator.submit(messages, options, images, tools))
         except Exception as err:  # noqa: BLE001
             raise HTTPException(status_code=500, detail=f"{type(err).__name__}: {err}") from None
+        message, finish = {"role": "assistant", "content": answer}, "stop"
+        if tools:  # a request with tools gets LFM's calls back as OpenAI tool_calls, as vLLM's lfm2 parser returns them
+            message, finish = tool_call_message(answer)
         return {
             "id": f"leap-{time.time_ns()}",
             "object": "chat.completion",
             "created": int(time.time()),
             "model": name,
-            "choices": [{"index": 0, "finish_reason": "stop", "message": {"role": "assistant", "content": answer}}],
+            "choices": [{"index": 0, "finish_reason": finish, "message": message}],
         }
 
     return app

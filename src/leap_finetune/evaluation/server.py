@@ -35,6 +35,15 @@ TOOLS_FIX = (
 )
 
 
+def vllm_tool_flags(resolved) -> list[str]:
+    """The flags a vLLM evaluation server needs for the run's tool_call benchmarks (requests with `tools` are refused
+    without them): LFM's parser for LFM models (measured: bench/RESULTS.md, issue #29)."""
+    benchmarks = resolved.evals.benchmarks if resolved.evals is not None else []
+    if resolved.model_family in ("lfm2", "lfm2.5") and any(b.metric == "tool_call" for b in benchmarks):
+        return ["--enable-auto-tool-choice", "--tool-call-parser", "lfm2"]
+    return []
+
+
 class ServerGenerator:
     """Answers benchmark prompts through the server's /chat/completions, several requests at a time."""
 
@@ -110,7 +119,16 @@ class ServerGenerator:
             return ServedTurn(content, calls or None, sent_tools="tools" in options)
 
         with ThreadPoolExecutor(max_workers=max(1, evals.batch_size)) as pool:
-            return list(pool.map(one, items))
+            answers = list(pool.map(one, items))
+        failed = [a for a in answers if isinstance(a, ServedTurn) and a.error is not None]
+        if failed and len(failed) == len(answers):  # (a server that fails every row is broken, not each answer)
+            raise LeapError(
+                f"the server at {self.base_url} failed on every row of benchmark '{bench_name}' "
+                f"({len(answers)}): {failed[0].error}",
+                where="--server",
+                fix="look at the server's log; " + TOOLS_FIX,
+            )
+        return answers
 
 
 @dataclass
@@ -131,16 +149,17 @@ def openai_tools(tools: list) -> list[dict]:
     for tool in tools:
         if isinstance(tool, str):
             tool = json.loads(tool)
-        out.append(
-            tool if tool.get("type") == "function" and "function" in tool else {"type": "function", "function": tool}
-        )
+        if "function" in tool:  # OpenAI's form (with or without its "type")
+            out.append({"type": "function", **tool})
+        else:
+            out.append({"type": "function", "function": tool})
     return out
 
 
 def _server_side(err: Exception) -> bool:
-    """A 5xx answer (the server took the request and failed on it), not a refused connection or a bad request."""
-    status = getattr(err, "status_code", None)
-    return isinstance(status, int) and status >= 500
+    """A 500 (the server took the request and failed on its answer: a tool parser that cannot read it), not a refused
+    connection, a bad request, or an unavailable server or gateway (502-504: the server is down, not the row)."""
+    return getattr(err, "status_code", None) == 500
 
 
 def _reason(err: Exception) -> str:

@@ -55,6 +55,7 @@ FINISHED_STATES = {
 def job_script(resolved: ResolvedConfig, snapshot: Snapshot, jobs: Path) -> str:
     """The sbatch script of one evaluation: `leap-finetune eval` on the snapshot with vllm_gpus GPUs (a vLLM
     server inside the job answers the generation benchmarks when vLLM is installed there)."""
+    from leap_finetune.evaluation.server import vllm_tool_flags
     from leap_finetune.models.vision import is_vision_model
 
     settings = resolved.async_eval
@@ -93,7 +94,9 @@ def job_script(resolved: ResolvedConfig, snapshot: Snapshot, jobs: Path) -> str:
             "  port=$((20000 + SLURM_JOB_ID % 20000))",
             f'  "$PYTHON" -m vllm.entrypoints.openai.api_server --model {folder}/model --host 127.0.0.1 '
             f'--port "$port" --tensor-parallel-size {settings.tensor_parallel_size} --gpu-memory-utilization '
-            f"{settings.gpu_memory_utilization} --served-model-name snapshot &",
+            f"{settings.gpu_memory_utilization} --served-model-name snapshot"
+            + "".join(f" {flag}" for flag in vllm_tool_flags(resolved))
+            + " &",
             "  server=$!",
             "  trap 'kill \"$server\" 2>/dev/null || true' EXIT",
             '  for _ in $(seq 1 600); do curl -sf "http://127.0.0.1:$port/health" >/dev/null && break; '

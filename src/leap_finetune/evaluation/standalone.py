@@ -365,17 +365,18 @@ def add_run_unseen_tools(resolved: ResolvedConfig, console: Console) -> None:
     items = resolved.dataset if isinstance(resolved.dataset, list) else [resolved.dataset]
     if not any(item is not None and item.hold_out_tools for item in items):
         return
-    if resolved.evals is not None and any(b.name == UNSEEN_TOOLS_BENCHMARK for b in resolved.evals.benchmarks):
+    if resolved.evals is not None and (
+        not resolved.evals.benchmarks  # (`evals.benchmarks: []` turns benchmarks off, this one too)
+        or any(b.name == UNSEEN_TOOLS_BENCHMARK for b in resolved.evals.benchmarks)
+    ):
         return
     checkpoint = Path(resolved.checkpoint) if resolved.checkpoint else None
-    found = next(
-        (
-            RunFolder(folder).unseen_tools
-            for folder in ((checkpoint, checkpoint.parent, checkpoint.parent.parent) if checkpoint else ())
-            if RunFolder(folder).unseen_tools.is_file()
-        ),
-        None,
-    )
+    folders = [checkpoint] if checkpoint else []
+    if checkpoint is not None and checkpoint.is_dir():  # the model chosen in it (a project folder: its newest run)
+        target = model_to_evaluate(resolved)
+        chosen = target.adapter_dir or Path(target.model_id)
+        folders += [chosen, chosen.parent, chosen.parent.parent]
+    found = next((RunFolder(f).unseen_tools for f in folders if RunFolder(f).unseen_tools.is_file()), None)
     if found is None:
         console.print(
             f"[yellow]note: benchmark '{UNSEEN_TOOLS_BENCHMARK}' (dataset.hold_out_tools) is not scored: its rows are "

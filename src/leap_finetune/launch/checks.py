@@ -80,11 +80,45 @@ def add_unseen_tools_benchmark(resolved: ResolvedConfig, prepared: PreparedData,
     from leap_finetune.data.held_out_tools import UNSEEN_TOOLS_BENCHMARK
     from leap_finetune.runs.folder import RunFolder
 
+    _check_unseen_rows(prepared.unseen_tool_rows, resolved)
     bench = BenchmarkConfig(name=UNSEEN_TOOLS_BENCHMARK, path=str(RunFolder(run_dir).unseen_tools), metric="tool_call")
     if resolved.evals is None:
         resolved.evals = EvalsConfig(benchmarks=[bench])
     else:
         resolved.evals = resolved.evals.model_copy(update={"benchmarks": [*resolved.evals.benchmarks, bench]})
+
+
+def _check_unseen_rows(rows: list[dict], resolved: ResolvedConfig) -> None:
+    """The unseen_tools rows read as the benchmark will read them (now, not at step 0): a problem names the training
+    row it came from."""
+    import json
+    import tempfile
+
+    from leap_finetune.config.schema import BenchmarkConfig
+    from leap_finetune.errors import DataError, RowProblem
+    from leap_finetune.evaluation.rows import load_benchmark
+
+    with tempfile.TemporaryDirectory(prefix="leap-unseen-") as folder:
+        path = Path(folder) / "unseen_tools.jsonl"
+        path.write_text("".join(json.dumps(row, ensure_ascii=False) + "\n" for row in rows), encoding="utf-8")
+        try:
+            load_benchmark(
+                BenchmarkConfig(name="unseen_tools", path=str(path), metric="tool_call"),
+                vision=False,
+                model_name=resolved.model_name,
+            )
+        except DataError as err:
+            problems = [
+                RowProblem(*rows[int(p.location.split()[-1]) - 1]["held_out_from"].rsplit(", ", 1), p.field, p.problem)
+                for p in err.problems
+            ]
+            raise DataError(
+                problems=problems,
+                total_rows=len(rows),
+                title="dataset.hold_out_tools benchmark",
+                fix_text="these held-out rows do not make benchmark rows (the conversation up to a turn that calls a "
+                "held-out tool): correct them, or remove them from the data",
+            ) from None
 
 
 def prepare(resolved: ResolvedConfig, console: Console | None = None, examples: int = 5, tokenizer=None):

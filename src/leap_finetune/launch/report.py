@@ -164,7 +164,7 @@ def data_report(
             )
         console.print(table)
     if prepared.tool_split:
-        _tool_table(console, prepared)
+        _tool_table(console, prepared, resolved)
     if prepared.from_cache:
         console.print(
             f"data: prepared rows read from the cache ({escape(prepared.from_cache)}); nothing changed since "
@@ -221,15 +221,18 @@ def data_report(
         )
 
 
-def _tool_table(console: Console, prepared: PreparedData) -> None:
-    """dataset.hold_out_tools: the rows naming each tool in each split, and where the held-out ones went."""
-    from leap_finetune.data.held_out_tools import UNSEEN_TOOLS_BENCHMARK
+def _tool_table(console: Console, prepared: PreparedData, resolved: ResolvedConfig | None, shown: int = 30) -> None:
+    """dataset.hold_out_tools: the rows naming each tool in each split, and where the held-out ones went (the held-out
+    tools first, then the most named; at most `shown` lines)."""
+    from leap_finetune.data.held_out_tools import UNSEEN_TOOLS_BENCHMARK, held_out_names
+    from leap_finetune.data.prepare import dataset_items
 
-    held_out = {name for name, counts in prepared.tool_split.items() if not counts["train"] + counts["eval"]}
+    held_out = held_out_names(dataset_items(resolved)) if resolved is not None and resolved.dataset else frozenset()
     table = Table(title="tools (rows naming each: calls or definitions)", title_justify="left")
     for column in ("tool", "train", "eval", "held out"):
         table.add_column(column, justify="left" if column == "tool" else "right")
-    for name, counts in prepared.tool_split.items():
+    order = sorted(prepared.tool_split.items(), key=lambda kv: (kv[0] not in held_out, -sum(kv[1].values()), kv[0]))
+    for name, counts in order[:shown]:
         held = counts["held_out"]
         table.add_row(
             escape(name) + (" (held out)" if name in held_out else ""),
@@ -237,10 +240,18 @@ def _tool_table(console: Console, prepared: PreparedData) -> None:
             f"{counts['eval']:,}",
             f"{held:,}" if held else "-",
         )
+    if len(order) > shown:
+        table.add_row(f"... and {len(order) - shown:,} more tools", "", "", "")
     console.print(table)
+    scored = resolved is None or resolved.evals is None or bool(resolved.evals.benchmarks)
     console.print(
-        f"data: {prepared.tool_held_rows:,} row(s) naming a held-out tool are not trained on; their {len(prepared.unseen_tool_rows):,} "
-        f"tool-calling turn(s) are the benchmark '{UNSEEN_TOOLS_BENCHMARK}' (metric tool_call)"
+        f"data: {prepared.tool_held_rows:,} row(s) naming a held-out tool are not trained on; their "
+        f"{len(prepared.unseen_tool_rows):,} turn(s) calling one "
+        + (
+            f"are the benchmark '{UNSEEN_TOOLS_BENCHMARK}' (metric tool_call)"
+            if scored
+            else f"would be the benchmark '{UNSEEN_TOOLS_BENCHMARK}' (not scored: evals.benchmarks is [])"
+        )
     )
 
 

@@ -7,7 +7,9 @@ not messages), and the columns are the dataset's (`solution`, any other column o
 TRL's `prompts`, `completion_ids`, `trainer_state`, `log_extra`, `log_metric`. None skips a completion
 for that reward (TRL averages the others).
 
-`tool_call_is_valid(completion, tools=None) -> bool` is also importable from here for custom rewards.
+`tool_call_is_valid(completion, tools=None) -> bool` is also importable from here for custom rewards. TRL's
+`completions` come without special tokens, and LFM's tool-call markers are special tokens: a custom reward that
+names a `completions_with_markers` parameter gets the completions with them (what tool_call_is_valid needs).
 """
 
 from __future__ import annotations
@@ -300,6 +302,25 @@ def load_custom_reward(spec: str, where: str) -> Callable:
 
 # built-in rewards that read tool-call markers: given the run's tokenizer (see _with_markers)
 READS_MARKERS = ("tool_call_valid", "tool_call_match")
+# a custom reward's parameter that receives the completions with their tool-call markers (TRL's have none)
+MARKED = "completions_with_markers"
+
+
+def _given_markers(custom: Callable, tokenizer) -> Callable:
+    """The custom reward called with `completions_with_markers` too (it names that parameter)."""
+    if inspect.iscoroutinefunction(custom):
+
+        async def marked_async(completions, completion_ids=None, **kwargs):
+            texts = _with_markers(completions, completion_ids, tokenizer)
+            return await custom(completions, completion_ids=completion_ids, **{MARKED: texts}, **kwargs)
+
+        return functools.wraps(custom)(marked_async)
+
+    def marked(completions, completion_ids=None, **kwargs):
+        texts = _with_markers(completions, completion_ids, tokenizer)
+        return custom(completions, completion_ids=completion_ids, **{MARKED: texts}, **kwargs)
+
+    return functools.wraps(custom)(marked)
 
 
 def build_reward(
@@ -312,9 +333,10 @@ def build_reward(
 
     name = spec["name"] if isinstance(spec, dict) else spec
     if "::" in name:
-        function = checked_reward(
-            load_custom_reward(name, where=where or name), name, where or label(name), then or (lambda: "run again")
-        )
+        custom = load_custom_reward(name, where=where or name)
+        if tokenizer is not None and MARKED in inspect.signature(custom).parameters:
+            custom = _given_markers(custom, tokenizer)
+        function = checked_reward(custom, name, where or label(name), then or (lambda: "run again"))
     else:
         factory, needed, _ = BUILTIN_REWARDS[name]
         function = factory(**{k: spec[k] for k in needed}) if needed else factory()
