@@ -180,7 +180,7 @@ def test_hold_out_mistakes_are_refused_with_where_and_how(tmp_path):
     refused({"path": "listed.jsonl", "hold_out_tools": ["get_stock_price"]}, "no row calls a held-out tool")
     refused(
         {"path": "dpo.jsonl", "hold_out_tools": ["x"]},
-        "holds out tool-calling rows of sft or grpo data",
+        "holds out tool-calling rows of sft or grpo data; training_type is dpo",
         training_type="dpo",
         training_config={"extends": "DEFAULT_DPO"},
     )

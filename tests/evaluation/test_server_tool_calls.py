@@ -35,6 +35,7 @@ def _answer(city: str) -> dict:
 class _Handler(BaseHTTPRequestHandler):
     requests: list = []
     refuse_tools = False
+    garbage = False
 
     def log_message(self, *args):  # (quiet)
         pass
@@ -53,6 +54,9 @@ class _Handler(BaseHTTPRequestHandler):
     def do_POST(self):
         body = json.loads(self.rfile.read(int(self.headers["Content-Length"])))
         type(self).requests.append(body)
+        if type(self).garbage:  # (200 with something that is not a chat completion)
+            self._send(200, {"hello": "world"})
+            return
         if type(self).refuse_tools and body.get("tools"):
             self._send(400, {"error": {"message": '"auto" tool choice requires --enable-auto-tool-choice'}})
             return
@@ -66,7 +70,7 @@ class _Handler(BaseHTTPRequestHandler):
 
 @pytest.fixture
 def server():
-    _Handler.requests, _Handler.refuse_tools = [], False
+    _Handler.requests, _Handler.refuse_tools, _Handler.garbage = [], False, False
     httpd = ThreadingHTTPServer(("127.0.0.1", 0), _Handler)
     thread = threading.Thread(target=httpd.serve_forever, daemon=True)
     thread.start()
@@ -130,3 +134,13 @@ def test_vllm_evaluation_servers_get_lfms_tool_parser_for_tool_benchmarks(workdi
     plain = write_config(workdir, {"model_name": "tiny-lfm2", "evals": {"benchmarks": [
         {"name": "calls", "path": "calls.jsonl", "metric": "exact_match"}]}}, name="plain.yaml")  # fmt: skip
     assert vllm_tool_flags(load_config(plain)) == []
+
+
+def test_a_server_that_answers_no_chat_completion_is_a_clear_error(workdir, server):
+    _Handler.garbage = True
+    with pytest.raises(LeapError) as info:
+        evaluate_config(_config(workdir), server=server)
+    assert "not a chat completion" in info.value.format()
+    with pytest.raises(LeapError) as info:  # a base URL without its scheme
+        evaluate_config(_config(workdir), server=server.removeprefix("http://"))
+    assert "http://127.0.0.1" in info.value.format()

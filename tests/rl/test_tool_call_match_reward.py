@@ -71,3 +71,39 @@ def test_a_custom_reward_that_asks_for_the_markers_gets_them(tmp_path):
     assert reward([text], completion_ids=[ids]) == [1.0]
     # a reward that does not name the parameter is called as before
     assert build_reward(f"{tmp_path / 'r.py'}::plain", tokenizer=tokenizer)([text], completion_ids=[ids]) == [0.0]
+
+
+def test_solutions_are_read_in_every_form_and_unreadable_ones_named(tmp_path):
+    import json
+
+    from leap_finetune.data.tool_call_score import reference_calls
+    from leap_finetune.data.tool_calls import ToolCall
+    from tests.conftest import invoke, tiny_config, write_config, write_jsonl
+
+    oslo = [ToolCall("get_weather", {"city": "Oslo", "days": 3})]
+    structured = json.dumps(
+        [{"type": "function", "function": {"name": "get_weather", "arguments": {"city": "Oslo", "days": 3}}}]
+    )
+    assert reference_calls(GOLD) == (oslo, None)
+    assert reference_calls(structured) == (oslo, None)
+    assert reference_calls("It is sunny.") == ([], None)
+    assert reference_calls("<tool_call>{}</tool_call>")[1].startswith("a Hermes")
+    assert "does not parse" in reference_calls(f"{START}[get_weather(city=Oslo)]{END}")[1]
+    # the reward scores a structured solution as the same call (it rewarded not calling before)
+    assert tool_call_match([GOLD, "It is sunny."], [structured, structured]) == [1.0, 0.0]
+
+    rows = [{"prompt": "weather?", "solution": GOLD}] * 3 + [{"prompt": "w?", "solution": f"{START}[f(x=y)]{END}"}]
+    write_jsonl(tmp_path / "g.jsonl", rows)
+    write_jsonl(tmp_path / "none.jsonl", [{"prompt": "weather?"}] * 4)
+    for data, expected in (("g.jsonl", ["g.jsonl, line 4", "solution", "tool_call_match cannot read it"]),
+                           ("none.jsonl", ["no training row has one"])):  # fmt: skip
+        config = tiny_config(
+            data=data, training_type="grpo", rewards=["tool_call_match"],
+            training_config={"extends": "DEFAULT_GRPO", "use_vllm": False, "num_generations": 2,
+                             "per_device_train_batch_size": 2},
+        )  # fmt: skip
+        del config["training_config"]["max_length"]
+        result = invoke("validate", str(write_config(tmp_path, config)))
+        assert result.returncode == 2, result.stderr
+        for text in expected:
+            assert text in result.stderr, (text, result.stderr)

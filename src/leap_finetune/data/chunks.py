@@ -26,6 +26,7 @@ from leap_finetune.data.render import tokenize_many
 from leap_finetune.data.retrieval_rows import check_retrieval_row
 from leap_finetune.data.sft_rows import Conversation, RowWarning, check_sft_row
 from leap_finetune.data.table import RowTable, columns_to_table
+from leap_finetune.data.tool_call_score import reference_calls
 from leap_finetune.errors import LeapError, RowProblem
 from leap_finetune.methods import CONVERSATION, LABELLED, PAIR, PROMPT, TEXT_PAIR, method_of
 
@@ -56,6 +57,14 @@ def set_job(job: Job, parent: int | None = None) -> None:
         signal.signal(signal.SIGINT, signal.SIG_IGN)  # (Ctrl-C reaches the whole process group)
         signal.signal(signal.SIGTERM, signal.SIG_DFL)
         die_with_parent(signal.SIGKILL, parent)  # measured before: a SIGKILLed driver left ~550 MB workers behind
+
+
+def matches_calls(resolved: ResolvedConfig) -> bool:
+    """GRPO with the tool_call_match reward: each row's solution must be a turn it can read."""
+    rewards = resolved.rewards
+    return rewards is not None and any(
+        (f["name"] if isinstance(f, dict) else f) == "tool_call_match" for f in rewards.funcs
+    )
 
 
 def dataset_list(resolved: ResolvedConfig) -> list:
@@ -133,6 +142,11 @@ def check_chunk(rows: list[SourceRow]) -> CheckedChunk:
         if not problems and getattr(parsed, "images", None):
             problems = check_images(row, parsed, _JOB.renderer)
             if problems:
+                result.image_invalid.append((row.file, row.location))
+        if not problems and matches_calls(resolved) and getattr(parsed, "solution", None):
+            _, why = reference_calls(parsed.solution)
+            if why is not None:  # (pass 2's own check does not know the rewards: it is told to skip the row)
+                problems = [RowProblem(row.file, row.location, "solution", f"tool_call_match cannot read it: {why}")]
                 result.image_invalid.append((row.file, row.location))
         if problems:
             result.problems.extend(problems)

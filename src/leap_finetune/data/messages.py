@@ -76,10 +76,10 @@ def describe_value(value: Any) -> str:
 
 
 def check_tools(tools: Any, from_text_table: bool, problem: Problem) -> list | None:
-    """The optional `tools` column: a list of tool definitions (JSON schemas), or its JSON text in CSV."""
+    """The optional `tools` column: a list of tool definitions (JSON schemas), or its JSON text."""
     if tools is None or tools == "" or tools == []:
         return None
-    if isinstance(tools, str) and from_text_table:
+    if isinstance(tools, str):  # (JSON text: a CSV cell, or a JSONL row that stores it so)
         try:
             tools = json.loads(tools)
         except json.JSONDecodeError as err:

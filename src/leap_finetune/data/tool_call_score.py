@@ -133,6 +133,37 @@ def calls_in_text(content: str) -> bool:
 _CALL_LIST = re.compile(r"\[\s*[A-Za-z_][\w.]*\(")
 
 
+def reference_calls(solution: str) -> tuple[list[tc.ToolCall] | None, str | None]:
+    """A reference turn's calls (a GRPO `solution`): LFM notation, or structured calls as JSON text (what a family
+    that keeps OpenAI's tool_calls gives as its solution); [] for a turn that calls nothing. (None, why) when it holds
+    calls that do not parse, or another family's call format."""
+    blocks = tc.find_tool_calls(solution)
+    if blocks.problem is not None:
+        return None, blocks.problem
+    if blocks.calls:
+        return blocks.calls, None
+    text = solution.strip()
+    if text.startswith("["):
+        try:
+            value = json.loads(text)
+        except json.JSONDecodeError:
+            value = None
+        if isinstance(value, list) and value and all(isinstance(v, dict) for v in value):
+            found = []
+            for item in value:
+                function = item.get("function", item)
+                arguments = function.get("arguments", function.get("parameters", {}))
+                calls, problem = served_calls([(function.get("name"), arguments)])
+                if problem or not isinstance(function.get("name"), str):
+                    return None, problem or "a structured call without a name"
+                found += calls
+            return found, None
+    foreign = tc.foreign_format(solution)
+    if foreign:
+        return None, f"a {foreign} call, not LFM's tool-call notation"
+    return [], None
+
+
 def score_calls(
     calls: list[tc.ToolCall], problem: str | None, reference: list[tc.ToolCall], *, order: str = "set"
 ) -> CallScore:

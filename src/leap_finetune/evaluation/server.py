@@ -68,11 +68,16 @@ class ServerGenerator:
         try:
             models = [m.id for m in self.client.models.list()]
         except Exception as err:  # noqa: BLE001 - connection refused, 404 on a wrong path, auth
+            hint = ""
+            if not self.base_url.startswith(("http://", "https://")):
+                hint = f"give the URL with its scheme: http://{self.base_url}; or "
+            elif getattr(err, "status_code", None) == 404 and not self.base_url.endswith("/v1"):
+                hint = f"a server that answers but not at this path: try {self.base_url}/v1; or "
             raise LeapError(
                 f"the server at {self.base_url} did not list its models ({type(err).__name__}: "
                 f"{str(err).splitlines()[0] if str(err) else ''})",
                 where="--server",
-                fix=FIX,
+                fix=hint + FIX,
             ) from None
         if not models:
             raise LeapError(
@@ -111,6 +116,13 @@ class ServerGenerator:
                     + "; "
                     + FIX,
                 ) from None
+            if not getattr(answer, "choices", None) or getattr(answer.choices[0], "message", None) is None:
+                raise LeapError(
+                    f"the server at {self.base_url} answered benchmark '{bench_name}' ({item.file}, {item.location}) "
+                    "with something that is not a chat completion (no choices[0].message)",
+                    where="--server",
+                    fix="point --server at an OpenAI-compatible server's base URL (ending in /v1)",
+                )
             message = answer.choices[0].message
             content = (message.content or "").strip()  # as local generation's answers
             if not tool_calls:

@@ -54,6 +54,7 @@ def check_run(resolved: ResolvedConfig, console: Console, outputs_root: str | Pa
             "`leap-finetune eval CONFIG` (checkpoint stays)",
         )
     tokenizer, renderer, prepared = prepare(resolved, console)
+    check_solutions(resolved, prepared)
     check_training_arguments(resolved, has_eval=bool(prepared.eval))
     plan = plan_run(resolved, outputs_root=Path(outputs_root) if outputs_root else None)
     add_unseen_tools_benchmark(resolved, prepared, plan.run_dir)
@@ -68,6 +69,28 @@ def check_run(resolved: ResolvedConfig, console: Console, outputs_root: str | Pa
     plan.changes = check_resume_matches(resolved, plan, fingerprint(prepared), devices.workers)
     check_run_folder_free(plan)
     return CheckedRun(resolved, tokenizer, renderer, prepared, plan, devices)
+
+
+def check_solutions(resolved: ResolvedConfig, prepared: PreparedData) -> None:
+    """GRPO's tool_call_match scores against each prompt's `solution`: data without any scores nothing."""
+    from leap_finetune.data.chunks import matches_calls
+
+    if matches_calls(resolved) and not any(prepared.train.column("solution")):
+        where = dataset_items_path(resolved)
+        raise LeapError(
+            "the tool_call_match reward compares each completion's calls with the row's `solution`, and no training "
+            "row has one",
+            where=where,
+            fix='give each row a `solution` (its reference turn: "<|tool_call_start|>[name(key=value)]'
+            '<|tool_call_end|>", or text for a turn that should not call), or use messages rows whose last '
+            "assistant turn is the reference",
+        )
+
+
+def dataset_items_path(resolved: ResolvedConfig) -> str:
+    from leap_finetune.data.prepare import dataset_items
+
+    return dataset_items(resolved)[0].path
 
 
 def add_unseen_tools_benchmark(resolved: ResolvedConfig, prepared: PreparedData, run_dir: Path) -> None:

@@ -140,7 +140,7 @@ def tool_call_match(completions, solution, completion_ids=None, tokenizer=None, 
             rewards.append(None)
             continue
         reference = _reference_calls(str(gold))
-        if reference is None:  # (a solution whose calls do not parse: the data check refuses it; never scored)
+        if reference is None:  # (a solution whose calls do not parse: the rows' check refuses it; never scored)
             rewards.append(None)
             continue
         found = score_turn(completion, reference)
@@ -155,10 +155,9 @@ def tool_call_match(completions, solution, completion_ids=None, tokenizer=None, 
 
 @functools.lru_cache(maxsize=1024)
 def _reference_calls(solution: str):
-    from leap_finetune.data.tool_calls import find_tool_calls
+    from leap_finetune.data.tool_call_score import reference_calls
 
-    blocks = find_tool_calls(solution)
-    return None if blocks.problem else blocks.calls
+    return reference_calls(solution)[0]
 
 
 def _row_tools(tools) -> list | None:

@@ -178,7 +178,7 @@ def check_hold_out_tools(model, dataset, evals, vision: bool, where: str) -> Non
     key = f"dataset[{index}].hold_out_tools" if isinstance(dataset, list) else "dataset.hold_out_tools"
     if method_of(model.training_type).rows not in (CONVERSATION, PROMPT):
         raise LeapError(
-            f"{key} holds out tool-calling rows of sft or grpo data; training_type is {model.training_type}",
+            f"this key holds out tool-calling rows of sft or grpo data; training_type is {model.training_type}",
             where=f"{where}: {key}",
             fix=f"remove {key} (or hold the rows out of the {model.training_type} data yourself)",
         )
