@@ -74,31 +74,22 @@ def _free_port() -> int:
         return s.getsockname()[1]
 
 
-def _serve(model: Path, logs: Path):
+def _serve(model: Path, logs: Path, own: bool = False):
+    """`transformers serve` (or leap-finetune's own evaluation server) on the model, on 127.0.0.1."""
     from leap_finetune.runs.processes import ServerSpec, running
 
     port = _free_port()
+    program = (
+        ["leap_finetune.evaluation.serve", str(model)]
+        if own
+        else ["transformers.cli.transformers", "serve", str(model)]
+    )
     spec = ServerSpec(
         name="eval server",
         port=port,
         env={"CUDA_VISIBLE_DEVICES": ""},
-        command=[sys.executable, "-m", "transformers.cli.transformers", "serve", str(model), "--host", "127.0.0.1",
-                 "--port", str(port), "--device", "cpu"],
-    )  # fmt: skip
-    return running([spec], logs), f"http://127.0.0.1:{port}/v1"
-
-
-def _serve_own(model: Path, logs: Path):
-    from leap_finetune.runs.processes import ServerSpec, running
-
-    port = _free_port()
-    spec = ServerSpec(
-        name="own server",
-        port=port,
-        env={"CUDA_VISIBLE_DEVICES": ""},
-        command=[sys.executable, "-m", "leap_finetune.evaluation.serve", str(model), "--host", "127.0.0.1", "--port",
-                 str(port), "--device", "cpu", "--batch-size", "8"],
-    )  # fmt: skip
+        command=[sys.executable, "-m", *program, "--host", "127.0.0.1", "--port", str(port), "--device", "cpu"],
+    )
     return running([spec], logs), f"http://127.0.0.1:{port}/v1"
 
 
@@ -134,7 +125,7 @@ def test_a_server_returns_the_trained_calls_as_tool_calls_and_scores_like_local_
         assert served[f"benchmark/tool_calls/{key}"] == pytest.approx(local[f"benchmark/tool_calls/{key}"])
 
     # leap-finetune's own evaluation server (async_eval reserved mode without vLLM) returns them the same way
-    own, own_url = _serve_own(sft_run / "model", tmp_path / "logs-own")
+    own, own_url = _serve(sft_run / "model", tmp_path / "logs-own", own=True)
     with own:
         mine, mine_rows, _ = _eval(sft_run, tmp_path / "own.json", "--server", own_url)
     assert [r["tool_calls"] for r in mine_rows] == [r["tool_calls"] for r in served_rows]

@@ -12,7 +12,10 @@ from __future__ import annotations
 import json
 import re
 
+import numpy as np
+
 from leap_finetune.data.tool_calls import CALL_START, LIST_END, LIST_START, find_tool_calls, tool_names
+from leap_finetune.errors import LeapError
 
 UNSEEN_TOOLS_BENCHMARK = "unseen_tools"
 _NAME = re.compile(r'"name"\s*:\s*"((?:[^"\\]|\\.)*)"')
@@ -103,3 +106,74 @@ def _system_tool_list(content: str) -> set[str]:
 
 def _plain(message: dict) -> dict:
     return {k: v for k, v in message.items() if v is not None}
+
+
+# ---- the data step's part (data/prepare.py): `streams` are its _Stream objects, `items` the dataset sources ----
+
+
+def check_hold_out(streams: list, items: list) -> None:
+    """dataset.hold_out_tools, before the rows are split: every held-out tool is named by some row (a name no row uses
+    is most often a typo), some row calls one (else the benchmark would be empty), and each source keeps rows to
+    train on."""
+    held_out = held_out_names(items)
+    if not held_out:
+        return
+    where = "dataset.hold_out_tools" if len(items) == 1 else "dataset[].hold_out_tools"
+    named = {name for s in streams for c in s.chunks for _, _, names in c.tool_rows for name in names}
+    missing = sorted(held_out - named)
+    if missing:
+        from leap_finetune.config.suggest import did_you_mean
+
+        known = sorted(named)
+        hint = did_you_mean(missing[0], known)
+        raise LeapError(
+            f"no row names the tool(s) {', '.join(missing)} (held out by {where})" + (f"; {hint}" if hint else ""),
+            where=where,
+            fix="give the function names your rows call or define"
+            + (f" (they name: {', '.join(known[:20])}{' ...' if len(known) > 20 else ''})" if known else "")
+            + ", or remove the key",
+        )
+    if not any(c.unseen_tool_rows for s in streams for c in s.chunks):
+        raise LeapError(
+            f"no row calls a held-out tool: the rows naming {', '.join(sorted(held_out))} only list them among their "
+            "tool definitions, so the unseen-tools benchmark would have no row to score",
+            where=where,
+            fix="hold out tools that your rows call, or remove the key",
+        )
+    for stream in streams:
+        if not stream.held_out and stream.tool_held and not stream.valid:
+            raise LeapError(
+                f"every row of {stream.source.path} names a held-out tool ({', '.join(sorted(held_out))}): no training "
+                "rows are left in it",
+                where=where,
+                fix="hold out fewer tools, give rows that do not list the held-out tools among their definitions, or "
+                "remove the source",
+            )
+
+
+def tool_split_of(streams: list, items: list) -> tuple[dict, list[dict]]:
+    """dataset.hold_out_tools: which tools went where (rows per split naming each tool; `held_out`: rows left out for
+    naming a held-out tool, counted for every tool they name), and the benchmark rows of the held-out rows."""
+    held_out = held_out_names(items)
+    if not held_out:
+        return {}, []
+    split: dict[str, dict[str, int]] = {}
+    unseen: list[dict] = []
+    for stream in streams:
+        kept = [
+            names
+            for chunk in stream.chunks
+            for file, location, names in chunk.tool_rows
+            if (file, location) not in stream.skip
+        ]
+        mask = stream.eval_mask if stream.eval_mask is not None else np.zeros(len(kept), dtype=bool)
+        for names, to_eval in zip(kept, mask, strict=True):
+            for name in names:
+                split.setdefault(name, {"train": 0, "eval": 0, "held_out": 0})["eval" if to_eval else "train"] += 1
+        for chunk in stream.chunks:
+            for _, _, names in chunk.tool_rows:
+                if held_out & set(names):  # (every tool such a row names: the held-out rows' other tools too)
+                    for name in names:
+                        split.setdefault(name, {"train": 0, "eval": 0, "held_out": 0})["held_out"] += 1
+            unseen.extend(chunk.unseen_tool_rows)
+    return dict(sorted(split.items())), unseen

@@ -34,7 +34,7 @@ from leap_finetune.data.chunks import (
     tokenize_chunk,
 )
 from leap_finetune.data.grpo_rows import column_kind_problems
-from leap_finetune.data.held_out_tools import held_out_names
+from leap_finetune.data.held_out_tools import check_hold_out, held_out_names, tool_split_of
 from leap_finetune.data.mixing import held_out_mask, mix
 from leap_finetune.data.progress import Progress
 from leap_finetune.data.readers import SUFFIXES, Source
@@ -252,9 +252,9 @@ def count_rows(resolved: ResolvedConfig, *, console=None) -> PreparedData:
         Progress(console, workers.processes) as progress,
     ):
         read, dropped, warnings = _check_every_row(resolved, items, streams, workers, progress)
-    _check_hold_out(streams, items)
+    check_hold_out(streams, items)
     _choose_held_out(streams, items, resolved.training.get("seed", 42))
-    tool_split, unseen = _tool_split(streams, items)
+    tool_split, unseen = tool_split_of(streams, items)
     train_rows, eval_rows = [0] * len(items), [0] * len(items)
     for stream in streams:
         held = int(stream.eval_mask.sum()) if stream.eval_mask is not None else 0
@@ -356,9 +356,9 @@ def _prepare_now(
     ):
         faults.point("data-prep")
         read, dropped, warnings = _check_every_row(resolved, items, streams, workers, progress)
-        _check_hold_out(streams, items)
+        check_hold_out(streams, items)
         _choose_held_out(streams, items, resolved.training.get("seed", 42))
-        tool_split, unseen = _tool_split(streams, items)
+        tool_split, unseen = tool_split_of(streams, items)
 
         any_eval = any(s.eval_mask is not None and s.eval_mask.any() for s in streams)
         wanted = _wanted(streams, examples, resolved.samples, any_eval)
@@ -499,74 +499,6 @@ def _dropped(problems: list[RowProblem]) -> list[DroppedRow]:
         else:
             row.reason += "; " + reason
     return list(rows.values())
-
-
-def _check_hold_out(streams: list[_Stream], items: list[DatasetConfig]) -> None:
-    """dataset.hold_out_tools, before the rows are split: every held-out tool is named by some row (a name no row uses
-    is most often a typo), some row calls one (else the benchmark would be empty), and each source keeps rows to
-    train on."""
-    held_out = held_out_names(items)
-    if not held_out:
-        return
-    where = "dataset.hold_out_tools" if len(items) == 1 else "dataset[].hold_out_tools"
-    named = {name for s in streams for c in s.chunks for _, _, names in c.tool_rows for name in names}
-    missing = sorted(held_out - named)
-    if missing:
-        from leap_finetune.config.suggest import did_you_mean
-
-        known = sorted(named)
-        hint = did_you_mean(missing[0], known)
-        raise LeapError(
-            f"no row names the tool(s) {', '.join(missing)} (held out by {where})" + (f"; {hint}" if hint else ""),
-            where=where,
-            fix="give the function names your rows call or define"
-            + (f" (they name: {', '.join(known[:20])}{' ...' if len(known) > 20 else ''})" if known else "")
-            + ", or remove the key",
-        )
-    if not any(c.unseen_tool_rows for s in streams for c in s.chunks):
-        raise LeapError(
-            f"no row calls a held-out tool: the rows naming {', '.join(sorted(held_out))} only list them among their "
-            "tool definitions, so the unseen-tools benchmark would have no row to score",
-            where=where,
-            fix="hold out tools that your rows call, or remove the key",
-        )
-    for stream in streams:
-        if not stream.held_out and stream.tool_held and not stream.valid:
-            raise LeapError(
-                f"every row of {stream.source.path} names a held-out tool ({', '.join(sorted(held_out))}): no training "
-                "rows are left in it",
-                where=where,
-                fix="hold out fewer tools, give rows that do not list the held-out tools among their definitions, or "
-                "remove the source",
-            )
-
-
-def _tool_split(streams: list[_Stream], items: list[DatasetConfig]) -> tuple[dict, list[dict]]:
-    """dataset.hold_out_tools: which tools went where (rows per split naming each tool; `held_out`: rows left out for
-    naming a held-out tool, counted for every tool they name), and the benchmark rows of the held-out rows."""
-    held_out = held_out_names(items)
-    if not held_out:
-        return {}, []
-    split: dict[str, dict[str, int]] = {}
-    unseen: list[dict] = []
-    for stream in streams:
-        kept = [
-            names
-            for chunk in stream.chunks
-            for file, location, names in chunk.tool_rows
-            if (file, location) not in stream.skip
-        ]
-        mask = stream.eval_mask if stream.eval_mask is not None else np.zeros(len(kept), dtype=bool)
-        for names, to_eval in zip(kept, mask, strict=True):
-            for name in names:
-                split.setdefault(name, {"train": 0, "eval": 0, "held_out": 0})["eval" if to_eval else "train"] += 1
-        for chunk in stream.chunks:
-            for _, _, names in chunk.tool_rows:
-                if held_out & set(names):  # (every tool such a row names: the held-out rows' other tools too)
-                    for name in names:
-                        split.setdefault(name, {"train": 0, "eval": 0, "held_out": 0})["held_out"] += 1
-            unseen.extend(chunk.unseen_tool_rows)
-    return dict(sorted(split.items())), unseen
 
 
 def _choose_held_out(streams: list[_Stream], items: list[DatasetConfig], seed: int) -> None:
