@@ -133,7 +133,7 @@ def tokens_per_second(metrics_path: Path, warmup_steps: int) -> float:
     return statistics.median(speeds) if speeds else float("nan")
 
 
-def leap_run(label: str, model_dir: Path, data: Path, work: Path, steps: int, training: dict) -> dict:
+def leap_run(label: str, model_dir: Path, data: Path, work: Path, steps: int, training: dict, patch=None) -> dict:
     config = {
         "project_name": f"bench-{label}",
         "model_name": str(model_dir),
@@ -150,7 +150,12 @@ def leap_run(label: str, model_dir: Path, data: Path, work: Path, steps: int, tr
             **training,
         },
     }
-    return measured_leap_run(config, work)
+    undo = patch() if patch is not None else None
+    try:
+        return measured_leap_run(config, work)
+    finally:
+        if undo is not None:
+            undo()
 
 
 def measured_leap_run(config: dict, work: Path, warmup_steps: int = 10, callbacks: list | None = None) -> dict:
@@ -169,6 +174,7 @@ def measured_leap_run(config: dict, work: Path, warmup_steps: int = 10, callback
         "peak_gib": torch.cuda.max_memory_allocated() / 2**30 if torch.cuda.is_available() else 0.0,
         "wall_s": time.perf_counter() - start,
         "losses": [l for l in losses if l is not None][:4],
+        "curve": [l for l in losses if l is not None],
     }
 
 
@@ -213,9 +219,79 @@ def trl_default_run(model_dir: Path, data: Path, work: Path, steps: int) -> dict
 
 BF16 = {"model_init_kwargs": {"dtype": "bfloat16"}}
 OFF = {"padding_free": False, "compile_layers": False}
+
+
+def trl_step_metrics():
+    """Round one's step (2026-12-01): TRL's and the Trainer's per-step `.item()` reads and transformers' packed-mask
+    check, instead of recipes/host_syncs.py and the flat-batch mask hook. Returns the undo."""
+    from transformers import Trainer
+    from trl import SFTTrainer
+
+    from leap_finetune.models import varlen_attention
+    from leap_finetune.recipes.host_syncs import DeviceSideMetrics
+
+    saved = (
+        DeviceSideMetrics.compute_loss,
+        DeviceSideMetrics._track_num_input_tokens,
+        varlen_attention._no_mask_for_flat_batches,
+    )
+    DeviceSideMetrics.compute_loss = SFTTrainer.compute_loss
+    DeviceSideMetrics._track_num_input_tokens = Trainer._track_num_input_tokens
+    varlen_attention._no_mask_for_flat_batches = lambda module, args, kwargs: (args, kwargs)
+
+    def undo():
+        DeviceSideMetrics.compute_loss, DeviceSideMetrics._track_num_input_tokens = saved[0], saved[1]
+        varlen_attention._no_mask_for_flat_batches = saved[2]
+
+    return undo
+
+
+def torchao_stochastic_rounding():
+    """optimizer_precision bf16_kahan's slot filled with torchao's AdamW with bf16 stochastic rounding (a private
+    class, `_AdamW`: measured here as a lever, not offered as a key). Returns the undo."""
+    from torchao.optim import _AdamW
+
+    from leap_finetune.recipes import optimizers
+
+    original = optimizers.optimizer_cls_and_kwargs
+
+    def stochastic(precision, args):
+        if precision != "bf16_kahan":
+            return original(precision, args)
+        betas = (args.adam_beta1, args.adam_beta2)
+        return _AdamW, {
+            "lr": args.learning_rate,
+            "betas": betas,
+            "eps": args.adam_epsilon,
+            "weight_decay": args.weight_decay,
+            "bf16_stochastic_round": True,
+        }
+
+    optimizers.optimizer_cls_and_kwargs = stochastic
+    return lambda: setattr(optimizers, "optimizer_cls_and_kwargs", original)
+
+
+ROUND_ONE = {
+    "pad_to_multiple_of": None,
+    "logging_nan_inf_filter": True,
+    "dataloader_pin_memory": False,
+    "accelerator_config": {"non_blocking": False},
+}
 VARIANTS = {
-    # name: (label, training_config overrides on top of DEFAULT_SFT)
+    # name: (label, training_config overrides on top of DEFAULT_SFT[, patch returning its undo])
     "default": ("leap default", {}),
+    "round-one": ("round one's default (unpadded, host syncs)", ROUND_ONE, trl_step_metrics),
+    "no-pad": ("default without pad_to_multiple_of", {"pad_to_multiple_of": None}),
+    "pad8": ("default, pad_to_multiple_of 8", {"pad_to_multiple_of": 8}),
+    "syncs": ("default with TRL's per-step host syncs", {"logging_nan_inf_filter": True}, trl_step_metrics),
+    "foreach": ("default, AdamW foreach (not fused)", {"optim": "adamw_torch"}),
+    "bf16-plain": ("bf16 weights, torch AdamW", BF16),
+    "bf16-kahan": ("optimizer_precision bf16_kahan (torch-optimi)", {"optimizer_precision": "bf16_kahan"}),
+    "bf16-sr": (
+        "bf16 weights, torchao AdamW stochastic rounding",
+        {"optimizer_precision": "bf16_kahan"},
+        torchao_stochastic_rounding,
+    ),
     "padded": ("padded batches (the previous default)", OFF),
     "padding-free": ("padding-free + varlen attention", {"padding_free": True, "compile_layers": False}),
     "packing": ("packing (bfd) + varlen attention", {"packing": True, "compile_layers": False}),
@@ -229,12 +305,35 @@ VARIANTS = {
 }
 
 
+def curve_table(curves: dict[str, list], every: int) -> list[str]:
+    """Mean loss per window of `every` logged losses, one column per variant, and each column's largest distance
+    from the first column over the last half of the run."""
+    names = [n for n, c in curves.items() if c]
+    if not names:
+        return []
+    windows = min(len(curves[n]) for n in names) // every
+    means = {n: [statistics.mean(curves[n][i * every : (i + 1) * every]) for i in range(windows)] for n in names}
+    lines = ["", f"Loss, mean of each {every} logged values:", "", "| window | " + " | ".join(names) + " |"]
+    lines.append("| --- " * (len(names) + 1) + "|")
+    for i in range(windows):
+        lines.append(f"| {i + 1} | " + " | ".join(f"{means[n][i]:.4f}" for n in names) + " |")
+    first = means[names[0]]
+    half = windows // 2
+    lines.append(
+        "| max abs diff to the first column, second half | "
+        + " | ".join(f"{max(abs(a - b) for a, b in zip(means[n][half:], first[half:])):.4f}" for n in names)
+        + " |"
+    )
+    return lines
+
+
 def main() -> None:
     parser = argparse.ArgumentParser()
     parser.add_argument("--models", default="350m,1.2b")
     parser.add_argument("--steps", type=int, default=40)
     parser.add_argument("--variants", default=",".join(VARIANTS))
     parser.add_argument("--skip-trl", action="store_true")
+    parser.add_argument("--curves", type=int, default=0, help="also print the mean loss of every N logged losses")
     parser.add_argument("--work", default="/tmp/leap-bench")
     parser.add_argument("--out", default=None, help="write the table so far to this file after every variant")
     parser.add_argument("--record", action="store_true", help="append the finished table to bench/RESULTS.md")
@@ -276,16 +375,22 @@ def main() -> None:
 
         for label, r in runs.items():  # the TRL baseline, if measured
             lines.append(row(label, r))
+        curves: dict[str, list] = {}
         for variant in args.variants.split(","):
-            label, overrides = VARIANTS[variant]
+            label, overrides, *patch = VARIANTS[variant]
             try:
-                result = leap_run(f"{name}-{variant}", model_dir, data, work / name, args.steps, overrides)
+                result = leap_run(f"{name}-{variant}", model_dir, data, work / name, args.steps, overrides, *patch)
             except Exception as err:  # noqa: BLE001 - record a failing lever and go on
                 result = {"error": f"{type(err).__name__}: {str(err).splitlines()[0][:120]}"}
             gc.collect()
             torch.cuda.empty_cache()
             lines.append(row(label, result))
+            curves[f"LFM2-{name} {label}"] = result.get("curve", [])
             if args.out:  # after every variant, so a run cut short still leaves its table
+                Path(args.out).write_text("\n".join(lines) + "\n")
+        if args.curves:
+            lines += curve_table(curves, every=args.curves)
+            if args.out:
                 Path(args.out).write_text("\n".join(lines) + "\n")
     print("\n".join(lines), flush=True)
     if args.record:

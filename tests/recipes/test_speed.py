@@ -120,3 +120,95 @@ def test_compiled_layers_train_with_the_losses_of_eager_layers(chat_data):
         assert (compiled > 0) == compile_layers
     assert len(curves[True]) == 3
     assert curves[True] == pytest.approx(curves[False], rel=1e-5)
+
+
+def test_flat_batches_are_padded_to_aligned_lengths_without_changing_what_is_trained(chat_data, monkeypatch):
+    """pad_to_multiple_of (GEMM alignment): every flattened row's length is a multiple of 8, and the padding is
+    its own documents with no loss - same losses and the same real tokens as unpadded rows."""
+    from trl.trainer.sft_trainer import DataCollatorForLanguageModeling
+
+    lengths = []
+    original = DataCollatorForLanguageModeling.torch_call
+
+    def recorded(self, examples):
+        batch = original(self, examples)
+        lengths.append((batch["input_ids"].shape[1], batch["cu_seq_lens_q"][-1].item()))
+        return batch
+
+    monkeypatch.setattr(DataCollatorForLanguageModeling, "torch_call", recorded)
+    curves = {}
+    for multiple in (1, None):  # None: leap-finetune's default for flat batches (8)
+        training = {"max_steps": 6, "per_device_train_batch_size": 6, "logging_steps": 1, "learning_rate": 3e-3}
+        training |= {"padding_free": True, "save_strategy": "no"}
+        if multiple is not None:
+            training["pad_to_multiple_of"] = multiple
+        config = tiny_config(training_config=training)
+        config["project_name"] = f"pad-{multiple}"
+        lengths.clear()
+        summary = run_config(write_config(chat_data, config, f"pad-{multiple}.yaml"))
+        metrics = [json.loads(line) for line in open(f"{summary['run_dir']}/metrics.jsonl")]
+        curves[multiple] = [(m["loss"], m["num_input_tokens_seen"]) for m in metrics if "loss" in m]
+        if multiple is None:
+            assert lengths and all(length % 8 == 0 and boundary == length for length, boundary in lengths)
+        else:
+            assert any(length % 8 for length, _ in lengths)  # the unpadded rows were not aligned already
+    assert [t for _, t in curves[None]] == [t for _, t in curves[1]]  # padding is not counted as trained tokens
+    assert [loss for loss, _ in curves[None]] == pytest.approx([loss for loss, _ in curves[1]], rel=2e-4)
+
+
+def test_steps_between_logs_read_nothing_on_the_host_and_log_what_trl_logs(chat_data, monkeypatch):
+    """recipes/host_syncs.py: no `.item()` / `if tensor` inside a step that does not log (each one makes the host
+    wait for a GPU), and the logged loss, entropy, token accuracy and token counts equal TRL's own path's."""
+    import torch
+    from transformers import Trainer, TrainerCallback
+    from trl import SFTTrainer
+
+    from leap_finetune.recipes.host_syncs import DeviceSideMetrics
+
+    class CountReads(TrainerCallback):
+        def __init__(self):
+            self.inside, self.reads, self.outside = False, {}, 0
+
+        def on_step_begin(self, args, state, control, **kwargs):
+            self.inside = True
+            self.reads[state.global_step + 1] = 0
+
+        def on_step_end(self, args, state, control, **kwargs):
+            self.inside = False
+
+    counter = CountReads()
+    item, as_bool = torch.Tensor.item, torch.Tensor.__bool__
+
+    def counted(original):
+        def read(tensor):
+            if counter.inside:
+                counter.reads[max(counter.reads)] += 1
+            elif counter.reads:
+                counter.outside += 1
+            return original(tensor)
+
+        return read
+
+    def run(name, callbacks=None):
+        training = {"max_steps": 8, "per_device_train_batch_size": 6, "logging_steps": 4, "learning_rate": 3e-3}
+        training |= {"padding_free": True, "save_strategy": "no", "logging_nan_inf_filter": False}
+        config = tiny_config(training_config=training)
+        config["project_name"] = name
+        summary = run_config(write_config(chat_data, config, f"{name}.yaml"), callbacks=callbacks)
+        return [json.loads(line) for line in open(f"{summary['run_dir']}/metrics.jsonl") if '"loss"' in line]
+
+    monkeypatch.setattr(torch.Tensor, "item", counted(item))
+    monkeypatch.setattr(torch.Tensor, "__bool__", counted(as_bool))
+    ours = run("device-metrics", callbacks=[counter])
+    monkeypatch.undo()
+    assert len(counter.reads) == 8 and not any(counter.reads.values())
+    assert counter.outside > 0  # the sums are read when logging, after the step (the counter does see reads)
+
+    monkeypatch.setattr(DeviceSideMetrics, "compute_loss", SFTTrainer.compute_loss)
+    monkeypatch.setattr(DeviceSideMetrics, "_track_num_input_tokens", Trainer._track_num_input_tokens)
+    trl = run("trl-metrics")
+    keys = ("loss", "entropy", "mean_token_accuracy", "num_tokens", "num_input_tokens_seen")
+    assert len(ours) == len(trl) == 2
+    for mine, theirs in zip(ours, trl, strict=True):
+        assert {k: mine[k] for k in keys} == pytest.approx({k: theirs[k] for k in keys}, rel=1e-5)
+    assert ours[1]["mean_token_accuracy"] != ours[0]["mean_token_accuracy"]  # real per-interval values

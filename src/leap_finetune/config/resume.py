@@ -35,6 +35,7 @@ RESUME_KEEPS_TRAINING = (
     "optim",
     "optim_args",
     "optim_target_modules",
+    "optimizer_precision",
     # a vision-language run's parts and the vision encoder's optimizer groups (a checkpoint's optimizer state holds
     # them; recipes/vision.py)
     "train_vision_encoder",

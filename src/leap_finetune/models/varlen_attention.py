@@ -111,6 +111,22 @@ def varlen_mask(*args, attention_mask=None, **kwargs):
     return sdpa_mask(*args, attention_mask=attention_mask, **kwargs)
 
 
+def _no_mask_for_flat_batches(module, args, kwargs):
+    """Forward pre-hook of the LFM2 model: a flat batch that carries its document boundaries (TRL's padding-free
+    collator) needs no mask - varlen attention reads the boundaries and the convolution `seq_idx`. Without this,
+    transformers' create_causal_mask looks for packed sequences in the position ids with a `.all()` that makes
+    the host wait for the GPU in every forward pass. A per-layer-type mask mapping is the documented way to hand
+    LFM2 its masks (Lfm2Model.forward skips building them)."""
+    if (
+        kwargs.get("attention_mask") is None
+        and kwargs.get("cu_seq_lens_q") is not None
+        and kwargs.get("past_key_values") is None
+        and not args  # (input_ids passed by keyword, as every caller in transformers and TRL does)
+    ):
+        kwargs["attention_mask"] = {"full_attention": None, "conv": None}
+    return args, kwargs
+
+
 def register() -> None:
     from transformers import AttentionInterface
     from transformers.masking_utils import AttentionMaskInterface
@@ -137,6 +153,10 @@ def use_varlen_attention(model) -> str | None:
         language.set_attn_implementation(NAME)
     else:
         model.set_attn_implementation(NAME)
+        language = getattr(model, "model", None)
+    if language is not None and not getattr(language, "_leap_flat_hook", False):  # (all three build masks alike)
+        language.register_forward_pre_hook(_no_mask_for_flat_batches, with_kwargs=True)
+        language._leap_flat_hook = True
     if torch.cuda.is_available() and _KERNEL is not None:
         return "varlen flash attention (torch.nn.attention.varlen)"
     return "per-document SDPA (no CUDA varlen kernel here)"

@@ -126,6 +126,7 @@ def load_prepared(run_dir: Path):
 
 def load_tokenizer_and_model(resolved: ResolvedConfig, *, packing: bool, console):
 
+    from leap_finetune.config.precision import keeps_bf16_weights
     from leap_finetune.data.chat_templates import load_chat_template
     from leap_finetune.models.loading import load_model, load_tokenizer
     from leap_finetune.models.packed_conv import enable_exact_packing
@@ -133,6 +134,8 @@ def load_tokenizer_and_model(resolved: ResolvedConfig, *, packing: bool, console
 
     faults.point("model-loading")
     init = resolved.training.get("model_init_kwargs") or {}
+    if keeps_bf16_weights(resolved.training.get("optimizer_precision")) and "dtype" not in init:
+        init = {**init, "dtype": "bfloat16"}  # (its optimizer keeps bf16 updates exact: recipes/optimizers.py)
     tokenizer = load_tokenizer(resolved.model_id, init)
     # The official chat template travels with the trained model.
     tokenizer.chat_template = load_chat_template(resolved.chat_template, tokenizer).text

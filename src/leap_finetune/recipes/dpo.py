@@ -9,7 +9,7 @@ from __future__ import annotations
 
 from leap_finetune.config.resolved import ResolvedConfig
 from leap_finetune.methods import METHODS
-from leap_finetune.recipes import common, vision
+from leap_finetune.recipes import common, optimizers, speed, vision
 from leap_finetune.recipes.callbacks import StopOnSignal
 
 
@@ -35,7 +35,20 @@ def trainer_class():
 
 
 def training_arguments(resolved: ResolvedConfig, *, run_dir: str, has_eval: bool, cuda: bool | None = None) -> dict:
-    return common.common_arguments(resolved, run_dir=run_dir, has_eval=has_eval, cuda=cuda)
+    args = common.common_arguments(resolved, run_dir=run_dir, has_eval=has_eval, cuda=cuda)
+    args.pop("compile_layers", None)  # leap-finetune's keys (recipes/speed.py, recipes/optimizers.py)
+    args.pop("optimizer_precision", None)
+    for key, value in speed_plan(resolved, cuda).trainer_defaults.items():
+        args.setdefault(key, value)
+    return args
+
+
+def speed_plan(resolved: ResolvedConfig, cuda: bool | None = None) -> speed.SpeedPlan:
+    if cuda is None:
+        import torch
+
+        cuda = torch.cuda.is_available()
+    return speed.plan(resolved.training, resolved.model_id, cuda, flat_batches=False)
 
 
 def train(resolved_json: dict, callbacks: list | None = None) -> dict:
@@ -58,6 +71,13 @@ def run_preference(resolved_json: dict, callbacks: list | None, config_cls, trai
             resolved.model_id, tokenizer, resolved.training.get("model_init_kwargs"), dtype=model.dtype
         )
         ref_model.config.use_cache = False
+    fast = speed_plan(resolved)
+    if common.is_main_process():
+        console.print(fast.line)
+    if fast.compile_layers and not resolved.vision:
+        for each in (model, ref_model):
+            if each is not None:
+                speed.compile_layers(each)
 
     stop_on_signal = StopOnSignal()
     if resolved.vision:
@@ -76,8 +96,9 @@ def run_preference(resolved_json: dict, callbacks: list | None, config_cls, trai
             run_dir,
             console,
             stop_on_signal,
-            callbacks,
+            [*(callbacks or []), *([speed.compile_phase(console)] if fast.compile_layers else [])],
             common.benchmark_callback(resolved, tokenizer, run_dir, console),
         ),
     )
+    optimizers.use_precision(trainer, resolved.training.get("optimizer_precision"))
     return common.train_evaluate_save(trainer, resolved, run_dir, tokenizer, console, stop_on_signal, [])

@@ -6,7 +6,7 @@ from __future__ import annotations
 
 from leap_finetune.config.resolved import ResolvedConfig
 from leap_finetune.methods import METHODS
-from leap_finetune.recipes import common
+from leap_finetune.recipes import dpo
 from leap_finetune.recipes.dpo import run_preference
 
 
@@ -52,7 +52,7 @@ def kl_completions(completions: list, batch_size: int) -> list:
 
 
 def training_arguments(resolved: ResolvedConfig, *, run_dir: str, has_eval: bool, cuda: bool | None = None) -> dict:
-    return common.common_arguments(resolved, run_dir=run_dir, has_eval=has_eval, cuda=cuda)
+    return dpo.training_arguments(resolved, run_dir=run_dir, has_eval=has_eval, cuda=cuda)  # (the same keys)
 
 
 def train(resolved_json: dict, callbacks: list | None = None) -> dict:

@@ -9,8 +9,9 @@ from __future__ import annotations
 
 from leap_finetune.config.resolved import ResolvedConfig
 from leap_finetune.methods import METHODS
-from leap_finetune.recipes import common, speed, vision
+from leap_finetune.recipes import common, optimizers, speed, vision
 from leap_finetune.recipes.callbacks import StopOnSignal
+from leap_finetune.recipes.host_syncs import DeviceSideMetrics
 
 
 def config_class():
@@ -21,15 +22,22 @@ def config_class():
 def training_arguments(resolved: ResolvedConfig, *, run_dir: str, has_eval: bool, cuda: bool | None = None) -> dict:
     args = common.common_arguments(resolved, run_dir=run_dir, has_eval=has_eval, cuda=cuda)
     args.pop("compile_layers", None)  # leap-finetune's key (see recipes/speed.py), applied to the model
+    args.pop("optimizer_precision", None)  # leap-finetune's key (recipes/optimizers.py), given to the trainer
     # TRL's own padding-free collator refuses a custom collator: an image run's collator (recipes/vision.py)
     # flattens the batch itself (`flat_batches` below), and TRL sees padded batches
-    args["padding_free"] = speed_plan(resolved, cuda).padding_free and not resolved.vision
+    fast = speed_plan(resolved, cuda)
+    args["padding_free"] = fast.padding_free and not resolved.vision
+    for key, value in fast.trainer_defaults.items():
+        if key == "accelerator_config" and isinstance(args.get(key), dict):
+            args[key] = {**value, **args[key]}
+        else:
+            args.setdefault(key, value)
     # Data arrive rendered, masked, truncated and tokenized (input_ids + labels): TRL's documented switch
     # skips its own preparation; what it would still do (packing, shuffling) is `for_trainer` below.
     args["dataset_kwargs"] = {"skip_prepare_dataset": True}
     args["assistant_only_loss"] = False
     args["completion_only_loss"] = False
-    if speed_plan(resolved, cuda).padding_free and not args.get("packing"):
+    if fast.padding_free and not args.get("packing"):
         # Rows were already cut to max_length when the data were prepared; TRL refuses padding-free
         # batches with max_length set because it would not enforce it itself.
         args["max_length"] = None
@@ -41,9 +49,10 @@ def trainer_class():
 
     from leap_finetune.recipes.sampling import balanced_sampler, epoch_callback
 
-    class LeapSFTTrainer(vision.VisionRate, SFTTrainer):
+    class LeapSFTTrainer(DeviceSideMetrics, vision.VisionRate, SFTTrainer):
         """SFTTrainer whose `batch_rebalance` sampler balances tokens for padding-free batches and reads
-        row lengths from the Arrow column (recipes/sampling.py)."""
+        row lengths from the Arrow column (recipes/sampling.py), and whose steps keep their metrics on
+        the device until logging (recipes/host_syncs.py)."""
 
         flat_batches = False  # padding-free batches (TRL's, or an image run's own collator)
 
@@ -126,8 +135,9 @@ def train(resolved_json: dict, callbacks: list | None = None) -> dict:
             run_dir,
             console,
             stop_on_signal,
-            callbacks,
+            [*(callbacks or []), *([speed.compile_phase(console)] if fast.compile_layers else [])],
             common.benchmark_callback(resolved, tokenizer, run_dir, console),
         ),
     )
+    optimizers.use_precision(trainer, resolved.training.get("optimizer_precision"))
     return common.train_evaluate_save(trainer, resolved, run_dir, tokenizer, console, stop_on_signal, samples)

@@ -396,6 +396,47 @@ def _version() -> str:
     return __version__
 
 
+def _check_optimizer_precision(user: dict, where: str) -> None:
+    """`optimizer_precision` (recipes/optimizers.py): a known value, its package installed, and no key that
+    contradicts it (float32 weights asked for, another optimizer)."""
+    from leap_finetune.config.precision import COMPATIBLE_OPTIM, PRECISIONS, keeps_bf16_weights, missing_package
+
+    value = user["optimizer_precision"]
+    if value not in PRECISIONS:
+        hint = did_you_mean(str(value), PRECISIONS)
+        raise LeapError(
+            f"training_config.optimizer_precision is {value!r}",
+            where=where,
+            fix=(hint + " " if hint else "")
+            + "expected one of: "
+            + "; ".join(f"{name} ({meaning})" for name, meaning in PRECISIONS.items()),
+        )
+    package = missing_package(value)
+    if package:
+        raise LeapError(
+            f"training_config.optimizer_precision: {value} needs the {package} package, which is not installed",
+            where=where,
+            fix=f"pip install {package} (or `pip install 'leap-finetune[speed]'`), or use optimizer_precision: fp32",
+        )
+    if not keeps_bf16_weights(value):
+        return
+    dtype = (user.get("model_init_kwargs") or {}).get("dtype")
+    if dtype not in (None, "bfloat16", "bf16", "auto"):
+        raise LeapError(
+            f"training_config.optimizer_precision: {value} keeps the weights in bf16, but model_init_kwargs.dtype "
+            f"is {dtype!r}",
+            where=where,
+            fix="remove model_init_kwargs.dtype (the weights are loaded in bf16), or use optimizer_precision: fp32",
+        )
+    optim = user.get("optim")
+    if optim is not None and optim not in COMPATIBLE_OPTIM:
+        raise LeapError(
+            f"training_config.optimizer_precision: {value} is its own AdamW, and optim is {optim!r}",
+            where=where,
+            fix="remove optim (optimizer_precision chooses the optimizer), or use optimizer_precision: fp32",
+        )
+
+
 def _types_with_key(key: str, training_type: str) -> list[str]:
     """The other training types whose training_config has `key` (a config switched from one type to another)."""
     owners = []
@@ -463,6 +504,8 @@ def _resolve_training(model: LeapConfigModel, where: str, vision: bool = False) 
             )
         if key == "compile_layers" and not isinstance(user[key], bool):
             raise LeapError(f"training_config.compile_layers is {user[key]!r}", where=where, fix="use true or false")
+        if key == "optimizer_precision" and key in own_keys:
+            _check_optimizer_precision(user, where)
         if key not in allowed and key != "assistant_only_loss":
             owners = _types_with_key(key, model.training_type)
             if owners:

@@ -1,0 +1,117 @@
+"""Training steps that do not wait for the GPU: the step's metrics stay on the device until logging.
+
+Every `.item()` (or `if tensor:`) on a CUDA tensor makes the host wait until the GPU has finished all
+the work queued so far; the GPU then idles while Python launches the next kernels. The profile of an
+LFM2-1.2B SFT step (bench/profile_step.py --shapes) counted 12 such waits per step, most of them for
+numbers that are only shown every `logging_steps`: TRL's SFTTrainer reads entropy, token accuracy and
+the token count with `.item()` between the forward and the backward pass of every step, and the
+Trainer reads the number of tokens seen. Neither library offers a switch for this, so this mixin
+keeps those sums as device tensors and reads them once per logging step (and before a checkpoint is
+written), with the same values TRL and the Trainer would have logged.
+
+Only the plain loss path is taken over (TRL's fused LM-head loss, `nll` or `dft`); anything else
+(a custom loss function, label smoothing, MoE auxiliary losses, sequence parallelism, evaluation)
+goes to TRL unchanged.
+"""
+
+from __future__ import annotations
+
+import torch
+
+
+class DeviceSideMetrics:
+    """Mixin for TRL's SFTTrainer (placed before it in the bases)."""
+
+    def _pending(self) -> dict:
+        if not hasattr(self, "_leap_pending"):
+            self._leap_pending = {"steps": [], "inputs": None, "tokens": None}
+        return self._leap_pending
+
+    def _plain_loss_path(self, model) -> bool:
+        parallelism = getattr(self.accelerator, "parallelism_config", None)
+        return (
+            model.training
+            and self.compute_loss_func is None
+            and self.label_smoother is None
+            and not self.aux_loss_enabled
+            and not (parallelism is not None and getattr(parallelism, "sp_enabled", False))
+        )
+
+    def compute_loss(self, model, inputs, return_outputs=False, num_items_in_batch=None):
+        if return_outputs or not self._plain_loss_path(model):
+            return super().compute_loss(model, inputs, return_outputs, num_items_in_batch)
+        # TRL's plain path (SFTTrainer.compute_loss, trl 1.16), without its per-step `.item()` calls
+        inputs["use_cache"] = False
+        outputs = model(**inputs, fused_lm_head=True)
+        per_token_loss = -outputs.log_probs  # zero on ignored positions
+        if self.args.loss_type == "dft":
+            per_token_loss = per_token_loss * outputs.log_probs.exp().detach()
+        num_tokens = outputs.label_mask.sum() if num_items_in_batch is None else num_items_in_batch
+        loss = per_token_loss.sum() / torch.as_tensor(num_tokens).clamp(min=1)
+        if self.args.average_tokens_across_devices and num_items_in_batch is not None:
+            loss = loss * (self.accelerator.num_processes // self.get_tp_size())
+        pending = self._pending()
+        with torch.no_grad():
+            pending["steps"].append(
+                torch.stack(
+                    [
+                        outputs.label_mask.sum().float(),
+                        outputs.entropy.detach().sum().float(),
+                        outputs.is_top1.sum().float(),
+                    ]
+                )
+            )
+            # TRL's num_tokens counts every position of the batch, padding included
+            if "attention_mask" in inputs:
+                batch_tokens = inputs["attention_mask"].sum()
+            else:
+                batch_tokens = torch.tensor(inputs["position_ids"].size(1), device=loss.device)
+            pending["tokens"] = batch_tokens if pending["tokens"] is None else pending["tokens"] + batch_tokens
+        return loss
+
+    def _track_num_input_tokens(self, inputs):
+        """The Trainer's count of tokens seen (transformers 5), summed on the device."""
+        mode = self.args.include_num_input_tokens_seen
+        main = getattr(self.model, "main_input_name", "input_ids")
+        if mode in ("no", False) or main not in inputs:
+            return super()._track_num_input_tokens(inputs)
+        pad = getattr(self.processing_class, "pad_token_id", None)
+        if mode == "non_padding" and "attention_mask" in inputs:
+            count = inputs["attention_mask"].sum()
+        elif mode == "non_padding" and pad is not None:
+            count = (inputs[main] != pad).sum()
+        else:
+            count = torch.tensor(inputs[main].numel(), device=inputs[main].device)
+        pending = self._pending()
+        pending["inputs"] = count if pending["inputs"] is None else pending["inputs"] + count
+
+    def _flush_device_metrics(self) -> None:
+        """Read the pending sums (one wait for the GPU) into the state TRL and the Trainer log from.
+        Every process calls this at the same points (logging, checkpoints): the gathers are collective."""
+        pending = self._pending()
+        if pending["inputs"] is not None:
+            count = self.accelerator.gather(pending["inputs"].to(torch.int64).reshape(1)).sum()
+            self.state.num_input_tokens_seen += int(count.item())
+            pending["inputs"] = None
+        if pending["tokens"] is not None:
+            tokens = self.accelerator.gather_for_metrics(pending["tokens"].to(torch.int64).reshape(1)).sum()
+            self._total_train_tokens += int(tokens.item()) // self._tp_size
+            self._metrics["train"]["num_tokens"] = [self._total_train_tokens]
+            pending["tokens"] = None
+        if pending["steps"]:
+            steps = torch.stack(pending["steps"])  # (steps, 3): valid tokens, entropy sum, correct
+            gathered = self.accelerator.gather_for_metrics(steps.unsqueeze(0)).reshape(-1, *steps.shape).sum(0)
+            valid = gathered[:, 0]
+            for name, column in (("entropy", 1), ("mean_token_accuracy", 2)):
+                per_step = torch.where(valid > 0, gathered[:, column] / valid.clamp(min=1), torch.zeros_like(valid))
+                self._metrics["train"][name].extend(per_step.tolist())
+            pending["steps"] = []
+
+    def log(self, logs, start_time=None):
+        # also for an evaluation's log and the end of training, so the tokens seen are never behind
+        self._flush_device_metrics()
+        return super().log(logs, start_time)
+
+    def _save_checkpoint(self, model, trial):
+        self._flush_device_metrics()  # the checkpoint's trainer_state.json holds the tokens seen so far
+        return super()._save_checkpoint(model, trial)
