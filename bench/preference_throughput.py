@@ -153,7 +153,11 @@ def main() -> None:
     parser.add_argument("--batch", type=int, default=8)
     parser.add_argument("--types", default="dpo,kto")
     parser.add_argument("--modes", default="full,lora")
-    parser.add_argument("--variants", default="trl,leap", help="trl, leap, leap-eager (compile_layers: false)")
+    parser.add_argument(
+        "--variants",
+        default="trl,leap",
+        help="trl, leap, leap-eager (compile_layers: false), leap-padded (DPO without flat rows: padding_free: false)",
+    )
     parser.add_argument("--work", default="/tmp/leap-bench-pref")
     parser.add_argument("--out", default=None)
     args = parser.parse_args()
@@ -188,7 +192,10 @@ def main() -> None:
                     if variant == "trl":
                         clock, wall, losses = trl_run(kind, mode, model_dir, data, work, args.steps, args.batch)
                     else:
-                        extra = {"compile_layers": False} if variant == "leap-eager" else {}
+                        extra = {
+                            "leap-eager": {"compile_layers": False},
+                            "leap-padded": {"padding_free": False} if kind == "dpo" else {},
+                        }.get(variant, {})
                         clock, wall, losses = leap_run(kind, mode, model_dir, data, work, args.steps, args.batch, extra)
                     speed = per_step * clock.steps / (clock.end - clock.start)
                 except Exception as err:  # noqa: BLE001 - record the failing path and go on

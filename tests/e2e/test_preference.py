@@ -89,6 +89,43 @@ def test_dpo_with_compiled_layers_and_bf16_kahan_learns_with_both_models_compile
         assert {weights.get_tensor(k).dtype for k in list(weights.keys())[:5]} == {torch.bfloat16}
 
 
+@pytest.mark.parametrize("lora", [False, True])
+def test_dpo_padding_free_rows_train_like_padded_batches_step_by_step(workdir, monkeypatch, lora):
+    """models/flat_rows.py (the GPU default for LFM2 DPO): the padded batch runs through the model as one flat row
+    padded to a multiple of 8. Same losses, rewards and held-out numbers as the padded batches at every step; the
+    model really received flat rows (one row, boundaries at each sequence, the padding gone)."""
+    from leap_finetune.models import flat_rows
+
+    seen = []
+    original = flat_rows._flatten
+
+    def recorded(module, args, kwargs):
+        args, kwargs = original(module, args, kwargs)
+        if kwargs.get("cu_seq_lens_q") is not None:
+            seen.append((kwargs["input_ids"].shape, int(kwargs["cu_seq_lens_q"][-1])))
+        return args, kwargs
+
+    monkeypatch.setattr(flat_rows, "_flatten", recorded)
+    runs = {}
+    for padding_free in (False, True):
+        config = example(
+            "dpo_tiny.yaml", workdir, padding_free=padding_free, max_steps=6, logging_steps=1, eval_steps=3
+        )
+        data = yaml.safe_load(config.read_text())
+        data["project_name"] = f"dpo-flat-{padding_free}-{lora}"
+        if lora:
+            data["peft_config"] = {"extends": "DEFAULT_LORA", "r": 8, "lora_alpha": 16, "lora_dropout": 0.0}
+        config.write_text(yaml.safe_dump(data))
+        runs[padding_free] = metrics(run_config(config))
+    assert seen and all(shape[0] == 1 and shape[1] % 8 == 0 and end == shape[1] for shape, end in seen)
+    keys = ("loss", "rewards/chosen", "rewards/rejected", "eval_loss", "eval_rewards/margins")
+    for flat, padded in zip(runs[True], runs[False], strict=True):
+        assert {k: flat[k] for k in keys if k in padded} == pytest.approx(
+            {k: padded[k] for k in keys if k in padded}, rel=1e-4, abs=1e-5
+        )
+    assert sum("loss" in r for r in runs[True]) == 6
+
+
 def test_kto_desirable_and_undesirable_rewards_separate(workdir):
     summary = run_config(example("kto_tiny.yaml", workdir))
     last = [m for m in metrics(summary) if "eval_rewards/chosen" in m][-1]

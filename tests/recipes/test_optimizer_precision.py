@@ -86,14 +86,23 @@ def test_bf16_kahan_trains_bf16_weights_and_keeps_the_updates_bf16_drops(chat_da
             "remove model_init_kwargs.dtype",
         ),
         ({"optimizer_precision": "bf16_kahan", "optim": "sgd"}, "optim is 'sgd'", "remove optim"),
+        ({"optimizer_precision": "bf16_kahan", "model_init_kwargs": {"torch_dtype": "float32"}}, "'float32'", "dtype"),
+        ({"optimizer_precision": "bf16_kahan", "model_init_kwargs": {"dtype": "auto"}}, "'auto'", "dtype"),
+        ({"optimizer_precision": "bf16_kahan", "fp16": True}, "fp16 is true", "remove fp16"),
+        ({"optimizer_precision": "bf16_kahan", "peft_config": {"extends": "DEFAULT_LORA"}}, "LoRA", "dtype: bfloat16"),
     ],
 )
 def test_validate_refuses_contradicting_precision_keys(tmp_path, training, message, fix):
     (tmp_path / "train.jsonl").write_text(
         json.dumps({"messages": [{"role": "user", "content": "hi"}, {"role": "assistant", "content": "hello"}]}) + "\n"
     )
+    training = dict(training)
+    peft = training.pop("peft_config", None)
+    config = tiny_config(training_config=training)
+    if peft:
+        config["peft_config"] = peft
     with pytest.raises(LeapError) as err:
-        load_config(write_config(tmp_path, tiny_config(training_config=training)))
+        load_config(write_config(tmp_path, config))
     assert message in str(err.value) and fix in err.value.fix
 
 

@@ -4,6 +4,7 @@ same tokens with the same losses as the plain path, through the real trainer."""
 from __future__ import annotations
 
 import json
+from pathlib import Path
 
 import pytest
 
@@ -190,25 +191,37 @@ def test_steps_between_logs_read_nothing_on_the_host_and_log_what_trl_logs(chat_
         return read
 
     def run(name, callbacks=None):
-        training = {"max_steps": 8, "per_device_train_batch_size": 6, "logging_steps": 4, "learning_rate": 3e-3}
-        training |= {"padding_free": True, "save_strategy": "no", "logging_nan_inf_filter": False}
+        # evaluation and checkpoints between the logging steps, and two micro-batches per step: every point where
+        # the pending sums must be read before TRL or the Trainer use them
+        training = {"max_steps": 8, "per_device_train_batch_size": 3, "logging_steps": 4, "learning_rate": 3e-3}
+        training |= {"padding_free": True, "logging_nan_inf_filter": False, "gradient_accumulation_steps": 2}
+        training |= {"eval_steps": 3, "save_strategy": "steps", "save_steps": 3}
         config = tiny_config(training_config=training)
+        config["dataset"]["test_size"] = 6
         config["project_name"] = name
         summary = run_config(write_config(chat_data, config, f"{name}.yaml"), callbacks=callbacks)
-        return [json.loads(line) for line in open(f"{summary['run_dir']}/metrics.jsonl") if '"loss"' in line]
+        records = [json.loads(line) for line in open(f"{summary['run_dir']}/metrics.jsonl")]
+        state = json.loads(next(Path(summary["run_dir"]).glob("checkpoint-3/trainer_state.json")).read_text())
+        return records, state["num_input_tokens_seen"]
 
     monkeypatch.setattr(torch.Tensor, "item", counted(item))
     monkeypatch.setattr(torch.Tensor, "__bool__", counted(as_bool))
-    ours = run("device-metrics", callbacks=[counter])
+    ours, ours_saved = run("device-metrics", callbacks=[counter])
     monkeypatch.undo()
     assert len(counter.reads) == 8 and not any(counter.reads.values())
     assert counter.outside > 0  # the sums are read when logging, after the step (the counter does see reads)
 
     monkeypatch.setattr(DeviceSideMetrics, "compute_loss", SFTTrainer.compute_loss)
     monkeypatch.setattr(DeviceSideMetrics, "_track_num_input_tokens", Trainer._track_num_input_tokens)
-    trl = run("trl-metrics")
+    trl, trl_saved = run("trl-metrics")
     keys = ("loss", "entropy", "mean_token_accuracy", "num_tokens", "num_input_tokens_seen")
-    assert len(ours) == len(trl) == 2
-    for mine, theirs in zip(ours, trl, strict=True):
+    train = [[r for r in records if "loss" in r] for records in (ours, trl)]
+    assert len(train[0]) == len(train[1]) == 2
+    for mine, theirs in zip(*train, strict=True):
         assert {k: mine[k] for k in keys} == pytest.approx({k: theirs[k] for k in keys}, rel=1e-5)
-    assert ours[1]["mean_token_accuracy"] != ours[0]["mean_token_accuracy"]  # real per-interval values
+    assert train[0][1]["mean_token_accuracy"] != train[0][0]["mean_token_accuracy"]  # real per-interval values
+    evals = [[r for r in records if "eval_loss" in r] for records in (ours, trl)]
+    assert len(evals[0]) == len(evals[1]) >= 2  # the baseline, step 3, step 6 (between logging steps)
+    for mine, theirs in zip(*evals, strict=True):
+        assert mine["eval_num_tokens"] == theirs["eval_num_tokens"] and mine["step"] == theirs["step"]
+    assert ours_saved == trl_saved > 0  # the checkpoint at step 3 (before any log) holds the tokens seen

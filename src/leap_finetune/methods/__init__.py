@@ -44,6 +44,9 @@ class Method:
     length_samplers: bool = False
     # KTO's KL estimate pairs each row with its neighbours: order and batch sizes are constrained
     kl_pairs: bool = False
+    # padded batches may run through the model as one flat row (models/flat_rows.py; `padding_free`), in place of
+    # the TRL trainer's own padding-free path (disabled in TRL 1.16's DPO)
+    flat_rows: bool = False
     # GRPO: completions sampled and scored (rewards:, grpo_rollout:, a generation batch, a rollout engine)
     rewards: bool = False
     # a sentence-transformers model (no chat template, no LoRA starter, retrieval metrics): the class that loads it
@@ -157,6 +160,7 @@ METHODS: dict[str, Method] = {
             PAIR,
             _DPO,
             own_keys=("compile_layers", "optimizer_precision"),
+            flat_rows=True,
             cut_by_max_length=True,
             starter_benchmarks=True,
             arguments="trl:DPOConfig",

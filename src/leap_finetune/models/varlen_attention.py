@@ -121,6 +121,7 @@ def _no_mask_for_flat_batches(module, args, kwargs):
         kwargs.get("attention_mask") is None
         and kwargs.get("cu_seq_lens_q") is not None
         and kwargs.get("past_key_values") is None
+        and kwargs.get("cache") is None  # (transformers 5.24's LFM2 name for the cache)
         and not args  # (input_ids passed by keyword, as every caller in transformers and TRL does)
     ):
         kwargs["attention_mask"] = {"full_attention": None, "conv": None}

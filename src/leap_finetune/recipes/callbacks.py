@@ -198,8 +198,8 @@ class StopOnSignal(TrainerCallback):
     not reach - from the stop request the driver writes in the run folder (read by rank 0). `reasons` are other
     checks that stop the run the same way (a judge that stays down). Several processes agree through one
     all-reduce per step, so every rank stops after the same step and saves it together; a run folder deleted
-    under the run is an error on every rank. (transformers already gathers the tokens seen at every step, a
-    device sync of its own: this one adds a few microseconds.)"""
+    under the run is an error on every rank. (Several processes: one small all-reduce per step, which waits for
+    the GPU - the one host sync left in a multi-GPU step; a single process reads nothing from the GPU here.)"""
 
     def __init__(self):
         self.received: int | None = None

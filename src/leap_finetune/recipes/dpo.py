@@ -38,17 +38,26 @@ def training_arguments(resolved: ResolvedConfig, *, run_dir: str, has_eval: bool
     args = common.common_arguments(resolved, run_dir=run_dir, has_eval=has_eval, cuda=cuda)
     args.pop("compile_layers", None)  # leap-finetune's keys (recipes/speed.py, recipes/optimizers.py)
     args.pop("optimizer_precision", None)
-    for key, value in speed_plan(resolved, cuda).trainer_defaults.items():
-        args.setdefault(key, value)
+    fast = speed_plan(resolved, cuda)
+    user_pads = "pad_to_multiple_of" in resolved.training
+    speed.apply_trainer_defaults(args, fast)
+    if not user_pads:
+        args.pop("pad_to_multiple_of", None)  # (flat rows pad themselves: models/flat_rows.py)
+    if METHODS[resolved.training_type].flat_rows:
+        # TRL 1.16's own padding_free for DPO is disabled (it warns and pads); leap-finetune's flat rows do it
+        args["padding_free"] = False
     return args
 
 
 def speed_plan(resolved: ResolvedConfig, cuda: bool | None = None) -> speed.SpeedPlan:
+    """DPO: padding-free through leap-finetune's flat rows (models/flat_rows.py) where LFM2 allows it. KTO: padded
+    (its batches carry completions and KL completions in separate keys: methods/ says which)."""
     if cuda is None:
         import torch
 
         cuda = torch.cuda.is_available()
-    return speed.plan(resolved.training, resolved.model_id, cuda, flat_batches=False)
+    flat = METHODS[resolved.training_type].flat_rows and not resolved.vision
+    return speed.plan(resolved.training, resolved.model_id, cuda, flat_batches=flat)
 
 
 def train(resolved_json: dict, callbacks: list | None = None) -> dict:
@@ -57,12 +66,15 @@ def train(resolved_json: dict, callbacks: list | None = None) -> dict:
 
 def run_preference(resolved_json: dict, callbacks: list | None, config_cls, trainer_cls) -> dict:
     """The DPO and KTO worker (they differ only in their TRL classes)."""
+    from leap_finetune.models import flat_rows
     from leap_finetune.models.loading import load_model
+    from leap_finetune.models.varlen_attention import use_varlen_attention
 
     start = common.start_worker(resolved_json, config_cls, training_arguments)
     resolved, run_dir, console, args = start.resolved, start.run_dir, start.console, start.args
     train_dataset, eval_dataset = start.train_dataset, start.eval_dataset
-    tokenizer, model = common.load_tokenizer_and_model(resolved, packing=False, console=console)
+    fast = speed_plan(resolved)
+    tokenizer, model = common.load_tokenizer_and_model(resolved, packing=fast.padding_free, console=console)
     vision.prepare_vision_model(resolved, model, console)
     peft_config = common.lora_config(resolved)
     ref_model = None
@@ -71,9 +83,13 @@ def run_preference(resolved_json: dict, callbacks: list | None, config_cls, trai
             resolved.model_id, tokenizer, resolved.training.get("model_init_kwargs"), dtype=model.dtype
         )
         ref_model.config.use_cache = False
-    fast = speed_plan(resolved)
+    flat = fast.padding_free and all(
+        use_varlen_attention(each) is not None and flat_rows.enable(each)
+        for each in (model, ref_model)
+        if each is not None
+    )
     if common.is_main_process():
-        console.print(fast.line)
+        console.print(fast.line if flat == fast.padding_free else fast.line.replace("padding-free", "padded"))
     if fast.compile_layers and not resolved.vision:
         for each in (model, ref_model):
             if each is not None:
@@ -101,4 +117,6 @@ def run_preference(resolved_json: dict, callbacks: list | None, config_cls, trai
         ),
     )
     optimizers.use_precision(trainer, resolved.training.get("optimizer_precision"))
+    if flat:
+        trainer.data_collator = flat_rows.FlatRowsCollator(trainer.data_collator, speed.PAD_TO_MULTIPLE_OF)
     return common.train_evaluate_save(trainer, resolved, run_dir, tokenizer, console, stop_on_signal, [])

@@ -24,7 +24,8 @@ class DeviceSideMetrics:
 
     def _pending(self) -> dict:
         if not hasattr(self, "_leap_pending"):
-            self._leap_pending = {"steps": [], "inputs": None, "tokens": None}
+            # device tensors (no wait to make them) and host integers (no copy to the GPU per step)
+            self._leap_pending = {"steps": [], "inputs": None, "inputs_host": 0, "tokens": None, "tokens_host": 0}
         return self._leap_pending
 
     def _plain_loss_path(self, model) -> bool:
@@ -61,12 +62,12 @@ class DeviceSideMetrics:
                     ]
                 )
             )
-            # TRL's num_tokens counts every position of the batch, padding included
+            # TRL's num_tokens counts every position of the batch (a flat batch's padding to a multiple of 8 too)
             if "attention_mask" in inputs:
                 batch_tokens = inputs["attention_mask"].sum()
+                pending["tokens"] = batch_tokens if pending["tokens"] is None else pending["tokens"] + batch_tokens
             else:
-                batch_tokens = torch.tensor(inputs["position_ids"].size(1), device=loss.device)
-            pending["tokens"] = batch_tokens if pending["tokens"] is None else pending["tokens"] + batch_tokens
+                pending["tokens_host"] += inputs["position_ids"].size(1)
         return loss
 
     def _track_num_input_tokens(self, inputs):
@@ -76,41 +77,56 @@ class DeviceSideMetrics:
         if mode in ("no", False) or main not in inputs:
             return super()._track_num_input_tokens(inputs)
         pad = getattr(self.processing_class, "pad_token_id", None)
+        pending = self._pending()
         if mode == "non_padding" and "attention_mask" in inputs:
             count = inputs["attention_mask"].sum()
         elif mode == "non_padding" and pad is not None:
             count = (inputs[main] != pad).sum()
         else:
-            count = torch.tensor(inputs[main].numel(), device=inputs[main].device)
-        pending = self._pending()
+            pending["inputs_host"] += inputs[main].numel()
+            return
         pending["inputs"] = count if pending["inputs"] is None else pending["inputs"] + count
 
     def _flush_device_metrics(self) -> None:
-        """Read the pending sums (one wait for the GPU) into the state TRL and the Trainer log from.
-        Every process calls this at the same points (logging, checkpoints): the gathers are collective."""
+        """Read the pending sums (one wait for the GPU) into the state TRL and the Trainer log from. Called by every
+        process at the same points (the gathers are collective); all processes have the same pending kinds."""
         pending = self._pending()
-        if pending["inputs"] is not None:
-            count = self.accelerator.gather(pending["inputs"].to(torch.int64).reshape(1)).sum()
-            self.state.num_input_tokens_seen += int(count.item())
-            pending["inputs"] = None
-        if pending["tokens"] is not None:
-            tokens = self.accelerator.gather_for_metrics(pending["tokens"].to(torch.int64).reshape(1)).sum()
-            self._total_train_tokens += int(tokens.item()) // self._tp_size
+        device = self.accelerator.device
+        if pending["inputs"] is not None or pending["inputs_host"]:
+            count = torch.tensor(pending["inputs_host"], device=device, dtype=torch.int64)
+            if pending["inputs"] is not None:
+                count = count + pending["inputs"].to(torch.int64)
+            self.state.num_input_tokens_seen += int(self.accelerator.gather(count.reshape(1)).sum().item())
+            pending["inputs"], pending["inputs_host"] = None, 0
+        if pending["tokens"] is not None or pending["tokens_host"]:
+            tokens = torch.tensor(pending["tokens_host"], device=device, dtype=torch.int64)
+            if pending["tokens"] is not None:
+                tokens = tokens + pending["tokens"].to(torch.int64)
+            # gather, not gather_for_metrics: at the end of an epoch the latter drops the other ranks' entries
+            self._total_train_tokens += int(self.accelerator.gather(tokens.reshape(1)).sum().item()) // self._tp_size
             self._metrics["train"]["num_tokens"] = [self._total_train_tokens]
-            pending["tokens"] = None
+            pending["tokens"], pending["tokens_host"] = None, 0
         if pending["steps"]:
             steps = torch.stack(pending["steps"])  # (steps, 3): valid tokens, entropy sum, correct
-            gathered = self.accelerator.gather_for_metrics(steps.unsqueeze(0)).reshape(-1, *steps.shape).sum(0)
+            gathered = self.accelerator.gather(steps.unsqueeze(0)).reshape(-1, *steps.shape).sum(0)
             valid = gathered[:, 0]
             for name, column in (("entropy", 1), ("mean_token_accuracy", 2)):
                 per_step = torch.where(valid > 0, gathered[:, column] / valid.clamp(min=1), torch.zeros_like(valid))
                 self._metrics["train"][name].extend(per_step.tolist())
             pending["steps"] = []
 
-    def log(self, logs, start_time=None):
-        # also for an evaluation's log and the end of training, so the tokens seen are never behind
-        self._flush_device_metrics()
-        return super().log(logs, start_time)
+    def _maybe_log_save_evaluate(self, *args, **kwargs):
+        if self.control.should_log or self.control.should_evaluate or self.control.should_save:
+            self._flush_device_metrics()
+        return super()._maybe_log_save_evaluate(*args, **kwargs)
+
+    def evaluate(self, *args, **kwargs):
+        self._flush_device_metrics()  # TRL's eval_num_tokens reads the training count
+        return super().evaluate(*args, **kwargs)
+
+    def _finalize_training(self, *args, **kwargs):
+        self._flush_device_metrics()  # the last steps since the last log, before the final log
+        return super()._finalize_training(*args, **kwargs)
 
     def _save_checkpoint(self, model, trial):
         self._flush_device_metrics()  # the checkpoint's trainer_state.json holds the tokens seen so far

@@ -27,11 +27,7 @@ def training_arguments(resolved: ResolvedConfig, *, run_dir: str, has_eval: bool
     # flattens the batch itself (`flat_batches` below), and TRL sees padded batches
     fast = speed_plan(resolved, cuda)
     args["padding_free"] = fast.padding_free and not resolved.vision
-    for key, value in fast.trainer_defaults.items():
-        if key == "accelerator_config" and isinstance(args.get(key), dict):
-            args[key] = {**value, **args[key]}
-        else:
-            args.setdefault(key, value)
+    speed.apply_trainer_defaults(args, fast)
     # Data arrive rendered, masked, truncated and tokenized (input_ids + labels): TRL's documented switch
     # skips its own preparation; what it would still do (packing, shuffling) is `for_trainer` below.
     args["dataset_kwargs"] = {"skip_prepare_dataset": True}

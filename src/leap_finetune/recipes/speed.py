@@ -12,7 +12,8 @@ Measured on the H200 (bench/RESULTS.md, bench/NOTES.md):
   any length, and LFM2's convolution blocks hand their input projection a gradient laid out with that
   length as its leading dimension; an odd length sends those GEMMs to slow pre-Hopper kernels
   (`cutlass_75 ... align1`, found by bench/profile_step.py --shapes). The padding tokens are documents
-  of their own with no loss, so the loss and the tokens counted are those of the unpadded batch.
+  of their own with no loss, so the loss and the real tokens counted (`num_input_tokens_seen`) are those
+  of the unpadded batch (TRL's own `num_tokens` counts every position, as it does for padded batches).
 - no host synchronisation inside a step (recipes/host_syncs.py; `logging_nan_inf_filter: false`, whose
   NaN check reads the loss every step) and inputs copied to the GPU without waiting (pinned memory,
   non-blocking copies).
@@ -70,7 +71,7 @@ def plan(training: dict, model_id: str, cuda: bool, flat_batches: bool = True) -
     chosen = [batches] + (["torch.compile per decoder layer"] if compile_layers else [])
     line = "speed: " + ", ".join(chosen)
     if not flat_batches:
-        line = line.replace("padded batches", "padded batches (TRL 1.16's DPO/KTO have no padding-free batches)")
+        line = line.replace("padded batches", "padded batches (TRL 1.16's KTO has no padding-free batches)")
     if reason is not None and not {"padding_free", "compile_layers"} <= set(training):
         line += f" ({reason})"
     elif fast:
@@ -87,6 +88,15 @@ def plan(training: dict, model_id: str, cuda: bool, flat_batches: bool = True) -
         defaults["dataloader_pin_memory"] = True
         defaults["accelerator_config"] = {"non_blocking": True}
     return SpeedPlan(padding_free, compile_layers, line, defaults)
+
+
+def apply_trainer_defaults(args: dict, chosen: SpeedPlan) -> None:
+    """The plan's Trainer arguments where the user set none (an accelerator_config of the user's is merged)."""
+    for key, value in chosen.trainer_defaults.items():
+        if key == "accelerator_config" and isinstance(args.get(key), dict):
+            args[key] = {**value, **args[key]}
+        else:
+            args.setdefault(key, value)
 
 
 def compile_cache_dir() -> str:

@@ -396,9 +396,9 @@ def _version() -> str:
     return __version__
 
 
-def _check_optimizer_precision(user: dict, where: str) -> None:
+def _check_optimizer_precision(user: dict, where: str, lora: bool) -> None:
     """`optimizer_precision` (recipes/optimizers.py): a known value, its package installed, and no key that
-    contradicts it (float32 weights asked for, another optimizer)."""
+    contradicts it (weights in another dtype, fp16, another optimizer, LoRA)."""
     from leap_finetune.config.precision import COMPATIBLE_OPTIM, PRECISIONS, keeps_bf16_weights, missing_package
 
     value = user["optimizer_precision"]
@@ -420,13 +420,28 @@ def _check_optimizer_precision(user: dict, where: str) -> None:
         )
     if not keeps_bf16_weights(value):
         return
-    dtype = (user.get("model_init_kwargs") or {}).get("dtype")
-    if dtype not in (None, "bfloat16", "bf16", "auto"):
+    init = user.get("model_init_kwargs") if isinstance(user.get("model_init_kwargs"), dict) else {}
+    dtype = init.get("dtype", init.get("torch_dtype"))  # (both spellings: config/model_init.py)
+    if dtype not in (None, "bfloat16", "bf16", "torch.bfloat16"):
         raise LeapError(
             f"training_config.optimizer_precision: {value} keeps the weights in bf16, but model_init_kwargs.dtype "
             f"is {dtype!r}",
             where=where,
             fix="remove model_init_kwargs.dtype (the weights are loaded in bf16), or use optimizer_precision: fp32",
+        )
+    if user.get("fp16"):
+        raise LeapError(
+            f"training_config.optimizer_precision: {value} trains bf16 weights, and fp16 is true",
+            where=where,
+            fix="remove fp16 (bf16 autocast is used where the GPU has it), or use optimizer_precision: fp32",
+        )
+    if lora:
+        raise LeapError(
+            f"training_config.optimizer_precision: {value} is for full fine-tuning: LoRA trains float32 adapters "
+            "(PEFT keeps them in float32), so there are no bf16 weights for Kahan summation to correct",
+            where=where,
+            fix="remove optimizer_precision; to hold the frozen base in bf16 with LoRA, set "
+            "model_init_kwargs: {dtype: bfloat16}",
         )
     optim = user.get("optim")
     if optim is not None and optim not in COMPATIBLE_OPTIM:
@@ -505,7 +520,7 @@ def _resolve_training(model: LeapConfigModel, where: str, vision: bool = False) 
         if key == "compile_layers" and not isinstance(user[key], bool):
             raise LeapError(f"training_config.compile_layers is {user[key]!r}", where=where, fix="use true or false")
         if key == "optimizer_precision" and key in own_keys:
-            _check_optimizer_precision(user, where)
+            _check_optimizer_precision(user, where, lora=bool(model.peft_config))
         if key not in allowed and key != "assistant_only_loss":
             owners = _types_with_key(key, model.training_type)
             if owners:
