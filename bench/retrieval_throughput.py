@@ -5,7 +5,9 @@ model in the same run; then the largest batch the cached (GradCache) loss trains
 python bench/retrieval_throughput.py [--steps 30] [--batch 64] [--out FILE]
 
 Pairs/s = rows per step x steps after the first 5 / their wall time (a callback with CUDA syncs). Queries
-~16 tokens, documents ~200 tokens.
+~16 tokens, documents ~200 tokens. MFU: 6 x the encoder's non-embedding parameters per token (the token
+embedding is a lookup; there is no LM head) plus causal attention, for the tokens of a pair (query and document
+as tokenized, cut at 32 / 256), against the bf16 matmul peak measured in the same run.
 """
 
 from __future__ import annotations
@@ -60,6 +62,27 @@ class Clock:
     def pairs_per_s(self, batch: int) -> float:
         times = self.times[WARMUP:]
         return batch * (len(times) - 1) / (times[-1] - times[0]) if len(times) > 1 else float("nan")
+
+
+def flops_per_pair(model_dir: Path, data: Path) -> float:
+    """Training FLOPs of one (query, document) pair for the encoder in `model_dir` (see the module docstring)."""
+    import statistics
+
+    from transformers import AutoConfig, AutoModel, AutoTokenizer
+
+    tokenizer = AutoTokenizer.from_pretrained(model_dir)
+    config = AutoConfig.from_pretrained(model_dir)
+    with torch.device("meta"):
+        model = AutoModel.from_config(config)
+    params = sum(p.numel() for n, p in model.named_parameters() if "embed_tokens" not in n)
+    rows = [json.loads(line) for line in data.open()][:500]
+    lengths = [min(32, len(tokenizer(r["query"])["input_ids"])) for r in rows] + [
+        min(256, len(tokenizer(r["positive"])["input_ids"])) for r in rows
+    ]
+    attention_layers = sum(t == "full_attention" for t in getattr(config, "layer_types", []))
+    per_pair = 2 * statistics.mean(lengths)  # a query and a document
+    context = sum(n * n for n in lengths) / (2 * sum(lengths))
+    return per_pair * (6 * params + 12 * attention_layers * config.hidden_size * context)
 
 
 def leap(model_dir: Path, data: Path, work: Path, steps: int, batch: int, loss: str = "mnrl") -> float:
@@ -172,9 +195,19 @@ def main() -> None:
         f"LFM2-350M architecture, last-token pooling; queries ~16 tokens, documents ~200 tokens; batch {args.batch}, "
         f"{args.steps} steps, pairs/s over steps {WARMUP + 1}-{args.steps}.",
         "",
-        "| path | pairs/s | peak GiB |",
-        "| --- | --- | --- |",
+        "| path | pairs/s | MFU | peak GiB |",
+        "| --- | --- | --- | --- |",
     ]
+    per_pair = flops_per_pair(model_dir, data)
+    peak_flops = None
+    if torch.cuda.is_available():
+        from sft_throughput import matmul_peak
+
+        peak_flops = matmul_peak()
+        lines.insert(
+            4,
+            f"bf16 matmul peak measured in this run: {peak_flops / 1e12:.0f} TFLOP/s; {per_pair / 1e9:.2f} GFLOP per pair.",
+        )
 
     def record(label, fn):
         cuda = torch.cuda.is_available()
@@ -183,11 +216,13 @@ def main() -> None:
         try:
             speed = fn()
             peak = torch.cuda.max_memory_allocated() / 2**30 if cuda else 0.0
-            lines.append(f"| {label} | {speed:,.0f} | {peak:.1f} |")
+            mfu = f"{100 * speed * per_pair / peak_flops:.1f}%" if peak_flops and speed == speed else "-"
+            shown = f"{speed:,.0f}" if speed == speed else "fits (too few steps for a speed)"
+            lines.append(f"| {label} | {shown} | {mfu} | {peak:.1f} |")
         except torch.cuda.OutOfMemoryError:
-            lines.append(f"| {label} | out of memory | |")
+            lines.append(f"| {label} | out of memory | | |")
         except Exception as err:  # noqa: BLE001 - a failed variant is a row
-            lines.append(f"| {label} | failed: {type(err).__name__}: {str(err).splitlines()[0][:120]} | |")
+            lines.append(f"| {label} | failed: {type(err).__name__}: {str(err).splitlines()[0][:120]} | | |")
         if torch.cuda.is_available():
             torch.cuda.empty_cache()
         print(lines[-1], flush=True)
