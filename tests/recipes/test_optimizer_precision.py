@@ -89,6 +89,8 @@ def test_bf16_kahan_trains_bf16_weights_and_keeps_the_updates_bf16_drops(chat_da
         ({"optimizer_precision": "bf16_kahan", "model_init_kwargs": {"torch_dtype": "float32"}}, "'float32'", "dtype"),
         ({"optimizer_precision": "bf16_kahan", "model_init_kwargs": {"dtype": "auto"}}, "'auto'", "dtype"),
         ({"optimizer_precision": "bf16_kahan", "fp16": True}, "fp16 is true", "remove fp16"),
+        ({"optimizer_precision": "fp32", "model_init_kwargs": {"dtype": "bfloat16"}}, "float32 master", "remove one"),
+        ({"pad_to_multiple_of": 0}, "pad_to_multiple_of is 0", "whole number >= 1"),
         ({"optimizer_precision": "bf16_kahan", "peft_config": {"extends": "DEFAULT_LORA"}}, "LoRA", "dtype: bfloat16"),
     ],
 )

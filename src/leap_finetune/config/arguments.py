@@ -31,6 +31,8 @@ RANGES: dict[str, tuple[Callable[[float], bool], str]] = {
     "per_device_eval_batch_size": (lambda v: v >= 1, "a whole number >= 1"),
     "gradient_accumulation_steps": (lambda v: v >= 1, "a whole number >= 1"),
     "eval_accumulation_steps": (lambda v: v >= 1, "a whole number >= 1"),
+    # (0 divides by zero in TRL's collator; a negative one fails in torch's padding)
+    "pad_to_multiple_of": (lambda v: v >= 1, "a whole number >= 1, e.g. 8 (or null: no padding to a multiple)"),
     "warmup_steps": (
         lambda v: v >= 0 and (v < 1 or v == int(v)),
         "a whole number of steps >= 0, or a fraction of the total steps in [0, 1)",

@@ -418,10 +418,18 @@ def _check_optimizer_precision(user: dict, where: str, lora: bool) -> None:
             where=where,
             fix=f"pip install {package} (or `pip install 'leap-finetune[speed]'`), or use optimizer_precision: fp32",
         )
-    if not keeps_bf16_weights(value):
-        return
     init = user.get("model_init_kwargs") if isinstance(user.get("model_init_kwargs"), dict) else {}
     dtype = init.get("dtype", init.get("torch_dtype"))  # (both spellings: config/model_init.py)
+    if not keeps_bf16_weights(value):
+        if dtype in ("bfloat16", "bf16", "torch.bfloat16", "float16", "fp16", "torch.float16"):
+            raise LeapError(
+                f"training_config.optimizer_precision is {value} (float32 master weights), but "
+                f"model_init_kwargs.dtype is {dtype!r}",
+                where=where,
+                fix="remove one of them: optimizer_precision: bf16_kahan keeps bf16 weights with exact updates; "
+                "model_init_kwargs.dtype alone trains plain bf16 weights",
+            )
+        return
     if dtype not in (None, "bfloat16", "bf16", "torch.bfloat16"):
         raise LeapError(
             f"training_config.optimizer_precision: {value} keeps the weights in bf16, but model_init_kwargs.dtype "
@@ -441,7 +449,7 @@ def _check_optimizer_precision(user: dict, where: str, lora: bool) -> None:
             "(PEFT keeps them in float32), so there are no bf16 weights for Kahan summation to correct",
             where=where,
             fix="remove optimizer_precision; to hold the frozen base in bf16 with LoRA, set "
-            "model_init_kwargs: {dtype: bfloat16}",
+            "training_config.model_init_kwargs: {dtype: bfloat16}",
         )
     optim = user.get("optim")
     if optim is not None and optim not in COMPATIBLE_OPTIM:
