@@ -4,6 +4,9 @@ from __future__ import annotations
 
 import importlib.util
 
+from leap_finetune.config.suggest import did_you_mean
+from leap_finetune.errors import LeapError
+
 PRECISIONS = {
     "fp32": "float32 master weights and AdamW states (bf16 autocast)",
     "bf16_kahan": "bf16 weights and AdamW states with Kahan summation (torch-optimi)",
@@ -23,3 +26,65 @@ def missing_package(precision: str) -> str | None:
 
 def keeps_bf16_weights(precision: str | None) -> bool:
     return bool(precision) and precision.startswith("bf16")
+
+
+def check_optimizer_precision(user: dict, where: str, lora: bool) -> None:
+    """`optimizer_precision` (recipes/optimizers.py): a known value, its package installed, and no key that
+    contradicts it (weights in another dtype, fp16, another optimizer, LoRA)."""
+    value = user["optimizer_precision"]
+    if value not in PRECISIONS:
+        hint = did_you_mean(str(value), PRECISIONS)
+        raise LeapError(
+            f"training_config.optimizer_precision is {value!r}",
+            where=where,
+            fix=(hint + " " if hint else "")
+            + "expected one of: "
+            + "; ".join(f"{name} ({meaning})" for name, meaning in PRECISIONS.items()),
+        )
+    package = missing_package(value)
+    if package:
+        raise LeapError(
+            f"training_config.optimizer_precision: {value} needs the {package} package, which is not installed",
+            where=where,
+            fix=f"pip install {package} (or `pip install 'leap-finetune[speed]'`), or use optimizer_precision: fp32",
+        )
+    init = user.get("model_init_kwargs") if isinstance(user.get("model_init_kwargs"), dict) else {}
+    dtype = init.get("dtype", init.get("torch_dtype"))  # (both spellings: config/model_init.py)
+    if not keeps_bf16_weights(value):
+        if dtype in ("bfloat16", "bf16", "torch.bfloat16", "float16", "fp16", "torch.float16"):
+            raise LeapError(
+                f"training_config.optimizer_precision is {value} (float32 master weights), but "
+                f"model_init_kwargs.dtype is {dtype!r}",
+                where=where,
+                fix="remove one of them: optimizer_precision: bf16_kahan keeps bf16 weights with exact updates; "
+                "model_init_kwargs.dtype alone trains plain bf16 weights",
+            )
+        return
+    if dtype not in (None, "bfloat16", "bf16", "torch.bfloat16"):
+        raise LeapError(
+            f"training_config.optimizer_precision: {value} keeps the weights in bf16, but model_init_kwargs.dtype "
+            f"is {dtype!r}",
+            where=where,
+            fix="remove model_init_kwargs.dtype (the weights are loaded in bf16), or use optimizer_precision: fp32",
+        )
+    if user.get("fp16"):
+        raise LeapError(
+            f"training_config.optimizer_precision: {value} trains bf16 weights, and fp16 is true",
+            where=where,
+            fix="remove fp16 (bf16 autocast is used where the GPU has it), or use optimizer_precision: fp32",
+        )
+    if lora:
+        raise LeapError(
+            f"training_config.optimizer_precision: {value} is for full fine-tuning: LoRA trains float32 adapters "
+            "(PEFT keeps them in float32), so there are no bf16 weights for Kahan summation to correct",
+            where=where,
+            fix="remove optimizer_precision; to hold the frozen base in bf16 with LoRA, set "
+            "training_config.model_init_kwargs: {dtype: bfloat16}",
+        )
+    optim = user.get("optim")
+    if optim is not None and optim not in COMPATIBLE_OPTIM:
+        raise LeapError(
+            f"training_config.optimizer_precision: {value} is its own AdamW, and optim is {optim!r}",
+            where=where,
+            fix="remove optim (optimizer_precision chooses the optimizer), or use optimizer_precision: fp32",
+        )

@@ -23,6 +23,7 @@ from leap_finetune.config.cluster_values import (
 from leap_finetune.config.lora import check_lora_values
 from leap_finetune.config.model_init import check_model_init_kwargs
 from leap_finetune.config.paths import expand_home, local_path
+from leap_finetune.config.precision import check_optimizer_precision
 from leap_finetune.config.resolved import ResolvedConfig
 from leap_finetune.config.rules import check_training_rules
 from leap_finetune.config.schema import (
@@ -396,70 +397,6 @@ def _version() -> str:
     return __version__
 
 
-def _check_optimizer_precision(user: dict, where: str, lora: bool) -> None:
-    """`optimizer_precision` (recipes/optimizers.py): a known value, its package installed, and no key that
-    contradicts it (weights in another dtype, fp16, another optimizer, LoRA)."""
-    from leap_finetune.config.precision import COMPATIBLE_OPTIM, PRECISIONS, keeps_bf16_weights, missing_package
-
-    value = user["optimizer_precision"]
-    if value not in PRECISIONS:
-        hint = did_you_mean(str(value), PRECISIONS)
-        raise LeapError(
-            f"training_config.optimizer_precision is {value!r}",
-            where=where,
-            fix=(hint + " " if hint else "")
-            + "expected one of: "
-            + "; ".join(f"{name} ({meaning})" for name, meaning in PRECISIONS.items()),
-        )
-    package = missing_package(value)
-    if package:
-        raise LeapError(
-            f"training_config.optimizer_precision: {value} needs the {package} package, which is not installed",
-            where=where,
-            fix=f"pip install {package} (or `pip install 'leap-finetune[speed]'`), or use optimizer_precision: fp32",
-        )
-    init = user.get("model_init_kwargs") if isinstance(user.get("model_init_kwargs"), dict) else {}
-    dtype = init.get("dtype", init.get("torch_dtype"))  # (both spellings: config/model_init.py)
-    if not keeps_bf16_weights(value):
-        if dtype in ("bfloat16", "bf16", "torch.bfloat16", "float16", "fp16", "torch.float16"):
-            raise LeapError(
-                f"training_config.optimizer_precision is {value} (float32 master weights), but "
-                f"model_init_kwargs.dtype is {dtype!r}",
-                where=where,
-                fix="remove one of them: optimizer_precision: bf16_kahan keeps bf16 weights with exact updates; "
-                "model_init_kwargs.dtype alone trains plain bf16 weights",
-            )
-        return
-    if dtype not in (None, "bfloat16", "bf16", "torch.bfloat16"):
-        raise LeapError(
-            f"training_config.optimizer_precision: {value} keeps the weights in bf16, but model_init_kwargs.dtype "
-            f"is {dtype!r}",
-            where=where,
-            fix="remove model_init_kwargs.dtype (the weights are loaded in bf16), or use optimizer_precision: fp32",
-        )
-    if user.get("fp16"):
-        raise LeapError(
-            f"training_config.optimizer_precision: {value} trains bf16 weights, and fp16 is true",
-            where=where,
-            fix="remove fp16 (bf16 autocast is used where the GPU has it), or use optimizer_precision: fp32",
-        )
-    if lora:
-        raise LeapError(
-            f"training_config.optimizer_precision: {value} is for full fine-tuning: LoRA trains float32 adapters "
-            "(PEFT keeps them in float32), so there are no bf16 weights for Kahan summation to correct",
-            where=where,
-            fix="remove optimizer_precision; to hold the frozen base in bf16 with LoRA, set "
-            "training_config.model_init_kwargs: {dtype: bfloat16}",
-        )
-    optim = user.get("optim")
-    if optim is not None and optim not in COMPATIBLE_OPTIM:
-        raise LeapError(
-            f"training_config.optimizer_precision: {value} is its own AdamW, and optim is {optim!r}",
-            where=where,
-            fix="remove optim (optimizer_precision chooses the optimizer), or use optimizer_precision: fp32",
-        )
-
-
 def _types_with_key(key: str, training_type: str) -> list[str]:
     """The other training types whose training_config has `key` (a config switched from one type to another)."""
     owners = []
@@ -528,7 +465,7 @@ def _resolve_training(model: LeapConfigModel, where: str, vision: bool = False) 
         if key == "compile_layers" and not isinstance(user[key], bool):
             raise LeapError(f"training_config.compile_layers is {user[key]!r}", where=where, fix="use true or false")
         if key == "optimizer_precision" and key in own_keys:
-            _check_optimizer_precision(user, where, lora=bool(model.peft_config))
+            check_optimizer_precision(user, where, lora=bool(model.peft_config))
         if key not in allowed and key != "assistant_only_loss":
             owners = _types_with_key(key, model.training_type)
             if owners:
