@@ -85,14 +85,23 @@ def flops_per_pair(model_dir: Path, data: Path) -> float:
     return per_pair * (6 * params + 12 * attention_layers * config.hidden_size * context)
 
 
-def leap(model_dir: Path, data: Path, work: Path, steps: int, batch: int, loss: str = "mnrl") -> float:
+def leap(
+    model_dir: Path,
+    data: Path,
+    work: Path,
+    steps: int,
+    batch: int,
+    loss: str = "mnrl",
+    kind: str = "embedding",
+    extra: dict | None = None,
+) -> float:
     from leap_finetune.api import run_config
 
     clock = Clock()
     config = {
-        "project_name": f"bench-{loss}-{batch}",
+        "project_name": f"bench-{kind}-{loss}-{batch}",
         "model_name": str(model_dir),
-        "training_type": "embedding",
+        "training_type": kind,
         "dataset": {"path": str(data), "limit": batch * steps},
         "retrieval": {"loss": loss, "mini_batch_size": 64, "query_max_length": 32, "document_max_length": 256},
         "training_config": {
@@ -101,29 +110,49 @@ def leap(model_dir: Path, data: Path, work: Path, steps: int, batch: int, loss: 
             "logging_steps": 5,
             "save_strategy": "no",
             "learning_rate": 1e-5,
+            **(extra or {}),
         },
     }
     run_config(config, outputs_root=work / "outputs", callbacks=[clock.callback()])
     return clock.pairs_per_s(batch)
 
 
-def sentence_transformers_own(model_dir: Path, data: Path, work: Path, steps: int, batch: int) -> float:
+def sentence_transformers_own(
+    model_dir: Path, data: Path, work: Path, steps: int, batch: int, kind: str = "embedding"
+) -> float:
+    """sentence-transformers' own trainer and loss, as its docs train a model: SentenceTransformerTrainer with
+    MultipleNegativesRankingLoss, or (ColBERT) MultiVectorEncoderTrainer with its MaxSim loss."""
     from datasets import load_dataset
-    from sentence_transformers import (
-        SentenceTransformer,
-        SentenceTransformerTrainer,
-        SentenceTransformerTrainingArguments,
-        losses,
-    )
+    from sentence_transformers import SentenceTransformer
     from sentence_transformers.sentence_transformer.modules import Normalize, Pooling, Transformer
 
-    transformer = Transformer(str(model_dir), max_seq_length=256)
-    model = SentenceTransformer(
-        modules=[transformer, Pooling(transformer.get_embedding_dimension(), "lasttoken"), Normalize()],
-        device="cuda" if torch.cuda.is_available() else "cpu",
-    )
+    device = "cuda" if torch.cuda.is_available() else "cpu"
+    if kind == "colbert":
+        from sentence_transformers.multi_vector_encoder import (
+            MultiVectorEncoder,
+        )
+        from sentence_transformers.multi_vector_encoder import (
+            MultiVectorEncoderTrainer as Trainer,
+        )
+        from sentence_transformers.multi_vector_encoder import (
+            MultiVectorEncoderTrainingArguments as Arguments,
+        )
+        from sentence_transformers.multi_vector_encoder.losses import MultiVectorMultipleNegativesRankingLoss as Loss
+
+        model = MultiVectorEncoder(str(model_dir), device=device)
+        model.max_seq_length = 256
+    else:
+        from sentence_transformers import SentenceTransformerTrainer as Trainer
+        from sentence_transformers import SentenceTransformerTrainingArguments as Arguments
+        from sentence_transformers.sentence_transformer.losses import MultipleNegativesRankingLoss as Loss
+
+        transformer = Transformer(str(model_dir), max_seq_length=256)
+        model = SentenceTransformer(
+            modules=[transformer, Pooling(transformer.get_embedding_dimension(), "lasttoken"), Normalize()],
+            device=device,
+        )
     dataset = load_dataset("json", data_files=str(data), split="train").select(range(batch * steps))
-    args = SentenceTransformerTrainingArguments(
+    args = Arguments(
         output_dir=str(work / "st"),
         max_steps=steps,
         per_device_train_batch_size=batch,
@@ -136,11 +165,11 @@ def sentence_transformers_own(model_dir: Path, data: Path, work: Path, steps: in
         batch_sampler="no_duplicates",
     )
     clock = Clock()
-    trainer = SentenceTransformerTrainer(
+    trainer = Trainer(
         model=model,
         args=args,
         train_dataset=dataset,
-        loss=losses.MultipleNegativesRankingLoss(model),
+        loss=Loss(model),
         callbacks=[clock.callback()],
     )
     trainer.train()
@@ -159,6 +188,13 @@ def main() -> None:
         help="only the cached-loss batch sizes, 1 step each, documents of ~20 tokens (memory: the "
         "batch x batch score matrix and the stored embeddings grow with the batch, activations with "
         "the mini-batch only; short texts keep the search fast)",
+    )
+    parser.add_argument("--types", default="embedding,colbert")
+    parser.add_argument(
+        "--variants",
+        default="st,leap,leap-plain",
+        help="st (sentence-transformers' own trainer), leap (the default), leap-plain (padding_free and "
+        "compile_layers false: the default before issue #30), leap-padded (compile_layers only)",
     )
     parser.add_argument("--work", default="/tmp/leap-retrieval-bench")
     parser.add_argument("--out", default=None)
@@ -181,7 +217,7 @@ def main() -> None:
     data = work / "pairs.jsonl"
     make_rows(
         data,
-        max(args.batch * args.steps, max(int(b) for b in args.cached.split(",")) * 2),
+        max([args.batch * args.steps] + [2 * int(b) for b in args.cached.split(",") if b]),
         doc_words=20 if args.only_cached else 180,
     )
     device = torch.cuda.get_device_name(0) if torch.cuda.is_available() else "CPU (smoke)"
@@ -229,16 +265,31 @@ def main() -> None:
         if args.out:
             Path(args.out).write_text("\n".join(lines) + "\n")
 
-    if not args.only_cached:
-        record(
-            f"sentence-transformers' own trainer, MNRL, bf16, batch {args.batch}",
-            lambda: sentence_transformers_own(model_dir, data, work, args.steps, args.batch),
-        )
-        record(
-            f"leap-finetune (DEFAULT_EMBEDDING), MNRL, batch {args.batch}",
-            lambda: leap(model_dir, data, work, args.steps, args.batch),
-        )
-    for size in (int(b) for b in args.cached.split(",")):
+    variants = {
+        "leap": ("leap-finetune (default)", {}),
+        "leap-plain": (
+            "leap-finetune, padding_free + compile_layers false",
+            {"padding_free": False, "compile_layers": False},
+        ),
+        "leap-padded": ("leap-finetune, padding_free false", {"padding_free": False}),
+    }
+    for kind in [] if args.only_cached else args.types.split(","):
+        loss = "MaxSim MNRL" if kind == "colbert" else "MNRL"
+        for variant in args.variants.split(","):
+            if variant == "st":
+                record(
+                    f"{kind}: sentence-transformers' own trainer, {loss}, bf16, batch {args.batch}",
+                    lambda kind=kind: sentence_transformers_own(model_dir, data, work, args.steps, args.batch, kind),
+                )
+                continue
+            label, extra = variants[variant]
+            record(
+                f"{kind}: {label}, {loss}, batch {args.batch}",
+                lambda kind=kind, extra=extra: leap(
+                    model_dir, data, work, args.steps, args.batch, kind=kind, extra=extra
+                ),
+            )
+    for size in (int(b) for b in args.cached.split(",") if b):
         # 2 steps (1 with --only-cached): whether it fits, and its memory (too few steps for a speed figure)
         steps = 1 if args.only_cached else 2
         record(

@@ -89,11 +89,12 @@ def test_dpo_with_compiled_layers_and_bf16_kahan_learns_with_both_models_compile
         assert {weights.get_tensor(k).dtype for k in list(weights.keys())[:5]} == {torch.bfloat16}
 
 
-@pytest.mark.parametrize("lora", [False, True])
-def test_dpo_padding_free_rows_train_like_padded_batches_step_by_step(workdir, monkeypatch, lora):
-    """models/flat_rows.py (the GPU default for LFM2 DPO): the padded batch runs through the model as one flat row
-    padded to a multiple of 8. Same losses, rewards and held-out numbers as the padded batches at every step; the
-    model really received flat rows (one row, boundaries at each sequence, the padding gone)."""
+@pytest.mark.parametrize("kind,lora", [("dpo", False), ("dpo", True), ("kto", False)])
+def test_padding_free_rows_train_like_padded_batches_step_by_step(workdir, monkeypatch, kind, lora):
+    """models/flat_rows.py (the GPU default for LFM2 DPO and KTO): the padded batch runs through the model as one
+    flat row padded to a multiple of 8 (KTO: its completions and its KL completions, each laid out from its own
+    mask). Same losses, rewards and held-out numbers as the padded batches at every step; the model really received
+    flat rows (one row, boundaries at each sequence, the padding gone)."""
     from leap_finetune.models import flat_rows
 
     seen = []
@@ -109,16 +110,16 @@ def test_dpo_padding_free_rows_train_like_padded_batches_step_by_step(workdir, m
     runs = {}
     for padding_free in (False, True):
         config = example(
-            "dpo_tiny.yaml", workdir, padding_free=padding_free, max_steps=6, logging_steps=1, eval_steps=3
+            f"{kind}_tiny.yaml", workdir, padding_free=padding_free, max_steps=6, logging_steps=1, eval_steps=3
         )
         data = yaml.safe_load(config.read_text())
-        data["project_name"] = f"dpo-flat-{padding_free}-{lora}"
+        data["project_name"] = f"{kind}-flat-{padding_free}-{lora}"
         if lora:
             data["peft_config"] = {"extends": "DEFAULT_LORA", "r": 8, "lora_alpha": 16, "lora_dropout": 0.0}
         config.write_text(yaml.safe_dump(data))
         runs[padding_free] = metrics(run_config(config))
     assert seen and all(shape[0] == 1 and shape[1] % 8 == 0 and end == shape[1] for shape, end in seen)
-    keys = ("loss", "rewards/chosen", "rewards/rejected", "eval_loss", "eval_rewards/margins")
+    keys = ("loss", "rewards/chosen", "rewards/rejected", "eval_loss", "eval_rewards/margins", "kl", "eval_kl")
     for flat, padded in zip(runs[True], runs[False], strict=True):
         assert {k: flat[k] for k in keys if k in padded} == pytest.approx(
             {k: padded[k] for k in keys if k in padded}, rel=1e-4, abs=1e-5

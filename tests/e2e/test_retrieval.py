@@ -265,6 +265,12 @@ def test_retrieval_mistakes_are_caught_at_validate(workdir, minilm):
     with pytest.raises(LeapError) as info:
         validate_config(write_config(workdir, config, "bench.yaml"))
     assert "metric retrieval, which scores embedding and ColBERT models" in info.value.format()
+    # the encoder's speed keys (recipes/retrieval.py): true / false only, and known to validate
+    for key in ("padding_free", "compile_layers"):
+        with pytest.raises(LeapError) as info:
+            validate_config(_small(workdir, minilm, training_config={key: "yes"}))
+        assert f"training_config.{key} is 'yes'" in info.value.format() and "use true or false" in info.value.format()
+    validate_config(_small(workdir, minilm, "colbert", training_config={"padding_free": True, "compile_layers": False}))
 
 
 @pytest.mark.slow
@@ -475,3 +481,121 @@ def test_a_lora_colbert_run_resumes_from_its_checkpoint_like_an_uninterrupted_ru
             )
         )
     assert "checkpoint of a LoRA retrieval run" in info.value.format()
+
+
+@pytest.mark.parametrize(
+    "training_type,loss", [("embedding", "mnrl"), ("colbert", "mnrl"), ("embedding", "cached_mnrl")]
+)
+def test_padding_free_encoder_batches_train_like_padded_batches(workdir, monkeypatch, training_type, loss):
+    """The GPU default for an LFM2 backbone (recipes/retrieval.py speed plan, models/flat_rows.py): every padded
+    batch of texts runs through the encoder as one flat row padded to a multiple of 8 - laid out by the collator,
+    or from the attention mask for a cached loss's mini-batches and the evaluator. Same losses at every step and
+    the same held-out numbers as padded batches; the encoder really received flat rows."""
+    from leap_finetune.models import flat_rows
+
+    seen = []
+    original = flat_rows._flatten
+
+    def recorded(module, args, kwargs):
+        layout = kwargs.get(flat_rows.KEY)
+        given = layout is not None and tuple(layout["shape"]) == tuple(kwargs["input_ids"].shape)
+        args, kwargs = original(module, args, kwargs)
+        if kwargs.get("cu_seq_lens_q") is not None:
+            seen.append((kwargs["input_ids"].shape, int(kwargs["cu_seq_lens_q"][-1]), given))
+        return args, kwargs
+
+    monkeypatch.setattr(flat_rows, "_flatten", recorded)
+    rng = random.Random(1)
+    rows = [
+        {"query": r["query"], "positive": r["positive"] + " " + " ".join(rng.choices(COLORS, k=rng.randint(0, 12)))}
+        for r in retrieval_rows(64)
+    ]
+    write_jsonl(workdir / "train.jsonl", rows[:48])
+    write_jsonl(workdir / "held_out.jsonl", rows[48:])
+    runs = {}
+    for padding_free in (False, True):
+        config = {
+            "project_name": f"flat-{padding_free}",
+            "model_name": "tiny-lfm2",
+            "training_type": training_type,
+            "dataset": {"path": "train.jsonl", "val_path": "held_out.jsonl"},
+            "retrieval": {"loss": loss, **({"mini_batch_size": 4} if loss == "cached_mnrl" else {})},
+            "training_config": {
+                "max_steps": 5,
+                "per_device_train_batch_size": 8,
+                "learning_rate": 1e-3,
+                "logging_steps": 1,
+                "eval_steps": 5,
+                "save_strategy": "no",
+                "padding_free": padding_free,
+                # (the GPU default tokenizes in worker processes: the collator's layout made there)
+                **({"dataloader_num_workers": 2} if padding_free else {}),
+            },
+        }
+        summary = run_config(write_config(workdir, config, f"{padding_free}.yaml"))
+        runs[padding_free] = [json.loads(line) for line in (Path(summary["run_dir"]) / "metrics.jsonl").open()]
+        if not padding_free:
+            assert not seen
+    assert seen and all(shape[0] == 1 and shape[1] % 8 == 0 and end == shape[1] for shape, end, _ in seen)
+    # the training batches came laid out by the collator (MNRL) or from the mask (the cached loss's mini-batches:
+    # the collator's layout of the whole batch is not used for a slice of it)
+    assert any(given for *_, given in seen) == (loss == "mnrl")
+    assert any(not given for *_, given in seen)  # (the evaluator's encode)
+    keys = ("loss", "eval_loss", "eval_retrieval_cosine_ndcg@10", "eval_retrieval_maxsim_ndcg@10")
+    flat, padded = (
+        [{k: r[k] for k in keys if k in r} for r in runs[p] if any(k in r for k in keys)] for p in (True, False)
+    )
+    assert len(flat) == len(padded) and sum("loss" in r for r in flat) == 5
+    for a, b in zip(flat, padded, strict=True):
+        assert a == pytest.approx(b, rel=1e-4, abs=1e-5)
+
+
+def test_gpu_defaults_of_an_lfm2_encoder(workdir):
+    """What an embedding / ColBERT run of an LFM2 backbone gets on a GPU (recipes/retrieval.py): flat batches and
+    compiled layers (said in the run log), texts tokenized in 4 data-loader workers, no per-step host reads; the
+    user's keys win (no persistent workers without workers: torch refuses them)."""
+    from leap_finetune.recipes import retrieval
+    from leap_finetune.validate.loader import load_config
+
+    write_jsonl(workdir / "train.jsonl", retrieval_rows(8))
+    base = {"model_name": "tiny-lfm2", "training_type": "colbert", "dataset": {"path": "train.jsonl"}}
+    resolved = load_config(write_config(workdir, base))
+    args = retrieval.training_arguments(resolved, run_dir=str(workdir / "run"), has_eval=False, cuda=True)
+    assert args["dataloader_num_workers"] == 4 and args["dataloader_persistent_workers"] is True
+    assert args["logging_nan_inf_filter"] is False and args["dataloader_pin_memory"] is True
+    assert "pad_to_multiple_of" not in args and "padding_free" not in args and "compile_layers" not in args
+    fast = retrieval.speed_plan(resolved, cuda=True)
+    assert fast.padding_free and fast.compile_layers and "padding-free batches" in fast.line
+    cpu = retrieval.training_arguments(resolved, run_dir=str(workdir / "run"), has_eval=False, cuda=False)
+    assert "dataloader_num_workers" not in cpu and not retrieval.speed_plan(resolved, cuda=False).padding_free
+    mine = {**base, "training_config": {"dataloader_num_workers": 0, "padding_free": False}}
+    resolved = load_config(write_config(workdir, mine, "mine.yaml"))
+    args = retrieval.training_arguments(resolved, run_dir=str(workdir / "run"), has_eval=False, cuda=True)
+    assert args["dataloader_num_workers"] == 0 and "dataloader_persistent_workers" not in args
+    assert not retrieval.speed_plan(resolved, cuda=True).padding_free
+
+
+def test_colbert_query_expansion_keeps_padded_batches(workdir):
+    """ColBERT's query expansion scores positions its attention mask marks as padding: flat rows would drop them,
+    so such a model keeps padded batches and the run log says why."""
+    from rich.console import Console
+
+    from leap_finetune.models.encoders import build_colbert_model
+    from leap_finetune.recipes import retrieval
+    from leap_finetune.validate.loader import load_config
+
+    write_jsonl(workdir / "train.jsonl", retrieval_rows(8))
+    config = {
+        "model_name": "tiny-lfm2",
+        "training_type": "colbert",
+        "dataset": {"path": "train.jsonl"},
+        "training_config": {"padding_free": True},
+    }
+    resolved = load_config(write_config(workdir, config)).model_copy(update={"run_dir": str(workdir / "run")})
+    console = Console(record=True, width=200)
+    model = build_colbert_model(resolved, console)
+    model[0].query_expansion = {"strategy": "fixed", "attend": True, "length": 8}
+    assert not retrieval.use_speed_plan(model, resolved, console).padding_free
+    assert "padded batches (query expansion)" in console.export_text()
+    plain = build_colbert_model(resolved, console)
+    assert retrieval.use_speed_plan(plain, resolved, console).padding_free

@@ -45,7 +45,7 @@ class Method:
     # KTO's KL estimate pairs each row with its neighbours: order and batch sizes are constrained
     kl_pairs: bool = False
     # padded batches may run through the model as one flat row (models/flat_rows.py; `padding_free`), in place of
-    # the TRL trainer's own padding-free path (disabled in TRL 1.16's DPO)
+    # the TRL trainer's own padding-free path (disabled in TRL 1.16's DPO, absent from its KTO)
     flat_rows: bool = False
     # GRPO: completions sampled and scored (rewards:, grpo_rollout:, a generation batch, a rollout engine)
     rewards: bool = False
@@ -173,8 +173,9 @@ METHODS: dict[str, Method] = {
             "a language model (chat) tuned on desirable/undesirable answers",
             LABELLED,
             _KTO,
-            own_keys=("compile_layers", "optimizer_precision"),
+            own_keys=("compile_layers", "optimizer_precision", "padding_free"),
             kl_pairs=True,
+            flat_rows=True,
             cut_by_max_length=True,
             starter_benchmarks=True,
             arguments="trl:KTOConfig",
@@ -196,6 +197,7 @@ METHODS: dict[str, Method] = {
             "an embedding model (one vector per text)",
             TEXT_PAIR,
             _RETRIEVAL,
+            own_keys=("compile_layers", "padding_free"),  # (recipes/retrieval.py: the encoder's speed plan)
             encoder_class="SentenceTransformer",
             arguments="sentence_transformers:SentenceTransformerTrainingArguments",
         ),
@@ -206,6 +208,7 @@ METHODS: dict[str, Method] = {
             "a ColBERT model (one vector per token)",
             TEXT_PAIR,
             _RETRIEVAL,
+            own_keys=("compile_layers", "padding_free"),  # (recipes/retrieval.py: the encoder's speed plan)
             encoder_class="MultiVectorEncoder",
             arguments="sentence_transformers.multi_vector_encoder:MultiVectorEncoderTrainingArguments",
         ),

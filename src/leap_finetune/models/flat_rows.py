@@ -13,6 +13,8 @@ tokens with one-token documents (the GEMM alignment of recipes/speed.py), which 
 
 from __future__ import annotations
 
+import types
+
 import torch
 
 KEY = "flat_rows"
@@ -30,6 +32,7 @@ def flat_rows(attention_mask: torch.Tensor, multiple: int = 8) -> dict:
     starts = torch.repeat_interleave(cu[:-1], lengths)
     positions = torch.arange(total + extra) - starts
     return {
+        "shape": tuple(attention_mask.shape),  # (rows, length) of the padded batch it was computed for
         "index": index,
         "extra": torch.tensor(extra),
         "position_ids": positions[None],
@@ -57,14 +60,46 @@ class FlatRowsCollator:
         return getattr(self.collator, name)
 
 
+class ColumnsCollator(FlatRowsCollator):
+    """sentence-transformers' collator: `<column>_flat_rows` for every text column's attention mask (the trainer
+    hands each column's keys to the model without the prefix)."""
+
+    def __call__(self, examples):
+        batch = self.collator(examples)
+        for key in [k for k in batch if k.endswith("_attention_mask")]:
+            mask = batch[key]
+            if isinstance(mask, torch.Tensor) and mask.dim() == 2:
+                batch[key[: -len("attention_mask")] + KEY] = flat_rows(mask, self.multiple)
+        return batch
+
+
+def _plain_call(args, kwargs) -> bool:
+    """A training-shaped call: padded input_ids by keyword, no cache, only the last hidden state read."""
+    return not (
+        args
+        or kwargs.get("input_ids") is None
+        or kwargs.get("input_ids").dim() != 2
+        or kwargs.get("past_key_values") is not None
+        or kwargs.get("cache") is not None
+        or kwargs.get("output_hidden_states")
+        or kwargs.get("cu_seq_lens_q") is not None
+    )
+
+
 def _flatten(module, args, kwargs):
     flat = kwargs.pop(KEY, None)
+    module._leap_flat = None
+    if not _plain_call(args, kwargs):
+        return args, kwargs  # (generation, hidden states of every layer: left as it is)
+    ids = kwargs["input_ids"]
+    if flat is not None and tuple(flat["shape"]) != tuple(ids.shape):
+        flat = None  # computed for the whole batch, this is a slice of it (a cached loss's mini-batch)
+    mask = kwargs.get("attention_mask")
+    if flat is None and getattr(module, "_leap_flat_from_mask", False) and isinstance(mask, torch.Tensor):
+        # (one wait for the GPU: the layout is computed on the host, as the collator would)
+        flat = {k: _to(v, ids.device) for k, v in flat_rows(mask.cpu(), module._leap_flat_multiple).items()}
     if flat is None:
         return args, kwargs
-    if args or kwargs.get("input_ids") is None or kwargs.get("past_key_values") is not None:
-        module._leap_flat = None  # (not a training-shaped call: left as it is)
-        return args, kwargs
-    ids = kwargs["input_ids"]
     rows, length = ids.shape
     tokens = ids.reshape(-1)[flat["index"]]
     extra = int(flat["position_ids"].shape[1]) - tokens.shape[0]
@@ -93,11 +128,30 @@ def _unflatten(module, args, kwargs, output):
     return output
 
 
-def enable(model) -> bool:
-    """Hook the LFM2 backbone of `model` (text LFM2 / LFM2-MoE); False when it is not one."""
-    backbone = getattr(model, "model", None)
-    if getattr(getattr(model, "config", None), "model_type", None) not in ("lfm2", "lfm2_moe") or backbone is None:
+def _flat_forward(self, *args, **kwargs):
+    args, kwargs = _flatten(self, args, kwargs)
+    return _unflatten(self, args, kwargs, type(self).forward(self, *args, **kwargs))
+
+
+def _to(value, device):
+    return value.to(device, non_blocking=True) if isinstance(value, torch.Tensor) else value
+
+
+def enable(model, from_mask: bool = False, multiple: int = 8) -> bool:
+    """Hook the LFM2 backbone of `model` (text LFM2 / LFM2-MoE: a causal LM's `.model`, or the backbone itself as
+    sentence-transformers loads it); False when it is not one. `from_mask`: padded batches without `flat_rows`
+    are flattened too, laid out from their attention mask."""
+    if getattr(getattr(model, "config", None), "model_type", None) not in ("lfm2", "lfm2_moe"):
         return False
+    backbone = model if hasattr(model, "layers") else getattr(model, "model", None)
+    if backbone is None or not hasattr(backbone, "layers"):
+        return False
+    backbone._leap_flat_from_mask, backbone._leap_flat_multiple = from_mask, multiple
+    if backbone is model and not getattr(backbone, "_leap_flat_rows", False):
+        # sentence-transformers calls the backbone's `.forward` itself, past the module hooks: the instance's
+        # forward is wrapped instead (a bound method: a deep copy of the model wraps the copy)
+        backbone.forward = types.MethodType(_flat_forward, backbone)
+        backbone._leap_flat_rows = True
     if not getattr(backbone, "_leap_flat_rows", False):
         backbone.register_forward_pre_hook(_flatten, with_kwargs=True)
         backbone.register_forward_hook(_unflatten, with_kwargs=True)

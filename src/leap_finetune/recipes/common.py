@@ -57,7 +57,8 @@ def common_arguments(resolved: ResolvedConfig, *, run_dir: str, has_eval: bool, 
             # (LFM2-VL-1.6B on an H200: 13.8k -> 18.6k tokens/s, the same losses; bench/RESULTS.md)
             args.setdefault("dataloader_num_workers", 4)
             args.setdefault("dataloader_pin_memory", True)
-            args.setdefault("dataloader_persistent_workers", True)
+            if args["dataloader_num_workers"] > 0:  # (torch refuses persistent workers without workers)
+                args.setdefault("dataloader_persistent_workers", True)
         # a batch of rows without images leaves the vision encoder without gradients (several workers)
         args.setdefault("ddp_find_unused_parameters", True)
     args["output_dir"] = run_dir

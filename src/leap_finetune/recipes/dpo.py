@@ -43,15 +43,18 @@ def training_arguments(resolved: ResolvedConfig, *, run_dir: str, has_eval: bool
     speed.apply_trainer_defaults(args, fast)
     if not user_pads:
         args.pop("pad_to_multiple_of", None)  # (flat rows pad themselves: models/flat_rows.py)
-    if METHODS[resolved.training_type].flat_rows:
+    method = METHODS[resolved.training_type]
+    if method.flat_rows and "padding_free" in method.own_keys:  # (KTO: leap-finetune's key, TRL's KTO has none)
+        args.pop("padding_free", None)
+    elif method.flat_rows:
         # TRL 1.16's own padding_free for DPO is disabled (it warns and pads); leap-finetune's flat rows do it
         args["padding_free"] = False
     return args
 
 
 def speed_plan(resolved: ResolvedConfig, cuda: bool | None = None) -> speed.SpeedPlan:
-    """DPO: padding-free through leap-finetune's flat rows (models/flat_rows.py) where LFM2 allows it. KTO: padded
-    (its batches carry completions and KL completions in separate keys: methods/ says which)."""
+    """DPO and KTO: padding-free through leap-finetune's flat rows (models/flat_rows.py) where LFM2 allows it;
+    image rows stay padded."""
     if cuda is None:
         import torch
 
@@ -83,8 +86,12 @@ def run_preference(resolved_json: dict, callbacks: list | None, config_cls, trai
             resolved.model_id, tokenizer, resolved.training.get("model_init_kwargs"), dtype=model.dtype
         )
         ref_model.config.use_cache = False
+    # KTO's batches hold completions and KL completions, handed to the model in separate calls with the same keys:
+    # each call is laid out from its own attention mask (one host read per call) instead of by the collator
+    from_mask = METHODS[resolved.training_type].kl_pairs
     flat = fast.padding_free and all(
-        use_varlen_attention(each) is not None and flat_rows.enable(each)
+        use_varlen_attention(each) is not None
+        and flat_rows.enable(each, from_mask=from_mask, multiple=speed.PAD_TO_MULTIPLE_OF)
         for each in (model, ref_model)
         if each is not None
     )
@@ -117,6 +124,6 @@ def run_preference(resolved_json: dict, callbacks: list | None, config_cls, trai
         ),
     )
     optimizers.use_precision(trainer, resolved.training.get("optimizer_precision"))
-    if flat:
+    if flat and not from_mask:
         trainer.data_collator = flat_rows.FlatRowsCollator(trainer.data_collator, speed.PAD_TO_MULTIPLE_OF)
     return common.train_evaluate_save(trainer, resolved, run_dir, tokenizer, console, stop_on_signal, [])

@@ -9,7 +9,8 @@ Trainer reads the number of tokens seen. Neither library offers a switch for thi
 keeps those sums as device tensors and reads them once per logging step (and before a checkpoint is
 written), with the same values TRL and the Trainer would have logged.
 
-Only the plain loss path is taken over (TRL's fused LM-head loss, `nll` or `dft`); anything else
+`PendingTokensSeen` is the part every trainer can use (the Trainer's count of tokens seen; the retrieval
+trainer counts every text column). Only the plain loss path is taken over (TRL's fused LM-head loss, `nll` or `dft`); anything else
 (a custom loss function, label smoothing, MoE auxiliary losses, sequence parallelism, evaluation)
 goes to TRL unchanged.
 """
@@ -19,14 +20,56 @@ from __future__ import annotations
 import torch
 
 
-class DeviceSideMetrics:
-    """Mixin for TRL's SFTTrainer (placed before it in the bases)."""
+class PendingTokensSeen:
+    """Mixin for a Trainer (placed before it in the bases): `state.num_input_tokens_seen` is added to on the device
+    (`_add_input_tokens`) and read where every process passes - before a log, an evaluation or a checkpoint, and
+    at the end of training."""
 
     def _pending(self) -> dict:
         if not hasattr(self, "_leap_pending"):
             # device tensors (no wait to make them) and host integers (no copy to the GPU per step)
             self._leap_pending = {"steps": [], "inputs": None, "inputs_host": 0, "tokens": None, "tokens_host": 0}
         return self._leap_pending
+
+    def _add_input_tokens(self, count) -> None:
+        """A count of tokens seen: a device tensor, or a host integer."""
+        pending = self._pending()
+        if isinstance(count, int):
+            pending["inputs_host"] += count
+        else:
+            pending["inputs"] = count if pending["inputs"] is None else pending["inputs"] + count
+
+    def _flush_device_metrics(self) -> None:
+        """Read the pending sums (one wait for the GPU) into the state the Trainer logs from. Called by every
+        process at the same points (the gathers are collective); all processes have the same pending kinds."""
+        pending = self._pending()
+        if pending["inputs"] is not None or pending["inputs_host"]:
+            count = torch.tensor(pending["inputs_host"], device=self.accelerator.device, dtype=torch.int64)
+            if pending["inputs"] is not None:
+                count = count + pending["inputs"].to(torch.int64)
+            self.state.num_input_tokens_seen += int(self.accelerator.gather(count.reshape(1)).sum().item())
+            pending["inputs"], pending["inputs_host"] = None, 0
+
+    def _maybe_log_save_evaluate(self, *args, **kwargs):
+        if self.control.should_log or self.control.should_evaluate or self.control.should_save:
+            self._flush_device_metrics()
+        return super()._maybe_log_save_evaluate(*args, **kwargs)
+
+    def evaluate(self, *args, **kwargs):
+        self._flush_device_metrics()  # TRL's eval_num_tokens reads the training count
+        return super().evaluate(*args, **kwargs)
+
+    def _finalize_training(self, *args, **kwargs):
+        self._flush_device_metrics()  # the last steps since the last log, before the final log
+        return super()._finalize_training(*args, **kwargs)
+
+    def _save_checkpoint(self, model, trial):
+        self._flush_device_metrics()  # the checkpoint's trainer_state.json holds the tokens seen so far
+        return super()._save_checkpoint(model, trial)
+
+
+class DeviceSideMetrics(PendingTokensSeen):
+    """Mixin for TRL's SFTTrainer (placed before it in the bases)."""
 
     def _plain_loss_path(self, model) -> bool:
         parallelism = getattr(self.accelerator, "parallelism_config", None)
@@ -77,27 +120,18 @@ class DeviceSideMetrics:
         if mode in ("no", False) or main not in inputs:
             return super()._track_num_input_tokens(inputs)
         pad = getattr(self.processing_class, "pad_token_id", None)
-        pending = self._pending()
         if mode == "non_padding" and "attention_mask" in inputs:
-            count = inputs["attention_mask"].sum()
+            self._add_input_tokens(inputs["attention_mask"].sum())
         elif mode == "non_padding" and pad is not None:
-            count = (inputs[main] != pad).sum()
+            self._add_input_tokens((inputs[main] != pad).sum())
         else:
-            pending["inputs_host"] += inputs[main].numel()
-            return
-        pending["inputs"] = count if pending["inputs"] is None else pending["inputs"] + count
+            self._add_input_tokens(inputs[main].numel())
 
     def _flush_device_metrics(self) -> None:
-        """Read the pending sums (one wait for the GPU) into the state TRL and the Trainer log from. Called by every
-        process at the same points (the gathers are collective); all processes have the same pending kinds."""
+        """The tokens seen, then TRL's token count, entropy and token accuracy (see PendingTokensSeen)."""
+        super()._flush_device_metrics()
         pending = self._pending()
         device = self.accelerator.device
-        if pending["inputs"] is not None or pending["inputs_host"]:
-            count = torch.tensor(pending["inputs_host"], device=device, dtype=torch.int64)
-            if pending["inputs"] is not None:
-                count = count + pending["inputs"].to(torch.int64)
-            self.state.num_input_tokens_seen += int(self.accelerator.gather(count.reshape(1)).sum().item())
-            pending["inputs"], pending["inputs_host"] = None, 0
         if pending["tokens"] is not None or pending["tokens_host"]:
             tokens = torch.tensor(pending["tokens_host"], device=device, dtype=torch.int64)
             if pending["tokens"] is not None:
@@ -114,20 +148,3 @@ class DeviceSideMetrics:
                 per_step = torch.where(valid > 0, gathered[:, column] / valid.clamp(min=1), torch.zeros_like(valid))
                 self._metrics["train"][name].extend(per_step.tolist())
             pending["steps"] = []
-
-    def _maybe_log_save_evaluate(self, *args, **kwargs):
-        if self.control.should_log or self.control.should_evaluate or self.control.should_save:
-            self._flush_device_metrics()
-        return super()._maybe_log_save_evaluate(*args, **kwargs)
-
-    def evaluate(self, *args, **kwargs):
-        self._flush_device_metrics()  # TRL's eval_num_tokens reads the training count
-        return super().evaluate(*args, **kwargs)
-
-    def _finalize_training(self, *args, **kwargs):
-        self._flush_device_metrics()  # the last steps since the last log, before the final log
-        return super()._finalize_training(*args, **kwargs)
-
-    def _save_checkpoint(self, model, trial):
-        self._flush_device_metrics()  # the checkpoint's trainer_state.json holds the tokens seen so far
-        return super()._save_checkpoint(model, trial)

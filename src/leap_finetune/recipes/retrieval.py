@@ -16,8 +16,9 @@ from leap_finetune.config.resolved import ResolvedConfig
 from leap_finetune.files import write_atomic
 from leap_finetune.methods import method_of
 from leap_finetune.models.encoders import backbone
-from leap_finetune.recipes import common
+from leap_finetune.recipes import common, speed
 from leap_finetune.recipes.callbacks import CheckpointMarker, StopOnSignal
+from leap_finetune.recipes.host_syncs import PendingTokensSeen
 from leap_finetune.runs.folder import RunFolder
 
 EVAL_NAME = "retrieval"  # metrics are logged as eval_retrieval_<score>_ndcg@10, ...
@@ -26,6 +27,17 @@ EVAL_NAME = "retrieval"  # metrics are logged as eval_retrieval_<score>_ndcg@10,
 def training_arguments(resolved: ResolvedConfig, *, run_dir: str, has_eval: bool, cuda: bool | None = None) -> dict:
     evals = resolved.evals  # retrieval benchmarks: scored with the held-out rows, on the same schedule
     args = common.common_arguments(resolved, run_dir=run_dir, has_eval=has_eval or evals is not None, cuda=cuda)
+    for key in ("compile_layers", "padding_free"):  # leap-finetune's keys, applied to the encoder (speed_plan)
+        args.pop(key, None)
+    fast = speed_plan(resolved, cuda)
+    speed.apply_trainer_defaults(args, fast)
+    args.pop("pad_to_multiple_of", None)  # (flat rows pad themselves: models/flat_rows.py)
+    if fast.trainer_defaults.get("dataloader_pin_memory"):  # (a GPU)
+        # sentence-transformers tokenizes each batch in its collator: ~50 ms for 64 pairs of ~250 tokens on one
+        # core, a third of an H200 step of LFM2-350M - done in worker processes beside the GPU's work
+        args.setdefault("dataloader_num_workers", 4)
+        if args["dataloader_num_workers"] > 0:
+            args.setdefault("dataloader_persistent_workers", True)
     if evals is not None and evals.eval_steps:
         args["eval_steps"] = evals.eval_steps
     prompts = resolved.retrieval.prompts if resolved.retrieval is not None else None
@@ -38,6 +50,41 @@ def training_arguments(resolved: ResolvedConfig, *, run_dir: str, has_eval: bool
         # one batch of per_device x workers rows is drawn and split among the workers: see leap_trainer
         args["accelerator_config"] = {**(args.get("accelerator_config") or {}), "split_batches": True}
     return args
+
+
+def speed_plan(resolved: ResolvedConfig, cuda: bool | None = None) -> speed.SpeedPlan:
+    """The encoder's LFM2 backbone as SFT's decoder: padded batches run as one flat row (models/flat_rows.py: the
+    same embeddings as the padded batch), each layer compiled, no host sync inside a step."""
+    if cuda is None:
+        import torch
+
+        cuda = torch.cuda.is_available()
+    return speed.plan(resolved.training, resolved.model_id, cuda)
+
+
+def use_speed_plan(model, resolved: ResolvedConfig, console) -> speed.SpeedPlan:
+    """Apply the plan to a sentence-transformers model's LFM2 backbone; returns it (what was applied)."""
+    from leap_finetune.models import flat_rows
+    from leap_finetune.models.packed_conv import enable_exact_packing
+    from leap_finetune.models.varlen_attention import use_varlen_attention
+
+    fast = speed_plan(resolved)
+    encoder = model.transformers_model
+    line = fast.line
+    # ColBERT's query expansion scores positions its attention mask marks as padding: those must stay in place
+    expansion = any(getattr(m, "query_expansion", None) is not None for m in model.modules())
+    flat = fast.padding_free and not expansion and use_varlen_attention(encoder) is not None
+    if flat and flat_rows.enable(encoder, from_mask=True, multiple=speed.PAD_TO_MULTIPLE_OF):
+        enable_exact_packing()
+    elif fast.padding_free:
+        flat = False
+        reason = "query expansion" if expansion else "not an LFM2 backbone"
+        line = line.replace("padding-free batches", f"padded batches ({reason})")
+    if fast.compile_layers:
+        speed.compile_layers(encoder)
+    if common.is_main_process():
+        console.print(line)
+    return speed.SpeedPlan(flat, fast.compile_layers, line, fast.trainer_defaults)
 
 
 def leap_trainer(trainer_cls):
@@ -57,7 +104,7 @@ def leap_trainer(trainer_cls):
     """
     several = several_workers()
 
-    class LeapRetrievalTrainer(trainer_cls):
+    class LeapRetrievalTrainer(PendingTokensSeen, trainer_cls):
         # sentence-transformers builds its train and eval loaders through this method (pinned range, tests/e2e)
         def _build_dataloader(self, dataset, batch_size, dataset_kind):
             if several:
@@ -79,18 +126,18 @@ def leap_trainer(trainer_cls):
 
         def _track_num_input_tokens(self, inputs):
             # sentence-transformers' batches hold one `<column>_input_ids` per text column and no `input_ids`:
-            # every column's tokens are counted (the Trainer's own count finds none; pinned range, tests/e2e)
-            import torch
-
+            # every column's tokens are counted (the Trainer's own count finds none; pinned range, tests/e2e),
+            # on the device until a log or checkpoint reads them (recipes/host_syncs.py)
             mode = self.args.include_num_input_tokens_seen
-            if mode == "no":
+            if mode in ("no", False):
                 return
             suffix = "_attention_mask" if mode == "non_padding" else "_input_ids"
-            tokens = torch.zeros((), device=self.args.device, dtype=torch.int64)
-            for key, value in inputs.items():  # summed on the device: one host sync per step, not one per column
+            for key, value in inputs.items():
                 if key.endswith(suffix) and hasattr(value, "numel"):
-                    tokens += value.sum().to(tokens) if suffix == "_attention_mask" else value.numel()
-            self.state.num_input_tokens_seen += self.accelerator.gather(tokens).sum().item()
+                    if suffix == "_attention_mask":
+                        self._add_input_tokens(value.sum())
+                    else:
+                        self._add_input_tokens(value.numel())
 
         def _load_from_checkpoint(self, checkpoint_path):
             if getattr(self.model.transformers_model, "leap_lora_config", None) is None:
@@ -237,6 +284,8 @@ def _train(
 ) -> dict:
     from transformers.trainer_callback import PrinterCallback, ProgressCallback
 
+    from leap_finetune.models import flat_rows
+
     start = common.start_worker(resolved_json, args_cls, training_arguments)
     resolved, run_dir, console, args = start.resolved, start.run_dir, start.console, start.args
     train_dataset, eval_dataset = start.train_dataset, start.eval_dataset
@@ -244,6 +293,7 @@ def _train(
 
     set_seed(args.seed)  # new layers (a pooling projection, LoRA) start the same in every run of this config
     model = model_factory(resolved, console)
+    fast = use_speed_plan(model, resolved, console)
     if resolved.peft is not None:
         add_lora(model, resolved, console)
     stop_on_signal = StopOnSignal()
@@ -254,8 +304,16 @@ def _train(
         eval_dataset=eval_dataset.select_columns(["query", "positive"]) if eval_dataset is not None else None,
         loss=loss_factory(resolved, model),
         evaluator=evaluator(resolved, train_dataset, eval_dataset, multi_vector),
-        callbacks=common.standard_callbacks(resolved, run_dir, console, stop_on_signal, callbacks),
+        callbacks=common.standard_callbacks(
+            resolved,
+            run_dir,
+            console,
+            stop_on_signal,
+            [*(callbacks or []), *([speed.compile_phase(console)] if fast.compile_layers else [])],
+        ),
     )
+    if fast.padding_free:
+        trainer.data_collator = flat_rows.ColumnsCollator(trainer.data_collator, speed.PAD_TO_MULTIPLE_OF)
     trainer.remove_callback(ProgressCallback)
     trainer.remove_callback(PrinterCallback)
     main = common.is_main_process()

@@ -70,8 +70,6 @@ def plan(training: dict, model_id: str, cuda: bool, flat_batches: bool = True) -
         batches = "padded batches"
     chosen = [batches] + (["torch.compile per decoder layer"] if compile_layers else [])
     line = "speed: " + ", ".join(chosen)
-    if not flat_batches:
-        line = line.replace("padded batches", "padded batches (TRL 1.16's KTO has no padding-free batches)")
     if reason is not None and not {"padding_free", "compile_layers"} <= set(training):
         line += f" ({reason})"
     elif fast:
@@ -134,12 +132,20 @@ def compile_layers(model) -> int:
 
 
 def _decoder_layers(model):
+    if isinstance(getattr(model, "layers", None), torch_module_list()):  # a backbone (sentence-transformers' encoder)
+        return list(model.layers)
     inner = getattr(model, "model", None)
     inner = getattr(inner, "language_model", inner)  # a vision-language model: its language model's layers
     layers = getattr(inner, "layers", None)
     if layers is None:
         raise ValueError(f"{type(model).__name__} has no .model.layers to compile")
     return list(layers)
+
+
+def torch_module_list():
+    import torch
+
+    return torch.nn.ModuleList
 
 
 def compile_phase(console, steps_compiling: int = 3, steps_measured: int = 5):

@@ -462,8 +462,8 @@ def _resolve_training(model: LeapConfigModel, where: str, vision: bool = False) 
                 fix="use `compile_layers: true` (torch.compile per decoder layer; already the default for LFM2 on "
                 "a CUDA GPU)",
             )
-        if key == "compile_layers" and not isinstance(user[key], bool):
-            raise LeapError(f"training_config.compile_layers is {user[key]!r}", where=where, fix="use true or false")
+        if key in ("compile_layers", "padding_free") and key in own_keys and not isinstance(user[key], bool):
+            raise LeapError(f"training_config.{key} is {user[key]!r}", where=where, fix="use true or false")
         if key == "optimizer_precision" and key in own_keys:
             check_optimizer_precision(user, where, lora=bool(model.peft_config))
         if key not in allowed and key != "assistant_only_loss":
