@@ -229,6 +229,75 @@ def test_reserved_server_gives_the_sync_results_and_a_killed_server_is_a_counted
     assert len(predictions) == 12 and "prediction" in json.loads(predictions[0])
 
 
+class KillServerAfterReload(threading.Thread):
+    """Kills the in_place server once it has loaded a second snapshot's weights: the next snapshot finds it gone."""
+
+    def __init__(self, port: int, outputs: Path):
+        super().__init__(daemon=True)
+        self.port, self.outputs, self.killed, self.error = port, outputs, False, None
+
+    def run(self):
+        def reloaded():
+            logs = list(self.outputs.glob("*/*/benchmarks/jobs/server.log"))
+            return logs and "loaded the weights of" in logs[0].read_text(errors="replace")
+
+        try:
+            wait_until(reloaded, Watchdog(os.getpid(), what="the run"), poll_s=0.1)
+        except AssertionError as err:
+            self.error = err
+            return
+        subprocess.run(["pkill", "-9", "-f", f"serve .*--port {self.port}"])
+        self.killed = True
+
+
+@pytest.mark.slow
+def test_reserved_in_place_reload_gives_the_sync_results_from_one_server(workdir, sync_run, capfd):
+    """`weight_reload: in_place`: one evaluation server for the run, each later snapshot's weights loaded into it
+    (POST /v1/load_weights); the results keyed by step equal sync mode's at every step. A server killed between
+    snapshots is started again on the next one (said in the log), and the results still equal sync's."""
+    sync_summary, sync_scores = sync_run
+    port = _free_port()
+    killer = KillServerAfterReload(port, workdir / "outputs")
+    killer.start()
+    summary = run_config(
+        _config(
+            workdir,
+            "reserved",
+            "in_place.yaml",
+            evals={"batch_size": 4},
+            reserved={"server_port": port, "weight_reload": "in_place"},
+        )
+    )
+    killer.join(timeout=5)
+    assert killer.killed, killer.error
+    run_dir = Path(summary["run_dir"])
+    assert summary["global_step"] == 12
+    scores = _scores(run_dir)
+    failed = _failures(run_dir)
+    assert 12 in scores and len(scores) + len(failed) == 5 and len(failed) <= 1, (scores.keys(), failed)
+    for step, result in scores.items():
+        assert result == pytest.approx(sync_scores[step], rel=1e-6), step
+    # the generation benchmark is the one the server answers: its answers at the last step (a reloaded snapshot)
+    # are the sync run's. (This tiny model answers alike before and after training, so that the server really
+    # answers with the reloaded weights is shown by tests/evaluation/test_serve_reload.py, with models that differ.)
+    answers = [json.loads(line)["prediction"] for line in (run_dir / "benchmarks" / "capitals.jsonl").open()]
+    sync_run_dir = Path(sync_summary["run_dir"])
+    assert answers == [
+        json.loads(line)["prediction"] for line in (sync_run_dir / "benchmarks" / "capitals.jsonl").open()
+    ]
+    log = (run_dir / "benchmarks" / "jobs" / "server.log").read_text()
+    assert log.count("$ ") == 2  # started twice: at the first snapshot, and after the kill
+    assert log.count("loaded the weights of") >= 2 and log.count("POST /v1/load_weights") >= 2
+    assert not list((run_dir / "benchmarks" / "jobs").glob("step-*-server.log"))  # (respawn's one log per step)
+    err = " ".join(capfd.readouterr().err.split())
+    assert "the evaluation server had exited: starting the evaluation server again" in err
+    # seconds of evaluation for a fraction of a second of training between two: said once, with what to change
+    assert err.count("longer than the") == 1 and "s of training between two evaluations" in err
+    assert "Evaluate less often (a larger evals.eval_steps) or fewer rows." in err
+    left = subprocess.run(["pgrep", "-f", f"serve .*--port {port}"], capture_output=True, text=True)
+    assert left.stdout.strip() == ""  # stopped at the end of training
+
+
 @pytest.mark.slow
 def test_reserved_server_answers_image_benchmarks_with_their_images(workdir):
     """A tiny LFM2-VL trained with async_eval reserved and image benchmarks: each snapshot is saved with its

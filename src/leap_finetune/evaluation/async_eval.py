@@ -108,6 +108,9 @@ class AsyncBenchmarks(EvaluationLog):
         self.training_ended = False
         self.processor = None  # a vision-language model's, saved with each snapshot (loaded at the first)
         self.processor_loaded = False
+        self.handed: dict[int, float] = {}  # step -> when its snapshot was handed over (time.monotonic)
+        self.training_between: float | None = None  # seconds of training between the last two snapshots
+        self.said_slow = False
 
     # -- taking snapshots ------------------------------------------------------------------------------------
     def evaluate(self, when: str) -> dict:
@@ -133,6 +136,10 @@ class AsyncBenchmarks(EvaluationLog):
             self._failed(step, when, f"{type(err).__name__}: {err}", None, err)
             return {}
         self.pending.append(snapshot)
+        now = time.monotonic()
+        if self.handed and not final:
+            self.training_between = now - max(self.handed.values())
+        self.handed[step] = now
         self.console.print(
             f"evaluation of step {step} ({when}) handed to the {self.settings.mode} evaluator"
             + (f"; {len(busy)} evaluation(s) ahead of it" if busy else "")
@@ -199,7 +206,28 @@ class AsyncBenchmarks(EvaluationLog):
         if self.switched_off:
             self._cancel_waiting()
 
+    def _say_if_slower_than_training(self, step: int) -> None:
+        """Once per run: an evaluation that took longer than the training between two evaluations - they queue up
+        behind training (or are skipped) and the end of the run waits for them."""
+        took = time.monotonic() - self.handed.get(step, time.monotonic())
+        between = self.training_between
+        if self.said_slow or between is None or took <= between:
+            return
+        self.said_slow = True
+        reload = (
+            ", or `async_eval.reserved.weight_reload: in_place` (no server start per evaluation)"
+            if self.settings.mode == "reserved" and self.settings.reserved.weight_reload == "respawn"
+            else ""
+        )
+        self.console.print(
+            f"[yellow]the evaluation of step {step} took {took:.0f} s, longer than the {between:.0f} s of training "
+            f"between two evaluations: evaluations wait behind each other (on_overlap: "
+            f"{self.settings.on_overlap}) and the run's end waits for them. Evaluate less often (a larger "
+            f"evals.eval_steps) or fewer rows{reload}.[/yellow]"
+        )
+
     def _succeeded(self, snapshot: Snapshot, results: dict) -> None:
+        self._say_if_slower_than_training(snapshot.step)
         self.failures_in_a_row = 0
         self.finished[snapshot.step] = results
         current = self.trainer.state.global_step

@@ -1,6 +1,7 @@
-"""async_eval mode `reserved`: an evaluation server respawned on each snapshot on GPUs the driver kept out of
-training, and `leap-finetune eval --server` against it (run by the driver, launch/evaluator.py, on the snapshots
-rank 0 hands over)."""
+"""async_eval mode `reserved`: an evaluation server on GPUs the driver kept out of training - respawned on each
+snapshot (`weight_reload: respawn`), or started once and handed each new snapshot's weights (`in_place`) - and
+`leap-finetune eval --server` against it (run by the driver, launch/evaluator.py, on the snapshots rank 0 hands
+over)."""
 
 from __future__ import annotations
 
@@ -22,19 +23,32 @@ POLL_S = 1.0
 
 
 def use_vllm(resolved: ResolvedConfig) -> bool:
+    """vLLM serves the snapshots where it is installed, for `weight_reload: respawn`; `in_place` reloads weights
+    into leap-finetune's own server (evaluation/serve.py; vLLM's reload is not wired in yet)."""
     import importlib.util
 
-    return resolved.async_eval.vllm_gpus > 0 and importlib.util.find_spec("vllm") is not None
+    settings = resolved.async_eval
+    return (
+        settings.vllm_gpus > 0
+        and settings.reserved.weight_reload == "respawn"
+        and importlib.util.find_spec("vllm") is not None
+    )
 
 
 class ReservedServer:
     """For each snapshot: the evaluation server (vLLM where installed, else evaluation/serve.py: batched
-    generation as in sync mode) is (re)started on it (`weight_reload: respawn`) on the reserved GPUs,
-    `leap-finetune eval --server` runs against it (its log-prob benchmarks on the same GPUs), and the server is
-    stopped."""
+    generation as in sync mode) runs it on the reserved GPUs and `leap-finetune eval --server` runs against it (its
+    log-prob benchmarks on the same GPUs). `weight_reload: respawn`: a server started on each snapshot and stopped
+    after it. `in_place`: evaluation/serve.py started on the first snapshot and kept; each later snapshot's weights
+    are loaded into it (POST /v1/load_weights) - no process start, no model load on the GPU from scratch (measured
+    ~20 s per evaluation on an H200 for respawn). A server that died or refused a reload is started again on that
+    snapshot. `close()` stops it at the end of training."""
 
     def __init__(self, resolved: ResolvedConfig, run_dir: Path):
         self.devices = resolved.eval_devices or ""  # physical ids, decided by the driver ("" on CPU)
+        self.in_place = resolved.async_eval.reserved.weight_reload == "in_place"
+        self.kept = None  # the in_place server, between snapshots
+        self.reloads = 0
 
     def server_command(self, resolved: ResolvedConfig, model: Path, port: int) -> list[str]:
         from leap_finetune.evaluation.server import vllm_tool_flags
@@ -91,15 +105,26 @@ class ReservedServer:
             command=(["nice", "-n", "19"] if cpu else [])
             + self.server_command(resolved, snapshot.folder / MODEL, port),
         )
-        server_log = jobs / f"step-{snapshot.step}-server.log"
-        server = Server(spec, server_log)
+        server_log = jobs / ("server.log" if self.in_place else f"step-{snapshot.step}-server.log")
+        server = self.kept if self.in_place else None
+        if server is not None:
+            reloaded = self._reload(server, snapshot.folder / MODEL)
+            if reloaded is not True:  # (its reason is in the server's log; a fresh server gets the snapshot)
+                print(f"leap-finetune: {reloaded}: starting the evaluation server again", file=sys.stderr)
+                server.stop()
+                server = self.kept = None
+        fresh = server is None
+        if fresh:
+            server = Server(spec, server_log)
         try:
-            try:
-                server.start()
-                server.wait_healthy()
-            except LeapError as err:
-                said = err.message.splitlines()[0].removeprefix("the evaluation server ")
-                return Outcome(reason=f"the evaluation server {said}", log=server_log)
+            if fresh:
+                try:
+                    server.start()
+                    server.wait_healthy()
+                except LeapError as err:
+                    said = err.message.splitlines()[0].removeprefix("the evaluation server ")
+                    return Outcome(reason=f"the evaluation server {said}", log=server_log)
+                self.kept = server if self.in_place else None
             log = jobs / f"step-{snapshot.step}.log"
             command = (["nice", "-n", "19"] if cpu else []) + [
                 sys.executable,
@@ -137,7 +162,38 @@ class ReservedServer:
                 reason=f"leap-finetune eval exited with code {client.returncode}{alive}: {_last_line(log)}", log=log
             )
         finally:
-            server.stop()
+            if server is not self.kept:
+                server.stop()
+
+    def _reload(self, server, model: Path) -> bool | str:
+        """True when the kept server took `model`'s weights; otherwise why not."""
+        import urllib.error
+        import urllib.request
+
+        if server.process is None or server.process.poll() is not None:
+            return "the evaluation server had exited"
+        request = urllib.request.Request(
+            f"{server.url}/v1/load_weights",
+            data=json.dumps({"model": str(model)}).encode(),
+            headers={"Content-Type": "application/json"},
+        )
+        try:
+            with urllib.request.urlopen(request, timeout=self.reload_timeout_s) as answer:
+                json.loads(answer.read())
+        except urllib.error.HTTPError as err:
+            return f"the evaluation server refused the weights of {model} ({err.code}: {err.read()[:300]!r})"
+        except (urllib.error.URLError, OSError, ValueError) as err:
+            return f"the evaluation server did not load the weights of {model}: {err}"
+        self.reloads += 1
+        return True
+
+    reload_timeout_s = 600.0
+
+    def close(self) -> None:
+        """The in_place server stopped (the end of training)."""
+        if self.kept is not None:
+            self.kept.stop()
+            self.kept = None
 
 
 def _last_line(log: Path) -> str:

@@ -8,7 +8,10 @@ Why our own: `transformers serve` answers one request at a time for LFM2 (its co
 cache for LFM2's convolution layers: "Invalid layer type: conv"), so a 200-row benchmark took 148 s on an
 H200 where sync mode's batched generation takes ~11 s. Here requests that arrive together are generated
 together (up to --batch-size), with the tokenizer's chat template (the snapshot's is the one the benchmarks
-render with). Endpoints: GET /health, GET /v1/models, POST /v1/chat/completions (non-streaming).
+render with). Endpoints: GET /health, GET /v1/models, POST /v1/chat/completions (non-streaming), and
+POST /v1/load_weights {"model": FOLDER}: the weights of another folder of the same architecture (the next
+snapshot of a run) loaded into the running model, between two batches (`async_eval.reserved.weight_reload:
+in_place`: no new process, no second model in GPU memory).
 
 A vision-language model (LFM2-VL) also takes OpenAI image parts (`{"type": "image_url", "image_url": {"url":
 ...}}`: a base64 `data:` URI, an http(s) URL or a local path): each becomes `<image>` in the text and the model's
@@ -102,6 +105,7 @@ class BatchedGenerator:
         self.model, self.tokenizer, self.batch_size, self.gather_s = model, tokenizer, batch_size, gather_s
         self.processor = processor
         self.requests: queue.Queue = queue.Queue()
+        self.lock = threading.Lock()  # held while a batch generates; a weight reload waits for it
         threading.Thread(target=self._loop, daemon=True, name="leap-serve").start()
 
     def submit(
@@ -125,8 +129,9 @@ class BatchedGenerator:
             groups: dict[tuple, list] = {}
             for item in batch:
                 groups.setdefault(tuple(sorted(item[1].items())), []).append(item)
-            for key, items in groups.items():
-                self._generate(dict(key), items)
+            with self.lock:
+                for key, items in groups.items():
+                    self._generate(dict(key), items)
 
     def _generate(self, options: dict, items: list) -> None:
         from leap_finetune.evaluation.generation import generate
@@ -183,6 +188,51 @@ def tool_call_message(answer: str) -> tuple[dict, str]:
     return {"role": "assistant", "content": text or None, "tool_calls": calls}, "tool_calls"
 
 
+def load_weights(generator: BatchedGenerator, folder: str) -> dict:
+    """The weights of `folder` (a from_pretrained folder of the served architecture) copied into the served model,
+    in place, between two batches; the tokenizer (its chat template) re-read too. Raises BadRequest, naming what
+    differs, for a folder that is not one of the same model - the served weights are then unchanged."""
+    import torch
+
+    from leap_finetune.models.loading import load_model, load_tokenizer
+
+    start = time.perf_counter()
+    try:
+        tokenizer = load_tokenizer(folder, {})
+        # read on the CPU in the served dtype: one more copy in host memory, none on the GPU
+        dtype = next(generator.model.parameters()).dtype
+        new = load_model(folder, tokenizer, {}, dtype=dtype)
+    except Exception as err:  # noqa: BLE001 - a missing or unreadable folder is the caller's mistake
+        raise BadRequest(f"cannot load the weights of {folder!r}: {getattr(err, 'message', err)}") from None
+    served = generator.model.state_dict()
+    incoming = new.state_dict()
+    missing, extra = sorted(set(served) - set(incoming)), sorted(set(incoming) - set(served))
+    shapes = [k for k in set(served) & set(incoming) if served[k].shape != incoming[k].shape]
+    shared: dict[int, str] = {}
+    for key, value in served.items():  # tied weights (the embeddings and the LM head): one tensor served
+        first = shared.setdefault(value.data_ptr(), key)
+        if first != key and not shapes and key in incoming and first in incoming:
+            if not torch.equal(incoming[first], incoming[key]):
+                shapes.append(f"{key} (tied to {first} in the served model, not in the folder)")
+    if missing or extra or shapes:
+        what = (
+            f"missing {missing[:3]}"
+            if missing
+            else f"unexpected {extra[:3]}"
+            if extra
+            else f"other shapes for {sorted(shapes)[:3]}"
+        )
+        raise BadRequest(f"{folder!r} is not a model of the served architecture ({what}); nothing was loaded")
+    with generator.lock, torch.no_grad():
+        for key, value in served.items():
+            value.copy_(incoming[key], non_blocking=True)
+        if value.is_cuda:
+            torch.cuda.synchronize()
+        generator.tokenizer = tokenizer
+    del new, incoming
+    return {"model": folder, "tensors": len(served), "seconds": round(time.perf_counter() - start, 3)}
+
+
 def build_app(
     model_dir: str, generator: BatchedGenerator, default_max_tokens: int = 256, *, no_images: str | None = None
 ):
@@ -193,10 +243,24 @@ def build_app(
 
     app = FastAPI()
     name = model_dir
+    loaded = {"model": model_dir, "reloads": 0}
 
     @app.get("/health")
     def health():
-        return {"status": "ok"}
+        return {"status": "ok", "weights": loaded["model"], "reloads": loaded["reloads"]}
+
+    @app.post("/v1/load_weights")
+    async def reload(body: dict):
+        folder = body.get("model") if isinstance(body, dict) else None
+        if not isinstance(folder, str) or not folder:
+            raise HTTPException(status_code=400, detail='expected {"model": "<a model folder>"}')
+        try:
+            answer = await asyncio.to_thread(load_weights, generator, folder)
+        except BadRequest as err:
+            raise HTTPException(status_code=400, detail=str(err)) from None
+        loaded.update(model=folder, reloads=loaded["reloads"] + 1)
+        print(f"loaded the weights of {folder} in {answer['seconds']:.2f} s", file=sys.stderr, flush=True)
+        return answer
 
     @app.get("/v1/models")
     def models():

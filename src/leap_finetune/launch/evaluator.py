@@ -51,6 +51,8 @@ class DriverEvaluator:
         self.closing.set()
         self.thread.join()
         self.heart.join()
+        if hasattr(self.run, "close"):  # (the reserved server kept between snapshots: weight_reload in_place)
+            self.run.close()
         shutil.rmtree(self.snapshots, ignore_errors=True)  # (rank 0 has taken every outcome it waited for)
 
     def _loop(self) -> None:

@@ -59,9 +59,12 @@ def _evaluation_processes(devices: DevicePlan, resolved) -> list[dict]:
         ]
     env = {"CUDA_VISIBLE_DEVICES": ",".join(map(str, devices.eval)), **NO_MULTICAST} if devices.eval else {}
     port = settings.reserved.server_port
+    in_place = settings.reserved.weight_reload == "in_place"
     return [
         {
-            "name": "evaluation server (respawned by the driver on each snapshot)",
+            "name": "evaluation server (started once; each snapshot's weights loaded into it)"
+            if in_place
+            else "evaluation server (respawned by the driver on each snapshot)",
             "node": 0,
             "env": env,
             "command": [
@@ -71,7 +74,7 @@ def _evaluation_processes(devices: DevicePlan, resolved) -> list[dict]:
                 f"{snapshot}/model",
                 "--port",
                 str(port),
-                "(vLLM if installed)",
+                *([] if in_place else ["(vLLM if installed)"]),
                 "+",
                 "leap-finetune",
                 "eval",

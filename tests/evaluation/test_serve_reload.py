@@ -1,0 +1,165 @@
+"""leap-finetune's evaluation server (evaluation/serve.py) loading another folder's weights while it runs
+(`POST /v1/load_weights`, what `async_eval.reserved.weight_reload: in_place` sends each snapshot): a real server
+process on 127.0.0.1, real tiny models. After a reload the server answers as the new model does (greedy answers
+equal to in-process generation with that model); a folder of another architecture, a missing folder or a bad body is
+refused with what is wrong and the served weights stay; requests in flight during a reload are all answered."""
+
+from __future__ import annotations
+
+import json
+import subprocess
+import sys
+import urllib.error
+import urllib.request
+from concurrent.futures import ThreadPoolExecutor
+from pathlib import Path
+
+import pytest
+import torch
+
+from tests.watchdog import Watchdog, wait_until
+
+PROMPTS = ["Name a colour.", "What is two plus two?", "Say hello."]
+
+
+def _folder(path: Path, seed: int, **arch) -> Path:
+    """A tiny LFM2 with its own random weights (`seed`) and, optionally, another architecture."""
+    from transformers import Lfm2Config, Lfm2ForCausalLM
+
+    from leap_finetune.models.lfm2_keys import add_original_lfm2_keys
+    from leap_finetune.models.tiny import TINY_ARCH, load_tiny_tokenizer
+
+    tokenizer = load_tiny_tokenizer("tiny-lfm2")
+    config = Lfm2Config(
+        vocab_size=len(tokenizer),
+        bos_token_id=tokenizer.bos_token_id,
+        eos_token_id=tokenizer.eos_token_id,
+        pad_token_id=tokenizer.pad_token_id,
+        tie_word_embeddings=True,
+        **{**TINY_ARCH, **arch},
+    )
+    torch.manual_seed(seed)
+    model = Lfm2ForCausalLM(config)
+    with torch.no_grad():  # (peaked logits over tokens that print: a random model's greedy answer is text, not "")
+        embeddings = model.get_input_embeddings().weight
+        embeddings.mul_(20)
+        blank = [i for i in range(len(tokenizer)) if not tokenizer.decode([i], skip_special_tokens=True).strip()]
+        embeddings[blank] = 0
+    add_original_lfm2_keys(model.config)
+    model.save_pretrained(path)
+    tokenizer.save_pretrained(path)
+    return path
+
+
+def _expected(folder: Path) -> list[str]:
+    """What generation in this process answers with the folder's model (greedy, as the server's requests ask)."""
+    from leap_finetune.evaluation.generation import generate
+    from leap_finetune.models.loading import load_model, load_tokenizer
+
+    tokenizer = load_tokenizer(str(folder), {})
+    model = load_model(str(folder), tokenizer, {}, dtype=torch.float32).eval()
+    prompts = [
+        tokenizer.apply_chat_template([{"role": "user", "content": p}], tokenize=False, add_generation_prompt=True)
+        for p in PROMPTS
+    ]
+    return generate(model, tokenizer, prompts, max_new_tokens=12, batch_size=1, do_sample=False)
+
+
+def _post(url: str, body: dict) -> tuple[int, dict]:
+    request = urllib.request.Request(url, data=json.dumps(body).encode(), headers={"Content-Type": "application/json"})
+    try:
+        with urllib.request.urlopen(request, timeout=120) as answer:
+            return answer.status, json.loads(answer.read())
+    except urllib.error.HTTPError as err:
+        return err.code, json.loads(err.read())
+
+
+def _ask(url: str, prompt: str) -> str:
+    body = {"messages": [{"role": "user", "content": prompt}], "max_tokens": 12, "temperature": 0}
+    status, answer = _post(f"{url}/v1/chat/completions", body)
+    assert status == 200, answer
+    return answer["choices"][0]["message"]["content"]
+
+
+@pytest.fixture
+def server(tmp_path):
+    import socket
+
+    first = _folder(tmp_path / "first", seed=1)
+    with socket.socket() as probe:
+        probe.bind(("127.0.0.1", 0))
+        port = probe.getsockname()[1]
+    log = (tmp_path / "server.log").open("wb")
+    process = subprocess.Popen(
+        [
+            sys.executable,
+            "-m",
+            "leap_finetune.evaluation.serve",
+            str(first),
+            "--port",
+            str(port),
+            "--device",
+            "cpu",
+            "--batch-size",
+            "1",
+        ],  # fmt: skip
+        stdout=log,
+        stderr=subprocess.STDOUT,
+    )
+    url = f"http://127.0.0.1:{port}"
+
+    def healthy():
+        try:
+            with urllib.request.urlopen(f"{url}/health", timeout=2) as answer:
+                return answer.status == 200
+        except OSError:
+            return False
+
+    try:
+        wait_until(healthy, Watchdog(process.pid, what="the evaluation server"), poll_s=0.2)
+        yield url, first, tmp_path
+    finally:
+        process.terminate()
+        process.wait(timeout=30)
+        log.close()
+
+
+def test_the_server_answers_as_the_reloaded_model_and_refuses_other_models(server):
+    url, first, folder = server
+    second = _folder(folder / "second", seed=2)
+    before = [_ask(url, p) for p in PROMPTS]
+    assert before == _expected(first)
+    status, answer = _post(f"{url}/v1/load_weights", {"model": str(second)})
+    assert status == 200 and answer["model"] == str(second) and answer["tensors"] > 0, answer
+    after = [_ask(url, p) for p in PROMPTS]
+    assert after == _expected(second) and after != before
+    with urllib.request.urlopen(f"{url}/health") as health:
+        assert json.loads(health.read()) == {"status": "ok", "weights": str(second), "reloads": 1}
+
+    # refused, the served weights kept: another architecture, a missing folder, a body without a folder
+    wider = _folder(folder / "wider", seed=3, hidden_size=64, intermediate_size=192)
+    status, answer = _post(f"{url}/v1/load_weights", {"model": str(wider)})
+    assert status == 400 and "is not a model of the served architecture (other shapes for" in answer["detail"]
+    assert "nothing was loaded" in answer["detail"]
+    status, answer = _post(f"{url}/v1/load_weights", {"model": str(folder / "nowhere")})
+    assert status == 400 and "cannot load the weights of" in answer["detail"] and "nowhere" in answer["detail"]
+    status, answer = _post(f"{url}/v1/load_weights", {"folder": str(second)})
+    assert status == 400 and answer["detail"] == 'expected {"model": "<a model folder>"}'
+    assert [_ask(url, p) for p in PROMPTS] == after
+
+
+def test_requests_in_flight_during_a_reload_are_all_answered(server):
+    """A reload waits for the batch being generated, and the batches after it use the new weights: every answer
+    is one of the two models' own answers (never a mix, never an error)."""
+    url, first, folder = server
+    second = _folder(folder / "second", seed=2)
+    old, new = _expected(first), _expected(second)
+    with ThreadPoolExecutor(8) as pool:
+        asked = [pool.submit(_ask, url, p) for p in PROMPTS * 3]
+        reload = pool.submit(_post, f"{url}/v1/load_weights", {"model": str(second)})
+        answers = [future.result() for future in asked]
+        assert reload.result()[0] == 200
+    for prompt, answer in zip(PROMPTS * 3, answers, strict=True):
+        index = PROMPTS.index(prompt)
+        assert answer in (old[index], new[index])
+    assert [_ask(url, p) for p in PROMPTS] == new
