@@ -277,6 +277,35 @@ ROUND_ONE = {
     "dataloader_pin_memory": False,
     "accelerator_config": {"non_blocking": False},
 }
+
+
+def liger_layer_kernels():
+    """Liger's RMSNorm and SwiGLU kernels (liger-kernel 0.8.5) in LFM2's norms and MLPs, used as functions: Liger has
+    no LFM2 patch, and TRL 1.16 refuses its fused linear cross entropy (it replaces the fused LM head). Inside the
+    compiled layers. Returns the undo."""
+    import torch
+    from liger_kernel.ops.rms_norm import LigerRMSNormFunction
+    from liger_kernel.ops.swiglu import LigerSiLUMulFunction
+    from transformers.models.lfm2 import modeling_lfm2
+
+    saved = (modeling_lfm2.Lfm2RMSNorm.forward, modeling_lfm2.Lfm2MLP.forward)
+
+    def norm(self, hidden_states):
+        # LFM2's norm: float32 statistics, cast back, then the weight (liger's "llama" casting mode)
+        weight = self.weight.to(hidden_states.dtype) if torch.is_autocast_enabled() else self.weight
+        return LigerRMSNormFunction.apply(hidden_states, weight, self.variance_epsilon, 0.0, "llama", False)
+
+    def mlp(self, x):
+        return self.w2(LigerSiLUMulFunction.apply(self.w1(x), self.w3(x)))
+
+    modeling_lfm2.Lfm2RMSNorm.forward, modeling_lfm2.Lfm2MLP.forward = norm, mlp
+
+    def undo():
+        modeling_lfm2.Lfm2RMSNorm.forward, modeling_lfm2.Lfm2MLP.forward = saved
+
+    return undo
+
+
 VARIANTS = {
     # name: (label, training_config overrides on top of DEFAULT_SFT[, patch returning its undo])
     "default": ("leap default", {}),
@@ -292,6 +321,7 @@ VARIANTS = {
         {"optimizer_precision": "bf16_kahan"},
         torchao_stochastic_rounding,
     ),
+    "liger": ("default with Liger's RMSNorm and SwiGLU kernels", {}, liger_layer_kernels),
     "padded": ("padded batches (the previous default)", OFF),
     "padding-free": ("padding-free + varlen attention", {"padding_free": True, "compile_layers": False}),
     "packing": ("packing (bfd) + varlen attention", {"packing": True, "compile_layers": False}),

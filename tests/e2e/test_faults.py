@@ -182,6 +182,7 @@ def test_config_changes_on_resume_are_refused_or_applied_from_the_resumed_step(d
     for change, shown in (
         ({"learning_rate": 1e-3}, "learning_rate: 0.002 -> 0.001"),
         ({"lr_scheduler_type": "cosine"}, "lr_scheduler_type: 'linear' -> 'cosine'"),
+        ({"adam_beta2": 0.95}, "adam_beta2: (not set) -> 0.95"),  # (a key one side leaves out: not `None`)
     ):
         with pytest.raises(LeapError, match="changes how the run") as info:
             validate_config(

@@ -61,6 +61,7 @@ def _train(folder, name, lr, steps=8, **training):
     config["project_name"] = name
     summary = run_config(write_config(folder, config, f"{name}.yaml"), callbacks=[weights])
     losses = [m["loss"] for m in map(json.loads, open(f"{summary['run_dir']}/metrics.jsonl")) if "loss" in m]
+    weights.log = open(f"{summary['run_dir']}/train.log").read()
     return weights, losses
 
 
@@ -68,6 +69,8 @@ def test_bf16_kahan_trains_bf16_weights_and_keeps_the_updates_bf16_drops(chat_da
     kahan, losses = _train(chat_data, "kahan", 3e-3, steps=10, optimizer_precision="bf16_kahan")
     assert kahan.dtypes == {torch.bfloat16} and kahan.optimizer.startswith("optimi")
     assert losses[-1] < losses[0] * 0.8  # it learns
+    # the run log says what trains (not "float32"): bf16 weights and the optimizer that keeps them exact
+    assert "bf16 weights, torch-optimi AdamW with Kahan summation (optimizer_precision: bf16_kahan)" in kahan.log
     # lr 3e-6: each step's update is below bf16's resolution for almost every weight. Plain bf16 weights drop it;
     # the Kahan buffer carries it until it adds up to a representable change.
     plain, _ = _train(chat_data, "bf16", 3e-6, model_init_kwargs={"dtype": "bfloat16"})
@@ -80,6 +83,7 @@ def test_bf16_kahan_trains_bf16_weights_and_keeps_the_updates_bf16_drops(chat_da
     ("training", "message", "fix"),
     [
         ({"optimizer_precision": "bf16"}, "optimizer_precision is 'bf16'", "bf16_kahan"),
+        ({"optimizer_precision": "BF16_KAHAN"}, "optimizer_precision is 'BF16_KAHAN'", "did you mean 'bf16_kahan'?"),
         (
             {"optimizer_precision": "bf16_kahan", "model_init_kwargs": {"dtype": "float32"}},
             "dtype",

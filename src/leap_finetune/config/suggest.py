@@ -10,6 +10,9 @@ from leap_finetune.methods import METHODS
 
 def did_you_mean(word: str, choices: Iterable[str]) -> str:
     choices = list(dict.fromkeys(choices))
+    same = [c for c in choices if c.lower() == word.lower() and c != word]
+    if same:  # `BF16_KAHAN` -> `bf16_kahan`
+        return f"did you mean '{same[0]}'?"
     longer = [c for c in choices if c.startswith(word) and c != word]
     if len(word) >= 3 and longer:  # `adamw` -> `adamw_torch` (the first, in the library's own order)
         return f"did you mean '{longer[0]}'?"

@@ -354,7 +354,7 @@ def check_resume_matches(
     )
     refused = {k: v for k, v in changed.items() if allow != ["all"] and k.removeprefix("training_config.") not in allow}
     if refused:
-        listed = "; ".join(f"{name}: {old!r} -> {new!r}" for name, (old, new) in list(refused.items())[:6])
+        listed = "; ".join(f"{name}: {_shown(old)} -> {_shown(new)}" for name, (old, new) in list(refused.items())[:6])
         names = ", ".join(k.removeprefix("training_config.") for k in refused)
         raise LeapError(
             f"this config changes how the run at {plan.run_dir} trains: {listed}",
@@ -364,6 +364,11 @@ def check_resume_matches(
             "resume_changes.json and model card)",
         )
     return changed
+
+
+def _shown(value) -> str:
+    """A setting's value in a resume refusal; a key one side does not set says so (not `None`)."""
+    return "(not set)" if value is None else repr(value)
 
 
 def record_changes(plan: RunPlan, changed: dict) -> None:

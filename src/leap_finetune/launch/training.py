@@ -138,4 +138,11 @@ def print_start(console: Console, resolved: ResolvedConfig, prepared: PreparedDa
         if {"bf16", "fp16"} & set(resolved.training)
         else "chosen automatically" + ("; float32 on a GPU without bf16" if devices.use_gpu else "")
     )
+    from leap_finetune.config.precision import keeps_bf16_weights
+
+    optimizer_precision = resolved.training.get("optimizer_precision")
+    if keeps_bf16_weights(optimizer_precision):  # (recipes/optimizers.py: the weights themselves are bf16)
+        precision = (
+            f"bf16 weights, torch-optimi AdamW with Kahan summation (optimizer_precision: {optimizer_precision})"
+        )
     console.print(f"device: {'cpu' if args.get('use_cpu') else 'gpu'}, {precision} ({chosen})")

@@ -70,8 +70,15 @@ def plan(training: dict, model_id: str, cuda: bool, flat_batches: bool = True) -
         batches = "padded batches"
     chosen = [batches] + (["torch.compile per decoder layer"] if compile_layers else [])
     line = "speed: " + ", ".join(chosen)
-    if reason is not None and not {"padding_free", "compile_layers"} <= set(training):
-        line += f" ({reason})"
+    if reason is not None:
+        unset = [key for key in ("padding_free", "compile_layers") if key not in training]
+        given = [
+            f"{key}: {str(training[key]).lower()}" for key in ("padding_free", "compile_layers") if key in training
+        ]
+        said = ([f"{' and '.join(unset)} off: {reason}"] if unset else []) + (
+            [f"{', '.join(given)} as set"] if given else []
+        )
+        line += f" ({'; '.join(said)})"
     elif fast:
         line += (
             " (padding_free / compile_layers: false turn them off)"
