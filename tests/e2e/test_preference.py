@@ -118,7 +118,11 @@ def test_padding_free_rows_train_like_padded_batches_step_by_step(workdir, monke
             data["peft_config"] = {"extends": "DEFAULT_LORA", "r": 8, "lora_alpha": 16, "lora_dropout": 0.0}
         config.write_text(yaml.safe_dump(data))
         runs[padding_free] = metrics(run_config(config))
+        if not padding_free:
+            assert not seen  # (padding_free: false runs padded batches)
     assert seen and all(shape[0] == 1 and shape[1] % 8 == 0 and end == shape[1] for shape, end in seen)
+    # every call of a step ran flat: DPO the policy and the reference; KTO also their KL completions (4 per step)
+    assert len(seen) >= (4 if kind == "kto" else 2) * 6
     keys = ("loss", "rewards/chosen", "rewards/rejected", "eval_loss", "eval_rewards/margins", "kl", "eval_kl")
     for flat, padded in zip(runs[True], runs[False], strict=True):
         assert {k: flat[k] for k in keys if k in padded} == pytest.approx(

@@ -290,7 +290,9 @@ def test_reserved_in_place_reload_gives_the_sync_results_from_one_server(workdir
     assert log.count("loaded the weights of") >= 2 and log.count("POST /v1/load_weights") >= 2
     assert not list((run_dir / "benchmarks" / "jobs").glob("step-*-server.log"))  # (respawn's one log per step)
     err = " ".join(capfd.readouterr().err.split())
-    assert "the evaluation server had exited: starting the evaluation server again" in err
+    # killed after a reload: that snapshot's evaluation failed (the kept server then dropped) or, had it finished
+    # first, the next snapshot found the server gone - either way a new one was started
+    assert len(failed) == 1 or "the evaluation server had exited: starting the evaluation server again" in err
     # seconds of evaluation for a fraction of a second of training between two: said once, with what to change
     assert err.count("longer than the") == 1 and "s of training between two evaluations" in err
     assert "Evaluate less often (a larger evals.eval_steps) or fewer rows." in err

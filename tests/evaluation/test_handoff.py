@@ -37,7 +37,9 @@ def _until(condition, timeout: float = 20.0) -> None:
 @pytest.fixture
 def evaluator(tmp_path):
     """The driver's evaluator of a run folder (reserved mode), its evaluation replaced by `calls`' function."""
-    resolved = SimpleNamespace(async_eval=SimpleNamespace(mode="reserved"), eval_devices="")
+    resolved = SimpleNamespace(
+        async_eval=SimpleNamespace(mode="reserved", reserved=SimpleNamespace(weight_reload="respawn")), eval_devices=""
+    )
     driver = DriverEvaluator(resolved, tmp_path)
     driver.calls = []
 

@@ -7,6 +7,7 @@ refused with what is wrong and the served weights stay; requests in flight durin
 from __future__ import annotations
 
 import json
+import os
 import subprocess
 import sys
 import urllib.error
@@ -51,7 +52,7 @@ def _folder(path: Path, seed: int, **arch) -> Path:
     return path
 
 
-def _expected(folder: Path) -> list[str]:
+def _expected(folder: Path, tokens: int = 12) -> list[str]:
     """What generation in this process answers with the folder's model (greedy, as the server's requests ask)."""
     from leap_finetune.evaluation.generation import generate
     from leap_finetune.models.loading import load_model, load_tokenizer
@@ -62,7 +63,7 @@ def _expected(folder: Path) -> list[str]:
         tokenizer.apply_chat_template([{"role": "user", "content": p}], tokenize=False, add_generation_prompt=True)
         for p in PROMPTS
     ]
-    return generate(model, tokenizer, prompts, max_new_tokens=12, batch_size=1, do_sample=False)
+    return generate(model, tokenizer, prompts, max_new_tokens=tokens, batch_size=1, do_sample=False)
 
 
 def _post(url: str, body: dict) -> tuple[int, dict]:
@@ -74,8 +75,8 @@ def _post(url: str, body: dict) -> tuple[int, dict]:
         return err.code, json.loads(err.read())
 
 
-def _ask(url: str, prompt: str) -> str:
-    body = {"messages": [{"role": "user", "content": prompt}], "max_tokens": 12, "temperature": 0}
+def _ask(url: str, prompt: str, tokens: int = 12) -> str:
+    body = {"messages": [{"role": "user", "content": prompt}], "max_tokens": tokens, "temperature": 0}
     status, answer = _post(f"{url}/v1/chat/completions", body)
     assert status == 200, answer
     return answer["choices"][0]["message"]["content"]
@@ -135,6 +136,8 @@ def test_the_server_answers_as_the_reloaded_model_and_refuses_other_models(serve
     assert after == _expected(second) and after != before
     with urllib.request.urlopen(f"{url}/health") as health:
         assert json.loads(health.read()) == {"status": "ok", "weights": str(second), "reloads": 1}
+    with urllib.request.urlopen(f"{url}/v1/models") as models:
+        assert json.loads(models.read())["data"][0]["id"] == str(second)
 
     # refused, the served weights kept: another architecture, a missing folder, a body without a folder
     wider = _folder(folder / "wider", seed=3, hidden_size=64, intermediate_size=192)
@@ -149,17 +152,27 @@ def test_the_server_answers_as_the_reloaded_model_and_refuses_other_models(serve
 
 
 def test_requests_in_flight_during_a_reload_are_all_answered(server):
-    """A reload waits for the batch being generated, and the batches after it use the new weights: every answer
-    is one of the two models' own answers (never a mix, never an error)."""
+    """A reload sent while requests queue (one batch of one generating, the others waiting) waits for the batch being
+    generated, and the batches after it use the new weights: every answer is one of the two models' own answers
+    (never a mix, never an error), and the server's log shows batches before and after the reload."""
     url, first, folder = server
     second = _folder(folder / "second", seed=2)
-    old, new = _expected(first), _expected(second)
+    old, new = _expected(first, 64), _expected(second, 64)
+    log = folder / "server.log"
     with ThreadPoolExecutor(8) as pool:
-        asked = [pool.submit(_ask, url, p) for p in PROMPTS * 3]
+        asked = [pool.submit(_ask, url, p, 64) for p in PROMPTS * 3]
+        wait_until(
+            lambda: "generated 1 answer" in log.read_text(errors="replace"),
+            Watchdog(os.getpid(), what="the evaluation server"),
+        )
         reload = pool.submit(_post, f"{url}/v1/load_weights", {"model": str(second)})
         answers = [future.result() for future in asked]
         assert reload.result()[0] == 200
     for prompt, answer in zip(PROMPTS * 3, answers, strict=True):
         index = PROMPTS.index(prompt)
         assert answer in (old[index], new[index])
-    assert [_ask(url, p) for p in PROMPTS] == new
+    assert any(a == new[PROMPTS.index(p)] for p, a in zip(PROMPTS * 3, answers, strict=True))
+    lines = log.read_text(errors="replace").splitlines()
+    loaded = next(i for i, line in enumerate(lines) if "loaded the weights of" in line)
+    assert any("generated 1 answer" in line for line in lines[:loaded])
+    assert any("generated 1 answer" in line for line in lines[loaded:])

@@ -199,19 +199,19 @@ class AsyncBenchmarks(EvaluationLog):
             snapshot = self.pending.pop(0)
             self.epoch = snapshot.epoch
             if outcome.results is not None:
-                self._succeeded(snapshot, outcome.results)
+                self._succeeded(snapshot, outcome.results, outcome.seconds)
             elif not self.switched_off:
                 self._failed(snapshot.step, snapshot.when, outcome.reason, outcome.log)
             handoff.remove(snapshot.folder)
         if self.switched_off:
             self._cancel_waiting()
 
-    def _say_if_slower_than_training(self, step: int) -> None:
-        """Once per run: an evaluation that took longer than the training between two evaluations - they queue up
-        behind training (or are skipped) and the end of the run waits for them."""
-        took = time.monotonic() - self.handed.get(step, time.monotonic())
+    def _say_if_slower_than_training(self, step: int, took: float | None) -> None:
+        """Once per run: an evaluation that took longer (by itself: not its wait in the queue, nor a server's start)
+        than the training between two evaluations - they queue up behind training (or are skipped) and the end of
+        the run waits for them."""
         between = self.training_between
-        if self.said_slow or between is None or took <= between:
+        if self.said_slow or took is None or between is None or took <= between:
             return
         self.said_slow = True
         reload = (
@@ -226,8 +226,8 @@ class AsyncBenchmarks(EvaluationLog):
             f"evals.eval_steps) or fewer rows{reload}.[/yellow]"
         )
 
-    def _succeeded(self, snapshot: Snapshot, results: dict) -> None:
-        self._say_if_slower_than_training(snapshot.step)
+    def _succeeded(self, snapshot: Snapshot, results: dict, seconds: float | None = None) -> None:
+        self._say_if_slower_than_training(snapshot.step, seconds)
         self.failures_in_a_row = 0
         self.finished[snapshot.step] = results
         current = self.trainer.state.global_step

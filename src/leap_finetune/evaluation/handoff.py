@@ -76,7 +76,12 @@ def remove(folder: Path) -> None:
 
 def answer(folder: Path, outcome: Outcome) -> bool:
     """The outcome written beside the snapshot; False when it could not be (a full disk: the driver tries again)."""
-    record = {"results": outcome.results, "reason": outcome.reason, "log": str(outcome.log) if outcome.log else None}
+    record = {
+        "results": outcome.results,
+        "reason": outcome.reason,
+        "log": str(outcome.log) if outcome.log else None,
+        "seconds": outcome.seconds,
+    }
     try:
         write_atomic(folder / OUTCOME, json.dumps(record))
     except FileNotFoundError:
@@ -91,7 +96,12 @@ def answered(folder: Path) -> Outcome | None:
         data = json.loads((folder / OUTCOME).read_text(encoding="utf-8"))
     except (OSError, ValueError):
         return None
-    return Outcome(results=data["results"], reason=data["reason"], log=Path(data["log"]) if data["log"] else None)
+    return Outcome(
+        results=data["results"],
+        reason=data["reason"],
+        log=Path(data["log"]) if data["log"] else None,
+        seconds=data.get("seconds"),
+    )
 
 
 def ask_to_stop(snapshots: Path) -> None:

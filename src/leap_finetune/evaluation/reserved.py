@@ -108,7 +108,9 @@ class ReservedServer:
         server_log = jobs / ("server.log" if self.in_place else f"step-{snapshot.step}-server.log")
         server = self.kept if self.in_place else None
         if server is not None:
-            reloaded = self._reload(server, snapshot.folder / MODEL)
+            reloaded = self._reload(server, snapshot.folder / MODEL, settings.reserved.start_timeout_s, stop)
+            if stop.is_set():
+                return Outcome(reason="stopped (training ended)", log=server_log)
             if reloaded is not True:  # (its reason is in the server's log; a fresh server gets the snapshot)
                 print(f"leap-finetune: {reloaded}: starting the evaluation server again", file=sys.stderr)
                 server.stop()
@@ -125,6 +127,7 @@ class ReservedServer:
                     said = err.message.splitlines()[0].removeprefix("the evaluation server ")
                     return Outcome(reason=f"the evaluation server {said}", log=server_log)
                 self.kept = server if self.in_place else None
+            started = time.monotonic()  # (the evaluation's own time: the server's start left out)
             log = jobs / f"step-{snapshot.step}.log"
             command = (["nice", "-n", "19"] if cpu else []) + [
                 sys.executable,
@@ -156,8 +159,11 @@ class ReservedServer:
                     time.sleep(POLL_S / 2)
             results = snapshot.folder / "results.json"
             if client.returncode == 0 and results.exists():
-                return Outcome(results=json.loads(results.read_text(encoding="utf-8"))["results"], log=log)
+                results = json.loads(results.read_text(encoding="utf-8"))["results"]
+                return Outcome(results=results, log=log, seconds=time.monotonic() - started)
             alive = "" if server.process.poll() is None else f"; the server had exited (log: {server_log})"
+            if self.kept is server:  # (a kept server that failed an evaluation is not trusted with the next one)
+                self.kept = None
             return Outcome(
                 reason=f"leap-finetune eval exited with code {client.returncode}{alive}: {_last_line(log)}", log=log
             )
@@ -165,35 +171,57 @@ class ReservedServer:
             if server is not self.kept:
                 server.stop()
 
-    def _reload(self, server, model: Path) -> bool | str:
-        """True when the kept server took `model`'s weights; otherwise why not."""
-        import urllib.error
-        import urllib.request
-
+    def _reload(self, server, model: Path, timeout_s: float, stop: threading.Event) -> bool | str:
+        """True when the kept server took `model`'s weights; otherwise why not. The request runs beside a loop that
+        gives up when training ends (`stop`), the server exits, or `timeout_s` (reserved.start_timeout_s) passes."""
         if server.process is None or server.process.poll() is not None:
             return "the evaluation server had exited"
-        request = urllib.request.Request(
-            f"{server.url}/v1/load_weights",
-            data=json.dumps({"model": str(model)}).encode(),
-            headers={"Content-Type": "application/json"},
+        answer: dict = {}
+        request = threading.Thread(
+            target=_post_reload, args=(f"{server.url}/v1/load_weights", model, timeout_s, answer), daemon=True
         )
-        try:
-            with urllib.request.urlopen(request, timeout=self.reload_timeout_s) as answer:
-                json.loads(answer.read())
-        except urllib.error.HTTPError as err:
-            return f"the evaluation server refused the weights of {model} ({err.code}: {err.read()[:300]!r})"
-        except (urllib.error.URLError, OSError, ValueError) as err:
-            return f"the evaluation server did not load the weights of {model}: {err}"
+        request.start()
+        deadline = time.monotonic() + timeout_s
+        while request.is_alive():
+            if stop.is_set():
+                return "stopped (training ended)"
+            if server.process.poll() is not None:
+                return f"the evaluation server exited while loading the weights of {model}"
+            if time.monotonic() > deadline:
+                return f"the evaluation server did not load the weights of {model} within {timeout_s:g} s"
+            request.join(POLL_S / 2)
+        if "error" in answer:
+            return answer["error"]
         self.reloads += 1
         return True
-
-    reload_timeout_s = 600.0
 
     def close(self) -> None:
         """The in_place server stopped (the end of training)."""
         if self.kept is not None:
             self.kept.stop()
             self.kept = None
+
+
+def _post_reload(url: str, model: Path, timeout_s: float, answer: dict) -> None:
+    """POST /v1/load_weights; `answer["error"]` says what went wrong (the server's own words where it gave some)."""
+    import http.client
+    import urllib.error
+    import urllib.request
+
+    request = urllib.request.Request(
+        url, data=json.dumps({"model": str(model)}).encode(), headers={"Content-Type": "application/json"}
+    )
+    try:
+        with urllib.request.urlopen(request, timeout=timeout_s) as reply:
+            json.loads(reply.read())
+    except urllib.error.HTTPError as err:
+        try:
+            detail = json.loads(err.read()).get("detail")
+        except (ValueError, OSError, AttributeError):
+            detail = None
+        answer["error"] = f"the evaluation server refused the weights of {model} ({err.code}: {detail or err.reason})"
+    except (urllib.error.URLError, http.client.HTTPException, OSError, ValueError) as err:
+        answer["error"] = f"the evaluation server did not load the weights of {model}: {type(err).__name__}: {err}"
 
 
 def _last_line(log: Path) -> str:

@@ -223,12 +223,15 @@ def load_weights(generator: BatchedGenerator, folder: str) -> dict:
             else f"other shapes for {sorted(shapes)[:3]}"
         )
         raise BadRequest(f"{folder!r} is not a model of the served architecture ({what}); nothing was loaded")
+    processor = generator.processor
+    if processor is not None:  # a vision-language model: the snapshot's processor (its tokenizer, image settings)
+        processor = image_processor(folder, None, tokenizer)[0] or processor
     with generator.lock, torch.no_grad():
         for key, value in served.items():
             value.copy_(incoming[key], non_blocking=True)
         if value.is_cuda:
             torch.cuda.synchronize()
-        generator.tokenizer = tokenizer
+        generator.tokenizer, generator.processor = tokenizer, processor
     del new, incoming
     return {"model": folder, "tensors": len(served), "seconds": round(time.perf_counter() - start, 3)}
 
@@ -264,7 +267,7 @@ def build_app(
 
     @app.get("/v1/models")
     def models():
-        return {"object": "list", "data": [{"id": name, "object": "model", "owned_by": "leap-finetune"}]}
+        return {"object": "list", "data": [{"id": loaded["model"], "object": "model", "owned_by": "leap-finetune"}]}
 
     @app.post("/v1/chat/completions")
     async def chat(body: dict):
@@ -299,7 +302,7 @@ def build_app(
             "id": f"leap-{time.time_ns()}",
             "object": "chat.completion",
             "created": int(time.time()),
-            "model": name,
+            "model": loaded["model"],
             "choices": [{"index": 0, "finish_reason": finish, "message": message}],
         }
 

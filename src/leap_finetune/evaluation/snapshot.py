@@ -22,6 +22,7 @@ class Outcome:
     results: dict | None = None
     reason: str | None = None  # why it failed
     log: Path | None = None  # where to read more
+    seconds: float | None = None  # how long the evaluation itself took (a server's start left out)
 
 
 def save_full_model(trainer, folder: Path, template_text: str, processor=None) -> None:

@@ -80,10 +80,16 @@ class DriverEvaluator:
                     self.unanswered.append((snapshot, outcome))
 
     def _evaluate(self, snapshot: Snapshot) -> Outcome:
+        import time
+
+        start = time.monotonic()
         try:
-            return self.run(self.resolved, snapshot, self.jobs, self.stop)
+            outcome = self.run(self.resolved, snapshot, self.jobs, self.stop)
         except Exception as err:  # noqa: BLE001 - reported as a failed evaluation, never a stopped run
             return Outcome(reason=f"{type(err).__name__}: {str(err).splitlines()[0] if str(err) else ''}")
+        if outcome.seconds is None:  # (the reserved server says how long without its start)
+            outcome.seconds = time.monotonic() - start
+        return outcome
 
 
 @contextlib.contextmanager

@@ -95,7 +95,10 @@ def _flatten(module, args, kwargs):
     if flat is not None and tuple(flat["shape"]) != tuple(ids.shape):
         flat = None  # computed for the whole batch, this is a slice of it (a cached loss's mini-batch)
     mask = kwargs.get("attention_mask")
-    if flat is None and getattr(module, "_leap_flat_from_mask", False) and isinstance(mask, torch.Tensor):
+    from_mask = isinstance(mask, torch.Tensor) and mask.dim() == 2 and mask.shape == ids.shape
+    if getattr(getattr(module, "config", None), "output_hidden_states", False):
+        return args, kwargs  # (every layer's hidden states asked for: they would come back flat)
+    if flat is None and getattr(module, "_leap_flat_from_mask", False) and from_mask:
         # (one wait for the GPU: the layout is computed on the host, as the collator would)
         flat = {k: _to(v, ids.device) for k, v in flat_rows(mask.cpu(), module._leap_flat_multiple).items()}
     if flat is None:
@@ -130,7 +133,7 @@ def _unflatten(module, args, kwargs, output):
 
 def _flat_forward(self, *args, **kwargs):
     args, kwargs = _flatten(self, args, kwargs)
-    return _unflatten(self, args, kwargs, type(self).forward(self, *args, **kwargs))
+    return _unflatten(self, args, kwargs, self._leap_flat_original(*args, **kwargs))
 
 
 def _to(value, device):
@@ -149,7 +152,10 @@ def enable(model, from_mask: bool = False, multiple: int = 8) -> bool:
     backbone._leap_flat_from_mask, backbone._leap_flat_multiple = from_mask, multiple
     if backbone is model and not getattr(backbone, "_leap_flat_rows", False):
         # sentence-transformers calls the backbone's `.forward` itself, past the module hooks: the instance's
-        # forward is wrapped instead (a bound method: a deep copy of the model wraps the copy)
+        # forward is wrapped instead (a bound method: a deep copy of the model wraps the copy; the class stays, so
+        # the saved config names the model's own architecture). Whatever forward the instance had (an
+        # accelerate hook) still runs. (No DataParallel replica copies it: every training process has one GPU.)
+        backbone._leap_flat_original = backbone.forward
         backbone.forward = types.MethodType(_flat_forward, backbone)
         backbone._leap_flat_rows = True
     if not getattr(backbone, "_leap_flat_rows", False):
