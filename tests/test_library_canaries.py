@@ -709,6 +709,8 @@ def test_retrieval_trainer_overrides(tokenizer, tmp_path, monkeypatch):
             "positive_attention_mask": torch.tensor([[1, 1, 0], [1, 0, 0]]),
         }
     )
+    assert trainer.state.num_input_tokens_seen == 0  # (kept on the device until a log or checkpoint reads it)
+    trainer._flush_device_metrics()
     assert trainer.state.num_input_tokens_seen == 9, says(
         retrieval, "transformers", "include_num_input_tokens_seen / state.num_input_tokens_seen"
     )
