@@ -264,7 +264,7 @@ def test_reserved_in_place_reload_gives_the_sync_results_from_one_server(workdir
             workdir,
             "reserved",
             "in_place.yaml",
-            evals={"batch_size": 4},
+            evals={"batch_size": 4, "eval_steps": 6},  # (steps 0, 6, 12: a reload at 6, a restart at 12)
             reserved={"server_port": port, "weight_reload": "in_place"},
         )
     )
@@ -274,7 +274,7 @@ def test_reserved_in_place_reload_gives_the_sync_results_from_one_server(workdir
     assert summary["global_step"] == 12
     scores = _scores(run_dir)
     failed = _failures(run_dir)
-    assert 12 in scores and len(scores) + len(failed) == 5 and len(failed) <= 1, (scores.keys(), failed)
+    assert 12 in scores and len(scores) + len(failed) == 3 and len(failed) <= 1, (scores.keys(), failed)
     for step, result in scores.items():
         assert result == pytest.approx(sync_scores[step], rel=1e-6), step
     # the generation benchmark is the one the server answers: its answers at the last step (a reloaded snapshot)
@@ -287,7 +287,7 @@ def test_reserved_in_place_reload_gives_the_sync_results_from_one_server(workdir
     ]
     log = (run_dir / "benchmarks" / "jobs" / "server.log").read_text()
     assert log.count("$ ") == 2  # started twice: at the first snapshot, and after the kill
-    assert log.count("loaded the weights of") >= 2 and log.count("POST /v1/load_weights") >= 2
+    assert log.count("loaded the weights of") >= 1 and log.count("POST /v1/load_weights") >= 1
     assert not list((run_dir / "benchmarks" / "jobs").glob("step-*-server.log"))  # (respawn's one log per step)
     err = " ".join(capfd.readouterr().err.split())
     # killed after a reload: that snapshot's evaluation failed (the kept server then dropped) or, had it finished
