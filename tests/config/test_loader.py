@@ -99,6 +99,16 @@ def test_unknown_training_type_suggests(folder):
     assert "did you mean 'sft'" in _error(folder, tiny_config(training_type="sfft"))
 
 
+def test_a_misspelled_choice_of_a_block_suggests_the_right_one(folder):
+    config = tiny_config(
+        evals={"benchmarks": [{"name": "c", "path": "bench.jsonl", "metric": "exact_match"}]},
+        async_eval={"mode": "reserved", "vllm_gpus": 0, "reserved": {"weight_reload": "inplace"}},
+    )
+    message = _error(folder, config)
+    assert "async_eval.reserved.weight_reload" in message and "(got 'inplace')" in message
+    assert "did you mean 'in_place'?" in message
+
+
 def test_keys_the_trainer_would_ignore_are_rejected(folder):
     message = _error(folder, tiny_config(training_config={"completion_only_loss": True}))
     assert "decided by leap-finetune" in message and "loss_on" in message

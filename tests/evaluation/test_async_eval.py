@@ -219,9 +219,10 @@ def test_reserved_server_gives_the_sync_results_and_a_killed_server_is_a_counted
         assert result == pytest.approx(sync_scores[step], rel=1e-6), step
     err = " ".join(capfd.readouterr().err.split())
     assert (
-        "evaluation at step 0 (before training) failed: leap-finetune eval exited with code 2; the server had "
-        "exited" in err
+        "evaluation at step 0 (before training) failed: the evaluation server exited (code -9) during the evaluation; its log:"
+        in err
     ), err[-3000:]
+    assert "start the server (e.g. `vllm serve" not in err  # (eval --server's advice is not for a reserved run)
     server_log = (run_dir / "benchmarks" / "jobs" / "step-12-server.log").read_text()
     assert server_log.count("POST /v1/chat/completions") == 12  # the generation benchmark went through the server
     assert summary["benchmarks"] == {k: v for k, v in scores[12].items() if k.endswith("/score")}
@@ -293,6 +294,7 @@ def test_reserved_in_place_reload_gives_the_sync_results_from_one_server(workdir
     # killed after a reload: that snapshot's evaluation failed (the kept server then dropped) or, had it finished
     # first, the next snapshot found the server gone - either way a new one was started
     assert len(failed) == 1 or "the evaluation server had exited: starting the evaluation server again" in err
+    assert "starting the evaluation server again for step" in err  # (said in the run's log either way)
     # seconds of evaluation for a fraction of a second of training between two: said once, with what to change
     assert err.count("longer than the") == 1 and "s of training between two evaluations" in err
     assert "Evaluate less often (a larger evals.eval_steps) or fewer rows." in err

@@ -145,9 +145,27 @@ def test_the_server_answers_as_the_reloaded_model_and_refuses_other_models(serve
     assert status == 400 and "is not a model of the served architecture (other shapes for" in answer["detail"]
     assert "nothing was loaded" in answer["detail"]
     status, answer = _post(f"{url}/v1/load_weights", {"model": str(folder / "nowhere")})
-    assert status == 400 and "cannot load the weights of" in answer["detail"] and "nowhere" in answer["detail"]
+    assert status == 400 and "nowhere' is not a folder on the server's machine" in answer["detail"]
     status, answer = _post(f"{url}/v1/load_weights", {"folder": str(second)})
     assert status == 400 and answer["detail"] == 'expected {"model": "<a model folder>"}'
+    request = urllib.request.Request(f"{url}/v1/load_weights", data=b"garbage", headers={"Content-Type": "text/plain"})
+    with pytest.raises(urllib.error.HTTPError) as refused:
+        urllib.request.urlopen(request, timeout=60)
+    assert refused.value.code == 400 and json.loads(refused.value.read())["detail"].startswith("expected {")
+    # an embedding / ColBERT run's model (sentence-transformers' folder: modules.json) or another model class
+    import shutil
+
+    encoder = Path(shutil.copytree(second, folder / "encoder"))
+    (encoder / "modules.json").write_text("[]")
+    status, answer = _post(f"{url}/v1/load_weights", {"model": str(encoder)})
+    assert (
+        status == 400 and "is a sentence-transformers (embedding / ColBERT) model, not a chat model" in answer["detail"]
+    )
+    other = Path(shutil.copytree(second, folder / "other"))
+    config = json.loads((other / "config.json").read_text())
+    (other / "config.json").write_text(json.dumps({**config, "architectures": ["Lfm2Model"]}))
+    status, answer = _post(f"{url}/v1/load_weights", {"model": str(other)})
+    assert status == 400 and "holds a Lfm2Model, the server runs a Lfm2ForCausalLM" in answer["detail"]
     assert [_ask(url, p) for p in PROMPTS] == after
 
 

@@ -48,6 +48,7 @@ class ReservedServer:
         self.devices = resolved.eval_devices or ""  # physical ids, decided by the driver ("" on CPU)
         self.in_place = resolved.async_eval.reserved.weight_reload == "in_place"
         self.kept = None  # the in_place server, between snapshots
+        self.started = 0  # servers started so far
         self.reloads = 0
 
     def server_command(self, resolved: ResolvedConfig, model: Path, port: int) -> list[str]:
@@ -116,7 +117,10 @@ class ReservedServer:
                 server.stop()
                 server = self.kept = None
         fresh = server is None
+        if fresh and self.in_place and self.started:  # (the one before exited or failed: said in the run's log)
+            print(f"leap-finetune: starting the evaluation server again for step {snapshot.step}", file=sys.stderr)
         if fresh:
+            self.started += 1
             server = Server(spec, server_log)
         try:
             if fresh:
@@ -161,11 +165,17 @@ class ReservedServer:
             if client.returncode == 0 and results.exists():
                 results = json.loads(results.read_text(encoding="utf-8"))["results"]
                 return Outcome(results=results, log=log, seconds=time.monotonic() - started)
-            alive = "" if server.process.poll() is None else f"; the server had exited (log: {server_log})"
             if self.kept is server:  # (a kept server that failed an evaluation is not trusted with the next one)
                 self.kept = None
+            if server.process.poll() is not None:  # (the client's own advice - start a server - is not the user's)
+                return Outcome(
+                    reason=f"the evaluation server exited (code {server.process.returncode}) during the evaluation; "
+                    f"its log: {server_log}"
+                    + ("; a new one is started for the next snapshot" if self.in_place else ""),
+                    log=server_log,
+                )
             return Outcome(
-                reason=f"leap-finetune eval exited with code {client.returncode}{alive}: {_last_line(log)}", log=log
+                reason=f"leap-finetune eval exited with code {client.returncode}: {_last_line(log)}", log=log
             )
         finally:
             if server is not self.kept:

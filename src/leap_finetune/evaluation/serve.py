@@ -192,18 +192,40 @@ def load_weights(generator: BatchedGenerator, folder: str) -> dict:
     """The weights of `folder` (a from_pretrained folder of the served architecture) copied into the served model,
     in place, between two batches; the tokenizer (its chat template) re-read too. Raises BadRequest, naming what
     differs, for a folder that is not one of the same model - the served weights are then unchanged."""
+    import json
+    from pathlib import Path
+
     import torch
 
     from leap_finetune.models.loading import load_model, load_tokenizer
 
     start = time.perf_counter()
+    where = Path(folder)
+    if not where.is_dir():
+        raise BadRequest(
+            f"{folder!r} is not a folder on the server's machine (relative paths are read from {Path.cwd()})"
+        )
+    if (where / "modules.json").exists():
+        raise BadRequest(
+            f"{folder!r} is a sentence-transformers (embedding / ColBERT) model, not a chat model; nothing was loaded"
+        )
+    try:
+        architectures = json.loads((where / "config.json").read_text(encoding="utf-8")).get("architectures") or []
+    except (OSError, ValueError):
+        architectures = []
+    served_class = type(generator.model).__name__
+    if architectures and served_class not in architectures:
+        raise BadRequest(
+            f"{folder!r} holds a {', '.join(architectures)}, the server runs a {served_class}; nothing was loaded"
+        )
     try:
         tokenizer = load_tokenizer(folder, {})
         # read on the CPU in the served dtype: one more copy in host memory, none on the GPU
         dtype = next(generator.model.parameters()).dtype
         new = load_model(folder, tokenizer, {}, dtype=dtype)
-    except Exception as err:  # noqa: BLE001 - a missing or unreadable folder is the caller's mistake
-        raise BadRequest(f"cannot load the weights of {folder!r}: {getattr(err, 'message', err)}") from None
+    except Exception as err:  # noqa: BLE001 - an unreadable folder is the caller's mistake
+        said = str(getattr(err, "message", err)).removeprefix("model_name: ")
+        raise BadRequest(f"cannot load the weights of {folder!r}: {said}") from None
     served = generator.model.state_dict()
     incoming = new.state_dict()
     missing, extra = sorted(set(served) - set(incoming)), sorted(set(incoming) - set(served))
@@ -242,7 +264,7 @@ def build_app(
     """`no_images`: why this server takes no image parts (when its generator has no processor)."""
     import asyncio
 
-    from fastapi import FastAPI, HTTPException
+    from fastapi import FastAPI, HTTPException, Request
 
     app = FastAPI()
     name = model_dir
@@ -252,8 +274,12 @@ def build_app(
     def health():
         return {"status": "ok", "weights": loaded["model"], "reloads": loaded["reloads"]}
 
-    @app.post("/v1/load_weights")
-    async def reload(body: dict):
+    async def reload(request):
+        # (the raw request: a body that is not JSON gets the same answer as one without a folder, not FastAPI's 422)
+        try:
+            body = await request.json()
+        except ValueError:
+            body = None
         folder = body.get("model") if isinstance(body, dict) else None
         if not isinstance(folder, str) or not folder:
             raise HTTPException(status_code=400, detail='expected {"model": "<a model folder>"}')
@@ -264,6 +290,9 @@ def build_app(
         loaded.update(model=folder, reloads=loaded["reloads"] + 1)
         print(f"loaded the weights of {folder} in {answer['seconds']:.2f} s", file=sys.stderr, flush=True)
         return answer
+
+    reload.__annotations__ = {"request": Request}  # (a class, not the string this module's annotations would be)
+    app.post("/v1/load_weights")(reload)
 
     @app.get("/v1/models")
     def models():

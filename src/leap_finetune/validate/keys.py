@@ -52,7 +52,7 @@ def pydantic_error(err: ValidationError, where: str, prefix: str = "") -> LeapEr
     first = err.errors()[0]
     loc = ".".join([prefix] * bool(prefix) + [str(p) for p in first["loc"]])
     got = first.get("input")
-    got_text = f" (got {got!r})" if not isinstance(got, dict) else ""
+    got_text = f" (got {'null' if got is None else repr(got)})" if not isinstance(got, dict) else ""
     more = f" [and {err.error_count() - 1} more problem(s)]" if err.error_count() > 1 else ""
     fix = "see docs/config.md for every key, its type and default"
     if first["type"] == "missing":
@@ -64,6 +64,12 @@ def pydantic_error(err: ValidationError, where: str, prefix: str = "") -> LeapEr
     if number is not None:
         return LeapError(f"{number[0]}{more}", where=where, fix=number[1])
     message = first["msg"].removeprefix("Value error, ")  # (our own validators' words, without pydantic's label)
+    expected = (first.get("ctx") or {}).get("expected")
+    if first["type"] == "literal_error" and isinstance(got, str) and expected:
+        from leap_finetune.config.suggest import did_you_mean
+
+        hint = did_you_mean(got, [e.strip().strip("'") for e in expected.replace(" or ", ", ").split(",")])
+        fix = f"{hint} ({fix})" if hint else fix
     if first["type"] in ("dict_type", "model_type", "model_attributes_type"):
         # (pydantic names the class: "a valid dictionary or instance of ImageProcessorConfig")
         message = "expected a mapping of its keys"
