@@ -29,6 +29,8 @@ def test_cpu_and_unverified_models_keep_the_plain_path_and_say_why():
 def test_the_users_keys_win():
     assert not plan({"padding_free": False, "compile_layers": False}, "tiny-lfm2", cuda=True).padding_free
     assert plan({"padding_free": True}, "tiny-lfm2", cuda=False).padding_free
+    slow = plan({"padding_free": True, "compile_layers": True}, "tiny-lfm2", cuda=False)
+    assert "on a CPU, compiled layers with flat batches recompile for every new document count" in slow.line
     packing = plan({"packing": True}, "tiny-lfm2", cuda=True)
     assert not packing.padding_free and packing.line.startswith("speed: packing")
 

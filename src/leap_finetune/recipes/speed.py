@@ -85,6 +85,9 @@ def plan(training: dict, model_id: str, cuda: bool, flat_batches: bool = True) -
             if flat_batches
             else " (compile_layers: false turns it off)"
         )
+    if not cuda and compile_layers and (padding_free or packing):
+        # (no varlen kernel on a CPU: each document runs on its own, and every new number of documents recompiles)
+        line += "; note: on a CPU, compiled layers with flat batches recompile for every new document count (minutes)"
     defaults = {}
     if (cuda and flat_batches) or padding_free or packing:
         defaults["pad_to_multiple_of"] = PAD_TO_MULTIPLE_OF
