@@ -326,7 +326,7 @@ def _train(
             run_dir,
             console,
             stop_on_signal,
-            [*(callbacks or []), *([speed.compile_phase(console)] if fast.compile_layers else [])],
+            speed.with_compile_phase(callbacks, console, fast.compile_layers),
         ),
     )
     if fast.padding_free:

@@ -131,7 +131,7 @@ def train(resolved_json: dict, callbacks: list | None = None) -> dict:
             run_dir,
             console,
             stop_on_signal,
-            [*(callbacks or []), *([speed.compile_phase(console)] if fast.compile_layers else [])],
+            speed.with_compile_phase(callbacks, console, fast.compile_layers),
             common.benchmark_callback(resolved, tokenizer, run_dir, console),
         ),
     )

@@ -158,6 +158,11 @@ def torch_module_list():
     return torch.nn.ModuleList
 
 
+def with_compile_phase(callbacks: list | None, console, compiled: bool) -> list:
+    """The caller's callbacks, plus the compile phase's line when the layers are compiled."""
+    return [*(callbacks or []), *([compile_phase(console)] if compiled else [])]
+
+
 def compile_phase(console, steps_compiling: int = 3, steps_measured: int = 5):
     """A callback that shows torch.compile's cost as a phase of its own: a line when training starts (compilation
     happens in the first steps: the first shape, then the dynamic-shape graphs), and once the steps are steady,
