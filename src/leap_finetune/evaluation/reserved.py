@@ -49,7 +49,6 @@ class ReservedServer:
         self.in_place = resolved.async_eval.reserved.weight_reload == "in_place"
         self.kept = None  # the in_place server, between snapshots
         self.started = 0  # servers started so far
-        self.reloads = 0
 
     def server_command(self, resolved: ResolvedConfig, model: Path, port: int) -> list[str]:
         from leap_finetune.evaluation.server import vllm_tool_flags
@@ -202,7 +201,6 @@ class ReservedServer:
             request.join(POLL_S / 2)
         if "error" in answer:
             return answer["error"]
-        self.reloads += 1
         return True
 
     def close(self) -> None:
