@@ -194,7 +194,8 @@ def main() -> None:
                     else:
                         extra = {
                             "leap-eager": {"compile_layers": False},
-                            "leap-padded": {"padding_free": False} if kind == "dpo" else {},
+                            "leap-padded": {"padding_free": False},
+                            "leap-no-workers": {"dataloader_num_workers": 0},
                         }.get(variant, {})
                         clock, wall, losses = leap_run(kind, mode, model_dir, data, work, args.steps, args.batch, extra)
                     speed = per_step * clock.steps / (clock.end - clock.start)

@@ -19,6 +19,31 @@ def test_gpu_lfm2_gets_padding_free_and_compiled_layers():
     assert "padding-free" in chosen.line and "torch.compile per decoder layer" in chosen.line
 
 
+def test_gpu_sft_collates_in_data_loader_workers_unless_the_user_says_otherwise(tmp_path, monkeypatch):
+    """On a GPU the batches are collated in 4 persistent worker processes (recipes/speed.py); a CPU run collates in
+    the training process; the user's `dataloader_num_workers` wins, and 0 gets no persistent workers (torch refuses
+    them)."""
+    from leap_finetune.recipes import sft
+    from leap_finetune.validate.loader import load_config
+
+    monkeypatch.chdir(tmp_path)
+    (tmp_path / "train.jsonl").write_text(
+        json.dumps({"messages": [{"role": "user", "content": "hi"}, {"role": "assistant", "content": "yo"}]}) + "\n"
+    )
+
+    def arguments(training: dict, cuda: bool) -> dict:
+        resolved = load_config(write_config(tmp_path, tiny_config(training_config=training)))
+        return sft.training_arguments(resolved, run_dir=str(tmp_path / "run"), has_eval=False, cuda=cuda)
+
+    gpu = arguments({}, cuda=True)
+    assert gpu["dataloader_num_workers"] == 4 and gpu["dataloader_persistent_workers"] is True
+    assert "dataloader_num_workers" not in arguments({}, cuda=False)
+    mine = arguments({"dataloader_num_workers": 0}, cuda=True)
+    assert mine["dataloader_num_workers"] == 0 and "dataloader_persistent_workers" not in mine
+    two = arguments({"dataloader_num_workers": 2, "dataloader_persistent_workers": False}, cuda=True)
+    assert two["dataloader_num_workers"] == 2 and two["dataloader_persistent_workers"] is False
+
+
 def test_cpu_and_unverified_models_keep_the_plain_path_and_say_why():
     cpu = plan({}, "tiny-lfm2", cuda=False)
     assert not cpu.padding_free and not cpu.compile_layers and "CPU" in cpu.line

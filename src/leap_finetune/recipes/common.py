@@ -53,12 +53,8 @@ def common_arguments(resolved: ResolvedConfig, *, run_dir: str, has_eval: bool, 
     pop_vision_keys(args)  # (applied to the model and the optimizer: recipes/vision.py)
     if resolved.vision:
         args["remove_unused_columns"] = False  # the images' columns reach the collator
-        if cuda:  # the images are decoded and resized by the collator: in 4 worker processes, beside the GPU's work
-            # (LFM2-VL-1.6B on an H200: 13.8k -> 18.6k tokens/s, the same losses; bench/RESULTS.md)
-            args.setdefault("dataloader_num_workers", 4)
-            args.setdefault("dataloader_pin_memory", True)
-            if args["dataloader_num_workers"] > 0:  # (torch refuses persistent workers without workers)
-                args.setdefault("dataloader_persistent_workers", True)
+        # (the images are decoded and resized by the collator: on a GPU in the speed plan's data-loader workers,
+        # recipes/speed.py; LFM2-VL-1.6B on an H200: 13.8k -> 18.6k tokens/s, the same losses)
         # a batch of rows without images leaves the vision encoder without gradients (several workers)
         args.setdefault("ddp_find_unused_parameters", True)
     args["output_dir"] = run_dir

@@ -32,12 +32,8 @@ def training_arguments(resolved: ResolvedConfig, *, run_dir: str, has_eval: bool
     fast = speed_plan(resolved, cuda)
     speed.apply_trainer_defaults(args, fast)
     args.pop("pad_to_multiple_of", None)  # (flat rows pad themselves: models/flat_rows.py)
-    if fast.trainer_defaults.get("dataloader_pin_memory"):  # (a GPU)
-        # sentence-transformers tokenizes each batch in its collator: ~50 ms for 64 pairs of ~250 tokens on one
-        # core, a third of an H200 step of LFM2-350M - done in worker processes beside the GPU's work
-        args.setdefault("dataloader_num_workers", 4)
-        if args["dataloader_num_workers"] > 0:
-            args.setdefault("dataloader_persistent_workers", True)
+    # (on a GPU the plan's data-loader workers matter most here: sentence-transformers tokenizes each batch in its
+    # collator, ~50 ms for 64 pairs of ~250 tokens on one core, a third of an H200 step of LFM2-350M)
     if evals is not None and evals.eval_steps:
         args["eval_steps"] = evals.eval_steps
     prompts = resolved.retrieval.prompts if resolved.retrieval is not None else None

@@ -37,6 +37,10 @@ def varlen_kernel_available() -> bool:
 
 # A multiple of 8 keeps the GEMMs aligned (16 bytes of bf16). Measured on LFM2-1.2B: 8 57.9k tokens/s, 64 56.3k, none 53.8k.
 PAD_TO_MULTIPLE_OF = 8
+# Batches collated (and, for sentence-transformers and images, tokenized / decoded) in worker processes beside the
+# GPU's work instead of between steps. Measured on an H200: SFT LFM2-350M +11%, 1.2B +2.6%, the same losses;
+# embedding +31%, ColBERT +23%; LFM2-VL-1.6B +35% (bench/RESULTS.md).
+DATA_LOADER_WORKERS = 4
 
 
 @dataclass(frozen=True)
@@ -94,6 +98,7 @@ def plan(training: dict, model_id: str, cuda: bool, flat_batches: bool = True) -
     if cuda:
         defaults["logging_nan_inf_filter"] = False  # its check reads the loss on the host every step
         defaults["dataloader_pin_memory"] = True
+        defaults["dataloader_num_workers"] = DATA_LOADER_WORKERS
         defaults["accelerator_config"] = {"non_blocking": True}
     return SpeedPlan(padding_free, compile_layers, line, defaults)
 
@@ -105,6 +110,8 @@ def apply_trainer_defaults(args: dict, chosen: SpeedPlan) -> None:
             args[key] = {**value, **args[key]}
         else:
             args.setdefault(key, value)
+    if args.get("dataloader_num_workers"):  # (torch refuses persistent workers without workers)
+        args.setdefault("dataloader_persistent_workers", True)
 
 
 def compile_cache_dir() -> str:
