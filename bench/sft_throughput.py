@@ -150,6 +150,8 @@ def leap_run(label: str, model_dir: Path, data: Path, work: Path, steps: int, tr
             **training,
         },
     }
+    if "batch_tokens" in training:  # (the rows of a micro-batch are as many as fit)
+        del config["training_config"]["per_device_train_batch_size"]
     undo = patch() if patch is not None else None
     try:
         return measured_leap_run(config, work)
@@ -373,6 +375,9 @@ VARIANTS = {
     ),
     "bf16": ("bf16 weights, padded", {**BF16, **OFF}),
     "default-batch16": ("leap default, batch 16", {"per_device_train_batch_size": 16}),
+    # batch 8 of the bench's rows is ~6.5k tokens (mean 816): the same tokens per step in full micro-batches, and twice
+    "tokens-6.5k": ("batch_tokens 6528 (batch 8's mean tokens)", {"batch_tokens": 6528}),
+    "tokens-13k": ("batch_tokens 13056 (batch 16's mean tokens)", {"batch_tokens": 13056}),
 }
 
 

@@ -65,7 +65,8 @@ def test_rows_with_images_are_expanded_and_only_the_answer_carries_loss(workdir,
     assert ids.tolist() == expected.tolist()
     assert row["image_sources"] == [str(workdir / "a.png"), str(workdir / "b.png")]
     assert row["image_tiles"] == 2  # (one picture each, not split: the tiny processor's settings)
-    from leap_finetune.recipes.sampling import TILE_TOKENS, row_lengths
+    from leap_finetune.data.token_batches import TILE_TOKENS
+    from leap_finetune.recipes.sampling import row_lengths
 
     # the batch balance counts each tile's vision-encoder work on top of the tokens
     assert row_lengths(prepared.train.dataset())[0] == len(ids) + 2 * TILE_TOKENS

@@ -107,6 +107,7 @@ def test_plan_json_for_a_machine_we_are_not_on(config, workdir):
         "gradient_accumulation_steps": 2,
         "workers": 4,
         "global": 32,
+        "global_is_mean": False,
         "unit": "rows",
         "detail": "",
     }

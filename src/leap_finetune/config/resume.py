@@ -21,6 +21,7 @@ RESUME_KEEPS_DATA = (
 # shape, and the optimizer whose state the checkpoint holds
 RESUME_KEEPS_TRAINING = (
     "max_length",
+    "batch_tokens",
     "packing",
     "padding_free",
     "seed",

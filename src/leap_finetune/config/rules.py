@@ -183,3 +183,45 @@ def check_trainer_parts(args, where: str, training: dict | None = None) -> None:
             where=where,
             fix="set the scheduler's arguments in lr_scheduler_kwargs (see transformers' get_scheduler)",
         ) from None
+
+
+def check_batch_tokens(user: dict, training: dict, where: str) -> None:
+    """`batch_tokens` (data/token_batches.py): a whole number that holds the longest row, instead of a number of
+    rows per micro-batch and of the samplers that choose rows by count. `user`: the keys the config set itself (the
+    profile's per_device_train_batch_size is not the user's)."""
+    if "batch_tokens" not in user:
+        return
+    value = user["batch_tokens"]
+    if isinstance(value, bool) or not isinstance(value, int) or value < 1:
+        raise LeapError(
+            f"training_config.batch_tokens is {value!r}",
+            where=where,
+            fix="use a whole number of tokens per micro-batch and device, e.g. batch_tokens: 16384",
+        )
+    for key, why in (
+        ("per_device_train_batch_size", "the rows of a micro-batch are as many as fit in batch_tokens"),
+        ("train_sampling_strategy", "batch_tokens chooses the rows of each micro-batch by their lengths"),
+        ("group_by_length", "batch_tokens chooses the rows of each micro-batch by their lengths"),
+    ):
+        if key in user:
+            raise LeapError(
+                f"training_config sets both batch_tokens and {key}: {why}",
+                where=where,
+                fix=f"remove {key}, or remove batch_tokens",
+            )
+    if training.get("packing"):
+        raise LeapError(
+            "training_config sets both batch_tokens and packing: packing makes rows of max_length tokens, counted "
+            "by per_device_train_batch_size",
+            where=where,
+            fix="remove packing (batch_tokens with padding-free batches - the GPU default - fills micro-batches "
+            "without merging rows), or remove batch_tokens",
+        )
+    longest = training.get("max_length")
+    if longest is not None and value < longest:
+        raise LeapError(
+            f"training_config.batch_tokens is {value}, less than max_length {longest}: a row of max_length tokens "
+            "would not fit a micro-batch",
+            where=where,
+            fix=f"use batch_tokens >= {longest} (a few times max_length fills the GPU), or lower max_length",
+        )

@@ -346,7 +346,13 @@ def card_text(resolved, prepared, summary: dict, devices_line: str, adapter: boo
         "| --- | --- |",
         f"| learning rate | {training.get('learning_rate')} |",
         f"| epochs / max steps | {training.get('num_train_epochs')} / {training.get('max_steps', -1)} |",
-        f"| batch per device x accumulation x workers | {training.get('per_device_train_batch_size')} x "
+        "| batch per device x accumulation x workers | "
+        + (
+            f"<= {training['batch_tokens']} tokens (batch_tokens)"
+            if training.get("batch_tokens")
+            else str(training.get("per_device_train_batch_size"))
+        )
+        + " x "
         f"{training.get('gradient_accumulation_steps', 1)} x {resolved.workers} |",
         _lengths_row(resolved),
         f"| steps | {summary.get('global_step')} |",

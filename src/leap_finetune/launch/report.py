@@ -31,7 +31,10 @@ def config_table(resolved: ResolvedConfig) -> Table:
         ("dataset", _datasets(resolved)),
         ("learning rate", str(t.get("learning_rate"))),
         ("epochs / max steps", f"{t.get('num_train_epochs')} / {t.get('max_steps', -1)}"),
-        ("batch x accumulation", f"{t.get('per_device_train_batch_size')} x {t.get('gradient_accumulation_steps', 1)}"),
+        (
+            "batch x accumulation",
+            f"{_per_device(t)} x {t.get('gradient_accumulation_steps', 1)}",
+        ),
         ("max length / packing", f"{t.get('max_length')} / {t.get('packing', False)}"),
     ]
     if resolved.vision:  # (launch is above validate: the words of validate/vision.py)
@@ -424,3 +427,9 @@ def _done_line(console: Console, summary: dict) -> None:
         f"model: {summary['model_dir']}"
         + (f"  adapter: {summary['adapter_dir']}" if summary.get("adapter_dir") else "")
     )
+
+
+def _per_device(training: dict) -> str:
+    if training.get("batch_tokens"):
+        return f"<= {training['batch_tokens']} tokens"
+    return str(training.get("per_device_train_batch_size"))

@@ -131,19 +131,22 @@ def _training_processes(devices: DevicePlan, config_path: str | None) -> list[di
 
 def plan_report(resolved, devices: DevicePlan, prepared, no_tokens: str = "") -> dict:
     """`no_tokens`: why the rows were counted without the tokenizer (prepared.tokenized is False)."""
-    from leap_finetune.launch.steps import epoch_steps
+    from leap_finetune.launch.steps import prepared_steps
 
     t = resolved.training
     rows = len(prepared.train)
-    steps = epoch_steps(resolved, rows, devices.workers)
+    steps = prepared_steps(resolved, prepared, devices)
     tokens_per_row = prepared.train_tokens / rows if rows else 0
     return {
         **devices.to_json(),
         "batch": {
-            "per_device": t.get("per_device_train_batch_size", 8),
+            "per_device": (
+                f"<= {t['batch_tokens']} tokens" if t.get("batch_tokens") else t.get("per_device_train_batch_size", 8)
+            ),
             "gradient_accumulation_steps": t.get("gradient_accumulation_steps", 1),
             "workers": devices.workers,
             "global": steps.per_step,
+            "global_is_mean": steps.approximate,  # batch_tokens: the rows of a step follow their lengths
             "unit": steps.unit,
             "detail": steps.per_step_detail,
         },
@@ -157,6 +160,8 @@ def plan_report(resolved, devices: DevicePlan, prepared, no_tokens: str = "") ->
         "sampling": (
             f"each prompt {t.get('num_generations', 8)} times (GRPO's groups)"
             if method_of(resolved).rewards
+            else "batch_tokens: micro-batches grouped by their rows' tokens, in a new order each epoch"
+            if t.get("batch_tokens")
             else t.get("train_sampling_strategy", "random")
         ),
         "last_batch": steps.last_batch,
@@ -232,7 +237,8 @@ def print_plan(console, report: dict) -> None:
     grpo = batch["unit"] == "completions"
     console.print(
         f"batch: {batch['per_device']} per device x {batch['gradient_accumulation_steps']} accumulation x "
-        f"{batch['workers']} worker(s) = {batch['global']} {batch['unit']} per step"
+        f"{batch['workers']} worker(s) = {'~' if batch.get('global_is_mean') else ''}{batch['global']} "
+        f"{batch['unit']} per step"
         + (f" ({batch['detail']})" if batch["detail"] else "")
         + f"; {report['rows']} {'prompts' if grpo else 'rows'} -> {report['steps_per_epoch']} steps per epoch"
         + (

@@ -15,6 +15,7 @@ from __future__ import annotations
 import math
 from dataclasses import dataclass
 
+from leap_finetune.data.token_batches import micro_batches_per_worker, row_costs, token_budget_batches
 from leap_finetune.errors import LeapError
 from leap_finetune.methods import method_of
 
@@ -26,6 +27,7 @@ class EpochSteps:
     steps_per_epoch: int
     last_batch: str | None  # what happens to the rows that do not fill the epoch's last step
     per_step_detail: str = ""  # GRPO: how prompts become the completions of a step
+    approximate: bool = False  # batch_tokens: per_step is the mean number of rows of a step
 
     def total(self, training: dict) -> int:
         """max_steps, else num_train_epochs x steps per epoch rounded up (transformers' Trainer)."""
@@ -35,15 +37,58 @@ class EpochSteps:
         return math.ceil(training.get("num_train_epochs", 1) * self.steps_per_epoch)
 
 
-def epoch_steps(resolved, rows: int, workers: int) -> EpochSteps:
+def epoch_steps(resolved, rows: int, workers: int, lengths: list[int] | None = None, gpu: bool = False) -> EpochSteps:
     """The steps of one epoch of `rows` training rows (GRPO: prompts) on `workers` workers. GRPO prompts that
     fill no generation batch at all are an error: TRL would train nothing (a ValueError without max_steps, a run
-    that stops at step 0 with it)."""
+    that stops at step 0 with it). `lengths`: each row's cost (data/token_batches.row_costs), which `batch_tokens`
+    needs to count its micro-batches, and `gpu` (padding-free or padded batches group differently)."""
     t = resolved.training
     if method_of(resolved).rewards:
         return _grpo_steps(t, rows, workers, resolved.config_path or "config")
+    if t.get("batch_tokens"):
+        return _token_budget_steps(resolved, rows, workers, lengths, gpu)
     per_step = t.get("per_device_train_batch_size", 8) * t.get("gradient_accumulation_steps", 1) * workers
     return EpochSteps(per_step, "rows", math.ceil(rows / per_step), last_batch_note(t, rows, per_step, workers))
+
+
+def prepared_steps(resolved, prepared, devices) -> EpochSteps:
+    """epoch_steps of the prepared training rows on the device plan's workers (with the rows' lengths when
+    `batch_tokens` needs them and the rows were tokenized)."""
+    table = prepared.train.table
+    lengths = None
+    if resolved.training.get("batch_tokens") and prepared.tokenized and "input_ids" in table.column_names:
+        lengths = row_costs(table)
+    return epoch_steps(resolved, len(prepared.train), devices.workers, lengths, gpu=devices.use_gpu)
+
+
+def _token_budget_steps(resolved, rows: int, workers: int, lengths: list[int] | None, gpu: bool) -> EpochSteps:
+    """`batch_tokens`: the micro-batches are counted by grouping the rows exactly as the trainer's sampler will
+    (the count depends on the lengths only). Without the lengths (rows counted without a tokenizer) the steps are
+    bounded by one row per micro-batch."""
+    t = resolved.training
+    accumulation = t.get("gradient_accumulation_steps", 1)
+    budget = t["batch_tokens"]
+    if lengths is None:
+        groups = rows
+    else:
+        from leap_finetune.recipes.sft import speed_plan
+
+        padded = not speed_plan(resolved, cuda=gpu).padding_free  # (the trainer's choice: recipes/sft.py)
+        seed = t.get("data_seed") if t.get("data_seed") is not None else t.get("seed", 42)
+        groups = len(token_budget_batches(lengths, budget, padded=padded, seed=seed))
+    per_worker = micro_batches_per_worker(groups, workers, bool(t.get("dataloader_drop_last")))
+    steps = max(1, math.ceil(per_worker / accumulation))
+    per_step = max(1, round(rows / steps)) if rows else 0
+    left = per_worker * workers - groups
+    note = None
+    if left > 0:
+        note = (
+            f"last batch: {groups} micro-batches of <= {budget} tokens per epoch on {workers} workers: the last "
+            f"round is topped up with {left} micro-batch(es) from the epoch's start (every worker gets one)"
+        )
+    elif left < 0:
+        note = f"last batch: dataloader_drop_last is true: {-left} micro-batch(es) per epoch are not trained on"
+    return EpochSteps(per_step, "rows", steps, note, f"micro-batches of <= {budget} tokens: batch_tokens", True)
 
 
 def _grpo_steps(t: dict, prompts: int, workers: int, where: str) -> EpochSteps:

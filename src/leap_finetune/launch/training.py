@@ -16,7 +16,7 @@ from leap_finetune.errors import LeapError
 from leap_finetune.launch.evaluator import evaluating
 from leap_finetune.launch.report import devices_line, end_report
 from leap_finetune.launch.rl_servers import judge_url
-from leap_finetune.launch.steps import epoch_steps
+from leap_finetune.launch.steps import prepared_steps
 from leap_finetune.runs.folder import RunFolder
 from leap_finetune.runs.processes import running
 
@@ -107,7 +107,7 @@ def _keep_server_logs(console: Console, run_dir: Path) -> None:
 def print_start(console: Console, resolved: ResolvedConfig, prepared: PreparedData, plan, devices) -> None:
     """What the run is about to do: its folder, rows, tokens and steps, the devices and the precision."""
     t = resolved.training
-    epoch = epoch_steps(resolved, len(prepared.train), devices.workers)
+    epoch = prepared_steps(resolved, prepared, devices)
     steps = epoch.total(t)
     if t.get("packing") and not (t.get("max_steps") or 0) > 0:
         steps = f"<= {steps} (packing merges rows)"
@@ -115,7 +115,8 @@ def print_start(console: Console, resolved: ResolvedConfig, prepared: PreparedDa
     rows = "prompts" if epoch.unit == "completions" else "rows"
     console.print(
         f"run: {plan.run_dir} ({action}); {len(prepared.train)} {rows}, {prepared.train_tokens:,} tokens, "
-        f"{steps} steps of {epoch.per_step} {epoch.unit}"
+        f"{steps} steps of {'~' if epoch.approximate else ''}{epoch.per_step} {epoch.unit}"
+        + (f" ({epoch.per_step_detail})" if epoch.approximate else "")
     )
     if epoch.last_batch:
         console.print(epoch.last_batch)

@@ -144,7 +144,7 @@ METHODS: dict[str, Method] = {
             "a language model (chat)",
             CONVERSATION,
             _CHAT,
-            own_keys=("loss_on", "compile_layers", "optimizer_precision"),
+            own_keys=("loss_on", "compile_layers", "optimizer_precision", "batch_tokens"),
             fused_lm_loss=True,
             length_samplers=True,
             cut_by_max_length=True,

@@ -22,22 +22,13 @@ from __future__ import annotations
 
 import heapq
 
-# A tile's vision-encoder work in language-model tokens: LFM2-VL's processor pads every tile (and thumbnail, and image
-# that is not split) to 1,024 patches, so a tile costs the same whatever its size; SigLIP2 over 1,024 patches is about
-# the language model over 256 tokens (LFM2-VL-450M: 86M x 1,024 vs 354M x 256 parameter-FLOPs).
-TILE_TOKENS = 256
+from leap_finetune.data.token_batches import micro_batches_per_worker, row_costs, token_budget_batches
 
 
 def row_lengths(dataset) -> list[int]:
     """The cost of each row for the balance: its token count, read from the Arrow column (no Python copy of the
     token ids), plus TILE_TOKENS per image tile of an image run - so that the batches are grouped by tile count."""
-    import pyarrow.compute as pc
-
-    table = dataset.with_format("arrow")
-    lengths = pc.list_value_length(table["input_ids"])
-    if "image_tiles" in table.column_names:
-        lengths = pc.add(lengths, pc.multiply(pc.fill_null(table["image_tiles"], 0), TILE_TOKENS))
-    return lengths.to_pylist()
+    return row_costs(dataset.with_format("arrow"))
 
 
 def balanced_sampler(args, dataset, *, padding_free: bool):
@@ -57,6 +48,57 @@ def balanced_sampler(args, dataset, *, padding_free: bool):
     if padding_free:
         return _token_balanced_class()(**options)
     return BatchRebalanceSampler(**options)
+
+
+def token_budget_sampler(args, dataset, budget: int, *, padding_free: bool):
+    """The batch sampler for `batch_tokens` (data/token_batches.py): micro-batches of at most `budget` tokens,
+    grouped once, visited in a new order each epoch; on several workers each takes every n-th group of the order."""
+    return _token_budget_class()(
+        lengths=row_lengths(dataset),
+        budget=budget,
+        padded=not padding_free,
+        dp_size=max(1, args.world_size),
+        grad_accum=args.gradient_accumulation_steps,
+        rank=args.process_index if args.world_size > 1 else 0,
+        drop_last=args.dataloader_drop_last,
+        seed=args.data_seed if args.data_seed is not None else args.seed,
+    )
+
+
+def _token_budget_class():
+    import torch
+    from transformers.trainer_pt_utils import BatchRebalanceSampler
+
+    class TokenBudgetSampler(BatchRebalanceSampler):
+        """A BatchRebalanceSampler to the Trainer (passed as a batch sampler, not re-sharded by accelerate, given
+        its epoch), with groups of its own."""
+
+        def __init__(self, *, lengths, budget, padded, dp_size, grad_accum, rank, drop_last, seed):
+            super().__init__(
+                lengths=lengths,
+                effective_batch_size=dp_size * grad_accum,
+                dp_size=dp_size,
+                grad_accum=grad_accum,
+                seed=seed,
+                rank=rank,
+                drop_last=drop_last,
+            )
+            self.groups = token_budget_batches(lengths, budget, padded=padded, seed=seed)
+            self.per_worker = micro_batches_per_worker(len(self.groups), dp_size, drop_last)
+
+        def __iter__(self):
+            generator = torch.Generator()
+            generator.manual_seed(self.seed + self.epoch)
+            order = torch.randperm(len(self.groups), generator=generator).tolist()
+            wanted = self.per_worker * self.dp_size
+            order = (order * -(-wanted // max(1, len(order))))[:wanted]  # (topped up from the start: see above)
+            for position in range(self.rank, wanted, self.dp_size):
+                yield self.groups[order[position]]
+
+        def __len__(self):
+            return self.per_worker
+
+    return TokenBudgetSampler
 
 
 def _token_balanced_class():

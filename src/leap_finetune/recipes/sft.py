@@ -23,6 +23,7 @@ def training_arguments(resolved: ResolvedConfig, *, run_dir: str, has_eval: bool
     args = common.common_arguments(resolved, run_dir=run_dir, has_eval=has_eval, cuda=cuda)
     args.pop("compile_layers", None)  # leap-finetune's key (see recipes/speed.py), applied to the model
     args.pop("optimizer_precision", None)  # leap-finetune's key (recipes/optimizers.py), given to the trainer
+    args.pop("batch_tokens", None)  # leap-finetune's key: the trainer's sampler (recipes/sampling.py)
     # TRL's own padding-free collator refuses a custom collator: an image run's collator (recipes/vision.py)
     # flattens the batch itself (`flat_batches` below), and TRL sees padded batches
     fast = speed_plan(resolved, cuda)
@@ -43,7 +44,7 @@ def training_arguments(resolved: ResolvedConfig, *, run_dir: str, has_eval: bool
 def trainer_class():
     from trl import SFTTrainer
 
-    from leap_finetune.recipes.sampling import balanced_sampler, epoch_callback
+    from leap_finetune.recipes.sampling import balanced_sampler, epoch_callback, token_budget_sampler
 
     class LeapSFTTrainer(DeviceSideMetrics, vision.VisionRate, SFTTrainer):
         """SFTTrainer whose `batch_rebalance` sampler balances tokens for padding-free batches and reads
@@ -51,6 +52,7 @@ def trainer_class():
         the device until logging (recipes/host_syncs.py)."""
 
         flat_batches = False  # padding-free batches (TRL's, or an image run's own collator)
+        batch_tokens = None  # `batch_tokens`: micro-batches cut by tokens (data/token_batches.py)
 
         def __init__(self, *args, **kwargs):
             super().__init__(*args, **kwargs)
@@ -59,10 +61,13 @@ def trainer_class():
 
         def _get_train_sampler(self, train_dataset=None):
             dataset = train_dataset if train_dataset is not None else self.train_dataset
-            if self.args.train_sampling_strategy != "batch_rebalance" or dataset is None:
-                return super()._get_train_sampler(train_dataset)
             flat = self.flat_batches or bool(self.args.padding_free)
-            sampler = balanced_sampler(self.args, dataset, padding_free=flat)
+            if self.batch_tokens and dataset is not None:
+                sampler = token_budget_sampler(self.args, dataset, self.batch_tokens, padding_free=flat)
+            elif self.args.train_sampling_strategy != "batch_rebalance" or dataset is None:
+                return super()._get_train_sampler(train_dataset)
+            else:
+                sampler = balanced_sampler(self.args, dataset, padding_free=flat)
             self._sampler_epoch.sampler = sampler  # (its epoch is set at every epoch's start, resumes included)
             return sampler
 
@@ -116,6 +121,7 @@ def train(resolved_json: dict, callbacks: list | None = None) -> dict:
     stop_on_signal = StopOnSignal()
     trainer_cls = trainer_class()
     trainer_cls.flat_batches = flat
+    trainer_cls.batch_tokens = resolved.training.get("batch_tokens")
     if resolved.vision:
         trainer_cls.vision_lr_multiplier = resolved.training.get("vision_encoder_lr_multiplier")
     trainer = trainer_cls(

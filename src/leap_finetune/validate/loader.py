@@ -25,7 +25,7 @@ from leap_finetune.config.model_init import check_model_init_kwargs
 from leap_finetune.config.paths import expand_home, local_path
 from leap_finetune.config.precision import check_optimizer_precision
 from leap_finetune.config.resolved import ResolvedConfig
-from leap_finetune.config.rules import check_training_rules
+from leap_finetune.config.rules import check_batch_tokens, check_training_rules
 from leap_finetune.config.schema import (
     GENERATION_METRICS,
     LOGPROB_METRICS,
@@ -496,6 +496,7 @@ def _resolve_training(model: LeapConfigModel, where: str, vision: bool = False) 
     if user or model.dataset is not None:  # (an evaluation-only config trains nothing: no TRL import, ~8 s)
         merged = check_training_values(method_of(model).arguments_class(), merged, where)
     check_report_to(merged.get("report_to"), where)
+    check_batch_tokens(user, merged, where)
     check_training_rules(
         model.training_type,
         merged,
