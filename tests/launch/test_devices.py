@@ -141,7 +141,7 @@ def test_a_reserved_evaluation_gpu_is_taken_out_of_training_before_anything_star
         '{"messages": [{"role": "user", "content": "Hi"}, {"role": "assistant", "content": "Hello"}]}\n'
     )
     data = tiny_config(
-        evals={"benchmarks": [{"name": "hi", "path": "bench.jsonl", "metric": "exact_match"}]},
+        evals={"eval_steps": 3, "benchmarks": [{"name": "hi", "path": "bench.jsonl", "metric": "exact_match"}]},
         async_eval={"mode": "reserved", "vllm_gpus": 1, "reserved": {"server_port": 8123}},
     )
     result = invoke("plan", str(write_config(workdir, data, "reserved.yaml")), "--gpus", "4", "--json", cwd=workdir)
@@ -150,6 +150,11 @@ def test_a_reserved_evaluation_gpu_is_taken_out_of_training_before_anything_star
     assert plan["devices"]["eval"] == [0] and plan["devices"]["training"] == [1, 2, 3] and plan["workers"] == 3
     [server] = [p for p in plan["processes"] if p["name"].startswith("evaluation server")]
     assert server["env"]["CUDA_VISIBLE_DEVICES"] == "0" and "8123" in server["command"]
+    assert server["command"][0] == "python" and "before training, every 3 steps and after training" in server["name"]
+    data_cpu = {**data, "async_eval": {"mode": "reserved", "vllm_gpus": 0}}
+    cpu = json.loads(invoke("plan", str(write_config(workdir, data_cpu, "cpu.yaml")), "--json", cwd=workdir).stdout)
+    [server] = [p for p in cpu["processes"] if p["name"].startswith("evaluation server")]
+    assert server["command"][:3] == ["nice", "-n", "19"]  # a CPU evaluator yields to training
     workers = [p for p in plan["processes"] if p["name"].startswith("training worker")]
     assert [p["env"]["CUDA_VISIBLE_DEVICES"] for p in workers] == ["1", "2", "3"]
     two_nodes = invoke(

@@ -41,15 +41,21 @@ def _evaluation_processes(devices: DevicePlan, resolved) -> list[dict]:
     from leap_finetune.runs.processes import NO_MULTICAST
 
     snapshot = "RUN/benchmarks/snapshots/step-N"
+    # the same points as sync mode (recipes/common.benchmark_callback)
+    every = (resolved.evals.eval_steps if resolved.evals else None) or resolved.training.get("eval_steps") or 500
+    start = "" if resolved.resume_checkpoint_path else "before training, "
+    when = f"{start}every {every} steps and after training"
     if settings.mode == "sidecar":
+        cpu = not settings.vllm_gpus  # (evaluation/sidecar.py: a CPU evaluator yields to training)
         return [
             {
-                "name": "evaluation job (sbatch, one per evaluation, submitted by the driver)",
+                "name": f"evaluation job (sbatch, one per evaluation, submitted by the driver: {when})",
                 "node": 0,
                 "command": [
                     "sbatch",
                     "RUN/benchmarks/jobs/step-N.sbatch",
                     "->",
+                    *(["nice", "-n", "19"] if cpu else []),
                     "leap-finetune",
                     "eval",
                     f"{snapshot}/eval.yaml",
@@ -62,12 +68,16 @@ def _evaluation_processes(devices: DevicePlan, resolved) -> list[dict]:
     in_place = settings.reserved.weight_reload == "in_place"
     return [
         {
-            "name": "evaluation server (started once; each snapshot's weights loaded into it)"
-            if in_place
-            else "evaluation server (respawned by the driver on each snapshot)",
+            "name": (
+                "evaluation server (started once; each snapshot's weights loaded into it"
+                if in_place
+                else "evaluation server (respawned by the driver on each snapshot"
+            )
+            + f": {when})",
             "node": 0,
             "env": env,
             "command": [
+                *([] if devices.eval else ["nice", "-n", "19"]),  # (evaluation/reserved.py: on the CPU it yields)
                 "python",
                 "-m",
                 "leap_finetune.evaluation.serve",
