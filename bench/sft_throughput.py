@@ -362,6 +362,7 @@ VARIANTS = {
         "default + 4 data-loader workers (persistent)",
         {"dataloader_num_workers": 4, "dataloader_persistent_workers": True},
     ),
+    "no-workers": ("default without data-loader workers", {"dataloader_num_workers": 0}),
     "compiled-opt": ("default, AdamW step compiled (torch.compile, tensor lr)", {}, compiled_optimizer),
     "no-clip": ("default without gradient clipping (attribution only)", {"max_grad_norm": 0}),
     "liger": ("default with Liger's RMSNorm and SwiGLU kernels", {}, liger_layer_kernels),
