@@ -38,7 +38,7 @@ def varlen_kernel_available() -> bool:
 # A multiple of 8 keeps the GEMMs aligned (16 bytes of bf16). Measured on LFM2-1.2B: 8 57.9k tokens/s, 64 56.3k, none 53.8k.
 PAD_TO_MULTIPLE_OF = 8
 # Batches collated (and, for sentence-transformers and images, tokenized / decoded) in worker processes beside the
-# GPU's work instead of between steps. Measured on an H200: SFT LFM2-350M +11%, 1.2B +2.6%, the same losses;
+# GPU's work instead of between steps. Measured on an H200: SFT LFM2-350M +11-14%, 1.2B +2.6%, the same losses;
 # embedding +31%, ColBERT +23%; LFM2-VL-1.6B +35% (bench/RESULTS.md).
 DATA_LOADER_WORKERS = 4
 
