@@ -16,6 +16,7 @@ from __future__ import annotations
 
 import argparse
 import datetime
+import functools
 import gc
 import json
 import math
@@ -273,11 +274,12 @@ def torchao_stochastic_rounding():
     return lambda: setattr(optimizers, "optimizer_cls_and_kwargs", original)
 
 
-def compiled_optimizer():
+def compiled_optimizer(mode: str | None = None):
     """The default's AdamW (float32 states) with its step compiled by torch.compile and the learning rate a tensor
     (PyTorch's recipe "compiled optimizer with an LR scheduler": the scheduler fills the tensor, no recompile per
     step). Inductor fuses the update of all parameters into a few kernels instead of fused AdamW's ~290
-    multi_tensor_apply launches. Returns the undo."""
+    multi_tensor_apply launches. mode "reduce-overhead" also captures the compiled update in a CUDA graph (one
+launch per step). Returns the undo."""
     import torch
 
     from leap_finetune.recipes import optimizers
@@ -285,7 +287,7 @@ def compiled_optimizer():
     class CompiledAdamW(torch.optim.AdamW):
         def __init__(self, params, lr, **kwargs):
             super().__init__(params, lr=torch.tensor(lr), **kwargs)
-            self._compiled_step = torch.compile(lambda: torch.optim.AdamW.step(self), fullgraph=False)
+            self._compiled_step = torch.compile(lambda: torch.optim.AdamW.step(self), fullgraph=False, mode=mode)
 
         def step(self, closure=None):
             assert closure is None
@@ -364,6 +366,11 @@ VARIANTS = {
     ),
     "no-workers": ("default without data-loader workers", {"dataloader_num_workers": 0}),
     "compiled-opt": ("default, AdamW step compiled (torch.compile, tensor lr)", {}, compiled_optimizer),
+    "graph-opt": (
+        "default, AdamW step compiled and captured in a CUDA graph (reduce-overhead)",
+        {},
+        functools.partial(compiled_optimizer, "reduce-overhead"),
+    ),
     "no-clip": ("default without gradient clipping (attribution only)", {"max_grad_norm": 0}),
     "liger": ("default with Liger's RMSNorm and SwiGLU kernels", {}, liger_layer_kernels),
     "padded": ("padded batches (the previous default)", OFF),
