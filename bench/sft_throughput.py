@@ -276,10 +276,10 @@ def torchao_stochastic_rounding():
 
 def compiled_optimizer(mode: str | None = None):
     """The default's AdamW (float32 states) with its step compiled by torch.compile and the learning rate a tensor
-    (PyTorch's recipe "compiled optimizer with an LR scheduler": the scheduler fills the tensor, no recompile per
-    step). Inductor fuses the update of all parameters into a few kernels instead of fused AdamW's ~290
-    multi_tensor_apply launches. mode "reduce-overhead" also captures the compiled update in a CUDA graph (one
-launch per step). Returns the undo."""
+        (PyTorch's recipe "compiled optimizer with an LR scheduler": the scheduler fills the tensor, no recompile per
+        step). Inductor fuses the update of all parameters into a few kernels instead of fused AdamW's ~290
+        multi_tensor_apply launches. mode "reduce-overhead" also captures the compiled update in a CUDA graph (one
+    launch per step). Returns the undo."""
     import torch
 
     from leap_finetune.recipes import optimizers

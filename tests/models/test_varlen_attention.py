@@ -89,3 +89,32 @@ def test_models_we_did_not_verify_keep_their_attention():
     model.set_attn_implementation("eager")
     model.config._attn_implementation = "flex_attention"  # a user's explicit choice is kept
     assert use_varlen_attention(model) is None
+
+
+def test_compiled_cpu_attention_keeps_documents_apart_and_traces_once_for_any_document_count():
+    """Inside a compiled layer on a CPU, attention over a flat row is one SDPA call with a block-diagonal mask built
+    from the boundaries: equal to each document attending to itself alone (empty documents and grouped heads
+    included), and one graph serves rows with different numbers of documents (the host loop recompiled per count)."""
+    import torch._dynamo
+
+    from leap_finetune.models.varlen_attention import _per_document_sdpa
+
+    torch.manual_seed(0)
+    calls = []
+
+    def attend(q, k, v, cu_seq_lens):
+        return _per_document_sdpa(q, k, v, cu_seq_lens, None, 2)
+
+    def counting_backend(graph, inputs):
+        calls.append(graph)
+        return graph.forward
+
+    torch._dynamo.reset()
+    compiled = torch.compile(attend, backend=counting_backend, dynamic=True, fullgraph=True)
+    for bounds in ([0, 5, 5, 12, 30, 31, 40], [0, 17, 40], [0, 3, 9, 20, 26]):
+        total = bounds[-1]
+        q, k, v = torch.randn(total, 4, 16), torch.randn(total, 2, 16), torch.randn(total, 2, 16)
+        cu = torch.tensor(bounds, dtype=torch.int32)
+        expected = attend(q, k, v, cu)  # eager: each document on its own
+        assert torch.allclose(compiled(q, k, v, cu), expected, atol=1e-5)
+    assert len(calls) == 1  # fullgraph: no graph break; one trace for three counts and lengths

@@ -55,7 +55,7 @@ def test_the_users_keys_win():
     assert not plan({"padding_free": False, "compile_layers": False}, "tiny-lfm2", cuda=True).padding_free
     assert plan({"padding_free": True}, "tiny-lfm2", cuda=False).padding_free
     slow = plan({"padding_free": True, "compile_layers": True}, "tiny-lfm2", cuda=False)
-    assert "on a CPU, compiled layers with flat batches recompile for every new document count" in slow.line
+    assert "on a CPU, compiling takes minutes" in slow.line and "compile_layers: false is faster" in slow.line
     packing = plan({"packing": True}, "tiny-lfm2", cuda=True)
     assert not packing.padding_free and packing.line.startswith("speed: packing")
 

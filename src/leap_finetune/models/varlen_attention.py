@@ -89,6 +89,8 @@ def _boundaries_from_positions(position_ids):
 
 def _per_document_sdpa(q, k, v, cu_seq_lens, scaling, groups):
     """The reference path (CPU): each document attends causally to itself alone."""
+    if torch.compiler.is_compiling():
+        return _block_diagonal_sdpa(q, k, v, cu_seq_lens, scaling, groups)
     bounds = cu_seq_lens.tolist()
     outputs = []
     for start, end in zip(bounds[:-1], bounds[1:], strict=True):
@@ -99,6 +101,20 @@ def _per_document_sdpa(q, k, v, cu_seq_lens, scaling, groups):
             kd, vd = kd.repeat_interleave(groups, dim=0), vd.repeat_interleave(groups, dim=0)
         outputs.append(F.scaled_dot_product_attention(qd, kd, vd, is_causal=True, scale=scaling).transpose(0, 1))
     return torch.cat(outputs, dim=0)
+
+
+def _block_diagonal_sdpa(q, k, v, cu_seq_lens, scaling, groups):
+    """The CPU path inside a compiled layer: one SDPA call with a block-diagonal causal mask built from the
+    boundaries by tensor operations. The per-document loop reads the boundaries on the host, which breaks the
+    graph and recompiles it for every new document count; this traces once for any count and length. It costs
+    (total length)^2 instead of sum(length^2), which only compiled layers on a CPU pay (not a default)."""
+    positions = torch.arange(q.shape[0], device=q.device)
+    document = torch.searchsorted(cu_seq_lens[1:].to(positions.dtype), positions, right=True)
+    mask = (document[:, None] == document[None, :]) & (positions[:, None] >= positions[None, :])
+    qd, kd, vd = (t.transpose(0, 1) for t in (q, k, v))  # (heads, total, dim)
+    if groups > 1:
+        kd, vd = kd.repeat_interleave(groups, dim=0), vd.repeat_interleave(groups, dim=0)
+    return F.scaled_dot_product_attention(qd, kd, vd, attn_mask=mask, scale=scaling).transpose(0, 1)
 
 
 def varlen_mask(*args, attention_mask=None, **kwargs):

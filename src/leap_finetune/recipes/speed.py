@@ -90,8 +90,11 @@ def plan(training: dict, model_id: str, cuda: bool, flat_batches: bool = True) -
             else " (compile_layers: false turns it off)"
         )
     if not cuda and compile_layers and (padding_free or packing):
-        # (no varlen kernel on a CPU: each document runs on its own, and every new number of documents recompiles)
-        line += "; note: on a CPU, compiled layers with flat batches recompile for every new document count (minutes)"
+        # (no varlen kernel on a CPU: a compiled layer attends over the whole flat row with a block-diagonal mask)
+        line += (
+            "; note: on a CPU, compiling takes minutes and compiled layers attend over the whole flat row with a "
+            "block mask (compile_layers: false is faster there)"
+        )
     defaults = {}
     if (cuda and flat_batches) or padding_free or packing:
         defaults["pad_to_multiple_of"] = PAD_TO_MULTIPLE_OF
