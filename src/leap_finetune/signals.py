@@ -208,3 +208,30 @@ def die_with_parent(signum: int = signal.SIGKILL, parent: int | None = None) -> 
     _LIBC.prctl(1, int(signum))  # PR_SET_PDEATHSIG
     if parent is not None and os.getppid() != parent:
         os.kill(os.getpid(), signum)
+
+
+def leave_signals_to_the_training_process() -> None:
+    """Data-loader worker processes ignore Ctrl-C and SIGTERM; the training process answers them (above).
+
+    SLURM's scancel and preemption, systemd and a terminal's Ctrl-C signal every process of the job. torch gives
+    each data-loader worker a SIGTERM handler that ends it, and a forked worker inherits our Python SIGINT handler:
+    the worker died, and the training process then raised "DataLoader worker (pid N) is killed by signal" in the
+    middle of saving its checkpoint (measured with 2 workers: the run was lost), or printed the stop notice once
+    per worker. A worker that ignores both still ends with its training process (torch's workers watch their
+    parent and are told to stop through their queue). torch offers no option for this, and transformers' Trainer
+    and sentence-transformers build their own loaders (with worker_init_fn only for training, where there is one),
+    so the one place every worker passes - torch's call that sets its signal handlers - is wrapped, once per
+    process (forked workers inherit it; the `spawn` context re-imports torch and keeps torch's handlers)."""
+    from torch.utils.data._utils import signal_handling
+
+    original = signal_handling._set_worker_signal_handlers
+    if getattr(original, "leap_finetune", False):
+        return
+
+    def set_worker_signal_handlers(*args, **kwargs):
+        original(*args, **kwargs)
+        for signum in SIGNALS:
+            signal.signal(signum, signal.SIG_IGN)
+
+    set_worker_signal_handlers.leap_finetune = True
+    signal_handling._set_worker_signal_handlers = set_worker_signal_handlers

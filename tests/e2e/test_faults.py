@@ -420,3 +420,29 @@ def test_running_out_of_memory_names_the_settings_to_change(data):
     ]
     assert "lower per_device_train_batch_size (raise gradient_accumulation_steps" in text
     assert "Traceback" not in result.stderr
+
+
+@pytest.mark.slow
+def test_sigterm_to_every_process_of_the_job_checkpoints_a_run_with_data_loader_workers(data):
+    """scancel, preemption and systemd signal every process of a job, the data-loader workers too: the workers
+    leave the signal to the training process, which saves a checkpoint and stops (a worker killed by it made the
+    training process crash while saving, and the run was lost)."""
+    import psutil
+
+    config = _config(data, "workers", "workers.yaml", dataloader_num_workers=2, save_steps=2)
+    driver = _cli(config, data, fault="checkpoint-saved=SIGSTOP", new_session=True)
+    _wait_stopped(driver)  # after the checkpoint of step 2, the workers running
+    workers = psutil.Process(driver.pid).children(recursive=True)
+    assert len(workers) >= 2, [(p.pid, p.name(), p.cmdline()) for p in workers]
+    os.killpg(driver.pid, signal.SIGTERM)  # every process of the job, as scancel does
+    os.killpg(driver.pid, signal.SIGCONT)
+    _, stderr = communicate(driver)
+    assert driver.returncode == 128 + signal.SIGTERM, stderr[-3000:]
+    assert "DataLoader worker" not in stderr and "Traceback" not in stderr, stderr[-3000:]
+    assert stderr.count("SIGTERM received") == 1, stderr[-3000:]  # the training process's notice, once
+    assert "checkpoint saved" in stderr
+    run_dir = _only_run(data / "outputs" / "workers")
+    saved = sorted(int(p.name.split("-")[1]) for p in run_dir.glob("checkpoint-*"))
+    assert saved[-1] > 2 and verify(run_dir / f"checkpoint-{saved[-1]}").ok, saved
+    gone, alive = psutil.wait_procs(workers, timeout=15)
+    assert not alive, alive

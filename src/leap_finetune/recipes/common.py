@@ -10,7 +10,7 @@ from contextlib import contextmanager
 from dataclasses import dataclass
 from pathlib import Path
 
-from leap_finetune import faults
+from leap_finetune import faults, signals
 from leap_finetune.config.resolved import ResolvedConfig
 from leap_finetune.files import write_atomic
 from leap_finetune.quiet import quiet_libraries  # noqa: F401 - also imported from here
@@ -471,6 +471,7 @@ def train_or_finish(trainer, resume: str | None):
     weights, optimizer, scheduler and state), and the end of training is done as transformers does it (the
     callbacks' on_train_end, the best model loaded where asked). Returns TrainOutput, or None when nothing was
     trained."""
+    signals.leave_signals_to_the_training_process()  # (data-loader workers: a stop signal is the trainer's)
     try:
         return trainer.train(resume_from_checkpoint=resume)
     except AlreadyTrained:
