@@ -7,6 +7,7 @@ import json
 import os
 import shlex
 import sys
+import traceback
 from pathlib import Path
 
 import typer
@@ -64,13 +65,13 @@ def _user_errors(command):
         try:
             return command(*args, **kwargs)
         except LeapError as err:
-            if _state["debug"]:
-                raise
+            if _state["debug"]:  # the traceback too, and the same exit code (a script's check must not change)
+                traceback.print_exc()
             print(f"error: {err.format()}", file=sys.stderr)
             raise typer.Exit(2) from None
         except RunFailed as err:  # the run started and failed (a worker died): exit 1, one message
             if _state["debug"]:
-                raise
+                traceback.print_exc()
             print(f"error: {err}", file=sys.stderr)
             raise typer.Exit(1) from None
         except Stopped as err:  # Ctrl-C / SIGTERM outside the training loop, or a second one: 128 + signal

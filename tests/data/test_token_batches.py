@@ -18,17 +18,25 @@ def _lengths(n: int, seed: int = 0) -> list[int]:
     return [int(min(2040, max(200, rng.lognormvariate(math.log(700), 0.6)))) for _ in range(n)]
 
 
-def _cost(group: list[int], lengths: list[int], padded: bool) -> int:
-    return len(group) * max(lengths[i] for i in group) if padded else sum(lengths[i] for i in group)
+def _cost(group: list[int], lengths: list[int], padded: bool, multiple: int = 1) -> int:
+    """What the collator makes of the group: padded rows to the longest, a flat row of them all; then up to the
+    multiple (pad_to_multiple_of)."""
+
+    def up(n: int) -> int:
+        return -(-n // multiple) * multiple
+
+    return len(group) * up(max(lengths[i] for i in group)) if padded else up(sum(lengths[i] for i in group))
 
 
+@pytest.mark.parametrize("multiple", [None, 8])
 @pytest.mark.parametrize("padded", [False, True])
-@pytest.mark.parametrize("budget", [2048, 8192, 16384])
-def test_every_row_once_and_no_group_over_the_budget(padded, budget):
+@pytest.mark.parametrize("budget", [2048, 8192, 16380])
+def test_every_row_once_and_no_group_over_the_budget(padded, budget, multiple):
+    """With pad_to_multiple_of (8: the GPU default for flat batches) the collator's padding counts too."""
     lengths = _lengths(700)
-    groups = token_budget_batches(lengths, budget, padded=padded, seed=3)
+    groups = token_budget_batches(lengths, budget, padded=padded, seed=3, multiple=multiple)
     assert sorted(i for g in groups for i in g) == list(range(700))
-    assert max(_cost(g, lengths, padded) for g in groups) <= budget
+    assert max(_cost(g, lengths, padded, multiple or 1) for g in groups) <= budget
 
 
 def test_a_row_longer_than_the_budget_gets_a_group_of_its_own():
@@ -100,3 +108,26 @@ def test_several_workers_get_equal_turns_and_the_last_round_is_topped_up(workers
     assert len(dealt) - len(groups) == (-len(groups)) % workers  # only the top-up repeats
     dropped = _epoch((lengths, 4096), workers, drop_last=True)
     assert sum(len(r) for r in dropped) == len(groups) - len(groups) % workers
+
+
+@pytest.mark.parametrize(
+    ("training", "named", "advice"),
+    [
+        ({"per_device_train_batch_size": 8, "max_length": 2048}, "per_device_train_batch_size 8", "global batch"),
+        # the profile's per_device_train_batch_size is unused with batch_tokens (and validate refuses the user's)
+        (
+            {"per_device_train_batch_size": 4, "batch_tokens": 8192, "max_length": 2048},
+            "batch_tokens 8192",
+            "lower batch_tokens (raise gradient_accumulation_steps to keep the tokens per step)",
+        ),
+    ],
+)
+def test_out_of_memory_names_the_batch_setting_that_is_in_use(tmp_path, training, named, advice):
+    from leap_finetune.errors import LeapError
+    from leap_finetune.recipes.common import disk_errors
+
+    with pytest.raises(LeapError) as caught, disk_errors(tmp_path, None, training):
+        raise RuntimeError("CUDA out of memory. Tried to allocate 2.00 GiB")
+    assert named in caught.value.message and advice in caught.value.fix
+    if "batch_tokens" in training:
+        assert "per_device_train_batch_size" not in caught.value.format()

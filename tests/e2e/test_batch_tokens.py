@@ -107,9 +107,19 @@ def test_an_interrupted_run_resumes_to_the_uninterrupted_losses(chat_data):
 @pytest.mark.parametrize(
     ("training", "message", "fix"),
     [
-        ({"batch_tokens": "16k"}, "batch_tokens is '16k'", "whole number of tokens"),
-        ({"batch_tokens": True}, "batch_tokens is True", "whole number of tokens"),
-        ({"batch_tokens": 0}, "batch_tokens is 0", "whole number of tokens"),
+        (
+            {"batch_tokens": "16k"},
+            "batch_tokens is '16k': expected a whole number of tokens >= max_length (128)",
+            "whole number",
+        ),
+        ({"batch_tokens": True}, "batch_tokens is true: expected", "whole number"),
+        ({"batch_tokens": None}, "batch_tokens is null: expected", "whole number"),
+        (
+            {"batch_tokens": 0},
+            "batch_tokens is 0: expected a whole number of tokens >= max_length (128)",
+            "whole number",
+        ),
+        ({"batch_tokens": 512.5}, "batch_tokens is 512.5: expected", "whole number"),
         ({"batch_tokens": 64}, "less than max_length 128", "batch_tokens >= 128"),
         ({"per_device_train_batch_size": 4}, "both batch_tokens and per_device_train_batch_size", "remove"),
         ({"packing": True}, "both batch_tokens and packing", "remove packing"),
@@ -127,3 +137,12 @@ def test_batch_tokens_belongs_to_sft(chat_data):
     with pytest.raises(LeapError, match="batch_tokens") as err:
         load_config(write_config(chat_data, config, "dpo.yaml"))
     assert "sft" in str(err.value) + err.value.fix
+
+
+def test_the_resolved_config_records_no_row_count_or_sampler_beside_batch_tokens(chat_data):
+    """The profile's per_device_train_batch_size and train_sampling_strategy are not used with batch_tokens: the
+    run's resolved_config.yaml must not show them as the run's (validate refuses them beside batch_tokens)."""
+    resolved = load_config(_config(chat_data, "record"))
+    assert resolved.training["batch_tokens"] >= 128
+    assert "per_device_train_batch_size" not in resolved.training
+    assert "train_sampling_strategy" not in resolved.training

@@ -86,3 +86,36 @@ def test_grpo_prompts_that_fill_no_generation_batch_are_refused(workdir):
         error = " ".join(result.stderr.split())
         assert result.returncode == 2 and "Traceback" not in error, error
         assert "the training data has 3 prompt(s), fewer than one generation batch of 4 prompts" in error, error
+
+
+def test_batch_tokens_steps_without_the_rows_lengths_are_said_to_be_an_upper_bound(workdir):
+    """Rows counted without a tokenizer have no lengths to group: one row per micro-batch is the most steps there
+    can be, and the plan says so instead of printing it as the count."""
+    from leap_finetune.launch.steps import epoch_steps
+    from leap_finetune.validate.loader import load_config
+
+    write_jsonl(workdir / "rows.jsonl", [{"messages": [{"role": "user", "content": "hi"}]}] * 2)
+    config = write_config(
+        workdir,
+        {
+            "project_name": "bound",
+            "model_name": "tiny-lfm2",
+            "training_type": "sft",
+            "dataset": {"path": "rows.jsonl"},
+            "training_config": {"batch_tokens": 4096, "max_length": 1024},
+        },
+    )
+    resolved = load_config(config)
+    bound = epoch_steps(resolved, 40, 1, None, gpu=False)
+    assert bound.steps_per_epoch == 40 and "at most 40" in bound.last_batch and "run" in bound.last_batch
+    exact = epoch_steps(resolved, 40, 1, [100] * 40, gpu=False)  # 40 rows of 100 tokens: one micro-batch
+    assert exact.steps_per_epoch == 1 and not (exact.last_batch or "").startswith("steps: at most")
+    over = epoch_steps(resolved, 3, 1, [100, 5000, 200], gpu=False)  # (max_length null: a row over the budget)
+    assert "1 row(s) are longer than batch_tokens 4096 (the longest 5000 tokens)" in over.last_batch
+    import pytest
+
+    from leap_finetune.errors import LeapError
+
+    resolved.training["dataloader_drop_last"] = True
+    with pytest.raises(LeapError, match="fewer than the 2 workers, and dataloader_drop_last: true drops them all"):
+        epoch_steps(resolved, 40, 2, [100] * 40, gpu=False)

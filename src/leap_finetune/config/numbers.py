@@ -77,6 +77,8 @@ def shown(value) -> str:
     """A value as the user wrote it in YAML."""
     if isinstance(value, bool):
         return "true" if value else "false"
+    if value is None:
+        return "null"
     if isinstance(value, float) and not math.isfinite(value):
         return ".nan" if math.isnan(value) else ".inf" if value > 0 else "-.inf"
     return repr(value)

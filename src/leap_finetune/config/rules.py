@@ -191,17 +191,21 @@ def check_batch_tokens(user: dict, training: dict, where: str) -> None:
     profile's per_device_train_batch_size is not the user's)."""
     if "batch_tokens" not in user:
         return
+    from leap_finetune.config.numbers import shown
+
     value = user["batch_tokens"]
+    longest = training.get("max_length")
     if isinstance(value, bool) or not isinstance(value, int) or value < 1:
+        least = f"max_length ({longest})" if isinstance(longest, int) and longest >= 1 else "1"
         raise LeapError(
-            f"training_config.batch_tokens is {value!r}",
+            f"training_config.batch_tokens is {shown(value)}: expected a whole number of tokens >= {least}",
             where=where,
-            fix="use a whole number of tokens per micro-batch and device, e.g. batch_tokens: 16384",
+            fix="give the tokens per micro-batch and device as a whole number, e.g. batch_tokens: "
+            f"{max(16384, 4 * longest) if isinstance(longest, int) and longest >= 1 else 16384}",
         )
     for key, why in (
         ("per_device_train_batch_size", "the rows of a micro-batch are as many as fit in batch_tokens"),
         ("train_sampling_strategy", "batch_tokens chooses the rows of each micro-batch by their lengths"),
-        ("group_by_length", "batch_tokens chooses the rows of each micro-batch by their lengths"),
     ):
         if key in user:
             raise LeapError(
@@ -217,7 +221,6 @@ def check_batch_tokens(user: dict, training: dict, where: str) -> None:
             fix="remove packing (batch_tokens with padding-free batches - the GPU default - fills micro-batches "
             "without merging rows), or remove batch_tokens",
         )
-    longest = training.get("max_length")
     if longest is not None and value < longest:
         raise LeapError(
             f"training_config.batch_tokens is {value}, less than max_length {longest}: a row of max_length tokens "

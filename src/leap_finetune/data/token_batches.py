@@ -19,6 +19,8 @@ Grouping, by the cost of a micro-batch:
   groups fill the budget; equal lengths are taken in a seeded random order.
 - padded batches: a micro-batch costs rows x its longest row. The rows sorted by length, cut in order (rows of
   similar length together: the least padding).
+With `pad_to_multiple_of` (a GPU's default for flat batches: 8) the collator pads a micro-batch up to a multiple:
+the grouping counts that padding, so the padded micro-batch stays within the budget too.
 A row longer than the budget (an image run's tiles can make one) gets a micro-batch of its own: nothing is
 dropped. The number of groups depends only on the rows' lengths, so the driver counts the steps before training
 (launch/steps.py) with the same function the sampler uses (recipes/sampling.py).
@@ -34,25 +36,31 @@ import random
 TILE_TOKENS = 256
 
 
-def token_budget_batches(lengths: list[int], budget: int, *, padded: bool, seed: int) -> list[list[int]]:
-    """The rows' indices grouped into micro-batches of at most `budget` tokens (see the module's docstring)."""
+def token_budget_batches(
+    lengths: list[int], budget: int, *, padded: bool, seed: int, multiple: int | None = None
+) -> list[list[int]]:
+    """The rows' indices grouped into micro-batches of at most `budget` tokens once padded to `multiple` (the
+    collator's pad_to_multiple_of; see the module's docstring)."""
     if budget < 1:
         raise ValueError(f"batch_tokens must be >= 1, got {budget}")
+    multiple = max(1, multiple or 1)
     rng = random.Random(seed)
     ties = list(range(len(lengths)))
     rng.shuffle(ties)
     tie = {index: position for position, index in enumerate(ties)}
     order = sorted(range(len(lengths)), key=lambda i: (-lengths[i], tie[i]))
     if padded:
-        return _cut_in_order(order, lengths, budget)
-    return _first_fit(order, lengths, budget)
+        return _cut_in_order(order, lengths, budget, multiple)
+    # a flat row of n tokens is padded to the next multiple: n fits where n rounded up does, i.e. n <= the budget
+    # rounded down (a row alone may still pass the budget by its own padding when the budget is not a multiple)
+    return _first_fit(order, lengths, max(1, budget // multiple * multiple))
 
 
-def _cut_in_order(order: list[int], lengths: list[int], budget: int) -> list[list[int]]:
-    """Padded batches, longest first: a batch's cost is rows x its first (longest) row."""
+def _cut_in_order(order: list[int], lengths: list[int], budget: int, multiple: int) -> list[list[int]]:
+    """Padded batches, longest first: a batch's cost is rows x its first (longest) row, padded to the multiple."""
     batches: list[list[int]] = []
     for index in order:
-        if batches and (len(batches[-1]) + 1) * lengths[batches[-1][0]] <= budget:
+        if batches and (len(batches[-1]) + 1) * -(-lengths[batches[-1][0]] // multiple) * multiple <= budget:
             batches[-1].append(index)
         else:
             batches.append([index])

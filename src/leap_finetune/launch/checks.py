@@ -21,7 +21,7 @@ from leap_finetune.evaluation.standalone import check_benchmarks
 from leap_finetune.launch.devices import DevicePlan, device_plan
 from leap_finetune.launch.plan import RunPlan, check_resume_matches, plan_run
 from leap_finetune.launch.run_folder import fingerprint
-from leap_finetune.launch.steps import epoch_steps
+from leap_finetune.launch.steps import prepared_steps
 from leap_finetune.methods import method_of
 from leap_finetune.rl.custom_rewards import check_custom_rewards
 from leap_finetune.rl.judge import check_judge_server
@@ -64,7 +64,8 @@ def check_run(resolved: ResolvedConfig, console: Console, outputs_root: str | Pa
         check_custom_rewards(resolved, prepared, tokenizer, console)
     devices = device_plan(resolved)
     check_generation_batch(resolved, devices.workers)
-    epoch_steps(resolved, len(prepared.train), devices.workers)  # GRPO: prompts that fill no generation batch
+    # GRPO: prompts that fill no generation batch; batch_tokens: micro-batches that drop_last would all drop
+    prepared_steps(resolved, prepared, devices)
     check_async_eval(resolved, devices)
     plan.changes = check_resume_matches(resolved, plan, fingerprint(prepared), devices.workers)
     check_run_folder_free(plan)

@@ -112,10 +112,16 @@ def _held(folder: Path) -> bool:
     return is_live(folder)
 
 
+def _resume_key(resolved: ResolvedConfig) -> str:
+    """Where a resume's mistake is: the config file, then the key (as every other config error says it)."""
+    key = "training_config.resume_from_checkpoint"
+    return f"{resolved.config_path}: {key}" if resolved.config_path else key
+
+
 def _plan_resume(resolved: ResolvedConfig, root: Path) -> RunPlan:
     """The checkpoint to continue from: `latest` (the newest intact checkpoint of the newest run) or a
     given folder, verified file by file; what the resume will clean up; or "already finished"."""
-    key = "training_config.resume_from_checkpoint"
+    key = _resume_key(resolved)
     notes: list[str] = []
     damaged: list = []
     if resolved.resume_from_checkpoint == "latest":
@@ -283,7 +289,7 @@ def check_resume_matches(
         return {}
     allow = resolved.training.get("resume_allow_changes") or []
     before, saved_data = resumed_config(plan)
-    key = "training_config.resume_from_checkpoint"
+    key = _resume_key(resolved)
     if before is None:
         if allow == ["all"]:
             return {}

@@ -428,10 +428,10 @@ def disk_errors(run_dir: Path, trainer=None, training: dict | None = None):
             t = training or {}
             colocated = bool(t.get("use_vllm")) and t.get("vllm_mode", "colocate") == "colocate"
             length = "max_completion_length" if "num_generations" in t else "max_length"  # (GRPO)
-            keys = ("per_device_train_batch_size", length, "gradient_checkpointing") + (
-                ("vllm_gpu_memory_utilization",) if colocated else ()
-            )
+            batch = "batch_tokens" if t.get("batch_tokens") else "per_device_train_batch_size"
+            keys = (batch, length, "gradient_checkpointing") + (("vllm_gpu_memory_utilization",) if colocated else ())
             settings = ", ".join(f"{k} {t[k]}" for k in keys if k in t)
+            keep = "the tokens per step" if batch == "batch_tokens" else "the global batch"
             where = "GPU" if "CUDA" in str(err) or "cuda" in str(err) else "memory"
             # vLLM colocated holds its share of the GPU beside training (TRL's default 0.3: out of memory for full
             # fine-tuning of LFM2-1.2B at 64 completions on an H200, where 0.15 ran - bench/RESULTS.md)
@@ -446,8 +446,8 @@ def disk_errors(run_dir: Path, trainer=None, training: dict | None = None):
             raise LeapError(
                 f"out of {where}{step} ({settings})",
                 where="training_config",
-                fix=f"{engine}lower per_device_train_batch_size (raise gradient_accumulation_steps to keep "
-                f"the global batch), lower {length}, set gradient_checkpointing: true, or train LoRA "
+                fix=f"{engine}lower {batch} (raise gradient_accumulation_steps to keep {keep}), lower {length}, "
+                "set gradient_checkpointing: true, or train LoRA "
                 f"(peft_config); then {kept}",
             ) from None
         raise

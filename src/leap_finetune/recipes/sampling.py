@@ -62,6 +62,7 @@ def token_budget_sampler(args, dataset, budget: int, *, padding_free: bool):
         rank=args.process_index if args.world_size > 1 else 0,
         drop_last=args.dataloader_drop_last,
         seed=args.data_seed if args.data_seed is not None else args.seed,
+        multiple=getattr(args, "pad_to_multiple_of", None),
     )
 
 
@@ -73,7 +74,7 @@ def _token_budget_class():
         """A BatchRebalanceSampler to the Trainer (passed as a batch sampler, not re-sharded by accelerate, given
         its epoch), with groups of its own."""
 
-        def __init__(self, *, lengths, budget, padded, dp_size, grad_accum, rank, drop_last, seed):
+        def __init__(self, *, lengths, budget, padded, dp_size, grad_accum, rank, drop_last, seed, multiple=None):
             super().__init__(
                 lengths=lengths,
                 effective_batch_size=dp_size * grad_accum,
@@ -83,7 +84,7 @@ def _token_budget_class():
                 rank=rank,
                 drop_last=drop_last,
             )
-            self.groups = token_budget_batches(lengths, budget, padded=padded, seed=seed)
+            self.groups = token_budget_batches(lengths, budget, padded=padded, seed=seed, multiple=multiple)
             self.per_worker = micro_batches_per_worker(len(self.groups), dp_size, drop_last)
 
         def __iter__(self):

@@ -497,6 +497,9 @@ def _resolve_training(model: LeapConfigModel, where: str, vision: bool = False) 
         merged = check_training_values(method_of(model).arguments_class(), merged, where)
     check_report_to(merged.get("report_to"), where)
     check_batch_tokens(user, merged, where)
+    if merged.get("batch_tokens"):  # (the profile's row count and sampler, unused: not recorded as the run's)
+        merged.pop("per_device_train_batch_size", None)
+        merged.pop("train_sampling_strategy", None)
     check_training_rules(
         model.training_type,
         merged,
