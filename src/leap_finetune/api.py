@@ -62,7 +62,7 @@ def validate_config(
     plan = checked.plan
     console.print(config_table(resolved))
     data_report(console, checked.prepared, resolved)
-    console.print(devices_line(checked.devices))
+    console.print(devices_line(checked.devices, resolved.training.get("gradient_communication")))
     console.print(
         f"run folder: {plan.run_dir}" + (f" (resuming from {plan.resume_checkpoint})" if plan.resume_checkpoint else "")
     )

@@ -85,6 +85,15 @@ CONFIG_CASES = {
         ["benchmarks during training (evals:) run on rank 0 alone", "leap-finetune eval"],
     ),
     "deepspeed": (_training(deepspeed="ds.json"), ["training_config.deepspeed is not supported", "fsdp"]),
+    "gradient_communication_typo": (
+        _training(gradient_communication="bf61"),
+        ["training_config.gradient_communication is 'bf61'", "did you mean 'bf16'?"],
+    ),
+    "gradient_communication_number": (_training(gradient_communication=16), ["gradient_communication is 16", "fp32"]),
+    "gradient_communication_with_fsdp": (
+        {**_training(fsdp="full_shard", gradient_communication="bf16"), "ray": {"num_workers": 2}},
+        ["gradient_communication is bf16 and fsdp is set", "remove gradient_communication"],
+    ),
     "best_metric_unknown": (
         _training(metric_for_best_model="accuracy"),
         ["metric_for_best_model is 'accuracy'", "eval_loss"],

@@ -132,8 +132,13 @@ def test_plan_json_for_a_machine_we_are_not_on(config, workdir):
             "env": {"CUDA_VISIBLE_DEVICES": "0"},
         }
     ]
-    text = invoke("plan", str(config), "--gpus", "2", cwd=workdir).stdout
-    assert "workers: 2 on 1 node(s) - Ray Train, nccl" in text and "16 rows per step" in text
+    text = " ".join(invoke("plan", str(config), "--gpus", "2", cwd=workdir).stdout.split())  # (rich wraps lines)
+    assert "workers: 2 on 1 node(s) - Ray Train, nccl, a local Ray instance; gradients all-reduced in fp32" in text
+    assert "16 rows per step" in text
+    assert plan["gradient_all_reduce"] == "fp32" and one["gradient_all_reduce"] is None
+    bf16 = write_config(workdir, tiny_config(training_config={"gradient_communication": "bf16"}), "bf16.yaml")
+    text = " ".join(invoke("plan", str(bf16), "--gpus", "2", cwd=workdir).stdout.split())
+    assert "workers: 2 on 1 node(s) - Ray Train, nccl, a local Ray instance; gradients all-reduced in bf16" in text
 
 
 def test_a_reserved_evaluation_gpu_is_taken_out_of_training_before_anything_starts(workdir, config):

@@ -619,7 +619,7 @@ class LeapConfigModel(StrictModel):
     )
     training_config: dict = Field(
         default_factory=dict,
-        description="Any TRL / sentence-transformers training argument, plus leap-finetune's own keys: `extends`, `loss_on`, `compile_layers`, `padding_free`, `optimizer_precision`, `batch_tokens`, `resume_allow_changes` and the vision keys (docs/config.md).",
+        description="Any TRL / sentence-transformers training argument, plus leap-finetune's own keys: `extends`, `loss_on`, `compile_layers`, `padding_free`, `optimizer_precision`, `batch_tokens`, `gradient_communication`, `resume_allow_changes` and the vision keys (docs/config.md).",
     )
     peft_config: dict | None = Field(
         default=None, description="LoRA options (any peft LoraConfig field), plus `extends` and `use_peft`."

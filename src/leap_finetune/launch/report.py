@@ -287,6 +287,8 @@ def end_report(console: Console, resolved: ResolvedConfig, summary: dict) -> Non
     if seconds:
         speed = f", {tokens / seconds:,.0f} tokens/s" if tokens else ""
         table.add_row("steps / time", f"{summary['global_step']} steps in {seconds:,.1f} s{speed}")
+    if summary.get("gradient_all_reduce"):  # (several workers: as DDP reported it, config/communication.py)
+        table.add_row("gradient all-reduce", summary["gradient_all_reduce"])
     if summary.get("eval_loss") is not None:
         before = summary.get("initial_eval_loss")
         text = (f"{before:.4f} -> " if before is not None else "") + f"{summary['eval_loss']:.4f}"
@@ -353,17 +355,21 @@ def end_report(console: Console, resolved: ResolvedConfig, summary: dict) -> Non
     console.print(table)
 
 
-def devices_line(devices) -> str:
+def devices_line(devices, gradient_communication: str | None = None) -> str:
+    """`gradient_communication`: training_config's key (config/communication.py), said where it applies."""
+    bf16 = gradient_communication == "bf16"
     if devices.in_process:
         where = f"1 GPU (device {devices.training[0]})" if devices.use_gpu else "CPU"
-        return f"devices: {where}, " + (
-            "one training process (it sees only this GPU)" if devices.own_process else "in-process"
+        return (
+            f"devices: {where}, "
+            + ("one training process (it sees only this GPU)" if devices.own_process else "in-process")
+            + ("; gradient_communication: bf16 does nothing here (one process: no all-reduce)" if bf16 else "")
         )
     kind = f"{len(devices.training)} GPU(s) per node: {devices.training}" if devices.use_gpu else "CPU workers"
     cluster = f"the Ray cluster at {devices.address}" if devices.address else "a local Ray instance"
     return (
         f"devices: {devices.workers} Ray Train workers ({devices.backend}) on {devices.nodes} node(s), {kind}; "
-        f"{cluster}"
+        f"{cluster}" + ("; gradients all-reduced in bf16 (gradient_communication)" if bf16 else "")
     )
 
 

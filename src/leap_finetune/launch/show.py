@@ -175,6 +175,14 @@ def plan_report(resolved, devices: DevicePlan, prepared, no_tokens: str = "") ->
             else t.get("train_sampling_strategy", "random")
         ),
         "last_batch": steps.last_batch,
+        # several DDP workers: the precision of their gradients' all-reduce (config/communication.py)
+        "gradient_all_reduce": (
+            None
+            if devices.in_process or t.get("fsdp")
+            else "bf16"
+            if t.get("gradient_communication") == "bf16"
+            else "fp32"
+        ),
         "trains": _trains(resolved),
         "rollouts": _rollouts(resolved),
         "processes": processes(devices, resolved.config_path, resolved),
@@ -243,7 +251,11 @@ def print_plan(console, report: dict) -> None:
         else f"Ray Train, {report['backend']}"
         + (f", cluster at {report['address']}" if report["address"] else ", a local Ray instance")
     )
-    console.print(f"workers: {report['workers']} on {nodes} node(s) - {mode}")
+    all_reduce = report.get("gradient_all_reduce")
+    console.print(
+        f"workers: {report['workers']} on {nodes} node(s) - {mode}"
+        + (f"; gradients all-reduced in {all_reduce}" if all_reduce else "")
+    )
     grpo = batch["unit"] == "completions"
     console.print(
         f"batch: {batch['per_device']} per device x {batch['gradient_accumulation_steps']} accumulation x "

@@ -70,7 +70,9 @@ def train_run(resolved, prepared, plan, devices, servers, lock, console, callbac
     if summary.get("model_dir") and not summary.get("stopped_early"):
         from leap_finetune.launch.model_card import write_model_cards
 
-        write_model_cards(resolved, prepared, summary, devices_line(devices))
+        write_model_cards(
+            resolved, prepared, summary, devices_line(devices, resolved.training.get("gradient_communication"))
+        )
     end_report(console, resolved, summary)
     return summary
 
@@ -120,7 +122,7 @@ def print_start(console: Console, resolved: ResolvedConfig, prepared: PreparedDa
     )
     if epoch.last_batch:
         console.print(epoch.last_batch)
-    console.print(devices_line(devices))
+    console.print(devices_line(devices, resolved.training.get("gradient_communication")))
     if judge_url(resolved) and devices.use_gpu and not devices.judge:
         console.print(
             "[yellow]note: the judge runs on CPU (grpo_rollout.judge_gpus: 0): slow for a model of more "

@@ -11,6 +11,7 @@ from dataclasses import dataclass
 from pathlib import Path
 
 from leap_finetune import faults, signals
+from leap_finetune.config.communication import gradient_all_reduce, use_gradient_communication
 from leap_finetune.config.resolved import ResolvedConfig
 from leap_finetune.files import write_atomic
 from leap_finetune.quiet import quiet_libraries  # noqa: F401 - also imported from here
@@ -48,6 +49,7 @@ def common_arguments(resolved: ResolvedConfig, *, run_dir: str, has_eval: bool, 
     # model_init_kwargs (e.g. dtype) is applied by leap-finetune's own loader; TRL would ignore it
     args.pop("model_init_kwargs", None)
     args.pop("resume_allow_changes", None)  # (the driver's: launch/plan.check_resume_matches)
+    args.pop("gradient_communication", None)  # (given to the trainer's DDP settings: train_or_finish)
     from leap_finetune.recipes.vision import pop_vision_keys
 
     pop_vision_keys(args)  # (applied to the model and the optimizer: recipes/vision.py)
@@ -285,7 +287,7 @@ def _train_evaluate_save(
     run_benchmarks = benchmarks is not None and main  # once, not once per rank
     baseline_benchmarks = benchmarks.evaluate("before training") if run_benchmarks and not resume else {}
     try:
-        result = train_or_finish(trainer, resume)
+        result = train_or_finish(trainer, resume, resolved.training.get("gradient_communication"))
     except BaseException:
         if run_benchmarks:  # async modes: no job or server outlives a crashed run
             benchmarks.finish(wait=False)
@@ -317,6 +319,9 @@ def _train_evaluate_save(
         "tokens_seen": trainer.state.num_input_tokens_seen,
         **extra,
     }
+    all_reduce = gradient_all_reduce(trainer)
+    if all_reduce:
+        summary["gradient_all_reduce"] = all_reduce
     rewards = history["rewards"]
     if rewards:  # GRPO: the mean reward of the first and the last (up to) 5 logged steps
         window = min(5, len(rewards))
@@ -466,12 +471,13 @@ def _saved_so_far(run_dir: Path) -> str:
     return "run again (no checkpoint was saved yet: nothing to resume)"
 
 
-def train_or_finish(trainer, resume: str | None):
+def train_or_finish(trainer, resume: str | None, gradient_communication: str | None = None):
     """trainer.train(), or - resumed from the run's last step - nothing to train: the checkpoint is loaded (its
     weights, optimizer, scheduler and state), and the end of training is done as transformers does it (the
     callbacks' on_train_end, the best model loaded where asked). Returns TrainOutput, or None when nothing was
-    trained."""
+    trained. `gradient_communication`: the training_config key (config/communication.py)."""
     signals.leave_signals_to_the_training_process()  # (data-loader workers: a stop signal is the trainer's)
+    use_gradient_communication(trainer, gradient_communication)
     try:
         return trainer.train(resume_from_checkpoint=resume)
     except AlreadyTrained:

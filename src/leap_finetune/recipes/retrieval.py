@@ -12,6 +12,7 @@ import json
 import time
 from pathlib import Path
 
+from leap_finetune.config.communication import gradient_all_reduce
 from leap_finetune.config.resolved import ResolvedConfig
 from leap_finetune.files import write_atomic
 from leap_finetune.methods import method_of
@@ -331,7 +332,7 @@ def _train(
     trainer.remove_callback(PrinterCallback)
     main = common.is_main_process()
     resume = resolved.resume_checkpoint_path
-    result = common.train_or_finish(trainer, resume)
+    result = common.train_or_finish(trainer, resume, resolved.training.get("gradient_communication"))
     finished = trainer.state.global_step >= trainer.state.max_steps
     # every rank evaluates (the evaluation loss is gathered over the workers)
     has_eval = eval_dataset is not None or resolved.evals is not None
@@ -348,6 +349,9 @@ def _train(
         "train_runtime_s": round(marker.trained_seconds(), 3),
         "tokens_seen": trainer.state.num_input_tokens_seen,
     }
+    all_reduce = gradient_all_reduce(trainer)
+    if all_reduce:
+        summary["gradient_all_reduce"] = all_reduce
     from leap_finetune.recipes.plots import Plots
 
     plots = next(c for c in trainer.callback_handler.callbacks if isinstance(c, Plots))

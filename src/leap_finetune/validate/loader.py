@@ -12,7 +12,7 @@ from pathlib import Path
 
 from pydantic import ValidationError
 
-from leap_finetune.config import profiles
+from leap_finetune.config import communication, profiles
 from leap_finetune.config.arguments import check_training_values
 from leap_finetune.config.async_eval import check_async_eval_config
 from leap_finetune.config.cluster_values import (
@@ -442,7 +442,11 @@ def _resolve_training(model: LeapConfigModel, where: str, vision: bool = False) 
             fix=f"use extends: {own_profile} (or leave extends out)",
         )
     own_keys = set(method.own_keys) | (set(VISION_KEYS) if method.images else set())
-    allowed = (trainer_arg_fields(model.training_type) if user else set()) | own_keys | {"resume_allow_changes"}
+    allowed = (
+        (trainer_arg_fields(model.training_type) if user else set())
+        | own_keys
+        | {"resume_allow_changes", communication.KEY}
+    )
     for key in user:
         if key in MANAGED_TRAINING_KEYS:
             raise LeapError(
@@ -497,6 +501,7 @@ def _resolve_training(model: LeapConfigModel, where: str, vision: bool = False) 
         merged = check_training_values(method_of(model).arguments_class(), merged, where)
     check_report_to(merged.get("report_to"), where)
     check_batch_tokens(user, merged, where)
+    communication.check_gradient_communication(merged, where)
     if merged.get("batch_tokens"):  # (the profile's row count and sampler, unused: not recorded as the run's)
         merged.pop("per_device_train_batch_size", None)
         merged.pop("train_sampling_strategy", None)
