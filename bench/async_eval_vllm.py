@@ -14,6 +14,11 @@ python bench/async_eval_vllm.py --out DIR [--arch 350m] [--smoke]
 The quickstart's two benchmarks (capitals: generation, exact match; capitals_mcq: log-prob multiple choice) on a
 random-weight LFM2 architecture (bench/sft_throughput.py's build_model): the scores are near zero and equal only
 where decoding agrees; what is measured is that each path runs end to end, its wall time and server start-up.
+- in_place (`--modes in_place`): `weight_reload: in_place` - one server started on snapshot A, then snapshot B (A's
+  weights moved by noise) loaded into it through the requests the driver sends (vLLM's /collective_rpc
+  reload_weights, /reset_prefix_cache); the same prompts asked of it before and after the reload (a stale prefix
+  cache would answer with A's keys and values), then a fresh server started on B: B's answers and scores must be
+  equal from both, and differ from A's. Wall times: start + evaluation, reload + evaluation.
 --smoke: on a CPU, tiny-lfm2 and vllm_gpus: 0 (leap-finetune's own evaluation server, no vLLM).
 """
 
@@ -131,6 +136,134 @@ def run_reserved(resolved, snap, jobs: Path) -> dict:
     }
 
 
+PROMPTS = ["What is the capital of France?", "Name three colours.", "Count from one to five.", "Say hello."]
+
+
+def ask(url: str, max_tokens: int = 4) -> list[list]:
+    """Each prompt alone (no batching to vary the arithmetic), greedy: per generated token, its text and the top-5
+    log-probs - a random-weight model's answers are often empty, its distributions are not."""
+    import urllib.request
+
+    answers = []
+    for prompt in PROMPTS:
+        body = {
+            "model": "snapshot",
+            "messages": [{"role": "user", "content": prompt}],
+            "temperature": 0,
+            "max_tokens": max_tokens,
+            "logprobs": True,
+            "top_logprobs": 5,
+        }
+        request = urllib.request.Request(
+            f"{url}/v1/chat/completions", json.dumps(body).encode(), {"Content-Type": "application/json"}
+        )
+        with urllib.request.urlopen(request, timeout=300) as reply:
+            choice = json.loads(reply.read())["choices"][0]
+        tokens = (choice.get("logprobs") or {}).get("content") or []
+        answers.append([[t["token"], [round(top["logprob"], 3) for top in t["top_logprobs"]]] for t in tokens])
+    return answers
+
+
+def close(a, b, tolerance: float = 0.05) -> bool:
+    """The same tokens, and top-5 log-probs within `tolerance` (bf16 arithmetic of two loads)."""
+    if a is None or b is None or len(a) != len(b):
+        return False
+    for x, y in zip(a, b):
+        if len(x) != len(y) or [t for t, _ in x] != [t for t, _ in y]:
+            return False
+        for (_, p), (_, q) in zip(x, y):
+            if len(p) != len(q) or any(abs(u - v) > tolerance for u, v in zip(p, q)):
+                return False
+    return True
+
+
+def moved(model: Path, work: Path, noise: float) -> Path:
+    """`model` with every floating weight moved by noise (seeded): the same architecture, other answers."""
+    import torch
+    from safetensors.torch import load_file, save_file
+
+    folder = work / f"{model.name}-moved"
+    shutil.rmtree(folder, ignore_errors=True)
+    shutil.copytree(model, folder)
+    generator, scale = torch.Generator().manual_seed(7), noise
+    for file in folder.glob("*.safetensors"):
+        tensors = load_file(file)
+        for name, value in tensors.items():
+            if value.is_floating_point():
+                noise = torch.randn(value.shape, generator=generator, dtype=torch.float32)
+                tensors[name] = (value.float() + scale * value.float().std() * noise).to(value.dtype)
+        save_file(tensors, file, metadata={"format": "pt"})
+    return folder
+
+
+def predictions(snap) -> list:
+    folder = snap.folder / "results.predictions"
+    return [json.loads(line)["prediction"] for line in (folder / "capitals.jsonl").open()] if folder.is_dir() else []
+
+
+def run_in_place(resolved, model: Path, work: Path, jobs: Path, noise: float) -> dict:
+    from leap_finetune.evaluation.reserved import ReservedServer, use_vllm
+
+    resolved = resolved.model_copy(
+        update={
+            "async_eval": resolved.async_eval.model_copy(
+                update={"reserved": resolved.async_eval.reserved.model_copy(update={"weight_reload": "in_place"})}
+            )
+        }
+    )
+    from leap_finetune.evaluation.reserved import _post
+
+    other = moved(model, work, noise)
+    stop = threading.Event()
+    kept = ReservedServer(resolved, jobs)
+    start = time.perf_counter()
+    snaps = [snapshot(resolved, m, work, step=s) for m, s in ((model, 101), (other, 102), (other, 103))]
+    first = kept(resolved, snaps[0], jobs, stop)
+    first_wall = time.perf_counter() - start
+    before = ask(kept.kept.url) if kept.kept else None
+    start = time.perf_counter()
+    second = kept(resolved, snaps[1], jobs, stop)
+    second_wall = time.perf_counter() - start
+    reloaded = ask(kept.kept.url) if kept.kept else None
+    started = kept.started
+    stale = None
+    if kept.kept:  # A's weights again without emptying the prefix cache: are B's cached keys and values reused?
+        body = {"method": "reload_weights", "kwargs": {"weights_path": str(snaps[0].folder / "model")}}
+        stale = _post(f"{kept.kept.url}/collective_rpc", body, 300) or ask(kept.kept.url)
+    kept.close()
+    fresh_jobs = jobs / "fresh"
+    fresh_jobs.mkdir(exist_ok=True)
+    fresh = ReservedServer(resolved, fresh_jobs)
+    start = time.perf_counter()
+    third = fresh(resolved, snaps[2], fresh_jobs, stop)
+    third_wall = time.perf_counter() - start
+    expected = ask(fresh.kept.url) if fresh.kept else None
+    fresh.close()
+    log = (jobs / "server.log").read_text(errors="replace") if (jobs / "server.log").exists() else ""
+    same = close(reloaded, expected)
+    return {
+        "mode": "reserved, weight_reload: in_place",
+        "vllm": use_vllm(resolved),
+        "ok": bool(first.results and second.results and third.results and same and before != expected),
+        "reason": "; ".join(o.reason for o in (first, second, third) if o.reason) or None,
+        "servers_started": started,
+        "wall_s": round(first_wall + second_wall, 1),
+        "start_and_eval_s": round(first_wall, 1),
+        "reload_and_eval_s": round(second_wall, 1),
+        "reload_s": round(second_wall - (second.seconds or 0), 1),
+        "fresh_start_and_eval_s": round(third_wall, 1),
+        "scores": scores(second.results),
+        "fresh_scores": scores(third.results),
+        "answers_equal_fresh_server": same,
+        "answers_changed_by_reload": not close(before, reloaded),
+        "benchmark_predictions_equal_fresh": predictions(snaps[1]) == predictions(snaps[2]),
+        "predictions_changed_by_reload": predictions(snaps[0]) != predictions(snaps[1]),
+        "A_reloaded_again_without_cache_reset_answers_as_A": close(stale, before),
+        "answers": {"A": before, "B reloaded": reloaded, "B fresh": expected, "A again, cache kept": stale},
+        "server_log_tail": log.splitlines()[-5:],
+    }
+
+
 def run_sidecar(resolved, snap, jobs: Path) -> dict:
     from leap_finetune.evaluation.sidecar import job_script
 
@@ -182,6 +315,7 @@ def main() -> None:
     parser.add_argument("--arch", default="350m", choices=["350m", "1.2b"])
     parser.add_argument("--work", default="/tmp/leap-async-eval-vllm")
     parser.add_argument("--modes", default="reserved,sidecar,sync")
+    parser.add_argument("--noise", type=float, default=0.05, help="in_place: snapshot B = A + noise x std per tensor")
     parser.add_argument("--smoke", action="store_true", help="CPU: tiny-lfm2, vllm_gpus 0 (no vLLM)")
     args = parser.parse_args()
     os.environ.update({**NO_MULTICAST, **VLLM_ENV})
@@ -201,7 +335,9 @@ def main() -> None:
         jobs.mkdir(exist_ok=True)
         try:
             row = (
-                {"reserved": run_reserved, "sidecar": run_sidecar}[mode](resolved, snap, jobs)
+                run_in_place(resolved, model, work, jobs, 0.5 if args.smoke else args.noise)
+                if mode == "in_place"
+                else {"reserved": run_reserved, "sidecar": run_sidecar}[mode](resolved, snap, jobs)
                 if mode != "sync"
                 else run_sync(snap, jobs)
             )
@@ -226,7 +362,24 @@ def main() -> None:
     for row in rows:
         notes = "; ".join(
             f"{k}: {row[k]}"
-            for k in ("vllm", "server_command_is_vllm", "script_has_vllm_branch", "log_says_vllm", "exit", "reason")
+            for k in (
+                "vllm",
+                "server_command_is_vllm",
+                "script_has_vllm_branch",
+                "log_says_vllm",
+                "exit",
+                "reason",
+                "servers_started",
+                "start_and_eval_s",
+                "reload_and_eval_s",
+                "reload_s",
+                "fresh_start_and_eval_s",
+                "answers_equal_fresh_server",
+                "answers_changed_by_reload",
+                "predictions_changed_by_reload",
+                "benchmark_predictions_equal_fresh",
+                "A_reloaded_again_without_cache_reset_answers_as_A",
+            )
             if row.get(k) is not None
         )
         lines.append(f"| {row['mode']} | {row['ok']} | {row.get('wall_s', '-')} | {row.get('scores')} | {notes} |")

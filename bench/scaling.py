@@ -1,6 +1,8 @@
 """Multi-GPU scaling through the real CLI (Ray Train, DDP over NCCL), on a machine with 2+ GPUs.
 
-python bench/scaling.py [--steps 40] [--out FILE]
+python bench/scaling.py [--steps 40] [--out FILE] [--parts ...]
+
+Parts (issue #31 added the last four):
 
 - LFM2-1.2B architecture, random weights, saved as a local folder; synthetic chat rows (200-2048 tokens),
   as in bench/sft_throughput.py.
@@ -10,6 +12,13 @@ python bench/scaling.py [--steps 40] [--out FILE]
 - The data-parallel invariant: 1 GPU x 8 rows and 2 GPUs x 4 rows, first losses side by side.
 - FSDP (full_shard over the decoder layers) on 2 GPUs, and each run's peak GPU memory per GPU
   (nvidia-smi, sampled every 200 ms).
+- counts: the default on 1, 2, 4 and 8 GPUs (those the machine has), each with its scaling efficiency against the
+  1-GPU run of the same script run (goal >= 1.9x on 2, >= 0.9 efficiency on 4 and 8).
+- bf16_grads: `gradient_communication: bf16` on 2 GPUs against the float32 all-reduce, the same steps.
+- buckets: ddp_bucket_cap_mb 25 / 100 / 200 / 400 on 2 GPUs.
+- curve: 200 steps (--curve-steps) on 2 GPUs, float32 and bf16 all-reduce, logging every step: the loss curves as
+  20-step means side by side and their largest difference (the bf16 lever becomes a default only inside the
+  noise band, which the same comparison between two float32 runs with another data_seed gives).
 Every process keeps NVLink multicast off (NCCL_NVLS_ENABLE=0 and siblings: the CLI passes them on).
 """
 
@@ -152,6 +161,31 @@ def saved_model_line(label: str, result: dict, initial: Path, data: Path) -> str
         return f"{label}: loading the saved model failed: {type(err).__name__}: {str(err)[:200]}"
 
 
+def curve_lines(curves: dict[str, dict], window: int = 20) -> list[str]:
+    """Loss curves as `window`-step means, one column per run, and each run's largest difference from the first."""
+    means = {
+        name: [
+            sum(r["losses"][i : i + window]) / len(r["losses"][i : i + window])
+            for i in range(0, len(r["losses"]), window)
+        ]
+        for name, r in curves.items()
+        if "error" not in r
+    }
+    if not means:
+        return ["", "Loss curves: every run failed: " + "; ".join(r["error"] for r in curves.values())]
+    names = list(means)
+    lines = ["", f"Loss curves, {window}-step means (2 workers):", "", "| steps | " + " | ".join(names) + " |"]
+    lines.append("| --- |" + " --- |" * len(names))
+    for i in range(max(len(v) for v in means.values())):
+        cells = [f"{means[n][i]:.4f}" if i < len(means[n]) else "" for n in names]
+        lines.append(f"| {i * window + 1}-{(i + 1) * window} | " + " | ".join(cells) + " |")
+    first = names[0]
+    for name in names[1:]:
+        diff = max(abs(a - b) for a, b in zip(means[first], means[name]))
+        lines.append(f"\nLargest difference of {window}-step means, {name} vs {first}: {diff:.4f}")
+    return lines
+
+
 def ratio_row(one: dict, two: dict) -> str:
     if "error" in one or "error" in two:
         return "| 2 GPUs / 1 GPU | | | - | | | | |"
@@ -201,6 +235,7 @@ def main() -> None:
     parser.add_argument("--work", default="/tmp/leap-scale")
     parser.add_argument("--out", default=None)
     parser.add_argument("--parts", default="throughput,random,invariant,bucket,batch16,fsdp,fsdp_lora")
+    parser.add_argument("--curve-steps", type=int, default=200)
     parser.add_argument("--profiles", default=None, help="folder for the workers' profiles (LEAP_FINETUNE_PROFILE)")
     args = parser.parse_args()
     work = Path(args.work)
@@ -209,7 +244,9 @@ def main() -> None:
     model = work / "lfm2-1.2b"
     n_params, arch = build_model("1.2b", model)
     data = work / "chat.jsonl"
-    lengths = make_data(data, rows=args.steps * 16 + 64)
+    parts = args.parts.split(",")
+    rows = max(args.steps, args.curve_steps if "curve" in parts else 0) * 8 * torch.cuda.device_count() + 64
+    lengths = make_data(data, rows=rows)
     per_token = flops_per_token(n_params, arch, lengths)
     import transformers
 
@@ -241,7 +278,6 @@ def main() -> None:
         if args.out:
             Path(args.out).write_text(text)
 
-    parts = args.parts.split(",")
     profiles = Path(args.profiles) if args.profiles else None
     lines[-2:-2] = [balance_line(lengths, per_device=8, workers=2), ""]
     one = None
@@ -284,6 +320,49 @@ def main() -> None:
     if "batch16" in parts:
         b16 = cli_run("two-gpus-b16", work, model, data, "0,1", args.steps, {"per_device_train_batch_size": 16})
         lines.append(row("16 rows per GPU, 2 workers", 2, 16, b16))
+        flush()
+    visible = torch.cuda.device_count()
+    if "counts" in parts:
+        base = one or cli_run("one-gpu", work, model, data, "0", args.steps, {}, profile=profiles)
+        if one is None:
+            lines.append(row("default, in-process", 1, 8, base))
+        for count in (n for n in (2, 4, 8) if n <= visible):
+            devices = ",".join(map(str, range(count)))
+            run = cli_run(f"gpus-{count}", work, model, data, devices, args.steps, {}, profile=profiles)
+            lines.append(row(f"default, {count} Ray Train workers (DDP)", count, 8, run))
+            if "error" not in base and "error" not in run:
+                ratio = run["tokens_per_second"] / base["tokens_per_second"]
+                lines.append(
+                    f"| {count} GPUs / 1 GPU | | | {ratio:.2f}x (efficiency {100 * ratio / count:.0f}%) | | | | |"
+                )
+            flush()
+    if "bf16_grads" in parts and visible >= 2:
+        fp32 = cli_run("grads-fp32", work, model, data, "0,1", args.steps, {})
+        bf16 = cli_run("grads-bf16", work, model, data, "0,1", args.steps, {"gradient_communication": "bf16"})
+        lines.append(row("gradient all-reduce fp32 (default), 2 workers", 2, 8, fp32))
+        lines.append(row("gradient_communication: bf16, 2 workers", 2, 8, bf16))
+        if "error" not in fp32 and "error" not in bf16:
+            lines.append(
+                f"| bf16 / fp32 all-reduce | | | {bf16['tokens_per_second'] / fp32['tokens_per_second']:.3f}x | | | | |"
+            )
+        flush()
+    if "buckets" in parts and visible >= 2:
+        for cap in (25, 100, 200, 400):
+            run = cli_run(f"bucket-{cap}", work, model, data, "0,1", args.steps, {"ddp_bucket_cap_mb": cap})
+            lines.append(row(f"ddp_bucket_cap_mb: {cap}, 2 workers", 2, 8, run))
+            flush()
+    if "curve" in parts and visible >= 2:
+        every = {"logging_steps": 1}
+        curves = {
+            "fp32": cli_run("curve-fp32", work, model, data, "0,1", args.curve_steps, every),
+            "fp32, data_seed 1 (noise band)": cli_run(
+                "curve-fp32-seed", work, model, data, "0,1", args.curve_steps, {**every, "data_seed": 1}
+            ),
+            "bf16": cli_run(
+                "curve-bf16", work, model, data, "0,1", args.curve_steps, {**every, "gradient_communication": "bf16"}
+            ),
+        }
+        lines.extend(curve_lines(curves))
         flush()
     notes = []
     fsdp_keys = {

@@ -254,7 +254,8 @@ class KillServerAfterReload(threading.Thread):
 @pytest.mark.slow
 def test_reserved_in_place_reload_gives_the_sync_results_from_one_server(workdir, sync_run, capfd):
     """`weight_reload: in_place`: one evaluation server for the run, each later snapshot's weights loaded into it
-    (POST /v1/load_weights); the results keyed by step equal sync mode's at every step. A server killed between
+    (vLLM's reload requests, which leap-finetune's server answers); the results keyed by step equal sync mode's at
+    every step. A server killed between
     snapshots is started again on the next one (said in the log), and the results still equal sync's."""
     sync_summary, sync_scores = sync_run
     port = _free_port()
@@ -288,7 +289,8 @@ def test_reserved_in_place_reload_gives_the_sync_results_from_one_server(workdir
     ]
     log = (run_dir / "benchmarks" / "jobs" / "server.log").read_text()
     assert log.count("$ ") == 2  # started twice: at the first snapshot, and after the kill
-    assert log.count("loaded the weights of") >= 1 and log.count("POST /v1/load_weights") >= 1
+    assert log.count("loaded the weights of") >= 1 and log.count("POST /collective_rpc") >= 1
+    assert log.count("POST /reset_prefix_cache") >= 1  # (vLLM's KV cache of the old weights: emptied)
     assert not list((run_dir / "benchmarks" / "jobs").glob("step-*-server.log"))  # (respawn's one log per step)
     err = " ".join(capfd.readouterr().err.split())
     # killed after a reload: that snapshot's evaluation failed (the kept server then dropped) or, had it finished

@@ -194,3 +194,26 @@ def test_requests_in_flight_during_a_reload_are_all_answered(server):
     loaded = next(i for i, line in enumerate(lines) if "loaded the weights of" in line)
     assert any("generated 1 answer" in line for line in lines[:loaded])
     assert any("generated 1 answer" in line for line in lines[loaded:])
+
+
+def test_the_reserved_driver_reloads_through_vllms_two_requests(server):
+    """What `weight_reload: in_place` sends to any evaluation server (evaluation/reserved.py, vLLM's developer API:
+    POST /collective_rpc reload_weights, then /reset_prefix_cache), against this server: the second model's answers
+    after it, and a refusal comes back in the server's own words with the served weights kept. (vLLM's side of the
+    same two requests is run on the GPU machine: bench/async_eval_vllm.py --modes in_place.)"""
+    from leap_finetune.evaluation.reserved import _post_reload
+
+    url, first, folder = server
+    second = _folder(folder / "second", seed=2)
+    answer: dict = {}
+    _post_reload(url, second, 60, answer)
+    assert answer == {}
+    after = [_ask(url, p) for p in PROMPTS]
+    assert after == _expected(second) and after != _expected(first)
+    wider = _folder(folder / "wider", seed=3, hidden_size=64, intermediate_size=192)
+    _post_reload(url, wider, 60, answer)
+    assert answer["error"].startswith(f"the evaluation server refused the weights of {wider} (400: ")
+    assert "is not a model of the served architecture" in answer["error"]
+    assert [_ask(url, p) for p in PROMPTS] == after
+    status, said = _post(f"{url}/collective_rpc", {"method": "sleep"})
+    assert status == 400 and "this server runs one method" in said["detail"]

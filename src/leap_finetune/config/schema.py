@@ -240,7 +240,8 @@ class ReservedEvalConfig(StrictModel):
     weight_reload: Literal["respawn", "in_place"] = Field(
         default="respawn",
         description="How the eval server picks up new weights: `respawn` restarts it on each new snapshot; "
-        "`in_place` starts leap-finetune's evaluation server once and loads each snapshot's weights into it.",
+        "`in_place` starts the evaluation server once (vLLM where installed and vllm_gpus > 0, else leap-finetune's) "
+        "and loads each snapshot's weights into it.",
     )
     server_port: int = Field(default=8100, gt=0, lt=65536, description="Port of the evaluation server (127.0.0.1).")
     start_timeout_s: float = Field(

@@ -23,26 +23,28 @@ POLL_S = 1.0
 
 
 def use_vllm(resolved: ResolvedConfig) -> bool:
-    """vLLM serves the snapshots where it is installed, for `weight_reload: respawn`; `in_place` reloads weights
-    into leap-finetune's own server (evaluation/serve.py; vLLM's reload is not wired in yet)."""
+    """vLLM serves the snapshots where it is installed and the evaluation has GPUs (both weight_reload modes);
+    otherwise leap-finetune's own server (evaluation/serve.py)."""
     import importlib.util
 
-    settings = resolved.async_eval
-    return (
-        settings.vllm_gpus > 0
-        and settings.reserved.weight_reload == "respawn"
-        and importlib.util.find_spec("vllm") is not None
-    )
+    return resolved.async_eval.vllm_gpus > 0 and importlib.util.find_spec("vllm") is not None
+
+
+# `in_place` reloads through vLLM's developer endpoints, which its OpenAI server exposes only with this set
+# (POST /collective_rpc, /reset_prefix_cache); the server listens on 127.0.0.1 alone.
+VLLM_DEV_MODE = {"VLLM_SERVER_DEV_MODE": "1"}
 
 
 class ReservedServer:
     """For each snapshot: the evaluation server (vLLM where installed, else evaluation/serve.py: batched
     generation as in sync mode) runs it on the reserved GPUs and `leap-finetune eval --server` runs against it (its
     log-prob benchmarks on the same GPUs). `weight_reload: respawn`: a server started on each snapshot and stopped
-    after it. `in_place`: evaluation/serve.py started on the first snapshot and kept; each later snapshot's weights
-    are loaded into it (POST /v1/load_weights) - no process start, no model load on the GPU from scratch (measured
-    ~20 s per evaluation on an H200 for respawn). A server that died or refused a reload is started again on that
-    snapshot. `close()` stops it at the end of training."""
+    after it. `in_place`: the server started on the first snapshot and kept; each later snapshot's weights are
+    loaded into it - no process start, no model load on the GPU from scratch (measured ~20 s per evaluation on an
+    H200 for respawn). The reload speaks vLLM's API (POST /collective_rpc reload_weights, then /reset_prefix_cache:
+    vLLM would otherwise answer a benchmark's repeated prompts from the KV cache of the previous weights), which
+    evaluation/serve.py answers too. A server that died or refused a reload is started again on that snapshot.
+    `close()` stops it at the end of training."""
 
     def __init__(self, resolved: ResolvedConfig, run_dir: Path):
         self.devices = resolved.eval_devices or ""  # physical ids, decided by the driver ("" on CPU)
@@ -94,6 +96,8 @@ class ReservedServer:
         settings = resolved.async_eval
         port = settings.reserved.server_port
         env = {"CUDA_VISIBLE_DEVICES": self.devices, **NO_MULTICAST}
+        if self.in_place and use_vllm(resolved):
+            env.update(VLLM_DEV_MODE)
         cpu = not settings.vllm_gpus
         if cpu:  # a CPU evaluator: one thread each, at the lowest priority - the cores stay with training
             env["OMP_NUM_THREADS"] = "1"
@@ -186,9 +190,7 @@ class ReservedServer:
         if server.process is None or server.process.poll() is not None:
             return "the evaluation server had exited"
         answer: dict = {}
-        request = threading.Thread(
-            target=_post_reload, args=(f"{server.url}/v1/load_weights", model, timeout_s, answer), daemon=True
-        )
+        request = threading.Thread(target=_post_reload, args=(server.url, model, timeout_s, answer), daemon=True)
         request.start()
         deadline = time.monotonic() + timeout_s
         while request.is_alive():
@@ -211,25 +213,45 @@ class ReservedServer:
 
 
 def _post_reload(url: str, model: Path, timeout_s: float, answer: dict) -> None:
-    """POST /v1/load_weights; `answer["error"]` says what went wrong (the server's own words where it gave some)."""
+    """The served weights replaced by `model`'s, the way vLLM's OpenAI server takes it (its worker's
+    reload_weights(weights_path=...), then the prefix cache emptied); evaluation/serve.py answers the same two
+    requests. `answer["error"]` says what went wrong (the server's own words where it gave some)."""
+    steps = (
+        ("/collective_rpc", {"method": "reload_weights", "kwargs": {"weights_path": str(model)}, "timeout": timeout_s}),
+        ("/reset_prefix_cache", None),
+    )
+    for path, body in steps:
+        error = _post(f"{url}{path}", body, timeout_s)
+        if error is not None:
+            answer["error"] = (
+                f"the evaluation server refused the weights of {model} ({error})"
+                if error[:1].isdigit()
+                else f"the evaluation server did not load the weights of {model}: {error}"
+            )
+            return
+
+
+def _post(url: str, body: dict | None, timeout_s: float) -> str | None:
+    """None when the server answered 2xx; otherwise 'CODE: detail' for an HTTP error, or the connection's error."""
     import http.client
     import urllib.error
     import urllib.request
 
-    request = urllib.request.Request(
-        url, data=json.dumps({"model": str(model)}).encode(), headers={"Content-Type": "application/json"}
-    )
+    data = json.dumps(body).encode() if body is not None else b""
+    request = urllib.request.Request(url, data=data, headers={"Content-Type": "application/json"}, method="POST")
     try:
         with urllib.request.urlopen(request, timeout=timeout_s) as reply:
-            json.loads(reply.read())
+            reply.read()
+        return None
     except urllib.error.HTTPError as err:
         try:
-            detail = json.loads(err.read()).get("detail")
+            said = json.loads(err.read())
+            detail = said.get("detail") or said.get("error") or said.get("message")
         except (ValueError, OSError, AttributeError):
             detail = None
-        answer["error"] = f"the evaluation server refused the weights of {model} ({err.code}: {detail or err.reason})"
+        return f"{err.code}: {detail or err.reason}"
     except (urllib.error.URLError, http.client.HTTPException, OSError, ValueError) as err:
-        answer["error"] = f"the evaluation server did not load the weights of {model}: {type(err).__name__}: {err}"
+        return f"{type(err).__name__}: {err}"
 
 
 def _last_line(log: Path) -> str:

@@ -11,7 +11,9 @@ together (up to --batch-size), with the tokenizer's chat template (the snapshot'
 render with). Endpoints: GET /health, GET /v1/models, POST /v1/chat/completions (non-streaming), and
 POST /v1/load_weights {"model": FOLDER}: the weights of another folder of the same architecture (the next
 snapshot of a run) loaded into the running model, between two batches (`async_eval.reserved.weight_reload:
-in_place`: no new process, no second model in GPU memory).
+in_place`: no new process, no second model in GPU memory). The same reload also answers vLLM's spelling, which
+`in_place` sends to either server: POST /collective_rpc {"method": "reload_weights", "kwargs": {"weights_path":
+FOLDER}} and POST /reset_prefix_cache (a no-op here).
 
 A vision-language model (LFM2-VL) also takes OpenAI image parts (`{"type": "image_url", "image_url": {"url":
 ...}}`: a base64 `data:` URI, an http(s) URL or a local path): each becomes `<image>` in the text and the model's
@@ -293,6 +295,37 @@ def build_app(
 
     reload.__annotations__ = {"request": Request}  # (a class, not the string this module's annotations would be)
     app.post("/v1/load_weights")(reload)
+
+    # vLLM's developer endpoints, the two requests `weight_reload: in_place` sends (evaluation/reserved.py), so the
+    # driver reloads this server and vLLM the same way: reload_weights(weights_path=FOLDER), then the prefix
+    # cache emptied (this server keeps none).
+    async def collective_rpc(request):
+        try:
+            body = await request.json()
+        except ValueError:
+            body = None
+        method = body.get("method") if isinstance(body, dict) else None
+        kwargs = body.get("kwargs") if isinstance(body, dict) else None
+        folder = kwargs.get("weights_path") if isinstance(kwargs, dict) else None
+        if method != "reload_weights" or not isinstance(folder, str) or not folder:
+            raise HTTPException(
+                status_code=400,
+                detail='this server runs one method: {"method": "reload_weights", "kwargs": {"weights_path": FOLDER}}',
+            )
+        try:
+            answer = await asyncio.to_thread(load_weights, generator, folder)
+        except BadRequest as err:
+            raise HTTPException(status_code=400, detail=str(err)) from None
+        loaded.update(model=folder, reloads=loaded["reloads"] + 1)
+        print(f"loaded the weights of {folder} in {answer['seconds']:.2f} s", file=sys.stderr, flush=True)
+        return {"results": [answer]}
+
+    collective_rpc.__annotations__ = {"request": Request}
+    app.post("/collective_rpc")(collective_rpc)
+
+    @app.post("/reset_prefix_cache")
+    def reset_prefix_cache():
+        return {"reset": True}
 
     @app.get("/v1/models")
     def models():

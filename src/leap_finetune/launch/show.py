@@ -84,7 +84,7 @@ def _evaluation_processes(devices: DevicePlan, resolved) -> list[dict]:
                 f"{snapshot}/model",
                 "--port",
                 str(port),
-                *([] if in_place else ["(vLLM if installed)"]),
+                *(["(vLLM if installed)"] if devices.eval else []),  # (evaluation/reserved.use_vllm)
                 "+",
                 "leap-finetune",
                 "eval",
