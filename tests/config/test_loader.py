@@ -368,3 +368,12 @@ def test_run_refuses_checkpoint_which_only_eval_reads(folder):
     message = info.value.format()
     assert "checkpoint: names the model `leap-finetune eval` scores" in message
     assert "resume_from_checkpoint" in message and "model_name" in message
+
+
+def test_gradient_communication_written_as_its_default_is_the_default(folder):
+    """`gradient_communication: fp32` is the default spelled out: dropped from the resolved config, so a resume that
+    adds or removes it is not refused as a change; bf16 is kept."""
+    fp32 = load_config(write_config(folder, tiny_config(training_config={"gradient_communication": "fp32"})))
+    assert "gradient_communication" not in fp32.training
+    bf16 = load_config(write_config(folder, tiny_config(training_config={"gradient_communication": "bf16"})))
+    assert bf16.training["gradient_communication"] == "bf16"

@@ -90,6 +90,15 @@ CONFIG_CASES = {
         ["training_config.gradient_communication is 'bf61'", "did you mean 'bf16'?"],
     ),
     "gradient_communication_number": (_training(gradient_communication=16), ["gradient_communication is 16", "fp32"]),
+    "gradient_communication_list": (
+        _training(gradient_communication=["bf16"]),
+        ["training_config.gradient_communication is ['bf16']", "leave the key out for fp32"],
+    ),
+    "gradient_communication_true": (_training(gradient_communication=True), ["gradient_communication is true"]),
+    "optimizer_precision_list": (
+        _training(optimizer_precision=["bf16_kahan"]),
+        ["optimizer_precision is ['bf16_kahan']"],
+    ),
     "gradient_communication_with_fsdp": (
         {**_training(fsdp="full_shard", gradient_communication="bf16"), "ray": {"num_workers": 2}},
         ["gradient_communication is bf16 and fsdp is set", "remove gradient_communication"],

@@ -404,3 +404,42 @@ def test_a_resume_logs_again_the_async_results_up_to_its_checkpoint(tmp_path):
     assert [r["step"] for r in records if "benchmark/mcq/score" in r] == [0, 3]
     assert records[-1] == {"step": 3, "benchmark/mcq/score": 0.5}
     assert sorted(p.name for p in results.iterdir()) == ["step-0.json", "step-3.json"]
+
+
+def test_in_place_starts_a_new_server_when_a_snapshot_unties_the_output_head(workdir, capfd):
+    """A LoRA run whose adapter moved the tied embeddings and output head apart saves that snapshot untied
+    (evaluation/snapshot.py); a server built on a tied model cannot hold both (vLLM's reload would keep one), so
+    in_place starts a new server for it instead of reloading, and says why."""
+    import threading
+
+    from leap_finetune.evaluation.reserved import ReservedServer
+    from leap_finetune.evaluation.snapshot import Snapshot
+    from leap_finetune.models.tiny import build_tiny_model, load_tiny_tokenizer
+    from leap_finetune.validate.loader import load_config
+
+    resolved = load_config(
+        _config(workdir, "reserved", "tie.yaml", reserved={"server_port": _free_port(), "weight_reload": "in_place"})
+    )
+    tokenizer = load_tiny_tokenizer("tiny-lfm2")
+    model = build_tiny_model("tiny-lfm2", tokenizer)
+    snapshots = []
+    for step, tied in ((1, True), (2, False)):
+        folder = workdir / f"step-{step}"
+        model.config.tie_word_embeddings = tied
+        model.save_pretrained(folder / "model")
+        tokenizer.save_pretrained(folder / "model")
+        snapshots.append(Snapshot(step, "during training", folder))
+    stopped = threading.Event()
+    stopped.set()  # (the evaluation client stops at once: what is tested is which server serves the snapshot)
+    jobs = workdir / "jobs"
+    jobs.mkdir()
+    server = ReservedServer(resolved, workdir)
+    try:
+        for snapshot in snapshots:
+            server(resolved, snapshot, jobs, stopped)
+        assert server.started == 2 and server.tied is False
+    finally:
+        server.close()
+    err = " ".join(capfd.readouterr().err.split())
+    assert "step 2's model has its own output head (no longer tied to the embeddings): starting the evaluation" in err
+    assert "POST /collective_rpc" not in (jobs / "server.log").read_text()  # (not reloaded: started again)

@@ -217,3 +217,18 @@ def test_the_reserved_driver_reloads_through_vllms_two_requests(server):
     assert [_ask(url, p) for p in PROMPTS] == after
     status, said = _post(f"{url}/collective_rpc", {"method": "sleep"})
     assert status == 400 and "this server runs one method" in said["detail"]
+
+
+def test_a_server_without_the_reload_endpoint_and_vllm_error_bodies_are_said_plainly(server):
+    """A server that has no /collective_rpc (vLLM without VLLM_SERVER_DEV_MODE, or a version without it) answers 404:
+    the message says what is missing and what to use instead. vLLM's and FastAPI's error bodies become their text."""
+    from leap_finetune.evaluation.reserved import _post_reload, _said
+
+    url, first, folder = server
+    answer: dict = {}
+    _post_reload(f"{url}/elsewhere", first, 60, answer)
+    assert "has no POST /collective_rpc" in answer["error"] and "VLLM_SERVER_DEV_MODE=1" in answer["error"]
+    assert "weight_reload: respawn" in answer["error"]
+    assert _said({"error": {"message": "bad weights", "type": "BadRequestError", "code": 400}}) == "bad weights"
+    assert _said({"detail": [{"loc": ["body"], "msg": "field required"}, {"msg": "x"}]}) == "field required; x"
+    assert _said({"message": "plain"}) == "plain" and _said({}) is None

@@ -139,6 +139,11 @@ def test_plan_json_for_a_machine_we_are_not_on(config, workdir):
     bf16 = write_config(workdir, tiny_config(training_config={"gradient_communication": "bf16"}), "bf16.yaml")
     text = " ".join(invoke("plan", str(bf16), "--gpus", "2", cwd=workdir).stdout.split())
     assert "workers: 2 on 1 node(s) - Ray Train, nccl, a local Ray instance; gradients all-reduced in bf16" in text
+    one_process = " ".join(invoke("plan", str(bf16), "--gpus", "1", cwd=workdir).stdout.split())
+    assert "gradient_communication: bf16 does nothing here (one process: no all-reduce)" in one_process
+    kahan = write_config(workdir, tiny_config(training_config={"optimizer_precision": "bf16_kahan"}), "kahan.yaml")
+    text = " ".join(invoke("plan", str(kahan), "--gpus", "2", cwd=workdir).stdout.split())
+    assert "gradients all-reduced in bf16 (the weights are bf16)" in text  # (no hook needed, none claimed)
 
 
 def test_a_reserved_evaluation_gpu_is_taken_out_of_training_before_anything_starts(workdir, config):

@@ -21,18 +21,22 @@ HOOK_NAMES = {"bf16_compress_hook": "bf16"}
 
 
 def check_gradient_communication(training: dict, where: str) -> None:
-    """A known value, and not with fsdp (whose sharded reduce-scatter has no DDP hook)."""
+    """A known value, and not with fsdp (whose sharded reduce-scatter has no DDP hook). The default written out
+    (`fp32`) is dropped from `training`: a resume that adds or removes it changes nothing."""
     if KEY not in training:
         return
     value = training[KEY]
-    if value not in VALUES:
-        hint = did_you_mean(str(value), VALUES)
+    if not isinstance(value, str) or value not in VALUES:
+        from leap_finetune.config.numbers import shown
+
+        hint = did_you_mean(value, VALUES) if isinstance(value, str) else ""
         raise LeapError(
-            f"training_config.{KEY} is {value!r}",
+            f"training_config.{KEY} is {shown(value)}",
             where=where,
             fix=(hint + " " if hint else "")
             + "expected one of: "
-            + "; ".join(f"{name} ({meaning})" for name, meaning in VALUES.items()),
+            + "; ".join(f"{name} ({meaning})" for name, meaning in VALUES.items())
+            + " - or leave the key out for fp32",
         )
     if value != "fp32" and training.get("fsdp"):
         raise LeapError(
@@ -41,6 +45,25 @@ def check_gradient_communication(training: dict, where: str) -> None:
             where=where,
             fix=f"remove {KEY} (or fsdp, for a model that fits on each GPU)",
         )
+    if value == "fp32":
+        del training[KEY]
+
+
+def bf16_weights(training: dict) -> bool:
+    """Weights held in bf16 (optimizer_precision: bf16_kahan, or model_init_kwargs.dtype bf16): their gradients are
+    bf16 already, and DDP all-reduces them as they are."""
+    from leap_finetune.config.precision import keeps_bf16_weights
+
+    init = training.get("model_init_kwargs") if isinstance(training.get("model_init_kwargs"), dict) else {}
+    dtype = init.get("dtype", init.get("torch_dtype"))
+    return keeps_bf16_weights(training.get("optimizer_precision")) or dtype in ("bfloat16", "bf16", "torch.bfloat16")
+
+
+def planned_all_reduce(training: dict) -> str:
+    """What `plan` says several DDP workers will all-reduce in."""
+    if bf16_weights(training):
+        return "bf16 (the weights are bf16)"
+    return "bf16" if training.get(KEY) == "bf16" else "fp32"
 
 
 def use_gradient_communication(trainer, value: str | None) -> None:
@@ -58,8 +81,8 @@ def use_gradient_communication(trainer, value: str | None) -> None:
 
 
 def gradient_all_reduce(trainer) -> str | None:
-    """How the run's gradients were all-reduced, as DDP itself reports it: 'bf16' or 'fp32'; None for one process
-    or FSDP (no DDP wrapper)."""
+    """How the run's gradients were all-reduced, as DDP itself reports it: 'bf16', 'fp32', or 'bf16 (the weights
+    are bf16)' where no hook was needed; None for one process or FSDP (no DDP wrapper)."""
     import torch
 
     wrapped = getattr(trainer, "model_wrapped", None)
@@ -68,4 +91,7 @@ def gradient_all_reduce(trainer) -> str | None:
     # (DDP's own record of the hook it calls - the private accessor is the only one - so the report says what ran,
     # not what was asked for)
     hook = wrapped._get_ddp_logging_data().get("comm_hook") or ""
-    return HOOK_NAMES.get(hook, "fp32" if not hook else hook)
+    if hook:
+        return HOOK_NAMES.get(hook, hook)
+    trained = next((p for p in wrapped.module.parameters() if p.requires_grad), None)
+    return "bf16 (the weights are bf16)" if trained is not None and trained.dtype == torch.bfloat16 else "fp32"

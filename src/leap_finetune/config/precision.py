@@ -32,10 +32,12 @@ def check_optimizer_precision(user: dict, where: str, lora: bool) -> None:
     """`optimizer_precision` (recipes/optimizers.py): a known value, its package installed, and no key that
     contradicts it (weights in another dtype, fp16, another optimizer, LoRA)."""
     value = user["optimizer_precision"]
-    if value not in PRECISIONS:
-        hint = did_you_mean(str(value), PRECISIONS)
+    if not isinstance(value, str) or value not in PRECISIONS:
+        from leap_finetune.config.numbers import shown
+
+        hint = did_you_mean(value, PRECISIONS) if isinstance(value, str) else ""
         raise LeapError(
-            f"training_config.optimizer_precision is {value!r}",
+            f"training_config.optimizer_precision is {shown(value)}",
             where=where,
             fix=(hint + " " if hint else "")
             + "expected one of: "

@@ -50,6 +50,7 @@ class ReservedServer:
         self.devices = resolved.eval_devices or ""  # physical ids, decided by the driver ("" on CPU)
         self.in_place = resolved.async_eval.reserved.weight_reload == "in_place"
         self.kept = None  # the in_place server, between snapshots
+        self.tied = None  # whether the kept server's model ties its output head to the embeddings
         self.started = 0  # servers started so far
 
     def server_command(self, resolved: ResolvedConfig, model: Path, port: int) -> list[str]:
@@ -111,6 +112,16 @@ class ReservedServer:
         )
         server_log = jobs / ("server.log" if self.in_place else f"step-{snapshot.step}-server.log")
         server = self.kept if self.in_place else None
+        if server is not None and _tied(snapshot.folder / MODEL) != self.tied:
+            # a LoRA run's adapter moved the tied embeddings and output head apart (evaluation/snapshot.py saves them
+            # untied): a served model built tied cannot hold them - vLLM's reload would keep one of the two
+            print(
+                f"leap-finetune: step {snapshot.step}'s model has its own output head (no longer tied to the "
+                "embeddings): starting the evaluation server again",
+                file=sys.stderr,
+            )
+            server.stop()
+            server = self.kept = None
         if server is not None:
             reloaded = self._reload(server, snapshot.folder / MODEL, settings.reserved.start_timeout_s, stop)
             if stop.is_set():
@@ -134,6 +145,7 @@ class ReservedServer:
                     said = err.message.splitlines()[0].removeprefix("the evaluation server ")
                     return Outcome(reason=f"the evaluation server {said}", log=server_log)
                 self.kept = server if self.in_place else None
+                self.tied = _tied(snapshot.folder / MODEL)
             started = time.monotonic()  # (the evaluation's own time: the server's start left out)
             log = jobs / f"step-{snapshot.step}.log"
             command = (["nice", "-n", "19"] if cpu else []) + [
@@ -216,19 +228,29 @@ def _post_reload(url: str, model: Path, timeout_s: float, answer: dict) -> None:
     """The served weights replaced by `model`'s, the way vLLM's OpenAI server takes it (its worker's
     reload_weights(weights_path=...), then the prefix cache emptied); evaluation/serve.py answers the same two
     requests. `answer["error"]` says what went wrong (the server's own words where it gave some)."""
-    steps = (
-        ("/collective_rpc", {"method": "reload_weights", "kwargs": {"weights_path": str(model)}, "timeout": timeout_s}),
-        ("/reset_prefix_cache", None),
+    error = _post(
+        f"{url}/collective_rpc",
+        {"method": "reload_weights", "kwargs": {"weights_path": str(model)}, "timeout": timeout_s},
+        timeout_s,
     )
-    for path, body in steps:
-        error = _post(f"{url}{path}", body, timeout_s)
-        if error is not None:
+    if error is not None and error.startswith("404"):
+        answer["error"] = (
+            f"the evaluation server has no POST /collective_rpc to load the weights of {model} into ({error}): vLLM "
+            "serves it only with VLLM_SERVER_DEV_MODE=1 (set by leap-finetune) and in versions that have it (0.26.0 "
+            "is tested); use weight_reload: respawn with another vLLM"
+        )
+    elif error is not None:
+        answer["error"] = (
+            f"the evaluation server refused the weights of {model} ({error})"
+            if error[:1].isdigit()
+            else f"the evaluation server did not load the weights of {model}: {error}"
+        )
+    else:
+        error = _post(f"{url}/reset_prefix_cache", None, timeout_s)
+        if error is not None:  # (the new weights are in, the old ones' cached keys and values maybe not gone)
             answer["error"] = (
-                f"the evaluation server refused the weights of {model} ({error})"
-                if error[:1].isdigit()
-                else f"the evaluation server did not load the weights of {model}: {error}"
+                f"the evaluation server loaded the weights of {model} but did not empty its cache: {error}"
             )
-            return
 
 
 def _post(url: str, body: dict | None, timeout_s: float) -> str | None:
@@ -245,13 +267,35 @@ def _post(url: str, body: dict | None, timeout_s: float) -> str | None:
         return None
     except urllib.error.HTTPError as err:
         try:
-            said = json.loads(err.read())
-            detail = said.get("detail") or said.get("error") or said.get("message")
-        except (ValueError, OSError, AttributeError):
+            detail = _said(json.loads(err.read()))
+        except (ValueError, OSError):
             detail = None
         return f"{err.code}: {detail or err.reason}"
     except (urllib.error.URLError, http.client.HTTPException, OSError, ValueError) as err:
         return f"{type(err).__name__}: {err}"
+
+
+def _said(body) -> str | None:
+    """The message of an error body: FastAPI's {"detail": text or [{"msg": ...}]}, OpenAI's and vLLM's
+    {"error": {"message": ...}} or {"message": ...}."""
+    if isinstance(body, dict):
+        for key in ("detail", "error", "message", "msg"):
+            if body.get(key):
+                return _said(body[key])
+        return None
+    if isinstance(body, list):
+        return "; ".join(filter(None, (_said(item) for item in body))) or None
+    return str(body)
+
+
+def _tied(model: Path) -> bool | None:
+    """config.json's tie_word_embeddings (a vision-language model's text_config's), None when it is not said."""
+    try:
+        config = json.loads((model / "config.json").read_text(encoding="utf-8"))
+    except (OSError, ValueError):
+        return None
+    text = config.get("text_config") if isinstance(config.get("text_config"), dict) else {}
+    return config.get("tie_word_embeddings", text.get("tie_word_embeddings"))
 
 
 def _last_line(log: Path) -> str:

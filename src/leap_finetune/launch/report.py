@@ -373,6 +373,13 @@ def devices_line(devices, gradient_communication: str | None = None) -> str:
     )
 
 
+def hardware_line(devices, summary: dict) -> str:
+    """The model card's hardware: the devices, and how DDP all-reduced the gradients as it reported it."""
+    line = devices_line(devices)
+    ran = summary.get("gradient_all_reduce")
+    return line + (f"; gradients all-reduced in {ran}" if ran and ran != "fp32" else "")
+
+
 def print_plan_notes(console: Console, plan) -> None:
     for note in plan.notes:
         console.print(f"[yellow]warning: {note}[/yellow]")

@@ -6,6 +6,7 @@ so what `plan` prints is what `run` does. `--gpus` / `--nodes` plan for a machin
 
 from __future__ import annotations
 
+from leap_finetune.config.communication import planned_all_reduce
 from leap_finetune.launch.devices import DevicePlan
 from leap_finetune.methods import method_of
 from leap_finetune.runs.processes import NO_MULTICAST
@@ -66,6 +67,8 @@ def _evaluation_processes(devices: DevicePlan, resolved) -> list[dict]:
     env = {"CUDA_VISIBLE_DEVICES": ",".join(map(str, devices.eval)), **NO_MULTICAST} if devices.eval else {}
     port = settings.reserved.server_port
     in_place = settings.reserved.weight_reload == "in_place"
+    if in_place and devices.eval:  # (vLLM's reload endpoints: evaluation/reserved.py)
+        env["VLLM_SERVER_DEV_MODE"] = "1"
     return [
         {
             "name": (
@@ -176,12 +179,11 @@ def plan_report(resolved, devices: DevicePlan, prepared, no_tokens: str = "") ->
         ),
         "last_batch": steps.last_batch,
         # several DDP workers: the precision of their gradients' all-reduce (config/communication.py)
-        "gradient_all_reduce": (
-            None
-            if devices.in_process or t.get("fsdp")
-            else "bf16"
-            if t.get("gradient_communication") == "bf16"
-            else "fp32"
+        "gradient_all_reduce": None if devices.in_process or t.get("fsdp") else planned_all_reduce(t),
+        "gradient_communication_unused": (
+            "gradient_communication: bf16 does nothing here (one process: no all-reduce)"
+            if devices.in_process and t.get("gradient_communication") == "bf16"
+            else None
         ),
         "trains": _trains(resolved),
         "rollouts": _rollouts(resolved),
@@ -255,6 +257,7 @@ def print_plan(console, report: dict) -> None:
     console.print(
         f"workers: {report['workers']} on {nodes} node(s) - {mode}"
         + (f"; gradients all-reduced in {all_reduce}" if all_reduce else "")
+        + (f"; {report['gradient_communication_unused']}" if report.get("gradient_communication_unused") else "")
     )
     grpo = batch["unit"] == "completions"
     console.print(
