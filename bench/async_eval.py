@@ -6,7 +6,12 @@ LFM2-350M architecture (random weights, bf16 as LiquidAI ships it; no download),
 a generation benchmark of `--rows` rows every `--every` steps (and before / after training, as always):
 - sync:     1 training GPU (CUDA_VISIBLE_DEVICES=0); training pauses while the benchmark generates.
 - reserved: 2 GPUs visible, `async_eval: {mode: reserved, vllm_gpus: 1}`: the driver keeps GPU 0 for the
-            evaluation server (vLLM where installed, else `transformers serve`), training runs on GPU 1.
+            evaluation server (vLLM where installed, else leap-finetune's own), training runs on GPU 1; a server
+            per evaluation (`weight_reload: respawn`, the spec's default).
+- in_place: the same with `weight_reload: in_place` (one server, each snapshot's weights loaded into it).
+- none:     1 GPU, no benchmarks: the training time the goal compares with (evaluation costs <= 5% of it).
+Issue #31's goal on 2 GPUs: in_place's total wall time <= sync's, its training time <= none's + 5%:
+`python bench/async_eval.py --modes none,sync,reserved,in_place`.
 Each run is the user's command (`python -m leap_finetune.cli CONFIG`) in its own process. Reported: training
 tokens/s (median of the logged windows, metrics.jsonl) and MFU against a bf16 matmul peak measured here, the
 training time (summary.json train_runtime_s), the command's total wall time, and which steps were evaluated.
@@ -132,14 +137,19 @@ def main() -> None:
     for mode in args.modes.split(","):
         if mode == "sync":
             results[mode] = run("sync", base, work, "0", args.timeout)
+        elif mode == "none":
+            results[mode] = run("none", {k: v for k, v in base.items() if k != "evals"}, work, "0", args.timeout)
         else:
             config = {
                 **base,
                 "async_eval": {
-                    "mode": mode,
+                    "mode": "reserved" if mode == "in_place" else mode,
                     "vllm_gpus": 1,
                     "on_overlap": "queue",
-                    "reserved": {"server_port": 8100},
+                    "reserved": {
+                        "server_port": 8100,
+                        "weight_reload": "in_place" if mode == "in_place" else "respawn",
+                    },
                     "wait_at_end_s": args.timeout,
                 },
             }
@@ -163,7 +173,7 @@ def main() -> None:
     print("| --- | --- | --- | --- | --- | --- | --- |")
     for mode, r in results.items():
         mfu = r["tokens_per_second"] * per_token / peak
-        gpus = "1 (training)" if mode == "sync" else "1 training + 1 eval"
+        gpus = "1 (training)" if mode in ("sync", "none") else "1 training + 1 eval"
         print(
             f"| {mode} | {gpus} | {r['tokens_per_second']:,.0f} | {mfu:.1%} | {r['train_s']:.1f} s | "
             f"{r['wall_s']:.1f} s | {r['evaluated_steps']} |"
