@@ -8,7 +8,7 @@ arithmetic, so it is opt-in (docs/speed.md). It does nothing for one process, an
 
 from __future__ import annotations
 
-from leap_finetune.config.suggest import did_you_mean
+from leap_finetune.config.suggest import check_choice
 from leap_finetune.errors import LeapError
 
 KEY = "gradient_communication"
@@ -26,18 +26,7 @@ def check_gradient_communication(training: dict, where: str) -> None:
     if KEY not in training:
         return
     value = training[KEY]
-    if not isinstance(value, str) or value not in VALUES:
-        from leap_finetune.config.numbers import shown
-
-        hint = did_you_mean(value, VALUES) if isinstance(value, str) else ""
-        raise LeapError(
-            f"training_config.{KEY} is {shown(value)}",
-            where=where,
-            fix=(hint + " " if hint else "")
-            + "expected one of: "
-            + "; ".join(f"{name} ({meaning})" for name, meaning in VALUES.items())
-            + " - or leave the key out for fp32",
-        )
+    check_choice(KEY, value, VALUES, where, " - or leave the key out for fp32")
     if value != "fp32" and training.get("fsdp"):
         raise LeapError(
             f"training_config.{KEY} is {value} and fsdp is set: the bf16 all-reduce is a DDP communication hook, and "

@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import importlib.util
 
-from leap_finetune.config.suggest import did_you_mean
+from leap_finetune.config.suggest import check_choice
 from leap_finetune.errors import LeapError
 
 PRECISIONS = {
@@ -32,17 +32,7 @@ def check_optimizer_precision(user: dict, where: str, lora: bool) -> None:
     """`optimizer_precision` (recipes/optimizers.py): a known value, its package installed, and no key that
     contradicts it (weights in another dtype, fp16, another optimizer, LoRA)."""
     value = user["optimizer_precision"]
-    if not isinstance(value, str) or value not in PRECISIONS:
-        from leap_finetune.config.numbers import shown
-
-        hint = did_you_mean(value, PRECISIONS) if isinstance(value, str) else ""
-        raise LeapError(
-            f"training_config.optimizer_precision is {shown(value)}",
-            where=where,
-            fix=(hint + " " if hint else "")
-            + "expected one of: "
-            + "; ".join(f"{name} ({meaning})" for name, meaning in PRECISIONS.items()),
-        )
+    check_choice("optimizer_precision", value, PRECISIONS, where)
     package = missing_package(value)
     if package:
         raise LeapError(

@@ -21,6 +21,25 @@ def did_you_mean(word: str, choices: Iterable[str]) -> str:
     return f"did you mean '{matches[0]}'?" if matches else ""
 
 
+def check_choice(key: str, value, choices: dict[str, str], where: str, fix_tail: str = "") -> None:
+    """training_config.`key` must be one of `choices` (name -> meaning): otherwise an error naming the value in YAML
+    spelling, a 'did you mean' where one is close, and every choice with its meaning."""
+    if isinstance(value, str) and value in choices:
+        return
+    from leap_finetune.config.numbers import shown
+    from leap_finetune.errors import LeapError
+
+    hint = did_you_mean(value, choices) if isinstance(value, str) else ""
+    raise LeapError(
+        f"training_config.{key} is {shown(value)}",
+        where=where,
+        fix=(hint + " " if hint else "")
+        + "expected one of: "
+        + "; ".join(f"{name} ({meaning})" for name, meaning in choices.items())
+        + fix_tail,
+    )
+
+
 def unknown_key_fix(key: str, choices: Iterable[str]) -> str:
     hint = did_you_mean(key, choices)
     return hint or "remove it, or check the spelling against the config reference (docs/config.md)"

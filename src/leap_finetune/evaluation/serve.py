@@ -276,15 +276,18 @@ def build_app(
     def health():
         return {"status": "ok", "weights": loaded["model"], "reloads": loaded["reloads"]}
 
-    async def reload(request):
+    async def body_of(request) -> dict:
         # (the raw request: a body that is not JSON gets the same answer as one without a folder, not FastAPI's 422)
         try:
             body = await request.json()
         except ValueError:
-            body = None
-        folder = body.get("model") if isinstance(body, dict) else None
+            return {}
+        return body if isinstance(body, dict) else {}
+
+    async def load(folder, refused: str) -> dict:
+        """`folder`'s weights into the served model (load_weights), or 400 with `refused` / the reason."""
         if not isinstance(folder, str) or not folder:
-            raise HTTPException(status_code=400, detail='expected {"model": "<a model folder>"}')
+            raise HTTPException(status_code=400, detail=refused)
         try:
             answer = await asyncio.to_thread(load_weights, generator, folder)
         except BadRequest as err:
@@ -293,35 +296,22 @@ def build_app(
         print(f"loaded the weights of {folder} in {answer['seconds']:.2f} s", file=sys.stderr, flush=True)
         return answer
 
-    reload.__annotations__ = {"request": Request}  # (a class, not the string this module's annotations would be)
-    app.post("/v1/load_weights")(reload)
+    async def reload(request):
+        return await load((await body_of(request)).get("model"), 'expected {"model": "<a model folder>"}')
 
     # vLLM's developer endpoints, the two requests `weight_reload: in_place` sends (evaluation/reserved.py), so the
     # driver reloads this server and vLLM the same way: reload_weights(weights_path=FOLDER), then the prefix
     # cache emptied (this server keeps none).
     async def collective_rpc(request):
-        try:
-            body = await request.json()
-        except ValueError:
-            body = None
-        method = body.get("method") if isinstance(body, dict) else None
-        kwargs = body.get("kwargs") if isinstance(body, dict) else None
-        folder = kwargs.get("weights_path") if isinstance(kwargs, dict) else None
-        if method != "reload_weights" or not isinstance(folder, str) or not folder:
-            raise HTTPException(
-                status_code=400,
-                detail='this server runs one method: {"method": "reload_weights", "kwargs": {"weights_path": FOLDER}}',
-            )
-        try:
-            answer = await asyncio.to_thread(load_weights, generator, folder)
-        except BadRequest as err:
-            raise HTTPException(status_code=400, detail=str(err)) from None
-        loaded.update(model=folder, reloads=loaded["reloads"] + 1)
-        print(f"loaded the weights of {folder} in {answer['seconds']:.2f} s", file=sys.stderr, flush=True)
-        return {"results": [answer]}
+        body = await body_of(request)
+        kwargs = body.get("kwargs") if isinstance(body.get("kwargs"), dict) else {}
+        refused = 'this server runs one method: {"method": "reload_weights", "kwargs": {"weights_path": FOLDER}}'
+        folder = kwargs.get("weights_path") if body.get("method") == "reload_weights" else None
+        return {"results": [await load(folder, refused)]}
 
-    collective_rpc.__annotations__ = {"request": Request}
-    app.post("/collective_rpc")(collective_rpc)
+    for handler, path in ((reload, "/v1/load_weights"), (collective_rpc, "/collective_rpc")):
+        handler.__annotations__ = {"request": Request}  # (a class, not the string this module's annotations would be)
+        app.post(path)(handler)
 
     @app.post("/reset_prefix_cache")
     def reset_prefix_cache():
