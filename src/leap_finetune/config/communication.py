@@ -16,6 +16,8 @@ VALUES = {
     "fp32": "the default: gradients all-reduced in float32, exact",
     "bf16": "gradients cast to bf16 for the all-reduce, half the bytes between GPUs; opt-in, see docs/speed.md",
 }
+# said by validate and plan where one process trains
+ONE_PROCESS = "gradient_communication: bf16 does nothing here (one process: no all-reduce)"
 # what DDP reports as its communication hook (DistributedDataParallel._get_ddp_logging_data()["comm_hook"])
 HOOK_NAMES = {"bf16_compress_hook": "bf16"}
 
@@ -41,11 +43,10 @@ def check_gradient_communication(training: dict, where: str) -> None:
 def bf16_weights(training: dict) -> bool:
     """Weights held in bf16 (optimizer_precision: bf16_kahan, or model_init_kwargs.dtype bf16): their gradients are
     bf16 already, and DDP all-reduces them as they are."""
-    from leap_finetune.config.precision import keeps_bf16_weights
+    from leap_finetune.config.precision import init_dtype, keeps_bf16_weights
 
-    init = training.get("model_init_kwargs") if isinstance(training.get("model_init_kwargs"), dict) else {}
-    dtype = init.get("dtype", init.get("torch_dtype"))
-    return keeps_bf16_weights(training.get("optimizer_precision")) or dtype in ("bfloat16", "bf16", "torch.bfloat16")
+    bf16 = ("bfloat16", "bf16", "torch.bfloat16")
+    return keeps_bf16_weights(training.get("optimizer_precision")) or init_dtype(training) in bf16
 
 
 def planned_all_reduce(training: dict) -> str:

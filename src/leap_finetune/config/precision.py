@@ -24,6 +24,12 @@ def missing_package(precision: str) -> str | None:
     return name
 
 
+def init_dtype(training: dict):
+    """model_init_kwargs' dtype as written (both spellings: config/model_init.py), or None."""
+    init = training.get("model_init_kwargs") if isinstance(training.get("model_init_kwargs"), dict) else {}
+    return init.get("dtype", init.get("torch_dtype"))
+
+
 def keeps_bf16_weights(precision: str | None) -> bool:
     return bool(precision) and precision.startswith("bf16")
 
@@ -40,8 +46,7 @@ def check_optimizer_precision(user: dict, where: str, lora: bool) -> None:
             where=where,
             fix=f"pip install {package} (or `pip install 'leap-finetune[speed]'`), or use optimizer_precision: fp32",
         )
-    init = user.get("model_init_kwargs") if isinstance(user.get("model_init_kwargs"), dict) else {}
-    dtype = init.get("dtype", init.get("torch_dtype"))  # (both spellings: config/model_init.py)
+    dtype = init_dtype(user)
     if not keeps_bf16_weights(value):
         if dtype in ("bfloat16", "bf16", "torch.bfloat16", "float16", "fp16", "torch.float16"):
             raise LeapError(

@@ -357,13 +357,15 @@ def end_report(console: Console, resolved: ResolvedConfig, summary: dict) -> Non
 
 def devices_line(devices, gradient_communication: str | None = None) -> str:
     """`gradient_communication`: training_config's key (config/communication.py), said where it applies."""
+    from leap_finetune.config.communication import ONE_PROCESS
+
     bf16 = gradient_communication == "bf16"
     if devices.in_process:
         where = f"1 GPU (device {devices.training[0]})" if devices.use_gpu else "CPU"
         return (
             f"devices: {where}, "
             + ("one training process (it sees only this GPU)" if devices.own_process else "in-process")
-            + ("; gradient_communication: bf16 does nothing here (one process: no all-reduce)" if bf16 else "")
+            + (f"; {ONE_PROCESS}" if bf16 else "")
         )
     kind = f"{len(devices.training)} GPU(s) per node: {devices.training}" if devices.use_gpu else "CPU workers"
     cluster = f"the Ray cluster at {devices.address}" if devices.address else "a local Ray instance"

@@ -6,7 +6,7 @@ so what `plan` prints is what `run` does. `--gpus` / `--nodes` plan for a machin
 
 from __future__ import annotations
 
-from leap_finetune.config.communication import planned_all_reduce
+from leap_finetune.config.communication import ONE_PROCESS, planned_all_reduce
 from leap_finetune.launch.devices import DevicePlan
 from leap_finetune.methods import method_of
 from leap_finetune.runs.processes import NO_MULTICAST
@@ -181,9 +181,7 @@ def plan_report(resolved, devices: DevicePlan, prepared, no_tokens: str = "") ->
         # several DDP workers: the precision of their gradients' all-reduce (config/communication.py)
         "gradient_all_reduce": None if devices.in_process or t.get("fsdp") else planned_all_reduce(t),
         "gradient_communication_unused": (
-            "gradient_communication: bf16 does nothing here (one process: no all-reduce)"
-            if devices.in_process and t.get("gradient_communication") == "bf16"
-            else None
+            ONE_PROCESS if devices.in_process and t.get("gradient_communication") == "bf16" else None
         ),
         "trains": _trains(resolved),
         "rollouts": _rollouts(resolved),
