@@ -319,7 +319,7 @@ class AsyncBenchmarks(EvaluationLog):
         step = state.global_step
         if not state.is_world_process_zero or self.trainer is None or step == 0:
             return None
-        done = {int(p.stem.split("-")[1]) for p in (self.predictions_dir / "results").glob("step-*.json")}
+        done = {int(p.stem.split("-")[1]) for p in self.results_dir.glob("step-*.json")}
         lost = [s for s in range(0, step, self.every) if s not in done]
         if lost:
             self.console.print(

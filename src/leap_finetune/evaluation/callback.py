@@ -21,6 +21,7 @@ class EvaluationLog(TrainerCallback):
 
     def __init__(self, run_dir: Path, console, every: int, max_failures: int):
         self.predictions_dir = RunFolder(run_dir).benchmarks
+        self.results_dir = RunFolder(run_dir).benchmark_results
         self.console = console
         self.every = every
         self.trainer = None
@@ -44,7 +45,7 @@ class EvaluationLog(TrainerCallback):
 
         from leap_finetune.files import write_atomic
 
-        folder = self.predictions_dir / "results"
+        folder = self.results_dir
         folder.mkdir(parents=True, exist_ok=True)
         write_atomic(
             folder / f"step-{step}.json", json.dumps({"step": step, "when": when, "results": results}, indent=2)

@@ -35,6 +35,7 @@ def export_gguf(
     from leap_finetune.files import check_writable
     from leap_finetune.gguf_export.convert import check_converter
     from leap_finetune.gguf_export.llama_cpp import find_program
+    from leap_finetune.methods import method_of
     from leap_finetune.models.trained import find_trained, retrieval_type
 
     console = console or Console(stderr=True)
@@ -44,9 +45,7 @@ def export_gguf(
     kind = retrieval_type(trained)
     if kind is not None:
         raise LeapError(
-            f"GGUF export is for chat models; this is an {kind} model"
-            if kind == "embedding"
-            else f"GGUF export is for chat models; this is a {kind} model",
+            f"GGUF export is for chat models; this is {method_of(kind).trains}",
             where=source,
             fix="export it as a sentence-transformers folder: leap-finetune export RUN (without --gguf)",
         )

@@ -121,9 +121,10 @@ def _check_unseen_rows(rows: list[dict], resolved: ResolvedConfig) -> None:
     from leap_finetune.config.schema import BenchmarkConfig
     from leap_finetune.errors import DataError, RowProblem
     from leap_finetune.evaluation.rows import load_benchmark
+    from leap_finetune.runs.folder import UNSEEN_TOOLS
 
     with tempfile.TemporaryDirectory(prefix="leap-unseen-") as folder:
-        path = Path(folder) / "unseen_tools.jsonl"
+        path = Path(folder) / UNSEEN_TOOLS
         path.write_text("".join(json.dumps(row, ensure_ascii=False) + "\n" for row in rows), encoding="utf-8")
         try:
             load_benchmark(

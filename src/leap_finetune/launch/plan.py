@@ -271,7 +271,7 @@ def resumed_config(plan: RunPlan) -> tuple[dict | None, dict | None]:
             config = None
     if data is None:
         try:
-            data = json.loads((RunFolder(plan.run_dir).prepared / "fingerprint.json").read_text(encoding="utf-8"))
+            data = json.loads(RunFolder(plan.run_dir).fingerprint.read_text(encoding="utf-8"))
         except (OSError, json.JSONDecodeError):
             data = None
     return config, data
@@ -435,7 +435,7 @@ def restore_benchmark_results(run_dir: Path, metrics: Path, step: int) -> None:
     above drops them: the results of steps up to the checkpoint's are logged again from
     benchmarks/results/step-N.json; those of later steps belong to the discarded steps and are evaluated again
     by the resumed run."""
-    folder = run_dir / "benchmarks" / "results"
+    folder = RunFolder(run_dir).benchmark_results
     if not folder.is_dir():
         return
     from leap_finetune.files import read_metrics

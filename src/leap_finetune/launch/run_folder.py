@@ -120,12 +120,12 @@ def stage_run_folder(
                 handle.write(
                     "\n# overridden on the command line:\n" + "".join(f"#   --set {o}\n" for o in resolved.overrides)
                 )
-    data = RunFolder(staging).prepared
+    folder = RunFolder(staging)
     for name, rows in (("train", prepared.train), ("eval", prepared.eval)):
         if len(rows):
-            rows.dataset().save_to_disk(str(data / name))
-    (data / "samples.json").write_text(json.dumps(samples(prepared, renderer)), encoding="utf-8")
-    (data / "fingerprint.json").write_text(json.dumps(fingerprint(prepared)), encoding="utf-8")
+            rows.dataset().save_to_disk(str(folder.prepared_split(name)))
+    folder.samples.write_text(json.dumps(samples(prepared, renderer)), encoding="utf-8")
+    folder.fingerprint.write_text(json.dumps(fingerprint(prepared)), encoding="utf-8")
     if prepared.unseen_tool_rows:  # dataset.hold_out_tools: the benchmark the driver added to evals (launch/checks.py)
         RunFolder(staging).unseen_tools.write_text(
             "".join(json.dumps(row, ensure_ascii=False) + "\n" for row in prepared.unseen_tool_rows), encoding="utf-8"

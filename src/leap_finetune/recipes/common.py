@@ -24,11 +24,8 @@ from leap_finetune.recipes.callbacks import (
     RichProgress,
     StopOnSignal,
 )
-from leap_finetune.runs import folder as folder_names
 from leap_finetune.runs.checkpoints import read_marker
 from leap_finetune.runs.folder import RunFolder
-
-PREPARED_DIR = folder_names.PREPARED
 
 
 def is_main_process() -> bool:
@@ -118,8 +115,8 @@ def start_worker(resolved_json: dict, args_cls, training_arguments) -> WorkerSta
 def load_prepared(run_dir: Path):
     from datasets import load_from_disk
 
-    train = load_from_disk(str(run_dir / PREPARED_DIR / "train"))
-    eval_path = run_dir / PREPARED_DIR / "eval"
+    train = load_from_disk(str(RunFolder(run_dir).prepared_split("train")))
+    eval_path = RunFolder(run_dir).prepared_split("eval")
     return train, (load_from_disk(str(eval_path)) if eval_path.exists() else None)
 
 
@@ -199,7 +196,7 @@ def standard_callbacks(
 
 def _fingerprint(run_dir: Path) -> dict | None:
     try:
-        return json.loads((run_dir / PREPARED_DIR / "fingerprint.json").read_text(encoding="utf-8"))
+        return json.loads(RunFolder(run_dir).fingerprint.read_text(encoding="utf-8"))
     except (OSError, json.JSONDecodeError):
         return None
 
@@ -582,7 +579,7 @@ def _save_atomic(target: Path, save) -> None:
 
 
 def load_samples(run_dir: Path) -> list[dict]:
-    path = run_dir / PREPARED_DIR / "samples.json"
+    path = RunFolder(run_dir).samples
     return json.loads(path.read_text()) if path.exists() else []
 
 

@@ -16,10 +16,7 @@ from pathlib import Path
 from transformers import TrainerCallback
 
 from leap_finetune.files import read_metrics
-from leap_finetune.runs import folder as folder_names
 from leap_finetune.runs.folder import RunFolder
-
-FOLDER = folder_names.PLOTS
 
 
 def _series(records: list[dict], key: str) -> tuple[list, list, list]:
@@ -83,7 +80,7 @@ def write_plots(run_dir: Path) -> list[Path]:
             False,
         ),
     }
-    folder = run_dir / FOLDER
+    folder = RunFolder(run_dir).plots
     folder.mkdir(exist_ok=True)
     written = []
     for name, (title, wanted, by_tokens) in figures.items():

@@ -27,6 +27,9 @@ CONFIG_COPY = "config.yaml"
 RESOLVED_CONFIG = "resolved_config.yaml"
 PREPARED = "prepared"
 UNSEEN_TOOLS = "unseen_tools.jsonl"  # in prepared/
+SAMPLES = "samples.json"  # in prepared/: the prompts of the sample answers printed before and after training
+FINGERPRINT = "fingerprint.json"  # in prepared/: what the prepared rows were made from (a resume compares it)
+PREPARED_SPLITS = ("train", "eval")  # in prepared/: the rows of each split as a datasets folder
 DROPPED_ROWS = "dropped_rows.jsonl"
 TRAIN_LOG = "train.log"
 METRICS = "metrics.jsonl"
@@ -34,6 +37,9 @@ COMPLETIONS = "completions.jsonl"
 RESUME_CHANGES = "resume_changes.json"
 CHECKPOINT_PREFIX = "checkpoint-"
 BENCHMARKS = "benchmarks"
+BENCHMARK_RESULTS = "results"  # in benchmarks/: step-N.json, the scores of each evaluation
+SNAPSHOTS = "snapshots"  # in benchmarks/: async evaluation's hand-over (evaluation/handoff.py)
+EVAL_JOBS = "jobs"  # in benchmarks/: async evaluation's sbatch scripts and logs
 SERVERS = "servers"
 PLOTS = "plots"
 MODEL = "model"
@@ -67,6 +73,19 @@ class RunFolder:
         return self.path / PREPARED / UNSEEN_TOOLS
 
     @property
+    def samples(self) -> Path:
+        return self.path / PREPARED / SAMPLES
+
+    @property
+    def fingerprint(self) -> Path:
+        return self.path / PREPARED / FINGERPRINT
+
+    def prepared_split(self, split: str) -> Path:
+        """prepared/train or prepared/eval: a split's tokenized rows (datasets' save_to_disk)."""
+        assert split in PREPARED_SPLITS, split
+        return self.path / PREPARED / split
+
+    @property
     def dropped_rows(self) -> Path:
         return self.path / DROPPED_ROWS
 
@@ -93,12 +112,17 @@ class RunFolder:
     @property
     def snapshots(self) -> Path:
         """Asynchronous evaluation: the snapshots rank 0 hands to the driver (evaluation/handoff.py)."""
-        return self.path / BENCHMARKS / "snapshots"
+        return self.path / BENCHMARKS / SNAPSHOTS
 
     @property
     def eval_jobs(self) -> Path:
         """Asynchronous evaluation: the sbatch scripts, job and server logs."""
-        return self.path / BENCHMARKS / "jobs"
+        return self.path / BENCHMARKS / EVAL_JOBS
+
+    @property
+    def benchmark_results(self) -> Path:
+        """benchmarks/results/step-N.json: the scores of the evaluation of training step N, whichever mode ran it."""
+        return self.path / BENCHMARKS / BENCHMARK_RESULTS
 
     @property
     def servers(self) -> Path:
