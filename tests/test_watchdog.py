@@ -54,3 +54,32 @@ def test_the_budget_counts_from_the_watchdogs_start():
         pass
     with pytest.raises(Hung, match="more than its budget"):
         watchdog.check()
+
+
+def test_a_hung_test_fails_with_every_threads_stack_and_the_suite_goes_on(request, tmp_path):
+    """The suite's per-test limit (pytest-timeout, set in pyproject.toml): a test that hangs fails with where each
+    thread was, and the next test still runs. Here with the project's settings and a 2 s limit."""
+    assert float(request.config.getini("timeout")) >= 300  # (far above the slowest test: a loaded machine passes)
+    assert request.config.getini("timeout_method") == "signal"  # (fails the test; "thread" would end the suite)
+    (tmp_path / "test_hang.py").write_text(
+        "import threading, time\n"
+        "def test_hangs():\n"
+        "    threading.Thread(target=time.sleep, args=(60,), name='helper', daemon=True).start()\n"
+        "    threading.Event().wait()\n"
+        "def test_next():\n"
+        "    pass\n"
+    )
+    pyproject = request.config.rootpath / "pyproject.toml"
+    started = time.monotonic()
+    done = subprocess.run(
+        [sys.executable, "-m", "pytest", "-c", str(pyproject), "-o", "timeout=2", "-p", "no:cacheprovider", "-q"]
+        + ["--rootdir", str(tmp_path), str(tmp_path / "test_hang.py")],
+        capture_output=True,
+        text=True,
+        timeout=120,
+    )
+    assert done.returncode == 1 and time.monotonic() - started < 60, done.stdout[-3000:]
+    assert "Timeout (>2.0s) from pytest-timeout" in done.stdout and "1 failed, 1 passed" in done.stdout, done.stdout[
+        -3000:
+    ]
+    assert "helper" in done.stdout and "threading.Event().wait()" in done.stdout  # (each thread's stack)
