@@ -2,8 +2,9 @@
 render + mask + tokenize -> mix -> report, cached on disk (data/cache.py).
 
 Two passes over each source, chunk by chunk, on every core (data/chunks.py): the first checks every row
-(so every problem is listed before anything is tokenized, as `validate` promises), the second tokenizes
-the valid rows into Arrow tables. Only the current chunks are in memory as Python objects.
+(data/row_check.py: so every problem is listed before anything is tokenized, as `validate` promises), the
+second tokenizes the valid rows into Arrow tables (here). Each row kind's checker and tokenizer are in
+data/row_kinds.py. Only the current chunks are in memory as Python objects.
 
 Nothing is dropped silently: invalid rows (with `on_invalid: skip`) and rows whose trained tokens
 were all cut off by `max_length` are counted, listed, and saved by the driver.

@@ -40,8 +40,8 @@ def tokens_line(prepared) -> str:
 @dataclass(frozen=True)
 class RowKind:
     kind: str  # the name methods/ gives it (`Method.rows`)
-    # the columns that mark such rows, each set enough: "these rows look like DPO data" is said once instead of the
-    # same missing field in every row
+    # the columns that mark such rows (any one tuple of them): "these rows look like dpo data" is said once instead
+    # of the same missing field in every row
     marks: tuple[tuple[str, ...], ...]
     checker: Callable  # (resolved) -> the row checker: SourceRow -> (parsed, problems, warnings)
     tokenize: Callable  # (renderer, parsed) -> the row in full (what `inspect` shows)
@@ -239,11 +239,6 @@ def row_kind_of(of) -> RowKind:
 def contract(resolved):
     """The checker of the rows the training type reads."""
     return row_kind_of(resolved).checker(resolved)
-
-
-def tokenize_row(resolved, renderer, parsed):
-    """One row in full (text, spans): what `inspect` shows."""
-    return row_kind_of(resolved).tokenize(renderer, parsed)
 
 
 def other_types_for(columns: list[set], training_type: str) -> list[str]:
