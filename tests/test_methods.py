@@ -99,8 +99,7 @@ def test_every_type_has_a_row_checker_and_a_tokenizer(training_type):
     user's run)."""
     from types import SimpleNamespace
 
-    from leap_finetune.data.chunks import contract
-    from leap_finetune.data.prepare import ROW_SHAPES
+    from leap_finetune.data.row_kinds import ROW_SHAPES, contract
     from leap_finetune.methods import method_of
 
     resolved = SimpleNamespace(

@@ -14,7 +14,7 @@ from rich.console import Console
 
 from leap_finetune import signals
 from leap_finetune.config.resolved import ResolvedConfig
-from leap_finetune.data.prepare import PreparedData
+from leap_finetune.data.prepared import PreparedData
 from leap_finetune.evaluation.standalone import check_benchmarks, evaluate_config
 from leap_finetune.launch.checks import check_run, check_training_arguments, prepare
 from leap_finetune.launch.devices import device_plan, physical_ids

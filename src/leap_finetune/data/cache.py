@@ -25,6 +25,7 @@ import numpy as np
 import pyarrow as pa
 
 from leap_finetune import __version__
+from leap_finetune.data.prepared import DroppedRow, PreparedData, SourceReport, dataset_items
 from leap_finetune.data.table import RowTable
 from leap_finetune.files import pid_alive
 from leap_finetune.runs.atomic import swap_in
@@ -52,8 +53,6 @@ def entry_for(resolved, tokenizer, renderer, sources, examples: int) -> Entry | 
     """The cache entry for this data step, or None where it cannot be keyed (a Hub dataset, a slow tokenizer)."""
     if any(not s.local for s in sources) or not getattr(tokenizer, "is_fast", False):
         return None
-    from leap_finetune.data.prepare import dataset_items
-
     digest = hashlib.sha256()
 
     def add(label: str, value) -> None:
@@ -130,7 +129,6 @@ def _file_digest(path: Path) -> str:
 def load(entry: Entry, console):
     """The prepared data of a complete, intact entry; None (after deleting a broken one) otherwise."""
     from leap_finetune.data.messages import ImageRef
-    from leap_finetune.data.prepare import DroppedRow, PreparedData, SourceReport
     from leap_finetune.data.sft_rows import Conversation, RowWarning
 
     manifest_path = entry.folder / "manifest.json"

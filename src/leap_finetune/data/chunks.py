@@ -5,7 +5,6 @@ Arrow table, never the parsed rows.
 
 from __future__ import annotations
 
-import functools
 import os
 import sys
 from collections import deque
@@ -15,20 +14,17 @@ from dataclasses import dataclass, field
 import numpy as np
 
 from leap_finetune.config.resolved import ResolvedConfig
-from leap_finetune.data.chat_templates import render_family
-from leap_finetune.data.grpo_rows import category, check_grpo_row, prepare_prompt
+from leap_finetune.data.grpo_rows import category
 from leap_finetune.data.held_out_tools import benchmark_rows, held_out_names, tools_named
-from leap_finetune.data.images import ImageProblem, ImageRow, VisionRenderer, open_image
-from leap_finetune.data.preference_rows import check_dpo_row, check_kto_row
-from leap_finetune.data.preference_tokens import tokenize_kto, tokenize_pair
+from leap_finetune.data.images import ImageProblem, VisionRenderer, open_image
+from leap_finetune.data.prepared import dataset_items
 from leap_finetune.data.readers import SourceRow, parse_row
-from leap_finetune.data.render import tokenize_many
-from leap_finetune.data.retrieval_rows import check_retrieval_row
-from leap_finetune.data.sft_rows import Conversation, RowWarning, check_sft_row
+from leap_finetune.data.row_kinds import contract, row_kind_of
+from leap_finetune.data.sft_rows import Conversation, RowWarning
 from leap_finetune.data.table import RowTable, columns_to_table
 from leap_finetune.data.tool_call_score import reference_calls
 from leap_finetune.errors import LeapError, RowProblem
-from leap_finetune.methods import CONVERSATION, LABELLED, PAIR, PROMPT, TEXT_PAIR, method_of
+from leap_finetune.methods import method_of
 
 CHUNK_ROWS = 512
 
@@ -67,50 +63,12 @@ def matches_calls(resolved: ResolvedConfig) -> bool:
     )
 
 
-def dataset_list(resolved: ResolvedConfig) -> list:
-    return list(resolved.dataset) if isinstance(resolved.dataset, list) else [resolved.dataset]
-
-
-def contract(resolved: ResolvedConfig):
-    """The checker of the rows the training type reads (methods/ names the row kind)."""
-    rows = method_of(resolved).rows
-    if rows == TEXT_PAIR:
-        return check_retrieval_row
-    family = render_family(resolved.chat_template, resolved.model_family)
-    if rows == CONVERSATION:
-        return functools.partial(
-            check_sft_row, needs_assistant=resolved.loss_on != "all", family=family, takes_images=resolved.vision
-        )
-    if rows == PAIR:
-        return functools.partial(check_dpo_row, family=family, takes_images=resolved.vision)
-    return functools.partial({LABELLED: check_kto_row, PROMPT: check_grpo_row}[rows], family=family)
-
-
-def tokenize_row(resolved: ResolvedConfig, renderer, parsed):
-    """One row in full (text, spans): what `inspect` shows."""
-    rows = method_of(resolved).rows
-    if rows == TEXT_PAIR:
-        return renderer.encode(parsed)  # a RetrievalEncoder (data/retrieval_tokens.py)
-    if rows == CONVERSATION:
-        if getattr(parsed, "images", None) and isinstance(renderer, VisionRenderer):
-            return renderer.tokenize_images(parsed, image_sizes(renderer, parsed.images))[0]
-        return renderer.tokenize(parsed.messages, parsed.tools)
-    if rows == PAIR:
-        pair = tokenize_pair(renderer, parsed)
-        if isinstance(renderer, VisionRenderer):  # every pair of an image run has the image columns
-            renderer.expand_pair(pair, image_sizes(renderer, parsed.images) if parsed.images else [])
-        return pair
-    if rows == PROMPT:
-        return prepare_prompt(renderer, parsed)
-    return tokenize_kto(renderer, parsed)
-
-
 # ---- pass 1: check every row ---------------------------------------------------------------------------
 
 
 @dataclass
 class CheckedChunk:
-    rows: int
+    row_count: int
     valid: int
     problems: list[RowProblem] = field(default_factory=list)
     warnings: list[RowWarning] = field(default_factory=list)
@@ -128,8 +86,8 @@ class CheckedChunk:
 def check_chunk(rows: list[SourceRow]) -> CheckedChunk:
     resolved = _JOB.resolved
     check = contract(resolved)
-    result = CheckedChunk(rows=len(rows), valid=0)
-    held_out = held_out_names(dataset_list(resolved))
+    result = CheckedChunk(row_count=len(rows), valid=0)
+    held_out = held_out_names(dataset_items(resolved))
     for row in rows:
         problem = parse_row(row)
         if problem:
@@ -185,32 +143,6 @@ def check_images(row: SourceRow, parsed, renderer) -> list[RowProblem]:
     return []
 
 
-def image_sizes(renderer: VisionRenderer, images) -> list[tuple[int, int]]:
-    """(width, height) of each image from its header (pass 1 decoded each in full). An image that no longer reads
-    changed since pass 1: an error of the data step."""
-    try:
-        return [renderer.reader.size(ref.source) for ref in images]
-    except ImageProblem as err:
-        raise LeapError(
-            f"an image changed while the rows were prepared: {err}",
-            where=images[0].field,
-            fix="leave the images in place while leap-finetune prepares the rows, and run again",
-        ) from None
-
-
-def _vision_rows(renderer: VisionRenderer, conversations: list) -> list[ImageRow]:
-    """Every row of an image run with the same columns: rows without images as text rows are (cut at
-    max_length), with an empty list of images."""
-    rows = []
-    for conversation in conversations:
-        if conversation.images:
-            rows.append(renderer.tokenize_images(conversation, image_sizes(renderer, conversation.images))[1])
-            continue
-        text = tokenize_many(renderer, [conversation])[0]
-        rows.append(ImageRow(text.input_ids, text.labels, text.trained_tokens_lost, text.truncated))
-    return rows
-
-
 # ---- pass 2: tokenize the valid rows -------------------------------------------------------------------
 
 
@@ -249,16 +181,14 @@ def tokenize_chunk(request: TokenizeRequest) -> TokenizedChunk:
             valid.append((row, parsed))
     result = TokenizedChunk(table=RowTable.empty(), kept=np.zeros(len(valid), dtype=bool), expected=request.expected)
     try:
-        conversations = method_of(resolved).rows == CONVERSATION  # (tokenized in one batch, compact)
-        if conversations and isinstance(renderer, VisionRenderer):
-            compact = _vision_rows(renderer, [parsed for _, parsed in valid])
-        elif conversations:
-            compact = tokenize_many(renderer, [parsed for _, parsed in valid])
+        kind = row_kind_of(resolved)
+        if kind.tokenize_batch is not None:  # (the rows of `inspect` tokenized again, in full)
+            compact = kind.tokenize_batch(renderer, [parsed for _, parsed in valid])
         else:
-            compact = [tokenize_row(resolved, renderer, parsed) for _, parsed in valid]
+            compact = [kind.tokenize(renderer, parsed) for _, parsed in valid]
         for position in request.examples:
             source, parsed = valid[position]
-            full = tokenize_row(resolved, renderer, parsed) if conversations else compact[position]
+            full = kind.tokenize(renderer, parsed) if kind.tokenize_batch is not None else compact[position]
             full.meta.update(file=source.file, location=source.location)
             result.examples[position] = full
     except LeapError as err:  # raised by the data step in order, after the problems of every row

@@ -108,7 +108,7 @@ def _plain(message: dict) -> dict:
     return {k: v for k, v in message.items() if v is not None}
 
 
-# ---- the data step's part (data/prepare.py): `streams` are its _Stream objects, `items` the dataset sources ----
+# ---- the data step's part (data/prepare.py): `streams` are data/row_check.py's Streams, `items` the sources ----
 
 
 def check_hold_out(streams: list, items: list) -> None:

@@ -22,7 +22,7 @@ from dataclasses import dataclass, field
 import numpy as np
 
 from leap_finetune.data.messages import IMAGE_PLACEHOLDER, ImageRef, b64decode, looks_base64
-from leap_finetune.data.render import IGNORE_INDEX, CompactRow, Renderer, TokenizedRow
+from leap_finetune.data.render import IGNORE_INDEX, CompactRow, Renderer, TokenizedRow, tokenize_many
 from leap_finetune.errors import LeapError
 
 # what Pillow opens that LFM2-VL's processor reads as RGB
@@ -278,3 +278,29 @@ class VisionRenderer(Renderer):
             "image breaks the model's input): lower image_processor.max_image_tokens / max_tiles, raise "
             "training_config.max_length, or set dataset.on_invalid: skip"
         )
+
+
+def image_sizes(renderer: VisionRenderer, images) -> list[tuple[int, int]]:
+    """(width, height) of each image from its header (pass 1 decoded each in full). An image that no longer reads
+    changed since pass 1: an error of the data step."""
+    try:
+        return [renderer.reader.size(ref.source) for ref in images]
+    except ImageProblem as err:
+        raise LeapError(
+            f"an image changed while the rows were prepared: {err}",
+            where=images[0].field,
+            fix="leave the images in place while leap-finetune prepares the rows, and run again",
+        ) from None
+
+
+def vision_rows(renderer: VisionRenderer, conversations: list) -> list[ImageRow]:
+    """Every row of an image run with the same columns: rows without images as text rows are (cut at
+    max_length), with an empty list of images."""
+    rows = []
+    for conversation in conversations:
+        if conversation.images:
+            rows.append(renderer.tokenize_images(conversation, image_sizes(renderer, conversation.images))[1])
+            continue
+        text = tokenize_many(renderer, [conversation])[0]
+        rows.append(ImageRow(text.input_ids, text.labels, text.trained_tokens_lost, text.truncated))
+    return rows

@@ -15,7 +15,8 @@ from pathlib import Path
 from rich.console import Console
 
 from leap_finetune.config.resolved import ResolvedConfig
-from leap_finetune.data.prepare import PreparedData, prepare_data
+from leap_finetune.data.prepare import prepare_data
+from leap_finetune.data.prepared import PreparedData
 from leap_finetune.errors import LeapError
 from leap_finetune.evaluation.standalone import check_benchmarks
 from leap_finetune.launch.devices import DevicePlan, device_plan
@@ -89,7 +90,7 @@ def check_solutions(resolved: ResolvedConfig, prepared: PreparedData) -> None:
 
 
 def dataset_items_path(resolved: ResolvedConfig) -> str:
-    from leap_finetune.data.prepare import dataset_items
+    from leap_finetune.data.prepared import dataset_items
 
     return dataset_items(resolved)[0].path
 

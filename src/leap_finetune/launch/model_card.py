@@ -176,7 +176,7 @@ def _vision_snippet(resolved, summary: dict, adapter: bool) -> str:
 
 
 def _metadata(resolved, prepared, adapter: bool) -> dict:
-    from leap_finetune.data.prepare import dataset_items
+    from leap_finetune.data.prepared import dataset_items
 
     tags = ["leap-finetune", resolved.training_type]
     if resolved.model_family in ("lfm2", "lfm2.5"):

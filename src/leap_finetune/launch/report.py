@@ -9,9 +9,10 @@ from rich.markup import escape
 from rich.table import Table
 
 from leap_finetune.config.resolved import ResolvedConfig
-from leap_finetune.data.prepare import PreparedData
+from leap_finetune.data.prepared import PreparedData
+from leap_finetune.data.row_kinds import row_kind_of, tokens_line
 from leap_finetune.data.tool_use import WARNINGS
-from leap_finetune.methods import LABELLED, PAIR, method_of
+from leap_finetune.methods import method_of
 from leap_finetune.runs.folder import RunFolder
 
 # Above this share of invalid rows skipped by `on_invalid: skip`, the data report warns loudly.
@@ -118,7 +119,7 @@ def _reward_names(resolved: ResolvedConfig) -> list[str]:
 def _datasets(resolved: ResolvedConfig) -> str:
     if resolved.dataset is None:
         return "-"
-    from leap_finetune.data.prepare import dataset_items
+    from leap_finetune.data.prepared import dataset_items
 
     return "\n".join(d.path + (f"  (eval: {d.val_path})" if d.val_path else "") for d in dataset_items(resolved))
 
@@ -126,23 +127,8 @@ def _datasets(resolved: ResolvedConfig) -> str:
 def data_report(
     console: Console, prepared: PreparedData, resolved: ResolvedConfig | None = None, max_listed: int = 5
 ) -> None:
-    if resolved is not None and method_of(resolved).rewards:
-        with_solution = sum(1 for solution in prepared.train.column("solution") if solution)
-        console.print(
-            f"data: {prepared.rows_read} rows read -> {len(prepared.train)} train prompts "
-            f"({with_solution} with a solution), {len(prepared.eval)} eval; {prepared.train_tokens:,} "
-            "prompt tokens"
-        )
-    elif resolved is not None and resolved.retrieval is not None:
-        console.print(
-            f"data: {prepared.rows_read} rows read -> {len(prepared.train)} train, {len(prepared.eval)} eval "
-            f"(query, positive, negatives); {prepared.train_tokens:,} train tokens"
-        )
-    else:
-        console.print(
-            f"data: {prepared.rows_read} rows read -> {len(prepared.train)} train, {len(prepared.eval)} eval; "
-            f"{prepared.train_tokens:,} train tokens, {prepared.trained_tokens:,} carry loss"
-        )
+    row_kind = row_kind_of(resolved) if resolved is not None else None  # (what the rows' kind says of them)
+    console.print(row_kind.data_line(prepared) if row_kind is not None else tokens_line(prepared))
     with_images, images, image_tokens = prepared.train.images()
     if images:
         console.print(
@@ -150,22 +136,7 @@ def data_report(
             f"({image_tokens / images:,.0f} per image; counted in the train tokens, never trained)"
         )
     if len(prepared.sources) > 1:
-        table = Table(title="data sources", title_justify="left")
-        for column in ("source", "read", "valid", "train", "eval", "mix", "used", "used tokens"):
-            table.add_column(column, justify="left" if column in ("source", "mix") else "right")
-        for s in prepared.sources:
-            held_out = f" + {s.val_rows_read:,} held out" if s.val_path else ""  # (val_path's rows, read apart)
-            table.add_row(
-                escape("/".join(s.path.split("/")[-2:])),
-                f"{s.rows_read:,}{held_out}",
-                f"{s.valid:,}",
-                f"{s.train_rows:,}",
-                f"{s.eval_rows:,}",
-                s.mixing or "-",
-                f"{s.used_rows:,}",
-                f"{s.train_tokens:,}",
-            )
-        console.print(table)
+        _sources_table(console, prepared)
     if prepared.tool_split:
         _tool_table(console, prepared, resolved)
     if prepared.from_cache:
@@ -187,16 +158,8 @@ def data_report(
             f"[{colour}]{label} ({kind}): {escape(WARNINGS[kind])}: {rows} row(s), "
             f"e.g. {escape(items[0].file)} {escape(examples)}[/{colour}]"
         )
-    if resolved is not None and method_of(resolved).rows == LABELLED:
-        from leap_finetune.data.preference_tokens import kto_balance_advice
-
-        advice = kto_balance_advice(
-            prepared.train.column("label"),
-            resolved.training.get("desirable_weight", 1.0),
-            resolved.training.get("undesirable_weight", 1.0),
-        )
-        if advice:
-            console.print(f"[yellow]warning: {escape(advice)}[/yellow]")
+    for advice in row_kind.data_warnings(prepared, resolved) if row_kind is not None else ():
+        console.print(f"[yellow]warning: {escape(advice)}[/yellow]")
     for notice in prepared.notices:
         console.print(f"[yellow]note: {escape(notice)}[/yellow]")
     if prepared.invalid_skipped:
@@ -224,11 +187,31 @@ def data_report(
         )
 
 
+def _sources_table(console: Console, prepared: PreparedData) -> None:
+    """Several `dataset:` sources: each one's rows read, valid, split, mixed and used."""
+    table = Table(title="data sources", title_justify="left")
+    for column in ("source", "read", "valid", "train", "eval", "mix", "used", "used tokens"):
+        table.add_column(column, justify="left" if column in ("source", "mix") else "right")
+    for s in prepared.sources:
+        held_out = f" + {s.val_rows_read:,} held out" if s.val_path else ""  # (val_path's rows, read apart)
+        table.add_row(
+            escape("/".join(s.path.split("/")[-2:])),
+            f"{s.rows_read:,}{held_out}",
+            f"{s.valid:,}",
+            f"{s.train_rows:,}",
+            f"{s.eval_rows:,}",
+            s.mixing or "-",
+            f"{s.used_rows:,}",
+            f"{s.train_tokens:,}",
+        )
+    console.print(table)
+
+
 def _tool_table(console: Console, prepared: PreparedData, resolved: ResolvedConfig | None, shown: int = 30) -> None:
     """dataset.hold_out_tools: the rows naming each tool in each split, and where the held-out ones went (the held-out
     tools first, then the most named; at most `shown` lines)."""
     from leap_finetune.data.held_out_tools import UNSEEN_TOOLS_BENCHMARK, held_out_names
-    from leap_finetune.data.prepare import dataset_items
+    from leap_finetune.data.prepared import dataset_items
 
     held_out = held_out_names(dataset_items(resolved)) if resolved is not None and resolved.dataset else frozenset()
     table = Table(title="tools (rows naming each: calls or definitions)", title_justify="left")
@@ -303,30 +286,8 @@ def end_report(console: Console, resolved: ResolvedConfig, summary: dict) -> Non
         table.add_row(name, (f"{before:.3f} -> " if before is not None else "") + f"{after:.3f}")
     after, before = summary.get("eval_metrics") or {}, summary.get("initial_eval_metrics") or {}
     trained = _last_logged(run_dir, ("rewards/accuracies", "rewards/margins", "rewards/chosen", "rewards/rejected"))
-    if method_of(resolved).rows == PAIR:
-        for name in ("accuracies", "margins"):
-            key = f"eval_rewards/{name}"
-            if key in after:
-                table.add_row(
-                    f"reward {name} (held out)",
-                    (f"{before[key]:.3f} -> " if key in before else "") + f"{after[key]:.3f}",
-                )
-            elif f"rewards/{name}" in trained:
-                table.add_row(f"reward {name} (last training log)", f"{trained[f'rewards/{name}']:.3f}")
-    if method_of(resolved).rows == LABELLED:
-
-        def gap(values: dict, prefix: str):
-            chosen, rejected = values.get(f"{prefix}rewards/chosen"), values.get(f"{prefix}rewards/rejected")
-            return chosen - rejected if chosen is not None and rejected is not None else None
-
-        held, start, last = gap(after, "eval_"), gap(before, "eval_"), gap(trained, "")
-        if held is not None:
-            table.add_row(
-                "reward gap, desirable - undesirable (held out)",
-                (f"{start:.3f} -> " if start is not None else "") + f"{held:.3f}",
-            )
-        elif last is not None:
-            table.add_row("reward gap, desirable - undesirable (last training log)", f"{last:.3f}")
+    for name, value in row_kind_of(resolved).results(after, before, trained):  # (the reward rows of preference data)
+        table.add_row(name, value)
     if summary.get("final_reward") is not None:
         table.add_row(
             "reward (first / last 5 steps)", f"{summary['initial_reward']:.3f} -> {summary['final_reward']:.3f}"

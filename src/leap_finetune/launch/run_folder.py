@@ -14,7 +14,7 @@ from pathlib import Path
 from leap_finetune.config.resolved import ResolvedConfig
 from leap_finetune.config.yaml_io import dump_yaml
 from leap_finetune.data.messages import IMAGE_PLACEHOLDER
-from leap_finetune.data.prepare import PreparedData
+from leap_finetune.data.prepared import PreparedData
 from leap_finetune.errors import LeapError
 from leap_finetune.launch.plan import record_changes, rewind
 from leap_finetune.runs.folder import RunFolder

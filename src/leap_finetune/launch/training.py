@@ -11,7 +11,7 @@ from rich.console import Console
 
 from leap_finetune import signals
 from leap_finetune.config.resolved import ResolvedConfig
-from leap_finetune.data.prepare import PreparedData
+from leap_finetune.data.prepared import PreparedData
 from leap_finetune.errors import LeapError
 from leap_finetune.launch.evaluator import evaluating
 from leap_finetune.launch.report import devices_line, end_report, hardware_line

@@ -186,9 +186,9 @@ def image_collator(resolved, tokenizer, args, *, padding_free: bool = False):
     from leap_finetune.models.vision import image_reader
 
     reader = image_reader(resolved, tokenizer)
-    from leap_finetune.methods import PAIR, method_of
+    from leap_finetune.data.row_kinds import row_kind_of
 
-    if method_of(resolved).rows == PAIR:
+    if row_kind_of(resolved).pairs:
         from trl.trainer.dpo_trainer import DataCollatorForPreference
 
         # (rows with images fit max_length: checked when the rows were prepared, so nothing is cut here)

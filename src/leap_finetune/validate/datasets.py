@@ -168,7 +168,7 @@ def check_hold_out_tools(model, dataset, evals, vision: bool, where: str) -> Non
     text model, and with no benchmark of its own named like the one it makes. Whether each named tool occurs in the
     rows is checked when the rows are read (data/held_out_tools.py)."""
     from leap_finetune.data.held_out_tools import UNSEEN_TOOLS_BENCHMARK
-    from leap_finetune.methods import CONVERSATION, PROMPT, method_of
+    from leap_finetune.data.row_kinds import row_kind_of
 
     items = dataset if isinstance(dataset, list) else [dataset]
     named = [(i, item) for i, item in enumerate(items) if item is not None and item.hold_out_tools]
@@ -176,7 +176,7 @@ def check_hold_out_tools(model, dataset, evals, vision: bool, where: str) -> Non
         return
     index, item = named[0]
     key = f"dataset[{index}].hold_out_tools" if isinstance(dataset, list) else "dataset.hold_out_tools"
-    if method_of(model.training_type).rows not in (CONVERSATION, PROMPT):
+    if not row_kind_of(model.training_type).tool_calls:
         raise LeapError(
             f"this key holds out tool-calling rows of sft or grpo data; training_type is {model.training_type}",
             where=f"{where}: {key}",
