@@ -42,7 +42,7 @@ ROW_KIND_TABLES = {"methods/__init__.py", "data/row_kinds.py"}
 ROW_KIND_COMPARISONS_LEFT = {
     "data/chunks.py",
     "data/prepare.py",
-    "launch/report.py",
+    "launch/reports/report.py",
     "recipes/vision.py",
     "validate/datasets.py",
 }
@@ -271,10 +271,10 @@ FUNCTIONS_OVER_BUDGET: set[str] = {
     "evaluation/rows.py:_check_row",
     "evaluation/serve.py:build_app",
     "evaluation/standalone.py:evaluate_config",
-    "launch/model_card.py:card_text",
     "launch/plan.py:check_resume_matches",
-    "launch/report.py:data_report",
-    "launch/report.py:end_report",
+    "launch/reports/model_card.py:card_text",
+    "launch/reports/report.py:data_report",
+    "launch/reports/report.py:end_report",
     "launch/slurm.py:script_text",
     "recipes/common.py:_train_evaluate_save",
     "recipes/grpo.py:trainer_class",

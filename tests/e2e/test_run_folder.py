@@ -134,7 +134,7 @@ def test_the_end_report_shows_the_preference_metrics(tmp_path, training_type, me
 
     from rich.console import Console
 
-    from leap_finetune.launch.report import end_report
+    from leap_finetune.launch.reports.report import end_report
     from leap_finetune.validate.loader import load_config
 
     (tmp_path / "train.jsonl").write_text("")

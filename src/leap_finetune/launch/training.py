@@ -14,7 +14,7 @@ from leap_finetune.config.resolved import ResolvedConfig
 from leap_finetune.data.prepare import PreparedData
 from leap_finetune.errors import LeapError
 from leap_finetune.launch.evaluator import evaluating
-from leap_finetune.launch.report import devices_line, end_report, hardware_line
+from leap_finetune.launch.reports.report import devices_line, end_report, hardware_line
 from leap_finetune.launch.rl_servers import judge_url
 from leap_finetune.launch.steps import prepared_steps
 from leap_finetune.runs.folder import RunFolder
@@ -68,7 +68,7 @@ def train_run(resolved, prepared, plan, devices, servers, lock, console, callbac
             summary["error"]["message"], where=summary["error"].get("where"), fix=summary["error"].get("fix")
         )
     if summary.get("model_dir") and not summary.get("stopped_early"):
-        from leap_finetune.launch.model_card import write_model_cards
+        from leap_finetune.launch.reports.model_card import write_model_cards
 
         write_model_cards(resolved, prepared, summary, hardware_line(devices, summary))
     end_report(console, resolved, summary)

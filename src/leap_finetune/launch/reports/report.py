@@ -274,7 +274,7 @@ def end_report(console: Console, resolved: ResolvedConfig, summary: dict) -> Non
     _done_line(console, summary)
     if summary.get("stopped_early"):
         return
-    from leap_finetune.launch.model_card import _best_eval, retrieval_results
+    from leap_finetune.launch.reports.model_card import _best_eval, retrieval_results
 
     run_dir = Path(summary["run_dir"])
     table = Table(title="run report", show_header=False, title_justify="left")

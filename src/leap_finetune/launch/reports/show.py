@@ -202,7 +202,7 @@ def _rollouts(resolved) -> dict | None:
     """GRPO: the engine the config chose and the one measured faster for this model's size."""
     if not method_of(resolved).rewards:
         return None
-    from leap_finetune.launch.report import rollout_engine
+    from leap_finetune.launch.reports.report import rollout_engine
     from leap_finetune.rl.engines import rollout_advice
 
     engine = rollout_engine(resolved)
