@@ -49,7 +49,6 @@ ROW_KIND_COMPARISONS_LEFT = {
 # import circles between files inside a package still to cut (issue #46); may only shrink
 CIRCLES_LEFT = {
     "leap_finetune.data.cache <-> leap_finetune.data.prepare",
-    "leap_finetune.launch.devices <-> leap_finetune.launch.distributed",
     "leap_finetune.recipes.common <-> leap_finetune.recipes.vision",
     "leap_finetune.rl.custom_rewards <-> leap_finetune.rl.rewards",
 }
