@@ -274,7 +274,6 @@ FUNCTIONS_OVER_BUDGET: set[str] = {
     "launch/reports/model_card.py:card_text",
     "launch/reports/report.py:data_report",
     "launch/reports/report.py:end_report",
-    "launch/slurm.py:script_text",
     "recipes/common.py:_train_evaluate_save",
     "recipes/grpo.py:trainer_class",
     "recipes/retrieval.py:_train",
