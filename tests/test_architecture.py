@@ -270,7 +270,6 @@ FUNCTIONS_OVER_BUDGET: set[str] = {
     "evaluation/rows.py:_check_row",
     "evaluation/serve.py:build_app",
     "evaluation/standalone.py:evaluate_config",
-    "launch/plan.py:check_resume_matches",
     "launch/reports/model_card.py:card_text",
     "launch/reports/report.py:data_report",
     "launch/reports/report.py:end_report",
