@@ -11,6 +11,8 @@ from rich.table import Table
 from leap_finetune.config.resolved import ResolvedConfig
 from leap_finetune.data.prepare import PreparedData
 from leap_finetune.data.tool_use import WARNINGS
+from leap_finetune.launch.facts import RunFacts, micro_batch
+from leap_finetune.launch.steps import accumulation
 from leap_finetune.methods import LABELLED, PAIR, method_of
 from leap_finetune.runs.folder import RunFolder
 
@@ -31,10 +33,7 @@ def config_table(resolved: ResolvedConfig) -> Table:
         ("dataset", _datasets(resolved)),
         ("learning rate", str(t.get("learning_rate"))),
         ("epochs / max steps", f"{t.get('num_train_epochs')} / {t.get('max_steps', -1)}"),
-        (
-            "batch x accumulation",
-            f"{_per_device(t)} x {t.get('gradient_accumulation_steps', 1)}",
-        ),
+        ("batch x accumulation", f"{micro_batch(t)} x {accumulation(t)}"),
         ("max length / packing", f"{t.get('max_length')} / {t.get('packing', False)}"),
     ]
     if resolved.vision:  # (launch is above validate: the words of validate/vision.py)
@@ -301,32 +300,7 @@ def end_report(console: Console, resolved: ResolvedConfig, summary: dict) -> Non
         table.add_row(key, (f"{before:.3f} -> " if before is not None else "") + f"{after:.3f}")
     for name, before, after in retrieval_results(summary):  # embedding / colbert
         table.add_row(name, (f"{before:.3f} -> " if before is not None else "") + f"{after:.3f}")
-    after, before = summary.get("eval_metrics") or {}, summary.get("initial_eval_metrics") or {}
-    trained = _last_logged(run_dir, ("rewards/accuracies", "rewards/margins", "rewards/chosen", "rewards/rejected"))
-    if method_of(resolved).rows == PAIR:
-        for name in ("accuracies", "margins"):
-            key = f"eval_rewards/{name}"
-            if key in after:
-                table.add_row(
-                    f"reward {name} (held out)",
-                    (f"{before[key]:.3f} -> " if key in before else "") + f"{after[key]:.3f}",
-                )
-            elif f"rewards/{name}" in trained:
-                table.add_row(f"reward {name} (last training log)", f"{trained[f'rewards/{name}']:.3f}")
-    if method_of(resolved).rows == LABELLED:
-
-        def gap(values: dict, prefix: str):
-            chosen, rejected = values.get(f"{prefix}rewards/chosen"), values.get(f"{prefix}rewards/rejected")
-            return chosen - rejected if chosen is not None and rejected is not None else None
-
-        held, start, last = gap(after, "eval_"), gap(before, "eval_"), gap(trained, "")
-        if held is not None:
-            table.add_row(
-                "reward gap, desirable - undesirable (held out)",
-                (f"{start:.3f} -> " if start is not None else "") + f"{held:.3f}",
-            )
-        elif last is not None:
-            table.add_row("reward gap, desirable - undesirable (last training log)", f"{last:.3f}")
+    _preference_rows(table, resolved, summary, run_dir)
     if summary.get("final_reward") is not None:
         table.add_row(
             "reward (first / last 5 steps)", f"{summary['initial_reward']:.3f} -> {summary['final_reward']:.3f}"
@@ -355,31 +329,60 @@ def end_report(console: Console, resolved: ResolvedConfig, summary: dict) -> Non
     console.print(table)
 
 
-def devices_line(devices, gradient_communication: str | None = None) -> str:
-    """`gradient_communication`: training_config's key (config/communication.py), said where it applies."""
-    from leap_finetune.config.communication import ONE_PROCESS
+def _preference_rows(table: Table, resolved: ResolvedConfig, summary: dict, run_dir: Path) -> None:
+    """DPO's reward accuracies and margins, KTO's reward gap: held out (before -> after), else the last training
+    log's."""
+    after, before = summary.get("eval_metrics") or {}, summary.get("initial_eval_metrics") or {}
+    trained = _last_logged(run_dir, ("rewards/accuracies", "rewards/margins", "rewards/chosen", "rewards/rejected"))
+    if method_of(resolved).rows == PAIR:
+        for name in ("accuracies", "margins"):
+            key = f"eval_rewards/{name}"
+            if key in after:
+                table.add_row(
+                    f"reward {name} (held out)",
+                    (f"{before[key]:.3f} -> " if key in before else "") + f"{after[key]:.3f}",
+                )
+            elif f"rewards/{name}" in trained:
+                table.add_row(f"reward {name} (last training log)", f"{trained[f'rewards/{name}']:.3f}")
+    if method_of(resolved).rows == LABELLED:
 
-    bf16 = gradient_communication == "bf16"
-    if devices.in_process:
-        where = f"1 GPU (device {devices.training[0]})" if devices.use_gpu else "CPU"
-        return (
-            f"devices: {where}, "
-            + ("one training process (it sees only this GPU)" if devices.own_process else "in-process")
-            + (f"; {ONE_PROCESS}" if bf16 else "")
-        )
-    kind = f"{len(devices.training)} GPU(s) per node: {devices.training}" if devices.use_gpu else "CPU workers"
-    cluster = f"the Ray cluster at {devices.address}" if devices.address else "a local Ray instance"
-    return (
-        f"devices: {devices.workers} Ray Train workers ({devices.backend}) on {devices.nodes} node(s), {kind}; "
-        f"{cluster}" + ("; gradients all-reduced in bf16 (gradient_communication)" if bf16 else "")
+        def gap(values: dict, prefix: str):
+            chosen, rejected = values.get(f"{prefix}rewards/chosen"), values.get(f"{prefix}rewards/rejected")
+            return chosen - rejected if chosen is not None and rejected is not None else None
+
+        held, start, last = gap(after, "eval_"), gap(before, "eval_"), gap(trained, "")
+        if held is not None:
+            table.add_row(
+                "reward gap, desirable - undesirable (held out)",
+                (f"{start:.3f} -> " if start is not None else "") + f"{held:.3f}",
+            )
+        elif last is not None:
+            table.add_row("reward gap, desirable - undesirable (last training log)", f"{last:.3f}")
+
+
+def print_start(
+    console: Console, resolved: ResolvedConfig, prepared: PreparedData, plan, devices, facts: RunFacts
+) -> None:
+    """What the run is about to do: its folder, rows, tokens and steps, the devices and the precision."""
+    from leap_finetune.launch.rl_servers import judge_url
+
+    epoch = facts.epoch
+    steps = f"<= {facts.total_steps} (packing merges rows)" if facts.total_is_bound else facts.total_steps
+    action = f"resuming from {plan.resume_checkpoint}" if plan.resume_checkpoint else "new run"
+    rows = "prompts" if epoch.unit == "completions" else "rows"
+    console.print(
+        f"run: {plan.run_dir} ({action}); {len(prepared.train)} {rows}, {prepared.train_tokens:,} tokens, "
+        f"{steps} steps of {facts.global_batch}" + (f" ({epoch.per_step_detail})" if epoch.approximate else "")
     )
-
-
-def hardware_line(devices, summary: dict) -> str:
-    """The model card's hardware: the devices, and how DDP all-reduced the gradients as it reported it."""
-    line = devices_line(devices)
-    ran = summary.get("gradient_all_reduce")
-    return line + (f"; gradients all-reduced in {ran}" if ran and ran != "fp32" else "")
+    if epoch.last_batch:
+        console.print(epoch.last_batch)
+    console.print(facts.devices)
+    if judge_url(resolved) and devices.use_gpu and not devices.judge:
+        console.print(
+            "[yellow]note: the judge runs on CPU (grpo_rollout.judge_gpus: 0): slow for a model of more "
+            "than a few hundred million parameters; give it GPUs with judge_gpus: 1[/yellow]"
+        )
+    console.print(f"device: {facts.device}, {facts.precision}")
 
 
 def print_plan_notes(console: Console, plan) -> None:
@@ -442,9 +445,3 @@ def _done_line(console: Console, summary: dict) -> None:
         f"model: {summary['model_dir']}"
         + (f"  adapter: {summary['adapter_dir']}" if summary.get("adapter_dir") else "")
     )
-
-
-def _per_device(training: dict) -> str:
-    if training.get("batch_tokens"):
-        return f"<= {training['batch_tokens']} tokens"
-    return str(training.get("per_device_train_batch_size"))
