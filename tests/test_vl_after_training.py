@@ -172,7 +172,7 @@ def test_the_model_cards_snippets_ask_about_an_image_and_run(runs):
     machine has no network) and prints an answer."""
     from huggingface_hub import ModelCard
 
-    from leap_finetune.launch.model_card import EXAMPLE_IMAGE
+    from leap_finetune.launch.reports.model_card import EXAMPLE_IMAGE
 
     for kind, folder in (("full", "model"), ("lora", "adapter"), ("lora", "model")):
         card = ModelCard.load(runs[kind] / folder / "README.md")
@@ -197,7 +197,7 @@ def test_the_model_cards_snippets_ask_about_an_image_and_run(runs):
 
 
 def test_the_card_asks_about_a_benchmark_image_and_an_adapter_keeps_the_image_settings():
-    from leap_finetune.launch.model_card import EXAMPLE_IMAGE, snippet
+    from leap_finetune.launch.reports.model_card import EXAMPLE_IMAGE, snippet
     from leap_finetune.validate.loader import load_config
 
     resolved = load_config(EXAMPLES / "vl_quickstart.yaml")

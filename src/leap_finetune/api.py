@@ -18,7 +18,8 @@ from leap_finetune.data.prepared import PreparedData
 from leap_finetune.evaluation.standalone import check_benchmarks, evaluate_config
 from leap_finetune.launch.checks import check_run, check_training_arguments, prepare
 from leap_finetune.launch.devices import device_plan, physical_ids
-from leap_finetune.launch.report import config_table, data_report, devices_line, print_plan_notes
+from leap_finetune.launch.facts import devices_line
+from leap_finetune.launch.reports.report import config_table, data_report, print_plan_notes
 from leap_finetune.validate.grpo import check_generation_batch
 from leap_finetune.validate.loader import load_config, require_dataset
 
@@ -77,7 +78,7 @@ def plan_config(source, *, gpus: int | None = None, nodes: int | None = None) ->
     downloaded: token counts need its tokenizer, so without it here (not in the Hugging Face cache, a folder of
     another machine) the rows are checked and counted without tokens, and the plan says why."""
     from leap_finetune.data.prepare import count_rows
-    from leap_finetune.launch.show import plan_report
+    from leap_finetune.launch.reports.show import plan_report
     from leap_finetune.models.loading import tokenizer_at_hand
 
     resolved = _config(source)

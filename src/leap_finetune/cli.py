@@ -171,7 +171,7 @@ def plan(
     if as_json:
         sys.stdout.write(json.dumps(report, indent=2) + "\n")
         return
-    from leap_finetune.launch.show import print_plan
+    from leap_finetune.launch.reports.show import print_plan
 
     print_plan(Console(), report)
 

@@ -323,7 +323,7 @@ def _sources(tmp_path, sizes=(60, 20)) -> list:
 
 
 def test_several_sources_are_mixed_by_weight_or_epochs_and_reported(tmp_path):
-    from leap_finetune.launch.report import data_report
+    from leap_finetune.launch.reports.report import data_report
 
     first, second = _sources(tmp_path)
     config = tiny_config(data=first)
@@ -519,7 +519,7 @@ def test_progress_is_a_bar_with_rows_per_second_on_a_terminal():
 
 
 def test_a_warning_on_every_row_is_counted_not_kept_row_by_row(tmp_path):
-    from leap_finetune.launch.report import data_report
+    from leap_finetune.launch.reports.report import data_report
 
     rows = [
         {

@@ -16,6 +16,7 @@ from leap_finetune.api import plan_config, run_config
 from leap_finetune.errors import LeapError
 from leap_finetune.validate.loader import load_config
 from tests.conftest import StopAt, tiny_config, write_config
+from tests.launch.facts_agree import assert_plan_run_and_card_agree
 
 BUDGET = 256
 
@@ -86,6 +87,7 @@ def test_micro_batches_hold_the_budget_every_row_trains_once_per_epoch_and_the_l
     assert summary["tokens_seen"] == 2 * tokens
     losses = [r["loss"] for r in _records(run_dir) if "loss" in r]
     assert losses[-1] < losses[0] * 0.8
+    assert_plan_run_and_card_agree(planned, run_dir)
 
 
 def test_an_interrupted_run_resumes_to_the_uninterrupted_losses(chat_data):

@@ -8,9 +8,12 @@ import pytest
 from PIL import Image
 
 from tests.conftest import fact_rows, invoke, tiny_config, write_config, write_jsonl
+from tests.launch.facts_agree import assert_plan_run_and_card_agree
 
 
 def test_train_log_holds_the_runs_output_as_plain_text_and_a_resume_appends(tmp_path):
+    from leap_finetune.api import plan_config
+
     write_jsonl(tmp_path / "train.jsonl", fact_rows(24))
     config = write_config(
         tmp_path,
@@ -20,9 +23,11 @@ def test_train_log_holds_the_runs_output_as_plain_text_and_a_resume_appends(tmp_
             training_config={"max_steps": 4, "save_steps": 2, "logging_steps": 1, "eval_steps": 2},
         ),
     )
+    planned = plan_config(config)
     first = invoke(str(config), cwd=tmp_path)
     assert first.returncode == 0, first.stderr
     [run_dir] = list((tmp_path / "outputs" / "test").iterdir())
+    assert_plan_run_and_card_agree(planned, run_dir)
     log = (run_dir / "train.log").read_text()
     assert log.startswith("==== ") and "leap-finetune" in log.splitlines()[0]
     for printed in ("resolved config", "data: 24 rows read", f"run: {run_dir}", "done: 4 steps"):
@@ -134,7 +139,7 @@ def test_the_end_report_shows_the_preference_metrics(tmp_path, training_type, me
 
     from rich.console import Console
 
-    from leap_finetune.launch.report import end_report
+    from leap_finetune.launch.reports.report import end_report
     from leap_finetune.validate.loader import load_config
 
     (tmp_path / "train.jsonl").write_text("")

@@ -212,7 +212,7 @@ def _too_few_gpus(
 def device_plan(resolved, *, gpus: int | None = None, nodes: int | None = None) -> DevicePlan:
     """The plan for a resolved config: over the GPUs this driver sees (or `gpus`), one node (or
     `nodes`), or the shape of the Ray cluster at ray.address / RAY_ADDRESS (asked, bounded in time)."""
-    from leap_finetune.launch.distributed import cluster_nodes, cluster_shape, ray_address
+    from leap_finetune.launch.ray_cluster import cluster_nodes, cluster_shape, ray_address
 
     ray = resolved.ray
     address = ray_address(resolved)

@@ -10,12 +10,12 @@ Everything about processes, scheduling and failures is Ray's; nothing here re-im
 from __future__ import annotations
 
 import os
-import socket
 from pathlib import Path
 
 from leap_finetune import signals
 from leap_finetune.errors import LeapError, RunFailed
-from leap_finetune.launch.devices import DevicePlan
+from leap_finetune.launch.devices import DevicePlan, physical_ids
+from leap_finetune.launch.ray_cluster import alive_nodes, check_reachable
 from leap_finetune.runs.processes import NO_MULTICAST
 
 # NVLink multicast is off on the machines we run on; a process that uses it can take a shared host's
@@ -33,56 +33,6 @@ PASSED_ON = (
     "WANDB_MODE",
     "LEAP_FINETUNE_FAULT",
 )
-
-
-def ray_address(resolved) -> str | None:
-    return (resolved.ray.address if resolved.ray else None) or os.environ.get("RAY_ADDRESS") or None
-
-
-def check_reachable(address: str, timeout: float) -> None:
-    """A Ray address that does not answer is an error within `timeout` seconds, not a hang."""
-    if address == "auto":
-        return  # Ray finds the local cluster's address file itself
-    host_port = address.split("://", 1)[-1]
-    host, _, port = host_port.rpartition(":")
-    try:
-        with socket.create_connection((host or "127.0.0.1", int(port or 6379)), timeout=timeout):
-            return
-    except (OSError, ValueError) as err:
-        raise LeapError(
-            f"the Ray cluster at {address} does not answer ({err})",
-            where="ray.address",
-            fix="start it (ray start --head) or check the address; without ray.address and RAY_ADDRESS "
-            "a local Ray instance is started",
-        ) from None
-
-
-def cluster_nodes(address: str, timeout: float) -> list[dict]:
-    """The resources of each live node of an existing Ray cluster (connects, reads, disconnects; a connection this
-    process already holds is read as it is, as run_on_ray would use it)."""
-    import ray
-
-    if ray.is_initialized():
-        return alive_nodes()
-    check_reachable(address, timeout)
-    ray.init(address=address, logging_level="ERROR", log_to_driver=False)
-    try:
-        return alive_nodes()
-    finally:
-        ray.shutdown()
-
-
-def alive_nodes() -> list[dict]:
-    import ray
-
-    return [dict(n.get("Resources", {})) for n in ray.nodes() if n.get("Alive")]
-
-
-def cluster_shape(nodes: list[dict]) -> tuple[int, int]:
-    """(nodes, GPUs per node) of a cluster's live nodes: those with GPUs, when some have them."""
-    gpus = [int(node.get("GPU", 0)) for node in nodes]
-    with_gpus = [g for g in gpus if g > 0]
-    return (len(with_gpus), min(with_gpus)) if with_gpus else (len(nodes), 0)
 
 
 def worker_env() -> dict[str, str]:
@@ -214,8 +164,6 @@ def _leap_trainer(cleaner: bool):
 def _init_local(plan: DevicePlan, env: dict) -> None:
     """A local Ray instance that sees exactly the plan's training GPUs (servers keep theirs)."""
     import ray
-
-    from leap_finetune.launch.devices import physical_ids
 
     saved = os.environ.get("CUDA_VISIBLE_DEVICES")
     if plan.use_gpu:

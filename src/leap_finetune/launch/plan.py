@@ -20,6 +20,7 @@ from leap_finetune.config.resume import (
 )
 from leap_finetune.errors import LeapError
 from leap_finetune.files import check_writable
+from leap_finetune.launch.steps import accumulation, per_device_rows
 from leap_finetune.runs.checkpoints import (
     checkpoints,
     latest_checkpoint,
@@ -234,11 +235,7 @@ def global_batch(config: dict) -> int:
     """Rows per optimizer step: per device x accumulation x workers (the number of workers may change on a
     resume as long as this does not)."""
     training = config.get("training") or {}
-    return (
-        training.get("per_device_train_batch_size", 8)
-        * training.get("gradient_accumulation_steps", 1)
-        * config.get("workers", 1)
-    )
+    return per_device_rows(training) * accumulation(training) * config.get("workers", 1)
 
 
 def _dataset_changes(before, now) -> list[tuple]:
@@ -301,6 +298,34 @@ def check_resume_matches(
             "[all] to resume with this config as it is",
         )
     now = {**resolved.to_json_dict(), "workers": workers}
+    fixed = _fixed_changes(before, now, saved_data, data_fingerprint)
+    if fixed:
+        listed = "; ".join(f"{name}: {old!r} -> {new!r}" for name, old, new in fixed[:6])
+        raise LeapError(
+            f"this config changes what the run at {plan.run_dir} trains: {listed}",
+            where=key,
+            fix="a resume continues the same run (its data, model and optimizer state): change these back, "
+            "or start a new run (remove resume_from_checkpoint)",
+        )
+    changed = _allowable_changes(before, now)
+    refused = {k: v for k, v in changed.items() if allow != ["all"] and k.removeprefix("training_config.") not in allow}
+    if refused:
+        listed = "; ".join(f"{name}: {_shown(old)} -> {_shown(new)}" for name, (old, new) in list(refused.items())[:6])
+        names = ", ".join(k.removeprefix("training_config.") for k in refused)
+        raise LeapError(
+            f"this config changes how the run at {plan.run_dir} trains: {listed}",
+            where=key,
+            fix=f"change them back to continue the run as it was, or apply them from the resumed step on "
+            f"with training_config.resume_allow_changes: [{names}] (recorded in the run's "
+            "resume_changes.json and model card)",
+        )
+    return changed
+
+
+def _fixed_changes(before: dict, now: dict, saved_data: dict | None, data_fingerprint: dict | None) -> list[tuple]:
+    """(name, before, now) of what a resume may not change: the global batch, the model and training type, the
+    dataset's keys, the rows' making (max_length, packing, seeds ...), a plateau scheduler; then, all those kept,
+    the prepared rows themselves."""
     fixed = (
         [
             (
@@ -340,14 +365,13 @@ def check_resume_matches(
                 f"{data_fingerprint.get('train_rows')} rows, {str(data_fingerprint.get('train'))[:12]}",
             )
         )
-    if fixed:
-        listed = "; ".join(f"{name}: {old!r} -> {new!r}" for name, old, new in fixed[:6])
-        raise LeapError(
-            f"this config changes what the run at {plan.run_dir} trains: {listed}",
-            where=key,
-            fix="a resume continues the same run (its data, model and optimizer state): change these back, "
-            "or start a new run (remove resume_from_checkpoint)",
-        )
+    return fixed
+
+
+def _allowable_changes(before: dict, now: dict) -> dict:
+    """{name: (before, now)} of the changes resume_allow_changes may allow: the other training_config keys (those a
+    resume changes freely left out: config/resume.py) and the rewards."""
+    old_training, new_training = before.get("training") or {}, now.get("training") or {}
     changed = {
         f"training_config.{k}": (old_training.get(k), new_training.get(k))
         for k in sorted(set(old_training) | set(new_training))
@@ -358,17 +382,6 @@ def check_resume_matches(
     changed.update(
         {k: (before.get(k), now.get(k)) for k in RESUME_ALLOWABLE if _compared(before, k) != _compared(now, k)}
     )
-    refused = {k: v for k, v in changed.items() if allow != ["all"] and k.removeprefix("training_config.") not in allow}
-    if refused:
-        listed = "; ".join(f"{name}: {_shown(old)} -> {_shown(new)}" for name, (old, new) in list(refused.items())[:6])
-        names = ", ".join(k.removeprefix("training_config.") for k in refused)
-        raise LeapError(
-            f"this config changes how the run at {plan.run_dir} trains: {listed}",
-            where=key,
-            fix=f"change them back to continue the run as it was, or apply them from the resumed step on "
-            f"with training_config.resume_allow_changes: [{names}] (recorded in the run's "
-            "resume_changes.json and model card)",
-        )
     return changed
 
 

@@ -30,6 +30,45 @@ def script_text(resolved: ResolvedConfig, slurm: SlurmConfig, log_folder: Path, 
     python = python or sys.executable
     ray_cli = str(Path(python).with_name("ray"))
     nodes, gpus = slurm.nodes, slurm.gpus_per_node
+    exports = " ".join(f"{k}={v}" for k, v in {**NO_MULTICAST, "RAY_USAGE_STATS_ENABLED": "0"}.items())
+    config = shlex.quote(resolved.config_path or "CONFIG.yaml")
+    lines = [
+        "#!/bin/bash",
+        (
+            f"# leap-finetune: {one_line(str(resolved.config_path))} on {nodes} node(s) x {gpus} GPU(s), Ray Train over "
+            "the allocation."
+        ),
+        "# Written by `leap-finetune slurm`; submit with: sbatch <this file>",
+        *[f"#SBATCH {d}" for d in _directives(resolved, slurm, log_folder)],
+        "",
+        "set -euo pipefail",
+        *slurm.setup,
+        f"export {exports}",
+        f"PYTHON={shlex.quote(python)}",
+        f"RAY={shlex.quote(ray_cli)}",
+        "# This job's Ray cluster answers only to this job (a token of its own, handed down by srun).",
+        "export RAY_AUTH_MODE=token",
+        "export RAY_AUTH_TOKEN=$(\"$PYTHON\" -c 'import secrets; print(secrets.token_hex(32))')",
+        'ray_tmp="/tmp/ray-leap-$SLURM_JOB_ID"',
+        "",
+        *_ray_cluster_lines(slurm),
+        f'"$PYTHON" -m leap_finetune.cli run {config}'
+        + "".join(f" --set {shlex.quote(o)}" for o in resolved.overrides)
+        + " &",
+        "run=$!",
+        "trap 'echo \"leap-finetune: SIGTERM: the run saves a checkpoint and stops\"; kill -TERM $run 2>/dev/null || true' TERM",
+        "status=0",
+        "wait $run || status=$?",
+        "while kill -0 $run 2>/dev/null; do status=0; wait $run || status=$?; done  # (a trap interrupts wait)",
+        "exit $status",
+        "",
+    ]
+    return "\n".join(lines)
+
+
+def _directives(resolved: ResolvedConfig, slurm: SlurmConfig, log_folder: Path) -> list[str]:
+    """The #SBATCH lines' values: the job, its nodes and time, the log; the slurm: keys given; extra_sbatch."""
+    nodes, gpus = slurm.nodes, slurm.gpus_per_node
     directives = [
         f"--job-name={sbatch_value(slurm.job_name or resolved.project_name)}",
         f"--nodes={nodes}",
@@ -50,27 +89,14 @@ def script_text(resolved: ResolvedConfig, slurm: SlurmConfig, log_folder: Path, 
         if value is not None:
             directives.append(f"--{key}={sbatch_value(str(value))}")
     directives += [line.removeprefix("#SBATCH").strip() for line in slurm.extra_sbatch]
-    exports = " ".join(f"{k}={v}" for k, v in {**NO_MULTICAST, "RAY_USAGE_STATS_ENABLED": "0"}.items())
-    config = shlex.quote(resolved.config_path or "CONFIG.yaml")
-    lines = [
-        "#!/bin/bash",
-        (
-            f"# leap-finetune: {one_line(str(resolved.config_path))} on {nodes} node(s) x {gpus} GPU(s), Ray Train over "
-            "the allocation."
-        ),
-        "# Written by `leap-finetune slurm`; submit with: sbatch <this file>",
-        *[f"#SBATCH {d}" for d in directives],
-        "",
-        "set -euo pipefail",
-        *slurm.setup,
-        f"export {exports}",
-        f"PYTHON={shlex.quote(python)}",
-        f"RAY={shlex.quote(ray_cli)}",
-        "# This job's Ray cluster answers only to this job (a token of its own, handed down by srun).",
-        "export RAY_AUTH_MODE=token",
-        "export RAY_AUTH_TOKEN=$(\"$PYTHON\" -c 'import secrets; print(secrets.token_hex(32))')",
-        'ray_tmp="/tmp/ray-leap-$SLURM_JOB_ID"',
-        "",
+    return directives
+
+
+def _ray_cluster_lines(slurm: SlurmConfig) -> list[str]:
+    """Ray over the allocation: the head on the first node, one `ray start` on each other node, a wait until every
+    node and GPU has joined, and the cleanup that stops them whatever ends the job."""
+    nodes, gpus = slurm.nodes, slurm.gpus_per_node
+    return [
         "# The nodes of the allocation; Ray's head runs on the first.",
         'nodes=($(scontrol show hostnames "$SLURM_JOB_NODELIST"))',
         "head=${nodes[0]}",
@@ -107,18 +133,7 @@ def script_text(resolved: ResolvedConfig, slurm: SlurmConfig, log_folder: Path, 
         f'"$PYTHON" -m leap_finetune.launch.slurm wait --address "$RAY_ADDRESS" --nodes {nodes} --gpus {nodes * gpus} '
         f"--timeout {slurm.ray_start_timeout_s}",
         "",
-        f'"$PYTHON" -m leap_finetune.cli run {config}'
-        + "".join(f" --set {shlex.quote(o)}" for o in resolved.overrides)
-        + " &",
-        "run=$!",
-        "trap 'echo \"leap-finetune: SIGTERM: the run saves a checkpoint and stops\"; kill -TERM $run 2>/dev/null || true' TERM",
-        "status=0",
-        "wait $run || status=$?",
-        "while kill -0 $run 2>/dev/null; do status=0; wait $run || status=$?; done  # (a trap interrupts wait)",
-        "exit $status",
-        "",
     ]
-    return "\n".join(lines)
 
 
 def log_pattern(log_folder: Path) -> str:

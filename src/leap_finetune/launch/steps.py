@@ -19,6 +19,19 @@ from leap_finetune.data.token_batches import micro_batches_per_worker, row_costs
 from leap_finetune.errors import LeapError
 from leap_finetune.methods import method_of
 
+# per_device_train_batch_size where nothing sets it: transformers' TrainingArguments default, which TRL's configs
+# keep (SFTConfig, DPOConfig, KTOConfig, GRPOConfig: trl 1.16)
+TRL_BATCH_SIZE = 8
+
+
+def per_device_rows(training: dict) -> int:
+    """Rows (GRPO: completions) per device per micro-batch, as the trainer takes them."""
+    return training.get("per_device_train_batch_size", TRL_BATCH_SIZE)
+
+
+def accumulation(training: dict) -> int:
+    return training.get("gradient_accumulation_steps", 1)
+
 
 @dataclass(frozen=True)
 class EpochSteps:
@@ -47,7 +60,7 @@ def epoch_steps(resolved, rows: int, workers: int, lengths: list[int] | None = N
         return _grpo_steps(t, rows, workers, resolved.config_path or "config")
     if t.get("batch_tokens"):
         return _token_budget_steps(resolved, rows, workers, lengths, gpu)
-    per_step = t.get("per_device_train_batch_size", 8) * t.get("gradient_accumulation_steps", 1) * workers
+    per_step = per_device_rows(t) * accumulation(t) * workers
     return EpochSteps(per_step, "rows", math.ceil(rows / per_step), last_batch_note(t, rows, per_step, workers))
 
 
@@ -80,7 +93,7 @@ def _token_budget_steps(resolved, rows: int, workers: int, lengths: list[int] | 
     (the count depends on the lengths only). Without the lengths (rows counted without a tokenizer) the steps are
     bounded by one row per micro-batch."""
     t = resolved.training
-    accumulation = t.get("gradient_accumulation_steps", 1)
+    accumulated = accumulation(t)
     budget = t["batch_tokens"]
     if lengths is None:
         groups = rows
@@ -101,7 +114,7 @@ def _token_budget_steps(resolved, rows: int, workers: int, lengths: list[int] | 
             where=resolved.config_path or "training_config",
             fix="remove dataloader_drop_last, lower batch_tokens, or train on fewer workers",
         )
-    steps = max(1, math.ceil(per_worker / accumulation))
+    steps = max(1, math.ceil(per_worker / accumulated))
     per_step = max(1, round(rows / steps)) if rows else 0
     left = per_worker * workers - groups
     note = None
@@ -127,14 +140,13 @@ def _token_budget_steps(resolved, rows: int, workers: int, lengths: list[int] | 
 
 
 def _grpo_steps(t: dict, prompts: int, workers: int, where: str) -> EpochSteps:
-    per_device = t.get("per_device_train_batch_size", 8)
-    accumulation = t.get("gradient_accumulation_steps", 1)
+    per_device, accumulated = per_device_rows(t), accumulation(t)
     generations = t.get("num_generations", 8)
     iterations = t.get("num_iterations", 1)
     # GRPOConfig.__post_init__: one of generation_batch_size / steps_per_generation decides the other
     completions = t.get("generation_batch_size")
     per_generation = t.get("steps_per_generation") or (
-        completions // (per_device * workers) if completions else accumulation
+        completions // (per_device * workers) if completions else accumulated
     )
     completions = completions or per_device * workers * per_generation
     prompts_per_generation = completions // generations
@@ -149,8 +161,8 @@ def _grpo_steps(t: dict, prompts: int, workers: int, where: str) -> EpochSteps:
             "gradient_accumulation_steps (or generation_batch_size) or the workers, or raise num_generations",
         )
     batches = whole * iterations * per_generation  # the dataloader's batches per worker
-    steps = math.ceil(batches / accumulation)
-    per_step = per_device * accumulation * workers
+    steps = math.ceil(batches / accumulated)
+    per_step = per_device * accumulated * workers
     left = prompts % prompts_per_generation
     which = (
         "other prompts each epoch (shuffle_dataset)"
@@ -183,7 +195,7 @@ def last_batch_note(training: dict, rows: int, per_step: int, workers: int) -> s
         return None
     if training.get("dataloader_drop_last"):
         return f"last batch: dataloader_drop_last is true: {left} row(s) per epoch are not trained on"
-    groups = workers * training.get("gradient_accumulation_steps", 1)
+    groups = workers * accumulation(training)
     if training.get("train_sampling_strategy", "random") == "batch_rebalance":
         topped = f", topped up to {groups} with rows from the epoch's start" if left < groups else ""
         return f"last batch: the last step of each epoch trains the {left} remaining row(s){topped}"

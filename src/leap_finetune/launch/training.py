@@ -10,13 +10,10 @@ from pathlib import Path
 from rich.console import Console
 
 from leap_finetune import signals
-from leap_finetune.config.resolved import ResolvedConfig
-from leap_finetune.data.prepared import PreparedData
 from leap_finetune.errors import LeapError
 from leap_finetune.launch.evaluator import evaluating
-from leap_finetune.launch.report import devices_line, end_report, hardware_line
-from leap_finetune.launch.rl_servers import judge_url
-from leap_finetune.launch.steps import prepared_steps
+from leap_finetune.launch.facts import run_facts
+from leap_finetune.launch.reports.report import end_report, print_start
 from leap_finetune.runs.folder import RunFolder
 from leap_finetune.runs.processes import running
 
@@ -26,7 +23,8 @@ def train_run(resolved, prepared, plan, devices, servers, lock, console, callbac
     servers running; then the model cards and the end report. A new run that stopped before its first
     checkpoint is removed (nothing in it is worth keeping; the corrected config can use the same output_dir)."""
     log.attach(RunFolder(plan.run_dir).train_log)
-    print_start(console, resolved, prepared, plan, devices)
+    facts = run_facts(resolved, prepared, devices)
+    print_start(console, resolved, prepared, plan, devices, facts)
 
     from leap_finetune.recipes import recipe
 
@@ -68,9 +66,9 @@ def train_run(resolved, prepared, plan, devices, servers, lock, console, callbac
             summary["error"]["message"], where=summary["error"].get("where"), fix=summary["error"].get("fix")
         )
     if summary.get("model_dir") and not summary.get("stopped_early"):
-        from leap_finetune.launch.model_card import write_model_cards
+        from leap_finetune.launch.reports.model_card import write_model_cards
 
-        write_model_cards(resolved, prepared, summary, hardware_line(devices, summary))
+        write_model_cards(resolved, prepared, summary, facts)
     end_report(console, resolved, summary)
     return summary
 
@@ -102,48 +100,3 @@ def _keep_server_logs(console: Console, run_dir: Path) -> None:
             console.print(f"the servers' logs of this run are kept in {kept}")
     except OSError:  # never hide the error that ended the run
         pass
-
-
-def print_start(console: Console, resolved: ResolvedConfig, prepared: PreparedData, plan, devices) -> None:
-    """What the run is about to do: its folder, rows, tokens and steps, the devices and the precision."""
-    t = resolved.training
-    epoch = prepared_steps(resolved, prepared, devices)
-    steps = epoch.total(t)
-    if t.get("packing") and not (t.get("max_steps") or 0) > 0:
-        steps = f"<= {steps} (packing merges rows)"
-    action = f"resuming from {plan.resume_checkpoint}" if plan.resume_checkpoint else "new run"
-    rows = "prompts" if epoch.unit == "completions" else "rows"
-    console.print(
-        f"run: {plan.run_dir} ({action}); {len(prepared.train)} {rows}, {prepared.train_tokens:,} tokens, "
-        f"{steps} steps of {'~' if epoch.approximate else ''}{epoch.per_step} {epoch.unit}"
-        + (f" ({epoch.per_step_detail})" if epoch.approximate else "")
-    )
-    if epoch.last_batch:
-        console.print(epoch.last_batch)
-    console.print(devices_line(devices, resolved.training.get("gradient_communication")))
-    if judge_url(resolved) and devices.use_gpu and not devices.judge:
-        console.print(
-            "[yellow]note: the judge runs on CPU (grpo_rollout.judge_gpus: 0): slow for a model of more "
-            "than a few hundred million parameters; give it GPUs with judge_gpus: 1[/yellow]"
-        )
-    from leap_finetune.recipes import recipe
-
-    args = recipe(resolved.training_type).training_arguments(
-        resolved, run_dir=str(plan.run_dir), has_eval=bool(prepared.eval), cuda=devices.use_gpu
-    )
-    precision = (
-        "bf16 mixed precision" if args.get("bf16") else "fp16 mixed precision" if args.get("fp16") else "float32"
-    )
-    chosen = (
-        "set in training_config"
-        if {"bf16", "fp16"} & set(resolved.training)
-        else "chosen automatically" + ("; float32 on a GPU without bf16" if devices.use_gpu else "")
-    )
-    from leap_finetune.config.precision import keeps_bf16_weights
-
-    optimizer_precision = resolved.training.get("optimizer_precision")
-    if keeps_bf16_weights(optimizer_precision):  # (recipes/optimizers.py: the weights themselves are bf16)
-        precision = (
-            f"bf16 weights, torch-optimi AdamW with Kahan summation (optimizer_precision: {optimizer_precision})"
-        )
-    console.print(f"device: {'cpu' if args.get('use_cpu') else 'gpu'}, {precision} ({chosen})")

@@ -13,6 +13,7 @@ from pathlib import Path
 from leap_finetune import __version__
 from leap_finetune.config.yaml_io import dump_yaml
 from leap_finetune.files import read_metrics
+from leap_finetune.launch.facts import RunFacts
 from leap_finetune.methods import method_of
 from leap_finetune.models.tiny import TINY_MODELS
 from leap_finetune.runs.folder import RunFolder
@@ -304,11 +305,10 @@ def _use_it_too(resolved) -> str:
     return f"Or in the terminal: `leap-finetune chat {run_dir}`." + gguf
 
 
-def card_text(resolved, prepared, summary: dict, devices_line: str, adapter: bool) -> str:
+def card_text(resolved, prepared, summary: dict, facts: RunFacts, adapter: bool) -> str:
     from huggingface_hub import ModelCard, ModelCardData
 
     run_dir = Path(resolved.run_dir)
-    training = resolved.training
     method = (
         f"LoRA (r={resolved.peft.get('r')}, alpha={resolved.peft.get('lora_alpha')})"
         if resolved.peft
@@ -321,76 +321,9 @@ def card_text(resolved, prepared, summary: dict, devices_line: str, adapter: boo
         f"leap-finetune {__version__}.",
         "",
     ]
-    lines += [
-        "## Data",
-        "",
-        "| source | rows read | valid | train | eval | mix | tokens used |",
-        "| --- | --- | --- | --- | --- | --- | --- |",
-    ]
-    lines += _data_rows(prepared)
-    retrieval = method_of(resolved).retrieval
-    loss_tokens = "" if retrieval else f" ({prepared.trained_tokens:,} carrying loss)"  # (every token of a text)
-    lines += [
-        "",
-        f"{len(prepared.train):,} training rows, {prepared.train_tokens:,} tokens{loss_tokens}; "
-        f"{len(prepared.eval):,} held out. "
-        f"Not trained on: {prepared.invalid_skipped:,} invalid row(s) skipped, {prepared.fully_truncated:,} "
-        f"with every trained token beyond max_length"
-        + (" (listed in dropped_rows.jsonl)." if prepared.dropped else "."),
-        "",
-    ]
-    lines += [
-        "## Training",
-        "",
-        "| setting | value |",
-        "| --- | --- |",
-        f"| learning rate | {training.get('learning_rate')} |",
-        f"| epochs / max steps | {training.get('num_train_epochs')} / {training.get('max_steps', -1)} |",
-        "| batch per device x accumulation x workers | "
-        + (
-            f"<= {training['batch_tokens']} tokens (batch_tokens)"
-            if training.get("batch_tokens")
-            else str(training.get("per_device_train_batch_size"))
-        )
-        + " x "
-        f"{training.get('gradient_accumulation_steps', 1)} x {resolved.workers} |",
-        _lengths_row(resolved),
-        f"| steps | {summary.get('global_step')} |",
-    ]
-    if isinstance(summary.get("train_runtime_s"), (int, float)):
-        lines.append(f"| training time | {summary['train_runtime_s']:,.1f} s |")
-    if summary.get("tokens_seen"):  # (a number only where the trainer counts them)
-        lines.append(f"| tokens seen | {summary['tokens_seen']:,} |")
-    lines.append(f"| hardware | {devices_line.removeprefix('devices: ')} |")
-    for change in _resume_changes(run_dir):  # (resume_allow_changes: the values above hold from that step on)
-        lines.append(
-            f"| changed on resume at step {change['step']} | {change['key'].removeprefix('training_config.')}: "
-            f"{change['before']!r} -> {change['now']!r} |"
-        )
-    lines.append("")
-    lines += ["## Results", "", "| metric | before | after |", "| --- | --- | --- |"]
-    if summary.get("train_loss") is not None:
-        lines.append(f"| train loss (mean) | - | {_number(summary['train_loss'])} |")
-    if summary.get("eval_loss") is not None:
-        lines.append(f"| eval loss | {_number(summary.get('initial_eval_loss'))} | {_number(summary['eval_loss'])} |")
-        best = _best_eval(run_dir)
-        if best:
-            lines.append(f"| best eval loss | - | {_number(best[0])} (step {best[1]}) |")
-    for key, after in (summary.get("eval_metrics") or {}).items():
-        if key.startswith("eval_rewards/") or key in ("eval_kl",):
-            before = (summary.get("initial_eval_metrics") or {}).get(key)
-            lines.append(f"| {key.removeprefix('eval_')} | {_number(before)} | {_number(after)} |")
-    for key, after in (summary.get("benchmarks") or {}).items():
-        before = (summary.get("initial_benchmarks") or {}).get(key)
-        lines.append(f"| {key} | {_number(before)} | {_number(after)} |")
-    if summary.get("final_reward") is not None:
-        lines.append(
-            f"| reward (first / last 5 steps) | {_number(summary.get('initial_reward'))} | "
-            f"{_number(summary['final_reward'])} |"
-        )
-    for name, before, after in retrieval_results(summary):
-        lines.append(f"| {name} | {_number(before)} | {_number(after)} |")
-    lines += ["", "Plots: `plots/` in the run folder; every logged value: `metrics.jsonl`.", ""]
+    lines += _data_section(resolved, prepared)
+    lines += _training_section(resolved, summary, facts)
+    lines += _results_section(summary, run_dir)
     lines += ["## Use it", "", "```python", snippet(resolved, summary, adapter), "```", "", _use_it_too(resolved), ""]
     lines += [
         "## Config",
@@ -412,7 +345,92 @@ def card_text(resolved, prepared, summary: dict, devices_line: str, adapter: boo
     return str(card)
 
 
-def write_model_cards(resolved, prepared, summary: dict, devices_line: str) -> list[Path]:
+def _data_section(resolved, prepared) -> list[str]:
+    lines = [
+        "## Data",
+        "",
+        "| source | rows read | valid | train | eval | mix | tokens used |",
+        "| --- | --- | --- | --- | --- | --- | --- |",
+    ]
+    lines += _data_rows(prepared)
+    retrieval = method_of(resolved).retrieval
+    loss_tokens = "" if retrieval else f" ({prepared.trained_tokens:,} carrying loss)"  # (every token of a text)
+    return lines + [
+        "",
+        f"{len(prepared.train):,} training rows, {prepared.train_tokens:,} tokens{loss_tokens}; "
+        f"{len(prepared.eval):,} held out. "
+        f"Not trained on: {prepared.invalid_skipped:,} invalid row(s) skipped, {prepared.fully_truncated:,} "
+        f"with every trained token beyond max_length"
+        + (" (listed in dropped_rows.jsonl)." if prepared.dropped else "."),
+        "",
+    ]
+
+
+def _training_section(resolved, summary: dict, facts: RunFacts) -> list[str]:
+    """The settings, the batch and the precision as plan and the run's start said them (launch/facts.py), the
+    steps and time as the run went."""
+    training = resolved.training
+    per_device = f"{facts.micro_batch} (batch_tokens)" if training.get("batch_tokens") else facts.micro_batch
+    lines = [
+        "## Training",
+        "",
+        "| setting | value |",
+        "| --- | --- |",
+        f"| learning rate | {training.get('learning_rate')} |",
+        f"| epochs / max steps | {training.get('num_train_epochs')} / {facts.max_steps} |",
+        f"| batch per device x accumulation x workers | {per_device} x {facts.accumulation} x {facts.workers} "
+        f"= {facts.global_batch} per step |",
+        _lengths_row(resolved),
+        f"| steps | {summary.get('global_step')} |",
+    ]
+    if isinstance(summary.get("train_runtime_s"), (int, float)):
+        lines.append(f"| training time | {summary['train_runtime_s']:,.1f} s |")
+    if summary.get("tokens_seen"):  # (a number only where the trainer counts them)
+        lines.append(f"| tokens seen | {summary['tokens_seen']:,} |")
+    lines.append(f"| hardware | {hardware_line(facts, summary).removeprefix('devices: ')} |")
+    lines.append(f"| precision | {facts.precision} |")
+    run_dir = Path(resolved.run_dir)
+    for change in _resume_changes(run_dir):  # (resume_allow_changes: the values above hold from that step on)
+        lines.append(
+            f"| changed on resume at step {change['step']} | {change['key'].removeprefix('training_config.')}: "
+            f"{change['before']!r} -> {change['now']!r} |"
+        )
+    return lines + [""]
+
+
+def hardware_line(facts: RunFacts, summary: dict) -> str:
+    """The model card's hardware: the devices, and how DDP all-reduced the gradients as it reported it."""
+    ran = summary.get("gradient_all_reduce")
+    return facts.hardware + (f"; gradients all-reduced in {ran}" if ran and ran != "fp32" else "")
+
+
+def _results_section(summary: dict, run_dir: Path) -> list[str]:
+    lines = ["## Results", "", "| metric | before | after |", "| --- | --- | --- |"]
+    if summary.get("train_loss") is not None:
+        lines.append(f"| train loss (mean) | - | {_number(summary['train_loss'])} |")
+    if summary.get("eval_loss") is not None:
+        lines.append(f"| eval loss | {_number(summary.get('initial_eval_loss'))} | {_number(summary['eval_loss'])} |")
+        best = _best_eval(run_dir)
+        if best:
+            lines.append(f"| best eval loss | - | {_number(best[0])} (step {best[1]}) |")
+    for key, after in (summary.get("eval_metrics") or {}).items():
+        if key.startswith("eval_rewards/") or key in ("eval_kl",):
+            before = (summary.get("initial_eval_metrics") or {}).get(key)
+            lines.append(f"| {key.removeprefix('eval_')} | {_number(before)} | {_number(after)} |")
+    for key, after in (summary.get("benchmarks") or {}).items():
+        before = (summary.get("initial_benchmarks") or {}).get(key)
+        lines.append(f"| {key} | {_number(before)} | {_number(after)} |")
+    if summary.get("final_reward") is not None:
+        lines.append(
+            f"| reward (first / last 5 steps) | {_number(summary.get('initial_reward'))} | "
+            f"{_number(summary['final_reward'])} |"
+        )
+    for name, before, after in retrieval_results(summary):
+        lines.append(f"| {name} | {_number(before)} | {_number(after)} |")
+    return lines + ["", "Plots: `plots/` in the run folder; every logged value: `metrics.jsonl`.", ""]
+
+
+def write_model_cards(resolved, prepared, summary: dict, facts: RunFacts) -> list[Path]:
     """README.md in the run folder and in model/ (and adapter/, with the adapter's snippet)."""
     from leap_finetune.files import write_atomic
 
@@ -426,6 +444,6 @@ def write_model_cards(resolved, prepared, summary: dict, devices_line: str) -> l
     ):
         if folder is None or not folder.is_dir():
             continue
-        write_atomic(folder / "README.md", card_text(resolved, prepared, summary, devices_line, as_adapter))
+        write_atomic(folder / "README.md", card_text(resolved, prepared, summary, facts, as_adapter))
         written.append(folder / "README.md")
     return written

@@ -8,6 +8,7 @@ from __future__ import annotations
 
 from leap_finetune.config.communication import ONE_PROCESS, planned_all_reduce
 from leap_finetune.launch.devices import DevicePlan
+from leap_finetune.launch.facts import run_facts
 from leap_finetune.methods import method_of
 from leap_finetune.runs.processes import NO_MULTICAST
 
@@ -144,20 +145,17 @@ def _training_processes(devices: DevicePlan, config_path: str | None) -> list[di
 
 def plan_report(resolved, devices: DevicePlan, prepared, no_tokens: str = "") -> dict:
     """`no_tokens`: why the rows were counted without the tokenizer (prepared.tokenized is False)."""
-    from leap_finetune.launch.steps import prepared_steps
-
     t = resolved.training
     rows = len(prepared.train)
-    steps = prepared_steps(resolved, prepared, devices)
+    facts = run_facts(resolved, prepared, devices)
+    steps = facts.epoch
     tokens_per_row = prepared.train_tokens / rows if rows else 0
     return {
         **devices.to_json(),
         "batch": {
-            "per_device": (
-                f"<= {t['batch_tokens']} tokens" if t.get("batch_tokens") else t.get("per_device_train_batch_size", 8)
-            ),
-            "gradient_accumulation_steps": t.get("gradient_accumulation_steps", 1),
-            "workers": devices.workers,
+            "per_device": facts.micro_batch,
+            "gradient_accumulation_steps": facts.accumulation,
+            "workers": facts.workers,
             "global": steps.per_step,
             "global_is_mean": steps.approximate,  # batch_tokens: the rows of a step follow their lengths
             "unit": steps.unit,
@@ -165,8 +163,9 @@ def plan_report(resolved, devices: DevicePlan, prepared, no_tokens: str = "") ->
         },
         "rows": rows,
         "steps_per_epoch": steps.steps_per_epoch,
-        "max_steps": t.get("max_steps", -1),
-        "total_steps": steps.total(t),
+        "max_steps": facts.max_steps,
+        "total_steps": facts.total_steps,
+        "precision": facts.precision,
         # GRPO: the prompts' tokens of a step's completions (the completions add up to max_completion_length each)
         "tokens_per_step": round(tokens_per_row * steps.per_step) if prepared.tokenized else None,
         "tokens_not_counted": None if prepared.tokenized else _why_no_tokens(resolved, no_tokens),
@@ -202,7 +201,7 @@ def _rollouts(resolved) -> dict | None:
     """GRPO: the engine the config chose and the one measured faster for this model's size."""
     if not method_of(resolved).rewards:
         return None
-    from leap_finetune.launch.report import rollout_engine
+    from leap_finetune.launch.reports.report import rollout_engine
     from leap_finetune.rl.engines import rollout_advice
 
     engine = rollout_engine(resolved)
@@ -279,6 +278,7 @@ def print_plan(console, report: dict) -> None:
     )
     if report["tokens_per_step"] is None:
         console.print(f"tokens: not counted ({escape(report['tokens_not_counted'])})")
+    console.print(f"precision: {report['precision']}")
     console.print(
         f"sampling: {report['sampling']}"
         + (" (each step's rows dealt so workers get equal tokens)" if report["sampling"] == "batch_rebalance" else "")

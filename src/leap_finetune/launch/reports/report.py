@@ -12,6 +12,8 @@ from leap_finetune.config.resolved import ResolvedConfig
 from leap_finetune.data.prepared import PreparedData
 from leap_finetune.data.row_kinds import row_kind_of, tokens_line
 from leap_finetune.data.tool_use import WARNINGS
+from leap_finetune.launch.facts import RunFacts, micro_batch
+from leap_finetune.launch.steps import accumulation
 from leap_finetune.methods import method_of
 from leap_finetune.runs.folder import RunFolder
 
@@ -32,10 +34,7 @@ def config_table(resolved: ResolvedConfig) -> Table:
         ("dataset", _datasets(resolved)),
         ("learning rate", str(t.get("learning_rate"))),
         ("epochs / max steps", f"{t.get('num_train_epochs')} / {t.get('max_steps', -1)}"),
-        (
-            "batch x accumulation",
-            f"{_per_device(t)} x {t.get('gradient_accumulation_steps', 1)}",
-        ),
+        ("batch x accumulation", f"{micro_batch(t)} x {accumulation(t)}"),
         ("max length / packing", f"{t.get('max_length')} / {t.get('packing', False)}"),
     ]
     if resolved.vision:  # (launch is above validate: the words of validate/vision.py)
@@ -257,7 +256,7 @@ def end_report(console: Console, resolved: ResolvedConfig, summary: dict) -> Non
     _done_line(console, summary)
     if summary.get("stopped_early"):
         return
-    from leap_finetune.launch.model_card import _best_eval, retrieval_results
+    from leap_finetune.launch.reports.model_card import _best_eval, retrieval_results
 
     run_dir = Path(summary["run_dir"])
     table = Table(title="run report", show_header=False, title_justify="left")
@@ -316,31 +315,29 @@ def end_report(console: Console, resolved: ResolvedConfig, summary: dict) -> Non
     console.print(table)
 
 
-def devices_line(devices, gradient_communication: str | None = None) -> str:
-    """`gradient_communication`: training_config's key (config/communication.py), said where it applies."""
-    from leap_finetune.config.communication import ONE_PROCESS
+def print_start(
+    console: Console, resolved: ResolvedConfig, prepared: PreparedData, plan, devices, facts: RunFacts
+) -> None:
+    """What the run is about to do: its folder, rows, tokens and steps, the devices and the precision."""
+    from leap_finetune.launch.rl_servers import judge_url
 
-    bf16 = gradient_communication == "bf16"
-    if devices.in_process:
-        where = f"1 GPU (device {devices.training[0]})" if devices.use_gpu else "CPU"
-        return (
-            f"devices: {where}, "
-            + ("one training process (it sees only this GPU)" if devices.own_process else "in-process")
-            + (f"; {ONE_PROCESS}" if bf16 else "")
-        )
-    kind = f"{len(devices.training)} GPU(s) per node: {devices.training}" if devices.use_gpu else "CPU workers"
-    cluster = f"the Ray cluster at {devices.address}" if devices.address else "a local Ray instance"
-    return (
-        f"devices: {devices.workers} Ray Train workers ({devices.backend}) on {devices.nodes} node(s), {kind}; "
-        f"{cluster}" + ("; gradients all-reduced in bf16 (gradient_communication)" if bf16 else "")
+    epoch = facts.epoch
+    steps = f"<= {facts.total_steps} (packing merges rows)" if facts.total_is_bound else facts.total_steps
+    action = f"resuming from {plan.resume_checkpoint}" if plan.resume_checkpoint else "new run"
+    rows = "prompts" if epoch.unit == "completions" else "rows"
+    console.print(
+        f"run: {plan.run_dir} ({action}); {len(prepared.train)} {rows}, {prepared.train_tokens:,} tokens, "
+        f"{steps} steps of {facts.global_batch}" + (f" ({epoch.per_step_detail})" if epoch.approximate else "")
     )
-
-
-def hardware_line(devices, summary: dict) -> str:
-    """The model card's hardware: the devices, and how DDP all-reduced the gradients as it reported it."""
-    line = devices_line(devices)
-    ran = summary.get("gradient_all_reduce")
-    return line + (f"; gradients all-reduced in {ran}" if ran and ran != "fp32" else "")
+    if epoch.last_batch:
+        console.print(epoch.last_batch)
+    console.print(facts.devices)
+    if judge_url(resolved) and devices.use_gpu and not devices.judge:
+        console.print(
+            "[yellow]note: the judge runs on CPU (grpo_rollout.judge_gpus: 0): slow for a model of more "
+            "than a few hundred million parameters; give it GPUs with judge_gpus: 1[/yellow]"
+        )
+    console.print(f"device: {facts.device}, {facts.precision}")
 
 
 def print_plan_notes(console: Console, plan) -> None:
@@ -403,9 +400,3 @@ def _done_line(console: Console, summary: dict) -> None:
         f"model: {summary['model_dir']}"
         + (f"  adapter: {summary['adapter_dir']}" if summary.get("adapter_dir") else "")
     )
-
-
-def _per_device(training: dict) -> str:
-    if training.get("batch_tokens"):
-        return f"<= {training['batch_tokens']} tokens"
-    return str(training.get("per_device_train_batch_size"))
