@@ -258,7 +258,6 @@ def test_no_import_circle_between_files():
 MODULE_LINES = 500
 FUNCTION_LINES = 80
 MODULES_OVER_BUDGET: set[str] = {
-    "config/schema.py",
     "data/prepare.py",
     "recipes/common.py",
     "validate/loader.py",

@@ -57,10 +57,10 @@ def pydantic_error(err: ValidationError, where: str, prefix: str = "") -> LeapEr
     fix = "see docs/config.md for every key, its type and default"
     if first["type"] == "missing":
         return LeapError(f"required key '{loc}' is missing{more}", where=where, fix=fix)
-    from leap_finetune.config import schema
     from leap_finetune.config.numbers import explain
+    from leap_finetune.config.schema_base import block_model
 
-    number = explain(getattr(schema, err.title, None), first, prefix)  # a number's type or range: said in our words
+    number = explain(block_model(err.title), first, prefix)  # a number's type or range: said in our words
     if number is not None:
         return LeapError(f"{number[0]}{more}", where=where, fix=number[1])
     message = first["msg"].removeprefix("Value error, ")  # (our own validators' words, without pydantic's label)

@@ -26,15 +26,9 @@ from leap_finetune.config.paths import expand_home, local_path
 from leap_finetune.config.precision import check_optimizer_precision
 from leap_finetune.config.resolved import ResolvedConfig
 from leap_finetune.config.rules import check_batch_tokens, check_training_rules
-from leap_finetune.config.schema import (
-    GENERATION_METRICS,
-    LOGPROB_METRICS,
-    SUPPORTED_TRAINING_TYPES,
-    TRAINING_TYPES,
-    EvalsConfig,
-    LeapConfigModel,
-    dataset_shorthand,
-)
+from leap_finetune.config.schema import SUPPORTED_TRAINING_TYPES, TRAINING_TYPES, LeapConfigModel
+from leap_finetune.config.schema_dataset import dataset_shorthand
+from leap_finetune.config.schema_evals import GENERATION_METRICS, LOGPROB_METRICS, EvalsConfig
 from leap_finetune.config.suggest import did_you_mean, other_type_key, unknown_key_fix
 from leap_finetune.config.trackers import check_report_to
 from leap_finetune.config.yaml_io import read_yaml
@@ -123,23 +117,23 @@ def _load(raw: dict, config_path: Path | None, base: Path, where: str) -> Resolv
     if isinstance(raw.get("dataset"), (dict, list)):
         raw = {**raw, "dataset": validate_dataset(raw["dataset"], where)}
     if isinstance(raw.get("ray"), dict):
-        from leap_finetune.config.schema import RayConfig
+        from leap_finetune.config.schema_cluster import RayConfig
 
         check_keys(raw["ray"], RayConfig.model_fields, where, "ray")
         check_ray_values(raw["ray"], where)
     if isinstance(raw.get("slurm"), dict):
-        from leap_finetune.config.schema import SlurmConfig
+        from leap_finetune.config.schema_cluster import SlurmConfig
 
         check_keys(raw["slurm"], SlurmConfig.model_fields, where, "slurm")
         check_slurm_values(raw["slurm"], where)
     if isinstance(raw.get("async_eval"), dict) and isinstance(raw["async_eval"].get("sbatch"), dict):
         check_eval_sbatch_values(raw["async_eval"]["sbatch"], where)
     if isinstance(raw.get("grpo_rollout"), dict):
-        from leap_finetune.config.schema import GrpoRolloutConfig
+        from leap_finetune.config.schema_grpo import GrpoRolloutConfig
 
         check_keys(raw["grpo_rollout"], GrpoRolloutConfig.model_fields, where, "grpo_rollout")
     if isinstance(raw.get("rewards"), dict):
-        from leap_finetune.config.schema import JudgeConfig, RewardsConfig
+        from leap_finetune.config.schema_grpo import JudgeConfig, RewardsConfig
 
         check_keys(raw["rewards"], RewardsConfig.model_fields, where, "rewards")
         if isinstance(raw["rewards"].get("judge"), dict):
@@ -151,7 +145,7 @@ def _load(raw: dict, config_path: Path | None, base: Path, where: str) -> Resolv
         if isinstance(raw["retrieval"].get("prompts"), dict):
             check_keys(raw["retrieval"]["prompts"], RetrievalPrompts.model_fields, where, "retrieval.prompts")
     if isinstance(raw.get("async_eval"), dict):
-        from leap_finetune.config.schema import AsyncEvalConfig
+        from leap_finetune.config.schema_evals import AsyncEvalConfig
 
         check_keys(raw["async_eval"], AsyncEvalConfig.model_fields, where, "async_eval")
         for key in ("sbatch", "reserved", "failure"):
@@ -163,11 +157,11 @@ def _load(raw: dict, config_path: Path | None, base: Path, where: str) -> Resolv
                     f"async_eval.{key}",
                 )
     if isinstance(raw.get("image_processor"), dict):
-        from leap_finetune.config.schema import ImageProcessorConfig
+        from leap_finetune.config.schema_dataset import ImageProcessorConfig
 
         check_keys(raw["image_processor"], ImageProcessorConfig.model_fields, where, "image_processor")
     if isinstance(raw.get("evals"), dict):
-        from leap_finetune.config.schema import BenchmarkConfig
+        from leap_finetune.config.schema_evals import BenchmarkConfig
 
         check_keys(raw["evals"], EvalsConfig.model_fields, where, "evals")
         for bench in raw["evals"].get("benchmarks") or []:

@@ -13,23 +13,21 @@ from leap_finetune.config import arguments, lora, model_init, profiles
 from leap_finetune.config.schema import (
     SUPPORTED_TRAINING_TYPES,
     TRAINING_TYPES,
-    AsyncEvalConfig,
-    BenchmarkConfig,
-    DatasetConfig,
-    EvalFailureConfig,
-    EvalsConfig,
-    GrpoRolloutConfig,
-    ImageProcessorConfig,
-    JudgeConfig,
     LeapConfigModel,
-    RayConfig,
-    ReservedEvalConfig,
     RetrievalConfig,
     RetrievalPrompts,
-    RewardsConfig,
-    SbatchConfig,
-    SlurmConfig,
 )
+from leap_finetune.config.schema_cluster import RayConfig, SlurmConfig
+from leap_finetune.config.schema_dataset import DatasetConfig, ImageProcessorConfig
+from leap_finetune.config.schema_evals import (
+    AsyncEvalConfig,
+    BenchmarkConfig,
+    EvalFailureConfig,
+    EvalsConfig,
+    ReservedEvalConfig,
+    SbatchConfig,
+)
+from leap_finetune.config.schema_grpo import GrpoRolloutConfig, JudgeConfig, RewardsConfig
 from leap_finetune.methods import METHODS
 from leap_finetune.validate import loader
 
