@@ -52,8 +52,8 @@ def check_top_level_keys(raw: dict, where: str) -> None:
 
 # The blocks whose keys are checked before pydantic reads the config (an unknown key said with its block and a
 # suggestion, not as pydantic's "extra inputs are not permitted"), in the order they are checked; `[]`: each entry
-# of a list. A row with a check of values runs it on the block's mapping (the cluster blocks' values are said with
-# their own fixes). (`dataset` has its own: validate/datasets.py.)
+# of a list. A row with a check of values runs it on the block's mapping too: values Ray or sbatch would misread
+# (config/cluster_values.py). (`dataset` has its own: validate/datasets.py.)
 BLOCKS = (
     ("ray", RayConfig, check_ray_values),
     ("slurm", SlurmConfig, check_slurm_values),

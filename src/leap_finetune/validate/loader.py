@@ -29,8 +29,8 @@ from leap_finetune.validate.peft import resolve_peft
 from leap_finetune.validate.retrieval import resolve_retrieval
 from leap_finetune.validate.training import resolve_training
 
-# The blocks that may not be written empty (`ray:` with nothing under it): a block left out has its defaults, an
-# empty one is most often a block whose keys were lost
+# The blocks that may not be written empty (`ray:` with nothing under it, which YAML reads as null): said as such,
+# with what to write instead
 NOT_EMPTY = (
     "peft_config",
     "training_config",
@@ -82,7 +82,8 @@ def _load(raw: dict, config_path: Path | None, base: Path, where: str) -> Resolv
     vision = method_of(model).images and is_vision_model(model_id)
     check_vision_keys(model, vision, where)
     training, loss_on, resume = resolve_training(model, where, vision)
-    peft = resolve_vision(model.training_type, training, resolve_peft(model.peft_config, where, vision), vision, where)
+    peft = resolve_peft(model.peft_config, where, vision)
+    peft = resolve_vision(model.training_type, training, peft, vision, where)  # (LoRA narrowed to the language model)
     grpo_rollout, rewards = resolve_grpo(model, training, base, where)
     retrieval = resolve_retrieval(model, training, where)
     check_async_eval_config(model, where)
