@@ -19,7 +19,7 @@ from pathlib import Path
 import torch
 import transformers
 
-from leap_finetune.config.schema import EvalsConfig
+from leap_finetune.config.schema_evals import EvalsConfig
 from leap_finetune.data.chat_templates import load_chat_template
 from leap_finetune.data.render import Renderer
 from leap_finetune.evaluation.logprob import score_options

@@ -106,7 +106,7 @@ def slurm_config(
     """Write the sbatch script that runs this config on a SLURM allocation (Ray brought up over it);
     checked by `sbatch --test-only` where sbatch exists; submitted with `submit`. The config and every
     row are validated first, and the device plan for the allocation."""
-    from leap_finetune.config.schema import SlurmConfig
+    from leap_finetune.config.schema_cluster import SlurmConfig
     from leap_finetune.launch.devices import plan_devices
     from leap_finetune.launch.plan import outputs_folder
     from leap_finetune.launch.slurm import (

@@ -97,7 +97,7 @@ def test_the_cli_takes_set_on_every_command_and_the_run_folder_records_it(tmp_pa
 
 
 def test_the_slurm_script_runs_the_config_with_the_same_overrides(tmp_path):
-    from leap_finetune.config.schema import SlurmConfig
+    from leap_finetune.config.schema_cluster import SlurmConfig
     from leap_finetune.launch.slurm import write_script
 
     path = write_jsonl(tmp_path / "train.jsonl", [chat("q", "a")] * 8)

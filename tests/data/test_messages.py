@@ -10,7 +10,7 @@ from pathlib import Path
 
 import pytest
 
-from leap_finetune.config.schema import BenchmarkConfig
+from leap_finetune.config.schema_evals import BenchmarkConfig
 from leap_finetune.data.grpo_rows import check_grpo_row
 from leap_finetune.data.messages import (
     IMAGE_PLACEHOLDER,

@@ -6,7 +6,7 @@ import json
 
 import pytest
 
-from leap_finetune.config.schema import BenchmarkConfig
+from leap_finetune.config.schema_evals import BenchmarkConfig
 from leap_finetune.errors import DataError
 from leap_finetune.evaluation.rows import load_benchmark
 

@@ -5,7 +5,7 @@ from __future__ import annotations
 import pytest
 import torch
 
-from leap_finetune.config.schema import EvalsConfig
+from leap_finetune.config.schema_evals import EvalsConfig
 from leap_finetune.data.chat_templates import load_chat_template
 from leap_finetune.data.render import Renderer
 from leap_finetune.evaluation.logprob import option_sequences, score_options, score_sequences

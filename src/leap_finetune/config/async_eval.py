@@ -30,7 +30,7 @@ def check_async_eval_config(model: LeapConfigModel, where: str) -> None:
             where=at,
             fix="use mode: sync for an embedding / ColBERT run",
         )
-    # (fsdp: benchmarks during training are refused with fsdp in every mode, in _resolve_training)
+    # (fsdp: benchmarks during training are refused with fsdp in every mode, in validate/training.py check_values)
     if isinstance(model.peft_config, dict) and model.peft_config.get("trainable_token_indices"):
         raise LeapError(
             f"async_eval.mode {mode} evaluates a merged snapshot of the model, and peft_config."

@@ -2,7 +2,7 @@
 
 YAML's `true` is not a number (pydantic would read it as 1), `.nan` is no value, and a wrong number is said as
 the key, the value and what is expected (`rewards.judge.retries is 1.5: expected a whole number >= 0`), with no
-pydantic wording in between. Every block's model (schema.StrictModel) checks its fields with `check_field`;
+pydantic wording in between. Every block's model (schema_base.StrictModel) checks its fields with `check_field`;
 `explain` turns pydantic's first error into the message (validate/keys.py's `pydantic_error`).
 """
 

@@ -7,17 +7,11 @@ from __future__ import annotations
 
 from pydantic import BaseModel, ConfigDict
 
-from leap_finetune.config.schema import (
-    AsyncEvalConfig,
-    DatasetConfig,
-    EvalsConfig,
-    GrpoRolloutConfig,
-    ImageProcessorConfig,
-    RayConfig,
-    RetrievalConfig,
-    RewardsConfig,
-    SlurmConfig,
-)
+from leap_finetune.config.schema import RetrievalConfig
+from leap_finetune.config.schema_cluster import RayConfig, SlurmConfig
+from leap_finetune.config.schema_dataset import DatasetConfig, ImageProcessorConfig
+from leap_finetune.config.schema_evals import AsyncEvalConfig, EvalsConfig
+from leap_finetune.config.schema_grpo import GrpoRolloutConfig, RewardsConfig
 
 
 class ResolvedConfig(BaseModel):

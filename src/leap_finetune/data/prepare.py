@@ -20,7 +20,7 @@ import numpy as np
 
 from leap_finetune import faults
 from leap_finetune.config.resolved import ResolvedConfig
-from leap_finetune.config.schema import DatasetConfig
+from leap_finetune.config.schema_dataset import DatasetConfig
 from leap_finetune.data import cache
 from leap_finetune.data.chunks import (
     Job,

@@ -6,7 +6,7 @@ from __future__ import annotations
 from dataclasses import dataclass, field
 
 from leap_finetune.config.resolved import ResolvedConfig
-from leap_finetune.config.schema import DatasetConfig
+from leap_finetune.config.schema_dataset import DatasetConfig
 from leap_finetune.data.sft_rows import Conversation, RowWarning
 from leap_finetune.data.table import RowTable
 

@@ -10,7 +10,7 @@ from dataclasses import dataclass, field
 import numpy as np
 
 from leap_finetune.config.resolved import ResolvedConfig
-from leap_finetune.config.schema import DatasetConfig
+from leap_finetune.config.schema_dataset import DatasetConfig
 from leap_finetune.data.chunks import CheckedChunk, check_chunk, chunked
 from leap_finetune.data.grpo_rows import column_kind_problems
 from leap_finetune.data.held_out_tools import held_out_names

@@ -11,7 +11,7 @@ import json
 from dataclasses import dataclass, field
 from pathlib import Path
 
-from leap_finetune.config.schema import LOGPROB_METRICS, BenchmarkConfig
+from leap_finetune.config.schema_evals import LOGPROB_METRICS, BenchmarkConfig
 from leap_finetune.data.messages import MESSAGE_COLUMNS, ROLES, describe_value, parse_content
 from leap_finetune.data.readers import SourceRow, read_dataset
 from leap_finetune.data.tool_calls import find_tool_calls

@@ -8,7 +8,7 @@ import time
 from dataclasses import dataclass
 from pathlib import Path
 
-from leap_finetune.config.schema import EvalsConfig
+from leap_finetune.config.schema_evals import EvalsConfig
 from leap_finetune.data.render import Renderer
 from leap_finetune.evaluation.generation import generate
 from leap_finetune.evaluation.logprob import option_sequences, score_sequences

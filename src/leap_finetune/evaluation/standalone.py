@@ -385,7 +385,7 @@ def add_run_unseen_tools(resolved: ResolvedConfig, console: Console) -> None:
             + "; set checkpoint: to the run folder[/yellow]"
         )
         return
-    from leap_finetune.config.schema import BenchmarkConfig, EvalsConfig
+    from leap_finetune.config.schema_evals import BenchmarkConfig, EvalsConfig
 
     bench = BenchmarkConfig(name=UNSEEN_TOOLS_BENCHMARK, path=str(found), metric="tool_call")
     if resolved.evals is None:

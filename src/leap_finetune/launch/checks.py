@@ -101,7 +101,7 @@ def add_unseen_tools_benchmark(resolved: ResolvedConfig, prepared: PreparedData,
     run folder's prepared/ with the other prepared rows (launch/run_folder.py)."""
     if not prepared.unseen_tool_rows or (resolved.evals is not None and not resolved.evals.benchmarks):
         return  # (`evals.benchmarks: []` turns benchmarks off for a run: this one too)
-    from leap_finetune.config.schema import BenchmarkConfig, EvalsConfig
+    from leap_finetune.config.schema_evals import BenchmarkConfig, EvalsConfig
     from leap_finetune.data.held_out_tools import UNSEEN_TOOLS_BENCHMARK
     from leap_finetune.runs.folder import RunFolder
 
@@ -119,7 +119,7 @@ def _check_unseen_rows(rows: list[dict], resolved: ResolvedConfig) -> None:
     import json
     import tempfile
 
-    from leap_finetune.config.schema import BenchmarkConfig
+    from leap_finetune.config.schema_evals import BenchmarkConfig
     from leap_finetune.errors import DataError, RowProblem
     from leap_finetune.evaluation.rows import load_benchmark
     from leap_finetune.runs.folder import UNSEEN_TOOLS

@@ -19,7 +19,7 @@ from pathlib import Path
 
 from leap_finetune.config.cluster_values import sbatch_value
 from leap_finetune.config.resolved import ResolvedConfig
-from leap_finetune.config.schema import SlurmConfig
+from leap_finetune.config.schema_cluster import SlurmConfig
 from leap_finetune.errors import LeapError
 from leap_finetune.runs.processes import NO_MULTICAST
 

@@ -12,8 +12,10 @@ from pathlib import Path
 
 from leap_finetune import faults, signals
 from leap_finetune.config.communication import gradient_all_reduce, use_gradient_communication
+from leap_finetune.config.own_keys import trainer_arguments
 from leap_finetune.config.resolved import ResolvedConfig
 from leap_finetune.files import write_atomic
+from leap_finetune.methods import method_of
 from leap_finetune.quiet import quiet_libraries  # noqa: F401 - also imported from here
 from leap_finetune.recipes.callbacks import (
     AlreadyTrained,
@@ -42,14 +44,9 @@ def common_arguments(resolved: ResolvedConfig, *, run_dir: str, has_eval: bool, 
     detect = cuda is None
     if detect:
         cuda = torch.cuda.is_available()
-    args = dict(resolved.training)
-    # model_init_kwargs (e.g. dtype) is applied by leap-finetune's own loader; TRL would ignore it
-    args.pop("model_init_kwargs", None)
-    args.pop("resume_allow_changes", None)  # (the driver's: launch/plan.check_resume_matches)
-    args.pop("gradient_communication", None)  # (given to the trainer's DDP settings: train_or_finish)
-    from leap_finetune.recipes.vision import pop_vision_keys
-
-    pop_vision_keys(args)  # (applied to the model and the optimizer: recipes/vision.py)
+    # (leap-finetune's own keys and model_init_kwargs are applied by leap-finetune, read from resolved.training: the
+    # speed plan, the optimizer, the sampler, the DDP hook, the vision parts, the loader)
+    args = trainer_arguments(resolved.training, method_of(resolved))
     if resolved.vision:
         args["remove_unused_columns"] = False  # the images' columns reach the collator
         # (the images are decoded and resized by the collator: on a GPU in the speed plan's data-loader workers,

@@ -36,17 +36,14 @@ def trainer_class():
 
 def training_arguments(resolved: ResolvedConfig, *, run_dir: str, has_eval: bool, cuda: bool | None = None) -> dict:
     args = common.common_arguments(resolved, run_dir=run_dir, has_eval=has_eval, cuda=cuda)
-    args.pop("compile_layers", None)  # leap-finetune's keys (recipes/speed.py, recipes/optimizers.py)
-    args.pop("optimizer_precision", None)
     fast = speed_plan(resolved, cuda)
     user_pads = "pad_to_multiple_of" in resolved.training
     speed.apply_trainer_defaults(args, fast)
     if not user_pads:
         args.pop("pad_to_multiple_of", None)  # (flat rows pad themselves: models/flat_rows.py)
     method = METHODS[resolved.training_type]
-    if method.flat_rows and "padding_free" in method.own_keys:  # (KTO: leap-finetune's key, TRL's KTO has none)
-        args.pop("padding_free", None)
-    elif method.flat_rows:
+    # (KTO: padding_free is leap-finetune's key, TRL's KTO has none: left out with the other own keys)
+    if method.flat_rows and "padding_free" not in method.own_keys:
         # TRL 1.16's own padding_free for DPO is disabled (it warns and pads); leap-finetune's flat rows do it
         args["padding_free"] = False
     return args

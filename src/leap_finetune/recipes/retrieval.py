@@ -28,8 +28,6 @@ EVAL_NAME = "retrieval"  # metrics are logged as eval_retrieval_<score>_ndcg@10,
 def training_arguments(resolved: ResolvedConfig, *, run_dir: str, has_eval: bool, cuda: bool | None = None) -> dict:
     evals = resolved.evals  # retrieval benchmarks: scored with the held-out rows, on the same schedule
     args = common.common_arguments(resolved, run_dir=run_dir, has_eval=has_eval or evals is not None, cuda=cuda)
-    for key in ("compile_layers", "padding_free"):  # leap-finetune's keys, applied to the encoder (speed_plan)
-        args.pop(key, None)
     fast = speed_plan(resolved, cuda)
     speed.apply_trainer_defaults(args, fast)
     args.pop("pad_to_multiple_of", None)  # (flat rows pad themselves: models/flat_rows.py)

@@ -21,9 +21,6 @@ def config_class():
 
 def training_arguments(resolved: ResolvedConfig, *, run_dir: str, has_eval: bool, cuda: bool | None = None) -> dict:
     args = common.common_arguments(resolved, run_dir=run_dir, has_eval=has_eval, cuda=cuda)
-    args.pop("compile_layers", None)  # leap-finetune's key (see recipes/speed.py), applied to the model
-    args.pop("optimizer_precision", None)  # leap-finetune's key (recipes/optimizers.py), given to the trainer
-    args.pop("batch_tokens", None)  # leap-finetune's key: the trainer's sampler (recipes/sampling.py)
     # TRL's own padding-free collator refuses a custom collator: an image run's collator (recipes/vision.py)
     # flattens the batch itself (`flat_batches` below), and TRL sees padded batches
     fast = speed_plan(resolved, cuda)

@@ -15,15 +15,9 @@ learning rate, and the batches' pixels.
 from __future__ import annotations
 
 from leap_finetune.errors import LeapError
-from leap_finetune.methods import VISION_KEYS
 
 IMAGE_COLUMNS = ("image_sources", "image_tokens", "image_tiles")
 VISION_ENCODER, PROJECTOR, LANGUAGE_MODEL = "vision_tower", "multi_modal_projector", "language_model"
-
-
-def pop_vision_keys(args: dict) -> dict:
-    """The vision keys are leap-finetune's: the trainer's config never sees them."""
-    return {key: args.pop(key) for key in VISION_KEYS if key in args}
 
 
 def parts(model) -> dict:

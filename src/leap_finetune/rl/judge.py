@@ -24,7 +24,7 @@ import sys
 import threading
 from concurrent.futures import ThreadPoolExecutor
 
-from leap_finetune.config.schema import JudgeConfig
+from leap_finetune.config.schema_grpo import JudgeConfig
 from leap_finetune.errors import LeapError
 
 _NUMBER = re.compile(r"-?\d+(?:\.\d+)?")

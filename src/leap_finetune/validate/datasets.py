@@ -8,7 +8,7 @@ from pathlib import Path
 from pydantic import ValidationError
 
 from leap_finetune.config.paths import local_path
-from leap_finetune.config.schema import DatasetConfig
+from leap_finetune.config.schema_dataset import DatasetConfig
 from leap_finetune.errors import LeapError
 
 

@@ -14,7 +14,8 @@ import string
 from pathlib import Path
 
 from leap_finetune.config.numbers import plain, shown
-from leap_finetune.config.schema import GrpoRolloutConfig, LeapConfigModel, RewardsConfig
+from leap_finetune.config.schema import LeapConfigModel
+from leap_finetune.config.schema_grpo import GrpoRolloutConfig, RewardsConfig
 from leap_finetune.errors import LeapError
 from leap_finetune.methods import method_of
 

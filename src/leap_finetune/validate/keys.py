@@ -7,7 +7,19 @@ import dataclasses
 
 from pydantic import ValidationError
 
-from leap_finetune.config.schema import LeapConfigModel
+from leap_finetune.config.cluster_values import check_eval_sbatch_values, check_ray_values, check_slurm_values
+from leap_finetune.config.schema import LeapConfigModel, RetrievalConfig, RetrievalPrompts
+from leap_finetune.config.schema_cluster import RayConfig, SlurmConfig
+from leap_finetune.config.schema_dataset import ImageProcessorConfig
+from leap_finetune.config.schema_evals import (
+    AsyncEvalConfig,
+    BenchmarkConfig,
+    EvalFailureConfig,
+    EvalsConfig,
+    ReservedEvalConfig,
+    SbatchConfig,
+)
+from leap_finetune.config.schema_grpo import GrpoRolloutConfig, JudgeConfig, RewardsConfig
 from leap_finetune.config.suggest import unknown_key_fix
 from leap_finetune.errors import LeapError
 from leap_finetune.methods import METHODS
@@ -38,6 +50,52 @@ def check_top_level_keys(raw: dict, where: str) -> None:
         check_keys({key: value}, LeapConfigModel.model_fields, where, "the top level")
 
 
+# The blocks whose keys are checked before pydantic reads the config (an unknown key said with its block and a
+# suggestion, not as pydantic's "extra inputs are not permitted"), in the order they are checked; `[]`: each entry
+# of a list. A row with a check of values runs it on the block's mapping too: values Ray or sbatch would misread
+# (config/cluster_values.py). (`dataset` has its own: validate/datasets.py.)
+BLOCKS = (
+    ("ray", RayConfig, check_ray_values),
+    ("slurm", SlurmConfig, check_slurm_values),
+    ("async_eval.sbatch", None, check_eval_sbatch_values),  # (its values before async_eval's keys, as always)
+    ("grpo_rollout", GrpoRolloutConfig, None),
+    ("rewards", RewardsConfig, None),
+    ("rewards.judge", JudgeConfig, None),
+    ("retrieval", RetrievalConfig, None),
+    ("retrieval.prompts", RetrievalPrompts, None),
+    ("async_eval", AsyncEvalConfig, None),
+    ("async_eval.sbatch", SbatchConfig, None),
+    ("async_eval.reserved", ReservedEvalConfig, None),
+    ("async_eval.failure", EvalFailureConfig, None),
+    ("image_processor", ImageProcessorConfig, None),
+    ("evals", EvalsConfig, None),
+    ("evals.benchmarks[]", BenchmarkConfig, None),
+)
+
+
+def check_block_keys(raw: dict, where: str) -> None:
+    """Every block of BLOCKS the config writes as a mapping: its keys, and its values where the row says."""
+    for path, model, check_values in BLOCKS:
+        for block in _mappings_at(raw, path):
+            if model is not None:
+                check_keys(block, model.model_fields, where, path)
+            if check_values is not None:
+                check_values(block, where)
+
+
+def _mappings_at(raw: dict, path: str) -> list[dict]:
+    """The mappings at `path` (`rewards.judge`, `evals.benchmarks[]`): none where a step on the way is not one."""
+    found = [raw]
+    for key in path.split("."):
+        entries = key.endswith("[]")
+        key = key.removesuffix("[]")
+        found = [item.get(key) for item in found]
+        if entries:
+            found = [entry for items in found if isinstance(items, list) for entry in items]
+        found = [item for item in found if isinstance(item, dict)]
+    return found
+
+
 def check_keys(data: dict, allowed, where: str, block: str) -> None:
     for key in data:
         if key not in allowed:
@@ -57,10 +115,10 @@ def pydantic_error(err: ValidationError, where: str, prefix: str = "") -> LeapEr
     fix = "see docs/config.md for every key, its type and default"
     if first["type"] == "missing":
         return LeapError(f"required key '{loc}' is missing{more}", where=where, fix=fix)
-    from leap_finetune.config import schema
     from leap_finetune.config.numbers import explain
+    from leap_finetune.config.schema_base import block_model
 
-    number = explain(getattr(schema, err.title, None), first, prefix)  # a number's type or range: said in our words
+    number = explain(block_model(err.title), first, prefix)  # a number's type or range: said in our words
     if number is not None:
         return LeapError(f"{number[0]}{more}", where=where, fix=number[1])
     message = first["msg"].removeprefix("Value error, ")  # (our own validators' words, without pydantic's label)

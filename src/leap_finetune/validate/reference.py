@@ -1,37 +1,122 @@
 """The config reference (docs/config.md), generated from the schema and the profiles so the docs
-never drift from the code. Regenerate: python scripts/gen_config_docs.py"""
+never drift from the code. Regenerate: python scripts/gen_config_docs.py
+
+The prose is a Markdown template (reference.md.template, beside this file); each `${...}` in it is a table
+written from the code:
+- `${fields:PATH}`: the keys of the block at PATH of the top-level model (`${fields:async_eval.sbatch}`; the top
+  level itself is `${fields:}`), named as the user writes them (`async_eval.sbatch.time`); `${entries:PATH}`: the
+  keys of each entry of a list (`evals.benchmarks`), named alone;
+- `${profiles:BLOCK}`, `${managed:BLOCK}`: the built-in profiles and the keys leap-finetune sets itself, of
+  `training_config` or `peft_config`;
+- `${own_keys}`: leap-finetune's own training_config keys (config/own_keys.py), and the other names below.
+A `$` of the prose itself is written `$$`.
+"""
 
 from __future__ import annotations
 
+import string
 import types
+from pathlib import Path
 from typing import Literal, Union, get_args, get_origin
 
 from pydantic import BaseModel
 from pydantic_core import PydanticUndefined
 
-from leap_finetune.config import arguments, lora, model_init, profiles
-from leap_finetune.config.schema import (
-    SUPPORTED_TRAINING_TYPES,
-    TRAINING_TYPES,
-    AsyncEvalConfig,
-    BenchmarkConfig,
-    DatasetConfig,
-    EvalFailureConfig,
-    EvalsConfig,
-    GrpoRolloutConfig,
-    ImageProcessorConfig,
-    JudgeConfig,
-    LeapConfigModel,
-    RayConfig,
-    ReservedEvalConfig,
-    RetrievalConfig,
-    RetrievalPrompts,
-    RewardsConfig,
-    SbatchConfig,
-    SlurmConfig,
-)
+from leap_finetune.config import arguments, lora, model_init, own_keys, profiles
+from leap_finetune.config.schema import SUPPORTED_TRAINING_TYPES, TRAINING_TYPES, LeapConfigModel
 from leap_finetune.methods import METHODS
-from leap_finetune.validate import loader
+from leap_finetune.validate.training import MANAGED_TRAINING_KEYS
+
+TEMPLATE = Path(__file__).with_name("reference.md.template")
+
+
+class _Template(string.Template):
+    braceidpattern = r"(?a:[_a-z][_a-z0-9]*(?::[_a-z0-9.]*)?)"  # a name, and what it is of: `fields:rewards.judge`
+
+
+def render_reference() -> str:
+    return _Template(TEMPLATE.read_text(encoding="utf-8")).substitute(_Tables())
+
+
+class _Tables:
+    """The template's `${name:argument}` -> its text (string.Template asks a mapping for each)."""
+
+    def __getitem__(self, placeholder: str) -> str:
+        name, _, argument = placeholder.partition(":")
+        return "\n".join(getattr(self, name)(argument))
+
+    def fields(self, path: str) -> list[str]:
+        return _fields_table(_block_at(path), f"{path}." if path else "")
+
+    def entries(self, path: str) -> list[str]:
+        return _fields_table(_block_at(path))
+
+    def training_types(self, _) -> list[str]:
+        return [", ".join(f"`{t}`" for t in TRAINING_TYPES)]
+
+    def supported_types(self, _) -> list[str]:
+        return [", ".join(f"`{t}`" for t in SUPPORTED_TRAINING_TYPES)]
+
+    def config_classes(self, _) -> list[str]:
+        rows = [f"| `{name}` | {_config_class_name(name)} |" for name in TRAINING_TYPES]
+        return ["| training_type | config class |", "| --- | --- |", *rows]
+
+    def ranges(self, _) -> list[str]:
+        rows = [f"| `{key}` | {expected} |" for key, (_, expected) in arguments.RANGES.items()]
+        return ["| key | expected |", "| --- | --- |", *rows]
+
+    def own_keys(self, _) -> list[str]:
+        rows = [
+            f"| `{key}` | {own_keys.values_text(key)} | {field.description} |" for key, field in own_keys.KEYS.items()
+        ]
+        return ["| key | values | meaning |", "| --- | --- | --- |", *rows]
+
+    def managed(self, block: str) -> list[str]:
+        managed = {"training_config": MANAGED_TRAINING_KEYS, "peft_config": lora.MANAGED}[block]
+        return [f"- `{key}`: {why}" for key, why in managed.items()]
+
+    def profiles(self, block: str) -> list[str]:
+        named = {"training_config": profiles.TRAINING_PROFILES, "peft_config": profiles.PEFT_PROFILES}[block]
+        lines = []
+        for name, values in named.items():
+            lines += [f"### `{name}`", "", "| key | value |", "| --- | --- |"]
+            lines += [f"| `{k}` | `{v!r}` |" for k, v in values.items()]
+            lines.append("")
+        return lines[:-1]  # (the template puts the blank line after the last one)
+
+    def model_init_kwargs(self, _) -> list[str]:
+        forwarded = (
+            "- forwarded: `dtype`, "
+            + ", ".join(f"`{k}`" for k in model_init.FORWARDED)
+            + "; of these, "
+            + ", ".join(f"`{k}`" for k in model_init.TOKENIZER_KEYS)
+            + " go to the tokenizer too"
+        )
+        return [forwarded, *[f"- refused: `{key}`: {why}" for key, why in model_init.REFUSED.items()]]
+
+    def tiny_model_init_kwargs(self, _) -> list[str]:
+        return [" and ".join(f"`{k}`" for k in model_init.TINY_KEYS)]
+
+
+def _block_at(path: str) -> type[BaseModel]:
+    """The model of the block at `path` (`async_eval.sbatch`) of the top level; the top level for ''."""
+    model = LeapConfigModel
+    for key in filter(None, path.split(".")):
+        model = _model_in(model.model_fields[key].annotation)
+    return model
+
+
+def _model_in(annotation) -> type[BaseModel]:
+    """The block's model inside a field's type (`DatasetConfig | list[DatasetConfig] | None`: DatasetConfig)."""
+    if isinstance(annotation, type) and issubclass(annotation, BaseModel):
+        return annotation
+    return next(_model_in(a) for a in get_args(annotation) if _has_model(a))
+
+
+def _has_model(annotation) -> bool:
+    if isinstance(annotation, type) and issubclass(annotation, BaseModel):
+        return True
+    return any(_has_model(a) for a in get_args(annotation))
 
 
 def _type_name(annotation) -> str:
@@ -64,233 +149,6 @@ def _fields_table(model: type[BaseModel], prefix: str = "") -> list[str]:
         else:
             default = f"`{field.default!r}`" if field.default is not None else "`null`"
         lines.append(f"| `{prefix}{name}` | {_type_name(field.annotation)} | {default} | {field.description or ''} |")
-    return lines
-
-
-def render_reference() -> str:
-    out = [
-        "# Config reference",
-        "",
-        "<!-- generated by scripts/gen_config_docs.py from src/leap_finetune/config; do not edit by hand -->",
-        "",
-        "A leap-finetune job is one YAML file. Unknown keys at any level are errors with a suggestion;",
-        "relative paths resolve against the YAML file's folder; `2e-5` is a float.",
-        "",
-        f"Training types: {', '.join(f'`{t}`' for t in TRAINING_TYPES)} "
-        f"(supported in this version: {', '.join(f'`{t}`' for t in SUPPORTED_TRAINING_TYPES)}).",
-        "",
-        "## Top level",
-        "",
-        *_fields_table(LeapConfigModel),
-        "",
-        "## `dataset`",
-        "",
-        *_fields_table(DatasetConfig, "dataset."),
-        "",
-        "## `evals`",
-        "",
-        "Benchmarks run before the first training step (the baseline), every `eval_steps`, and after the",
-        "last step; `leap-finetune eval` runs them alone. See docs/evaluation.md for the row formats.",
-        "",
-        *_fields_table(EvalsConfig, "evals."),
-        "",
-        "Each entry of `evals.benchmarks`:",
-        "",
-        *_fields_table(BenchmarkConfig),
-        "",
-        "## `async_eval`",
-        "",
-        "Where the `evals:` benchmarks run during training, and what a failed evaluation does. `mode: sync` (the",
-        "default) pauses training while they run; `sidecar` runs each evaluation as an sbatch job on a snapshot of",
-        "the model; `reserved` runs it on an evaluation server on GPUs taken out of training (one node). Results",
-        'are logged at the training step of the snapshot in every mode (docs/evaluation.md, "Evaluation that does not pause',
-        'training").',
-        "",
-        *_fields_table(AsyncEvalConfig, "async_eval."),
-        "",
-        *_fields_table(SbatchConfig, "async_eval.sbatch."),
-        "",
-        *_fields_table(ReservedEvalConfig, "async_eval.reserved."),
-        "",
-        *_fields_table(EvalFailureConfig, "async_eval.failure."),
-        "",
-        "## `image_processor`",
-        "",
-        "Vision-language models (LFM2-VL) only: how images become tokens, the model's own settings where a key is",
-        "unset. Each image's tokens are counted with them while the rows are checked (a row with its images must fit",
-        "`max_length`), the batches are made with them, and the trained model is saved with them (docs/vision.md).",
-        "",
-        *_fields_table(ImageProcessorConfig, "image_processor."),
-        "",
-        "## `ray`",
-        "",
-        "Several GPUs or nodes. Without this block the run is planned from the GPUs the driver sees: one",
-        "visible GPU (or a CPU) trains in-process as always; more GPUs start a local Ray instance and one Ray",
-        "Train worker per GPU (DDP, or FSDP with `training_config.fsdp`). `leap-finetune plan CONFIG.yaml",
-        "[--gpus N] [--nodes M] [--json]` shows the plan without starting anything.",
-        "",
-        *_fields_table(RayConfig, "ray."),
-        "",
-        "## `grpo_rollout`",
-        "",
-        "GRPO only. GPU counts, never device ids: the driver gives the first GPUs of the node to the rollout",
-        "server, then the judge, and the rest to training ([server][judge][training]); `leap-finetune plan",
-        "CONFIG --gpus N` shows the layout and the servers' commands. Local servers are single-node: on a",
-        "multi-node cluster use `vllm_mode: colocate` or external URLs (`vllm_server_base_url`,",
-        "`rewards.judge.base_url`).",
-        "",
-        *_fields_table(GrpoRolloutConfig, "grpo_rollout."),
-        "",
-        "## `rewards`",
-        "",
-        "GRPO only: how each completion is scored. `rewards: [accuracy, ./my_rewards.py::fn]` (or one name,",
-        "`rewards: accuracy`) is shorthand for `rewards: {funcs: [...]}`. Built-ins: `accuracy` (the answer",
-        "matches the row's `solution`; math-aware with math-verify, else the normalised final answer or",
-        "`\\boxed{}` value), `format` (`{name: format,",
-        "pattern: REGEX}`), `length` (`{name: length, target_tokens: N}`), `tool_call_valid` (LFM tool calls that",
-        "parse and name the row's tools), `tool_call_match` (the completion's calls against the `solution` turn's,",
-        "partial credit: 0.5 exact + 0.25 names + 0.25 argument F1). A custom reward is `def fn(completions, **kwargs) -> list[float | None]`:",
-        "`completions` are the generated texts; kwargs hold the rows' columns (`solution`, `prompt_text` - the",
-        'prompt as plain text -, `tools` - the row\'s tools as JSON text, "" without -, any other column of your',
-        "data) and TRL's `prompts`, `completion_ids`,",
-        "`trainer_state`, `log_metric`. None skips a completion for that reward; NaN, infinities and anything",
-        "that is not a number stop the run with an error naming the function, the step and the prompt.",
-        "`validate` and `run` call each custom reward once on the first training rows before the model loads",
-        "(`check_at_validate: false` skips that call).",
-        "",
-        *_fields_table(RewardsConfig, "rewards."),
-        "",
-        "### `rewards.judge`",
-        "",
-        *_fields_table(JudgeConfig, "rewards.judge."),
-        "",
-        "## `retrieval`",
-        "",
-        "embedding / colbert only (docs/retrieval.md): the loss, the prompts put before queries and documents, the",
-        "lengths each side is cut to, and the pooling of a backbone that is not yet a sentence-transformers model.",
-        "",
-        *_fields_table(RetrievalConfig, "retrieval."),
-        "",
-        "### `retrieval.prompts`",
-        "",
-        *_fields_table(RetrievalPrompts, "retrieval.prompts."),
-        "",
-        "## `slurm`",
-        "",
-        "`leap-finetune slurm CONFIG.yaml [--nodes M] [--gpus-per-node G] [--submit]` writes an sbatch script",
-        "from this block (and checks it with `sbatch --test-only`); the job starts a Ray cluster over its",
-        "nodes and runs this config on it. `leap-finetune run` ignores the block.",
-        "",
-        *_fields_table(SlurmConfig, "slurm."),
-        "",
-        "## `training_config`",
-        "",
-        "Any argument of the training type's trainer config (all of them extend transformers'",
-        "`TrainingArguments`) can be set here; a key it does not accept is an error:",
-        "",
-        "| training_type | config class |",
-        "| --- | --- |",
-        *[f"| `{name}` | {_config_class_name(name)} |" for name in TRAINING_TYPES],
-        "",
-        "Values are parsed as transformers' `HfArgumentParser` parses its own arguments: by the field's type",
-        '(`learning_rate: "1e-3"` is the number 1e-3; `learning_rate: fast` is an error naming the key) and',
-        "its choices (`lr_scheduler_type`, `optim`, `save_strategy`, ... list their accepted values). These",
-        "keys are also range-checked at `validate`:",
-        "",
-        "| key | expected |",
-        "| --- | --- |",
-        *[f"| `{key}` | {expected} |" for key, (_, expected) in arguments.RANGES.items()],
-        "",
-        "`report_to` names trackers transformers knows (`wandb`, `tensorboard`, `trackio`, `mlflow`, ...), each",
-        "installed (`pip install 'leap-finetune[trackers]'` for wandb and tensorboard); `none` turns them off.",
-        "",
-        "`extends` names the profile to start from (default: `DEFAULT_SFT`, `DEFAULT_DPO` or `DEFAULT_KTO`",
-        "by training type). leap-finetune's own keys:",
-        "",
-        "| key | values | meaning |",
-        "| --- | --- | --- |",
-        "| `extends` | "
-        + ", ".join(f"`{p}`" for p in profiles.TRAINING_PROFILES)
-        + " | the profile your keys override |",
-        "| `loss_on` | "
-        + ", ".join(f"`{v}`" for v in loader.LOSS_ON)
-        + " | sft only: which tokens carry the loss: every assistant turn's content and its `<\\|im_end\\|>` (default), every token, or only the last assistant turn (DPO and KTO train on the completions) |",
-        "| `resume_from_checkpoint` | `latest` or a `checkpoint-N` folder | continue a run: `latest` is the newest intact checkpoint (every file as it was written) of the newest run of this project |",
-        "| `resume_allow_changes` | a list of keys, or `[all]` | a resume refuses a config that changes how the run trains (learning rate, scheduler, optimizer settings, loss settings, rewards); keys listed here apply from the resumed step on (the new learning-rate schedule from its first step) and are recorded in `resume_changes.json` and the model card. The data, the model's shape, `seed` and `optim` can never change |",
-        "| `compile_layers` | `true`, `false` | sft, dpo, kto, embedding, colbert: torch.compile each decoder layer (the LM head and loss stay eager; DPO's and KTO's reference model too; an encoder's LFM2 backbone); default: on for LFM2 on a CUDA GPU, off elsewhere |",
-        "| `padding_free` | `true`, `false` | kto, embedding, colbert (sft and dpo: TRL's key of the same name, the same meaning): each padded batch runs through the LFM2 model as one flat row without padding (models/flat_rows.py; the same losses as padded batches); default: on for LFM2 on a CUDA GPU, off elsewhere |",
-        "| `optimizer_precision` | `fp32`, `bf16_kahan` | sft, dpo, kto: `fp32` (default) float32 master weights and AdamW states; `bf16_kahan` bf16 weights and states with torch-optimi's Kahan-summation AdamW (25% less peak memory on LFM2-1.2B, the same loss curve, not faster; opt-in, see docs/speed.md) |",
-        "| `gradient_communication` | `fp32`, `bf16` | every training type, several workers (DDP): the precision of the gradients' all-reduce between workers. `fp32` (default) is exact; `bf16` registers torch's `bf16_compress_hook` (half the bytes between GPUs; each gradient rounded to bf16 once per step, the float32 weights and optimizer unchanged). Nothing with one process or with weights already in bf16 (their gradients are bf16); refused with `fsdp`. `plan` says which all-reduce runs; the run report and model card what DDP reported. Opt-in, see docs/speed.md |",
-        "| `batch_tokens` | a whole number >= `max_length` | sft: micro-batches cut by tokens instead of rows: each holds as many rows as fit in this many tokens per device (padding-free batches count real tokens, padded ones rows x the longest); replaces `per_device_train_batch_size` (validate refuses both, and with `packing` or `train_sampling_strategy`). A step stays `gradient_accumulation_steps` micro-batches per worker, the loss the mean over its tokens, every row once per epoch; the rows are grouped once and visited in a new order each epoch. Opt-in, see docs/speed.md |",
-        "| `train_vision_encoder` | `true`, `false` | sft and dpo of a vision-language model (LFM2-VL): train the vision encoder (SigLIP2); default: true for a full fine-tune, false with LoRA (true with LoRA: trained in full and saved with the adapter) |",
-        "| `train_projector` | `true`, `false` | the same for the projector between the vision encoder and the language model |",
-        "| `train_language_model` | `true`, `false` | the language model (with LoRA: its adapters); default: true |",
-        "| `vision_encoder_lr_multiplier` | a number > 0 | the vision encoder's learning rate as a multiple of `learning_rate`; default 0.1 |",
-        "",
-        "A vision-language model starts from `DEFAULT_VLM_SFT` for sft (and `DEFAULT_VLM_LORA` for `peft_config`);",
-        "docs/vision.md has the image rows, the `image_processor:` block and `dataset.image_root`.",
-        "",
-        "Set by leap-finetune, so refused here (with what to use instead):",
-        "",
-        *[f"- `{key}`: {why}" for key, why in loader.MANAGED_TRAINING_KEYS.items()],
-        "",
-        "Chosen automatically unless you set them: `bf16` (on when the GPU supports it, else float32),",
-        "`use_cpu` (on without a GPU), `eval_strategy` (`steps` when there is an eval split), and for sft,",
-        "dpo, kto, embedding and colbert `padding_free` (on for LFM2 on a CUDA GPU: a batch's conversations - DPO:",
-        "its chosen and rejected sequences; KTO: its completions and KL completions; embedding / ColBERT: its",
-        "texts - flattened into one row, no padding, documents kept apart by varlen flash attention and the",
-        "boundary-aware convolution; the same losses as padded batches) and `compile_layers`,",
-        "`pad_to_multiple_of: 8` for flat sft batches (padding-free or packed, on any device), and on a CUDA GPU",
-        "`logging_nan_inf_filter: false`, `dataloader_pin_memory: true`, non-blocking copies and",
-        "`dataloader_num_workers: 4` with persistent workers (batches collated - for embedding and colbert the",
-        "texts tokenized - beside the GPU's work) (docs/speed.md). The run log says what was chosen (`speed: ...`).",
-        "",
-        "KTO: `per_device_train_batch_size` and `per_device_eval_batch_size` must be > 1 (checked when the",
-        "config loads).",
-        "",
-        "### `model_init_kwargs`",
-        "",
-        "Passed to `from_pretrained` when the model loads; every key is forwarded or refused with the reason,",
-        "none is dropped. `dtype` (also spelled `torch_dtype`) takes `bfloat16`/`bf16`, `float16`/`fp16`,",
-        "`float32`/`fp32` or `auto`; the default is float32 master weights with bf16 autocast on GPUs.",
-        "`dtype: bfloat16` loads the weights (and so the optimizer states) in bf16: faster and half the",
-        "memory, but small updates are lost (see bench/NOTES.md).",
-        "",
-        "- forwarded: `dtype`, "
-        + ", ".join(f"`{k}`" for k in model_init.FORWARDED)
-        + "; of these, "
-        + ", ".join(f"`{k}`" for k in model_init.TOKENIZER_KEYS)
-        + " go to the tokenizer too",
-        *[f"- refused: `{key}`: {why}" for key, why in model_init.REFUSED.items()],
-        "- `quantization_config` (e.g. `{load_in_4bit: true, bnb_4bit_quant_type: nf4}`) needs a `peft_config`",
-        "  (QLoRA) and its library (bitsandbytes), both checked at `validate`",
-        "- the built-in tiny models take only " + " and ".join(f"`{k}`" for k in model_init.TINY_KEYS),
-        "",
-    ]
-    out += _profile_tables(profiles.TRAINING_PROFILES)
-    out += [
-        "## `peft_config`",
-        "",
-        "LoRA. Present = LoRA on (unless `use_peft: false`); absent = full fine-tune. Any option of peft's",
-        "`LoraConfig` can be set; `extends` picks the profile. Each option is typed from `LoraConfig`'s own",
-        "fields; `r` must be a whole number >= 1, `lora_alpha` a number > 0, `lora_dropout` in [0, 1);",
-        "`target_modules` and `modules_to_save` must name modules of the model (checked against the model's",
-        "architecture built from its config.json, no weights loaded; the error lists the model's layer names),",
-        "and the `LoraConfig` itself is built at `validate`. Set by leap-finetune, so refused here:",
-        "",
-        *[f"- `{key}`: {why}" for key, why in lora.MANAGED.items()],
-        "",
-    ]
-    out += _profile_tables(profiles.PEFT_PROFILES)
-    return "\n".join(out)
-
-
-def _profile_tables(named_profiles: dict[str, dict]) -> list[str]:
-    lines = []
-    for name, values in named_profiles.items():
-        lines += [f"### `{name}`", "", "| key | value |", "| --- | --- |"]
-        lines += [f"| `{k}` | `{v!r}` |" for k, v in values.items()]
-        lines.append("")
     return lines
 
 

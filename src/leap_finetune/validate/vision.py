@@ -64,10 +64,7 @@ def resolve_vision(training_type: str, training: dict, peft: dict | None, vision
     defaults = dict(profiles.VLM_LORA_TRAINS) if peft is not None else dict.fromkeys(VISION_KEYS[:3], True)
     defaults["vision_encoder_lr_multiplier"] = 0.1
     for key, value in defaults.items():
-        training.setdefault(key, value)
-    for key in VISION_KEYS[:3]:
-        if not isinstance(training[key], bool):
-            raise LeapError(f"training_config.{key} is {training[key]!r}", where=where, fix="use true or false")
+        training.setdefault(key, value)  # (the user's own are true or false: validate/training.py's check_key)
     multiplier = training["vision_encoder_lr_multiplier"]
     if isinstance(multiplier, bool) or not isinstance(multiplier, (int, float)) or not multiplier > 0:
         raise LeapError(

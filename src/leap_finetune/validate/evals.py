@@ -1,0 +1,68 @@
+"""The `evals:` block resolved: benchmark names unique, paths against the config's folder, metrics known (or a
+custom ./file.py::function), and retrieval benchmarks only for the types that train retrieval models."""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+from leap_finetune.config.paths import local_path
+from leap_finetune.config.schema import LeapConfigModel
+from leap_finetune.config.schema_evals import GENERATION_METRICS, LOGPROB_METRICS, EvalsConfig
+from leap_finetune.config.suggest import did_you_mean
+from leap_finetune.errors import LeapError
+from leap_finetune.methods import method_of
+from leap_finetune.validate.datasets import resolve_data_path
+
+
+def resolve_evals(evals: EvalsConfig | None, base: Path, where: str) -> EvalsConfig | None:
+    if evals is None:
+        return None
+    evals = evals.model_copy(deep=True)
+    names = set()
+    for index, bench in enumerate(evals.benchmarks):
+        here = f"{where}: evals.benchmarks[{index}]"
+        if bench.name in names:
+            raise LeapError(
+                f"two benchmarks are named '{bench.name}'", where=here, fix="give each benchmark its own name"
+            )
+        names.add(bench.name)
+        bench.path = resolve_data_path(bench.path, base)
+        if "::" in bench.metric:
+            file, _, function = bench.metric.partition("::")
+            path = local_path(file, base)
+            if not path.is_file() or not function.isidentifier():
+                raise LeapError(
+                    f"custom metric '{bench.metric}': "
+                    + ("file not found" if not path.is_file() else "bad function name"),
+                    where=f"{here}.metric",
+                    fix="write it as ./my_metrics.py::function_name (the path relative to the config file)",
+                )
+            bench.metric = f"{path}::{function}"
+        elif bench.metric == "retrieval":
+            bench.path = str(local_path(bench.path, base))  # a folder (BEIR layout), never a Hub id
+        elif bench.metric not in GENERATION_METRICS + LOGPROB_METRICS:
+            hint = did_you_mean(bench.metric, GENERATION_METRICS + LOGPROB_METRICS + ("retrieval",))
+            raise LeapError(
+                f"unknown metric '{bench.metric}'",
+                where=f"{here}.metric",
+                fix=(hint + " " if hint else "")
+                + "generation metrics: "
+                + ", ".join(GENERATION_METRICS)
+                + "; log-prob multiple choice: logprob_mcq; or ./file.py::function; for embedding/colbert models: "
+                "retrieval",
+            )
+    return evals
+
+
+def check_retrieval_metrics(model: LeapConfigModel, evals: EvalsConfig | None, where: str) -> None:
+    """metric: retrieval scores embedding and ColBERT models: refused for a type that trains none."""
+    if method_of(model).retrieval:
+        return
+    for index, bench in enumerate(evals.benchmarks if evals is not None else []):
+        if bench.metric == "retrieval":
+            raise LeapError(
+                f"benchmark '{bench.name}' has metric retrieval, which scores embedding and ColBERT "
+                f"models, and training_type is {model.training_type}",
+                where=f"{where}: evals.benchmarks[{index}].metric",
+                fix="use a generation or log-prob metric (docs/evaluation.md), or training_type: embedding / colbert",
+            )

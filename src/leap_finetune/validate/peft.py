@@ -1,0 +1,44 @@
+"""`peft_config` (LoRA): the profile (`extends`) under the user's options, each an option of peft's LoraConfig, and
+`use_peft: false` for a full fine-tune; the values are checked in config/lora.py."""
+
+from __future__ import annotations
+
+import dataclasses
+
+from leap_finetune.config import profiles
+from leap_finetune.config.lora import check_lora_values
+from leap_finetune.config.suggest import unknown_key_fix
+from leap_finetune.errors import LeapError
+
+
+def resolve_peft(peft_config: dict | None, where: str, vision: bool = False) -> dict | None:
+    if peft_config is None:
+        return None
+    user = dict(peft_config)
+    profile_name = user.pop("extends", None) or ("DEFAULT_VLM_LORA" if vision else "DEFAULT_LORA")
+    if profile_name not in profiles.PEFT_PROFILES:
+        raise LeapError(
+            f"unknown profile '{profile_name}' in peft_config.extends",
+            where=where,
+            fix=unknown_key_fix(str(profile_name), profiles.PEFT_PROFILES),
+        )
+    from peft import LoraConfig
+
+    allowed = {f.name for f in dataclasses.fields(LoraConfig) if f.init} | {"use_peft"}
+    for key in user:
+        if key not in allowed:
+            raise LeapError(
+                f"unknown key '{key}' in peft_config (not an option of peft's LoraConfig)",
+                where=where,
+                fix=unknown_key_fix(key, allowed),
+            )
+    merged = profiles.peft_profile(profile_name)
+    merged.update(user)
+    use_peft = merged.pop("use_peft", True)
+    if not isinstance(use_peft, bool):
+        raise LeapError(
+            f"peft_config.use_peft is {use_peft!r}: expected true or false",
+            where=where,
+            fix="use_peft: true (LoRA) or false (a full fine-tune)",
+        )
+    return check_lora_values(merged, where) if use_peft else None
