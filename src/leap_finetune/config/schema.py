@@ -14,9 +14,15 @@ from pydantic import BaseModel, ConfigDict, Field, field_validator, model_valida
 from pydantic_core import PydanticCustomError
 
 from leap_finetune.config.numbers import LEAP_VALUE, check_field, shown
-from leap_finetune.methods import TRAINING_TYPES
+from leap_finetune.methods import training_types
 
-SUPPORTED_TRAINING_TYPES = TRAINING_TYPES  # (every type in methods/ is supported in this version)
+
+def __getattr__(name: str):
+    # TRAINING_TYPES, SUPPORTED_TRAINING_TYPES: the registry's names when asked (a type registered later is in them;
+    # every type in methods/ is supported in this version)
+    if name in ("TRAINING_TYPES", "SUPPORTED_TRAINING_TYPES"):
+        return training_types()
+    raise AttributeError(f"module {__name__!r} has no attribute {name!r}")
 
 
 class StrictModel(BaseModel):
@@ -607,7 +613,7 @@ class LeapConfigModel(StrictModel):
         min_length=1,
         description="A Hub id, an LFM short name (LFM2-1.2B), a local folder (a model folder; a run folder: its model/; a project folder ./outputs/PROJECT: the model/ of its newest finished run), or a built-in tiny model (tiny-lfm2, tiny-lfm2.5, tiny-lfm2.5-vl).",
     )
-    training_type: str = Field(default="sft", description="One of: " + ", ".join(TRAINING_TYPES) + ".")
+    training_type: str = Field(default="sft", description="One of: " + ", ".join(training_types()) + ".")
     chat_template: str | None = Field(
         default=None,
         description="`lfm2`, `lfm2.5`, `lfm2-v1`, `model` (the tokenizer's own) or a .jinja file; default: chosen from the model family.",

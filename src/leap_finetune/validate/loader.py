@@ -29,8 +29,6 @@ from leap_finetune.config.rules import check_batch_tokens, check_training_rules
 from leap_finetune.config.schema import (
     GENERATION_METRICS,
     LOGPROB_METRICS,
-    SUPPORTED_TRAINING_TYPES,
-    TRAINING_TYPES,
     EvalsConfig,
     LeapConfigModel,
     dataset_shorthand,
@@ -39,7 +37,7 @@ from leap_finetune.config.suggest import did_you_mean, other_type_key, unknown_k
 from leap_finetune.config.trackers import check_report_to
 from leap_finetune.config.yaml_io import read_yaml
 from leap_finetune.errors import LeapError
-from leap_finetune.methods import METHODS, VISION_KEYS, method_of
+from leap_finetune.methods import METHODS, VISION_KEYS, method_of, training_types
 from leap_finetune.validate.datasets import (
     check_hold_out_tools,
     resolve_data_path,
@@ -375,26 +373,15 @@ def require_dataset(resolved: ResolvedConfig) -> None:
 
 
 def _check_training_type(value, where: str) -> None:
-    if value in SUPPORTED_TRAINING_TYPES:
+    types = training_types()  # (every registered type is supported in this version)
+    if value in types:
         return
-    if value in TRAINING_TYPES:
-        raise LeapError(
-            f"training_type '{value}' is not supported yet in leap-finetune {_version()}",
-            where=f"{where}: training_type",
-            fix=f"supported now: {', '.join(SUPPORTED_TRAINING_TYPES)}; {value} is planned",
-        )
-    hint = did_you_mean(str(value), TRAINING_TYPES)
+    hint = did_you_mean(str(value), types)
     raise LeapError(
         f"unknown training_type '{value}'",
         where=f"{where}: training_type",
-        fix=(hint + " " if hint else "") + f"expected one of: {', '.join(TRAINING_TYPES)}",
+        fix=(hint + " " if hint else "") + f"expected one of: {', '.join(types)}",
     )
-
-
-def _version() -> str:
-    from leap_finetune import __version__
-
-    return __version__
 
 
 def _types_with_key(key: str, training_type: str) -> list[str]:
@@ -418,7 +405,7 @@ def _types_with_key(key: str, training_type: str) -> list[str]:
 def _resolve_training(model: LeapConfigModel, where: str, vision: bool = False) -> tuple[dict, str, str | None]:
     user = dict(model.training_config)
     method = method_of(model)
-    default_profile = method.vision_profile if vision else profiles.DEFAULT_TRAINING_PROFILE[model.training_type]
+    default_profile = method.vision_profile if vision else method.profile
     profile_name = user.pop("extends", None) or default_profile
     if profile_name not in profiles.TRAINING_PROFILES:
         raise LeapError(
@@ -426,7 +413,7 @@ def _resolve_training(model: LeapConfigModel, where: str, vision: bool = False) 
             where=where,
             fix=unknown_key_fix(str(profile_name), profiles.TRAINING_PROFILES),
         )
-    own_profile = profiles.DEFAULT_TRAINING_PROFILE[model.training_type]
+    own_profile = method.profile
     if profile_name == method.vision_profile and profile_name != own_profile and not vision:
         raise LeapError(
             f"training_config.extends is {profile_name}, the profile for vision-language models, and "
