@@ -12,7 +12,8 @@ Ground floor: imports nothing of the package, so config, data, models and launch
 otherwise), imported by `recipes.recipe` when a run needs it, never here.
 
 The lists of names (`training_types()`, `retrieval_types()`) are read from `METHODS` when asked, not copied when
-this module loads: a type `register`ed later (a test's toy type, a plugin) is in every one of them.
+this module loads: a type `register`ed later (tests/e2e/test_new_training_type.py: SFT under another name) is in
+every one of them.
 """
 
 from __future__ import annotations
@@ -249,7 +250,8 @@ def retrieval_types() -> tuple[str, ...]:
 
 
 def __getattr__(name: str):
-    # TRAINING_TYPES / RETRIEVAL_TYPES as names (`from leap_finetune.methods import TRAINING_TYPES`): read when asked
+    # TRAINING_TYPES / RETRIEVAL_TYPES, the names tests and users import: the lists as they are when imported (the
+    # package's own code calls training_types() where it decides)
     if name == "TRAINING_TYPES":
         return training_types()
     if name == "RETRIEVAL_TYPES":
