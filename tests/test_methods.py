@@ -9,8 +9,7 @@ import importlib.util
 import pytest
 
 from leap_finetune.config import profiles
-from leap_finetune.config.schema import TRAINING_TYPES
-from leap_finetune.methods import METHODS, RETRIEVAL_TYPES, is_retrieval
+from leap_finetune.methods import METHODS, RETRIEVAL_TYPES, TRAINING_TYPES, is_retrieval
 
 
 def test_every_type_has_its_profile_and_its_recipe():
@@ -121,3 +120,28 @@ def test_the_optimizer_validate_does_not_ask_about_is_one_that_builds(tmp_path):
         args = method.arguments_class()(output_dir=str(tmp_path), use_cpu=True)
         optimizer_cls, _ = Trainer.get_optimizer_cls_and_kwargs(args)
         assert optimizer_cls.__name__ == "AdamW", (method.name, optimizer_cls)
+
+
+def test_every_types_recipe_module_implements_the_recipe_protocol():
+    """launch/ asks the module a type's Method names (`recipe_module`) for `config_class()`,
+    `training_arguments(resolved, run_dir=, has_eval=, cuda=)` and `train(resolved_json, callbacks=)`: every
+    registered type's module offers each with the parameters of recipes.Recipe (names, kinds, defaults,
+    annotations), and its config class is the one its Method names."""
+    import inspect
+
+    from leap_finetune.recipes import Recipe, recipe
+
+    def parameters(function, *, drop_self: bool = False) -> list[tuple]:
+        found = list(inspect.signature(function).parameters.values())[1 if drop_self else 0 :]
+        return [(p.name, p.kind, p.default, p.annotation) for p in found]
+
+    for name, method in METHODS.items():
+        module = recipe(name)
+        assert module.__name__ == method.recipe_module, name
+        for function in ("config_class", "training_arguments", "train"):
+            assert callable(getattr(module, function, None)), f"{module.__name__} has no {function}"
+            assert parameters(getattr(module, function)) == parameters(getattr(Recipe, function), drop_self=True), (
+                f"{module.__name__}.{function}{inspect.signature(getattr(module, function))} is not "
+                f"Recipe.{function}{inspect.signature(getattr(Recipe, function))}"
+            )
+        assert module.config_class() is method.arguments_class(), name

@@ -14,6 +14,7 @@ import typer
 from rich.console import Console
 
 from leap_finetune.errors import LeapError, RunFailed
+from leap_finetune.methods import training_types
 from leap_finetune.signals import Stopped
 
 app = typer.Typer(
@@ -309,14 +310,15 @@ def inspect(
 @_user_errors
 def init(
     output: Path = typer.Argument(Path("config.yaml"), help="Where to write the config."),
-    training_type: str = typer.Option("sft", "--type", "-t", help="sft, dpo, kto, grpo, embedding or colbert."),
+    training_type: str = typer.Option(
+        "sft", "--type", "-t", help=", ".join(training_types()[:-1]) + f" or {training_types()[-1]}."
+    ),
     model: str = typer.Option("tiny-lfm2", "--model", help="The model to fine-tune (a Hub id, LFM2-1.2B, a folder)."),
     force: bool = typer.Option(False, "--force", help="Replace the file if it exists."),
     sets: list[str] = _no_config_set_option(),
 ) -> None:
     """Write a commented starter config for a training type, linked to the config's JSON schema for
     completion and checking in your editor."""
-    from leap_finetune.config.schema import TRAINING_TYPES
     from leap_finetune.config.starters import schema_path, starter
     from leap_finetune.config.suggest import did_you_mean
 
@@ -326,15 +328,14 @@ def init(
         f"write the starter, then edit it or give --set to the command that reads it, e.g. "
         f"leap-finetune validate {output} --set {shlex.quote(sets[0]) if sets else 'KEY=VALUE'}",
     )
-    if training_type not in TRAINING_TYPES:
+    types = training_types()
+    if training_type not in types:
         raise LeapError(
             f"unknown training type '{training_type}'",
             where="--type",
-            fix=(
-                did_you_mean(training_type, TRAINING_TYPES) + " " if did_you_mean(training_type, TRAINING_TYPES) else ""
-            )
+            fix=(did_you_mean(training_type, types) + " " if did_you_mean(training_type, types) else "")
             + "one of: "
-            + ", ".join(TRAINING_TYPES),
+            + ", ".join(types),
         )
     if output.exists() and not force:
         raise LeapError("the file exists", where=str(output), fix="choose another name, or add --force to replace it")

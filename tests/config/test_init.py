@@ -7,9 +7,9 @@ import json
 import jsonschema
 import pytest
 
-from leap_finetune.config.schema import TRAINING_TYPES
 from leap_finetune.config.starters import schema_path, schema_text
 from leap_finetune.config.yaml_io import read_yaml
+from leap_finetune.methods import TRAINING_TYPES
 from tests.conftest import EXAMPLES, invoke
 
 

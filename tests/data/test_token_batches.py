@@ -124,7 +124,7 @@ def test_several_workers_get_equal_turns_and_the_last_round_is_topped_up(workers
 )
 def test_out_of_memory_names_the_batch_setting_that_is_in_use(tmp_path, training, named, advice):
     from leap_finetune.errors import LeapError
-    from leap_finetune.recipes.common import disk_errors
+    from leap_finetune.recipes.failures import disk_errors
 
     with pytest.raises(LeapError) as caught, disk_errors(tmp_path, None, training):
         raise RuntimeError("CUDA out of memory. Tried to allocate 2.00 GiB")

@@ -284,7 +284,7 @@ def test_out_of_gpu_memory_in_grpo_names_the_engine_share(tmp_path, use_vllm):
     """Measured on the H200: vLLM colocated at TRL's default share (0.3) left too little for full fine-tuning of
     LFM2-1.2B; the error says which keys to change, vLLM's share first."""
     from leap_finetune.errors import LeapError
-    from leap_finetune.recipes.common import disk_errors
+    from leap_finetune.recipes.failures import disk_errors
 
     training = {
         "per_device_train_batch_size": 64,

@@ -9,8 +9,6 @@ from __future__ import annotations
 
 import copy
 
-from leap_finetune.methods import METHODS
-
 # What every training type shares; each profile adds or overrides its own keys.
 _COMMON = {
     "num_train_epochs": 1,
@@ -132,9 +130,6 @@ PEFT_PROFILES["DEFAULT_VLM_LORA"] = {
 }
 # what `train_*` means with LoRA: the defaults of a vision-language LoRA run
 VLM_LORA_TRAINS = {"train_vision_encoder": False, "train_projector": False, "train_language_model": True}
-
-# each training type's starting profile, as methods/ names it
-DEFAULT_TRAINING_PROFILE = {name: method.profile for name, method in METHODS.items()}
 
 
 def training_profile(name: str) -> dict:

@@ -19,9 +19,7 @@ from leap_finetune.config.schema_cluster import RayConfig, SlurmConfig
 from leap_finetune.config.schema_dataset import DatasetConfig, ImageProcessorConfig, dataset_shorthand
 from leap_finetune.config.schema_evals import AsyncEvalConfig, EvalsConfig
 from leap_finetune.config.schema_grpo import GrpoRolloutConfig, RewardsConfig, reward_list
-from leap_finetune.methods import TRAINING_TYPES
-
-SUPPORTED_TRAINING_TYPES = TRAINING_TYPES  # (every type in methods/ is supported in this version)
+from leap_finetune.methods import training_types
 
 
 class RetrievalPrompts(StrictModel):
@@ -73,7 +71,7 @@ class LeapConfigModel(StrictModel):
         min_length=1,
         description="A Hub id, an LFM short name (LFM2-1.2B), a local folder (a model folder; a run folder: its model/; a project folder ./outputs/PROJECT: the model/ of its newest finished run), or a built-in tiny model (tiny-lfm2, tiny-lfm2.5, tiny-lfm2.5-vl).",
     )
-    training_type: str = Field(default="sft", description="One of: " + ", ".join(TRAINING_TYPES) + ".")
+    training_type: str = Field(default="sft", description="One of: " + ", ".join(training_types()) + ".")
     chat_template: str | None = Field(
         default=None,
         description="`lfm2`, `lfm2.5`, `lfm2-v1`, `model` (the tokenizer's own) or a .jinja file; default: chosen from the model family.",

@@ -3,6 +3,10 @@
 The schema is generated from the pydantic schema (scripts/gen_config_docs.py writes it beside the config
 reference; a test keeps it current) and ships inside the package, so the starter's first line points an
 editor (the YAML language server: VS Code, Neovim, JetBrains) at it for completion and checking.
+
+The example row comes with the type's row kind; the training_config block is the type's own, else that of the
+built-in type starting from the same profile (a copy of SFT gets SFT's), else the profile alone: a type
+registered in methods/ has a starter without a line here.
 """
 
 from __future__ import annotations
@@ -11,25 +15,24 @@ import json
 from importlib import resources
 from pathlib import Path
 
-from leap_finetune.config.schema import TRAINING_TYPES
-from leap_finetune.methods import method_of
+from leap_finetune.methods import CONVERSATION, LABELLED, METHODS, PAIR, PROMPT, TEXT_PAIR, Method, method_of
 
 SCHEMA_FILE = "leap-finetune.schema.json"
 
+# an example row of each row kind
 ROWS = {
-    "sft": (
+    CONVERSATION: (
         '{"messages": [{"role": "user", "content": "Capital of France?"}, {"role": "assistant", "content": "Paris."}]}'
     ),
-    "dpo": '{"prompt": "Say gold twice.", "chosen": "gold gold", "rejected": "No."}',
-    "kto": (
+    PAIR: '{"prompt": "Say gold twice.", "chosen": "gold gold", "rejected": "No."}',
+    LABELLED: (
         '{"prompt": [{"role": "user", "content": "Say plum twice."}], '
         '"completion": [{"role": "assistant", "content": "plum plum"}], "label": true}'
     ),
-    "grpo": '{"prompt": "What is 12 * 7? Put the final answer in \\\\boxed{}.", "solution": "84"}',
-    "embedding": '{"query": "capital of france", "positive": "Paris is the capital of France.", '
+    PROMPT: '{"prompt": "What is 12 * 7? Put the final answer in \\\\boxed{}.", "solution": "84"}',
+    TEXT_PAIR: '{"query": "capital of france", "positive": "Paris is the capital of France.", '
     '"negative": "Lyon is a city in France."}',
 }
-ROWS["colbert"] = ROWS["embedding"]
 
 TRAINING = {
     "sft": """training_config:
@@ -102,9 +105,9 @@ def schema_text() -> str:
 
 # a vision-language model (LFM2-VL): rows with pictures, the parts that train (docs/vision.md)
 VISION_ROWS = {
-    "sft": '{"messages": [{"role": "user", "content": [{"type": "image", "image": "images/0001.png"}, '
+    CONVERSATION: '{"messages": [{"role": "user", "content": [{"type": "image", "image": "images/0001.png"}, '
     '{"type": "text", "text": "What is the total?"}]}, {"role": "assistant", "content": "42.50 EUR"}]}',
-    "dpo": '{"prompt": [{"role": "user", "content": [{"type": "image", "image": "images/0001.png"}, '
+    PAIR: '{"prompt": [{"role": "user", "content": [{"type": "image", "image": "images/0001.png"}, '
     '{"type": "text", "text": "What is the total?"}]}], "chosen": "42.50 EUR", "rejected": "40 EUR"}',
 }
 VISION_TRAINING = {
@@ -134,12 +137,23 @@ VISION_TRAINING = {
 }
 
 
+def training_block(method: Method, vision: bool) -> str:
+    """The starter's training_config (and the blocks that go with it: rewards, retrieval) for a type: its own,
+    else the block of the built-in type that starts from the same profile, else the profile alone."""
+    table, profile = (VISION_TRAINING, method.vision_profile) if vision else (TRAINING, method.profile)
+    if method.name in table:
+        return table[method.name]
+    same = [name for name in table if (METHODS[name].vision_profile if vision else METHODS[name].profile) == profile]
+    return table[same[0]] if same else f"training_config:\n  extends: {profile}\n"
+
+
 def starter(training_type: str, model: str, file_name: str, *, vision: bool = False) -> str:
     """`vision`: the model is a vision-language model (LFM2-VL) and the type trains on images (sft, dpo)."""
-    vision = vision and training_type in VISION_ROWS
+    method = method_of(training_type)
+    vision = vision and method.images
     lora = (
         ""
-        if method_of(training_type).retrieval
+        if method.retrieval
         else f"""
 # LoRA instead of a full fine-tune (remove the # of both lines):
 # peft_config:
@@ -148,7 +162,7 @@ def starter(training_type: str, model: str, file_name: str, *, vision: bool = Fa
     )
     evals = (
         ""
-        if not method_of(training_type).starter_benchmarks
+        if not method.starter_benchmarks
         else """
 # Benchmarks before, during and after training (rows in the messages format; docs/evaluation.md):
 # evals:
@@ -158,7 +172,7 @@ def starter(training_type: str, model: str, file_name: str, *, vision: bool = Fa
     )
     held_out = (
         "  val_path: data/held_out.jsonl        # held-out rows (or test_size: 0.05 to split them off)"
-        if method_of(training_type).retrieval
+        if method.retrieval
         else "  test_size: 0.05                     # held out for eval loss (or val_path: a file of its own)"
     )
     return f"""# yaml-language-server: $schema={schema_path().as_uri()}
@@ -175,12 +189,9 @@ training_type: {training_type}
 dataset:
   path: data/train.jsonl              # .jsonl, .json, .parquet, .csv, a folder of them, or a Hub dataset id
   # one row per line, e.g.:
-  # {(VISION_ROWS if vision else ROWS)[training_type]}
+  # {(VISION_ROWS if vision else ROWS)[method.rows]}
 {held_out}
   # limit: 1000                       # the first N rows only
   # on_invalid: skip                  # drop invalid rows (listed in dropped_rows.jsonl) instead of stopping
 {"  # image_root: /data/pictures       # where relative image paths start (default: the data file's folder)" + chr(10) if vision else ""}
-{(VISION_TRAINING if vision else TRAINING)[training_type]}{lora}{evals}"""
-
-
-assert set(ROWS) == set(TRAINING) == set(TRAINING_TYPES)
+{training_block(method, vision)}{lora}{evals}"""

@@ -8,7 +8,12 @@ once, here, and every question about it is answered at once - the config rules, 
 reports, the model card. tests/test_methods.py walks every type through every rule.
 
 Ground floor: imports nothing of the package, so config, data, models and launch can all ask. What a type *does*
-(its trainer) is its recipe, `recipes/<name>.py`, found by name (`recipe_module`), not imported here.
+(its trainer) is its recipe, the module `recipe_module` names (`recipes/<name>.py` unless the Method says
+otherwise), imported by `recipes.recipe` when a run needs it, never here.
+
+The lists of names (`training_types()`, `retrieval_types()`) are read from `METHODS` when asked, not copied when
+this module loads: a type `register`ed later (tests/e2e/test_new_training_type.py: SFT under another name) is in
+every one of them.
 """
 
 from __future__ import annotations
@@ -60,6 +65,13 @@ class Method:
     # with a vision-language model (LFM2-VL): rows may carry image parts, the vision keys apply
     # (VISION_KEYS), and this is the profile a config starts from (None: images are refused)
     vision_profile: str | None = None
+    # the module of its recipe (recipes.Recipe: config_class, training_arguments, train); "" is
+    # leap_finetune.recipes.<name>. A type may share another's (a copy of SFT under another name trains with SFT's).
+    recipe_module: str = ""
+
+    def __post_init__(self):
+        if not self.recipe_module:
+            object.__setattr__(self, "recipe_module", f"leap_finetune.recipes.{self.name}")
 
     @property
     def images(self) -> bool:
@@ -75,8 +87,11 @@ class Method:
         return self.encoder_class == "MultiVectorEncoder"
 
     @property
-    def recipe_module(self) -> str:
-        return f"leap_finetune.recipes.{self.name}"
+    def replaces_trainer_padding_free(self) -> bool:
+        """Its flat rows stand in for a `padding_free` that the trainer's arguments have of their own (TRL 1.16's
+        DPO: disabled there, it warns and pads), which the recipe then turns off. Where `padding_free` is
+        leap-finetune's key (own_keys: KTO, the encoders) the trainer's arguments have none to turn off."""
+        return self.flat_rows and "padding_free" not in self.own_keys
 
     def arguments_class(self):
         """TRL's (or sentence-transformers') config class, imported when asked (the library is loaded only then)."""
@@ -215,8 +230,33 @@ METHODS: dict[str, Method] = {
     )
 }
 
-TRAINING_TYPES: tuple[str, ...] = tuple(METHODS)
-RETRIEVAL_TYPES: tuple[str, ...] = tuple(name for name, m in METHODS.items() if m.retrieval)
+
+def register(method: Method) -> Method:
+    """Add a training type: from now on every question about types (config rules, `validate`, the data step, the
+    recipe, the reports) knows it. A name already taken is refused (a type is changed where it is defined)."""
+    if method.name in METHODS:
+        raise ValueError(f"training type {method.name!r} is registered already")
+    METHODS[method.name] = method
+    return method
+
+
+def training_types() -> tuple[str, ...]:
+    """Every training type's name, in the order registered (the built-in ones first)."""
+    return tuple(METHODS)
+
+
+def retrieval_types() -> tuple[str, ...]:
+    return tuple(name for name, m in METHODS.items() if m.retrieval)
+
+
+def __getattr__(name: str):
+    # TRAINING_TYPES / RETRIEVAL_TYPES, the names tests and users import: the lists as they are when imported (the
+    # package's own code calls training_types() where it decides)
+    if name == "TRAINING_TYPES":
+        return training_types()
+    if name == "RETRIEVAL_TYPES":
+        return retrieval_types()
+    raise AttributeError(f"module {__name__!r} has no attribute {name!r}")
 
 
 def method_of(of) -> Method:
@@ -227,7 +267,7 @@ def method_of(of) -> Method:
 
 def is_retrieval(training_type: str | None) -> bool:
     """Embedding or ColBERT training: (query, document) pairs, a sentence-transformers model, retrieval metrics."""
-    return training_type in RETRIEVAL_TYPES
+    return training_type in METHODS and METHODS[training_type].retrieval
 
 
 def trained_by(encoder_class: str) -> str:

@@ -1,10 +1,34 @@
-"""One recipe per training type. Each module offers `config_class()`, `training_arguments(...)`
-and `train(resolved_dict, callbacks)`."""
+"""One recipe per training type: the module its Method names (`recipe_module`; recipes/<name>.py by default), found
+by `recipe(training_type)`. Each implements `Recipe` (tests/test_methods.py checks every registered type's module
+against it by signature)."""
 
 from __future__ import annotations
 
 import importlib
+from typing import TYPE_CHECKING, Protocol
+
+from leap_finetune.methods import method_of
+
+if TYPE_CHECKING:
+    from leap_finetune.config.resolved import ResolvedConfig
 
 
-def recipe(training_type: str):
-    return importlib.import_module(f"leap_finetune.recipes.{training_type}")
+class Recipe(Protocol):
+    """What the driver and the workers ask of a recipe module (launch/: the plan, the checks, the training process)."""
+
+    def config_class(self) -> type:
+        """The library's training-arguments class (TRL's SFTConfig, ...), as the type's Method names it."""
+
+    def training_arguments(
+        self, resolved: ResolvedConfig, *, run_dir: str, has_eval: bool, cuda: bool | None = None
+    ) -> dict:
+        """The keyword arguments of `config_class()` for this run (`cuda`: the driver's plan, without touching
+        CUDA; None: the training process asks torch)."""
+
+    def train(self, resolved_json: dict, callbacks: list | None = None) -> dict:
+        """Train, evaluate and save the run of a resolved config (its JSON form: Ray and a child process pass it
+        as it is); the run's summary."""
+
+
+def recipe(training_type: str) -> Recipe:
+    return importlib.import_module(method_of(training_type).recipe_module)

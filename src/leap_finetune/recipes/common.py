@@ -1,20 +1,19 @@
-"""What every recipe's worker does the same way: arguments, data from the run folder, model,
-callbacks, the train / evaluate / save sequence, and the sample answers."""
+"""What every recipe's worker does the same way: arguments, data from the run folder, model, callbacks, and the
+train / evaluate / save sequence, read top-down in `train_evaluate_save`. Its parts stand on their own beside it:
+the final model's saving (recipes/saving.py), the run's summary (recipes/summary.py), the sample answers
+(recipes/samples.py), the errors a user can fix - a full disk, out of memory (recipes/failures.py)."""
 
 from __future__ import annotations
 
 import json
 import os
-import time
-from contextlib import contextmanager
 from dataclasses import dataclass
 from pathlib import Path
 
 from leap_finetune import faults, signals
-from leap_finetune.config.communication import gradient_all_reduce, use_gradient_communication
+from leap_finetune.config.communication import use_gradient_communication
 from leap_finetune.config.own_keys import trainer_arguments
 from leap_finetune.config.resolved import ResolvedConfig
-from leap_finetune.files import write_atomic
 from leap_finetune.methods import method_of
 from leap_finetune.quiet import quiet_libraries  # noqa: F401 - also imported from here
 from leap_finetune.recipes.callbacks import (
@@ -26,14 +25,22 @@ from leap_finetune.recipes.callbacks import (
     RichProgress,
     StopOnSignal,
 )
+from leap_finetune.recipes.failures import disk_errors
+from leap_finetune.recipes.plots import Plots
+from leap_finetune.recipes.ranks import is_main_process, rank
+from leap_finetune.recipes.samples import print_samples
+from leap_finetune.recipes.saving import full_state_dict, save_final_model
+from leap_finetune.recipes.summary import (
+    benchmark_summary,
+    evaluation_summary,
+    metrics_history,
+    reward_summary,
+    stopped_early,
+    training_summary,
+    write_summary,
+)
 from leap_finetune.runs.checkpoints import read_marker
 from leap_finetune.runs.folder import RunFolder
-
-
-def is_main_process() -> bool:
-    """Rank 0 of a distributed run (Ray Train sets RANK), or the only process: it alone writes the run
-    folder's files, runs the benchmarks and prints samples."""
-    return int(os.environ.get("RANK", "0")) == 0
 
 
 def common_arguments(resolved: ResolvedConfig, *, run_dir: str, has_eval: bool, cuda: bool | None = None) -> dict:
@@ -168,7 +175,6 @@ def standard_callbacks(
         seconds_before=(resumed or {}).get("trained_seconds", 0.0),
         record={"config": resolved.to_json_dict(), "data": _fingerprint(run_dir)},
     )
-    from leap_finetune.recipes.plots import Plots
     from leap_finetune.recipes.trackers import TrackerConfig, tracker_environment
 
     tracker_environment(resolved)
@@ -225,11 +231,6 @@ def benchmark_callback(resolved: ResolvedConfig, tokenizer, run_dir: Path, conso
     )
 
 
-# The benchmark results of the run's summary, end report and model card: each score, and a tool_call benchmark's
-# sub-scores (its score is the exact-call accuracy; evaluation/runner.py)
-SUMMARY_BENCHMARK_KEYS = ("/score", "/name", "/argument_f1", "/parsed", "/no_call")
-
-
 def train_evaluate_save(
     trainer,
     resolved: ResolvedConfig,
@@ -242,23 +243,51 @@ def train_evaluate_save(
 ) -> dict:
     """Baseline eval -> train (resuming if planned) -> final eval -> save model (+ adapter) -> summary.
     `after_training(trainer) -> dict`: called on every rank right after training (it may be a collective); what
-    it returns goes into the summary. A full disk is an error that says so (disk_errors)."""
+    it returns goes into the summary. A full disk is an error that says so (recipes/failures.py)."""
     with disk_errors(run_dir, trainer, resolved.training):
-        return _train_evaluate_save(
-            trainer, resolved, run_dir, tokenizer, console, stop_on_signal, samples, after_training
+        benchmarks = _take_over_output(trainer, console)
+        resume = resolved.resume_checkpoint_path
+        baseline_benchmarks = benchmarks.evaluate("before training") if benchmarks is not None and not resume else {}
+        result = _train(trainer, resolved, benchmarks)
+        extra = after_training(trainer) if after_training is not None else {}
+        if not is_main_process():
+            return _beside_rank_0(trainer)
+        # The whole run, also after resumes: after a resume the Trainer's loss covers only this process's
+        # steps, so it is averaged over every logged step of metrics.jsonl instead; training time is summed
+        # over the processes.
+        history = metrics_history(RunFolder(run_dir).metrics)
+        train_loss = (
+            history["train_loss"]
+            if (resume or result is None) and history["train_loss"] is not None
+            else (result.training_loss if result is not None else None)
         )
+        summary = training_summary(trainer, train_loss, extra)
+        summary.update(reward_summary(history["rewards"]))
+        plots = next(c for c in trainer.callback_handler.callbacks if isinstance(c, Plots))
+        if trainer.state.global_step < trainer.state.max_steps:
+            if benchmarks is not None:
+                benchmarks.finish(wait=False)  # async modes: evaluations still running are stopped
+            plots.draw_in_background(trainer.is_world_process_zero())
+            return stopped_early(run_dir, summary, stop_on_signal, plots)
+        if resume:
+            baseline_benchmarks = history["initial_benchmarks"]
+        summary.update(_evaluate_at_the_end(trainer, benchmarks, baseline_benchmarks, resume, history))
+        plots.draw_in_background(trainer.is_world_process_zero())  # every evaluation is logged by now
+        final_model, saved = save_final_model(trainer, resolved, run_dir, tokenizer, console)
+        summary.update(saved)
+        if samples and not getattr(trainer, "is_fsdp_enabled", False):  # a sharded model generates on every rank only
+            reader = getattr(trainer.data_collator, "reader", None)  # (an image run's collator: its processor)
+            processor = reader.processor if reader else None
+            print_samples(console, "after training", final_model, tokenizer, samples, processor)
+        plots.wait()
+        write_summary(run_dir, summary, finished=True)
+        return summary
 
 
-def _train_evaluate_save(
-    trainer,
-    resolved: ResolvedConfig,
-    run_dir: Path,
-    tokenizer,
-    console,
-    stop_on_signal: StopOnSignal,
-    samples: list[dict],
-    after_training=None,
-) -> dict:
+def _take_over_output(trainer, console):
+    """transformers' own progress and printing give way to leap-finetune's callbacks; the benchmarks callback learns
+    its trainer. Rank 0 says what trains. Returns the benchmarks to run here: rank 0's (once, not once per rank),
+    None on the other ranks or without `evals:`."""
     from transformers.trainer_callback import PrinterCallback, ProgressCallback
 
     from leap_finetune.evaluation.callback import EvaluationLog
@@ -268,201 +297,56 @@ def _train_evaluate_save(
     benchmarks = next((c for c in trainer.callback_handler.callbacks if isinstance(c, EvaluationLog)), None)
     if benchmarks is not None:
         benchmarks.trainer = trainer
-    resume = resolved.resume_checkpoint_path
-    main = is_main_process()
-    if main:
-        _print_model_summary(console, trainer.model)
-        if getattr(trainer, "is_fsdp_enabled", False):
-            console.print(
-                f"fsdp: the model is sharded over {trainer.accelerator.num_processes} workers "
-                "(the final model is gathered on rank 0 to be saved)"
-            )
-    has_eval = trainer.eval_dataset is not None  # the baseline evaluation is logged at step 0 (eval_on_start)
-    run_benchmarks = benchmarks is not None and main  # once, not once per rank
-    baseline_benchmarks = benchmarks.evaluate("before training") if run_benchmarks and not resume else {}
+    if not is_main_process():
+        return None
+    _print_model_summary(console, trainer.model)
+    if getattr(trainer, "is_fsdp_enabled", False):
+        console.print(
+            f"fsdp: the model is sharded over {trainer.accelerator.num_processes} workers "
+            "(the final model is gathered on rank 0 to be saved)"
+        )
+    return benchmarks
+
+
+def _train(trainer, resolved: ResolvedConfig, benchmarks):
     try:
-        result = train_or_finish(trainer, resume, resolved.training.get("gradient_communication"))
+        return train_or_finish(
+            trainer, resolved.resume_checkpoint_path, resolved.training.get("gradient_communication")
+        )
     except BaseException:
-        if run_benchmarks:  # async modes: no job or server outlives a crashed run
+        if benchmarks is not None:  # async modes: no job or server outlives a crashed run
             benchmarks.finish(wait=False)
         raise
-    extra = after_training(trainer) if after_training is not None else {}
-    if not main:
-        if trainer.state.global_step >= trainer.state.max_steps:
-            if has_eval:
-                _final_eval(trainer)  # the last evaluation is distributed too
-            _full_state_dict(trainer)  # FSDP: every rank takes part in gathering the weights
-        return {"global_step": trainer.state.global_step, "rank": int(os.environ.get("RANK", "0"))}
-    # The whole run, also after resumes: after a resume the Trainer's loss covers only this process's
-    # steps, so it is averaged over every logged step of metrics.jsonl instead; training time is summed
-    # over the processes.
-    history = metrics_history(RunFolder(run_dir).metrics)
-    marker = next(c for c in trainer.callback_handler.callbacks if isinstance(c, CheckpointMarker))
-    from leap_finetune.recipes.plots import Plots
 
-    plots = next(c for c in trainer.callback_handler.callbacks if isinstance(c, Plots))
-    train_loss = (
-        history["train_loss"]
-        if (resume or result is None) and history["train_loss"] is not None
-        else (result.training_loss if result is not None else None)
-    )
-    summary = {
-        "global_step": trainer.state.global_step,
-        "train_loss": train_loss,
-        "train_runtime_s": round(marker.trained_seconds(), 3),
-        "tokens_seen": trainer.state.num_input_tokens_seen,
-        **extra,
-    }
-    all_reduce = gradient_all_reduce(trainer)
-    if all_reduce:
-        summary["gradient_all_reduce"] = all_reduce
-    rewards = history["rewards"]
-    if rewards:  # GRPO: the mean reward of the first and the last (up to) 5 logged steps
-        window = min(5, len(rewards))
-        summary["initial_reward"] = sum(rewards[:window]) / window
-        summary["final_reward"] = sum(rewards[-window:]) / window
-    baseline = history["initial_eval"] or None
-    if resume:
-        baseline_benchmarks = history["initial_benchmarks"]
-    if trainer.state.global_step < trainer.state.max_steps:
-        if run_benchmarks:
-            benchmarks.finish(wait=False)  # async modes: evaluations still running are stopped
-        summary["stopped_early"] = True
-        summary["stopped_by_signal"] = stop_on_signal.received
-        plots.draw_in_background(trainer.is_world_process_zero())
-        plots.wait()
-        write_atomic(RunFolder(run_dir).summary, json.dumps(summary, indent=2))
-        return summary
-    if run_benchmarks:
+
+def _beside_rank_0(trainer) -> dict:
+    """A rank other than 0 at the end of training: it takes part in the collectives of rank 0's end (the
+    distributed last evaluation, FSDP's gathering of the weights) and writes nothing."""
+    if trainer.state.global_step >= trainer.state.max_steps:
+        if trainer.eval_dataset is not None:
+            _final_eval(trainer)  # the last evaluation is distributed too
+        full_state_dict(trainer)  # FSDP: every rank takes part in gathering the weights
+    return {"global_step": trainer.state.global_step, "rank": rank()}
+
+
+def _evaluate_at_the_end(trainer, benchmarks, baseline_benchmarks: dict, resume, history: dict) -> dict:
+    """The last step's evaluation and benchmarks, with those of step 0, as the summary records them."""
+    has_eval = trainer.eval_dataset is not None  # the baseline evaluation is logged at step 0 (eval_on_start)
+    summary = {}
+    if benchmarks is not None:
         final = benchmarks.evaluate("after training")  # (async modes: the snapshot is handed over)
     if has_eval:  # before waiting for async evaluations: the other ranks are in this collective evaluation
         last = _final_eval(trainer)
-    if run_benchmarks:
+    if benchmarks is not None:
         finished = benchmarks.finish(wait=True)  # async modes: every evaluation's results, by training step
         if finished is not None:
             final = finished.get(trainer.state.global_step, {})
             if not resume:  # (resumed: the step-0 results were logged by the first process, read above)
                 baseline_benchmarks = finished.get(0, {})
-        summary["benchmarks"] = {k: v for k, v in final.items() if k.endswith(SUMMARY_BENCHMARK_KEYS)}
-        summary["initial_benchmarks"] = {
-            k: v for k, v in baseline_benchmarks.items() if k.endswith(SUMMARY_BENCHMARK_KEYS)
-        }
+        summary.update(benchmark_summary(final, baseline_benchmarks))
     if has_eval:
-        summary["eval_loss"] = float(last["eval_loss"])
-        summary["initial_eval_loss"] = baseline.get("eval_loss") if baseline else None
-        summary["eval_metrics"] = {k: float(v) for k, v in last.items() if k.startswith("eval_") and _is_number(v)}
-        if baseline:
-            summary["initial_eval_metrics"] = {
-                k: float(v) for k, v in baseline.items() if k.startswith("eval_") and _is_number(v)
-            }
-
-    plots.draw_in_background(trainer.is_world_process_zero())  # every evaluation is logged by now
-    # The model (merged for LoRA, plus the adapter) loadable with from_pretrained.
-    final_model = trainer.model
-    state_dict = _full_state_dict(trainer)
-    if resolved.peft is not None:
-        _save_atomic(
-            RunFolder(run_dir).adapter,
-            lambda path: (final_model.save_pretrained(path, state_dict=state_dict), tokenizer.save_pretrained(path)),
-        )
-        final_model = (
-            _merged_from_adapter(resolved, tokenizer, RunFolder(run_dir).adapter)
-            if state_dict is not None
-            else final_model.merge_and_unload()
-        )
-        summary["adapter_dir"] = str(RunFolder(run_dir).adapter)
-        state_dict = None
-    saver = _processing_saver(resolved, tokenizer, console)
-    _save_atomic(
-        RunFolder(run_dir).model,
-        lambda path: (final_model.save_pretrained(path, state_dict=state_dict), saver.save_pretrained(path)),
-    )
-    summary["model_dir"] = str(RunFolder(run_dir).model)
-    if samples and not getattr(trainer, "is_fsdp_enabled", False):  # a sharded model generates on every rank only
-        reader = getattr(trainer.data_collator, "reader", None)  # (an image run's collator: its processor)
-        print_samples(console, "after training", final_model, tokenizer, samples, reader.processor if reader else None)
-    plots.wait()
-    summary["finished_at"] = time.time()  # by this process's clock: which run finished last (models.registry)
-    write_atomic(RunFolder(run_dir).summary, json.dumps(summary, indent=2))
+        summary.update(evaluation_summary(last, history["initial_eval"] or None))
     return summary
-
-
-OUT_OF_MEMORY = ("out of memory", "can't allocate memory", "DefaultCPUAllocator", "OutOfMemoryError")
-
-
-@contextmanager
-def disk_errors(run_dir: Path, trainer=None, training: dict | None = None):
-    """What the user can fix when training or saving fails, said as such instead of a library's traceback: a
-    full disk (or quota) - where, and that the complete checkpoints are intact (a checkpoint half-written when
-    the disk filled up has no marker) -, running out of memory - which settings to change -, and the run folder
-    deleted under the run."""
-    from leap_finetune.errors import LeapError
-    from leap_finetune.files import is_disk_full
-
-    try:
-        yield
-    except (KeyboardInterrupt, LeapError):
-        raise
-    except BaseException as err:
-        step = f" at step {trainer.state.global_step}" if trainer is not None and trainer.state is not None else ""
-        kept = _saved_so_far(run_dir)
-        if isinstance(err, (OSError, RuntimeError)) and not run_dir.is_dir():
-            raise LeapError(
-                f"the run folder was deleted while the run was training ({step.strip() or 'at its end'}): "
-                "nothing more can be saved",
-                where=str(run_dir),
-                fix="start the run again (nothing of it is left to resume)",
-            ) from None
-        if is_disk_full(err):
-            raise LeapError(
-                f"the disk is full{step}: writing the run folder failed ({type(err).__name__})",
-                where=str(run_dir),
-                fix=f"free space on that disk (checkpoints: save_total_limit keeps fewer), then {kept}",
-            ) from None
-        if (
-            isinstance(err, MemoryError)
-            or isinstance(err, RuntimeError)
-            and any(word in str(err) or word == type(err).__name__ for word in OUT_OF_MEMORY)
-        ):
-            t = training or {}
-            colocated = bool(t.get("use_vllm")) and t.get("vllm_mode", "colocate") == "colocate"
-            length = "max_completion_length" if "num_generations" in t else "max_length"  # (GRPO)
-            batch = "batch_tokens" if t.get("batch_tokens") else "per_device_train_batch_size"
-            keys = (batch, length, "gradient_checkpointing") + (("vllm_gpu_memory_utilization",) if colocated else ())
-            settings = ", ".join(f"{k} {t[k]}" for k in keys if k in t)
-            keep = "the tokens per step" if batch == "batch_tokens" else "the global batch"
-            where = "GPU" if "CUDA" in str(err) or "cuda" in str(err) else "memory"
-            # vLLM colocated holds its share of the GPU beside training (TRL's default 0.3: out of memory for full
-            # fine-tuning of LFM2-1.2B at 64 completions on an H200, where 0.15 ran - bench/RESULTS.md)
-            engine = (
-                (
-                    "lower vllm_gpu_memory_utilization (the share of the GPU vLLM keeps beside training; 0.15 ran "
-                    "LFM2-1.2B at 64 completions on an H200) or set use_vllm: false (no engine memory), "
-                )
-                if colocated
-                else ""
-            )
-            raise LeapError(
-                f"out of {where}{step} ({settings})",
-                where="training_config",
-                fix=f"{engine}lower {batch} (raise gradient_accumulation_steps to keep {keep}), lower {length}, "
-                "set gradient_checkpointing: true, or train LoRA "
-                f"(peft_config); then {kept}",
-            ) from None
-        raise
-
-
-def _saved_so_far(run_dir: Path) -> str:
-    """What to do after the fix: resume from the last complete checkpoint, or run again when there is none."""
-    from leap_finetune.runs.checkpoints import checkpoints, verify
-
-    complete = [p for p in checkpoints(run_dir) if verify(p).ok] if run_dir.is_dir() else []
-    if complete:
-        return (
-            f"resume with training_config.resume_from_checkpoint: latest (the last complete checkpoint, "
-            f"{complete[-1].name}, is intact; one cut short is never resumed from)"
-        )
-    return "run again (no checkpoint was saved yet: nothing to resume)"
 
 
 def train_or_finish(trainer, resume: str | None, gradient_communication: str | None = None):
@@ -482,27 +366,6 @@ def train_or_finish(trainer, resume: str | None, gradient_communication: str | N
         return None
 
 
-def _full_state_dict(trainer) -> dict | None:
-    """FSDP: the whole model's weights gathered on rank 0 (on the CPU); a collective, so every rank calls
-    it at the same point. Without FSDP: None (the model in memory is whole)."""
-    if not getattr(trainer, "is_fsdp_enabled", False):
-        return None
-    return trainer.accelerator.get_state_dict(trainer.model)
-
-
-def _merged_from_adapter(resolved: ResolvedConfig, tokenizer, adapter_dir: Path):
-    """FSDP + LoRA: the sharded model cannot merge in place; the base model is loaded on the CPU and the
-    saved adapter merged into it."""
-    import torch
-    from peft import PeftModel
-
-    from leap_finetune.models.loading import load_model
-
-    init_kwargs = {k: v for k, v in (resolved.training.get("model_init_kwargs") or {}).items() if k != "dtype"}
-    base = load_model(resolved.model_id, tokenizer, init_kwargs, dtype=torch.float32)
-    return PeftModel.from_pretrained(base, str(adapter_dir)).merge_and_unload()
-
-
 def _final_eval(trainer) -> dict:
     """The evaluation at the last step (run now unless the schedule already ran it there)."""
     last = next((e for e in reversed(trainer.state.log_history) if "eval_loss" in e), None)
@@ -511,123 +374,7 @@ def _final_eval(trainer) -> dict:
     return last
 
 
-def metrics_history(path: Path) -> dict:
-    """From metrics.jsonl: the mean training loss per step over the run (each logged loss is the mean
-    of the steps since the previous log), and the step-0 evaluation and benchmark results."""
-    from leap_finetune.files import read_metrics
-
-    records = read_metrics(path)
-    total, steps, previous = 0.0, 0, 0
-    for record in records:
-        if "loss" in record and _is_number(record["loss"]) and record.get("step", 0) > previous:
-            span = record["step"] - previous
-            total += float(record["loss"]) * span
-            steps += span
-            previous = record["step"]
-    rewards = [float(r["reward"]) for r in records if "reward" in r and _is_number(r["reward"])]
-    initial_eval = {k: v for r in records if r.get("step") == 0 for k, v in r.items() if k.startswith("eval_")}
-    initial_benchmarks = {
-        k: v for r in records if r.get("step") == 0 for k, v in r.items() if k.startswith("benchmark/")
-    }
-    return {
-        "train_loss": total / steps if steps else None,
-        "initial_eval": initial_eval,
-        "initial_benchmarks": initial_benchmarks,
-        "rewards": rewards,
-    }
-
-
-def _processing_saver(resolved: ResolvedConfig, tokenizer, console):
-    """A vision-language model is saved with its processor (image settings + tokenizer), so that the
-    folder loads with AutoProcessor; without torchvision only the tokenizer can be saved."""
-    from leap_finetune.errors import LeapError
-    from leap_finetune.models.vision import is_vision_model, load_processor
-
-    if not is_vision_model(resolved.model_id):
-        return tokenizer
-    settings = resolved.image_processor.settings() if resolved.image_processor is not None else None
-    try:
-        return load_processor(resolved.model_id, tokenizer, settings)
-    except LeapError as err:
-        console.print(f"note: the model is saved without its image processor ({err.message})")
-        return tokenizer
-
-
-def _is_number(value) -> bool:
-    try:
-        float(value)
-    except (TypeError, ValueError):
-        return False
-    return True
-
-
 def _print_model_summary(console, model) -> None:
     total = sum(p.numel() for p in model.parameters())
     trainable = sum(p.numel() for p in model.parameters() if p.requires_grad)
     console.print(f"model: {total:,} parameters, {trainable:,} trainable ({100 * trainable / total:.2f}%)")
-
-
-def _save_atomic(target: Path, save) -> None:
-    """Save into a staging folder that then takes the target's place whole (runs/atomic.py): a crash never leaves
-    a half-written model, nor (as deleting first did) none."""
-    from leap_finetune.runs.atomic import replace_folder
-
-    replace_folder(target, lambda staging: save(str(staging)), before_swap=lambda: faults.point("final-save"))
-
-
-def load_samples(run_dir: Path) -> list[dict]:
-    path = RunFolder(run_dir).samples
-    return json.loads(path.read_text()) if path.exists() else []
-
-
-def print_samples(console, when: str, model, tokenizer, samples: list[dict], processor=None) -> None:
-    """`processor`: a vision-language model's, for samples with pictures."""
-    import torch
-
-    was_training = model.training
-    model.eval()
-    console.print(f"[bold]sample answers {when}[/bold]")
-    device = next(model.parameters()).device
-    for sample in samples:
-        if sample.get("images") and processor is not None:
-            from leap_finetune.evaluation.generation import generate
-
-            with torch.compiler.set_stance("force_eager"):
-                answer = generate(
-                    model,
-                    tokenizer,
-                    [sample["prompt"]],
-                    max_new_tokens=sample.get("max_new_tokens", 64),
-                    batch_size=1,
-                    images=[sample["images"]],
-                    processor=processor,
-                )[0]
-            console.print(
-                f"  Q: [{len(sample['images'])} image(s)] {sample['question']}\n     model: {answer!r}   "
-                f"expected: {sample['reference']!r}",
-                markup=False,
-                highlight=False,
-            )
-            continue
-        ids = tokenizer(sample["prompt"], add_special_tokens=False, return_tensors="pt")["input_ids"].to(device)
-        with torch.no_grad(), torch.compiler.set_stance("force_eager"):  # compiled layers: training shapes only
-            out = model.generate(
-                ids,
-                max_new_tokens=sample.get("max_new_tokens", 64),
-                do_sample=False,
-                eos_token_id=tokenizer.eos_token_id,
-                pad_token_id=tokenizer.pad_token_id,
-                use_cache=True,
-            )
-        # Special tokens stay visible (tool-call markers are part of the answer); generation stops at eos.
-        new = out[0, ids.shape[1] :].tolist()
-        if tokenizer.eos_token_id in new:
-            new = new[: new.index(tokenizer.eos_token_id)]
-        answer = tokenizer.decode([t for t in new if t != tokenizer.pad_token_id]).strip()
-        console.print(
-            f"  Q: {sample['question']}\n     model: {answer!r}   expected: {sample['reference']!r}",
-            markup=False,
-            highlight=False,
-        )
-    if was_training:
-        model.train()

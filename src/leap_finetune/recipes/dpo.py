@@ -8,9 +8,10 @@ reference log-probs once before training and frees it.
 from __future__ import annotations
 
 from leap_finetune.config.resolved import ResolvedConfig
-from leap_finetune.methods import METHODS
+from leap_finetune.methods import METHODS, method_of
 from leap_finetune.recipes import common, optimizers, speed, vision
 from leap_finetune.recipes.callbacks import StopOnSignal
+from leap_finetune.recipes.ranks import is_main_process
 
 
 def config_class():
@@ -41,9 +42,7 @@ def training_arguments(resolved: ResolvedConfig, *, run_dir: str, has_eval: bool
     speed.apply_trainer_defaults(args, fast)
     if not user_pads:
         args.pop("pad_to_multiple_of", None)  # (flat rows pad themselves: models/flat_rows.py)
-    method = METHODS[resolved.training_type]
-    # (KTO: padding_free is leap-finetune's key, TRL's KTO has none: left out with the other own keys)
-    if method.flat_rows and "padding_free" not in method.own_keys:
+    if method_of(resolved).replaces_trainer_padding_free:
         # TRL 1.16's own padding_free for DPO is disabled (it warns and pads); leap-finetune's flat rows do it
         args["padding_free"] = False
     return args
@@ -56,7 +55,7 @@ def speed_plan(resolved: ResolvedConfig, cuda: bool | None = None) -> speed.Spee
         import torch
 
         cuda = torch.cuda.is_available()
-    flat = METHODS[resolved.training_type].flat_rows and not resolved.vision
+    flat = method_of(resolved).flat_rows and not resolved.vision
     return speed.plan(resolved.training, resolved.model_id, cuda, flat_batches=flat)
 
 
@@ -85,14 +84,14 @@ def run_preference(resolved_json: dict, callbacks: list | None, config_cls, trai
         ref_model.config.use_cache = False
     # KTO's batches hold completions and KL completions, handed to the model in separate calls with the same keys:
     # each call is laid out from its own attention mask (one host read per call) instead of by the collator
-    from_mask = METHODS[resolved.training_type].kl_pairs
+    from_mask = method_of(resolved).kl_pairs
     flat = fast.padding_free and all(
         use_varlen_attention(each) is not None
         and flat_rows.enable(each, from_mask=from_mask, multiple=speed.PAD_TO_MULTIPLE_OF)
         for each in (model, ref_model)
         if each is not None
     )
-    if common.is_main_process():
+    if is_main_process():
         console.print(fast.line if flat == fast.padding_free else fast.line.replace("padding-free", "padded"))
     if fast.compile_layers and not resolved.vision:
         for each in (model, ref_model):

@@ -15,6 +15,7 @@ from leap_finetune.config.resolved import ResolvedConfig
 from leap_finetune.methods import METHODS
 from leap_finetune.recipes import common
 from leap_finetune.recipes.callbacks import StopOnSignal
+from leap_finetune.recipes.failures import saved_so_far
 from leap_finetune.runs.folder import RunFolder
 
 SAMPLES_PER_LOG = 4  # completions written to completions.jsonl at each log step
@@ -47,7 +48,7 @@ def reward_functions(resolved: ResolvedConfig, judge_url: str | None = None, tok
     where = resolved.config_path or "config"
     # a custom reward that fails stops the run where it is (the step is not finished: nothing to save); the
     # checkpoints saved before are complete
-    then = (lambda: common._saved_so_far(Path(resolved.run_dir))) if resolved.run_dir else None
+    then = (lambda: saved_so_far(Path(resolved.run_dir))) if resolved.run_dir else None
     functions = [
         build_reward(spec, where=f"{where}: rewards.funcs[{index}]", then=then, tokenizer=tokenizer)
         for index, spec in enumerate(resolved.rewards.funcs)
@@ -70,29 +71,8 @@ def trainer_class():
         def __init__(self, *args, **kwargs):
             super().__init__(*args, **kwargs)
             self._rollout_tokens, self._rollout_seconds = 0, 0.0
-            self._sampler, self.rollout_engine = None, "vllm" if self.use_vllm else "transformers generate"
-            self.rollout_why_not = None
-            sharded = self.is_fsdp_enabled or self.is_deepspeed_enabled
-            if sharded:
-                self.rollout_why_not = "FSDP or DeepSpeed (generate gathers the sharded weights)"
-            elif not self.use_vllm and not self.use_transformers_continuous_batching:
-                from trl.models import unwrap_model_for_generation
-
-                from leap_finetune.rl.sampler import why_not
-
-                # leap-finetune's decoding loop (rl/sampler.py) wherever it samples what generate would sample
-                # (asked with TRL's generation settings applied to the model, as during a rollout)
-                with unwrap_model_for_generation(
-                    self.model_wrapped, self.accelerator, generation_kwargs=self.generation_kwargs
-                ) as model:
-                    self.rollout_why_not = why_not(model, self.generation_config, multimodal=self._is_vlm)
-                cuda = self.accelerator.device.type == "cuda"
-                if self.rollout_why_not is None:
-                    self.rollout_engine = "leap-finetune sampler" + (" (CUDA graphs)" if cuda else "")
-                elif self.generation_config.cache_implementation == "static" and cuda and not sharded:
-                    # TRL builds its GenerationConfig with disable_compile=True; with a static cache transformers
-                    # then compiles its one-token decoding step (CUDA graphs) - 3.6x TRL's default (bench/NOTES.md)
-                    self.generation_config.disable_compile = False
+            self._sampler = None
+            self.rollout_engine, self.rollout_why_not = _rollout_engine(self)
 
         def _generate_single_turn(self, prompt_ids, images, multimodal_fields, num_generations, has_tool_images=False):
             import time
@@ -113,62 +93,7 @@ def trainer_class():
             return completion_ids, logprobs
 
         def _sample(self, prompt_ids) -> tuple[list[list[int]], list[list[float]]]:
-            """TRL's transformers path (left padding, completions cut after the first end token) with
-            rl/sampler.py's loop in place of generate; with each token's sampling log-probability, as vLLM returns
-            it (TRL's off-policy sequence mask, `off_policy_mask_threshold`, then reads the sampler's own)."""
-            import torch
-            from trl.extras.profiling import profiling_context
-            from trl.models import unwrap_model_for_generation
-            from trl.trainer.utils import pad
-
-            from leap_finetune.rl.sampler import Sampler
-
-            device = self.accelerator.device
-            tensors = [torch.tensor(ids) for ids in prompt_ids]
-            input_ids = pad(
-                tensors,
-                padding_value=self._tokenizer.pad_token_id,
-                padding_side="left",
-                pad_to_multiple_of=self.pad_to_multiple_of,
-            ).to(device)
-            attention_mask = pad(
-                [torch.ones_like(t) for t in tensors],
-                padding_value=0,
-                padding_side="left",
-                pad_to_multiple_of=self.pad_to_multiple_of,
-            ).to(device)
-            with (
-                profiling_context(self, "transformers.generate"),
-                unwrap_model_for_generation(
-                    self.model_wrapped,
-                    self.accelerator,
-                    generation_kwargs=self.generation_kwargs,
-                    gradient_checkpointing_kwargs=self.args.gradient_checkpointing_kwargs,
-                ) as model,
-            ):
-                if self._sampler is None or self._sampler.model is not model:
-                    cuda = device.type == "cuda"
-                    # on a GPU: decode with a bf16 copy refreshed every rollout (rl/sampler.py); not fp16 (LFM2's
-                    # activations can overflow it without autocast's fp32 residual stream)
-                    half = torch.bfloat16 if self.args.bf16 else None
-                    self._sampler = Sampler(
-                        model,
-                        self.generation_config,
-                        list(self.eos_token_ids),
-                        self._tokenizer.pad_token_id,
-                        compile=cuda,
-                        rollout_dtype=half if cuda else None,
-                    )
-                completions, logps = self._sampler.generate(
-                    input_ids, attention_mask, self.max_completion_length, logprobs=True
-                )
-            is_eos = torch.isin(completions, torch.tensor(self.eos_token_ids, device=device))
-            ends = torch.where(is_eos.any(dim=1), is_eos.int().argmax(dim=1), completions.size(1)).cpu().tolist()
-            completions, logps = completions.cpu(), logps.cpu()
-            return (
-                [row[: end + 1].tolist() for row, end in zip(completions, ends, strict=True)],
-                [row[: end + 1].tolist() for row, end in zip(logps, ends, strict=True)],
-            )
+            return _sample(self, prompt_ids)
 
         def log(self, logs, start_time=None):
             if self.model.training and self._rollout_seconds > 0:
@@ -177,26 +102,118 @@ def trainer_class():
                 logs["rollout/tokens_per_s"] = round(self._rollout_tokens / self._rollout_seconds, 1)
                 self._rollout_tokens, self._rollout_seconds = 0, 0.0
             super().log(logs, start_time)
-            if not self.accelerator.is_main_process or not self.model.training or not self._logs["prompt"]:
-                return
-            count = min(SAMPLES_PER_LOG, len(self._logs["prompt"]))
-            with RunFolder(self.args.output_dir).completions.open("a", encoding="utf-8") as handle:
-                for i in range(count):
-                    rewards = {name: values[i] for name, values in self._logs["rewards"].items() if i < len(values)}
-                    handle.write(
-                        json.dumps(
-                            {
-                                "step": self.state.global_step,
-                                "prompt": self._logs["prompt"][i],
-                                "completion": self._logs["completion"][i],
-                                "rewards": rewards,
-                                "advantage": self._logs["advantages"][i],
-                            }
-                        )
-                        + "\n"
-                    )
+            if self.accelerator.is_main_process and self.model.training and self._logs["prompt"]:
+                _write_completions(self)
 
     return LeapGRPOTrainer
+
+
+def _rollout_engine(trainer) -> tuple[str, str | None]:
+    """What samples the rollouts (vLLM, leap-finetune's sampler, transformers' generate) and, when it is not the
+    sampler without vLLM, why not."""
+    engine, why = "vllm" if trainer.use_vllm else "transformers generate", None
+    sharded = trainer.is_fsdp_enabled or trainer.is_deepspeed_enabled
+    if sharded:
+        why = "FSDP or DeepSpeed (generate gathers the sharded weights)"
+    elif not trainer.use_vllm and not trainer.use_transformers_continuous_batching:
+        from trl.models import unwrap_model_for_generation
+
+        from leap_finetune.rl.sampler import why_not
+
+        # leap-finetune's decoding loop (rl/sampler.py) wherever it samples what generate would sample
+        # (asked with TRL's generation settings applied to the model, as during a rollout)
+        with unwrap_model_for_generation(
+            trainer.model_wrapped, trainer.accelerator, generation_kwargs=trainer.generation_kwargs
+        ) as model:
+            why = why_not(model, trainer.generation_config, multimodal=trainer._is_vlm)
+        cuda = trainer.accelerator.device.type == "cuda"
+        if why is None:
+            engine = "leap-finetune sampler" + (" (CUDA graphs)" if cuda else "")
+        elif trainer.generation_config.cache_implementation == "static" and cuda and not sharded:
+            # TRL builds its GenerationConfig with disable_compile=True; with a static cache transformers
+            # then compiles its one-token decoding step (CUDA graphs) - 3.6x TRL's default (bench/NOTES.md)
+            trainer.generation_config.disable_compile = False
+    return engine, why
+
+
+def _sample(trainer, prompt_ids) -> tuple[list[list[int]], list[list[float]]]:
+    """TRL's transformers path (left padding, completions cut after the first end token) with
+    rl/sampler.py's loop in place of generate; with each token's sampling log-probability, as vLLM returns
+    it (TRL's off-policy sequence mask, `off_policy_mask_threshold`, then reads the sampler's own)."""
+    import torch
+    from trl.extras.profiling import profiling_context
+    from trl.models import unwrap_model_for_generation
+    from trl.trainer.utils import pad
+
+    from leap_finetune.rl.sampler import Sampler
+
+    device = trainer.accelerator.device
+    tensors = [torch.tensor(ids) for ids in prompt_ids]
+    input_ids = pad(
+        tensors,
+        padding_value=trainer._tokenizer.pad_token_id,
+        padding_side="left",
+        pad_to_multiple_of=trainer.pad_to_multiple_of,
+    ).to(device)
+    attention_mask = pad(
+        [torch.ones_like(t) for t in tensors],
+        padding_value=0,
+        padding_side="left",
+        pad_to_multiple_of=trainer.pad_to_multiple_of,
+    ).to(device)
+    with (
+        profiling_context(trainer, "transformers.generate"),
+        unwrap_model_for_generation(
+            trainer.model_wrapped,
+            trainer.accelerator,
+            generation_kwargs=trainer.generation_kwargs,
+            gradient_checkpointing_kwargs=trainer.args.gradient_checkpointing_kwargs,
+        ) as model,
+    ):
+        if trainer._sampler is None or trainer._sampler.model is not model:
+            cuda = device.type == "cuda"
+            # on a GPU: decode with a bf16 copy refreshed every rollout (rl/sampler.py); not fp16 (LFM2's
+            # activations can overflow it without autocast's fp32 residual stream)
+            half = torch.bfloat16 if trainer.args.bf16 else None
+            trainer._sampler = Sampler(
+                model,
+                trainer.generation_config,
+                list(trainer.eos_token_ids),
+                trainer._tokenizer.pad_token_id,
+                compile=cuda,
+                rollout_dtype=half if cuda else None,
+            )
+        completions, logps = trainer._sampler.generate(
+            input_ids, attention_mask, trainer.max_completion_length, logprobs=True
+        )
+    is_eos = torch.isin(completions, torch.tensor(trainer.eos_token_ids, device=device))
+    ends = torch.where(is_eos.any(dim=1), is_eos.int().argmax(dim=1), completions.size(1)).cpu().tolist()
+    completions, logps = completions.cpu(), logps.cpu()
+    return (
+        [row[: end + 1].tolist() for row, end in zip(completions, ends, strict=True)],
+        [row[: end + 1].tolist() for row, end in zip(logps, ends, strict=True)],
+    )
+
+
+def _write_completions(trainer) -> None:
+    """A few of the step's completions with their rewards and advantage, appended to completions.jsonl."""
+    logged = trainer._logs
+    count = min(SAMPLES_PER_LOG, len(logged["prompt"]))
+    with RunFolder(trainer.args.output_dir).completions.open("a", encoding="utf-8") as handle:
+        for i in range(count):
+            rewards = {name: values[i] for name, values in logged["rewards"].items() if i < len(values)}
+            handle.write(
+                json.dumps(
+                    {
+                        "step": trainer.state.global_step,
+                        "prompt": logged["prompt"][i],
+                        "completion": logged["completion"][i],
+                        "rewards": rewards,
+                        "advantage": logged["advantages"][i],
+                    }
+                )
+                + "\n"
+            )
 
 
 def train(resolved_json: dict, callbacks: list | None = None) -> dict:

@@ -9,17 +9,19 @@ a batch), evaluators and saving are used as they are.
 from __future__ import annotations
 
 import json
-import time
 from pathlib import Path
 
-from leap_finetune.config.communication import gradient_all_reduce
 from leap_finetune.config.resolved import ResolvedConfig
-from leap_finetune.files import write_atomic
 from leap_finetune.methods import method_of
 from leap_finetune.models.encoders import backbone
 from leap_finetune.recipes import common, speed
-from leap_finetune.recipes.callbacks import CheckpointMarker, StopOnSignal
+from leap_finetune.recipes.callbacks import StopOnSignal
+from leap_finetune.recipes.failures import disk_errors
 from leap_finetune.recipes.host_syncs import PendingTokensSeen
+from leap_finetune.recipes.plots import Plots
+from leap_finetune.recipes.ranks import is_main_process
+from leap_finetune.recipes.saving import save_atomic
+from leap_finetune.recipes.summary import metrics_history, stopped_early, training_summary, write_summary
 from leap_finetune.runs.folder import RunFolder
 
 EVAL_NAME = "retrieval"  # metrics are logged as eval_retrieval_<score>_ndcg@10, ...
@@ -78,7 +80,7 @@ def use_speed_plan(model, resolved: ResolvedConfig, console) -> speed.SpeedPlan:
         line = line.replace("padding-free batches", f"padded batches ({reason})")
     if fast.compile_layers:
         speed.compile_layers(encoder)
-    if common.is_main_process():
+    if is_main_process():
         console.print(line)
     return speed.SpeedPlan(flat, fast.compile_layers, line, fast.trainer_defaults)
 
@@ -272,134 +274,117 @@ def train(
     multi_vector: bool,
     callbacks: list | None = None,
 ) -> dict:
-    with common.disk_errors(Path(resolved_json["run_dir"]), training=resolved_json.get("training")):
-        return _train(
-            resolved_json,
-            model_factory=model_factory,
-            loss_factory=loss_factory,
-            trainer_cls=trainer_cls,
-            args_cls=args_cls,
-            multi_vector=multi_vector,
-            callbacks=callbacks,
-        )
+    """The embedding and ColBERT worker: model -> trainer -> train -> evaluate (every rank) -> save, summary (rank 0)."""
+    with disk_errors(Path(resolved_json["run_dir"]), training=resolved_json.get("training")):
+        start = common.start_worker(resolved_json, args_cls, training_arguments)
+        resolved, run_dir, console = start.resolved, start.run_dir, start.console
+        from transformers import set_seed
 
-
-def _train(
-    resolved_json: dict,
-    *,
-    model_factory,
-    loss_factory,
-    trainer_cls,
-    args_cls,
-    multi_vector: bool,
-    callbacks: list | None = None,
-) -> dict:
-    from transformers.trainer_callback import PrinterCallback, ProgressCallback
-
-    from leap_finetune.models import flat_rows
-
-    start = common.start_worker(resolved_json, args_cls, training_arguments)
-    resolved, run_dir, console, args = start.resolved, start.run_dir, start.console, start.args
-    train_dataset, eval_dataset = start.train_dataset, start.eval_dataset
-    from transformers import set_seed
-
-    set_seed(args.seed)  # new layers (a pooling projection, LoRA) start the same in every run of this config
-    model = model_factory(resolved, console)
-    fast = use_speed_plan(model, resolved, console)
-    if resolved.peft is not None:
-        add_lora(model, resolved, console)
-    stop_on_signal = StopOnSignal()
-    trainer = leap_trainer(trainer_cls)(
-        model=model,
-        args=args,
-        train_dataset=train_dataset,
-        eval_dataset=eval_dataset.select_columns(["query", "positive"]) if eval_dataset is not None else None,
-        loss=loss_factory(resolved, model),
-        evaluator=evaluator(resolved, train_dataset, eval_dataset, multi_vector),
-        callbacks=common.standard_callbacks(
+        set_seed(start.args.seed)  # new layers (a pooling projection, LoRA) start the same in every run of this config
+        model = model_factory(resolved, console)
+        fast = use_speed_plan(model, resolved, console)
+        if resolved.peft is not None:
+            add_lora(model, resolved, console)
+        stop_on_signal = StopOnSignal()
+        callbacks = common.standard_callbacks(
             resolved,
             run_dir,
             console,
             stop_on_signal,
             speed.with_compile_phase(callbacks, console, fast.compile_layers),
-        ),
+        )
+        trainer = _trainer(start, model, fast, loss_factory(resolved, model), trainer_cls, multi_vector, callbacks)
+        resume = resolved.resume_checkpoint_path
+        result = common.train_or_finish(trainer, resume, resolved.training.get("gradient_communication"))
+        finished = trainer.state.global_step >= trainer.state.max_steps
+        # every rank evaluates (the evaluation loss is gathered over the workers)
+        has_eval = start.eval_dataset is not None or resolved.evals is not None
+        final = trainer.evaluate() if finished and has_eval else None
+        if not is_main_process():
+            return {"global_step": trainer.state.global_step}
+        history = metrics_history(RunFolder(run_dir).metrics)
+        # (fewer steps than logging_steps log no loss: the Trainer's own mean then)
+        loss = history["train_loss"] if history["train_loss"] is not None or result is None else result.training_loss
+        summary = training_summary(trainer, loss)
+        plots = next(c for c in trainer.callback_handler.callbacks if isinstance(c, Plots))
+        plots.draw_in_background(True)  # every evaluation is logged by now; drawn beside the saving below
+        if not finished:
+            return stopped_early(run_dir, summary, stop_on_signal, plots)
+        if final is not None:
+            summary.update(_evaluation_summary(resolved, final, history["initial_eval"]))
+        summary.update(_save(model, resolved, run_dir))
+        cls = "MultiVectorEncoder" if multi_vector else "SentenceTransformer"
+        prompt = ', prompt_name="query"' if resolved.retrieval.prompts.query else ""
+        console.print(
+            f"use it:\n  from sentence_transformers import {cls}\n  model = {cls}({str(RunFolder(run_dir).model)!r})\n"
+            f'  embeddings = model.encode(["your query"]{prompt})'
+        )
+        plots.wait()
+        write_summary(run_dir, summary, finished=True)
+        return summary
+
+
+def _trainer(start, model, fast: speed.SpeedPlan, loss, trainer_cls, multi_vector: bool, callbacks: list):
+    """sentence-transformers' trainer (leap_trainer's additions) on the prepared rows, the held-out ones scored by
+    the retrieval evaluator; flat batches through the plan's collator; leap-finetune's progress in place of its own."""
+    from transformers.trainer_callback import PrinterCallback, ProgressCallback
+
+    from leap_finetune.models import flat_rows
+
+    resolved, train_dataset, eval_dataset = start.resolved, start.train_dataset, start.eval_dataset
+    trainer = leap_trainer(trainer_cls)(
+        model=model,
+        args=start.args,
+        train_dataset=train_dataset,
+        eval_dataset=eval_dataset.select_columns(["query", "positive"]) if eval_dataset is not None else None,
+        loss=loss,
+        evaluator=evaluator(resolved, train_dataset, eval_dataset, multi_vector),
+        callbacks=callbacks,
     )
     if fast.padding_free:
         trainer.data_collator = flat_rows.ColumnsCollator(trainer.data_collator, speed.PAD_TO_MULTIPLE_OF)
     trainer.remove_callback(ProgressCallback)
     trainer.remove_callback(PrinterCallback)
-    main = common.is_main_process()
-    resume = resolved.resume_checkpoint_path
-    result = common.train_or_finish(trainer, resume, resolved.training.get("gradient_communication"))
-    finished = trainer.state.global_step >= trainer.state.max_steps
-    # every rank evaluates (the evaluation loss is gathered over the workers)
-    has_eval = eval_dataset is not None or resolved.evals is not None
-    final = trainer.evaluate() if finished and has_eval else None
-    if not main:
-        return {"global_step": trainer.state.global_step}
-    history = common.metrics_history(RunFolder(run_dir).metrics)
-    # (fewer steps than logging_steps log no loss: the Trainer's own mean then)
-    train_loss = history["train_loss"] if history["train_loss"] is not None or result is None else result.training_loss
-    marker = next(c for c in trainer.callback_handler.callbacks if isinstance(c, CheckpointMarker))
-    summary = {
-        "global_step": trainer.state.global_step,
-        "train_loss": train_loss,
-        "train_runtime_s": round(marker.trained_seconds(), 3),
-        "tokens_seen": trainer.state.num_input_tokens_seen,
-    }
-    all_reduce = gradient_all_reduce(trainer)
-    if all_reduce:
-        summary["gradient_all_reduce"] = all_reduce
-    from leap_finetune.recipes.plots import Plots
+    return trainer
 
-    plots = next(c for c in trainer.callback_handler.callbacks if isinstance(c, Plots))
-    plots.draw_in_background(True)  # every evaluation is logged by now; drawn beside the saving below
-    if not finished:
-        plots.wait()
-        summary.update(stopped_early=True, stopped_by_signal=stop_on_signal.received)
-        write_atomic(RunFolder(run_dir).summary, json.dumps(summary, indent=2))
-        return summary
-    if final is not None:
-        summary["eval_metrics"] = {k: float(v) for k, v in final.items() if isinstance(v, (int, float))}
-        initial = history["initial_eval"]
-        if initial:
-            summary["initial_eval_metrics"] = {k: float(v) for k, v in initial.items() if isinstance(v, (int, float))}
-        if "eval_loss" in final:  # (the held-out rows' in-batch loss; benchmarks alone give none)
-            summary["eval_loss"] = float(final["eval_loss"])
-            summary["initial_eval_loss"] = initial.get("eval_loss")
-        score = main_score(final)
-        if score is not None:
-            summary["ndcg@10"] = score[1]
-            first = main_score(history["initial_eval"])
-            summary["initial_ndcg@10"] = first[1] if first else None
-        benchmarks = [b.name for b in resolved.evals.benchmarks] if resolved.evals is not None else []
-        if benchmarks:
-            from leap_finetune.evaluation.retrieval_benchmark import scores
 
-            summary["retrieval_benchmarks"] = {
-                name: scores(final, f"benchmark_{name}").get("ndcg@10") for name in benchmarks
-            }
-            summary["initial_retrieval_benchmarks"] = {
-                name: scores(history["initial_eval"], f"benchmark_{name}").get("ndcg@10") for name in benchmarks
-            }
-    if resolved.peft is not None:
-        # the backbone's adapter on its own (peft's format), then the model with it merged: a
-        # sentence-transformers folder that loads without peft
-        common._save_atomic(RunFolder(run_dir).adapter, lambda path: save_adapter(model, resolved, path))
-        summary["adapter_dir"] = str(RunFolder(run_dir).adapter)
-        merge_lora(model)
-    common._save_atomic(RunFolder(run_dir).model, lambda path: model.save_pretrained(str(path)))
-    summary["model_dir"] = str(RunFolder(run_dir).model)
-    cls = "MultiVectorEncoder" if multi_vector else "SentenceTransformer"
-    prompt = ', prompt_name="query"' if resolved.retrieval.prompts.query else ""
-    console.print(
-        f"use it:\n  from sentence_transformers import {cls}\n  model = {cls}({str(RunFolder(run_dir).model)!r})\n"
-        f'  embeddings = model.encode(["your query"]{prompt})'
-    )
-    plots.wait()
-    summary["finished_at"] = time.time()  # by this process's clock: which run finished last (models.registry)
-    write_atomic(RunFolder(run_dir).summary, json.dumps(summary, indent=2))
+def _evaluation_summary(resolved: ResolvedConfig, final: dict, initial: dict) -> dict:
+    """The last evaluation and the step-0 one: every metric, the held-out loss and nDCG@10, each benchmark's."""
+    summary = {"eval_metrics": {k: float(v) for k, v in final.items() if isinstance(v, (int, float))}}
+    if initial:
+        summary["initial_eval_metrics"] = {k: float(v) for k, v in initial.items() if isinstance(v, (int, float))}
+    if "eval_loss" in final:  # (the held-out rows' in-batch loss; benchmarks alone give none)
+        summary["eval_loss"] = float(final["eval_loss"])
+        summary["initial_eval_loss"] = initial.get("eval_loss")
+    score = main_score(final)
+    if score is not None:
+        summary["ndcg@10"] = score[1]
+        first = main_score(initial)
+        summary["initial_ndcg@10"] = first[1] if first else None
+    benchmarks = [b.name for b in resolved.evals.benchmarks] if resolved.evals is not None else []
+    if benchmarks:
+        from leap_finetune.evaluation.retrieval_benchmark import scores
+
+        summary["retrieval_benchmarks"] = {
+            name: scores(final, f"benchmark_{name}").get("ndcg@10") for name in benchmarks
+        }
+        summary["initial_retrieval_benchmarks"] = {
+            name: scores(initial, f"benchmark_{name}").get("ndcg@10") for name in benchmarks
+        }
     return summary
+
+
+def _save(model, resolved: ResolvedConfig, run_dir: Path) -> dict:
+    """model/ (and, for LoRA, the backbone's adapter on its own in peft's format, then the model with it merged: a
+    sentence-transformers folder that loads without peft); the summary's entries naming them."""
+    saved = {}
+    if resolved.peft is not None:
+        save_atomic(RunFolder(run_dir).adapter, lambda path: save_adapter(model, resolved, path))
+        saved["adapter_dir"] = str(RunFolder(run_dir).adapter)
+        merge_lora(model)
+    save_atomic(RunFolder(run_dir).model, lambda path: model.save_pretrained(str(path)))
+    saved["model_dir"] = str(RunFolder(run_dir).model)
+    return saved
 
 
 def load_encoder(folder: Path, run_config: dict | None, training_type: str):
@@ -449,7 +434,7 @@ def add_lora(model, resolved: ResolvedConfig, console) -> None:
     model.transformers_model.leap_lora_config = config
     trainable = sum(p.numel() for p in model.parameters() if p.requires_grad)
     total = sum(p.numel() for p in model.parameters())
-    if common.is_main_process():
+    if is_main_process():
         console.print(f"lora: {trainable:,} of {total:,} parameters train ({100 * trainable / total:.2f}%)")
 
 

@@ -12,6 +12,8 @@ from leap_finetune.methods import METHODS
 from leap_finetune.recipes import common, optimizers, speed, vision
 from leap_finetune.recipes.callbacks import StopOnSignal
 from leap_finetune.recipes.host_syncs import DeviceSideMetrics
+from leap_finetune.recipes.ranks import is_main_process
+from leap_finetune.recipes.samples import load_samples, print_samples
 
 
 def config_class():
@@ -105,15 +107,15 @@ def train(resolved_json: dict, callbacks: list | None = None) -> dict:
     flat = bool(args.padding_free or (resolved.vision and fast.padding_free))  # (see training_arguments)
     tokenizer, model = common.load_tokenizer_and_model(resolved, packing=args.packing or flat, console=console)
     vision.prepare_vision_model(resolved, model, console)
-    if common.is_main_process():
+    if is_main_process():
         console.print(fast.line)
     if fast.compile_layers:
         speed.compile_layers(model)
-    samples = common.load_samples(run_dir) if common.is_main_process() else []
+    samples = load_samples(run_dir) if is_main_process() else []
     collator = vision.image_collator(resolved, tokenizer, args, padding_free=flat)  # (None for text: TRL's own)
     processor = collator.reader.processor if collator is not None else None
     if samples:
-        common.print_samples(console, "before training", model, tokenizer, samples, processor)
+        print_samples(console, "before training", model, tokenizer, samples, processor)
 
     stop_on_signal = StopOnSignal()
     trainer_cls = trainer_class()

@@ -15,6 +15,7 @@ learning rate, and the batches' pixels.
 from __future__ import annotations
 
 from leap_finetune.errors import LeapError
+from leap_finetune.recipes.ranks import is_main_process
 
 IMAGE_COLUMNS = ("image_sources", "image_tokens", "image_tiles")
 VISION_ENCODER, PROJECTOR, LANGUAGE_MODEL = "vision_tower", "multi_modal_projector", "language_model"
@@ -150,8 +151,6 @@ def prepare_vision_model(resolved, model, console) -> None:
 
     if resolved.peft is None:
         freeze_parts(model, resolved.training)
-    from leap_finetune.recipes.common import is_main_process
-
     if is_main_process():
         console.print(
             "trains: " + ", ".join(f"{part} {how}" for part, how in trained_parts(resolved.training, resolved.peft))

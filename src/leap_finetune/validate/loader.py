@@ -16,12 +16,12 @@ from leap_finetune.config.async_eval import check_async_eval_config
 from leap_finetune.config.model_init import check_model_init_kwargs
 from leap_finetune.config.paths import expand_home, local_path
 from leap_finetune.config.resolved import ResolvedConfig
-from leap_finetune.config.schema import SUPPORTED_TRAINING_TYPES, TRAINING_TYPES, LeapConfigModel
+from leap_finetune.config.schema import LeapConfigModel
 from leap_finetune.config.schema_dataset import dataset_shorthand
 from leap_finetune.config.suggest import did_you_mean
 from leap_finetune.config.yaml_io import read_yaml
 from leap_finetune.errors import LeapError
-from leap_finetune.methods import method_of
+from leap_finetune.methods import method_of, training_types
 from leap_finetune.validate.datasets import check_hold_out_tools, resolve_dataset, validate_dataset
 from leap_finetune.validate.evals import check_retrieval_metrics, resolve_evals
 from leap_finetune.validate.keys import check_block_keys, check_top_level_keys, pydantic_error
@@ -182,23 +182,12 @@ def require_dataset(resolved: ResolvedConfig) -> None:
 
 
 def _check_training_type(value, where: str) -> None:
-    if value in SUPPORTED_TRAINING_TYPES:
+    types = training_types()  # (every registered type is supported in this version)
+    if value in types:
         return
-    if value in TRAINING_TYPES:
-        raise LeapError(
-            f"training_type '{value}' is not supported yet in leap-finetune {_version()}",
-            where=f"{where}: training_type",
-            fix=f"supported now: {', '.join(SUPPORTED_TRAINING_TYPES)}; {value} is planned",
-        )
-    hint = did_you_mean(str(value), TRAINING_TYPES)
+    hint = did_you_mean(str(value), types)
     raise LeapError(
         f"unknown training_type '{value}'",
         where=f"{where}: training_type",
-        fix=(hint + " " if hint else "") + f"expected one of: {', '.join(TRAINING_TYPES)}",
+        fix=(hint + " " if hint else "") + f"expected one of: {', '.join(types)}",
     )
-
-
-def _version() -> str:
-    from leap_finetune import __version__
-
-    return __version__

@@ -23,8 +23,8 @@ from pydantic import BaseModel
 from pydantic_core import PydanticUndefined
 
 from leap_finetune.config import arguments, lora, model_init, own_keys, profiles
-from leap_finetune.config.schema import SUPPORTED_TRAINING_TYPES, TRAINING_TYPES, LeapConfigModel
-from leap_finetune.methods import METHODS
+from leap_finetune.config.schema import LeapConfigModel
+from leap_finetune.methods import METHODS, training_types
 from leap_finetune.validate.training import MANAGED_TRAINING_KEYS
 
 TEMPLATE = Path(__file__).with_name("reference.md.template")
@@ -52,13 +52,13 @@ class _Tables:
         return _fields_table(_block_at(path))
 
     def training_types(self, _) -> list[str]:
-        return [", ".join(f"`{t}`" for t in TRAINING_TYPES)]
+        return [", ".join(f"`{t}`" for t in training_types())]
 
-    def supported_types(self, _) -> list[str]:
-        return [", ".join(f"`{t}`" for t in SUPPORTED_TRAINING_TYPES)]
+    def supported_types(self, _) -> list[str]:  # (every registered type is supported in this version)
+        return self.training_types(_)
 
     def config_classes(self, _) -> list[str]:
-        rows = [f"| `{name}` | {_config_class_name(name)} |" for name in TRAINING_TYPES]
+        rows = [f"| `{name}` | {_config_class_name(name)} |" for name in training_types()]
         return ["| training_type | config class |", "| --- | --- |", *rows]
 
     def ranges(self, _) -> list[str]:

@@ -65,7 +65,7 @@ def check_extends(name: str | None, model: LeapConfigModel, vision: bool, where:
     """The profile the user's keys override: by default the type's own (its vision profile for a vision-language
     model); one of another type, or the vision profile for a text model, is refused."""
     method = method_of(model)
-    own_profile = profiles.DEFAULT_TRAINING_PROFILE[model.training_type]
+    own_profile = method.profile
     name = name or (method.vision_profile if vision else own_profile)
     if name not in own_keys.choices("extends"):
         raise LeapError(
