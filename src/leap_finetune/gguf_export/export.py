@@ -36,13 +36,13 @@ def export_gguf(
     from leap_finetune.gguf_export.convert import check_converter
     from leap_finetune.gguf_export.llama_cpp import find_program
     from leap_finetune.methods import method_of
-    from leap_finetune.models.trained import find_trained, retrieval_type
+    from leap_finetune.models.trained import find_trained
 
     console = console or Console(stderr=True)
     types = parse_types(types)
     trained = find_trained(source)
     source = str(Path(source).expanduser().resolve()) if Path(source).expanduser().exists() else source
-    kind = retrieval_type(trained)
+    kind = trained.retrieval_type()
     if kind is not None:
         raise LeapError(
             f"GGUF export is for chat models; this is {method_of(kind).trains}",
@@ -106,7 +106,7 @@ def export_gguf(
 
 
 def _write(staging: Path, final: Path, trained, source, types, quantizer, vision, stem, title, measured, console):
-    from leap_finetune.export import export_model
+    from leap_finetune.export import export_trained
     from leap_finetune.gguf_export.card import write_card
     from leap_finetune.gguf_export.convert import convert
     from leap_finetune.gguf_export.llama_cpp import quantize
@@ -115,7 +115,7 @@ def _write(staging: Path, final: Path, trained, source, types, quantizer, vision
     scratch = staging / ".transformers"  # the folder converted from; removed before the swap
     merging = " (the LoRA adapter merged into its base)" if trained.adapter_dir is not None else ""
     console.print(f"writing the model as a transformers folder{merging} ...", markup=False)
-    hf = export_model(source, merge=True, output=scratch / "merged", console=_Warnings(console))
+    hf = export_trained(trained, merge=True, output=scratch / "merged", console=_Warnings(console))
     _check_space_for_files(hf, types, staging)
     files: dict[str, Path] = {}
     for gguf_type in types:
@@ -162,7 +162,7 @@ def _write(staging: Path, final: Path, trained, source, types, quantizer, vision
 
 
 class _Warnings:
-    """A console for export_model that passes its warnings on (the merged folder is scratch: its own success line is
+    """A console for export_trained that passes its warnings on (the merged folder is scratch: its own success line is
     not the user's news)."""
 
     def __init__(self, console: Console):
