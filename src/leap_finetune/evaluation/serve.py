@@ -230,23 +230,9 @@ def load_weights(generator: BatchedGenerator, folder: str) -> dict:
         raise BadRequest(f"cannot load the weights of {folder!r}: {said}") from None
     served = generator.model.state_dict()
     incoming = new.state_dict()
-    missing, extra = sorted(set(served) - set(incoming)), sorted(set(incoming) - set(served))
-    shapes = [k for k in set(served) & set(incoming) if served[k].shape != incoming[k].shape]
-    shared: dict[int, str] = {}
-    for key, value in served.items():  # tied weights (the embeddings and the LM head): one tensor served
-        first = shared.setdefault(value.data_ptr(), key)
-        if first != key and not shapes and key in incoming and first in incoming:
-            if not torch.equal(incoming[first], incoming[key]):
-                shapes.append(f"{key} (tied to {first} in the served model, not in the folder)")
-    if missing or extra or shapes:
-        what = (
-            f"missing {missing[:3]}"
-            if missing
-            else f"unexpected {extra[:3]}"
-            if extra
-            else f"other shapes for {sorted(shapes)[:3]}"
-        )
-        raise BadRequest(f"{folder!r} is not a model of the served architecture ({what}); nothing was loaded")
+    differs = _difference(served, incoming)
+    if differs:
+        raise BadRequest(f"{folder!r} is not a model of the served architecture ({differs}); nothing was loaded")
     processor = generator.processor
     if processor is not None:  # a vision-language model: the snapshot's processor (its tokenizer, image settings)
         processor = image_processor(folder, None, tokenizer)[0] or processor
@@ -258,6 +244,25 @@ def load_weights(generator: BatchedGenerator, folder: str) -> dict:
         generator.tokenizer, generator.processor = tokenizer, processor
     del new, incoming
     return {"model": folder, "tensors": len(served), "seconds": round(time.perf_counter() - start, 3)}
+
+
+def _difference(served: dict, incoming: dict) -> str | None:
+    """How the folder's weights differ from the served model's (None: same names, shapes and tied weights)."""
+    import torch
+
+    missing, extra = sorted(set(served) - set(incoming)), sorted(set(incoming) - set(served))
+    shapes = [k for k in set(served) & set(incoming) if served[k].shape != incoming[k].shape]
+    shared: dict[int, str] = {}
+    for key, value in served.items():  # tied weights (the embeddings and the LM head): one tensor served
+        first = shared.setdefault(value.data_ptr(), key)
+        if first != key and not shapes and key in incoming and first in incoming:
+            if not torch.equal(incoming[first], incoming[key]):
+                shapes.append(f"{key} (tied to {first} in the served model, not in the folder)")
+    if missing:
+        return f"missing {missing[:3]}"
+    if extra:
+        return f"unexpected {extra[:3]}"
+    return f"other shapes for {sorted(shapes)[:3]}" if shapes else None
 
 
 def build_app(

@@ -32,7 +32,6 @@ def export_gguf(
     verify: bool = True,
     console: Console | None = None,
 ) -> Path:
-    from leap_finetune.files import check_writable
     from leap_finetune.gguf_export.convert import check_converter
     from leap_finetune.gguf_export.llama_cpp import find_program
     from leap_finetune.methods import method_of
@@ -54,19 +53,7 @@ def export_gguf(
     if needs_quantize(types):
         first = next(t for t in types if t in QUANTIZE_TYPES)
         quantizer = find_program("llama-quantize", llama_cpp, why=first)
-    if output is None:
-        base = Path(source).expanduser()
-        output = (base if base.is_dir() else Path.cwd()) / "export-gguf"
-    output = Path(output).expanduser().resolve()
-    if output.exists() and not output.is_dir():
-        raise LeapError("this is a file, not a folder", where=str(output), fix="give --output a folder path")
-    if output.exists() and any(output.iterdir()):
-        raise LeapError(
-            "the output folder exists and is not empty",
-            where=str(output),
-            fix="choose another --output, or remove the folder",
-        )
-    check_writable(output.parent, "--output")
+    output = _output_folder(output, source)
     _check_space(trained, types, output.parent)
     from leap_finetune.gguf_export.convert import check_architecture
     from leap_finetune.gguf_export.verify import benchmarks_of
@@ -184,6 +171,26 @@ def _dtype(model_dir: Path) -> str | None:
 
 def _float16(model_dir: Path) -> bool:
     return _dtype(model_dir) in ("bfloat16", "float16")
+
+
+def _output_folder(output: str | Path | None, source: str) -> Path:
+    """The folder to write (default: export-gguf/ in the given folder): a new or empty folder, somewhere writable."""
+    from leap_finetune.files import check_writable
+
+    if output is None:
+        base = Path(source).expanduser()
+        output = (base if base.is_dir() else Path.cwd()) / "export-gguf"
+    output = Path(output).expanduser().resolve()
+    if output.exists() and not output.is_dir():
+        raise LeapError("this is a file, not a folder", where=str(output), fix="give --output a folder path")
+    if output.exists() and any(output.iterdir()):
+        raise LeapError(
+            "the output folder exists and is not empty",
+            where=str(output),
+            fix="choose another --output, or remove the folder",
+        )
+    check_writable(output.parent, "--output")
+    return output
 
 
 def _file_stem(title: str) -> str:
