@@ -13,7 +13,7 @@ from rich.console import Console
 from leap_finetune.data.messages import IMAGE_PLACEHOLDER  # (LFM2-VL's processor puts an image's tokens there)
 from leap_finetune.errors import LeapError
 from leap_finetune.methods import METHODS
-from leap_finetune.models.trained import chat_template_text, find_trained, load_trained, retrieval_type, unmerged_lora
+from leap_finetune.models.trained import TrainedModel, find_trained, unmerged_lora
 from leap_finetune.runs.folder import RunFolder
 
 HELP = "/reset starts a new conversation, /exit (or Ctrl-D) ends"
@@ -58,10 +58,10 @@ def answer(
     return tokenizer.decode(output[0, inputs["input_ids"].shape[1] :], skip_special_tokens=True).strip()
 
 
-def refuse_retrieval(source: str, trained) -> None:
+def refuse_retrieval(source: str, trained: TrainedModel) -> None:
     """An embedding or ColBERT model encodes texts and generates none: loaded as a causal LM it would fail
     or answer nothing, so it is refused before anything loads."""
-    kind = retrieval_type(trained)
+    kind = trained.retrieval_type()
     if kind is None:
         return
     cls = METHODS[kind].encoder_class
@@ -82,7 +82,7 @@ def refuse_retrieval(source: str, trained) -> None:
     )
 
 
-def refuse_images(source: str, trained, where: str = "--image") -> None:
+def refuse_images(source: str, trained: TrainedModel, where: str = "--image") -> None:
     """Images for a text-only model: said before anything loads."""
     raise LeapError(
         f"{trained.name} is a text-only model: it has no vision encoder and cannot see images",
@@ -117,34 +117,6 @@ def read_image(path: str, where: str = "--image"):
         ) from None
 
 
-def trained_processor(trained, tokenizer, template: str | None):
-    """The processor of a vision-language model, sharing the tokenizer (and the chat template) chat renders
-    with. A training checkpoint holds no processor files: fine-tuning does not change how images are prepared,
-    so the base model's processor (the run's model_id) is used, with the run's `image_processor:` settings (what
-    its model/ is saved with). An adapter's base is that base model too."""
-    from leap_finetune.models.vision import has_processor_files, load_processor
-
-    source, settings = trained.model_id, None
-    if trained.adapter_dir is not None or not has_processor_files(source):
-        recorded = (trained.run_config or {}).get("image_processor")
-        settings = {k: v for k, v in recorded.items() if v is not None} if isinstance(recorded, dict) else None
-    if not has_processor_files(source):
-        base = (trained.run_config or {}).get("model_id")
-        if not base or not has_processor_files(base):
-            raise LeapError(
-                "the folder has no processor files (processor_config.json / preprocessor_config.json): the "
-                "images cannot be prepared for the model",
-                where=source,
-                fix="give the run folder (its model/ is saved with its processor), or copy the base model's "
-                "processor_config.json (or preprocessor_config.json) into the folder",
-            )
-        source = base
-    processor = load_processor(source, tokenizer, settings) if settings else load_processor(source, tokenizer)
-    if template:
-        processor.chat_template = template
-    return processor
-
-
 def _refuse_placeholder(text: str, where: str) -> None:
     if IMAGE_PLACEHOLDER in text:
         raise LeapError(
@@ -172,55 +144,22 @@ def chat(
 ) -> str | None:
     """One answer to `prompt` (returned), or an interactive conversation on the terminal. `images` (files or
     URLs, vision-language models only) go with the prompt, or with the conversation's first message."""
-    import torch
-
-    from leap_finetune.models.vision import is_vision_model
     from leap_finetune.quiet import quiet_libraries
 
     console = console or Console(stderr=True)
     trained = find_trained(source)
-    refuse_retrieval(source, trained)
-    vision = is_vision_model(trained.model_id)
     images = list(images or [])
-    if images and not vision:
-        refuse_images(source, trained)
-    if vision and images:
-        from leap_finetune.models.vision import require_torchvision
-
-        require_torchvision(trained.model_id)
-    if prompt is not None and vision:
-        _refuse_placeholder(prompt, "--prompt")
+    vision = _check_before_loading(source, trained, prompt, images)
     opened = [read_image(path) for path in images]  # (every file checked before the model loads)
     # transformers' loading bars, kernel notices and deprecation warnings (peft's, loading an adapter) are not
     # the answer the user asked for (as in `run`)
     quiet_libraries()
-    model, tokenizer = load_trained(trained, dtype=torch.bfloat16 if torch.cuda.is_available() else torch.float32)
-    if torch.cuda.is_available():
-        model = model.to("cuda")
-    template = chat_template_text(trained, tokenizer)
-    processors: list = []  # loaded when the first image is seen (text-only conversations need no torchvision)
-
-    def processor():
-        if not processors:
-            processors.append(trained_processor(trained, tokenizer, template))
-        return processors[0]
-
+    session = _Session(trained, max_new_tokens=max_new_tokens, temperature=temperature)
     start = [{"role": "system", "content": system}] if system else []
     if prompt is not None:
-        return answer(
-            model,
-            tokenizer,
-            template,
-            start + [_user_turn(prompt, len(opened))],
-            max_new_tokens=max_new_tokens,
-            temperature=temperature,
-            images=opened,
-            processor=processor() if opened else None,
-        )
-    from transformers import TextStreamer
-
+        return session.reply(start + [_user_turn(prompt, len(opened))], opened)
     if opened:
-        processor()  # (a model folder without processor files is said before the conversation starts)
+        session.processor()  # (a model folder without processor files is said before the conversation starts)
     shown = ", ".join(images)
     console.print(
         f"chatting with {trained.name}"
@@ -228,54 +167,107 @@ def chat(
         + f"; {IMAGE_HELP + ', ' if vision else ''}{HELP}",
         markup=False,
     )
+    _converse(session, console, source, start, opened, vision)
+    return None
+
+
+def _check_before_loading(source: str, trained: TrainedModel, prompt: str | None, images: list[str]) -> bool:
+    """What chat refuses, said before anything loads; whether the model sees images."""
+    from leap_finetune.models.vision import is_vision_model, require_torchvision
+
+    refuse_retrieval(source, trained)
+    vision = is_vision_model(trained.model_id)
+    if images and not vision:
+        refuse_images(source, trained)
+    if vision and images:
+        require_torchvision(trained.model_id)
+    if prompt is not None and vision:
+        _refuse_placeholder(prompt, "--prompt")
+    return vision
+
+
+class _Session:
+    """The loaded model and what each answer needs: its tokenizer, the chat template the run trained with, and a
+    vision-language model's processor - loaded when the first image is seen (text-only conversations need no
+    torchvision)."""
+
+    def __init__(self, trained: TrainedModel, *, max_new_tokens: int, temperature: float):
+        import torch
+
+        self.trained, self.max_new_tokens, self.temperature = trained, max_new_tokens, temperature
+        self.model, self.tokenizer = trained.load(dtype=torch.bfloat16 if torch.cuda.is_available() else torch.float32)
+        if torch.cuda.is_available():
+            self.model = self.model.to("cuda")
+        self.template = trained.chat_template(self.tokenizer)
+        self._processor = None
+
+    def processor(self):
+        if self._processor is None:
+            self._processor = self.trained.processor(self.tokenizer, self.template)
+        return self._processor
+
+    def reply(self, messages: list[dict], images: list, stream=None) -> str:
+        return answer(
+            self.model,
+            self.tokenizer,
+            self.template,
+            messages,
+            max_new_tokens=self.max_new_tokens,
+            temperature=self.temperature,
+            stream=stream,
+            images=images,
+            processor=self.processor() if images else None,
+        )
+
+
+def _converse(session: _Session, console: Console, source: str, start: list[dict], opened: list, vision: bool):
+    """The terminal conversation: each line a user message (with the images attached since the last one), the
+    answer streamed; /reset, /image PATH, /exit."""
+    from transformers import TextStreamer
+
     messages, seen, pending = list(start), [], list(opened)
-    streamer = TextStreamer(tokenizer, skip_prompt=True, skip_special_tokens=True)
+    streamer = TextStreamer(session.tokenizer, skip_prompt=True, skip_special_tokens=True)
     while True:
         try:
             line = input("> ")
         except (EOFError, KeyboardInterrupt):
             sys.stdout.write("\n")
-            return None
+            return
         command = line.strip()
         if command in ("/exit", "/quit"):
-            return None
+            return
         if command == "/reset":  # a new conversation: the --system message and the --image images again
             messages, seen, pending = list(start), [], list(opened)
-            continue
-        if command == "/image" or command.startswith("/image "):
-            path = command.removeprefix("/image").strip().strip("'\"")
-            try:
-                if not vision:
-                    refuse_images(source, trained, where="/image")
-                if not path:
-                    raise LeapError("no image given", where="/image", fix="/image PATH (a file or an http(s) URL)")
-                image = read_image(path, where="/image")
-                processor()
-                pending.append(image)
-            except LeapError as err:
-                console.print(f"error: {err.format()}", markup=False)
-                continue
-            console.print(f"attached {path} (it goes with your next message)", markup=False)
-            continue
-        if not command:
-            continue
-        if vision:
-            try:
-                _refuse_placeholder(line, "your message")
-            except LeapError as err:
-                console.print(f"error: {err.format()}", markup=False)
-                continue
-        messages.append(_user_turn(line, len(pending)))
-        seen, pending = seen + pending, []
-        reply = answer(
-            model,
-            tokenizer,
-            template,
-            messages,
-            max_new_tokens=max_new_tokens,
-            temperature=temperature,
-            stream=streamer,
-            images=seen,
-            processor=processor() if seen else None,
-        )
-        messages.append({"role": "assistant", "content": reply})
+        elif command == "/image" or command.startswith("/image "):
+            pending += _attach(command.removeprefix("/image").strip().strip("'\""), session, source, vision, console)
+        elif command and (not vision or _without_placeholder(line, console)):
+            messages.append(_user_turn(line, len(pending)))
+            seen, pending = seen + pending, []
+            reply = session.reply(messages, seen, stream=streamer)
+            messages.append({"role": "assistant", "content": reply})
+
+
+def _attach(path: str, session: _Session, source: str, vision: bool, console: Console) -> list:
+    """`/image PATH`: [the image] for the next message, or [] with the reason said (the conversation goes on)."""
+    try:
+        if not vision:
+            refuse_images(source, session.trained, where="/image")
+        if not path:
+            raise LeapError("no image given", where="/image", fix="/image PATH (a file or an http(s) URL)")
+        image = read_image(path, where="/image")
+        session.processor()
+    except LeapError as err:
+        console.print(f"error: {err.format()}", markup=False)
+        return []
+    console.print(f"attached {path} (it goes with your next message)", markup=False)
+    return [image]
+
+
+def _without_placeholder(line: str, console: Console) -> bool:
+    """A message without `<image>` typed in it; otherwise the error is said and the message not sent."""
+    try:
+        _refuse_placeholder(line, "your message")
+    except LeapError as err:
+        console.print(f"error: {err.format()}", markup=False)
+        return False
+    return True

@@ -16,23 +16,23 @@ from rich.console import Console
 
 from leap_finetune.errors import LeapError
 from leap_finetune.methods import METHODS
-from leap_finetune.models.trained import (
-    chat_template_text,
-    find_trained,
-    load_trained,
-    retrieval_type,
-)
+from leap_finetune.models.trained import TrainedModel, find_trained
 from leap_finetune.models.vision import is_vision_model
 
 
 def export_model(
     source: str, *, merge: bool = False, output: str | Path | None = None, console: Console | None = None
 ) -> Path:
-    console = console or Console(stderr=True)
     trained = find_trained(source)
     if output is None:
         base = Path(source).expanduser()
         output = (base if base.is_dir() else Path.cwd()) / ("export-merged" if merge else "export")
+    return export_trained(trained, merge=merge, output=output, console=console)
+
+
+def export_trained(trained: TrainedModel, *, merge: bool, output: str | Path, console: Console | None = None) -> Path:
+    """`trained` written to `output` (a new or empty folder): an adapter as it is, or a full model."""
+    console = console or Console(stderr=True)
     output = Path(output).expanduser().resolve()
     if output.exists() and any(output.iterdir()):
         raise LeapError(
@@ -40,35 +40,44 @@ def export_model(
             where=str(output),
             fix="choose another --output, or remove the folder",
         )
-    kind = retrieval_type(trained)
+    kind = trained.retrieval_type()
     if kind is not None:
         return _export_encoder(trained, kind, merge, output, console)
     from leap_finetune.quiet import quiet_libraries
 
     quiet_libraries()  # (transformers' loading and writing bars, peft's deprecation notices)
-    vision = is_vision_model(trained.model_id)
     if trained.adapter_dir is not None and not merge:
-        # a vision-language adapter carries its processor too: AutoProcessor.from_pretrained(output) loads
-        processor = _processor(trained, _adapter_tokenizer(trained), console) if vision else None
+        return _export_adapter(trained, output, console)
+    return _export_full(trained, output, console)
 
-        def copy(path: Path) -> None:
-            shutil.copytree(trained.adapter_dir, path)
-            if processor is not None:
-                processor.save_pretrained(path)
 
-        _stage(output, copy)
-        console.print(
-            f"exported the LoRA adapter {trained.adapter_dir} (over {trained.model_id}) to {output}"
-            + (" with its processor" if processor is not None else "")
-            + "; --merge writes a full model instead",
-            markup=False,
-        )
-        return output
-    model, tokenizer = load_trained(trained, merge=True)  # merged in float32
+def _export_adapter(trained: TrainedModel, output: Path, console: Console) -> Path:
+    # a vision-language adapter carries its processor too: AutoProcessor.from_pretrained(output) loads
+    processor = _processor(trained, trained.tokenizer(), console) if is_vision_model(trained.model_id) else None
+
+    def copy(path: Path) -> None:
+        shutil.copytree(trained.adapter_dir, path)
+        if processor is not None:
+            processor.save_pretrained(path)
+
+    _stage(output, copy)
+    console.print(
+        f"exported the LoRA adapter {trained.adapter_dir} (over {trained.model_id}) to {output}"
+        + (" with its processor" if processor is not None else "")
+        + "; --merge writes a full model instead",
+        markup=False,
+    )
+    return output
+
+
+def _export_full(trained: TrainedModel, output: Path, console: Console) -> Path:
+    """A full model (an adapter merged into its base): the run's chat template, the base model's dtype."""
+    vision = is_vision_model(trained.model_id)
+    model, tokenizer = trained.load(merge=True)  # merged in float32
     dtype = _base_dtype(trained.model_id)
     if dtype is not None:
         model = model.to(dtype)  # saved in the dtype of the base model's weights (bf16 for LFM2 checkpoints)
-    template = chat_template_text(trained, tokenizer)
+    template = trained.chat_template(tokenizer)
     if template:
         tokenizer.chat_template = template  # the template the run trained with travels with the model
     # a vision-language model is saved with its processor (image settings, tokenizer, chat template), as a run's
@@ -90,23 +99,11 @@ def export_model(
     return output
 
 
-def _adapter_tokenizer(trained):
-    """The tokenizer saved beside the adapter (the run's), else its base model's."""
-    from leap_finetune.models.loading import load_tokenizer
-
-    folder = trained.adapter_dir
-    if (folder / "tokenizer_config.json").is_file() or (folder / "tokenizer.json").is_file():
-        return load_tokenizer(str(folder))
-    return load_tokenizer(trained.model_id)
-
-
-def _processor(trained, tokenizer, console: Console):
+def _processor(trained: TrainedModel, tokenizer, console: Console):
     """The vision-language model's processor around the exported tokenizer, or None (said) where it cannot be
     built: without torchvision, or without processor files here or in the run's base model."""
-    from leap_finetune.chat import trained_processor
-
     try:
-        return trained_processor(trained, tokenizer, chat_template_text(trained, tokenizer))
+        return trained.processor(tokenizer, trained.chat_template(tokenizer))
     except LeapError as err:
         console.print(
             f"warning: exported without the image processor ({err.message}); AutoProcessor will not load the "
@@ -116,7 +113,7 @@ def _processor(trained, tokenizer, console: Console):
         return None
 
 
-def _export_encoder(trained, kind: str, merge: bool, output: Path, console: Console) -> Path:
+def _export_encoder(trained: TrainedModel, kind: str, merge: bool, output: Path, console: Console) -> Path:
     """A sentence-transformers folder (SentenceTransformer / MultiVectorEncoder loads it): a LoRA run's
     checkpoint is merged whether or not --merge is given - the sentence-transformers this release pins loads no
     separate adapter, and the adapter alone would lose the pooling and a trained projection."""

@@ -24,7 +24,6 @@ from leap_finetune.data.render import Renderer, split_completion
 class OptionScore:
     logprob: float  # sum over the option's tokens
     tokens: int
-    chars: int
 
 
 class OptionSequence(NamedTuple):
@@ -115,7 +114,5 @@ def score_options(model, renderer: Renderer, prompt: list[dict], options: list[s
     results = []
     for sequence in option_sequences(renderer, prompt, options):
         [logprob] = score_sequences(model, [sequence], batch_size=1, pad_id=0)
-        results.append(OptionScore(logprob, sequence.end - sequence.start, 0))
-    for result, option in zip(results, options, strict=True):
-        result.chars = len(option)
+        results.append(OptionScore(logprob, sequence.end - sequence.start))
     return results

@@ -92,50 +92,22 @@ class ReservedServer:
         ]
 
     def __call__(self, resolved: ResolvedConfig, snapshot: Snapshot, jobs: Path, stop: threading.Event) -> Outcome:
-        from leap_finetune.runs.processes import Server, ServerSpec
+        """The snapshot evaluated: its weights handed to the kept server (in_place), else a server started on it;
+        then `leap-finetune eval --server` against that server."""
+        from leap_finetune.runs.processes import Server
 
         settings = resolved.async_eval
-        port = settings.reserved.server_port
-        env = {"CUDA_VISIBLE_DEVICES": self.devices, **NO_MULTICAST}
-        if self.in_place and use_vllm(resolved):
-            env.update(VLLM_DEV_MODE)
-        cpu = not settings.vllm_gpus
-        if cpu:  # a CPU evaluator: one thread each, at the lowest priority - the cores stay with training
-            env["OMP_NUM_THREADS"] = "1"
-        spec = ServerSpec(
-            name="evaluation server",
-            port=port,
-            env=env,
-            start_timeout_s=settings.reserved.start_timeout_s,
-            command=(["nice", "-n", "19"] if cpu else [])
-            + self.server_command(resolved, snapshot.folder / MODEL, port),
-        )
+        model = snapshot.folder / MODEL
         server_log = jobs / ("server.log" if self.in_place else f"step-{snapshot.step}-server.log")
-        server = self.kept if self.in_place else None
-        if server is not None and _tied(snapshot.folder / MODEL) != self.tied:
-            # a LoRA run's adapter moved the tied embeddings and output head apart (evaluation/snapshot.py saves them
-            # untied): a served model built tied cannot hold them - vLLM's reload would keep one of the two
-            print(
-                f"leap-finetune: step {snapshot.step}'s model has its own output head (no longer tied to the "
-                "embeddings): starting the evaluation server again",
-                file=sys.stderr,
-            )
-            server.stop()
-            server = self.kept = None
-        if server is not None:
-            reloaded = self._reload(server, snapshot.folder / MODEL, settings.reserved.start_timeout_s, stop)
-            if stop.is_set():
-                return Outcome(reason="stopped (training ended)", log=server_log)
-            if reloaded is not True:  # (its reason is in the server's log; a fresh server gets the snapshot)
-                print(f"leap-finetune: {reloaded}: starting the evaluation server again", file=sys.stderr)
-                server.stop()
-                server = self.kept = None
+        server = self._kept_with(model, snapshot.step, settings.reserved.start_timeout_s, stop)
+        if server is not None and stop.is_set():
+            return Outcome(reason="stopped (training ended)", log=server_log)
         fresh = server is None
-        if fresh and self.in_place and self.started:  # (the one before exited or failed: said in the run's log)
-            print(f"leap-finetune: starting the evaluation server again for step {snapshot.step}", file=sys.stderr)
         if fresh:
+            if self.in_place and self.started:  # (the one before exited or failed: said in the run's log)
+                print(f"leap-finetune: starting the evaluation server again for step {snapshot.step}", file=sys.stderr)
             self.started += 1
-            server = Server(spec, server_log)
+            server = Server(self._spec(resolved, model), server_log)
         try:
             if fresh:
                 try:
@@ -145,56 +117,102 @@ class ReservedServer:
                     said = err.message.splitlines()[0].removeprefix("the evaluation server ")
                     return Outcome(reason=f"the evaluation server {said}", log=server_log)
                 self.kept = server if self.in_place else None
-                self.tied = _tied(snapshot.folder / MODEL)
-            started = time.monotonic()  # (the evaluation's own time: the server's start left out)
-            log = jobs / f"step-{snapshot.step}.log"
-            command = (["nice", "-n", "19"] if cpu else []) + [
-                sys.executable,
-                "-m",
-                "leap_finetune.cli",
-                "eval",
-                str(snapshot.folder / "eval.yaml"),
-                "--server",
-                f"{server.url}/v1",
-                "--output",
-                str(snapshot.folder / "results.json"),
-            ]
-            if use_vllm(resolved):
-                command += ["--server-model", "snapshot"]
-            with log.open("ab") as handle:
-                client = subprocess.Popen(
-                    command,
-                    env={**os.environ, **env},
-                    stdout=handle,
-                    stderr=subprocess.STDOUT,
-                    stdin=subprocess.DEVNULL,
-                    preexec_fn=die_with_parent,  # (the driver's Ctrl-C stops training first, not the evaluation)
-                )
-                while client.poll() is None:
-                    if stop.is_set():
-                        client.kill()
-                        client.wait()
-                        return Outcome(reason="stopped (training ended)", log=log)
-                    time.sleep(POLL_S / 2)
-            results = snapshot.folder / "results.json"
-            if client.returncode == 0 and results.exists():
-                results = json.loads(results.read_text(encoding="utf-8"))["results"]
-                return Outcome(results=results, log=log, seconds=time.monotonic() - started)
-            if self.kept is server:  # (a kept server that failed an evaluation is not trusted with the next one)
-                self.kept = None
-            if server.process.poll() is not None:  # (the client's own advice - start a server - is not the user's)
-                return Outcome(
-                    reason=f"the evaluation server exited (code {server.process.returncode}) during the evaluation; "
-                    f"its log: {server_log}"
-                    + ("; a new one is started for the next snapshot" if self.in_place else ""),
-                    log=server_log,
-                )
-            return Outcome(
-                reason=f"leap-finetune eval exited with code {client.returncode}: {_last_line(log)}", log=log
-            )
+                self.tied = _tied(model)
+            return self._evaluate(resolved, snapshot, server, jobs / f"step-{snapshot.step}.log", server_log, stop)
         finally:
             if server is not self.kept:
                 server.stop()
+
+    def _environment(self, resolved: ResolvedConfig) -> dict[str, str]:
+        """The server's and the evaluation's: the reserved GPUs; on CPU one thread each (the cores stay with
+        training)."""
+        env = {"CUDA_VISIBLE_DEVICES": self.devices, **NO_MULTICAST}
+        if self.in_place and use_vllm(resolved):
+            env.update(VLLM_DEV_MODE)
+        if not resolved.async_eval.vllm_gpus:
+            env["OMP_NUM_THREADS"] = "1"
+        return env
+
+    def _spec(self, resolved: ResolvedConfig, model: Path):
+        from leap_finetune.runs.processes import ServerSpec
+
+        settings = resolved.async_eval
+        port = settings.reserved.server_port
+        return ServerSpec(
+            name="evaluation server",
+            port=port,
+            env=self._environment(resolved),
+            start_timeout_s=settings.reserved.start_timeout_s,
+            command=_niced(resolved) + self.server_command(resolved, model, port),
+        )
+
+    def _kept_with(self, model: Path, step: int, timeout_s: float, stop: threading.Event):
+        """The in_place server holding `model`'s weights now, or None (a new server gets the snapshot). Kept as it
+        is when training ended during the reload (`stop`: close() stops it)."""
+        server = self.kept if self.in_place else None
+        if server is not None and _tied(model) != self.tied:
+            # a LoRA run's adapter moved the tied embeddings and output head apart (evaluation/snapshot.py saves them
+            # untied): a served model built tied cannot hold them - vLLM's reload would keep one of the two
+            print(
+                f"leap-finetune: step {step}'s model has its own output head (no longer tied to the "
+                "embeddings): starting the evaluation server again",
+                file=sys.stderr,
+            )
+            server.stop()
+            server = self.kept = None
+        if server is None:
+            return None
+        reloaded = self._reload(server, model, timeout_s, stop)
+        if reloaded is not True and not stop.is_set():  # (its reason is in the server's log; a fresh server follows)
+            print(f"leap-finetune: {reloaded}: starting the evaluation server again", file=sys.stderr)
+            server.stop()
+            server = self.kept = None
+        return server
+
+    def _evaluate(self, resolved, snapshot: Snapshot, server, log: Path, server_log: Path, stop) -> Outcome:
+        """`leap-finetune eval --server` on the snapshot's eval.yaml, its results or why there are none."""
+        started = time.monotonic()  # (the evaluation's own time: the server's start left out)
+        command = _niced(resolved) + [
+            sys.executable,
+            "-m",
+            "leap_finetune.cli",
+            "eval",
+            str(snapshot.folder / "eval.yaml"),
+            "--server",
+            f"{server.url}/v1",
+            "--output",
+            str(snapshot.folder / "results.json"),
+        ]
+        if use_vllm(resolved):
+            command += ["--server-model", "snapshot"]
+        with log.open("ab") as handle:
+            client = subprocess.Popen(
+                command,
+                env={**os.environ, **self._environment(resolved)},
+                stdout=handle,
+                stderr=subprocess.STDOUT,
+                stdin=subprocess.DEVNULL,
+                preexec_fn=die_with_parent,  # (the driver's Ctrl-C stops training first, not the evaluation)
+            )
+            while client.poll() is None:
+                if stop.is_set():
+                    client.kill()
+                    client.wait()
+                    return Outcome(reason="stopped (training ended)", log=log)
+                time.sleep(POLL_S / 2)
+        results = snapshot.folder / "results.json"
+        if client.returncode == 0 and results.exists():
+            results = json.loads(results.read_text(encoding="utf-8"))["results"]
+            return Outcome(results=results, log=log, seconds=time.monotonic() - started)
+        if self.kept is server:  # (a kept server that failed an evaluation is not trusted with the next one)
+            self.kept = None
+        if server.process.poll() is not None:  # (the client's own advice - start a server - is not the user's)
+            return Outcome(
+                reason=f"the evaluation server exited (code {server.process.returncode}) during the evaluation; "
+                f"its log: {server_log}" + ("; a new one is started for the next snapshot" if self.in_place else ""),
+                log=server_log,
+            )
+        return Outcome(reason=f"leap-finetune eval exited with code {client.returncode}: {_last_line(log)}", log=log)
 
     def _reload(self, server, model: Path, timeout_s: float, stop: threading.Event) -> bool | str:
         """True when the kept server took `model`'s weights; otherwise why not. The request runs beside a loop that
@@ -222,6 +240,11 @@ class ReservedServer:
         if self.kept is not None:
             self.kept.stop()
             self.kept = None
+
+
+def _niced(resolved: ResolvedConfig) -> list[str]:
+    """A CPU evaluator's processes run at the lowest priority: the cores stay with training."""
+    return ["nice", "-n", "19"] if not resolved.async_eval.vllm_gpus else []
 
 
 def _post_reload(url: str, model: Path, timeout_s: float, answer: dict) -> None:

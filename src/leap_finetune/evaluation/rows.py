@@ -59,6 +59,7 @@ def load_benchmark(bench: BenchmarkConfig, *, vision: bool, model_name: str) -> 
 def _check_row(
     row: SourceRow, bench: BenchmarkConfig, *, vision: bool, model_name: str, problems: list[RowProblem]
 ) -> BenchmarkItem | None:
+    """The row as a benchmark item, or None with its problems added to `problems`."""
     start = len(problems)
 
     def problem(field_name: str, text: str) -> None:
@@ -68,6 +69,26 @@ def _check_row(
     if not isinstance(data, dict):
         problem("<row>", f"expected an object with 'messages', got {describe_value(data)}")
         return None
+    messages = _messages(row, data, problem)
+    if messages is None:
+        return None
+    turns, images = _turns(messages, Path(row.file).parent, problem)
+    if images and not vision:
+        problem(
+            "messages",
+            f"the row has an image, but model '{model_name}' is text-only; use a vision-language "
+            "model (LFM2-VL) or remove image rows from benchmark '" + bench.name + "'",
+        )
+    if len(problems) > start:
+        return None
+    if is_logprob(bench.metric):
+        return _mcq(row, data, turns, images, problem, bench)
+    item = _generation(row, data, turns, images, problem, bench)
+    return item if len(problems) == start else None
+
+
+def _messages(row: SourceRow, data: dict, problem) -> list | None:
+    """The row's messages column (`messages`, or another name it goes by; JSON text in a CSV or TSV file)."""
     column = next((c for c in MESSAGE_COLUMNS if c in data), None)
     messages = data.get(column) if column else None
     if row.from_text_table and isinstance(messages, str):
@@ -79,9 +100,13 @@ def _check_row(
     if not isinstance(messages, list) or not messages:
         problem("messages", "missing or empty: benchmark rows hold a 'messages' list")
         return None
-    # Image paths are relative to the benchmark file. Image parts are always read here, also for a text-only
-    # model: such a row is then one problem naming the model, below, instead of a refused part.
-    folder = Path(row.file).parent
+    return messages
+
+
+def _turns(messages: list, folder: Path, problem) -> tuple[list[dict], list[str]]:
+    """(each message as role and text, the image sources in order). Image paths are relative to the benchmark
+    file's `folder`. Image parts are always read here, also for a text-only model: such a row is then one problem
+    naming the model instead of a refused part."""
     turns, images = [], []
     for index, message in enumerate(messages):
         field_name = f"messages[{index}]"
@@ -95,16 +120,12 @@ def _check_row(
         if content is not None:
             turns.append({"role": message["role"], "content": content.text})
             images.extend(image.source for image in content.images)
-    if images and not vision:
-        problem(
-            "messages",
-            f"the row has an image, but model '{model_name}' is text-only; use a vision-language "
-            "model (LFM2-VL) or remove image rows from benchmark '" + bench.name + "'",
-        )
-    if len(problems) > start:
-        return None
-    if is_logprob(bench.metric):
-        return _mcq(row, data, turns, images, problem, bench)
+    return turns, images
+
+
+def _generation(row: SourceRow, data: dict, turns, images, problem, bench) -> BenchmarkItem | None:
+    """A generation row: the last assistant turn is the reference (for metric tool_call, its calls parsed)."""
+    last = f"messages[{len(turns) - 1}]"
     if turns[-1]["role"] != "assistant":
         problem(
             "messages",
@@ -117,7 +138,7 @@ def _check_row(
         problem("messages", "only an assistant turn: the prompt (everything before the reference) is empty")
         return None
     if not turns[-1]["content"].strip():
-        problem(f"messages[{len(turns) - 1}].content", "the reference answer (the last assistant turn) is empty")
+        problem(f"{last}.content", "the reference answer (the last assistant turn) is empty")
         return None
     tools = _tools(data, row, problem)
     reference_calls = None
@@ -125,15 +146,13 @@ def _check_row(
         blocks = find_tool_calls(turns[-1]["content"])
         if blocks.problem is not None:
             problem(
-                f"messages[{len(turns) - 1}]",
+                last,
                 f"the reference turn's tool call does not parse ({blocks.problem}); write it as "
                 '<|tool_call_start|>[name(key=value)]<|tool_call_end|> or as tool_calls: [{"function": {"name": '
                 '..., "arguments": {...}}}]',
             )
             return None
         reference_calls = blocks.calls
-    if len(problems) > start:
-        return None
     return BenchmarkItem(
         row.file,
         row.location,

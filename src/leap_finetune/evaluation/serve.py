@@ -230,23 +230,9 @@ def load_weights(generator: BatchedGenerator, folder: str) -> dict:
         raise BadRequest(f"cannot load the weights of {folder!r}: {said}") from None
     served = generator.model.state_dict()
     incoming = new.state_dict()
-    missing, extra = sorted(set(served) - set(incoming)), sorted(set(incoming) - set(served))
-    shapes = [k for k in set(served) & set(incoming) if served[k].shape != incoming[k].shape]
-    shared: dict[int, str] = {}
-    for key, value in served.items():  # tied weights (the embeddings and the LM head): one tensor served
-        first = shared.setdefault(value.data_ptr(), key)
-        if first != key and not shapes and key in incoming and first in incoming:
-            if not torch.equal(incoming[first], incoming[key]):
-                shapes.append(f"{key} (tied to {first} in the served model, not in the folder)")
-    if missing or extra or shapes:
-        what = (
-            f"missing {missing[:3]}"
-            if missing
-            else f"unexpected {extra[:3]}"
-            if extra
-            else f"other shapes for {sorted(shapes)[:3]}"
-        )
-        raise BadRequest(f"{folder!r} is not a model of the served architecture ({what}); nothing was loaded")
+    differs = _difference(served, incoming)
+    if differs:
+        raise BadRequest(f"{folder!r} is not a model of the served architecture ({differs}); nothing was loaded")
     processor = generator.processor
     if processor is not None:  # a vision-language model: the snapshot's processor (its tokenizer, image settings)
         processor = image_processor(folder, None, tokenizer)[0] or processor
@@ -260,21 +246,99 @@ def load_weights(generator: BatchedGenerator, folder: str) -> dict:
     return {"model": folder, "tensors": len(served), "seconds": round(time.perf_counter() - start, 3)}
 
 
+def _difference(served: dict, incoming: dict) -> str | None:
+    """How the folder's weights differ from the served model's (None: same names, shapes and tied weights)."""
+    import torch
+
+    missing, extra = sorted(set(served) - set(incoming)), sorted(set(incoming) - set(served))
+    shapes = [k for k in set(served) & set(incoming) if served[k].shape != incoming[k].shape]
+    shared: dict[int, str] = {}
+    for key, value in served.items():  # tied weights (the embeddings and the LM head): one tensor served
+        first = shared.setdefault(value.data_ptr(), key)
+        if first != key and not shapes and key in incoming and first in incoming:
+            if not torch.equal(incoming[first], incoming[key]):
+                shapes.append(f"{key} (tied to {first} in the served model, not in the folder)")
+    if missing:
+        return f"missing {missing[:3]}"
+    if extra:
+        return f"unexpected {extra[:3]}"
+    return f"other shapes for {sorted(shapes)[:3]}" if shapes else None
+
+
 def build_app(
     model_dir: str, generator: BatchedGenerator, default_max_tokens: int = 256, *, no_images: str | None = None
 ):
     """`no_images`: why this server takes no image parts (when its generator has no processor)."""
     import asyncio
 
-    from fastapi import FastAPI, HTTPException, Request
+    from fastapi import FastAPI, HTTPException
 
     app = FastAPI()
-    name = model_dir
     loaded = {"model": model_dir, "reloads": 0}
 
     @app.get("/health")
     def health():
         return {"status": "ok", "weights": loaded["model"], "reloads": loaded["reloads"]}
+
+    @app.get("/v1/models")
+    def models():
+        return {"object": "list", "data": [{"id": loaded["model"], "object": "model", "owned_by": "leap-finetune"}]}
+
+    @app.post("/v1/chat/completions")
+    async def chat(body: dict):
+        try:
+            messages, sources, options, tools = _read_request(body, default_max_tokens)
+            if sources and generator.processor is None:
+                raise BadRequest(
+                    no_images
+                    or f"'{model_dir}' is a text-only model: image parts need a vision-language model (LFM2-VL)"
+                )
+            images = [await asyncio.to_thread(decode_image, source) for source in sources]
+        except BadRequest as err:
+            raise HTTPException(status_code=400, detail=str(err)) from None
+        try:
+            answer = await asyncio.wrap_future(generator.submit(messages, options, images, tools))
+        except Exception as err:  # noqa: BLE001
+            raise HTTPException(status_code=500, detail=f"{type(err).__name__}: {err}") from None
+        message, finish = {"role": "assistant", "content": answer}, "stop"
+        if tools:  # a request with tools gets LFM's calls back as OpenAI tool_calls, as vLLM's lfm2 parser returns them
+            message, finish = tool_call_message(answer)
+        return {
+            "id": f"leap-{time.time_ns()}",
+            "object": "chat.completion",
+            "created": int(time.time()),
+            "model": loaded["model"],
+            "choices": [{"index": 0, "finish_reason": finish, "message": message}],
+        }
+
+    _add_reload_endpoints(app, generator, loaded)
+    return app
+
+
+def _read_request(body: dict, default_max_tokens: int) -> tuple[list[dict], list[str], dict, list | None]:
+    """A chat completion request as (messages with string content, their image sources, the generation options,
+    the tools), or BadRequest."""
+    messages = body.get("messages")
+    if not isinstance(messages, list) or not messages:
+        raise BadRequest("messages: a non-empty list is required")
+    if body.get("stream"):
+        raise BadRequest("streaming is not supported by this server")
+    messages, sources = read_messages(messages)
+    options = {
+        "max_tokens": int(body.get("max_tokens") or body.get("max_completion_tokens") or default_max_tokens),
+        "temperature": float(body.get("temperature") if body.get("temperature") is not None else 1.0),
+        "top_p": float(body.get("top_p") if body.get("top_p") is not None else 1.0),
+    }
+    return messages, sources, options, body.get("tools") or None
+
+
+def _add_reload_endpoints(app, generator: BatchedGenerator, loaded: dict) -> None:
+    """POST /v1/load_weights {"model": FOLDER}, and vLLM's developer endpoints, the two requests `weight_reload:
+    in_place` sends (evaluation/reserved.py), so the driver reloads this server and vLLM the same way:
+    /collective_rpc reload_weights(weights_path=FOLDER), then /reset_prefix_cache (this server keeps no cache)."""
+    import asyncio
+
+    from fastapi import HTTPException, Request
 
     async def body_of(request) -> dict:
         # (the raw request: a body that is not JSON gets the same answer as one without a folder, not FastAPI's 422)
@@ -299,9 +363,6 @@ def build_app(
     async def reload(request):
         return await load((await body_of(request)).get("model"), 'expected {"model": "<a model folder>"}')
 
-    # vLLM's developer endpoints, the two requests `weight_reload: in_place` sends (evaluation/reserved.py), so the
-    # driver reloads this server and vLLM the same way: reload_weights(weights_path=FOLDER), then the prefix
-    # cache emptied (this server keeps none).
     async def collective_rpc(request):
         body = await body_of(request)
         kwargs = body.get("kwargs") if isinstance(body.get("kwargs"), dict) else {}
@@ -316,49 +377,6 @@ def build_app(
     @app.post("/reset_prefix_cache")
     def reset_prefix_cache():
         return {"reset": True}
-
-    @app.get("/v1/models")
-    def models():
-        return {"object": "list", "data": [{"id": loaded["model"], "object": "model", "owned_by": "leap-finetune"}]}
-
-    @app.post("/v1/chat/completions")
-    async def chat(body: dict):
-        messages = body.get("messages")
-        if not isinstance(messages, list) or not messages:
-            raise HTTPException(status_code=400, detail="messages: a non-empty list is required")
-        if body.get("stream"):
-            raise HTTPException(status_code=400, detail="streaming is not supported by this server")
-        try:
-            messages, sources = read_messages(messages)
-            if sources and generator.processor is None:
-                raise BadRequest(
-                    no_images or f"'{name}' is a text-only model: image parts need a vision-language model (LFM2-VL)"
-                )
-            images = [await asyncio.to_thread(decode_image, source) for source in sources]
-        except BadRequest as err:
-            raise HTTPException(status_code=400, detail=str(err)) from None
-        options = {
-            "max_tokens": int(body.get("max_tokens") or body.get("max_completion_tokens") or default_max_tokens),
-            "temperature": float(body.get("temperature") if body.get("temperature") is not None else 1.0),
-            "top_p": float(body.get("top_p") if body.get("top_p") is not None else 1.0),
-        }
-        tools = body.get("tools") or None
-        try:
-            answer = await asyncio.wrap_future(generator.submit(messages, options, images, tools))
-        except Exception as err:  # noqa: BLE001
-            raise HTTPException(status_code=500, detail=f"{type(err).__name__}: {err}") from None
-        message, finish = {"role": "assistant", "content": answer}, "stop"
-        if tools:  # a request with tools gets LFM's calls back as OpenAI tool_calls, as vLLM's lfm2 parser returns them
-            message, finish = tool_call_message(answer)
-        return {
-            "id": f"leap-{time.time_ns()}",
-            "object": "chat.completion",
-            "created": int(time.time()),
-            "model": loaded["model"],
-            "choices": [{"index": 0, "finish_reason": finish, "message": message}],
-        }
-
-    return app
 
 
 def main(argv: list[str] | None = None) -> None:

@@ -9,7 +9,6 @@ the scores are those of the quantized weights.
 from __future__ import annotations
 
 import json
-from dataclasses import dataclass
 from pathlib import Path
 
 from rich.console import Console
@@ -17,20 +16,8 @@ from rich.console import Console
 from leap_finetune.config.resolved import ResolvedConfig
 from leap_finetune.errors import LeapError
 from leap_finetune.methods import method_of
+from leap_finetune.models.trained import TrainedModel, trained_in, unmerged_lora
 from leap_finetune.runs.folder import RunFolder
-
-
-@dataclass
-class ModelToEvaluate:
-    model_id: str  # a folder with a full model, or the base model of an adapter
-    adapter_dir: Path | None = None
-    gguf_file: Path | None = None  # a GGUF file (model_id: its folder)
-
-    @property
-    def name(self) -> str:
-        if self.gguf_file is not None:
-            return f"{self.gguf_file} (GGUF, dequantised)"
-        return f"{self.adapter_dir} (LoRA adapter over {self.model_id})" if self.adapter_dir else self.model_id
 
 
 def evaluate_config(
@@ -46,10 +33,26 @@ def evaluate_config(
     without training. Writes the results as JSON to `output` when given. `server`: the base URL of an
     OpenAI-compatible server that answers the generation benchmarks, images sent as image_url parts
     (evaluation/server.py); log-prob ones still run here, images through the model's processor."""
+    from leap_finetune.evaluation.rows import is_logprob
     from leap_finetune.validate.loader import load_config
 
     console = console or Console(stderr=True)
     resolved = source if isinstance(source, ResolvedConfig) else load_config(source)
+    target, benchmarks = _check_before_loading(resolved, output, server, console)
+    if resolved.retrieval is not None:  # an embedding / ColBERT model on retrieval benchmarks
+        report = _evaluate_retrieval(resolved, target, benchmarks, console)
+    else:
+        generator = _server_generator(server, server_model, console)
+        if generator is not None and not any(is_logprob(b.metric) for b in benchmarks):
+            report = _evaluate_on_server(resolved, benchmarks, generator, output, console)
+        else:
+            report = _evaluate_here(resolved, target, benchmarks, generator, output, console, float32)
+    _write_report(report, output, console)
+    return report
+
+
+def _check_before_loading(resolved: ResolvedConfig, output, server: str | None, console: Console):
+    """(the model to evaluate, its benchmarks): everything that can be refused is, before any model loads."""
     add_run_unseen_tools(resolved, console)
     if resolved.evals is None:
         raise LeapError(
@@ -71,42 +74,74 @@ def evaluate_config(
     benchmarks = check_benchmarks(resolved, resolved.model_id if target.gguf_file else target.model_id)
     if output is not None:
         _check_output(Path(output), resolved)
-    if resolved.retrieval is not None:  # an embedding / ColBERT model on retrieval benchmarks
-        if server:
-            raise LeapError(
-                "--server answers generation benchmarks; retrieval benchmarks encode with the model itself",
-                where="--server",
-                fix="leave out --server for an embedding/ColBERT config",
-            )
-        report = _evaluate_retrieval(resolved, target, benchmarks, console)
-        _write_report(report, output, console)
-        return report
-    from leap_finetune.evaluation.rows import is_logprob
+    if resolved.retrieval is not None and server:
+        raise LeapError(
+            "--server answers generation benchmarks; retrieval benchmarks encode with the model itself",
+            where="--server",
+            fix="leave out --server for an embedding/ColBERT config",
+        )
+    return target, benchmarks
 
-    generator = None
-    if server:
-        from leap_finetune.evaluation.server import ServerGenerator
 
-        generator = ServerGenerator(server, server_model)  # asks the server first: a wrong URL fails now
-        console.print(f"generation benchmarks: {generator.model} at {generator.base_url}")
-        if not any(is_logprob(b.metric) for b in benchmarks):
-            results = _run_on_server(resolved, benchmarks, generator, output)
-            from leap_finetune.evaluation.runner import print_summary
+def _server_generator(server: str | None, server_model: str | None, console: Console):
+    """The server that answers the generation benchmarks (--server), asked first: a wrong URL fails now."""
+    if not server:
+        return None
+    from leap_finetune.evaluation.server import ServerGenerator
 
-            print_summary(console, results, None, f"of {generator.model} at {generator.base_url}")
-            report = {"model": generator.model, "server": generator.base_url, "results": results}
-            _write_report(report, output, console)
-            return report
+    generator = ServerGenerator(server, server_model)
+    console.print(f"generation benchmarks: {generator.model} at {generator.base_url}")
+    return generator
 
-    import torch
 
+def _evaluate_on_server(resolved: ResolvedConfig, benchmarks, generator, output, console: Console) -> dict:
+    """Generation benchmarks only: nothing loads here, the server answers."""
+    from leap_finetune.evaluation.runner import print_summary, run_benchmarks
+
+    predictions = predictions_dir(output)
+    results = run_benchmarks(None, None, resolved.evals, benchmarks, predictions_dir=predictions, server=generator)
+    print_summary(console, results, None, f"of {generator.model} at {generator.base_url}")
+    return {"model": generator.model, "server": generator.base_url, "results": results}
+
+
+def _evaluate_here(
+    resolved: ResolvedConfig, target: TrainedModel, benchmarks, generator, output, console: Console, float32: bool
+) -> dict:
+    """The benchmarks on the model loaded in this process (the generation ones on `generator` when given)."""
     from leap_finetune.data.chat_templates import load_chat_template
     from leap_finetune.data.render import Renderer
     from leap_finetune.evaluation.runner import print_summary, run_benchmarks
-    from leap_finetune.models.loading import load_model, load_tokenizer
     from leap_finetune.quiet import quiet_libraries
 
     quiet_libraries()
+    model, tokenizer = _load(target, resolved, float32)
+    renderer = Renderer(tokenizer, load_chat_template(resolved.chat_template, tokenizer), "all", None)
+    predictions = predictions_dir(output)
+    processor = _processor_for(target.model_id, resolved.model_id, tokenizer, benchmarks)
+    results = run_benchmarks(
+        model, renderer, resolved.evals, benchmarks, predictions_dir=predictions, processor=processor, server=generator
+    )
+    print_summary(
+        console,
+        results,
+        None,
+        f"of {target.name}" + (f" (generation: {generator.model} at {generator.base_url})" if generator else ""),
+    )
+    report = {"model": str(target.gguf_file or target.adapter_dir or target.model_id), "results": results}
+    if generator is not None:
+        report.update(server=generator.base_url, server_model=generator.model)
+    if target.adapter_dir is not None:
+        report["base_model"] = target.model_id
+    return report
+
+
+def _load(target: TrainedModel, resolved: ResolvedConfig, float32: bool):
+    """(model, tokenizer) with the eval config's model_init_kwargs (not the run's: the config says how to load);
+    a LoRA adapter merged into its base; a GGUF file dequantised."""
+    import torch
+
+    from leap_finetune.models.loading import load_model, load_tokenizer
+
     init_kwargs = {k: v for k, v in (resolved.training.get("model_init_kwargs") or {}).items() if k != "dtype"}
     if float32:  # (export --gguf's original: as the GGUF files are read, float32 and not re-quantized)
         init_kwargs.pop("quantization_config", None)
@@ -135,25 +170,7 @@ def evaluate_config(
             ) from None
     if torch.cuda.is_available():
         model = model.to("cuda")
-    renderer = Renderer(tokenizer, load_chat_template(resolved.chat_template, tokenizer), "all", None)
-    predictions = predictions_dir(output)
-    processor = _processor_for(target.model_id, resolved.model_id, tokenizer, benchmarks)
-    results = run_benchmarks(
-        model, renderer, resolved.evals, benchmarks, predictions_dir=predictions, processor=processor, server=generator
-    )
-    print_summary(
-        console,
-        results,
-        None,
-        f"of {target.name}" + (f" (generation: {generator.model} at {generator.base_url})" if generator else ""),
-    )
-    report = {"model": str(target.gguf_file or target.adapter_dir or target.model_id), "results": results}
-    if generator is not None:
-        report.update(server=generator.base_url, server_model=generator.model)
-    if target.adapter_dir is not None:
-        report["base_model"] = target.model_id
-    _write_report(report, output, console)
-    return report
+    return model, tokenizer
 
 
 def check_gguf_evaluable(path: Path, resolved, benchmarks, server: str | None = None) -> None:
@@ -231,30 +248,6 @@ def _decode_images(benchmarks) -> None:
         )
 
 
-def _refuse_lora_checkpoint(folder: Path) -> None:
-    """A LoRA retrieval run's checkpoint-N holds the adapted layers (base_layer, lora_A/B): loaded as a plain
-    model, those layers would start fresh and the scores would be wrong without a word."""
-    from safetensors import safe_open
-
-    for file in folder.glob("*.safetensors") if folder.is_dir() else []:
-        with safe_open(str(file), framework="pt") as handle:
-            if any(".lora_A." in key for key in handle.keys()):
-                raise LeapError(
-                    "this is a checkpoint of a LoRA retrieval run (its layers hold the adapter unmerged)",
-                    where=f"checkpoint: {folder}",
-                    fix="evaluate the finished run (its model/ folder holds "
-                    "the merged model), or resume the run to finish it",
-                )
-
-
-def _run_on_server(resolved: ResolvedConfig, benchmarks, generator, output) -> dict:
-    """Generation benchmarks only: nothing loads here, the server answers."""
-    from leap_finetune.evaluation.runner import run_benchmarks
-
-    predictions = predictions_dir(output)
-    return run_benchmarks(None, None, resolved.evals, benchmarks, predictions_dir=predictions, server=generator)
-
-
 def predictions_dir(output) -> Path | None:
     """`--output results.json` puts each benchmark's predictions in `results.predictions/<name>.jsonl`: named
     after the results file, so two evaluations written to one folder keep their own (a shared `predictions/`
@@ -277,7 +270,7 @@ def _write_report(report: dict, output, console) -> None:
             console.print(f"predictions (prompt, prediction, reference, score per row): {predictions}/")
 
 
-def _evaluate_retrieval(resolved: ResolvedConfig, target: ModelToEvaluate, benchmarks, console) -> dict:
+def _evaluate_retrieval(resolved: ResolvedConfig, target: TrainedModel, benchmarks, console) -> dict:
     """nDCG@10 (the score), MRR@10 and recall@1/@10 of a saved sentence-transformers / ColBERT model (or any
     encoder given as model_name: the recipe's model, pooling and prompts) on each retrieval benchmark."""
     import time
@@ -292,7 +285,12 @@ def _evaluate_retrieval(resolved: ResolvedConfig, target: ModelToEvaluate, bench
             where=f"checkpoint: {target.adapter_dir}",
             fix="point checkpoint at the run folder or its model/",
         )
-    _refuse_lora_checkpoint(Path(target.model_id))
+    if unmerged_lora(Path(target.model_id)):  # (loaded as a plain model, its layers would start fresh)
+        raise LeapError(
+            "this is a checkpoint of a LoRA retrieval run (its layers hold the adapter unmerged)",
+            where=f"checkpoint: {target.model_id}",
+            fix="evaluate the finished run (its model/ folder holds the merged model), or resume the run to finish it",
+        )
     quiet_libraries()
     multi_vector = method_of(resolved).multi_vector
     import tempfile
@@ -394,48 +392,26 @@ def add_run_unseen_tools(resolved: ResolvedConfig, console: Console) -> None:
         resolved.evals = resolved.evals.model_copy(update={"benchmarks": [*resolved.evals.benchmarks, bench]})
 
 
-def model_to_evaluate(resolved: ResolvedConfig) -> ModelToEvaluate:
+def model_to_evaluate(resolved: ResolvedConfig) -> TrainedModel:
     """`checkpoint:` a run folder (its final model, else its newest complete checkpoint), a checkpoint
-    folder, or an adapter folder; without `checkpoint`, model_name."""
+    folder, an adapter folder (over the base model its run trained, else model_name) or a GGUF file; without
+    `checkpoint`, model_name."""
     if not resolved.checkpoint:
-        return ModelToEvaluate(resolved.model_id)
-    from leap_finetune.runs.model import is_model, model_in
-
+        return TrainedModel(resolved.model_id)
     folder = Path(resolved.checkpoint)
     if folder.suffix.lower() == ".gguf" and folder.is_file():
-        return ModelToEvaluate(str(folder.parent), gguf_file=folder)
+        return TrainedModel(str(folder.parent), gguf_file=folder)
     if not folder.is_dir():
         raise LeapError(
             "not a folder" if folder.exists() else "no such file or folder",
             where=f"checkpoint: {folder}",
             fix="point checkpoint at a run folder, a checkpoint-N folder, an adapter folder or a .gguf file",
         )
-    chosen = model_in(folder)
-    if chosen is None:
+    trained = trained_in(folder, base=resolved.model_id)
+    if trained is None:
         raise LeapError(
             "no model in this folder (no config.json, no adapter_config.json, no model/, no complete checkpoint)",
             where=f"checkpoint: {folder}",
             fix="point checkpoint at a run folder, a checkpoint-N folder or an adapter folder",
         )
-    if is_model(chosen):
-        return ModelToEvaluate(str(chosen))
-    return ModelToEvaluate(_adapter_base(chosen, resolved), adapter_dir=chosen)
-
-
-def _adapter_base(adapter: Path, resolved: ResolvedConfig) -> str:
-    """The base model of an adapter: the run's resolved config says what was trained; else the
-    adapter's own record; else the eval config's model_name."""
-    from leap_finetune.config.yaml_io import read_yaml
-
-    for run_config in (RunFolder(adapter.parent).resolved_config, RunFolder(adapter.parent.parent).resolved_config):
-        if run_config.is_file():
-            model_id = read_yaml(run_config).get("model_id")
-            if model_id:
-                return model_id
-    try:
-        recorded = json.loads((adapter / "adapter_config.json").read_text(encoding="utf-8")).get(
-            "base_model_name_or_path"
-        )
-    except (OSError, json.JSONDecodeError):
-        recorded = None
-    return recorded or resolved.model_id
+    return trained

@@ -32,17 +32,16 @@ def export_gguf(
     verify: bool = True,
     console: Console | None = None,
 ) -> Path:
-    from leap_finetune.files import check_writable
     from leap_finetune.gguf_export.convert import check_converter
     from leap_finetune.gguf_export.llama_cpp import find_program
     from leap_finetune.methods import method_of
-    from leap_finetune.models.trained import find_trained, retrieval_type
+    from leap_finetune.models.trained import find_trained
 
     console = console or Console(stderr=True)
     types = parse_types(types)
     trained = find_trained(source)
     source = str(Path(source).expanduser().resolve()) if Path(source).expanduser().exists() else source
-    kind = retrieval_type(trained)
+    kind = trained.retrieval_type()
     if kind is not None:
         raise LeapError(
             f"GGUF export is for chat models; this is {method_of(kind).trains}",
@@ -54,19 +53,7 @@ def export_gguf(
     if needs_quantize(types):
         first = next(t for t in types if t in QUANTIZE_TYPES)
         quantizer = find_program("llama-quantize", llama_cpp, why=first)
-    if output is None:
-        base = Path(source).expanduser()
-        output = (base if base.is_dir() else Path.cwd()) / "export-gguf"
-    output = Path(output).expanduser().resolve()
-    if output.exists() and not output.is_dir():
-        raise LeapError("this is a file, not a folder", where=str(output), fix="give --output a folder path")
-    if output.exists() and any(output.iterdir()):
-        raise LeapError(
-            "the output folder exists and is not empty",
-            where=str(output),
-            fix="choose another --output, or remove the folder",
-        )
-    check_writable(output.parent, "--output")
+    output = _output_folder(output, source)
     _check_space(trained, types, output.parent)
     from leap_finetune.gguf_export.convert import check_architecture
     from leap_finetune.gguf_export.verify import benchmarks_of
@@ -106,7 +93,7 @@ def export_gguf(
 
 
 def _write(staging: Path, final: Path, trained, source, types, quantizer, vision, stem, title, measured, console):
-    from leap_finetune.export import export_model
+    from leap_finetune.export import export_trained
     from leap_finetune.gguf_export.card import write_card
     from leap_finetune.gguf_export.convert import convert
     from leap_finetune.gguf_export.llama_cpp import quantize
@@ -115,7 +102,7 @@ def _write(staging: Path, final: Path, trained, source, types, quantizer, vision
     scratch = staging / ".transformers"  # the folder converted from; removed before the swap
     merging = " (the LoRA adapter merged into its base)" if trained.adapter_dir is not None else ""
     console.print(f"writing the model as a transformers folder{merging} ...", markup=False)
-    hf = export_model(source, merge=True, output=scratch / "merged", console=_Warnings(console))
+    hf = export_trained(trained, merge=True, output=scratch / "merged", console=_Warnings(console))
     _check_space_for_files(hf, types, staging)
     files: dict[str, Path] = {}
     for gguf_type in types:
@@ -162,7 +149,7 @@ def _write(staging: Path, final: Path, trained, source, types, quantizer, vision
 
 
 class _Warnings:
-    """A console for export_model that passes its warnings on (the merged folder is scratch: its own success line is
+    """A console for export_trained that passes its warnings on (the merged folder is scratch: its own success line is
     not the user's news)."""
 
     def __init__(self, console: Console):
@@ -184,6 +171,26 @@ def _dtype(model_dir: Path) -> str | None:
 
 def _float16(model_dir: Path) -> bool:
     return _dtype(model_dir) in ("bfloat16", "float16")
+
+
+def _output_folder(output: str | Path | None, source: str) -> Path:
+    """The folder to write (default: export-gguf/ in the given folder): a new or empty folder, somewhere writable."""
+    from leap_finetune.files import check_writable
+
+    if output is None:
+        base = Path(source).expanduser()
+        output = (base if base.is_dir() else Path.cwd()) / "export-gguf"
+    output = Path(output).expanduser().resolve()
+    if output.exists() and not output.is_dir():
+        raise LeapError("this is a file, not a folder", where=str(output), fix="give --output a folder path")
+    if output.exists() and any(output.iterdir()):
+        raise LeapError(
+            "the output folder exists and is not empty",
+            where=str(output),
+            fix="choose another --output, or remove the folder",
+        )
+    check_writable(output.parent, "--output")
+    return output
 
 
 def _file_stem(title: str) -> str:

@@ -2,6 +2,7 @@
 one - an exception, a list of the wrong length, text where a number belongs - was a traceback after the model had
 loaded, and NaN a completion silently left out. Here such a function is
 
+- imported with its signature checked (`load_custom_reward`, by the config's check and by the recipe);
 - called once before the model loads (`check_custom_rewards`, by `validate` and `run`), on the first training rows
   with placeholder completions (the row's solution and an empty text) and the keyword arguments TRL passes; and
 - checked at every call while training (`checked_reward`): the run stops with a LeapError naming the function,
@@ -40,6 +41,28 @@ def label(spec: str) -> str:
     """How a custom reward is named in messages: `my_rewards.py::score`."""
     file, _, name = spec.partition("::")
     return f"{Path(file).name}::{name}"
+
+
+def load_custom_reward(spec: str, where: str) -> Callable:
+    """The user's function, imported, with the reward signature: `(completions, **kwargs)`."""
+    from leap_finetune.config.user_code import load_user_function
+
+    name = spec.partition("::")[2]
+    function = load_user_function(
+        spec, kind="custom reward", where=where, signature="def {name}(completions, **kwargs) -> list[float]"
+    )
+    parameters = inspect.signature(function).parameters
+    first = next(iter(parameters.values()), None)
+    takes_kwargs = any(p.kind is inspect.Parameter.VAR_KEYWORD for p in parameters.values())
+    if first is None or first.name != "completions" or not takes_kwargs:
+        found = f"({', '.join(str(p) for p in parameters.values())})"
+        raise LeapError(
+            f"the custom reward {name}{found} does not have the reward signature",
+            where=where,
+            fix=f"define def {name}(completions, **kwargs) -> list[float | None]: completions are the "
+            "generated texts; kwargs hold the rows' columns (solution, ...) and TRL's extras",
+        )
+    return function
 
 
 # ---- what a reward function returned ----------------------------------------------------------------------
@@ -179,8 +202,6 @@ def sample_call(examples: list[dict], columns: list[str], tokenizer) -> SampleCa
 def check_custom_rewards(resolved, prepared, tokenizer, console=None) -> None:
     """`validate` and `run`: each custom reward called once on the first training rows (`rewards.check_at_validate:
     false` skips it); what it raises or returns wrong is a LeapError naming the function and the rows."""
-    from leap_finetune.rl.rewards import load_custom_reward
-
     rewards = resolved.rewards
     specs = custom_specs(rewards)
     if not specs or not rewards.check_at_validate or not prepared.train.examples:

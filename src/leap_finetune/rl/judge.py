@@ -96,10 +96,6 @@ class Judge:
             self._client = _client(self.config, self.base_url)
         return self._client
 
-    def score_one(self, prompt: str, completion: str, solution: str) -> float | None:
-        """The normalised score of one completion, or None (a failure, its reason kept in last_failure)."""
-        return self._score(prompt, completion, solution)[0]
-
     def _score(self, prompt: str, completion: str, solution: str) -> tuple[float | None, bool]:
         """(score or None, whether a failure was the server's: no answer, a timeout, an HTTP error)."""
         c = self.config

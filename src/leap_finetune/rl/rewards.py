@@ -23,6 +23,7 @@ from collections.abc import Callable
 
 from leap_finetune.data.tool_calls import tool_call_is_valid
 from leap_finetune.errors import LeapError
+from leap_finetune.rl.custom_rewards import checked_reward, label, load_custom_reward
 
 __all__ = ["tool_call_is_valid", "BUILTIN_REWARDS", "build_reward", "check_reward_spec", "reward_name"]
 
@@ -196,24 +197,7 @@ def check_reward_spec(spec, index: int, where: str) -> str | dict:
     """A `rewards.funcs` entry checked (a custom file imported, its function's signature read); returns it
     with options validated. Custom paths must already be absolute."""
     key = f"rewards.funcs[{index}]"
-    options = {}
-    if isinstance(spec, dict):
-        if "name" not in spec or not isinstance(spec["name"], str):
-            raise LeapError(
-                f"{key} is a mapping without a `name`",
-                where=where,
-                fix="write e.g. {name: format, pattern: '^Answer:'}",
-            )
-        options = {k: v for k, v in spec.items() if k != "name"}
-        name = spec["name"]
-    elif isinstance(spec, str):
-        name = spec
-    else:
-        raise LeapError(
-            f"{key} is {spec!r}",
-            where=where,
-            fix="give a built-in name (" + ", ".join(BUILTIN_REWARDS) + ") or ./file.py::function",
-        )
+    name, options = _name_and_options(spec, key, where)
     if "::" in name:
         if options:
             raise LeapError(
@@ -223,6 +207,32 @@ def check_reward_spec(spec, index: int, where: str) -> str | dict:
             )
         load_custom_reward(name, where=f"{where}: {key}")
         return name
+    _check_builtin(name, key, where)
+    _check_options(name, options, key, where)
+    return {"name": name, **options} if options else name
+
+
+def _name_and_options(spec, key: str, where: str) -> tuple[str, dict]:
+    """`accuracy`, `./file.py::function` or `{name: format, pattern: ...}`: (the name, its options)."""
+    if isinstance(spec, dict):
+        if "name" not in spec or not isinstance(spec["name"], str):
+            raise LeapError(
+                f"{key} is a mapping without a `name`",
+                where=where,
+                fix="write e.g. {name: format, pattern: '^Answer:'}",
+            )
+        return spec["name"], {k: v for k, v in spec.items() if k != "name"}
+    if isinstance(spec, str):
+        return spec, {}
+    raise LeapError(
+        f"{key} is {spec!r}",
+        where=where,
+        fix="give a built-in name (" + ", ".join(BUILTIN_REWARDS) + ") or ./file.py::function",
+    )
+
+
+def _check_builtin(name: str, key: str, where: str) -> None:
+    """A built-in reward's name, or the custom one it was meant to be (`file.py:function`, one colon)."""
     if name not in BUILTIN_REWARDS and (":" in name or name.endswith(".py")):
         file, _, function = name.rpartition(":") if ":" in name else (name, "", "my_reward")
         file = file if file.endswith(".py") else file.replace(".", "/") + ".py"
@@ -240,6 +250,10 @@ def check_reward_spec(spec, index: int, where: str) -> str | dict:
             where=where,
             fix=unknown_key_fix(name, BUILTIN_REWARDS) + "; or a custom one: ./rewards.py::my_reward",
         )
+
+
+def _check_options(name: str, options: dict, key: str, where: str) -> None:
+    """A built-in reward's options: the ones it takes, each present and of its kind."""
     _, needed, _ = BUILTIN_REWARDS[name]
     unknown = sorted(set(options) - set(needed))
     if unknown:
@@ -265,38 +279,9 @@ def check_reward_spec(spec, index: int, where: str) -> str | dict:
                 where=where,
                 fix="correct the pattern (Python `re` syntax)",
             ) from None
-    if name == "length" and (
-        not isinstance(options["target_tokens"], int)
-        or isinstance(options["target_tokens"], bool)
-        or options["target_tokens"] <= 0
-    ):
-        raise LeapError(
-            f"{key}: target_tokens is {options['target_tokens']!r}",
-            where=where,
-            fix="give a whole number of tokens > 0",
-        )
-    return {"name": name, **options} if options else name
-
-
-def load_custom_reward(spec: str, where: str) -> Callable:
-    from leap_finetune.config.user_code import load_user_function
-
-    name = spec.partition("::")[2]
-    function = load_user_function(
-        spec, kind="custom reward", where=where, signature="def {name}(completions, **kwargs) -> list[float]"
-    )
-    parameters = inspect.signature(function).parameters
-    first = next(iter(parameters.values()), None)
-    takes_kwargs = any(p.kind is inspect.Parameter.VAR_KEYWORD for p in parameters.values())
-    if first is None or first.name != "completions" or not takes_kwargs:
-        found = f"({', '.join(str(p) for p in parameters.values())})"
-        raise LeapError(
-            f"the custom reward {name}{found} does not have the reward signature",
-            where=where,
-            fix=f"define def {name}(completions, **kwargs) -> list[float | None]: completions are the "
-            "generated texts; kwargs hold the rows' columns (solution, ...) and TRL's extras",
-        )
-    return function
+    target = options.get("target_tokens")
+    if name == "length" and (not isinstance(target, int) or isinstance(target, bool) or target <= 0):
+        raise LeapError(f"{key}: target_tokens is {target!r}", where=where, fix="give a whole number of tokens > 0")
 
 
 # built-in rewards that read tool-call markers: given the run's tokenizer (see _with_markers)
@@ -328,8 +313,6 @@ def build_reward(
     """The callable for a checked `rewards.funcs` entry, named as it is logged. A custom one is wrapped so that
     what it raises or returns wrong stops the run with a LeapError at `where` (custom_rewards.checked_reward;
     `then()`: what to do after the fix). `tokenizer`: the run's, for the rewards that read tool-call markers."""
-    from leap_finetune.rl.custom_rewards import checked_reward, label
-
     name = spec["name"] if isinstance(spec, dict) else spec
     if "::" in name:
         custom = load_custom_reward(name, where=where or name)

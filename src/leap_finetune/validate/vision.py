@@ -22,7 +22,6 @@ from leap_finetune.methods import VISION_KEYS, method_of
 
 # the language model's layers, as module names of Lfm2VlForConditionalGeneration (model.language_model.layers...)
 LANGUAGE_MODEL_MODULES = r".*language_model.*\.({names})"
-LANGUAGE_MODEL_PREFIX = "language_model"
 # the linear layers of an LFM2 decoder layer: attention, short convolution, SwiGLU MLP
 LFM2_LINEAR = ("q_proj", "k_proj", "v_proj", "out_proj", "in_proj", "w1", "w2", "w3")
 
