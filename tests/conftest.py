@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import functools
 import json
 import os
 import subprocess
@@ -14,6 +15,10 @@ import yaml
 os.environ["HF_HUB_OFFLINE"] = "1"
 os.environ["TRANSFORMERS_OFFLINE"] = "1"
 os.environ["HF_DATASETS_OFFLINE"] = "1"
+# One torch thread per process (before torch is imported; the processes a test starts inherit it): two test processes
+# share 2 cores, and torch's two threads per process would stall at every parallel region whenever the other process
+# runs (measured: a 30-step tiny run 8.4 s -> 2.6 s beside a busy process; alone, the same 1.8-2.0 s either way).
+os.environ.setdefault("OMP_NUM_THREADS", "1")
 os.environ.setdefault("TOKENIZERS_PARALLELISM", "false")
 os.environ["COLUMNS"] = "200"  # rich wraps at the terminal width; messages are asserted whole
 # Library FutureWarnings are shown in the test summary (in-process runs), not hidden as for users.
@@ -202,6 +207,7 @@ def workdir(tmp_path, monkeypatch):
     return tmp_path
 
 
+@pytest.hookimpl(tryfirst=True)  # (before pytest-xdist's own hook reads the groups set here)
 def pytest_collection_modifyitems(config, items):
     """Every test that starts the SLURM cluster is marked `slurm` (pytest -m 'not slurm' leaves them out): by its
     fixture, so a new one cannot be forgotten. The `llama_cpp` lane (it builds llama.cpp, minutes the first time)
@@ -214,3 +220,41 @@ def pytest_collection_modifyitems(config, items):
         if lane:
             config.hook.pytest_deselected(items=lane)
             items[:] = [item for item in items if not item.get_closest_marker("llama_cpp")]
+    _group_for_two_processes(config, items)
+
+
+def _group_for_two_processes(config, items) -> None:
+    """The test processes that share the machine (pytest-xdist: `-n 2` in pyproject.toml) take whole files (see
+    pytest_xdist_make_scheduler); here, in each process's collection, the files with the most end-to-end runs go
+    first, so that no long file starts last and keeps one process busy alone at the end."""
+    if not os.environ.get("PYTEST_XDIST_WORKER"):
+        return  # (one process: the files in the order collected)
+    weights: dict[str, int] = {}
+    for item in items:
+        group = _group_of(config.rootpath, item.path)
+        weights[group] = weights.get(group, 0) + (1 if item.get_closest_marker("slow") else 0)
+    items.sort(key=lambda item: -weights[_group_of(config.rootpath, item.path)])  # (stable: a file's order kept)
+
+
+@functools.cache
+def _group_of(root: Path, path: Path) -> str:
+    """The unit of work of one test process: a test file (its module fixtures - a Ray instance, a trained run - are
+    made once), and one unit for every file that starts SLURM jobs (the one-node cluster has 2 CPUs: jobs of two files
+    at once would wait on each other, and a waiting job looks hung to its test's watchdog)."""
+    path = Path(path)
+    if "slurm_cluster" in path.read_text(encoding="utf-8"):
+        return "slurm"
+    return path.relative_to(root).as_posix()
+
+
+def pytest_xdist_make_scheduler(config, log):
+    """Whole test files to each process (`_group_of`), in the order the processes collected them. (pytest-xdist's
+    `--dist loadgroup` would do it with xdist_group marks, but it renames test ids in a way pytest 9.2 ignores.)"""
+    from xdist.scheduler import LoadScopeScheduling
+
+    class WholeFiles(LoadScopeScheduling):
+        def _split_scope(self, nodeid: str) -> str:
+            return _group_of(config.rootpath, config.rootpath / nodeid.split("::", 1)[0])
+
+    config.option.loadscopereorder = False  # (the order of _group_for_two_processes)
+    return WholeFiles(config, log)
