@@ -1,16 +1,14 @@
-"""Evaluation that does not pause training (async_eval sidecar and reserved), with real components: sidecar
-evaluations run as jobs of the real one-node SLURM cluster (scripts/slurm_local.sh), the reserved evaluator is
-a real evaluation server process (evaluation/serve.py, FastAPI + uvicorn) on 127.0.0.1 answering a real
-`leap-finetune eval --server` process. Both
-on CPU (vllm_gpus: 0). Their results, logged at the training step of each snapshot, equal the sync run's at
-the same steps; failures (a rejected sbatch, a killed server) are counted and training finishes."""
+"""Evaluation that does not pause training, reserved mode, with real components: the reserved evaluator is a real
+evaluation server process (evaluation/serve.py, FastAPI + uvicorn) on 127.0.0.1 answering a real
+`leap-finetune eval --server` process, on CPU (vllm_gpus: 0). Its results, logged at the training step of each
+snapshot, equal the sync run's at the same steps; a killed server is counted and training finishes. (Sidecar mode,
+with SLURM jobs: test_async_eval_sidecar.py.)"""
 
 from __future__ import annotations
 
 import json
 import os
 import shutil
-import socket
 import subprocess
 import threading
 from pathlib import Path
@@ -18,154 +16,18 @@ from pathlib import Path
 import pytest
 
 from leap_finetune.api import run_config
-from tests.conftest import EXAMPLES, REPO, tiny_config, write_config
+from tests.conftest import EXAMPLES, tiny_config, write_config
+from tests.evaluation.async_runs import (
+    async_config,
+    failures_by_step,
+    free_port,
+    one_core_each,
+    scores_by_step,
+    sync_run,
+)
 from tests.watchdog import Watchdog, wait_until
 
-# 12 rows answered one at a time: an evaluation that costs seconds on this CPU (sync mode pauses for it).
-BENCH = {
-    "max_new_tokens": 32,
-    "batch_size": 1,
-    "eval_steps": 3,
-    "benchmarks": [
-        {"name": "capitals", "path": "bench.jsonl", "metric": "exact_match"},
-        {"name": "mcq", "path": "mcq.jsonl", "metric": "logprob_mcq"},
-    ],
-}
-
-
-def _config(folder: Path, mode: str, name: str, evals: dict | None = None, **async_eval) -> Path:
-    for source, target in (
-        ("quickstart.jsonl", "train.jsonl"),
-        ("quickstart_bench_generation.jsonl", "bench.jsonl"),
-        ("quickstart_bench_mcq.jsonl", "mcq.jsonl"),
-    ):
-        shutil.copy(EXAMPLES / "data" / source, folder / target)
-    config = tiny_config(
-        training_config={"max_steps": 12, "per_device_train_batch_size": 8, "learning_rate": 3e-3, "save_steps": 100},
-        evals={**BENCH, **(evals or {})},
-        async_eval={"mode": mode, "vllm_gpus": 0, **async_eval},
-    )
-    return write_config(folder, config, name)
-
-
-def _scores(run_dir: Path) -> dict[int, dict]:
-    """Benchmark results by the training step they belong to, from metrics.jsonl (timings left out)."""
-    found: dict[int, dict] = {}
-    for line in (run_dir / "metrics.jsonl").read_text().splitlines():
-        record = json.loads(line)
-        scores = {
-            k: v
-            for k, v in record.items()
-            if k.startswith("benchmark/") and not k.endswith("/seconds") and k != "benchmark/failures"
-        }
-        if scores:
-            assert record["step"] not in found, f"step {record['step']} logged twice"
-            found[record["step"]] = scores
-    return found
-
-
-def _failures(run_dir: Path) -> dict[int, float]:
-    records = [json.loads(line) for line in (run_dir / "metrics.jsonl").read_text().splitlines()]
-    return {r["step"]: r["benchmark/failures"] for r in records if "benchmark/failures" in r}
-
-
-@pytest.fixture(scope="module", autouse=True)
-def one_core_each():
-    """Training (in this process) uses one core and a CPU evaluator the other, as a trainer and its evaluation
-    job each have their own resources on a cluster: on 2 cores, torch's two training threads stall at every
-    parallel region whenever any other process is scheduled, which would measure this machine, not the mode."""
-    import torch
-
-    threads = torch.get_num_threads()
-    torch.set_num_threads(1)
-    yield
-    torch.set_num_threads(threads)
-
-
-@pytest.fixture(scope="module")
-def sync_run(tmp_path_factory):
-    folder = tmp_path_factory.mktemp("sync")
-    summary = run_config(_config(folder, "sync", "sync.yaml"), outputs_root=folder / "outputs")
-    return summary, _scores(Path(summary["run_dir"]))
-
-
-@pytest.fixture(scope="module")
-def slurm_cluster():
-    result = subprocess.run(
-        ["bash", str(REPO / "scripts" / "slurm_local.sh")], capture_output=True, text=True, timeout=300
-    )
-    assert result.returncode == 0, result.stdout + result.stderr
-
-
-@pytest.mark.slow
-def test_sidecar_jobs_give_the_sync_results_and_training_does_not_wait(slurm_cluster, workdir, sync_run, capfd):
-    sync_summary, sync_scores = sync_run
-    assert sorted(sync_scores) == [0, 3, 6, 9, 12]
-    assert sync_scores[0]["benchmark/mcq/score"] != sync_scores[12]["benchmark/mcq/score"]  # the model learned
-    summary = run_config(_config(workdir, "sidecar", "sidecar.yaml", on_overlap="skip"))
-    run_dir = Path(summary["run_dir"])
-    scores = _scores(run_dir)
-    # every evaluation that ran gives the sync run's results at that training step, logged at that step
-    assert 0 in scores and 12 in scores
-    for step, result in scores.items():
-        assert result == pytest.approx(sync_scores[step], rel=1e-6), step
-    assert summary["benchmarks"] == pytest.approx(sync_summary["benchmarks"])
-    assert summary["initial_benchmarks"] == pytest.approx(sync_summary["initial_benchmarks"])
-    # each evaluation was a real SLURM job that completed; its log is kept, its snapshot deleted
-    logs = sorted((run_dir / "benchmarks" / "jobs").glob("step-*-*.out"))
-    assert len(logs) == len(scores)
-    for log in logs:
-        job = log.stem.split("-")[-1]
-        shown = subprocess.run(["scontrol", "show", "job", job], capture_output=True, text=True).stdout
-        assert "JobState=COMPLETED" in shown, shown
-    assert not (run_dir / "benchmarks" / "snapshots").exists()
-    assert sorted(p.name for p in (run_dir / "benchmarks" / "results").iterdir()) == sorted(
-        f"step-{s}.json" for s in scores
-    )
-    # the newest evaluation's predictions, as in sync mode
-    for name in ("capitals", "mcq"):
-        rows = [json.loads(line) for line in (run_dir / "benchmarks" / f"{name}.jsonl").read_text().splitlines()]
-        assert rows and {"prompt", "prediction", "score"} <= set(rows[0]), name
-    err = capfd.readouterr().err
-    skipped = [s for s in (3, 6, 9) if s not in scores]
-    for step in skipped:  # on_overlap: skip says so
-        assert f"evaluation of step {step} skipped" in err
-    # training did not pause for the evaluations (sync paused at steps 3, 6 and 9)
-    assert summary["train_runtime_s"] < 0.8 * sync_summary["train_runtime_s"], (
-        summary["train_runtime_s"],
-        sync_summary["train_runtime_s"],
-    )
-    print(f"training time: sidecar {summary['train_runtime_s']:.1f} s, sync {sync_summary['train_runtime_s']:.1f} s")
-
-
-def test_jobs_that_cannot_run_are_counted_and_evaluation_is_switched_off(slurm_cluster, workdir, capfd):
-    from leap_finetune.api import validate_config
-    from leap_finetune.errors import LeapError
-
-    # an option sbatch rejects is found at validate (sbatch --test-only on an evaluation job's script)
-    rejected = _config(workdir, "sidecar", "rejected.yaml", sbatch={"extra_args": ["--no-such-option=1"]})
-    with pytest.raises(LeapError, match="sbatch would reject the evaluation jobs .*no-such-option"):
-        validate_config(rejected)
-    # jobs SLURM accepts but that cannot start (held): each is cancelled and counted; after 2, evaluation is off
-    config = _config(workdir, "sidecar", "held.yaml", sbatch={"extra_args": ["--hold"]}, failure={"max_consecutive": 2})
-    summary = run_config(config)
-    assert summary["global_step"] == 12 and summary["model_dir"]  # training finished
-    run_dir = Path(summary["run_dir"])
-    assert _failures(run_dir) == {0: 1.0, 3: 2.0}
-    assert _scores(run_dir) == {}
-    err = " ".join(capfd.readouterr().err.split())
-    assert "evaluation at step 0 (before training) failed: SLURM job" in err
-    assert "cannot start (Reason=JobHeldUser); it was cancelled" in err
-    assert "evaluation switched off for the rest of the run after 2 failed evaluations in a row" in err
-    assert not (run_dir / "benchmarks" / "snapshots").exists()
-    left = subprocess.run(["squeue", "-h", "-n", f"leap-eval-{run_dir.name}-step-0"], capture_output=True, text=True)
-    assert left.stdout.strip() == ""
-
-
-def _free_port() -> int:
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        return s.getsockname()[1]
+__all__ = ["one_core_each", "sync_run"]  # (fixtures of this module, defined with the runs they set up)
 
 
 class KillFirstServer(threading.Thread):
@@ -194,16 +56,16 @@ class KillFirstServer(threading.Thread):
 @pytest.mark.slow
 def test_reserved_server_gives_the_sync_results_and_a_killed_server_is_a_counted_failure(workdir, sync_run, capfd):
     _, sync_scores = sync_run
-    port = _free_port()
+    port = free_port()
     killer = KillFirstServer(port, workdir / "outputs")
     killer.start()
     # batch_size 4: the server generates requests that arrive together as one batch (sync generated one by one)
     summary = run_config(
-        _config(
+        async_config(
             workdir,
             "reserved",
             "reserved.yaml",
-            evals={"batch_size": 4},
+            evals={"batch_size": 4, "eval_steps": 6},  # (steps 0, 6, 12: the server of step 0 killed)
             on_overlap="skip",
             reserved={"server_port": port},
         )
@@ -212,8 +74,8 @@ def test_reserved_server_gives_the_sync_results_and_a_killed_server_is_a_counted
     assert killer.killed, killer.error
     run_dir = Path(summary["run_dir"])
     assert summary["global_step"] == 12
-    assert _failures(run_dir) == {0: 1.0}
-    scores = _scores(run_dir)
+    assert failures_by_step(run_dir) == {0: 1.0}
+    scores = scores_by_step(run_dir)
     assert 12 in scores and 0 not in scores
     for step, result in scores.items():  # the server's greedy answers and the client's log-probs: as sync
         assert result == pytest.approx(sync_scores[step], rel=1e-6), step
@@ -258,11 +120,11 @@ def test_reserved_in_place_reload_gives_the_sync_results_from_one_server(workdir
     every step. A server killed between
     snapshots is started again on the next one (said in the log), and the results still equal sync's."""
     sync_summary, sync_scores = sync_run
-    port = _free_port()
+    port = free_port()
     killer = KillServerAfterReload(port, workdir / "outputs")
     killer.start()
     summary = run_config(
-        _config(
+        async_config(
             workdir,
             "reserved",
             "in_place.yaml",
@@ -274,8 +136,8 @@ def test_reserved_in_place_reload_gives_the_sync_results_from_one_server(workdir
     assert killer.killed, killer.error
     run_dir = Path(summary["run_dir"])
     assert summary["global_step"] == 12
-    scores = _scores(run_dir)
-    failed = _failures(run_dir)
+    scores = scores_by_step(run_dir)
+    failed = failures_by_step(run_dir)
     assert 12 in scores and len(scores) + len(failed) == 3 and len(failed) <= 1, (scores.keys(), failed)
     for step, result in scores.items():
         assert result == pytest.approx(sync_scores[step], rel=1e-6), step
@@ -328,12 +190,12 @@ def test_reserved_server_answers_image_benchmarks_with_their_images(workdir):
         model_name="tiny-lfm2.5-vl",
         training_config={"max_steps": 2, "per_device_train_batch_size": 4, "save_steps": 100},
         evals=evals,
-        async_eval={"mode": "reserved", "vllm_gpus": 0, "reserved": {"server_port": _free_port()}},
+        async_eval={"mode": "reserved", "vllm_gpus": 0, "reserved": {"server_port": free_port()}},
     )
     summary = run_config(write_config(workdir, config, "reserved_vl.yaml"))
     run_dir = Path(summary["run_dir"])
-    assert summary["global_step"] == 2 and _failures(run_dir) == {}
-    scores = _scores(run_dir)
+    assert summary["global_step"] == 2 and failures_by_step(run_dir) == {}
+    scores = scores_by_step(run_dir)
     assert sorted(scores) == [0, 2]
     local = evaluate_config(write_config(workdir, {"model_name": "tiny-lfm2.5-vl", "evals": evals}, "local.yaml"))
     expected = {k: v for k, v in local["results"].items() if not k.endswith("/seconds")}
@@ -418,7 +280,9 @@ def test_in_place_starts_a_new_server_when_a_snapshot_unties_the_output_head(wor
     from leap_finetune.validate.loader import load_config
 
     resolved = load_config(
-        _config(workdir, "reserved", "tie.yaml", reserved={"server_port": _free_port(), "weight_reload": "in_place"})
+        async_config(
+            workdir, "reserved", "tie.yaml", reserved={"server_port": free_port(), "weight_reload": "in_place"}
+        )
     )
     tokenizer = load_tiny_tokenizer("tiny-lfm2")
     model = build_tiny_model("tiny-lfm2", tokenizer)

@@ -1,8 +1,8 @@
 """The hand-off of asynchronous evaluations (evaluation/handoff.py) between rank 0 and the driver's evaluator
 (launch/evaluator.py), on real files and threads. The evaluation itself - an sbatch job or the evaluation server,
-run for real in tests/evaluation/test_async_eval.py - is replaced here by a function the test controls, so that
-each fault can be put exactly where it matters: a claim race, an evaluation that raises, a disk that refuses the
-answer, a stop while it runs, a driver that is gone."""
+run for real in tests/evaluation/test_async_eval_sidecar.py and test_async_eval.py - is replaced here by a function
+the test controls, so that each fault can be put exactly where it matters: a claim race, an evaluation that raises,
+a disk that refuses the answer, a stop while it runs, a driver that is gone."""
 
 from __future__ import annotations
 

@@ -10,10 +10,13 @@ import json
 import os
 import subprocess
 import sys
+import threading
 import urllib.error
 import urllib.request
+from collections.abc import Callable
 from concurrent.futures import ThreadPoolExecutor
 from pathlib import Path
+from typing import NamedTuple
 
 import pytest
 import torch
@@ -82,15 +85,17 @@ def _ask(url: str, prompt: str, tokens: int = 12) -> str:
     return answer["choices"][0]["message"]["content"]
 
 
-@pytest.fixture
-def server(tmp_path):
+@pytest.fixture(scope="module")
+def running_server(tmp_path_factory):
+    """One server process for the module (its start-up is most of a test's time), serving `first`."""
     import socket
 
-    first = _folder(tmp_path / "first", seed=1)
+    folder = tmp_path_factory.mktemp("served")
+    first = _folder(folder / "first", seed=1)
     with socket.socket() as probe:
         probe.bind(("127.0.0.1", 0))
         port = probe.getsockname()[1]
-    log = (tmp_path / "server.log").open("wb")
+    log = (folder / "server.log").open("wb")
     process = subprocess.Popen(
         [
             sys.executable,
@@ -118,24 +123,43 @@ def server(tmp_path):
 
     try:
         wait_until(healthy, Watchdog(process.pid, what="the evaluation server"), poll_s=0.2)
-        yield url, first, tmp_path
+        yield url, first, folder / "server.log"
     finally:
         process.terminate()
         process.wait(timeout=30)
         log.close()
 
 
+class Served(NamedTuple):
+    url: str
+    first: Path  # the weights served when the test starts
+    folder: Path  # the test's own folder
+    log: Callable[[], str]  # what the server wrote during the test
+
+
+@pytest.fixture
+def server(running_server, tmp_path) -> Served:
+    """The module's server, serving `first`'s weights again (a test before may have loaded others)."""
+    url, first, log = running_server
+    status, answer = _post(f"{url}/v1/load_weights", {"model": str(first)})
+    assert status == 200, answer
+    offset = log.stat().st_size
+    return Served(url, first, tmp_path, lambda: log.read_bytes()[offset:].decode(errors="replace"))
+
+
 def test_the_server_answers_as_the_reloaded_model_and_refuses_other_models(server):
-    url, first, folder = server
+    url, first, folder, log = server
     second = _folder(folder / "second", seed=2)
     before = [_ask(url, p) for p in PROMPTS]
     assert before == _expected(first)
+    with urllib.request.urlopen(f"{url}/health") as health:
+        reloads = json.loads(health.read())["reloads"]
     status, answer = _post(f"{url}/v1/load_weights", {"model": str(second)})
     assert status == 200 and answer["model"] == str(second) and answer["tensors"] > 0, answer
     after = [_ask(url, p) for p in PROMPTS]
     assert after == _expected(second) and after != before
     with urllib.request.urlopen(f"{url}/health") as health:
-        assert json.loads(health.read()) == {"status": "ok", "weights": str(second), "reloads": 1}
+        assert json.loads(health.read()) == {"status": "ok", "weights": str(second), "reloads": reloads + 1}
     with urllib.request.urlopen(f"{url}/v1/models") as models:
         assert json.loads(models.read())["data"][0]["id"] == str(second)
 
@@ -172,25 +196,37 @@ def test_the_server_answers_as_the_reloaded_model_and_refuses_other_models(serve
 def test_requests_in_flight_during_a_reload_are_all_answered(server):
     """A reload sent while requests queue (one batch of one generating, the others waiting) waits for the batch being
     generated, and the batches after it use the new weights: every answer is one of the two models' own answers
-    (never a mix, never an error), and the server's log shows batches before and after the reload."""
-    url, first, folder = server
+    (never a mix, never an error), requests asked before the reload finished are answered by the new weights too
+    (they waited in the queue), and the server's log shows batches before and after the reload."""
+    url, first, folder, log = server
     second = _folder(folder / "second", seed=2)
     old, new = _expected(first, 64), _expected(second, 64)
-    log = folder / "server.log"
-    with ThreadPoolExecutor(8) as pool:
-        asked = [pool.submit(_ask, url, p, 64) for p in PROMPTS * 3]
+    reloaded = threading.Event()
+
+    def keep_asking(index: int) -> list[tuple[int, str, bool]]:
+        """Asks until the reload has answered and once more: (prompt, answer, asked before the reload answered)."""
+        answers = []
+        while True:
+            before = not reloaded.is_set()
+            answers.append((index, _ask(url, PROMPTS[index], 64), before))
+            if not before:
+                return answers
+
+    with ThreadPoolExecutor(9) as pool:
+        askers = [pool.submit(keep_asking, i % len(PROMPTS)) for i in range(8)]
         wait_until(
-            lambda: "generated 1 answer" in log.read_text(errors="replace"),
+            lambda: "generated 1 answer" in log(),
             Watchdog(os.getpid(), what="the evaluation server"),
         )
-        reload = pool.submit(_post, f"{url}/v1/load_weights", {"model": str(second)})
-        answers = [future.result() for future in asked]
-        assert reload.result()[0] == 200
-    for prompt, answer in zip(PROMPTS * 3, answers, strict=True):
-        index = PROMPTS.index(prompt)
-        assert answer in (old[index], new[index])
-    assert any(a == new[PROMPTS.index(p)] for p, a in zip(PROMPTS * 3, answers, strict=True))
-    lines = log.read_text(errors="replace").splitlines()
+        status, _ = _post(f"{url}/v1/load_weights", {"model": str(second)})
+        reloaded.set()
+        answers = [answer for asker in askers for answer in asker.result()]
+    assert status == 200
+    assert all(answer in (old[index], new[index]) for index, answer, _ in answers)
+    assert any(before and answer == old[index] for index, answer, before in answers)
+    # queued while the reload waited for the lock, answered after it by the new weights
+    assert any(before and answer == new[index] for index, answer, before in answers)
+    lines = log().splitlines()
     loaded = next(i for i, line in enumerate(lines) if "loaded the weights of" in line)
     assert any("generated 1 answer" in line for line in lines[:loaded])
     assert any("generated 1 answer" in line for line in lines[loaded:])
@@ -203,7 +239,7 @@ def test_the_reserved_driver_reloads_through_vllms_two_requests(server):
     same two requests is run on the GPU machine: bench/async_eval_vllm.py --modes in_place.)"""
     from leap_finetune.evaluation.reserved import _post_reload
 
-    url, first, folder = server
+    url, first, folder, log = server
     second = _folder(folder / "second", seed=2)
     answer: dict = {}
     _post_reload(url, second, 60, answer)
@@ -224,7 +260,7 @@ def test_a_server_without_the_reload_endpoint_and_vllm_error_bodies_are_said_pla
     the message says what is missing and what to use instead. vLLM's and FastAPI's error bodies become their text."""
     from leap_finetune.evaluation.reserved import _post_reload, _said
 
-    url, first, folder = server
+    url, first, folder, log = server
     answer: dict = {}
     _post_reload(f"{url}/elsewhere", first, 60, answer)
     assert "has no POST /collective_rpc" in answer["error"] and "VLLM_SERVER_DEV_MODE=1" in answer["error"]

@@ -107,8 +107,8 @@ def test_scancel_saves_a_checkpoint_and_the_job_resumes_to_the_end(slurm_cluster
         assert subprocess.run(["squeue", "-h", "-j", job], capture_output=True, text=True).stdout.strip(), (
             "no checkpoint before the job ended"
         )
-        watchdog.check()
-        time.sleep(0.2)
+        watchdog.check()  # (it reads every process's environment: twice a second is often enough)
+        time.sleep(0.5)
     subprocess.run(["scancel", job], check=True)
     _wait_for_job(job)
     log = (project / "slurm" / f"slurm-{job}.out").read_text()
