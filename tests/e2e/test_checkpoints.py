@@ -7,8 +7,6 @@ from __future__ import annotations
 import json
 import os
 import signal
-import subprocess
-import sys
 from pathlib import Path
 
 import pytest
@@ -16,6 +14,7 @@ import pytest
 from leap_finetune.api import run_config
 from leap_finetune.errors import LeapError
 from leap_finetune.runs.checkpoints import MARKER, verify
+from tests.cli_process import CliProcess, start_cli
 from tests.conftest import StopAt, fact_rows, tiny_config, write_config, write_jsonl
 from tests.watchdog import communicate
 
@@ -112,20 +111,10 @@ def test_re_running_a_finished_run_says_it_is_finished_and_changes_nothing(data)
     assert sorted(_losses(run_dir)) == list(range(1, 11))
 
 
-def _cli(config: Path, cwd: Path, fault: str | None = None) -> subprocess.Popen:
+def _cli(config: Path, cwd: Path, fault: str | None = None) -> CliProcess:
     """The CLI in a process of its own, killed at `fault` (LEAP_FINETUNE_FAULT); one training process (no GPUs:
     with several, the run would go through Ray and the fault would kill a worker instead)."""
-    env = {**os.environ, "HF_HUB_OFFLINE": "1", "TRANSFORMERS_OFFLINE": "1", "CUDA_VISIBLE_DEVICES": ""}
-    if fault:
-        env["LEAP_FINETUNE_FAULT"] = fault
-    return subprocess.Popen(
-        [sys.executable, "-m", "leap_finetune.cli", str(config)],
-        cwd=cwd,
-        env=env,
-        stdout=subprocess.DEVNULL,
-        stderr=subprocess.PIPE,
-        text=True,
-    )
+    return start_cli(str(config), cwd=cwd, env={**os.environ, "CUDA_VISIBLE_DEVICES": ""}, fault=fault)
 
 
 def _checkpoints(run_dir: Path) -> list[Path]:

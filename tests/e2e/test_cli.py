@@ -9,6 +9,7 @@ import pytest
 
 from leap_finetune.data.chat_templates import official_template
 from leap_finetune.models.tiny import load_tiny_tokenizer
+from tests.cli_process import start_cli
 from tests.conftest import EXAMPLES, chat, invoke, run_cli, tiny_config, write_config, write_jsonl
 from tests.watchdog import Watchdog, communicate, wait_until
 
@@ -161,8 +162,6 @@ def test_help_everywhere(workdir):
 @pytest.mark.slow
 def test_ctrl_c_saves_a_checkpoint_and_the_run_resumes_to_the_same_losses(workdir):
     import signal
-    import subprocess
-    import sys
 
     from tests.conftest import fact_rows
 
@@ -176,15 +175,7 @@ def test_ctrl_c_saves_a_checkpoint_and_the_run_resumes_to_the_same_losses(workdi
     assert reference.returncode == 0, reference.stderr[-2000:]
 
     config = write_config(workdir, tiny_config(project_name="int", training_config=base), "int.yaml")
-    env = {**__import__("os").environ, "HF_HUB_OFFLINE": "1"}
-    proc = subprocess.Popen(
-        [sys.executable, "-m", "leap_finetune.cli", str(config)],
-        cwd=workdir,
-        env=env,
-        stdout=subprocess.PIPE,
-        stderr=subprocess.PIPE,
-        text=True,
-    )
+    proc = start_cli(str(config), cwd=workdir)
 
     def trained_5_steps():
         found = list((workdir / "outputs" / "int").glob("*/metrics.jsonl"))

@@ -22,6 +22,7 @@ from transformers import TrainerCallback
 from leap_finetune.api import run_config, validate_config
 from leap_finetune.errors import LeapError
 from leap_finetune.runs.checkpoints import MARKER, verify
+from tests.cli_process import CliProcess, start_cli
 from tests.conftest import StopAt, fact_rows, invoke, tiny_config, write_config, write_jsonl
 from tests.watchdog import Watchdog, communicate, run
 
@@ -54,20 +55,8 @@ def _config(folder: Path, project: str, name: str, dataset: dict | None = None, 
 
 def _cli(
     config: Path, cwd: Path, fault: str | None = None, new_session: bool = False, args: tuple[str, ...] = ()
-) -> subprocess.Popen:
-    env = {**os.environ, "HF_HUB_OFFLINE": "1", "TRANSFORMERS_OFFLINE": "1", "COLUMNS": "200"}
-    env.pop("LEAP_FINETUNE_SHOW_WARNINGS", None)
-    if fault:
-        env["LEAP_FINETUNE_FAULT"] = fault
-    return subprocess.Popen(
-        [sys.executable, "-m", "leap_finetune.cli", *args, str(config)],
-        cwd=cwd,
-        env=env,
-        stdout=subprocess.PIPE,
-        stderr=subprocess.PIPE,
-        text=True,
-        start_new_session=new_session,
-    )
+) -> CliProcess:
+    return start_cli(*args, str(config), cwd=cwd, fault=fault, new_session=new_session)
 
 
 def _steps(run_dir: Path) -> list[int]:
@@ -265,7 +254,7 @@ def test_latest_follows_the_runs_own_record_not_file_times(data):
     assert first != second and latest_checkpoint(data / "outputs" / "skew") == second / "checkpoint-4"
 
 
-def _wait_stopped(process: subprocess.Popen) -> None:
+def _wait_stopped(process: CliProcess) -> None:
     """Until the process stopped itself at its fault point (SIGSTOP)."""
     import psutil
 

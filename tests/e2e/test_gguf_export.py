@@ -11,7 +11,9 @@ import subprocess
 import pytest
 import torch
 
-from tests.conftest import fact_rows, invoke, run_cli, tiny_config, train_full_and_lora, write_config, write_jsonl
+from tests.cli_process import start_cli
+from tests.conftest import fact_rows, invoke, tiny_config, train_full_and_lora, write_config, write_jsonl
+from tests.watchdog import communicate
 
 WORDS = ["red", "blue", "green", "gold", "pink", "gray", "teal", "navy"]
 # q8_0 keeps 8 bits per weight in blocks of 32: on these benchmarks of the trained tiny model it scores within
@@ -310,14 +312,22 @@ def test_a_full_disk_is_refused_with_the_space_needed(runs, workdir):
         subprocess.run(["umount", "-l", str(small)], check=False)
 
 
-def test_killed_before_the_swap_leaves_nothing_and_a_rerun_succeeds(runs, workdir, monkeypatch):
+def test_killed_before_the_swap_leaves_nothing_and_a_rerun_succeeds(runs, workdir):
     out = workdir / "killed"
-    monkeypatch.setenv("LEAP_FINETUNE_FAULT", "gguf-written=SIGKILL")
-    killed = run_cli("export", str(runs["lora"] / "checkpoint-4"), "--gguf", "q8_0", "-o", str(out), cwd=workdir)
+    killed = start_cli(
+        "export",
+        str(runs["lora"] / "checkpoint-4"),
+        "--gguf",
+        "q8_0",
+        "-o",
+        str(out),
+        cwd=workdir,
+        fault="gguf-written=SIGKILL",
+    )
+    communicate(killed, what="export --gguf")
     assert killed.returncode == -9
     assert not out.exists()
     assert (workdir / ".killed.partial" / "lora-q8_0.gguf").is_file()  # killed after writing, before the rename
-    monkeypatch.delenv("LEAP_FINETUNE_FAULT")
     again = invoke("export", str(runs["lora"] / "checkpoint-4"), "--gguf", "q8_0", "-o", str(out))
     assert again.returncode == 0, again.stderr
     assert sorted(p.name for p in out.iterdir()) == ["README.md", "lora-q8_0.gguf", "quantization.json"]
