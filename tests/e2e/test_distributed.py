@@ -12,6 +12,7 @@ from pathlib import Path
 import pytest
 
 from leap_finetune.api import run_config
+from tests.cli_process import CliProcess, start_cli
 from tests.conftest import fact_rows, tiny_config, write_config, write_jsonl
 from tests.watchdog import Watchdog, communicate, ray_workers, wait_until
 
@@ -208,10 +209,7 @@ def test_dpo_with_lora_on_two_workers_trains_like_one_worker(workdir, ray_cpus):
 def test_a_killed_worker_ends_the_run_with_its_rank_and_leaves_a_resumable_checkpoint(workdir):
     """SIGKILL one Ray Train worker of a real 2-worker CLI run: the run ends (exit 1) with a message
     naming the rank, Ray is shut down (no process left behind), and the last checkpoint resumes."""
-    import os
     import signal
-    import subprocess
-    import sys
     import time
 
     import psutil
@@ -226,15 +224,7 @@ def test_a_killed_worker_ends_the_run_with_its_rank_and_leaves_a_resumable_check
     data["ray"] = {"num_workers": 2}
     config = write_config(workdir, data)
     before = {p.pid for p in psutil.process_iter()}
-    env = {**os.environ, "HF_HUB_OFFLINE": "1", "TRANSFORMERS_OFFLINE": "1"}
-    proc = subprocess.Popen(
-        [sys.executable, "-m", "leap_finetune.cli", str(config)],
-        cwd=workdir,
-        env=env,
-        stdout=subprocess.DEVNULL,
-        stderr=subprocess.PIPE,
-        text=True,
-    )
+    proc = start_cli(str(config), cwd=workdir)
     watchdog = Watchdog(lambda: [proc.pid, *ray_workers()], what="the 2-worker run")
     wait_until(lambda: _marked_checkpoints(workdir / "outputs" / "killed"), watchdog, proc=proc)
     workers = [p for p in psutil.process_iter(["cmdline"]) if "RayTrainWorker" in " ".join(p.info["cmdline"] or [])]
@@ -321,8 +311,6 @@ def test_ctrl_c_checkpoints_a_ray_run_and_a_killed_driver_takes_its_workers_with
     driver (with its own local Ray instance) used to leave its workers training on headless, writing
     checkpoints; now they stop within a second or two, and the run can be resumed at once."""
     import signal
-    import subprocess
-    import sys
     import time
 
     import psutil
@@ -354,17 +342,9 @@ def test_ctrl_c_checkpoints_a_ray_run_and_a_killed_driver_takes_its_workers_with
         "RAY_ADDRESS": ray.get_runtime_context().gcs_address,
     }
 
-    def start(path: Path, after: int, local: bool = False) -> tuple[subprocess.Popen, Path]:
+    def start(path: Path, after: int, local: bool = False) -> tuple[CliProcess, Path]:
         here = {k: v for k, v in env.items() if k != "RAY_ADDRESS"} if local else env
-        proc = subprocess.Popen(
-            [sys.executable, "-m", "leap_finetune.cli", str(path)],
-            cwd=workdir,
-            env=here,
-            stdout=subprocess.DEVNULL,
-            stderr=subprocess.PIPE,
-            text=True,
-            start_new_session=True,
-        )
+        proc = start_cli(str(path), cwd=workdir, env=here, new_session=True)
         watchdog = Watchdog(lambda: [proc.pid, *ray_workers()], what="the 2-worker run")
 
         def saved_after() -> bool:
