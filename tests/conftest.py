@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import functools
+import gc
 import json
 import os
 import subprocess
@@ -258,3 +259,21 @@ def pytest_xdist_make_scheduler(config, log):
 
     config.option.loadscopereorder = False  # (the order of _group_for_two_processes)
     return WholeFiles(config, log)
+
+
+# Python's cyclic garbage collector, in a test process that lives for hundreds of tests, walks every object alive at
+# each full collection - torch's, transformers' and TRL's modules included - and full collections come often (each
+# Trainer.train() asks for one): measured, 22% of a test process's time on the end-to-end files. What is alive once
+# the tests are collected, and again after each test file, lives for the rest of the session: frozen (gc.freeze),
+# the collector leaves it out (44 tests of tests/e2e: 50.9 s -> 39.5 s, collection time 11.1 s -> 2.6 s).
+def pytest_collection_finish(session):
+    gc.collect()
+    gc.freeze()
+
+
+@pytest.hookimpl(hookwrapper=True)
+def pytest_runtest_teardown(item, nextitem):
+    yield  # (after the file's fixtures are finalized: what they held is garbage now, collected before the freeze)
+    if nextitem is None or nextitem.path != item.path:
+        gc.collect()
+        gc.freeze()
