@@ -29,33 +29,50 @@ def _uv() -> str:
     return found
 
 
-@pytest.mark.parametrize("python", ["3.11", "3.12"])
-def test_all_extras_resolve_together_with_the_core_pins(python, tmp_path):
-    """The core dependencies with every extra at once. Adding requirements can only remove solutions, so when all
-    of them resolve together, each extra alone does too (`pip install 'leap-finetune[EXTRA]'`): one resolution per
-    Python proves them all."""
+PYTHONS = ["3.11", "3.12"]
+
+
+@pytest.fixture(scope="module")
+def resolutions(tmp_path_factory) -> dict[str, subprocess.CompletedProcess]:
+    """The core dependencies with every extra at once, resolved for each Python - at the same time (each is mostly
+    waiting on PyPI's answers)."""
+    folder = tmp_path_factory.mktemp("extras")
     requirements = list(PROJECT["dependencies"])  # written out: compiling pyproject.toml would build the project
     for extra in EXTRAS:
         requirements += PROJECT["optional-dependencies"][extra]
-    (tmp_path / "requirements.in").write_text("\n".join(requirements) + "\n")
-    resolved = subprocess.run(
-        [
-            _uv(),
-            "pip",
-            "compile",
-            "-q",
-            "--python-version",
-            python,
-            "--python-platform",
-            "x86_64-unknown-linux-gnu",
-            "--no-header",
-            str(tmp_path / "requirements.in"),
-        ],
-        check=False,
-        capture_output=True,
-        text=True,
-        timeout=900,
-    )
+    (folder / "requirements.in").write_text("\n".join(requirements) + "\n")
+    running = {
+        python: subprocess.Popen(
+            [
+                _uv(),
+                "pip",
+                "compile",
+                "-q",
+                "--python-version",
+                python,
+                "--python-platform",
+                "x86_64-unknown-linux-gnu",
+                "--no-header",
+                str(folder / "requirements.in"),
+            ],
+            stdout=subprocess.PIPE,
+            stderr=subprocess.PIPE,
+            text=True,
+        )
+        for python in PYTHONS
+    }
+    done = {}
+    for python, process in running.items():
+        out, err = process.communicate(timeout=900)
+        done[python] = subprocess.CompletedProcess(process.args, process.returncode, out, err)
+    return done
+
+
+@pytest.mark.parametrize("python", PYTHONS)
+def test_all_extras_resolve_together_with_the_core_pins(python, resolutions):
+    """Adding requirements can only remove solutions, so when all of them resolve together, each extra alone does
+    too (`pip install 'leap-finetune[EXTRA]'`): one resolution per Python proves them all."""
+    resolved = resolutions[python]
     assert resolved.returncode == 0, f"the extras {EXTRAS} do not resolve together:\n{resolved.stderr[-3000:]}"
     versions = dict(re.findall(r"^([A-Za-z0-9_.-]+)==(\S+)", resolved.stdout, re.MULTILINE))
     assert Version(versions["vllm"]) in Requirement(_requirement("vllm")).specifier, versions["vllm"]
