@@ -225,3 +225,38 @@ def test_a_job_name_with_quotes_and_a_folder_with_spaces_reach_slurm_as_written(
     assert f"JobName={name}\n" in shown and "Comment=a b # c" in shown, shown
     # (scontrol shows --output's pattern with %j filled in and `%%`, SLURM's own escape of a `%`, as written)
     assert f"StdOut={folder}/outputs/slurm-quickstart/slurm/slurm-{job}.out".replace("%", "%%") in shown, shown
+
+
+def test_stop_steps_kills_only_the_jobs_step_processes_on_this_node():
+    """The cleanup's `stop-steps`: a cancelled job's steps (Ray under `keep-running`, SIGTERM blocked) end at once,
+    not at SLURM's KillWait; the batch script's own processes (no SLURM_STEP_ID) and another job's are left alone."""
+    import os
+    import sys
+
+    def sleeper(**env):
+        return subprocess.Popen(
+            [sys.executable, "-m", "leap_finetune.launch.slurm", "keep-running", "--", "sleep", "60"],
+            env={**os.environ, **env},
+        )
+
+    step = sleeper(SLURM_JOB_ID="4242", SLURM_STEP_ID="1")
+    batch = sleeper(SLURM_JOB_ID="4242")
+    other = sleeper(SLURM_JOB_ID="4243", SLURM_STEP_ID="1")
+    try:
+        wait_until = time.time() + 30
+        while not all(Path(f"/proc/{p.pid}/cmdline").read_bytes().startswith(b"sleep") for p in (step, batch, other)):
+            assert time.time() < wait_until, "the keep-running processes did not exec sleep"
+            time.sleep(0.05)
+        step.send_signal(15)  # (SIGTERM is blocked: only SIGKILL ends it)
+        assert (
+            subprocess.run(
+                [sys.executable, "-m", "leap_finetune.launch.slurm", "stop-steps", "--job", "4242"]
+            ).returncode
+            == 0
+        )
+        assert step.wait(timeout=10) == -9
+        assert batch.poll() is None and other.poll() is None
+    finally:
+        for process in (step, batch, other):
+            process.kill()
+            process.wait()
