@@ -109,7 +109,7 @@ def main(folder: str) -> int:
         # (the driver passes its signals on: the same phases as an in-process run, leap_finetune/signals.py)
         with handled(), TrainLog(header=False) as log:  # (the driver's train.log: this process's lines, appended)
             log.attach(RunFolder(payload["run_dir"]).train_log)
-            summary = recipe(payload["training_type"]).train(payload)
+            summary = recipe(payload["training_type"], to_train=True).train(payload)
     except LeapError as err:
         outcome = {"error": {"message": err.message, "where": err.where, "fix": err.fix}}
         (folder / "outcome.json").write_text(json.dumps(outcome), encoding="utf-8")

@@ -39,7 +39,7 @@ def train_run(resolved, prepared, plan, devices, servers, lock, console, callbac
 
                 summary = run_in_child(payload, devices, plan.run_dir)
             elif devices.in_process:
-                summary = recipe(resolved.training_type).train(payload, callbacks=callbacks)
+                summary = recipe(resolved.training_type, to_train=True).train(payload, callbacks=callbacks)
             else:
                 from leap_finetune.launch.distributed import run_on_ray
 

@@ -21,7 +21,7 @@ def train_worker(resolved_json: dict) -> None:
     run_dir = Path(resolved_json["run_dir"])
     watch_driver(run_dir, resolved_json.get("run_token"))
     try:
-        recipe(resolved_json["training_type"]).train(resolved_json)
+        recipe(resolved_json["training_type"], to_train=True).train(resolved_json)
     except LeapError as err:
         try:
             path = run_dir / WORKER_ERROR.format(rank=os.environ.get("RANK", "0"))

@@ -62,6 +62,9 @@ class Method:
     starter_benchmarks: bool = False
     # the library's training-arguments class the type's training_config keys belong to ("module:Class")
     arguments: str = ""
+    # the library's trainer class the recipe builds ("module:Class"): a training process imports it first, quickly
+    # (recipes.recipe(..., to_train=True))
+    trainer: str = ""
     # with a vision-language model (LFM2-VL): rows may carry image parts, the vision keys apply
     # (VISION_KEYS), and this is the profile a config starts from (None: images are refused)
     vision_profile: str | None = None
@@ -165,6 +168,7 @@ METHODS: dict[str, Method] = {
             cut_by_max_length=True,
             starter_benchmarks=True,
             arguments="trl:SFTConfig",
+            trainer="trl:SFTTrainer",
             vision_profile="DEFAULT_VLM_SFT",
         ),
         Method(
@@ -179,6 +183,7 @@ METHODS: dict[str, Method] = {
             cut_by_max_length=True,
             starter_benchmarks=True,
             arguments="trl:DPOConfig",
+            trainer="trl:DPOTrainer",
             vision_profile="DEFAULT_DPO",
         ),
         Method(
@@ -194,6 +199,7 @@ METHODS: dict[str, Method] = {
             cut_by_max_length=True,
             starter_benchmarks=True,
             arguments="trl:KTOConfig",
+            trainer="trl:KTOTrainer",
         ),
         Method(
             "grpo",
@@ -204,6 +210,7 @@ METHODS: dict[str, Method] = {
             _GRPO,
             rewards=True,
             arguments="trl:GRPOConfig",
+            trainer="trl:GRPOTrainer",
         ),
         Method(
             "embedding",
@@ -215,6 +222,7 @@ METHODS: dict[str, Method] = {
             own_keys=("compile_layers", "padding_free"),  # (recipes/retrieval.py: the encoder's speed plan)
             encoder_class="SentenceTransformer",
             arguments="sentence_transformers:SentenceTransformerTrainingArguments",
+            trainer="sentence_transformers:SentenceTransformerTrainer",
         ),
         Method(
             "colbert",
@@ -226,6 +234,7 @@ METHODS: dict[str, Method] = {
             own_keys=("compile_layers", "padding_free"),  # (recipes/retrieval.py: the encoder's speed plan)
             encoder_class="MultiVectorEncoder",
             arguments="sentence_transformers.multi_vector_encoder:MultiVectorEncoderTrainingArguments",
+            trainer="sentence_transformers.multi_vector_encoder:MultiVectorEncoderTrainer",
         ),
     )
 }

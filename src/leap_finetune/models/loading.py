@@ -67,6 +67,9 @@ def torch_dtype(name):
 
 def load_model(model_id: str, tokenizer, init_kwargs: dict | None = None, *, dtype=None):
     """`dtype` is the default when init_kwargs has none (float32 master weights for training)."""
+    from leap_finetune.startup import import_quickly
+
+    import_quickly("transformers.modeling_utils")  # (torch and transformers' model classes, quickly: startup.py)
     import torch
 
     kwargs = dict(init_kwargs or {})

@@ -4,7 +4,7 @@ against it by signature)."""
 
 from __future__ import annotations
 
-import importlib
+import sys
 from typing import TYPE_CHECKING, Protocol
 
 from leap_finetune.methods import method_of
@@ -30,5 +30,19 @@ class Recipe(Protocol):
         as it is); the run's summary."""
 
 
-def recipe(training_type: str) -> Recipe:
-    return importlib.import_module(method_of(training_type).recipe_module)
+def recipe(training_type: str, *, to_train: bool = False) -> Recipe:
+    """`to_train`: a training process is about to train: the trainer class its Method names is imported too.
+    Both with the collector paused (leap_finetune/startup.py: 3 s of a training process's start on 2 cores)."""
+    from leap_finetune.startup import import_quickly
+
+    method = method_of(training_type)
+    module = import_quickly(method.recipe_module)
+    if to_train and method.trainer:
+        library, name = method.trainer.split(":")
+        import_quickly(library)
+        if name not in vars(sys.modules[library]):  # (TRL's lazy module imports the class's own module on access)
+            from leap_finetune.startup import collector_paused
+
+            with collector_paused():
+                getattr(sys.modules[library], name)
+    return module
