@@ -23,7 +23,7 @@ LAYERS = [
     ("signals", "runs"),
     ("config",),
     ("data",),
-    ("models", "rl"),
+    ("models", "rl", "memory"),
     ("validate",),
     ("evaluation",),
     ("recipes",),

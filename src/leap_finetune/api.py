@@ -61,6 +61,11 @@ def validate_config(
         return None
     checked = check_run(resolved, console, outputs_root)
     plan = checked.plan
+    from leap_finetune.memory.budget import fit_run  # (what run would refuse for memory, validate refuses too)
+
+    devices = checked.devices
+    gpu = physical_ids(devices.training[:1]) if devices.use_gpu else None
+    resolved = fit_run(resolved, gpu, checked.prepared, console, resuming=not plan.new_run, planning=True)
     console.print(config_table(resolved))
     data_report(console, checked.prepared, resolved)
     console.print(devices_line(checked.devices, resolved.training.get("gradient_communication")))
@@ -187,6 +192,10 @@ def _run(source, console, callbacks, outputs_root, log) -> dict:
             f"the CPU); this plan has {devices.workers} worker(s) on GPU(s) {devices.training} of "
             f"{devices.gpus_per_node}: make one GPU visible (CUDA_VISIBLE_DEVICES=N) or drop callbacks"
         )
+    from leap_finetune.memory.budget import fit_run
+
+    gpu = physical_ids(devices.training[:1]) if devices.use_gpu else None
+    resolved = fit_run(resolved, gpu, prepared, console, resuming=not plan.new_run)
     console.print(config_table(resolved))
     data_report(console, prepared, resolved)
     print_plan_notes(console, plan)

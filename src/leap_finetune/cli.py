@@ -122,8 +122,9 @@ def _refuse_set(sets: list[str] | None, command: str, instead: str) -> None:
         )
 
 
-def _source(config: Path, sets: list[str] | None):
-    """The config path, or with --set the config loaded with the overrides (the API takes either)."""
+def _source(config: Path, sets: list[str] | None, gpu_memory: str | None = None):
+    """The config path, or with --set (and --gpu-memory) the config loaded with the overrides (the API takes both)."""
+    sets = [*(sets or []), f"gpu_memory={gpu_memory}"] if gpu_memory else sets
     if not sets:
         return config
     from leap_finetune.validate.loader import load_config
@@ -131,26 +132,33 @@ def _source(config: Path, sets: list[str] | None):
     return load_config(config, overrides=sets)
 
 
+GPU_MEMORY = typer.Option(
+    None,
+    "--gpu-memory",
+    help="Plan for a GPU with this much memory (24GiB, 80GB, 16): unset defaults change to fit (docs/memory.md).",
+)
+
+
 @app.command()
 @_user_errors
-def run(config: Path = _config_arg(), sets: list[str] = _set_option()) -> None:
+def run(config: Path = _config_arg(), sets: list[str] = _set_option(), gpu_memory: str = GPU_MEMORY) -> None:
     """Validate the config and every dataset row, plan the run, and train."""
     from leap_finetune.api import run_config
 
-    summary = run_config(_source(config, sets))
+    summary = run_config(_source(config, sets, gpu_memory))
     if summary.get("stopped_by_signal"):
         raise typer.Exit(128 + summary["stopped_by_signal"])
 
 
 @app.command()
 @_user_errors
-def validate(config: Path = _config_arg(), sets: list[str] = _set_option()) -> None:
+def validate(config: Path = _config_arg(), sets: list[str] = _set_option(), gpu_memory: str = GPU_MEMORY) -> None:
     """Check the config and EVERY dataset row; no model is loaded, nothing is trained.
 
     Exit code 0 when everything is valid, 2 when not."""
     from leap_finetune.api import validate_config
 
-    validate_config(_source(config, sets))
+    validate_config(_source(config, sets, gpu_memory))
     Console(stderr=True).print("[green]valid[/green]")
 
 
@@ -162,13 +170,14 @@ def plan(
     nodes: int = typer.Option(None, "--nodes", min=1, help="Plan for M nodes (default: 1, or the Ray cluster's)."),
     as_json: bool = typer.Option(False, "--json", help="Print the plan as JSON to stdout."),
     sets: list[str] = _set_option(),
+    gpu_memory: str = GPU_MEMORY,
 ) -> None:
     """Show what a run would do - which GPU does what, workers, batch sizes, steps, and every process
     with its command and CUDA_VISIBLE_DEVICES - without starting anything or loading the model (tokens are
     counted when its tokenizer is here: built in, a folder, the Hugging Face cache)."""
     from leap_finetune.api import plan_config
 
-    report = plan_config(_source(config, sets), gpus=gpus, nodes=nodes)
+    report = plan_config(_source(config, sets, gpu_memory), gpus=gpus, nodes=nodes)
     if as_json:
         sys.stdout.write(json.dumps(report, indent=2) + "\n")
         return

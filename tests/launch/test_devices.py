@@ -124,6 +124,7 @@ def test_plan_json_for_a_machine_we_are_not_on(config, workdir):
         1,
     ]
     one = json.loads(invoke("plan", str(config), "--gpus", "1", "--json", cwd=workdir).stdout)
+    memory = one["processes"][0].pop("memory")  # (the predicted peak of the one training process: tests/memory/)
     assert one["in_process"] and one["processes"] == [
         {
             "name": "train",
@@ -132,6 +133,7 @@ def test_plan_json_for_a_machine_we_are_not_on(config, workdir):
             "env": {"CUDA_VISIBLE_DEVICES": "0"},
         }
     ]
+    assert memory["peak_gib"] > 0 and all(p["memory"] == memory for p in workers)  # (each DDP worker the same)
     text = " ".join(invoke("plan", str(config), "--gpus", "2", cwd=workdir).stdout.split())  # (rich wraps lines)
     assert "workers: 2 on 1 node(s) - Ray Train, nccl, a local Ray instance; gradients all-reduced in fp32" in text
     assert "16 rows per step" in text

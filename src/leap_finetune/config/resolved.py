@@ -28,6 +28,8 @@ class ResolvedConfig(BaseModel):
     loss_on: str  # "assistant", "all" or "final_assistant"
     dataset: DatasetConfig | list[DatasetConfig] | None  # local paths made absolute; None for evaluation-only configs
     training: dict  # TRL / transformers training arguments (profile merged with the user's keys)
+    user_training_keys: list[str] = []  # the training_config keys the config (or --set) set: never changed for it
+    gpu_memory: int | None = None  # bytes: the GPU memory budget to plan for (gpu_memory:, --gpu-memory)
     peft: dict | None  # LoRA options, None for a full fine-tune
     output_dir: str | None  # the user's output_dir, absolute
     resume_from_checkpoint: str | None  # "latest", a path, or None

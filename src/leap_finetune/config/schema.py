@@ -126,6 +126,12 @@ class LeapConfigModel(StrictModel):
         default=None,
         description="Vision-language models: how images become tokens (keys below; default: the model's own).",
     )
+    gpu_memory: str | int | float | None = Field(
+        default=None,
+        description="The GPU memory a training process may use, to plan for a card you are not on (`24GiB`, "
+        "`80GB`, `16` in GiB; `--gpu-memory` on plan, validate and run wins); default: the free memory of the GPU "
+        "a run trains on. Defaults you did not set change to fit it (docs/memory.md).",
+    )
     samples: int = Field(
         default=0,
         ge=0,

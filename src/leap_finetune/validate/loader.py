@@ -21,6 +21,7 @@ from leap_finetune.config.schema_dataset import dataset_shorthand
 from leap_finetune.config.suggest import did_you_mean
 from leap_finetune.config.yaml_io import read_yaml
 from leap_finetune.errors import LeapError
+from leap_finetune.memory.budget import parse_budget
 from leap_finetune.methods import method_of, training_types
 from leap_finetune.validate.datasets import check_hold_out_tools, resolve_dataset, validate_dataset
 from leap_finetune.validate.evals import check_retrieval_metrics, resolve_evals
@@ -105,6 +106,8 @@ def _load(raw: dict, config_path: Path | None, base: Path, where: str) -> Resolv
         loss_on=loss_on,
         dataset=dataset,
         training=training,
+        user_training_keys=sorted(k for k in (model.training_config or {}) if k != "extends"),
+        gpu_memory=parse_budget(model.gpu_memory, f"{where}: gpu_memory") if model.gpu_memory is not None else None,
         peft=peft,
         output_dir=str(local_path(model.output_dir, base)) if model.output_dir else None,
         samples=model.samples,

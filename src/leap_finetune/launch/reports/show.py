@@ -143,8 +143,16 @@ def _training_processes(devices: DevicePlan, config_path: str | None) -> list[di
     return listed
 
 
-def plan_report(resolved, devices: DevicePlan, prepared, no_tokens: str = "") -> dict:
-    """`no_tokens`: why the rows were counted without the tokenizer (prepared.tokenized is False)."""
+def plan_report(resolved, devices: DevicePlan, prepared, no_tokens: str = "", budget: int | None = None) -> dict:
+    """`no_tokens`: why the rows were counted without the tokenizer (prepared.tokenized is False); `budget`: the
+    GPU memory to plan for (bytes; --gpu-memory, gpu_memory:)."""
+    from leap_finetune.memory.budget import process_memory
+
+    budget = budget if budget is not None else resolved.gpu_memory
+    memory = process_memory(resolved, devices, prepared, budget)
+    fitted = memory.get("fitted")
+    if fitted is not None and fitted.changes:  # (the plan of the run as it will train: with the defaults that fit)
+        resolved = resolved.model_copy(update={"training": fitted.training})
     t = resolved.training
     rows = len(prepared.train)
     facts = run_facts(resolved, prepared, devices)
@@ -184,7 +192,38 @@ def plan_report(resolved, devices: DevicePlan, prepared, no_tokens: str = "") ->
         ),
         "trains": _trains(resolved),
         "rollouts": _rollouts(resolved),
-        "processes": processes(devices, resolved.config_path, resolved),
+        "processes": _with_memory(processes(devices, resolved.config_path, resolved), memory),
+        "memory_budget": _budget_json(resolved, fitted, memory.get("longest_row")),
+    }
+
+
+def _with_memory(listed: list[dict], memory: dict) -> list[dict]:
+    """Each process's predicted peak GPU memory: the training processes' (memory/plan.py); the others are not
+    predicted yet (None)."""
+    predicted = memory["memory"]
+    fitted = memory.get("fitted")
+    if fitted is not None:
+        predicted = fitted.memory
+    for process in listed:
+        training = process["name"].startswith(("train", "training worker"))
+        process["memory"] = predicted.to_json() if training and predicted is not None else None
+    return listed
+
+
+def _budget_json(resolved, fitted, longest: int | None) -> dict | None:
+    if fitted is None:
+        return None
+    from leap_finetune.memory.budget import does_not_fit
+
+    refusal = None if fitted.fits else does_not_fit(resolved, fitted, longest, where="gpu_memory")
+    return {
+        "budget_gib": round(fitted.budget / 2**30, 2),
+        "fits": fitted.fits,
+        "refusal": f"{refusal.message}; {refusal.fix}" if refusal is not None else None,
+        "changes": [
+            {"key": c.key, "value": c.value, "reason": c.reason, "peak_gib": round(c.peak / 2**30, 2)}
+            for c in fitted.changes
+        ],
     }
 
 
@@ -296,3 +335,26 @@ def print_plan(console, report: dict) -> None:
             f"  [bold]{escape(process['name'])}[/bold] (node {process['node']}): "
             f"{escape(env + ' ' if env else '')}{escape(' '.join(process['command']))}"
         )
+        if process.get("memory"):
+            console.print(f"    GPU memory: {_memory_line(process['memory'])}")
+    _print_budget(console, report.get("memory_budget"))
+
+
+def _memory_line(memory: dict) -> str:
+    parts = ("weights", "gradients", "optimizer", "activations", "other")
+    return f"~{memory['peak_gib']:.1f} GiB peak (" + ", ".join(f"{p} {memory[p + '_gib']:.1f}" for p in parts) + ")"
+
+
+def _print_budget(console, budget: dict | None) -> None:
+    if budget is None:
+        return
+    for change in budget["changes"]:
+        console.print(
+            f"memory: {change['key']} -> {change['value']} ({change['reason']}): ~{change['peak_gib']:.1f} GiB"
+        )
+    console.print(
+        f"memory: fits the {budget['budget_gib']:.1f} GiB budget"
+        if budget["fits"]
+        else f"memory: does NOT fit - `leap-finetune run` refuses it: {budget['refusal']}",
+        markup=False,
+    )

@@ -1,0 +1,174 @@
+"""Issue #47: leap-finetune's predicted peak GPU memory against the measured one, per model, method, mode and length.
+
+    python bench/memory.py [--cases sft,dpo] [--models 350m,1.2b,2.6b] [--lengths 1024,2048] [--steps 4]
+                           [--out results.jsonl] [--smoke]
+
+Each case trains through the real path (`api.run_config`, in this process, one GPU) on rows that fill max_length
+(so the padded micro-batch holds rows x max_length tokens), and records `torch.cuda.max_memory_allocated` beside
+the prediction `plan` makes for the same config (memory/plan.py) with its parts. Models: random weights of the real
+architectures (memory/shapes.py `published`, saved as bf16 folders with the bundled tokenizer, as
+bench/sft_throughput.py does). `--smoke` runs the tiny model on the CPU (no peak: checks the script).
+"""
+
+from __future__ import annotations
+
+import argparse
+import gc
+import json
+import os
+import time
+from pathlib import Path
+
+os.environ.setdefault("CUDA_VISIBLE_DEVICES", "0")
+for key in ("NCCL_NVLS_ENABLE", "TORCH_SYMM_MEM_DISABLE_MULTICAST", "NVSHMEM_DISABLE_NVLS"):
+    os.environ.setdefault(key, "0" if key == "NCCL_NVLS_ENABLE" else "1")
+
+import torch  # noqa: E402
+
+MODELS = {"350m": "LFM2-350M", "1.2b": "LFM2-1.2B", "2.6b": "LFM2-2.6B"}
+LORA = {"extends": "DEFAULT_LORA"}
+
+
+def build_model(key: str, folder: Path) -> Path:
+    """A folder of the published architecture with random bf16 weights and the bundled tokenizer."""
+    import transformers
+
+    from leap_finetune.memory.shapes import published
+    from leap_finetune.models.lfm2_keys import add_original_lfm2_keys
+    from leap_finetune.models.tiny import load_tiny_tokenizer
+
+    if (folder / "config.json").exists():
+        return folder
+    arch = dict(published(MODELS[key]))
+    arch.pop("model_type")
+    config = transformers.Lfm2Config(**arch, max_position_embeddings=128000, tie_word_embeddings=True)
+    config.pad_token_id, config.bos_token_id, config.eos_token_id = 0, 1, 7
+    add_original_lfm2_keys(config)
+    torch.manual_seed(0)
+    with torch.device("cuda" if torch.cuda.is_available() else "cpu"):
+        model = transformers.Lfm2ForCausalLM(config).to(torch.bfloat16)
+    model.save_pretrained(folder)
+    load_tiny_tokenizer("tiny-lfm2").save_pretrained(folder)
+    del model
+    return folder
+
+
+def write_rows(path: Path, kind: str, rows: int = 64) -> Path:
+    """Rows longer than any max_length measured (truncated to it): SFT conversations, DPO pairs."""
+    words = "the quick brown fox jumps over a lazy dog while seven wizards quietly hex jolly mice".split()
+    text = " ".join(words * 80)  # (~3,400 tokens of the bundled tokenizer: more than max_length)
+    lines = []
+    for i in range(rows):
+        if kind == "dpo":
+            lines.append({"prompt": f"Row {i}: say it.", "chosen": text, "rejected": " ".join(reversed(text.split()))})
+        else:
+            # (many short turns: truncation at max_length drops only the turn it cuts; the row is max_length long)
+            turns = [
+                [{"role": "user", "content": f"Row {i}, part {t}."}, {"role": "assistant", "content": text[:400]}]
+                for t in range(40)
+            ]
+            lines.append({"messages": [m for turn in turns for m in turn]})
+    path.write_text("".join(json.dumps(r) + "\n" for r in lines))
+    return path
+
+
+def case_config(model: str, method: str, mode: str, length: int, data: Path, steps: int) -> dict:
+    training = {
+        "extends": "DEFAULT_DPO" if method == "dpo" else "DEFAULT_SFT",
+        "max_steps": steps,
+        "max_length": length,
+        "logging_steps": 1,
+        "save_strategy": "no",
+        "eval_strategy": "no",
+        "learning_rate": 1e-5,
+    }
+    if mode == "checkpointing":
+        training["activation_checkpointing"] = True
+    config = {
+        "project_name": f"mem-{method}-{mode}-{length}",
+        "model_name": model,
+        "training_type": method,
+        "dataset": {"path": str(data)},
+        "training_config": training,
+    }
+    if mode == "lora":
+        config["peft_config"] = dict(LORA)
+    return config
+
+
+def predicted(config: dict, work: Path) -> dict:
+    """What plan predicts for one training process of this config (the rows fill max_length)."""
+    from leap_finetune.memory.plan import setup_of, shape_of, training_process_memory
+    from leap_finetune.validate.loader import load_config
+
+    resolved = load_config(config, base_dir=work)
+    memory = training_process_memory(resolved)
+    setup = setup_of(resolved, shape_of(resolved))
+    return {**memory.to_json(), "tokens": setup.tokens, "logit_tokens": setup.logit_tokens}
+
+
+def measure(config: dict, work: Path) -> dict:
+    from leap_finetune.api import run_config
+
+    gc.collect()
+    if torch.cuda.is_available():
+        torch.cuda.empty_cache()
+        torch.cuda.reset_peak_memory_stats()
+    start = time.perf_counter()
+    summary = run_config(config, outputs_root=work / "outputs")
+    peak = torch.cuda.max_memory_allocated() / 2**30 if torch.cuda.is_available() else 0.0
+    reserved = torch.cuda.max_memory_reserved() / 2**30 if torch.cuda.is_available() else 0.0
+    return {
+        "measured_gib": round(peak, 2),
+        "reserved_gib": round(reserved, 2),
+        "wall_s": round(time.perf_counter() - start, 1),
+        "steps": summary.get("global_step"),
+    }
+
+
+def cases(args) -> list[tuple[str, str, str, int]]:
+    """(model key, method, mode, max_length)."""
+    found = []
+    for method in args.cases.split(","):
+        modes = ("full", "lora") if method == "dpo" else ("full", "lora", "checkpointing")
+        for key in args.models.split(","):
+            for length in map(int, args.lengths.split(",")):
+                for mode in modes:
+                    if mode == "checkpointing" and (key != "1.2b" or length != max(map(int, args.lengths.split(",")))):
+                        continue
+                    if method == "dpo" and (key != "1.2b" or length != min(map(int, args.lengths.split(",")))):
+                        continue
+                    found.append((key, method, mode, length))
+    return found
+
+
+def main() -> None:
+    parser = argparse.ArgumentParser()
+    parser.add_argument("--cases", default="sft,dpo")
+    parser.add_argument("--models", default="350m,1.2b,2.6b")
+    parser.add_argument("--lengths", default="1024,2048")
+    parser.add_argument("--steps", type=int, default=4)
+    parser.add_argument("--work", default="/tmp/leap-memory-bench")
+    parser.add_argument("--out", default="memory-results.jsonl")
+    parser.add_argument("--smoke", action="store_true")
+    args = parser.parse_args()
+    work = Path(args.work)
+    work.mkdir(parents=True, exist_ok=True)
+    data = {kind: write_rows(work / f"{kind}.jsonl", kind) for kind in ("sft", "dpo")}
+    out = Path(args.out)
+    for key, method, mode, length in cases(args) if not args.smoke else [("tiny", "sft", "full", 256)]:
+        model = "tiny-lfm2" if args.smoke else str(build_model(key, work / "models" / key))
+        config = case_config(model, method, mode, length, data[method], args.steps)
+        row = {"model": MODELS.get(key, key), "method": method, "mode": mode, "max_length": length}
+        try:
+            row.update(predicted(config, work))
+            row.update(measure(config, work))
+        except Exception as err:  # noqa: BLE001 - a case that fails is a row that says why
+            row["error"] = f"{type(err).__name__}: {str(err)[:300]}"
+        print(json.dumps(row), flush=True)
+        with out.open("a") as handle:
+            handle.write(json.dumps(row) + "\n")
+
+
+if __name__ == "__main__":
+    main()

@@ -1,0 +1,206 @@
+"""A GPU memory budget, and the defaults that fit a run into it.
+
+The budget is the memory one GPU has for a training process: `--gpu-memory 24GiB` on plan / validate / run (a card
+you are not on), else the free memory of the GPU a run trains on. When the predicted peak (memory/plan.py) is over
+it, the defaults change, in this order, until it fits - the fastest setting that fits, since each step costs speed:
+
+1. activation checkpointing (~20-30% slower; the activations shrink to each layer's input);
+2. a smaller micro-batch, gradient accumulation raised to keep the global batch (fewer tokens per kernel);
+3. 8-bit AdamW states (bitsandbytes; only where it is installed and the optimizer is the default).
+
+A key the user set (in training_config or with --set) is never changed. When nothing fits, the error says so
+before a model loads and names what would fit (LoRA, with its predicted peak).
+"""
+
+from __future__ import annotations
+
+import re
+from dataclasses import dataclass, field
+
+from leap_finetune.errors import LeapError
+from leap_finetune.memory.estimate import GIB, Memory, training_memory
+from leap_finetune.memory.plan import longest_row, setup_of, shape_of
+
+UNITS = {"gib": GIB, "gb": 10**9, "g": GIB, "mib": 2**20, "mb": 10**6, "": GIB}
+
+
+def parse_budget(text, where: str = "--gpu-memory") -> int:
+    """Bytes of `24GiB`, `24GB`, `24 G`, `24` (GiB), `16384MiB`."""
+    found = re.fullmatch(r"\s*(\d+(?:\.\d+)?)\s*([a-zA-Z]*)\s*", str(text))
+    unit = found.group(2).lower() if found else None
+    if not found or unit not in UNITS or float(found.group(1)) <= 0:
+        raise LeapError(
+            f"{where} is {text!r}: expected an amount of memory",
+            where=where,
+            fix="e.g. 24GiB, 80GB or 16 (GiB)",
+        )
+    return int(float(found.group(1)) * UNITS[unit])
+
+
+@dataclass(frozen=True)
+class Change:
+    key: str
+    value: object
+    reason: str
+    peak: float  # the predicted peak after this change, bytes
+
+
+@dataclass
+class Fitted:
+    budget: int
+    memory: Memory  # the prediction with the changes applied
+    changes: list[Change] = field(default_factory=list)
+    training: dict = field(default_factory=dict)  # training_config with the changes
+
+    @property
+    def fits(self) -> bool:
+        return self.memory.peak <= self.budget
+
+
+def fit_to_budget(resolved, budget: int, longest: int | None = None) -> Fitted | None:
+    """The run's settings changed (where the user did not set them) to fit `budget`; None without a shape."""
+    shape = shape_of(resolved)
+    if shape is None:
+        return None
+    training = dict(resolved.training)
+    user = set(resolved.user_training_keys)
+
+    def predict(t: dict) -> Memory:
+        return training_memory(shape, setup_of(resolved.model_copy(update={"training": t}), shape, longest))
+
+    memory, changes = predict(training), []
+    for key, value, reason in _levers(training, user):
+        if memory.peak <= budget:
+            break
+        trial = {**training, **value} if isinstance(value, dict) else {**training, key: value}
+        after = predict(trial)
+        if after.peak < memory.peak:
+            training, memory = trial, after
+            changes.append(Change(key, value, reason, after.peak))
+    return Fitted(budget, memory, changes, training)
+
+
+def _levers(training: dict, user: set[str]):
+    """(key, value or {key: value, ...}, reason) in the order they are tried."""
+    if "activation_checkpointing" not in user and "gradient_checkpointing" not in user:
+        if not training.get("activation_checkpointing"):
+            yield "activation_checkpointing", True, "keeps only each layer's input for the backward"
+    rows = int(training.get("per_device_train_batch_size") or 1)
+    if not training.get("batch_tokens") and not {"per_device_train_batch_size", "gradient_accumulation_steps"} & user:
+        accumulation = int(training.get("gradient_accumulation_steps") or 1)
+        while rows > 1:
+            rows //= 2
+            accumulation *= 2
+            yield (
+                "per_device_train_batch_size",
+                {"per_device_train_batch_size": rows, "gradient_accumulation_steps": accumulation},
+                f"{rows} row(s) per micro-batch, gradient_accumulation_steps {accumulation}: the same global batch",
+            )
+    if "optim" not in user and "optimizer_precision" not in user and _has_bitsandbytes():
+        yield "optim", "adamw_8bit", "AdamW's two moments in 8 bits (bitsandbytes)"
+
+
+def _has_bitsandbytes() -> bool:
+    import importlib.util
+
+    return importlib.util.find_spec("bitsandbytes") is not None
+
+
+def lora_alternative(resolved, budget: int, longest: int | None = None) -> Memory | None:
+    """A full fine-tune that cannot fit: LoRA (DEFAULT_LORA) with the same fitting, as the error names it."""
+    if resolved.peft is not None or shape_of(resolved) is None:
+        return None
+    from leap_finetune.config import profiles
+
+    lora = profiles.peft_profile("DEFAULT_VLM_LORA" if resolved.vision else "DEFAULT_LORA")
+    lora.pop("use_peft", None)
+    fitted = fit_to_budget(resolved.model_copy(update={"peft": lora}), budget, longest)
+    return fitted.memory if fitted is not None else None
+
+
+def does_not_fit(resolved, fitted: Fitted, longest: int | None, where: str) -> LeapError:
+    """The error before any model loads: the budget, the best prediction, what would fit."""
+    best = fitted.memory
+    tried = ", ".join(f"{c.key}" for c in fitted.changes) or "no default left to change"
+    lora = lora_alternative(resolved, fitted.budget, longest)
+    would = (
+        f"LoRA (peft_config: {{extends: DEFAULT_LORA}}) is predicted at {lora.peak / GIB:.1f} GiB"
+        + (" and fits" if lora.peak <= fitted.budget else "")
+        if lora is not None
+        else "a shorter max_length, a smaller model, or a GPU with more memory"
+    )
+    return LeapError(
+        f"the run is predicted to need {best.peak / GIB:.1f} GiB per GPU ({best.parts()}), over the "
+        f"{fitted.budget / GIB:.1f} GiB budget, even after {tried}",
+        where=where,
+        fix=f"{would}; keys you set are never changed: unset one of them to let leap-finetune choose",
+    )
+
+
+def with_changes(resolved, fitted: Fitted):
+    """The resolved config with the fitting's changes in its training settings."""
+    return resolved.model_copy(update={"training": fitted.training}) if fitted.changes else resolved
+
+
+def device_budget(index: str) -> tuple[int | None, str]:
+    """(the free memory of GPU `index` - its physical id -, where it came from), read with nvidia-smi so that the
+    driver never creates a CUDA context of its own on a GPU that a training process is about to fill."""
+    import shutil
+    import subprocess
+
+    if not index or shutil.which("nvidia-smi") is None:
+        return None, ""
+    try:
+        out = subprocess.run(
+            ["nvidia-smi", "--query-gpu=memory.free", "--format=csv,noheader,nounits", "-i", index],
+            capture_output=True,
+            text=True,
+            timeout=30,
+        ).stdout.strip()
+        return int(float(out.splitlines()[0]) * 2**20), f"the free memory of GPU {index} (nvidia-smi)"
+    except (OSError, ValueError, IndexError, subprocess.SubprocessError):
+        return None, ""
+
+
+def fit_run(resolved, gpu: str | None, prepared, console, *, resuming: bool = False, planning: bool = False):
+    """The run's settings fitted to its budget (gpu_memory:, --gpu-memory, else the training GPU's free memory),
+    each change printed with its reason; a LeapError (exit 2) when nothing fits. A resumed run keeps its
+    checkpoint's settings (a change would be refused by the resume's own checks). `gpu`: the physical id of the
+    first training GPU, None on the CPU; `planning` (validate): a budget given is checked on any machine."""
+    if resuming or (gpu is None and not (planning and resolved.gpu_memory)):
+        return resolved
+    budget, source = (resolved.gpu_memory, "gpu_memory") if resolved.gpu_memory else device_budget(gpu)
+    if budget is None:
+        return resolved
+    longest = longest_row(prepared)
+    fitted = fit_to_budget(resolved, budget, longest)
+    if fitted is None:
+        return resolved
+    for change in fitted.changes:
+        console.print(
+            f"memory: {change.key} -> {change.value} ({change.reason}): predicted ~{change.peak / GIB:.1f} GiB "
+            f"of the {budget / GIB:.1f} GiB budget ({source})",
+            markup=False,
+        )
+    if not fitted.fits:
+        raise does_not_fit(resolved, fitted, longest, where=f"{resolved.config_path or 'config'}: {source}")
+    return with_changes(resolved, fitted)
+
+
+def process_memory(resolved, devices, prepared, budget: int | None = None) -> dict:
+    """`plan`'s memory of one training process (GPU runs): {"memory": parts, "budget": the fitting} - the fitting
+    applied when a budget is given (memory/budget.py)."""
+    if not devices.use_gpu:
+        return {"memory": None, "why": "CPU: no GPU memory to plan"}
+    longest = longest_row(prepared)
+    shape = shape_of(resolved)
+    if shape is None:
+        return {
+            "memory": None,
+            "why": f"the config.json of {resolved.model_id} is not at hand (plan downloads nothing)",
+        }
+    memory = training_memory(shape, setup_of(resolved, shape, longest))
+    found = {"memory": memory, "source": shape.source, "longest_row": longest}
+    if budget is not None:
+        found["fitted"] = fit_to_budget(resolved, budget, longest)
+    return found

@@ -1,0 +1,53 @@
+"""The constants of the memory estimate (memory/estimate.py) and the measured peaks they were fitted to.
+
+`MEASURED` is the table: each row a run through leap-finetune's real path on one GPU (`bench/memory.py`: random
+weights of the published architecture, rows that fill max_length, 4 steps, the defaults of the training type's
+profile: batch 4, float32 master weights with bf16 autocast, compiled layers, padding-free rows; `lora`: DEFAULT_LORA;
+`checkpointing`: activation_checkpointing), with the peak `torch.cuda.max_memory_allocated` it reached.
+tests/memory/test_calibration.py predicts every row again from its settings and holds the prediction within
+`TOLERANCE` of the measured peak. Fitted by least squares (non-negative) over the table.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+TOLERANCE = 0.15
+MEASURED_ON = "NVIDIA H200, torch 2.11.0+cu130, transformers 5.24.0, trl 1.16.0, 2026-12-04"
+
+
+@dataclass(frozen=True)
+class Fit:
+    layer_bytes: float  # kept for the backward, per token, layer and hidden unit (no checkpointing)
+    lora_layer_bytes: float  # LoRA's adapters add (their inputs and dropout masks)
+    checkpoint_layer_bytes: float  # with checkpointing: each layer's input, per token and hidden unit
+    checkpoint_extra_bytes: float  # and the one layer recomputed at a time, per token and hidden unit
+    logit_bytes: float  # per token and vocabulary entry (SFT: TRL's loss in chunks)
+    other_bytes: float  # CUDA workspaces and the allocator's slack
+
+
+FIT = Fit(
+    layer_bytes=52.5,
+    lora_layer_bytes=2.95,
+    checkpoint_layer_bytes=3.78,
+    checkpoint_extra_bytes=85.0,
+    logit_bytes=2.28,
+    other_bytes=0.11 * 2**30,
+)
+
+# max_length: the rows' length (every row fills it); the micro-batch is the profile's 4 rows (DPO: 4 pairs)
+MEASURED: list[dict] = [
+    {"model": "LFM2-1.2B", "method": "sft", "mode": "full", "max_length": 1024, "measured_gib": 22.17},
+    {"model": "LFM2-1.2B", "method": "sft", "mode": "lora", "max_length": 1024, "measured_gib": 14.19},
+    {"model": "LFM2-1.2B", "method": "sft", "mode": "full", "max_length": 2048, "measured_gib": 28.33},
+    {"model": "LFM2-1.2B", "method": "sft", "mode": "lora", "max_length": 2048, "measured_gib": 21.45},
+    {"model": "LFM2-1.2B", "method": "sft", "mode": "checkpointing", "max_length": 2048, "measured_gib": 18.53},
+    {"model": "LFM2-350M", "method": "sft", "mode": "full", "max_length": 1024, "measured_gib": 8.44},
+    {"model": "LFM2-350M", "method": "sft", "mode": "lora", "max_length": 1024, "measured_gib": 6.21},
+    {"model": "LFM2-350M", "method": "sft", "mode": "full", "max_length": 2048, "measured_gib": 11.72},
+    {"model": "LFM2-350M", "method": "sft", "mode": "lora", "max_length": 2048, "measured_gib": 10.09},
+    {"model": "LFM2-2.6B", "method": "sft", "mode": "full", "max_length": 1024, "measured_gib": 47.56},
+    {"model": "LFM2-2.6B", "method": "sft", "mode": "lora", "max_length": 1024, "measured_gib": 30.28},
+    {"model": "LFM2-1.2B", "method": "dpo", "mode": "full", "max_length": 1024, "measured_gib": 32.76},
+    {"model": "LFM2-1.2B", "method": "dpo", "mode": "lora", "max_length": 1024, "measured_gib": 18.48},
+]

@@ -1,0 +1,108 @@
+"""The memory of a run's GPU processes, predicted from the resolved config and the model's shape (no weights
+loaded): what `plan` prints per process, what the run's start and its report compare with the measured peak, and
+what memory/budget.py fits to a budget.
+"""
+
+from __future__ import annotations
+
+from leap_finetune.memory.estimate import NF4_BYTES, Memory, Setup, training_memory
+from leap_finetune.memory.shapes import ModelShape, model_shape
+from leap_finetune.methods import method_of
+
+DTYPE_BYTES = {"float32": 4, "bfloat16": 2, "float16": 2, "auto": 2}  # ("auto": LiquidAI ships bf16 weights)
+
+
+def shape_of(resolved) -> ModelShape | None:
+    """The model's shape, kept per model (plan asks once per process)."""
+    if resolved.model_id not in _shapes:
+        _shapes[resolved.model_id] = model_shape(resolved.model_id)
+    return _shapes[resolved.model_id]
+
+
+_shapes: dict[str, ModelShape | None] = {}
+
+
+def setup_of(resolved, shape: ModelShape, longest: int | None = None) -> Setup:
+    """The settings that decide memory, as the run will have them. `longest`: the longest prepared row in tokens
+    (None: max_length bounds it)."""
+    t = resolved.training
+    method = method_of(resolved)
+    rows, per_row = _batch(t, method, longest)
+    init = t.get("model_init_kwargs") or {}
+    quantized = (init.get("quantization_config") or {}) if isinstance(init, dict) else {}
+    weight_bytes = (
+        NF4_BYTES
+        if quantized.get("load_in_4bit")
+        else 1
+        if quantized.get("load_in_8bit")
+        else DTYPE_BYTES.get(str(init.get("dtype", "float32")), 4)
+    )
+    if str(t.get("optimizer_precision") or "").startswith("bf16"):
+        weight_bytes = 2
+    completions = t.get("max_completion_length", 0) if method.rewards else 0
+    return Setup(
+        tokens=rows * per_row,
+        logit_tokens=rows * (completions or per_row),
+        weight_bytes=weight_bytes,
+        lora_parameters=shape.lora_parameters(resolved.peft) if resolved.peft else 0,
+        optim=str(t.get("optim", "adamw_torch_fused")),
+        optimizer_precision=t.get("optimizer_precision"),
+        checkpointing=bool(t.get("activation_checkpointing") or t.get("gradient_checkpointing")),
+        reference=_reference(resolved, method),
+        pairs=method.family == "preference",
+        frozen_vision=resolved.vision and not t.get("train_vision_encoder", True),
+    )
+
+
+def _batch(t: dict, method, longest: int | None) -> tuple[int, int]:
+    """(rows in the largest micro-batch, tokens per row): DPO's rows are pairs (chosen and rejected both run)."""
+    if method.rewards:  # GRPO: completions per device, each its prompt and completion
+        prompt = t.get("max_prompt_length") or longest or 512
+        return int(t.get("per_device_train_batch_size", 8)), int(prompt) + int(t.get("max_completion_length", 256))
+    length = int(t.get("max_length") or 2048)
+    per_row = min(length, longest) if longest else length
+    if t.get("batch_tokens"):
+        return 1, int(t["batch_tokens"])
+    rows = int(t.get("per_device_train_batch_size", 8))
+    return rows * (2 if method.family == "preference" else 1), per_row  # (KTO: each row's KL row runs too)
+
+
+def _reference(resolved, method) -> bool:
+    """A frozen second copy: DPO/KTO full fine-tunes (unless their log-probs are computed first), GRPO with a KL
+    term; with LoRA the reference is the base with the adapter off (no copy)."""
+    t = resolved.training
+    if resolved.peft or method.family not in ("preference", "reinforcement"):
+        return False
+    if method.rewards:
+        return float(t.get("beta", 0.0) or 0.0) > 0
+    return not t.get("precompute_ref_log_probs")
+
+
+def training_process_memory(resolved, longest: int | None = None) -> Memory | None:
+    """One training process's predicted peak; None when the model's config is not at hand."""
+    shape = shape_of(resolved)
+    if shape is None:
+        return None
+    return training_memory(shape, setup_of(resolved, shape, longest))
+
+
+def longest_row(prepared) -> int | None:
+    """The longest prepared training row in tokens (a prompt and its longest completion for preference rows);
+    None when the rows were counted without tokens."""
+    if prepared is None or not getattr(prepared, "tokenized", False):
+        return None
+    import pyarrow.compute as pc
+
+    table = prepared.train.table
+    if table.num_rows == 0:
+        return None
+
+    def longest(column: str) -> int:
+        if column not in table.column_names:
+            return 0
+        return int(pc.max(pc.list_value_length(table.column(column))).as_py() or 0)
+
+    if "input_ids" in table.column_names:
+        return longest("input_ids") or None
+    completion = max(longest("chosen_input_ids"), longest("rejected_input_ids"), longest("completion_input_ids"))
+    return (longest("prompt_input_ids") + completion) or None

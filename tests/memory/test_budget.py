@@ -1,0 +1,113 @@
+"""The memory budget (memory/budget.py): parsing it, the defaults that change to fit it (in order, never a key the
+user set), the refusal before any model loads, and `plan --json`'s memory per process."""
+
+from __future__ import annotations
+
+import json
+
+import pytest
+
+from leap_finetune.errors import LeapError
+from leap_finetune.memory.budget import fit_to_budget, parse_budget
+from leap_finetune.memory.estimate import GIB
+from leap_finetune.memory.plan import training_process_memory
+from leap_finetune.validate.loader import load_config
+from tests.conftest import fact_rows, invoke, tiny_config, write_config, write_jsonl
+
+
+@pytest.mark.parametrize(
+    ("text", "expected"),
+    [("24GiB", 24 * GIB), ("80GB", 80 * 10**9), ("16", 16 * GIB), ("0.5 GiB", GIB // 2), ("512MiB", 512 * 2**20)],
+)
+def test_budgets_are_read_in_the_units_people_write(text, expected):
+    assert parse_budget(text) == expected
+
+
+@pytest.mark.parametrize("text", ["lots", "24 parsecs", "-3GiB", "0", ""])
+def test_a_budget_that_is_not_an_amount_of_memory_is_refused(text):
+    with pytest.raises(LeapError, match="expected an amount of memory"):
+        parse_budget(text)
+
+
+def _long_config(workdir, **training):
+    """The tiny model on rows of max_length tokens, where activations matter (the batch left to the profile: 4)."""
+    answer = " ".join(f"fact number {i} is true." for i in range(400))  # (longer than max_length: cut to it)
+    turns = [{"role": "user", "content": "Tell me."}, {"role": "assistant", "content": answer}]
+    write_jsonl(workdir / "train.jsonl", [{"messages": turns}] * 4 + fact_rows(12))
+    config = tiny_config(training_config={"max_steps": 2})
+    config["training_config"].pop("per_device_train_batch_size", None)
+    config["training_config"].update({"max_length": 2048, **training})
+    return config
+
+
+def test_a_budget_below_the_full_peak_switches_on_checkpointing_first_and_says_so(workdir):
+    resolved = load_config(_long_config(workdir))
+    full = training_process_memory(resolved)
+    checkpointed = training_process_memory(
+        resolved.model_copy(update={"training": {**resolved.training, "activation_checkpointing": True}})
+    )
+    assert checkpointed.peak < full.peak
+    budget = int((full.peak + checkpointed.peak) / 2)
+    fitted = fit_to_budget(resolved, budget)
+    assert [c.key for c in fitted.changes] == ["activation_checkpointing"] and fitted.fits
+    assert fitted.training["activation_checkpointing"] is True and fitted.training["per_device_train_batch_size"] == 4
+
+    # plan for a GPU with that budget: the change, its reason and the memory per training process
+    path = write_config(workdir, _long_config(workdir))
+    result = invoke("plan", str(path), "--gpus", "1", "--json", "--gpu-memory", f"{budget / 2**20:.0f}MiB")
+    assert result.returncode == 0, result.stderr
+    report = json.loads(result.stdout)
+    assert (
+        report["memory_budget"]["fits"] and report["memory_budget"]["changes"][0]["key"] == "activation_checkpointing"
+    )
+    [train] = [p for p in report["processes"] if p["name"] == "train"]
+    assert set(train["memory"]) == {
+        "peak_gib",
+        "weights_gib",
+        "gradients_gib",
+        "optimizer_gib",
+        "activations_gib",
+        "other_gib",
+    }
+    assert train["memory"]["peak_gib"] == pytest.approx(checkpointed.peak / GIB, abs=0.01)
+    text = invoke("plan", str(path), "--gpus", "1", "--gpu-memory", f"{budget / 2**20:.0f}MiB").stdout
+    assert "activation_checkpointing -> True (keeps only each layer's input" in " ".join(text.split())
+
+
+def test_smaller_micro_batches_keep_the_global_batch(workdir):
+    resolved = load_config(_long_config(workdir, activation_checkpointing=True))
+    one_row = fit_to_budget(resolved, 1)  # (nothing fits: every lever tried, in order)
+    rows = [c.value for c in one_row.changes if c.key == "per_device_train_batch_size"]
+    assert rows == [
+        {"per_device_train_batch_size": 2, "gradient_accumulation_steps": 2},
+        {"per_device_train_batch_size": 1, "gradient_accumulation_steps": 4},
+    ]
+    assert not one_row.fits
+
+
+def test_keys_the_user_set_are_never_changed(workdir):
+    config = _long_config(workdir, activation_checkpointing=False, per_device_train_batch_size=4)
+    fitted = fit_to_budget(load_config(config), 1)
+    assert fitted.changes == [] and not fitted.fits
+    assert fitted.training["activation_checkpointing"] is False and fitted.training["per_device_train_batch_size"] == 4
+
+
+def test_an_impossible_budget_is_exit_2_before_any_model_loads_and_names_lora(workdir):
+    path = write_config(workdir, _long_config(workdir))
+    result = invoke("validate", str(path), "--gpu-memory", "1MiB")
+    assert result.returncode == 2
+    text = " ".join(result.stderr.split())
+    assert "over the 0.0 GiB budget" in text and "LoRA (peft_config: {extends: DEFAULT_LORA}) is predicted at" in text
+    assert "gpu_memory" in text and "Traceback" not in result.stderr
+    # gpu_memory: in the YAML is the same budget; --gpu-memory wins over it
+    config = {**_long_config(workdir), "gpu_memory": "1MiB"}
+    assert invoke("validate", str(write_config(workdir, config, "yaml_budget.yaml"))).returncode == 2
+    assert invoke("validate", str(path), "--gpu-memory", "80GiB").returncode == 0
+
+
+def test_a_misspelt_budget_in_the_yaml_names_the_key(workdir):
+    config = {**_long_config(workdir), "gpu_memory": "lots"}
+    result = invoke("validate", str(write_config(workdir, config)))
+    assert result.returncode == 2 and "gpu_memory is 'lots': expected an amount of memory" in " ".join(
+        result.stderr.split()
+    )
