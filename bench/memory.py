@@ -16,6 +16,7 @@ import argparse
 import gc
 import json
 import os
+import shutil
 import time
 from pathlib import Path
 
@@ -126,6 +127,36 @@ def measure(config: dict, work: Path) -> dict:
     }
 
 
+def budget_run(key: str, mode: str, budget: int, data: Path, work: Path, steps: int) -> dict:
+    """A card of `budget` GiB emulated on the H200 (torch.cuda.set_per_process_memory_fraction): the run plans for
+    it (gpu_memory:) and trains; fits = no out-of-memory; real tokens/s after warm-up from metrics.jsonl."""
+    import statistics
+
+    from leap_finetune.api import run_config
+
+    model = str(build_model(key, work / "models" / key))
+    config = case_config(model, "sft", mode, 2048, data, steps)
+    config["gpu_memory"] = f"{budget}GiB"
+    row = {"model": MODELS[key], "method": "sft", "mode": mode, "budget_gib": budget}
+    gc.collect()
+    torch.cuda.empty_cache()
+    torch.cuda.reset_peak_memory_stats()
+    total = torch.cuda.get_device_properties(0).total_memory
+    torch.cuda.set_per_process_memory_fraction(min(1.0, budget * 2**30 / total))
+    try:
+        summary = run_config(config, outputs_root=work / "outputs")
+        metrics = [json.loads(line) for line in (Path(summary["run_dir"]) / "metrics.jsonl").read_text().splitlines()]
+        speeds = [m["tokens_per_second"] for m in metrics if "tokens_per_second" in m and m["step"] > 3]
+        row.update(leap_fits=True, leap_tok_s=round(statistics.median(speeds)) if speeds else None)
+    except Exception as err:  # noqa: BLE001 - an out-of-memory or a refusal is the row's answer
+        row.update(leap_fits=False, leap_tok_s=None, why=f"{type(err).__name__}: {str(err)[:200]}")
+    finally:
+        torch.cuda.set_per_process_memory_fraction(1.0)
+        shutil.rmtree(work / "outputs", ignore_errors=True)
+    row["measured_gib"] = round(torch.cuda.max_memory_allocated() / 2**30, 2)
+    return row
+
+
 def cases(args) -> list[tuple[str, str, str, int]]:
     """(model key, method, mode, max_length)."""
     found = []
@@ -151,11 +182,22 @@ def main() -> None:
     parser.add_argument("--work", default="/tmp/leap-memory-bench")
     parser.add_argument("--out", default="memory-results.jsonl")
     parser.add_argument("--smoke", action="store_true")
+    parser.add_argument("--budgets", default="", help="e.g. 16,24: SFT full and LoRA planned for these cards")
+    parser.add_argument("--modes", default="full,lora", help="with --budgets")
     args = parser.parse_args()
     work = Path(args.work)
     work.mkdir(parents=True, exist_ok=True)
     data = {kind: write_rows(work / f"{kind}.jsonl", kind) for kind in ("sft", "dpo")}
     out = Path(args.out)
+    if args.budgets:
+        for key in args.models.split(","):
+            for mode in args.modes.split(","):
+                for budget in map(int, args.budgets.split(",")):
+                    row = budget_run(key, mode, budget, data["sft"], work, args.steps)
+                    print(json.dumps(row), flush=True)
+                    with out.open("a") as handle:
+                        handle.write(json.dumps(row) + "\n")
+        return
     for key, method, mode, length in cases(args) if not args.smoke else [("tiny", "sft", "full", 256)]:
         model = "tiny-lfm2" if args.smoke else str(build_model(key, work / "models" / key))
         config = case_config(model, method, mode, length, data[method], args.steps)
@@ -163,6 +205,7 @@ def main() -> None:
         try:
             row.update(predicted(config, work))
             row.update(measure(config, work))
+            shutil.rmtree(work / "outputs", ignore_errors=True)  # (a 2.6B run's saved model is 10 GB: the disk)
         except Exception as err:  # noqa: BLE001 - a case that fails is a row that says why
             row["error"] = f"{type(err).__name__}: {str(err)[:300]}"
         print(json.dumps(row), flush=True)

@@ -44,6 +44,20 @@ def test_gpu_sft_collates_in_data_loader_workers_unless_the_user_says_otherwise(
     assert two["dataloader_num_workers"] == 2 and two["dataloader_persistent_workers"] is False
 
 
+def test_lora_with_activation_checkpointing_leaves_the_layers_uncompiled_and_says_why():
+    """Measured on an H200 (torch 2.11): inductor fails on a checkpointed LoRA layer; the memory planner switches
+    checkpointing on for LoRA on a small card, so this is the path it takes."""
+    for key in ("activation_checkpointing", "gradient_checkpointing"):
+        chosen = plan({key: True}, "tiny-lfm2", cuda=True, lora=True)
+        assert chosen.padding_free and not chosen.compile_layers
+        assert "compile_layers off: LoRA with activation checkpointing" in chosen.line
+    assert plan({"activation_checkpointing": True}, "tiny-lfm2", cuda=True).compile_layers  # (a full fine-tune)
+    assert plan({}, "tiny-lfm2", cuda=True, lora=True).compile_layers  # (LoRA without checkpointing)
+    assert plan(
+        {"activation_checkpointing": True, "compile_layers": True}, "tiny-lfm2", cuda=True, lora=True
+    ).compile_layers
+
+
 def test_cpu_and_unverified_models_keep_the_plain_path_and_say_why():
     cpu = plan({}, "tiny-lfm2", cuda=False)
     assert not cpu.padding_free and not cpu.compile_layers and "CPU" in cpu.line

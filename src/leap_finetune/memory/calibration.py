@@ -48,6 +48,8 @@ MEASURED: list[dict] = [
     {"model": "LFM2-350M", "method": "sft", "mode": "lora", "max_length": 2048, "measured_gib": 10.09},
     {"model": "LFM2-2.6B", "method": "sft", "mode": "full", "max_length": 1024, "measured_gib": 47.56},
     {"model": "LFM2-2.6B", "method": "sft", "mode": "lora", "max_length": 1024, "measured_gib": 30.28},
+    {"model": "LFM2-2.6B", "method": "sft", "mode": "full", "max_length": 2048, "measured_gib": 60.85},
+    {"model": "LFM2-2.6B", "method": "sft", "mode": "lora", "max_length": 2048, "measured_gib": 45.65},
     {"model": "LFM2-1.2B", "method": "dpo", "mode": "full", "max_length": 1024, "measured_gib": 32.76},
     {"model": "LFM2-1.2B", "method": "dpo", "mode": "lora", "max_length": 1024, "measured_gib": 18.48},
 ]

@@ -56,7 +56,7 @@ def speed_plan(resolved: ResolvedConfig, cuda: bool | None = None) -> speed.Spee
 
         cuda = torch.cuda.is_available()
     flat = method_of(resolved).flat_rows and not resolved.vision
-    return speed.plan(resolved.training, resolved.model_id, cuda, flat_batches=flat)
+    return speed.plan(resolved.training, resolved.model_id, cuda, flat_batches=flat, lora=resolved.peft is not None)
 
 
 def train(resolved_json: dict, callbacks: list | None = None) -> dict:

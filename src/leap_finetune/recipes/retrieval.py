@@ -56,7 +56,7 @@ def speed_plan(resolved: ResolvedConfig, cuda: bool | None = None) -> speed.Spee
         import torch
 
         cuda = torch.cuda.is_available()
-    return speed.plan(resolved.training, resolved.model_id, cuda)
+    return speed.plan(resolved.training, resolved.model_id, cuda, lora=resolved.peft is not None)
 
 
 def use_speed_plan(model, resolved: ResolvedConfig, console) -> speed.SpeedPlan:

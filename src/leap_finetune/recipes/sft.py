@@ -93,7 +93,7 @@ def speed_plan(resolved: ResolvedConfig, cuda: bool | None = None) -> speed.Spee
         import torch
 
         cuda = torch.cuda.is_available()
-    return speed.plan(resolved.training, resolved.model_id, cuda)
+    return speed.plan(resolved.training, resolved.model_id, cuda, lora=resolved.peft is not None)
 
 
 def train(resolved_json: dict, callbacks: list | None = None) -> dict:

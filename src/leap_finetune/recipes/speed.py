@@ -51,9 +51,11 @@ class SpeedPlan:
     trainer_defaults: dict = field(default_factory=dict)  # Trainer arguments the user did not set
 
 
-def plan(training: dict, model_id: str, cuda: bool, flat_batches: bool = True) -> SpeedPlan:
+def plan(training: dict, model_id: str, cuda: bool, flat_batches: bool = True, lora: bool = False) -> SpeedPlan:
     """The user's `padding_free` / `compile_layers` win; unset ones are chosen here. `flat_batches`: whether the
-    training type has padding-free batches (SFT); DPO and KTO get the compiled layers and the step settings."""
+    training type has padding-free batches (SFT); DPO and KTO get the compiled layers and the step settings.
+    `lora`: LoRA with activation checkpointing leaves the layers uncompiled (measured on an H200, torch 2.11:
+    inductor fails on the checkpointed LoRA layer - "Node ... was invalid, but is output")."""
     reason = None
     kind = model_type(model_id)
     if not cuda:
@@ -65,7 +67,10 @@ def plan(training: dict, model_id: str, cuda: bool, flat_batches: bool = True) -
     fast = reason is None
     packing = bool(training.get("packing")) and flat_batches
     padding_free = bool(training.get("padding_free", fast and not packing)) and flat_batches
-    compile_layers = bool(training.get("compile_layers", fast))
+    checkpointed_lora = lora and bool(
+        training.get("activation_checkpointing") or training.get("gradient_checkpointing")
+    )
+    compile_layers = bool(training.get("compile_layers", fast and not checkpointed_lora))
     if packing:
         batches = "packing (bfd)"
     elif padding_free:
@@ -89,6 +94,8 @@ def plan(training: dict, model_id: str, cuda: bool, flat_batches: bool = True) -
             if flat_batches
             else " (compile_layers: false turns it off)"
         )
+    if fast and checkpointed_lora and "compile_layers" not in training:
+        line += "; compile_layers off: LoRA with activation checkpointing (inductor fails on it)"
     if not cuda and compile_layers and (padding_free or packing):
         # (no varlen kernel on a CPU: a compiled layer attends over the whole flat row with a block-diagonal mask)
         line += (
