@@ -111,3 +111,41 @@ def test_a_misspelt_budget_in_the_yaml_names_the_key(workdir):
     assert result.returncode == 2 and "gpu_memory is 'lots': expected an amount of memory" in " ".join(
         result.stderr.split()
     )
+
+
+def test_the_run_report_and_the_card_put_the_measured_peak_beside_the_prediction():
+    """What a GPU run's summary carries (recipes/summary.py: torch.cuda.max_memory_allocated, and the prediction
+    fit_run made): the report's and the model card's row."""
+    from leap_finetune.recipes.summary import gpu_memory_text
+
+    text = gpu_memory_text({"peak_gpu_memory_gib": 18.53, "predicted_gpu_memory_gib": 18.5})
+    assert text == "18.5 GiB peak per training process (predicted 18.5 GiB)"
+    assert gpu_memory_text({"peak_gpu_memory_gib": 7.56}) == "7.6 GiB peak per training process"
+
+
+def test_validate_on_a_gpu_plan_records_the_prediction_a_cpu_run_has_none(workdir):
+    from rich.console import Console
+
+    from leap_finetune.memory.budget import fit_run
+
+    resolved = load_config(_long_config(workdir))
+    quiet = Console(file=open("/dev/null", "w"))  # noqa: SIM115
+    assert fit_run(resolved, None, None, quiet).predicted_gpu_memory is None  # (CPU: no GPU memory)
+    planned = fit_run(resolved.model_copy(update={"gpu_memory": 80 * GIB}), None, None, quiet, planning=True)
+    assert planned.predicted_gpu_memory == pytest.approx(training_process_memory(resolved).peak)
+    resumed = fit_run(resolved.model_copy(update={"gpu_memory": 1}), "0", None, quiet, resuming=True)
+    assert resumed.training == resolved.training and resumed.predicted_gpu_memory is not None  # (never refits)
+
+
+def test_a_cuda_out_of_memory_error_becomes_the_settings_to_change_and_the_planner(tmp_path):
+    """The handler around training (recipes/failures.py) turns torch's OutOfMemoryError into what to change."""
+    import torch
+
+    from leap_finetune.recipes.failures import disk_errors
+
+    training = {"per_device_train_batch_size": 8, "max_length": 2048}
+    with pytest.raises(LeapError) as caught, disk_errors(tmp_path, None, training):
+        raise torch.OutOfMemoryError("CUDA out of memory. Tried to allocate 2.00 GiB")
+    text = f"{caught.value.message} {caught.value.fix}"
+    assert "out of GPU memory (per_device_train_batch_size 8, max_length 2048" in text
+    assert "--gpu-memory N" in text and "docs/memory.md" in text and "run again" in text

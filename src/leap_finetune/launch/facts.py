@@ -29,9 +29,9 @@ class RunFacts:
     precision: str  # "bf16 mixed precision (chosen automatically)", "float32 (set in training_config)", ...
     devices: str  # the devices line as the run prints it at its start (gradient_communication said)
     hardware: str  # the devices line without training_config's notes (the model card adds how DDP all-reduced)
-    # issue #47 (memory planning): the predicted peak memory of each training process, in bytes; None until the
-    # memory plan predicts it here, for plan, the run's start and the card to read
-    peak_memory_per_process: int | None = None
+    # the predicted peak GPU memory of each training process, in bytes (memory/: set at the run's start by
+    # memory/budget.fit_run; None on a CPU or without the model's config)
+    peak_memory_per_process: float | None = None
 
     @property
     def global_batch(self) -> str:
@@ -64,6 +64,7 @@ def run_facts(resolved, prepared, devices) -> RunFacts:
         precision=precision,
         devices=devices_line(devices, t.get("gradient_communication")),
         hardware=devices_line(devices),
+        peak_memory_per_process=resolved.predicted_gpu_memory,
     )
 
 

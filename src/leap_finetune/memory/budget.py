@@ -167,12 +167,14 @@ def fit_run(resolved, gpu: str | None, prepared, console, *, resuming: bool = Fa
     each change printed with its reason; a LeapError (exit 2) when nothing fits. A resumed run keeps its
     checkpoint's settings (a change would be refused by the resume's own checks). `gpu`: the physical id of the
     first training GPU, None on the CPU; `planning` (validate): a budget given is checked on any machine."""
-    if resuming or (gpu is None and not (planning and resolved.gpu_memory)):
-        return resolved
-    budget, source = (resolved.gpu_memory, "gpu_memory") if resolved.gpu_memory else device_budget(gpu)
-    if budget is None:
+    if gpu is None and not (planning and resolved.gpu_memory):
         return resolved
     longest = longest_row(prepared)
+    if resuming:  # (the checkpoint's settings, as they are: the prediction only)
+        return _predicted(resolved, longest)
+    budget, source = (resolved.gpu_memory, "gpu_memory") if resolved.gpu_memory else device_budget(gpu)
+    if budget is None:
+        return _predicted(resolved, longest)
     fitted = fit_to_budget(resolved, budget, longest)
     if fitted is None:
         return resolved
@@ -184,7 +186,17 @@ def fit_run(resolved, gpu: str | None, prepared, console, *, resuming: bool = Fa
         )
     if not fitted.fits:
         raise does_not_fit(resolved, fitted, longest, where=f"{resolved.config_path or 'config'}: {source}")
-    return with_changes(resolved, fitted)
+    return with_changes(resolved, fitted).model_copy(update={"predicted_gpu_memory": fitted.memory.peak})
+
+
+def _predicted(resolved, longest: int | None):
+    """The resolved config with its training process's predicted peak (the run report and the model card put the
+    measured one beside it)."""
+    shape = shape_of(resolved)
+    if shape is None:
+        return resolved
+    peak = training_memory(shape, setup_of(resolved, shape, longest)).peak
+    return resolved.model_copy(update={"predicted_gpu_memory": peak})
 
 
 def process_memory(resolved, devices, prepared, budget: int | None = None) -> dict:

@@ -262,6 +262,8 @@ def train_evaluate_save(
             else (result.training_loss if result is not None else None)
         )
         summary = training_summary(trainer, train_loss, extra)
+        if resolved.predicted_gpu_memory and "peak_gpu_memory_gib" in summary:  # (docs/memory.md)
+            summary["predicted_gpu_memory_gib"] = round(resolved.predicted_gpu_memory / 2**30, 2)
         summary.update(reward_summary(history["rewards"]))
         plots = next(c for c in trainer.callback_handler.callbacks if isinstance(c, Plots))
         if trainer.state.global_step < trainer.state.max_steps:

@@ -58,7 +58,12 @@ def _out_of_memory(err: BaseException, step: str, t: dict, kept: str):
     keys = (batch, length, "gradient_checkpointing") + (("vllm_gpu_memory_utilization",) if colocated else ())
     settings = ", ".join(f"{k} {t[k]}" for k in keys if k in t)
     keep = "the tokens per step" if batch == "batch_tokens" else "the global batch"
-    where = "GPU" if "CUDA" in str(err) or "cuda" in str(err) else "memory"
+    where = "GPU memory" if "CUDA" in str(err) or "cuda" in str(err) else "memory"
+    if where == "GPU memory":  # (what it reached: docs/memory.md predicts the same quantity)
+        from leap_finetune.recipes.summary import gpu_memory_summary
+
+        peak = gpu_memory_summary().get("peak_gpu_memory_gib")
+        settings += f"; {peak:.1f} GiB allocated at the peak" if peak is not None else ""
     # vLLM colocated holds its share of the GPU beside training (TRL's default 0.3: out of memory for full
     # fine-tuning of LFM2-1.2B at 64 completions on an H200, where 0.15 ran - bench/RESULTS.md)
     engine = (
@@ -74,7 +79,8 @@ def _out_of_memory(err: BaseException, step: str, t: dict, kept: str):
         where="training_config",
         fix=f"{engine}lower {batch} (raise gradient_accumulation_steps to keep {keep}), lower {length}, "
         "set gradient_checkpointing: true, or train LoRA "
-        f"(peft_config); then {kept}",
+        f"(peft_config) - `leap-finetune plan CONFIG --gpu-memory N` predicts each and picks what fits a card of N "
+        f"GiB (docs/memory.md); then {kept}",
     )
 
 

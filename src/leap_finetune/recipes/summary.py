@@ -58,7 +58,17 @@ def training_summary(trainer, train_loss: float | None, extra: dict | None = Non
     all_reduce = gradient_all_reduce(trainer)
     if all_reduce:
         summary["gradient_all_reduce"] = all_reduce
+    summary.update(gpu_memory_summary())
     return summary
+
+
+def gpu_memory_summary() -> dict:
+    """This process's measured peak GPU memory (torch.cuda.max_memory_allocated, as docs/memory.md predicts it)."""
+    import torch
+
+    if not (torch.cuda.is_available() and torch.cuda.is_initialized()):
+        return {}
+    return {"peak_gpu_memory_gib": round(torch.cuda.max_memory_allocated() / 2**30, 2)}
 
 
 def reward_summary(rewards: list[float]) -> dict:
@@ -112,3 +122,11 @@ def is_number(value) -> bool:
     except (TypeError, ValueError):
         return False
     return True
+
+
+def gpu_memory_text(summary: dict) -> str:
+    """The measured peak of a training process beside the prediction plan made (docs/memory.md)."""
+    text = f"{summary['peak_gpu_memory_gib']:.1f} GiB peak per training process"
+    if summary.get("predicted_gpu_memory_gib") is not None:
+        text += f" (predicted {summary['predicted_gpu_memory_gib']:.1f} GiB)"
+    return text

@@ -388,6 +388,10 @@ def _training_section(resolved, summary: dict, facts: RunFacts) -> list[str]:
     if summary.get("tokens_seen"):  # (a number only where the trainer counts them)
         lines.append(f"| tokens seen | {summary['tokens_seen']:,} |")
     lines.append(f"| hardware | {hardware_line(facts, summary).removeprefix('devices: ')} |")
+    if summary.get("peak_gpu_memory_gib") is not None:
+        from leap_finetune.recipes.summary import gpu_memory_text
+
+        lines.append(f"| GPU memory | {gpu_memory_text(summary)} |")
     lines.append(f"| precision | {facts.precision} |")
     run_dir = Path(resolved.run_dir)
     for change in _resume_changes(run_dir):  # (resume_allow_changes: the values above hold from that step on)

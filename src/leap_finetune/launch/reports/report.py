@@ -271,6 +271,10 @@ def end_report(console: Console, resolved: ResolvedConfig, summary: dict) -> Non
         table.add_row("steps / time", f"{summary['global_step']} steps in {seconds:,.1f} s{speed}")
     if summary.get("gradient_all_reduce"):  # (several workers: as DDP reported it, config/communication.py)
         table.add_row("gradient all-reduce", summary["gradient_all_reduce"])
+    if summary.get("peak_gpu_memory_gib") is not None:
+        from leap_finetune.recipes.summary import gpu_memory_text
+
+        table.add_row("GPU memory", gpu_memory_text(summary))
     if summary.get("eval_loss") is not None:
         before = summary.get("initial_eval_loss")
         text = (f"{before:.4f} -> " if before is not None else "") + f"{summary['eval_loss']:.4f}"
