@@ -40,7 +40,7 @@ def _long_config(workdir, **training):
     return config
 
 
-def test_a_budget_below_the_full_peak_switches_on_checkpointing_first_and_says_so(workdir):
+def test_a_budget_below_the_full_peak_takes_bf16_weights_then_checkpointing_and_says_so(workdir):
     resolved = load_config(_long_config(workdir))
     full = training_process_memory(resolved)
     checkpointed = training_process_memory(
@@ -49,7 +49,10 @@ def test_a_budget_below_the_full_peak_switches_on_checkpointing_first_and_says_s
     assert checkpointed.peak < full.peak
     budget = int((full.peak + checkpointed.peak) / 2)
     fitted = fit_to_budget(resolved, budget)
-    assert [c.key for c in fitted.changes] == ["activation_checkpointing"] and fitted.fits
+    # bf16 weights first (they cost no speed: not enough here, the tiny model's activations dominate), then
+    # checkpointing; the micro-batch stays
+    assert [c.key for c in fitted.changes] == ["optimizer_precision", "activation_checkpointing"] and fitted.fits
+    assert fitted.training["optimizer_precision"] == "bf16_kahan"
     assert fitted.training["activation_checkpointing"] is True and fitted.training["per_device_train_batch_size"] == 4
 
     # plan for a GPU with that budget: the change, its reason and the memory per training process
@@ -58,7 +61,7 @@ def test_a_budget_below_the_full_peak_switches_on_checkpointing_first_and_says_s
     assert result.returncode == 0, result.stderr
     report = json.loads(result.stdout)
     assert (
-        report["memory_budget"]["fits"] and report["memory_budget"]["changes"][0]["key"] == "activation_checkpointing"
+        report["memory_budget"]["fits"] and report["memory_budget"]["changes"][-1]["key"] == "activation_checkpointing"
     )
     [train] = [p for p in report["processes"] if p["name"] == "train"]
     assert set(train["memory"]) == {
@@ -69,7 +72,7 @@ def test_a_budget_below_the_full_peak_switches_on_checkpointing_first_and_says_s
         "activations_gib",
         "other_gib",
     }
-    assert train["memory"]["peak_gib"] == pytest.approx(checkpointed.peak / GIB, abs=0.01)
+    assert train["memory"]["peak_gib"] == pytest.approx(fitted.memory.peak / GIB, abs=0.01)
     text = invoke("plan", str(path), "--gpus", "1", "--gpu-memory", f"{budget / 2**20:.0f}MiB").stdout
     assert "activation_checkpointing -> True (keeps only each layer's input" in " ".join(text.split())
 
@@ -86,10 +89,21 @@ def test_smaller_micro_batches_keep_the_global_batch(workdir):
 
 
 def test_keys_the_user_set_are_never_changed(workdir):
-    config = _long_config(workdir, activation_checkpointing=False, per_device_train_batch_size=4)
+    config = _long_config(
+        workdir, activation_checkpointing=False, per_device_train_batch_size=4, optimizer_precision="fp32"
+    )
     fitted = fit_to_budget(load_config(config), 1)
     assert fitted.changes == [] and not fitted.fits
     assert fitted.training["activation_checkpointing"] is False and fitted.training["per_device_train_batch_size"] == 4
+    assert fitted.training["optimizer_precision"] == "fp32"
+
+
+def test_lora_takes_a_bf16_frozen_base_first(workdir):
+    config = {**_long_config(workdir), "peft_config": {"extends": "DEFAULT_LORA"}}
+    fitted = fit_to_budget(load_config(config), 1)
+    assert fitted.changes[0].key == "model_init_kwargs" and fitted.changes[0].reason.startswith("the frozen base")
+    assert fitted.training["model_init_kwargs"] == {"dtype": "bfloat16"}
+    assert "optimizer_precision" not in fitted.training  # (refused with LoRA: config/precision.py)
 
 
 def test_an_impossible_budget_is_exit_2_before_any_model_loads_and_names_lora(workdir):
@@ -149,3 +163,18 @@ def test_a_cuda_out_of_memory_error_becomes_the_settings_to_change_and_the_plann
     text = f"{caught.value.message} {caught.value.fix}"
     assert "out of GPU memory (per_device_train_batch_size 8, max_length 2048" in text
     assert "--gpu-memory N" in text and "docs/memory.md" in text and "run again" in text
+
+
+def test_kto_keeps_two_rows_per_micro_batch_and_grpo_keeps_its_batch(workdir):
+    """KTO's KL estimate pairs rows of a micro-batch; GRPO's batch is its completions: the planner leaves them."""
+    write_jsonl(
+        workdir / "kto.jsonl", [{"prompt": "Say it.", "completion": "yes", "label": i % 2 == 0} for i in range(8)]
+    )
+    kto = load_config({**tiny_config("kto.jsonl", training_type="kto"), "training_config": {"max_length": 2048}})
+    rows = [c.value["per_device_train_batch_size"] for c in fit_to_budget(kto, 1).changes if c.key.startswith("per")]
+    assert rows and min(rows) == 2
+    from leap_finetune.memory.budget import _levers
+    from leap_finetune.methods import method_of
+
+    grpo = [key for key, _, _ in _levers({"per_device_train_batch_size": 16}, set(), method_of("grpo"))]
+    assert "per_device_train_batch_size" not in grpo and "activation_checkpointing" in grpo

@@ -297,7 +297,7 @@ def test_out_of_gpu_memory_in_grpo_names_the_engine_share(tmp_path, use_vllm):
     with pytest.raises(LeapError) as raised, disk_errors(tmp_path, training=training):
         raise RuntimeError("CUDA out of memory. Tried to allocate 2.00 GiB")
     text = str(raised.value.message) + " " + str(raised.value.fix)
-    assert "out of GPU (per_device_train_batch_size 64, max_completion_length 256" in text
+    assert "out of GPU memory (per_device_train_batch_size 64, max_completion_length 256" in text
     assert (
         "vllm_gpu_memory_utilization 0.3" in text
         and "lower vllm_gpu_memory_utilization" in text

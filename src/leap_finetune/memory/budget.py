@@ -4,9 +4,11 @@ The budget is the memory one GPU has for a training process: `--gpu-memory 24GiB
 you are not on), else the free memory of the GPU a run trains on. When the predicted peak (memory/plan.py) is over
 it, the defaults change, in this order, until it fits - the fastest setting that fits, since each step costs speed:
 
-1. activation checkpointing (~20-30% slower; the activations shrink to each layer's input);
-2. a smaller micro-batch, gradient accumulation raised to keep the global batch (fewer tokens per kernel);
-3. 8-bit AdamW states (bitsandbytes; only where it is installed and the optimizer is the default).
+1. bf16 weights, which cost no speed: LoRA's frozen base in bf16; a full fine-tune's weights and AdamW states in
+   bf16 with Kahan summation (optimizer_precision: bf16_kahan, torch-optimi);
+2. activation checkpointing (~10-30% slower; the activations shrink to each layer's input);
+3. a smaller micro-batch, gradient accumulation raised to keep the global batch (fewer tokens per kernel);
+4. 8-bit AdamW states (bitsandbytes; only where it is installed and the optimizer is the default).
 
 A key the user set (in training_config or with --set) is never changed. When nothing fits, the error says so
 before a model loads and names what would fit (LoRA, with its predicted peak).
@@ -20,6 +22,7 @@ from dataclasses import dataclass, field
 from leap_finetune.errors import LeapError
 from leap_finetune.memory.estimate import GIB, Memory, training_memory
 from leap_finetune.memory.plan import longest_row, setup_of, shape_of
+from leap_finetune.methods import method_of
 
 UNITS = {"gib": GIB, "gb": 10**9, "g": GIB, "mib": 2**20, "mb": 10**6, "": GIB}
 
@@ -69,7 +72,7 @@ def fit_to_budget(resolved, budget: int, longest: int | None = None) -> Fitted |
         return training_memory(shape, setup_of(resolved.model_copy(update={"training": t}), shape, longest))
 
     memory, changes = predict(training), []
-    for key, value, reason in _levers(training, user):
+    for key, value, reason in _levers(training, user, method_of(resolved), lora=resolved.peft is not None):
         if memory.peak <= budget:
             break
         trial = {**training, **value} if isinstance(value, dict) else {**training, key: value}
@@ -80,15 +83,19 @@ def fit_to_budget(resolved, budget: int, longest: int | None = None) -> Fitted |
     return Fitted(budget, memory, changes, training)
 
 
-def _levers(training: dict, user: set[str]):
-    """(key, value or {key: value, ...}, reason) in the order they are tried."""
+def _levers(training: dict, user: set[str], method, lora: bool = False):
+    """(key, value or {key: value, ...}, reason) in the order they are tried. KTO keeps 2 rows per micro-batch (its
+    KL estimate pairs rows); GRPO's batch is its completions (num_generations divides it): left as it is."""
+    yield from _precision_levers(training, user, lora)
     if "activation_checkpointing" not in user and "gradient_checkpointing" not in user:
         if not training.get("activation_checkpointing"):
             yield "activation_checkpointing", True, "keeps only each layer's input for the backward"
     rows = int(training.get("per_device_train_batch_size") or 1)
-    if not training.get("batch_tokens") and not {"per_device_train_batch_size", "gradient_accumulation_steps"} & user:
+    fewest = 2 if method.kl_pairs else 1
+    batch_keys = {"per_device_train_batch_size", "gradient_accumulation_steps"}
+    if not training.get("batch_tokens") and not method.rewards and not batch_keys & user:
         accumulation = int(training.get("gradient_accumulation_steps") or 1)
-        while rows > 1:
+        while rows // 2 >= fewest:
             rows //= 2
             accumulation *= 2
             yield (
@@ -98,6 +105,25 @@ def _levers(training: dict, user: set[str]):
             )
     if "optim" not in user and "optimizer_precision" not in user and _has_bitsandbytes():
         yield "optim", "adamw_8bit", "AdamW's two moments in 8 bits (bitsandbytes)"
+
+
+def _precision_levers(training: dict, user: set[str], lora: bool):
+    """Weights in bf16, which cost no speed (docs/speed.md), before anything that does: a LoRA run's frozen base
+    (model_init_kwargs dtype bfloat16: no float32 copy, no autocast copies), a full fine-tune's weights and AdamW
+    states with Kahan summation (optimizer_precision: bf16_kahan, the float32 loss curve: needs torch-optimi)."""
+    from leap_finetune.config.precision import COMPATIBLE_OPTIM, init_dtype, missing_package
+
+    if init_dtype(training) is not None or "model_init_kwargs" in user or training.get("fp16"):
+        return
+    if lora:
+        init = {**(training.get("model_init_kwargs") or {}), "dtype": "bfloat16"}
+        yield "model_init_kwargs", {"model_init_kwargs": init}, "the frozen base in bf16 (the adapters stay float32)"
+        return
+    if "optimizer_precision" in user or training.get("optimizer_precision") or missing_package("bf16_kahan"):
+        return
+    if "optim" in user and training.get("optim") not in COMPATIBLE_OPTIM:
+        return
+    yield "optimizer_precision", "bf16_kahan", "bf16 weights and AdamW states with Kahan summation (torch-optimi)"
 
 
 def _has_bitsandbytes() -> bool:
