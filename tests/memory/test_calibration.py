@@ -14,7 +14,7 @@ from tests.conftest import write_jsonl
 
 def measured_config(row: dict, data) -> dict:
     """The config bench/memory.py ran for the row (its profile's defaults, rows that fill max_length)."""
-    training = {"max_length": row["max_length"], "max_steps": 4}
+    training = {"max_length": row["max_length"], "max_steps": 4, **row.get("settings", {})}
     if row["mode"] == "checkpointing":
         training["activation_checkpointing"] = True
     config = {
@@ -29,7 +29,11 @@ def measured_config(row: dict, data) -> dict:
     return config
 
 
-@pytest.mark.parametrize("row", MEASURED, ids=lambda r: f"{r['model']}-{r['method']}-{r['mode']}-{r['max_length']}")
+@pytest.mark.parametrize(
+    "row",
+    MEASURED,
+    ids=lambda r: f"{r['model']}-{r['method']}-{r['mode']}-{r['max_length']}-{len(r.get('settings', {}))}",
+)
 def test_the_prediction_is_within_the_tolerance_of_the_measured_peak(row, tmp_path, monkeypatch):
     monkeypatch.setenv("HF_HUB_OFFLINE", "1")
     rows = (

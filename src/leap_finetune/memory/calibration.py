@@ -35,7 +35,8 @@ FIT = Fit(
     other_bytes=0.11 * 2**30,
 )
 
-# max_length: the rows' length (every row fills it); the micro-batch is the profile's 4 rows (DPO: 4 pairs)
+# max_length: the rows' length (every row fills it); the micro-batch is the profile's 4 rows (DPO: 4 pairs);
+# settings: training_config keys the row ran with beyond the profile's
 MEASURED: list[dict] = [
     {"model": "LFM2-1.2B", "method": "sft", "mode": "full", "max_length": 1024, "measured_gib": 22.17},
     {"model": "LFM2-1.2B", "method": "sft", "mode": "lora", "max_length": 1024, "measured_gib": 14.19},
@@ -50,6 +51,23 @@ MEASURED: list[dict] = [
     {"model": "LFM2-2.6B", "method": "sft", "mode": "lora", "max_length": 1024, "measured_gib": 30.28},
     {"model": "LFM2-2.6B", "method": "sft", "mode": "full", "max_length": 2048, "measured_gib": 60.85},
     {"model": "LFM2-2.6B", "method": "sft", "mode": "lora", "max_length": 2048, "measured_gib": 45.65},
+    # what the planner chose for a 16 GiB card (bench/memory.py --budgets 16): bf16 weights, then checkpointing
+    {
+        "model": "LFM2-1.2B",
+        "method": "sft",
+        "mode": "full",
+        "max_length": 2048,
+        "settings": {"optimizer_precision": "bf16_kahan", "activation_checkpointing": True},
+        "measured_gib": 11.90,
+    },
+    {
+        "model": "LFM2-2.6B",
+        "method": "sft",
+        "mode": "lora",
+        "max_length": 2048,
+        "settings": {"model_init_kwargs": {"dtype": "bfloat16"}, "activation_checkpointing": True},
+        "measured_gib": 8.33,
+    },
     {"model": "LFM2-1.2B", "method": "dpo", "mode": "full", "max_length": 1024, "measured_gib": 32.76},
     {"model": "LFM2-1.2B", "method": "dpo", "mode": "lora", "max_length": 1024, "measured_gib": 18.48},
 ]
