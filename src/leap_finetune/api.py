@@ -60,7 +60,7 @@ def validate_config(
         console.print(f"benchmarks: {', '.join(f'{b.name} ({len(b.items)} rows)' for b in benchmarks)}")
         return None
     checked = check_run(resolved, console, outputs_root)
-    plan = checked.plan
+    plan, resolved = checked.plan, checked.resolved  # (a resume: the memory fit its run recorded, kept)
     from leap_finetune.memory.budget import fit_run  # (what run would refuse for memory, validate refuses too)
 
     devices = checked.devices
@@ -186,6 +186,7 @@ def _run(source, console, callbacks, outputs_root, log) -> dict:
         return evaluate_config(resolved, console=console)
     checked = check_run(resolved, console, outputs_root)
     prepared, plan, devices = checked.prepared, checked.plan, checked.devices
+    resolved = checked.resolved  # (a resume: the memory fit its run recorded, kept)
     if callbacks and (not devices.in_process or devices.own_process):
         raise ValueError(
             "run_config(callbacks=...) needs an in-process run (one device, the machine's only GPU or "

@@ -8,7 +8,7 @@ import json
 import pytest
 
 from leap_finetune.errors import LeapError
-from leap_finetune.memory.budget import fit_to_budget, parse_budget
+from leap_finetune.memory.budget import ALLOCATOR_SHARE, CONTEXT_BYTES, fit_to_budget, parse_budget
 from leap_finetune.memory.estimate import GIB
 from leap_finetune.memory.plan import training_process_memory
 from leap_finetune.validate.loader import load_config
@@ -47,7 +47,8 @@ def test_a_budget_below_the_full_peak_takes_bf16_weights_then_checkpointing_and_
         resolved.model_copy(update={"training": {**resolved.training, "activation_checkpointing": True}})
     )
     assert checkpointed.peak < full.peak
-    budget = int((full.peak + checkpointed.peak) / 2)
+    # (a budget whose usable part - CUDA's context and the allocator's slack kept aside - lies between the two)
+    budget = int(((full.peak + checkpointed.peak) / 2 + CONTEXT_BYTES) / (1 - ALLOCATOR_SHARE))
     fitted = fit_to_budget(resolved, budget)
     # bf16 weights first (they cost no speed: not enough here, the tiny model's activations dominate), then
     # checkpointing; the micro-batch stays
@@ -57,7 +58,7 @@ def test_a_budget_below_the_full_peak_takes_bf16_weights_then_checkpointing_and_
 
     # plan for a GPU with that budget: the change, its reason and the memory per training process
     path = write_config(workdir, _long_config(workdir))
-    result = invoke("plan", str(path), "--gpus", "1", "--json", "--gpu-memory", f"{budget / 2**20:.0f}MiB")
+    result = invoke("plan", str(path), "--gpus", "1", "--json", "--gpu-memory", f"{budget / 2**20:.1f}MiB")
     assert result.returncode == 0, result.stderr
     report = json.loads(result.stdout)
     assert (
@@ -73,7 +74,7 @@ def test_a_budget_below_the_full_peak_takes_bf16_weights_then_checkpointing_and_
         "other_gib",
     }
     assert train["memory"]["peak_gib"] == pytest.approx(fitted.memory.peak / GIB, abs=0.01)
-    text = invoke("plan", str(path), "--gpus", "1", "--gpu-memory", f"{budget / 2**20:.0f}MiB").stdout
+    text = invoke("plan", str(path), "--gpus", "1", "--gpu-memory", f"{budget / 2**20:.1f}MiB").stdout
     assert "activation_checkpointing -> True (keeps only each layer's input" in " ".join(text.split())
 
 
@@ -111,7 +112,8 @@ def test_an_impossible_budget_is_exit_2_before_any_model_loads_and_names_lora(wo
     result = invoke("validate", str(path), "--gpu-memory", "1MiB")
     assert result.returncode == 2
     text = " ".join(result.stderr.split())
-    assert "over the 0.0 GiB budget" in text and "LoRA (peft_config: {extends: DEFAULT_LORA}) is predicted at" in text
+    assert "GiB a 0.0 GiB budget leaves for it (CUDA's context and the allocator's slack kept aside)" in text
+    assert "LoRA (peft_config: {extends: DEFAULT_LORA}) is predicted at" in text
     assert "gpu_memory" in text and "Traceback" not in result.stderr
     # gpu_memory: in the YAML is the same budget; --gpu-memory wins over it
     config = {**_long_config(workdir), "gpu_memory": "1MiB"}
@@ -178,3 +180,48 @@ def test_kto_keeps_two_rows_per_micro_batch_and_grpo_keeps_its_batch(workdir):
 
     grpo = [key for key, _, _ in _levers({"per_device_train_batch_size": 16}, set(), method_of("grpo"))]
     assert "per_device_train_batch_size" not in grpo and "activation_checkpointing" in grpo
+
+
+def test_lfm2_vl_parts_trained_beside_lora_keep_float32_weights():
+    from leap_finetune.memory.budget import _levers
+    from leap_finetune.methods import method_of
+
+    sft = method_of("sft")
+    trained = [key for key, _, _ in _levers({"train_vision_encoder": True}, set(), sft, lora=True)]
+    assert "model_init_kwargs" not in trained and "activation_checkpointing" in trained
+    assert [key for key, _, _ in _levers({}, set(), sft, lora=True)][0] == "model_init_kwargs"
+
+
+def test_grpo_and_the_encoders_get_no_optimizer_precision_and_encoders_no_prediction(workdir):
+    """optimizer_precision is SFT's, DPO's and KTO's key (GRPO's and sentence-transformers' arguments refuse it);
+    the retrieval encoders have no measured constants yet: no prediction, so no fitting and no refusal."""
+    from leap_finetune.memory.budget import _levers
+    from leap_finetune.methods import method_of
+
+    grpo = [key for key, _, _ in _levers({}, set(), method_of("grpo"))]
+    assert "optimizer_precision" not in grpo
+    write_jsonl(workdir / "pairs.jsonl", [{"anchor": f"q{i}", "positive": f"d{i}"} for i in range(8)])
+    embedding = load_config({**tiny_config("pairs.jsonl", training_type="embedding"), "training_config": {}})
+    assert training_process_memory(embedding) is None and fit_to_budget(embedding, 1) is None
+
+
+def test_a_config_transformers_cannot_build_is_no_prediction_not_a_crash(tmp_path):
+    from leap_finetune.memory.shapes import model_shape
+
+    (tmp_path / "config.json").write_text(json.dumps({"model_type": "t5", "d_model": 64}))
+    assert model_shape(str(tmp_path)) is None
+    assert model_shape("someorg/not-cached-anywhere") is None
+
+
+def test_a_resume_keeps_the_settings_the_memory_fit_chose_unless_the_config_now_sets_them(workdir, monkeypatch):
+    from leap_finetune.launch import checks, plan
+
+    recorded = {"fitted_training": {"activation_checkpointing": True, "optimizer_precision": "bf16_kahan"}}
+    monkeypatch.setattr(plan, "resumed_config", lambda run_plan: (recorded, None))
+    run_plan = plan.RunPlan(workdir, "run", None, new_run=False)
+    resolved = load_config(_long_config(workdir, optimizer_precision="fp32"))
+    kept = checks._memory_fit_of_the_run(resolved, run_plan)
+    assert kept.training["activation_checkpointing"] is True  # (the fit's choice, kept)
+    assert kept.training["optimizer_precision"] == "fp32"  # (the config sets it now: its value)
+    assert kept.fitted_training == {"activation_checkpointing": True}
+    assert checks._memory_fit_of_the_run(resolved, plan.RunPlan(workdir, "run", None, new_run=True)) is resolved

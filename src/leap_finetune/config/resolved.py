@@ -31,6 +31,7 @@ class ResolvedConfig(BaseModel):
     user_training_keys: list[str] = []  # the training_config keys the config (or --set) set: never changed for it
     gpu_memory: int | None = None  # bytes: the GPU memory budget to plan for (gpu_memory:, --gpu-memory)
     predicted_gpu_memory: float | None = None  # bytes: a training process's predicted peak (memory/budget.fit_run)
+    fitted_training: dict = {}  # training_config keys the memory fit changed, with their values (a resume keeps them)
     peft: dict | None  # LoRA options, None for a full fine-tune
     output_dir: str | None  # the user's output_dir, absolute
     resume_from_checkpoint: str | None  # "latest", a path, or None

@@ -68,6 +68,7 @@ def check_run(resolved: ResolvedConfig, console: Console, outputs_root: str | Pa
     # GRPO: prompts that fill no generation batch; batch_tokens: micro-batches that drop_last would all drop
     prepared_steps(resolved, prepared, devices)
     check_async_eval(resolved, devices)
+    resolved = _memory_fit_of_the_run(resolved, plan)
     plan.changes = check_resume_matches(resolved, plan, fingerprint(prepared), devices.workers)
     check_run_folder_free(plan)
     return CheckedRun(resolved, tokenizer, renderer, prepared, plan, devices)
@@ -231,3 +232,18 @@ def check_run_folder_free(plan: RunPlan) -> None:
 
     if plan.run_dir.is_dir():
         check_free(plan.run_dir, "the run folder" if not plan.new_run else "output_dir")
+
+
+def _memory_fit_of_the_run(resolved: ResolvedConfig, plan) -> ResolvedConfig:
+    """A resumed run trains with the settings the memory fit chose for it (memory/budget.py, recorded in its
+    resolved config), unless the config now sets them itself."""
+    from leap_finetune.launch.plan import resumed_config
+
+    if plan.new_run or plan.finished is not None:
+        return resolved
+    before, _ = resumed_config(plan)
+    fitted = (before or {}).get("fitted_training") or {}
+    kept = {k: v for k, v in fitted.items() if k not in resolved.user_training_keys}
+    if not kept:
+        return resolved
+    return resolved.model_copy(update={"training": {**resolved.training, **kept}, "fitted_training": kept})

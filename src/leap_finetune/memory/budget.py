@@ -21,10 +21,19 @@ from dataclasses import dataclass, field
 
 from leap_finetune.errors import LeapError
 from leap_finetune.memory.estimate import GIB, Memory, training_memory
-from leap_finetune.memory.plan import longest_row, setup_of, shape_of
+from leap_finetune.memory.plan import longest_row, predicted_for, setup_of, shape_of
 from leap_finetune.methods import method_of
 
 UNITS = {"gib": GIB, "gb": 10**9, "g": GIB, "mib": 2**20, "mb": 10**6, "": GIB}
+# What the prediction (torch's allocated peak) must leave of the budget: CUDA's own context (~0.5-1 GiB, never
+# counted as allocated) and the caching allocator's reserved-but-free blocks (measured 0.1-1.1 GiB over the peak,
+# bench/memory.py's reserved_gib).
+CONTEXT_BYTES = GIB
+ALLOCATOR_SHARE = 0.05
+
+
+def usable_bytes(budget: int) -> float:
+    return max(0.0, budget * (1 - ALLOCATOR_SHARE) - CONTEXT_BYTES)
 
 
 def parse_budget(text, where: str = "--gpu-memory") -> int:
@@ -57,23 +66,24 @@ class Fitted:
 
     @property
     def fits(self) -> bool:
-        return self.memory.peak <= self.budget
+        return self.memory.peak <= usable_bytes(self.budget)
 
 
 def fit_to_budget(resolved, budget: int, longest: int | None = None) -> Fitted | None:
     """The run's settings changed (where the user did not set them) to fit `budget`; None without a shape."""
-    shape = shape_of(resolved)
+    shape = shape_of(resolved) if predicted_for(resolved) else None
     if shape is None:
         return None
     training = dict(resolved.training)
     user = set(resolved.user_training_keys)
+    usable = usable_bytes(budget)
 
     def predict(t: dict) -> Memory:
         return training_memory(shape, setup_of(resolved.model_copy(update={"training": t}), shape, longest))
 
     memory, changes = predict(training), []
     for key, value, reason in _levers(training, user, method_of(resolved), lora=resolved.peft is not None):
-        if memory.peak <= budget:
+        if memory.peak <= usable:
             break
         trial = {**training, **value} if isinstance(value, dict) else {**training, key: value}
         after = predict(trial)
@@ -86,7 +96,7 @@ def fit_to_budget(resolved, budget: int, longest: int | None = None) -> Fitted |
 def _levers(training: dict, user: set[str], method, lora: bool = False):
     """(key, value or {key: value, ...}, reason) in the order they are tried. KTO keeps 2 rows per micro-batch (its
     KL estimate pairs rows); GRPO's batch is its completions (num_generations divides it): left as it is."""
-    yield from _precision_levers(training, user, lora)
+    yield from _precision_levers(training, user, lora, method)
     if "activation_checkpointing" not in user and "gradient_checkpointing" not in user:
         if not training.get("activation_checkpointing"):
             yield "activation_checkpointing", True, "keeps only each layer's input for the backward"
@@ -107,7 +117,7 @@ def _levers(training: dict, user: set[str], method, lora: bool = False):
         yield "optim", "adamw_8bit", "AdamW's two moments in 8 bits (bitsandbytes)"
 
 
-def _precision_levers(training: dict, user: set[str], lora: bool):
+def _precision_levers(training: dict, user: set[str], lora: bool, method):
     """Weights in bf16, which cost no speed (docs/speed.md), before anything that does: a LoRA run's frozen base
     (model_init_kwargs dtype bfloat16: no float32 copy, no autocast copies), a full fine-tune's weights and AdamW
     states with Kahan summation (optimizer_precision: bf16_kahan, the float32 loss curve: needs torch-optimi)."""
@@ -116,8 +126,14 @@ def _precision_levers(training: dict, user: set[str], lora: bool):
     if init_dtype(training) is not None or "model_init_kwargs" in user or training.get("fp16"):
         return
     if lora:
+        if training.get("train_vision_encoder") or training.get("train_projector"):
+            return  # (LFM2-VL parts trained in full beside the adapters: their weights stay float32)
         init = {**(training.get("model_init_kwargs") or {}), "dtype": "bfloat16"}
         yield "model_init_kwargs", {"model_init_kwargs": init}, "the frozen base in bf16 (the adapters stay float32)"
+        return
+    from leap_finetune.config.own_keys import keys_of
+
+    if "optimizer_precision" not in keys_of(method):  # (sft, dpo, kto: GRPO's and the encoders' trainers refuse it)
         return
     if "optimizer_precision" in user or training.get("optimizer_precision") or missing_package("bf16_kahan"):
         return
@@ -151,21 +167,26 @@ def does_not_fit(resolved, fitted: Fitted, longest: int | None, where: str) -> L
     lora = lora_alternative(resolved, fitted.budget, longest)
     would = (
         f"LoRA (peft_config: {{extends: DEFAULT_LORA}}) is predicted at {lora.peak / GIB:.1f} GiB"
-        + (" and fits" if lora.peak <= fitted.budget else "")
+        + (" and fits" if lora.peak <= usable_bytes(fitted.budget) else "")
         if lora is not None
         else "a shorter max_length, a smaller model, or a GPU with more memory"
     )
     return LeapError(
         f"the run is predicted to need {best.peak / GIB:.1f} GiB per GPU ({best.parts()}), over the "
-        f"{fitted.budget / GIB:.1f} GiB budget, even after {tried}",
+        f"{usable_bytes(fitted.budget) / GIB:.1f} GiB a {fitted.budget / GIB:.1f} GiB budget leaves for it (CUDA's "
+        f"context and the allocator's slack kept aside), even after {tried}",
         where=where,
         fix=f"{would}; keys you set are never changed: unset one of them to let leap-finetune choose",
     )
 
 
 def with_changes(resolved, fitted: Fitted):
-    """The resolved config with the fitting's changes in its training settings."""
-    return resolved.model_copy(update={"training": fitted.training}) if fitted.changes else resolved
+    """The resolved config with the fitting's changes in its training settings (recorded: a resume keeps them)."""
+    if not fitted.changes:
+        return resolved
+    keys = {k for c in fitted.changes for k in (c.value if isinstance(c.value, dict) else {c.key: c.value})}
+    changed = {k: fitted.training[k] for k in sorted(keys)}
+    return resolved.model_copy(update={"training": fitted.training, "fitted_training": changed})
 
 
 def device_budget(index: str) -> tuple[int | None, str]:
@@ -218,7 +239,7 @@ def fit_run(resolved, gpu: str | None, prepared, console, *, resuming: bool = Fa
 def _predicted(resolved, longest: int | None):
     """The resolved config with its training process's predicted peak (the run report and the model card put the
     measured one beside it)."""
-    shape = shape_of(resolved)
+    shape = shape_of(resolved) if predicted_for(resolved) else None
     if shape is None:
         return resolved
     peak = training_memory(shape, setup_of(resolved, shape, longest)).peak
@@ -230,6 +251,8 @@ def process_memory(resolved, devices, prepared, budget: int | None = None) -> di
     applied when a budget is given (memory/budget.py)."""
     if not devices.use_gpu:
         return {"memory": None, "why": "CPU: no GPU memory to plan"}
+    if not predicted_for(resolved):
+        return {"memory": None, "why": "embedding and ColBERT runs are not predicted yet (docs/memory.md)"}
     longest = longest_row(prepared)
     shape = shape_of(resolved)
     if shape is None:

@@ -12,6 +12,11 @@ from leap_finetune.methods import method_of
 DTYPE_BYTES = {"float32": 4, "bfloat16": 2, "float16": 2, "auto": 2}  # ("auto": LiquidAI ships bf16 weights)
 
 
+def predicted_for(resolved) -> bool:
+    """Which runs the estimate covers: the chat-model types (not the retrieval encoders yet)."""
+    return method_of(resolved).encoder_class is None
+
+
 def shape_of(resolved) -> ModelShape | None:
     """The model's shape, kept per model (plan asks once per process)."""
     if resolved.model_id not in _shapes:
@@ -79,7 +84,10 @@ def _reference(resolved, method) -> bool:
 
 
 def training_process_memory(resolved, longest: int | None = None) -> Memory | None:
-    """One training process's predicted peak; None when the model's config is not at hand."""
+    """One training process's predicted peak; None when the model's config is not at hand, or for an encoder
+    (embedding, ColBERT: no measured constants yet - their own lengths and mini-batches, no vocabulary logits)."""
+    if not predicted_for(resolved):
+        return None
     shape = shape_of(resolved)
     if shape is None:
         return None

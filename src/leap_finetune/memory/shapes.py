@@ -92,19 +92,21 @@ def model_shape(model_id: str) -> ModelShape | None:
 
     if model_id in TINY_MODELS:
         return _measure(None, "built-in", model_id)
-    config, source = _config(model_id)
-    if config is None:
+    try:  # (a config transformers cannot build as a causal LM, or custom code: no prediction, never a crash)
+        config, source = _config(model_id)
+        return _measure(config, source, model_id) if config is not None else None
+    except Exception:  # noqa: BLE001
         return None
-    return _measure(config, source, model_id)
 
 
 def _config(model_id: str):
     from transformers import AutoConfig
 
     if Path(model_id).is_dir():
-        return AutoConfig.from_pretrained(model_id), "the model folder's config.json"
+        return AutoConfig.from_pretrained(model_id, trust_remote_code=False), "the model folder's config.json"
     try:
-        return AutoConfig.from_pretrained(model_id, local_files_only=True), "config.json in the Hugging Face cache"
+        cached = AutoConfig.from_pretrained(model_id, local_files_only=True, trust_remote_code=False)
+        return cached, "config.json in the Hugging Face cache"
     except (OSError, ValueError):
         pass
     known = published(model_id)

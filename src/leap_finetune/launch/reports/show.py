@@ -213,11 +213,12 @@ def _with_memory(listed: list[dict], memory: dict) -> list[dict]:
 def _budget_json(resolved, fitted, longest: int | None) -> dict | None:
     if fitted is None:
         return None
-    from leap_finetune.memory.budget import does_not_fit
+    from leap_finetune.memory.budget import does_not_fit, usable_bytes
 
     refusal = None if fitted.fits else does_not_fit(resolved, fitted, longest, where="gpu_memory")
     return {
         "budget_gib": round(fitted.budget / 2**30, 2),
+        "usable_gib": round(usable_bytes(fitted.budget) / 2**30, 2),  # (CUDA's context and the allocator's slack)
         "fits": fitted.fits,
         "refusal": f"{refusal.message}; {refusal.fix}" if refusal is not None else None,
         "changes": [
@@ -353,7 +354,8 @@ def _print_budget(console, budget: dict | None) -> None:
             f"memory: {change['key']} -> {change['value']} ({change['reason']}): ~{change['peak_gib']:.1f} GiB"
         )
     console.print(
-        f"memory: fits the {budget['budget_gib']:.1f} GiB budget"
+        f"memory: fits the {budget['budget_gib']:.1f} GiB budget ({budget['usable_gib']:.1f} GiB for training: CUDA's "
+        "context and the allocator's slack kept aside)"
         if budget["fits"]
         else f"memory: does NOT fit - `leap-finetune run` refuses it: {budget['refusal']}",
         markup=False,
