@@ -225,3 +225,14 @@ def test_a_resume_keeps_the_settings_the_memory_fit_chose_unless_the_config_now_
     assert kept.training["optimizer_precision"] == "fp32"  # (the config sets it now: its value)
     assert kept.fitted_training == {"activation_checkpointing": True}
     assert checks._memory_fit_of_the_run(resolved, plan.RunPlan(workdir, "run", None, new_run=True)) is resolved
+
+
+def test_a_budget_on_a_cpu_run_is_said_to_have_no_effect(workdir):
+    from rich.console import Console
+
+    from leap_finetune.memory.budget import fit_run
+
+    console = Console(record=True, width=200, file=open("/dev/null", "w"))  # noqa: SIM115
+    resolved = load_config({**_long_config(workdir), "gpu_memory": "24GiB"})
+    assert fit_run(resolved, None, None, console).training == resolved.training
+    assert "note: gpu_memory is not used: this run trains on the CPU" in console.export_text()

@@ -36,13 +36,13 @@ def usable_bytes(budget: int) -> float:
     return max(0.0, budget * (1 - ALLOCATOR_SHARE) - CONTEXT_BYTES)
 
 
-def parse_budget(text, where: str = "--gpu-memory") -> int:
+def parse_budget(text, where: str = "--gpu-memory", key: str = "gpu_memory") -> int:
     """Bytes of `24GiB`, `24GB`, `24 G`, `24` (GiB), `16384MiB`."""
     found = re.fullmatch(r"\s*(\d+(?:\.\d+)?)\s*([a-zA-Z]*)\s*", str(text))
     unit = found.group(2).lower() if found else None
     if not found or unit not in UNITS or float(found.group(1)) <= 0:
         raise LeapError(
-            f"{where} is {text!r}: expected an amount of memory",
+            f"{key} is {text!r}: expected an amount of memory",
             where=where,
             fix="e.g. 24GiB, 80GB or 16 (GiB)",
         )
@@ -215,6 +215,8 @@ def fit_run(resolved, gpu: str | None, prepared, console, *, resuming: bool = Fa
     checkpoint's settings (a change would be refused by the resume's own checks). `gpu`: the physical id of the
     first training GPU, None on the CPU; `planning` (validate): a budget given is checked on any machine."""
     if gpu is None and not (planning and resolved.gpu_memory):
+        if resolved.gpu_memory and not planning:  # (a key with no effect here is said, not silently dropped)
+            console.print("note: gpu_memory is not used: this run trains on the CPU", markup=False)
         return resolved
     longest = longest_row(prepared)
     if resuming:  # (the checkpoint's settings, as they are: the prediction only)
