@@ -92,8 +92,10 @@ def case_config(model: str, method: str, mode: str, length: int, data: Path, ste
         "dataset": {"path": str(data)},
         "training_config": training,
     }
-    if mode == "lora":
-        config["peft_config"] = dict(LORA)
+    if mode in ("lora", "qlora", "qlora-nocompile"):
+        config["peft_config"] = dict(LORA) if mode == "lora" else {"extends": "DEFAULT_QLORA"}
+    if mode == "qlora-nocompile":
+        training["compile_layers"] = False
     return config
 
 
@@ -157,11 +159,89 @@ def budget_run(key: str, mode: str, budget: int, data: Path, work: Path, steps: 
     return row
 
 
+def trl_budget_run(key: str, mode: str, budget: int, data: Path, work: Path, steps: int) -> dict:
+    """TRL's SFTTrainer with its defaults (batch 8, gradient checkpointing, the model's bf16 weights, padding) on the
+    same rows at the same emulated card: full, LoRA (DEFAULT_LORA's targets) or QLoRA (nf4, as TRL's docs set it)."""
+    import statistics
+
+    from datasets import load_dataset
+    from peft import LoraConfig
+    from trl import SFTConfig, SFTTrainer
+
+    from leap_finetune.config import profiles
+    from leap_finetune.recipes.callbacks import MetricsLog
+
+    model = build_model(key, work / "models" / key)
+    out = work / f"trl-{key}-{mode}-{budget}"
+    shutil.rmtree(out, ignore_errors=True)
+    out.mkdir(parents=True)
+    row = {"model": MODELS[key], "method": "sft", "mode": mode, "budget_gib": budget}
+    init = {}
+    peft = None
+    if mode in ("lora", "qlora"):
+        lora = profiles.peft_profile("DEFAULT_LORA")
+        lora.pop("use_peft")
+        peft = LoraConfig(task_type="CAUSAL_LM", **lora)
+    if mode == "qlora":
+        from transformers import BitsAndBytesConfig
+
+        init["quantization_config"] = BitsAndBytesConfig(
+            load_in_4bit=True,
+            bnb_4bit_quant_type="nf4",
+            bnb_4bit_use_double_quant=True,
+            bnb_4bit_compute_dtype=torch.bfloat16,
+        )
+        init["device_map"] = {"": 0}
+    gc.collect()
+    torch.cuda.empty_cache()
+    torch.cuda.reset_peak_memory_stats()
+    total = torch.cuda.get_device_properties(0).total_memory
+    torch.cuda.set_per_process_memory_fraction(min(1.0, budget * 2**30 / total))
+    try:
+        args = SFTConfig(
+            output_dir=str(out),
+            max_steps=steps,
+            per_device_train_batch_size=8,
+            logging_steps=1,
+            save_strategy="no",
+            report_to="none",
+            max_length=2048,
+            learning_rate=2e-4 if peft else 1e-5,
+            include_num_input_tokens_seen="non_padding",
+            disable_tqdm=True,
+            model_init_kwargs=init or None,
+        )
+        dataset = load_dataset("json", data_files=str(data), split="train")
+        trainer = SFTTrainer(
+            model=str(model),
+            args=args,
+            train_dataset=dataset,
+            peft_config=peft,
+            callbacks=[MetricsLog(out / "metrics.jsonl")],
+        )
+        trainer.train()
+        metrics = [json.loads(line) for line in (out / "metrics.jsonl").read_text().splitlines()]
+        speeds = [m["tokens_per_second"] for m in metrics if "tokens_per_second" in m and m["step"] > 3]
+        row.update(trl_fits=True, trl_tok_s=round(statistics.median(speeds)) if speeds else None)
+        del trainer
+    except Exception as err:  # noqa: BLE001 - an out-of-memory is the row's answer
+        row.update(trl_fits=False, trl_tok_s=None, why=f"{type(err).__name__}: {str(err)[:200]}")
+    finally:
+        torch.cuda.set_per_process_memory_fraction(1.0)
+        gc.collect()
+    row["trl_peak_gib"] = round(torch.cuda.max_memory_allocated() / 2**30, 2)
+    return row
+
+
 def cases(args) -> list[tuple[str, str, str, int]]:
     """(model key, method, mode, max_length)."""
     found = []
     for method in args.cases.split(","):
-        modes = ("full", "lora") if method == "dpo" else ("full", "lora", "checkpointing")
+        modes = (
+            ("full", "lora")
+            if method == "dpo"
+            else (tuple(args.modes.split(",")) if args.modes else ("full", "lora", "checkpointing"))
+        )
         for key in args.models.split(","):
             for length in map(int, args.lengths.split(",")):
                 for mode in modes:
@@ -175,7 +255,7 @@ def cases(args) -> list[tuple[str, str, str, int]]:
 
 def main() -> None:
     parser = argparse.ArgumentParser()
-    parser.add_argument("--cases", default="sft,dpo")
+    parser.add_argument("--cases", default="sft,dpo")  # (--modes picks SFT's modes: full,lora,checkpointing,qlora)
     parser.add_argument("--models", default="350m,1.2b,2.6b")
     parser.add_argument("--lengths", default="1024,2048")
     parser.add_argument("--steps", type=int, default=4)
@@ -183,7 +263,12 @@ def main() -> None:
     parser.add_argument("--out", default="memory-results.jsonl")
     parser.add_argument("--smoke", action="store_true")
     parser.add_argument("--budgets", default="", help="e.g. 16,24: SFT full and LoRA planned for these cards")
-    parser.add_argument("--modes", default="full,lora", help="with --budgets")
+    parser.add_argument(
+        "--modes",
+        default="",
+        help="full, lora, checkpointing, qlora, qlora-nocompile (default: full,lora[,checkpointing])",
+    )
+    parser.add_argument("--peer", default="leap", help="with --budgets: leap (this project) or trl (its defaults)")
     args = parser.parse_args()
     work = Path(args.work)
     work.mkdir(parents=True, exist_ok=True)
@@ -191,9 +276,10 @@ def main() -> None:
     out = Path(args.out)
     if args.budgets:
         for key in args.models.split(","):
-            for mode in args.modes.split(","):
+            for mode in (args.modes or "full,lora").split(","):
                 for budget in map(int, args.budgets.split(",")):
-                    row = budget_run(key, mode, budget, data["sft"], work, args.steps)
+                    run = trl_budget_run if args.peer == "trl" else budget_run
+                    row = run(key, mode, budget, data["sft"], work, args.steps)
                     print(json.dumps(row), flush=True)
                     with out.open("a") as handle:
                         handle.write(json.dumps(row) + "\n")

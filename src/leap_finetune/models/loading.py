@@ -74,6 +74,10 @@ def load_model(model_id: str, tokenizer, init_kwargs: dict | None = None, *, dty
 
     kwargs = dict(init_kwargs or {})
     dtype = torch_dtype(kwargs.pop("dtype", dtype if dtype is not None else torch.float32))
+    if kwargs.get("quantization_config") is not None:
+        kwargs.update(quantized_loading(kwargs.pop("quantization_config")))
+        if model_id in TINY_MODELS:
+            return _tiny_quantized(model_id, tokenizer, kwargs, dtype)
     if model_id in TINY_MODELS:
         model = build_tiny_model(model_id, tokenizer, dtype=None if dtype == "auto" else dtype)
         if kwargs.get("attn_implementation"):
@@ -91,6 +95,39 @@ def load_model(model_id: str, tokenizer, init_kwargs: dict | None = None, *, dty
     except Exception as err:  # noqa: BLE001
         raise _unavailable(model_id, "model", err, kwargs.get("subfolder")) from None
     add_original_lfm2_keys(model.config)  # (what it saves loads in vLLM too)
+    return model
+
+
+def quantized_loading(config: dict) -> dict:
+    """QLoRA's base: from_pretrained's arguments that quantize its linear layers with bitsandbytes as they load,
+    straight onto this process's device (a bitsandbytes model cannot be moved afterwards: the trainer leaves it where
+    it loaded)."""
+    import torch
+
+    from leap_finetune.config.quantization import bitsandbytes_config
+
+    kwargs = {"quantization_config": bitsandbytes_config(config) if "quant_method" not in config else config}
+    if torch.cuda.is_available():
+        from accelerate import PartialState
+
+        kwargs["device_map"] = {"": PartialState().device}  # (this process's GPU, as the trainer will use it)
+    return kwargs
+
+
+def _tiny_quantized(model_id: str, tokenizer, kwargs: dict, dtype):
+    """A built-in tiny model, built, saved and loaded back quantized (the way a downloaded one loads)."""
+    import tempfile
+
+    from transformers import AutoModelForCausalLM, AutoModelForImageTextToText
+
+    from leap_finetune.models.tiny import TINY_VISION_MODELS
+
+    auto = AutoModelForImageTextToText if model_id in TINY_VISION_MODELS else AutoModelForCausalLM
+    with tempfile.TemporaryDirectory(prefix="leap-tiny-") as folder:
+        build_tiny_model(model_id, tokenizer).save_pretrained(folder)
+        model = auto.from_pretrained(folder, dtype=dtype, **kwargs)
+    model.config.name_or_path = model_id
+    model.name_or_path = ""  # (as a built tiny model has: no temporary folder recorded as the adapter's base)
     return model
 
 

@@ -377,6 +377,16 @@ def _final_eval(trainer) -> dict:
 
 
 def _print_model_summary(console, model) -> None:
-    total = sum(p.numel() for p in model.parameters())
+    total = sum(_weights_in(p) for p in model.parameters())
     trainable = sum(p.numel() for p in model.parameters() if p.requires_grad)
     console.print(f"model: {total:,} parameters, {trainable:,} trainable ({100 * trainable / total:.2f}%)")
+    quantized = [m for m in model.modules() if type(m).__module__.startswith("bitsandbytes.")]  # (not peft's wrappers)
+    if quantized:  # (QLoRA: what bitsandbytes actually quantized as the model loaded, not what the config asked)
+        kind = getattr(getattr(quantized[0].weight, "quant_state", None), "quant_type", None) or "int8"
+        console.print(f"quantized base: {len(quantized)} linear layers in {kind} (bitsandbytes), the rest unquantized")
+
+
+def _weights_in(parameter) -> int:
+    """A parameter's weights; a 4-bit one is stored packed (two weights a byte), its shape kept in its quant_state."""
+    state = getattr(parameter, "quant_state", None)
+    return state.shape.numel() if state is not None else parameter.numel()

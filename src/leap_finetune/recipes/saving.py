@@ -7,6 +7,7 @@ from __future__ import annotations
 from pathlib import Path
 
 from leap_finetune import faults
+from leap_finetune.config.quantization import is_quantized
 from leap_finetune.config.resolved import ResolvedConfig
 from leap_finetune.runs.folder import RunFolder
 
@@ -22,9 +23,10 @@ def save_final_model(trainer, resolved: ResolvedConfig, run_dir: Path, tokenizer
             RunFolder(run_dir).adapter,
             lambda path: (final_model.save_pretrained(path, state_dict=state_dict), tokenizer.save_pretrained(path)),
         )
+        quantized = is_quantized(resolved.training.get("model_init_kwargs"))
         final_model = (
             _merged_from_adapter(resolved, tokenizer, RunFolder(run_dir).adapter)
-            if state_dict is not None
+            if state_dict is not None or quantized
             else final_model.merge_and_unload()
         )
         saved["adapter_dir"] = str(RunFolder(run_dir).adapter)
@@ -35,6 +37,10 @@ def save_final_model(trainer, resolved: ResolvedConfig, run_dir: Path, tokenizer
         lambda path: (final_model.save_pretrained(path, state_dict=state_dict), saver.save_pretrained(path)),
     )
     saved["model_dir"] = str(RunFolder(run_dir).model)
+    if resolved.peft is not None and is_quantized(resolved.training.get("model_init_kwargs")):
+        # (QLoRA: the samples come from the model the benchmarks measured - the quantized base with its adapter, on
+        # the GPU - not from the merged copy on the CPU)
+        return trainer.model, saved
     return final_model, saved
 
 
@@ -47,15 +53,19 @@ def full_state_dict(trainer) -> dict | None:
 
 
 def _merged_from_adapter(resolved: ResolvedConfig, tokenizer, adapter_dir: Path):
-    """FSDP + LoRA: the sharded model cannot merge in place; the base model is loaded on the CPU and the
-    saved adapter merged into it."""
+    """FSDP + LoRA: the sharded model cannot merge in place; QLoRA: merging into 4-bit weights would round the merged
+    model to 4 bits. The base model is loaded on the CPU (QLoRA's unquantized, in the dtype its other weights trained
+    in) and the saved adapter merged into it."""
     import torch
     from peft import PeftModel
 
     from leap_finetune.models.loading import load_model
 
-    init_kwargs = {k: v for k, v in (resolved.training.get("model_init_kwargs") or {}).items() if k != "dtype"}
-    base = load_model(resolved.model_id, tokenizer, init_kwargs, dtype=torch.float32)
+    init = dict(resolved.training.get("model_init_kwargs") or {})
+    dtype = init.pop("dtype", None) if is_quantized(init) else None
+    init.pop("dtype", None)
+    init.pop("quantization_config", None)
+    base = load_model(resolved.model_id, tokenizer, init, dtype=dtype or torch.float32)
     return PeftModel.from_pretrained(base, str(adapter_dir)).merge_and_unload()
 
 

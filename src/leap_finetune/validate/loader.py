@@ -83,7 +83,7 @@ def _load(raw: dict, config_path: Path | None, base: Path, where: str) -> Resolv
     vision = method_of(model).images and is_vision_model(model_id)
     check_vision_keys(model, vision, where)
     training, loss_on, resume = resolve_training(model, where, vision)
-    peft = resolve_peft(model.peft_config, where, vision)
+    peft, quantization = resolve_peft(model.peft_config, where, vision)
     peft = resolve_vision(model.training_type, training, peft, vision, where)  # (LoRA narrowed to the language model)
     grpo_rollout, rewards = resolve_grpo(model, training, base, where)
     retrieval = resolve_retrieval(model, training, where)
@@ -94,7 +94,7 @@ def _load(raw: dict, config_path: Path | None, base: Path, where: str) -> Resolv
     evals = resolve_evals(model.evals, base, where)
     check_hold_out_tools(model, dataset, evals, vision, where)
     check_retrieval_metrics(model, evals, where)
-    _resolve_model_init_kwargs(training, model, model_id, peft is not None, where)
+    _resolve_model_init_kwargs(training, model, model_id, peft is not None, (quantization, vision), where)
     return ResolvedConfig(
         config_path=str(config_path) if config_path else None,
         project_name=model.project_name,
@@ -160,17 +160,25 @@ def _read_model(raw: dict, where: str) -> LeapConfigModel:
     return model
 
 
-def _resolve_model_init_kwargs(training: dict, model: LeapConfigModel, model_id: str, peft: bool, where: str) -> None:
-    """training_config.model_init_kwargs checked for the model it loads (in place; left out when empty)."""
+def _resolve_model_init_kwargs(
+    training: dict, model: LeapConfigModel, model_id: str, peft: bool, qlora: tuple, where: str
+) -> None:
+    """training_config.model_init_kwargs checked for the model it loads, with peft_config's quantization (QLoRA) in
+    it (in place; left out when empty)."""
+    from leap_finetune.config.quantization import add_quantization, check_quantized_run
     from leap_finetune.models.tiny import TINY_MODELS
 
-    training["model_init_kwargs"] = check_model_init_kwargs(
+    quantization, vision = qlora
+    kwargs = check_model_init_kwargs(
         training.get("model_init_kwargs"),
         tiny=model_id in TINY_MODELS,
         training_type=model.training_type,
         peft=peft,
         where=where,
+        quantization=quantization,
     )
+    training["model_init_kwargs"] = add_quantization(kwargs, quantization, vision=vision, where=where)
+    check_quantized_run(training, model.training_type, set(model.training_config or {}), where)
     if not training["model_init_kwargs"]:
         del training["model_init_kwargs"]
 

@@ -1,5 +1,6 @@
 """`peft_config` (LoRA): the profile (`extends`) under the user's options, each an option of peft's LoraConfig, and
-`use_peft: false` for a full fine-tune; the values are checked in config/lora.py."""
+`use_peft: false` for a full fine-tune, `quantization` for QLoRA (config/quantization.py); the values are checked in
+config/lora.py."""
 
 from __future__ import annotations
 
@@ -7,13 +8,15 @@ import dataclasses
 
 from leap_finetune.config import profiles
 from leap_finetune.config.lora import check_lora_values
+from leap_finetune.config.quantization import quantization_of
 from leap_finetune.config.suggest import unknown_key_fix
 from leap_finetune.errors import LeapError
 
 
-def resolve_peft(peft_config: dict | None, where: str, vision: bool = False) -> dict | None:
+def resolve_peft(peft_config: dict | None, where: str, vision: bool = False) -> tuple[dict | None, dict | None]:
+    """(the LoRA options, the base's quantization_config for QLoRA or None)."""
     if peft_config is None:
-        return None
+        return None, None
     user = dict(peft_config)
     profile_name = user.pop("extends", None) or ("DEFAULT_VLM_LORA" if vision else "DEFAULT_LORA")
     if profile_name not in profiles.PEFT_PROFILES:
@@ -24,7 +27,7 @@ def resolve_peft(peft_config: dict | None, where: str, vision: bool = False) -> 
         )
     from peft import LoraConfig
 
-    allowed = {f.name for f in dataclasses.fields(LoraConfig) if f.init} | {"use_peft"}
+    allowed = {f.name for f in dataclasses.fields(LoraConfig) if f.init} | {"use_peft", "quantization"}
     for key in user:
         if key not in allowed:
             raise LeapError(
@@ -41,4 +44,13 @@ def resolve_peft(peft_config: dict | None, where: str, vision: bool = False) -> 
             where=where,
             fix="use_peft: true (LoRA) or false (a full fine-tune)",
         )
-    return check_lora_values(merged, where) if use_peft else None
+    quantization = quantization_of(merged, where)
+    if not use_peft:
+        if quantization is not None:
+            raise LeapError(
+                "peft_config.quantization is set with use_peft: false: a quantized base trains only through LoRA",
+                where=where,
+                fix="remove quantization for a full fine-tune, or use_peft: true for QLoRA",
+            )
+        return None, None
+    return check_lora_values(merged, where), quantization

@@ -308,9 +308,12 @@ def _use_it_too(resolved) -> str:
 def card_text(resolved, prepared, summary: dict, facts: RunFacts, adapter: bool) -> str:
     from huggingface_hub import ModelCard, ModelCardData
 
+    from leap_finetune.config.quantization import is_quantized, lora_name
+
     run_dir = Path(resolved.run_dir)
     method = (
-        f"LoRA (r={resolved.peft.get('r')}, alpha={resolved.peft.get('lora_alpha')})"
+        f"{lora_name(resolved.training)} (r={resolved.peft.get('r')}, alpha={resolved.peft.get('lora_alpha')})"
+        + (", merged into the unquantized base" if is_quantized(resolved.training.get("model_init_kwargs")) else "")
         if resolved.peft
         else "full fine-tune"
     )

@@ -8,6 +8,7 @@ from rich.console import Console
 from rich.markup import escape
 from rich.table import Table
 
+from leap_finetune.config.quantization import lora_name
 from leap_finetune.config.resolved import ResolvedConfig
 from leap_finetune.data.prepared import PreparedData
 from leap_finetune.data.row_kinds import row_kind_of, tokens_line
@@ -30,7 +31,10 @@ def config_table(resolved: ResolvedConfig) -> Table:
         ("model", f"{resolved.model_id} (family {resolved.model_family})"),
         ("chat template", resolved.chat_template),
         ("training", f"{resolved.training_type}, loss on {resolved.loss_on} tokens"),
-        ("fine-tune", f"LoRA r={resolved.peft['r']} alpha={resolved.peft['lora_alpha']}" if resolved.peft else "full"),
+        (
+            "fine-tune",
+            f"{lora_name(t)} r={resolved.peft['r']} alpha={resolved.peft['lora_alpha']}" if resolved.peft else "full",
+        ),
         ("dataset", _datasets(resolved)),
         ("learning rate", str(t.get("learning_rate"))),
         ("epochs / max steps", f"{t.get('num_train_epochs')} / {t.get('max_steps', -1)}"),
@@ -262,7 +266,7 @@ def end_report(console: Console, resolved: ResolvedConfig, summary: dict) -> Non
     table = Table(title="run report", show_header=False, title_justify="left")
     table.add_column(style="bold")
     table.add_column(overflow="fold")  # (paths wrap whole, never cut with an ellipsis)
-    method = f"LoRA r={resolved.peft.get('r')}" if resolved.peft else "full fine-tune"
+    method = f"{lora_name(resolved.training)} r={resolved.peft.get('r')}" if resolved.peft else "full fine-tune"
     table.add_row("trained", f"{resolved.training_type.upper()} of {resolved.model_name}, {method}")
     seconds = summary.get("train_runtime_s")
     tokens = summary.get("tokens_seen")
