@@ -1,13 +1,17 @@
 """Issue #47: leap-finetune's predicted peak GPU memory against the measured one, per model, method, mode and length.
 
-    python bench/memory.py [--cases sft,dpo] [--models 350m,1.2b,2.6b] [--lengths 1024,2048] [--steps 4]
-                           [--out results.jsonl] [--smoke]
+    python bench/memory.py [--cases sft,dpo,grpo,vl-sft] [--models 350m,1.2b,2.5-1.2b,2.6b] [--lengths 1024,2048]
+                           [--vl-models 450m,1.6b] [--steps 4] [--out results.jsonl] [--smoke]
+    python bench/memory.py --repredict bench/results/memory.json   # predicted_gib again, with today's estimator
 
 Each case trains through the real path (`api.run_config`, in this process, one GPU) on rows that fill max_length
 (so the padded micro-batch holds rows x max_length tokens), and records `torch.cuda.max_memory_allocated` beside
 the prediction `plan` makes for the same config (memory/plan.py) with its parts. Models: random weights of the real
 architectures (memory/shapes.py `published`, saved as bf16 folders with the bundled tokenizer, as
-bench/sft_throughput.py does). `--smoke` runs the tiny model on the CPU (no peak: checks the script).
+bench/sft_throughput.py does). `grpo`: LFM2's own sampler (use_vllm false), `--lengths` are max_completion_length;
+`vl-sft`: LFM2-VL (bench/vl_sft_throughput.py's models and image rows), full / lora / qlora at each length. The
+prediction is plan's, from the longest prepared row. `--smoke` runs the tiny model on the CPU (no peak: checks the
+script).
 """
 
 from __future__ import annotations
@@ -26,7 +30,8 @@ for key in ("NCCL_NVLS_ENABLE", "TORCH_SYMM_MEM_DISABLE_MULTICAST", "NVSHMEM_DIS
 
 import torch  # noqa: E402
 
-MODELS = {"350m": "LFM2-350M", "1.2b": "LFM2-1.2B", "2.6b": "LFM2-2.6B"}
+MODELS = {"350m": "LFM2-350M", "1.2b": "LFM2-1.2B", "2.5-1.2b": "LFM2.5-1.2B", "2.6b": "LFM2-2.6B"}
+VL_MODELS = {"450m": "LFM2-VL-450M", "1.6b": "LFM2-VL-1.6B"}
 LORA = {"extends": "DEFAULT_LORA"}
 
 
@@ -54,13 +59,37 @@ def build_model(key: str, folder: Path) -> Path:
     return folder
 
 
+def vl_data(work: Path) -> Path:
+    """bench/vl_sft_throughput.py's image rows (sizes and lengths as its workload), in the spec's format."""
+    import sys
+
+    sys.path.insert(0, str(Path(__file__).parent))
+    import vl_sft_throughput
+
+    vl_sft_throughput.make_data(work / "vl", rows=64)
+    return work / "vl" / "vl.jsonl"
+
+
+def build_vl_model(key: str, folder: Path) -> Path:
+    import sys
+
+    sys.path.insert(0, str(Path(__file__).parent))
+    import vl_sft_throughput
+
+    if not (folder / "config.json").exists():
+        vl_sft_throughput.build_model(key, folder)
+    return folder
+
+
 def write_rows(path: Path, kind: str, rows: int = 64) -> Path:
     """Rows longer than any max_length measured (truncated to it): SFT conversations, DPO pairs."""
     words = "the quick brown fox jumps over a lazy dog while seven wizards quietly hex jolly mice".split()
     text = " ".join(words * 80)  # (~3,400 tokens of the bundled tokenizer: more than max_length)
     lines = []
     for i in range(rows):
-        if kind == "dpo":
+        if kind == "grpo":  # (the accuracy reward: the completion names the solution)
+            lines.append({"prompt": f"Row {i}: {text[: 40 * (1 + i % 8)]} Name a color.", "solution": "teal"})
+        elif kind == "dpo":
             lines.append({"prompt": f"Row {i}: say it.", "chosen": text, "rejected": " ".join(reversed(text.split()))})
         else:
             # (many short turns: truncation at max_length drops only the turn it cuts; the row is max_length long)
@@ -73,9 +102,12 @@ def write_rows(path: Path, kind: str, rows: int = 64) -> Path:
     return path
 
 
+PROFILES = {"sft": "DEFAULT_SFT", "dpo": "DEFAULT_DPO", "grpo": "DEFAULT_GRPO", "vl-sft": "DEFAULT_VLM_SFT"}
+
+
 def case_config(model: str, method: str, mode: str, length: int, data: Path, steps: int) -> dict:
     training = {
-        "extends": "DEFAULT_DPO" if method == "dpo" else "DEFAULT_SFT",
+        "extends": PROFILES[method],
         "max_steps": steps,
         "max_length": length,
         "logging_steps": 1,
@@ -83,31 +115,68 @@ def case_config(model: str, method: str, mode: str, length: int, data: Path, ste
         "eval_strategy": "no",
         "learning_rate": 1e-5,
     }
+    if method == "grpo":  # (the own sampler; the length is the completions')
+        training.update(use_vllm=False, max_completion_length=training.pop("max_length"))
     if mode == "checkpointing":
         training["activation_checkpointing"] = True
     config = {
         "project_name": f"mem-{method}-{mode}-{length}",
         "model_name": model,
-        "training_type": method,
+        "training_type": "sft" if method == "vl-sft" else method,
         "dataset": {"path": str(data)},
         "training_config": training,
     }
+    if method == "grpo":
+        config["rewards"] = ["accuracy"]
     if mode in ("lora", "qlora", "qlora-nocompile"):
-        config["peft_config"] = dict(LORA) if mode == "lora" else {"extends": "DEFAULT_QLORA"}
+        vl = "VLM_" if method == "vl-sft" else ""
+        config["peft_config"] = {"extends": f"DEFAULT_{vl}{'LORA' if mode == 'lora' else 'QLORA'}"}
     if mode == "qlora-nocompile":
         training["compile_layers"] = False
     return config
 
 
 def predicted(config: dict, work: Path) -> dict:
-    """What plan predicts for one training process of this config (the rows fill max_length)."""
-    from leap_finetune.memory.plan import setup_of, shape_of, training_process_memory
+    """What plan predicts for one training process of this config, from its longest prepared row."""
+    from leap_finetune.launch.checks import prepare
+    from leap_finetune.memory.plan import longest_row, predict, setup_of, shape_of
     from leap_finetune.validate.loader import load_config
 
     resolved = load_config(config, base_dir=work)
-    memory = training_process_memory(resolved)
-    setup = setup_of(resolved, shape_of(resolved))
-    return {**memory.to_json(), "tokens": setup.tokens, "logit_tokens": setup.logit_tokens}
+    _, _, prepared = prepare(resolved)
+    longest = longest_row(prepared)
+    shape = shape_of(resolved)
+    memory = predict(resolved, shape, longest)
+    setup = setup_of(resolved, shape, longest)
+    return {**memory.to_json(), "tokens": setup.tokens, "logit_tokens": setup.logit_tokens, "longest_row": longest}
+
+
+def repredict(path: Path) -> None:
+    """predicted_gib of each row of a memory.json again, with the estimator as it is now, from the config the row
+    ran (the published architecture's shape: no model is built; rows that fill max_length)."""
+    import sys
+    import tempfile
+
+    sys.path.insert(0, str(Path(__file__).resolve().parents[1]))  # (the tests' config of a measured row)
+    from leap_finetune.memory.plan import training_process_memory
+    from tests.memory.test_calibration import measured_resolved
+
+    rows = json.loads(path.read_text())
+    folder = Path(tempfile.mkdtemp())
+    for row in rows:
+        mode, _, rest = row["mode"].partition(" ")
+        settings = {}
+        if "bf16_kahan" in rest:
+            settings["optimizer_precision"] = "bf16_kahan"
+        if "bf16 base" in rest:
+            settings["model_init_kwargs"] = {"dtype": "bfloat16"}
+        if "checkpointing" in rest or mode == "checkpointing":
+            settings["activation_checkpointing"] = True
+        spec = {**row, "mode": mode.replace("-nocompile", ""), "settings": settings}
+        memory = training_process_memory(measured_resolved(spec, folder))
+        row["predicted_gib"] = round(memory.peak / 2**30, 2)
+    path.write_text(json.dumps(rows, indent=1) + "\n")
+    print(f"{path}: {len(rows)} rows predicted again")
 
 
 def measure(config: dict, work: Path) -> dict:
@@ -239,15 +308,20 @@ def cases(args) -> list[tuple[str, str, str, int]]:
     for method in args.cases.split(","):
         modes = (
             ("full", "lora")
-            if method == "dpo"
+            if method in ("dpo", "grpo")
+            else ("full", "lora", "qlora")
+            if method == "vl-sft"
             else (tuple(args.modes.split(",")) if args.modes else ("full", "lora", "checkpointing"))
         )
-        for key in args.models.split(","):
+        keys = args.vl_models.split(",") if method == "vl-sft" else args.models.split(",")
+        for key in keys:
             for length in map(int, args.lengths.split(",")):
                 for mode in modes:
                     if mode == "checkpointing" and (key != "1.2b" or length != max(map(int, args.lengths.split(",")))):
                         continue
-                    if method == "dpo" and (key != "1.2b" or length != min(map(int, args.lengths.split(",")))):
+                    if method in ("dpo", "grpo") and (
+                        key != "1.2b" or length != min(map(int, args.lengths.split(",")))
+                    ):
                         continue
                     found.append((key, method, mode, length))
     return found
@@ -269,10 +343,16 @@ def main() -> None:
         help="full, lora, checkpointing, qlora, qlora-nocompile (default: full,lora[,checkpointing])",
     )
     parser.add_argument("--peer", default="leap", help="with --budgets: leap (this project) or trl (its defaults)")
+    parser.add_argument("--vl-models", default="450m,1.6b", help="vl-sft's models (bench/vl_sft_throughput.py)")
+    parser.add_argument("--repredict", default="", help="a memory.json: predicted_gib again with today's estimator")
     args = parser.parse_args()
+    if args.repredict:
+        return repredict(Path(args.repredict))
     work = Path(args.work)
     work.mkdir(parents=True, exist_ok=True)
-    data = {kind: write_rows(work / f"{kind}.jsonl", kind) for kind in ("sft", "dpo")}
+    data = {kind: write_rows(work / f"{kind}.jsonl", kind) for kind in ("sft", "dpo", "grpo")}
+    if "vl-sft" in args.cases:
+        data["vl-sft"] = vl_data(work)
     out = Path(args.out)
     if args.budgets:
         for key in args.models.split(","):
@@ -284,10 +364,19 @@ def main() -> None:
                     with out.open("a") as handle:
                         handle.write(json.dumps(row) + "\n")
         return
-    for key, method, mode, length in cases(args) if not args.smoke else [("tiny", "sft", "full", 256)]:
-        model = "tiny-lfm2" if args.smoke else str(build_model(key, work / "models" / key))
+    smoke = [
+        ("tiny", method, "full", {"grpo": 16, "vl-sft": 1024}.get(method, 256)) for method in args.cases.split(",")
+    ]
+    for key, method, mode, length in cases(args) if not args.smoke else smoke:
+        if args.smoke and method != "vl-sft":
+            model = "tiny-lfm2"
+        elif method == "vl-sft":
+            model = str(build_vl_model(key, work / "models" / f"vl-{key}"))
+        else:
+            model = str(build_model(key, work / "models" / key))
         config = case_config(model, method, mode, length, data[method], args.steps)
-        row = {"model": MODELS.get(key, key), "method": method, "mode": mode, "max_length": length}
+        name = VL_MODELS.get(key, key) if method == "vl-sft" else MODELS.get(key, key)
+        row = {"model": name, "method": method, "mode": mode, "max_length": length}
         try:
             row.update(predicted(config, work))
             row.update(measure(config, work))

@@ -88,3 +88,29 @@ def test_qlora_dpo_trains_with_the_adapter_off_as_its_reference(workdir):
     assert "quantized base: 24 linear layers in nf4 (bitsandbytes)" in out
     summary = json.loads((_run_dir(workdir, "dpo-tiny") / "summary.json").read_text())
     assert summary["eval_loss"] < summary["initial_eval_loss"]  # (0.693 at the start: the adapter starts at zero)
+
+
+def test_the_qlora_example_loads_and_the_planner_fits_lfm2_2_6b_into_its_16_gib(workdir):
+    """examples/sft_lfm2_qlora.yaml as written (its Hub dataset is not read: load_config checks the config), with
+    bitsandbytes on the path; LFM2-2.6B's shape from its published architecture (nothing downloaded)."""
+    import subprocess
+    import sys
+
+    script = (
+        "import json, sys\n"
+        "from leap_finetune.validate.loader import load_config\n"
+        "from leap_finetune.memory.budget import fit_to_budget\n"
+        "r = load_config(sys.argv[1])\n"
+        "f = fit_to_budget(r, r.gpu_memory)\n"
+        "q = r.training['model_init_kwargs']['quantization_config']\n"
+        "print(json.dumps({'fits': f.fits, 'changes': [c.key for c in f.changes], 'peak': f.memory.peak,\n"
+        "    'budget': r.gpu_memory, 'quant': q.get('bnb_4bit_quant_type'), 'model': r.model_id}))\n"
+    )
+    env = {**__import__("os").environ, "PYTHONPATH": str(QLORA_SITE), "HF_HUB_OFFLINE": "1"}
+    example = EXAMPLES / "sft_lfm2_qlora.yaml"
+    done = subprocess.run([sys.executable, "-c", script, str(example)], capture_output=True, text=True, env=env)
+    assert done.returncode == 0, done.stderr[-3000:]
+    found = json.loads(done.stdout.strip().splitlines()[-1])
+    assert found["model"].endswith("LFM2-2.6B") and found["quant"] == "nf4" and found["budget"] == 16 * 2**30
+    assert found["fits"] and found["changes"] == ["activation_checkpointing"]
+    assert found["peak"] < 6 * 2**30  # (the 4-bit base: LoRA over a bf16 base is predicted at 7.8 GiB there)

@@ -72,6 +72,7 @@ def test_a_budget_below_the_full_peak_takes_bf16_weights_then_checkpointing_and_
         "optimizer_gib",
         "activations_gib",
         "other_gib",
+        "cache_gib",
     }
     assert train["memory"]["peak_gib"] == pytest.approx(fitted.memory.peak / GIB, abs=0.01)
     text = invoke("plan", str(path), "--gpus", "1", "--gpu-memory", f"{budget / 2**20:.1f}MiB").stdout
@@ -137,6 +138,18 @@ def test_an_impossible_budget_is_exit_2_before_any_model_loads_and_names_lora(wo
     config = {**_long_config(workdir), "gpu_memory": "1MiB"}
     assert invoke("validate", str(write_config(workdir, config, "yaml_budget.yaml"))).returncode == 2
     assert invoke("validate", str(path), "--gpu-memory", "80GiB").returncode == 0
+    # plan's refusal names the same choices, each predicted from the config as written (not with the fitting's
+    # bf16_kahan, which LoRA refuses and which would price QLoRA's 4-bit base as bf16): QLoRA below LoRA
+    big = ("--set", "model_name=LiquidAI/LFM2-350M")  # (its published shape: the tiny model's GiB round to 0.0)
+    plan = json.loads(invoke("plan", str(path), "--gpus", "1", "--json", "--gpu-memory", "1MiB", *big).stdout)
+    refusal = plan["memory_budget"]["refusal"]
+    import re
+
+    lora, qlora = (
+        float(x)
+        for x in re.findall(r"LoRA \(peft_config: \{extends: DEFAULT_Q?LORA}\) is predicted at ([\d.]+)", refusal)
+    )
+    assert qlora < lora, refusal
 
 
 def test_a_misspelt_budget_in_the_yaml_names_the_key(workdir):

@@ -20,8 +20,8 @@ import re
 from dataclasses import dataclass, field
 
 from leap_finetune.errors import LeapError
-from leap_finetune.memory.estimate import GIB, Memory, training_memory
-from leap_finetune.memory.plan import longest_row, predicted_for, setup_of, shape_of
+from leap_finetune.memory.estimate import GIB, Memory
+from leap_finetune.memory.plan import longest_row, predict, predicted_for, shape_of
 from leap_finetune.methods import method_of
 
 UNITS = {"gib": GIB, "gb": 10**9, "g": GIB, "mib": 2**20, "mb": 10**6, "": GIB}
@@ -78,19 +78,43 @@ def fit_to_budget(resolved, budget: int, longest: int | None = None) -> Fitted |
     user = set(resolved.user_training_keys)
     usable = usable_bytes(budget)
 
-    def predict(t: dict) -> Memory:
-        return training_memory(shape, setup_of(resolved.model_copy(update={"training": t}), shape, longest))
+    def predicted(t: dict) -> Memory:
+        return predict(resolved.model_copy(update={"training": t}), shape, longest, budget)
 
-    memory, changes = predict(training), []
-    for key, value, reason in _levers(training, user, method_of(resolved), lora=resolved.peft is not None):
+    memory, changes = predicted(training), []
+    levers = [
+        *_rollout_levers(resolved, user, shape, longest, budget),
+        *_levers(training, user, method_of(resolved), lora=resolved.peft is not None),
+    ]
+    for key, value, reason in levers:
         if memory.peak <= usable:
             break
         trial = {**training, **value} if isinstance(value, dict) else {**training, key: value}
-        after = predict(trial)
+        after = predicted(trial)
         if after.peak < memory.peak:
             training, memory = trial, after
             changes.append(Change(key, value, reason, after.peak))
     return Fitted(budget, memory, changes, training)
+
+
+def _rollout_levers(resolved, user: set[str], shape, longest: int | None, budget: int):
+    """Colocated vLLM's share of the GPU (TRL's default 0.3) down to what its weights and one generation batch's KV
+    cache need: it costs no speed while the batch fits in it, so it goes first."""
+    from leap_finetune.memory.servers import generation_rows, rollout_length, smallest_vllm_share
+
+    t = resolved.training
+    colocated = t.get("use_vllm") and t.get("vllm_mode", "colocate") == "colocate"
+    if not method_of(resolved).rewards or not colocated or "vllm_gpu_memory_utilization" in user:
+        return
+    share = smallest_vllm_share(resolved, shape, longest, budget)
+    if share < float(t.get("vllm_gpu_memory_utilization", 0.3)):
+        rows, length = generation_rows(t), rollout_length(t, longest)
+        yield (
+            "vllm_gpu_memory_utilization",
+            share,
+            f"colocated vLLM's share of the GPU: its bf16 weights, one generation batch's KV cache ({rows} x "
+            f"{length} tokens) and 1 GiB of headroom",
+        )
 
 
 def _levers(training: dict, user: set[str], method, lora: bool = False):
@@ -204,9 +228,10 @@ def with_changes(resolved, fitted: Fitted):
     return resolved.model_copy(update={"training": fitted.training, "fitted_training": changed})
 
 
-def device_budget(index: str) -> tuple[int | None, str]:
+def device_budget(index: str, query: str = "memory.free") -> tuple[int | None, str]:
     """(the free memory of GPU `index` - its physical id -, where it came from), read with nvidia-smi so that the
-    driver never creates a CUDA context of its own on a GPU that a training process is about to fill."""
+    driver never creates a CUDA context of its own on a GPU that a training process is about to fill. `query`:
+    nvidia-smi's field (memory.total: the card's whole memory)."""
     import shutil
     import subprocess
 
@@ -214,7 +239,7 @@ def device_budget(index: str) -> tuple[int | None, str]:
         return None, ""
     try:
         out = subprocess.run(
-            ["nvidia-smi", "--query-gpu=memory.free", "--format=csv,noheader,nounits", "-i", index],
+            ["nvidia-smi", f"--query-gpu={query}", "--format=csv,noheader,nounits", "-i", index],
             capture_output=True,
             text=True,
             timeout=30,
@@ -222,6 +247,11 @@ def device_budget(index: str) -> tuple[int | None, str]:
         return int(float(out.splitlines()[0]) * 2**20), f"the free memory of GPU {index} (nvidia-smi)"
     except (OSError, ValueError, IndexError, subprocess.SubprocessError):
         return None, ""
+
+
+def device_total(index: str) -> int | None:
+    """The whole memory of GPU `index` (what vLLM's gpu_memory_utilization is a share of), None off a GPU."""
+    return device_budget(index, "memory.total")[0]
 
 
 def fit_run(resolved, gpu: str | None, prepared, console, *, resuming: bool = False, planning: bool = False):
@@ -259,7 +289,7 @@ def _predicted(resolved, longest: int | None):
     shape = shape_of(resolved) if predicted_for(resolved) else None
     if shape is None:
         return resolved
-    peak = training_memory(shape, setup_of(resolved, shape, longest)).peak
+    peak = predict(resolved, shape, longest, resolved.gpu_memory).peak
     return resolved.model_copy(update={"predicted_gpu_memory": peak})
 
 
@@ -277,8 +307,12 @@ def process_memory(resolved, devices, prepared, budget: int | None = None) -> di
             "memory": None,
             "why": f"the config.json of {resolved.model_id} is not at hand (plan downloads nothing)",
         }
-    memory = training_memory(shape, setup_of(resolved, shape, longest))
-    found = {"memory": memory, "source": shape.source, "longest_row": longest}
+    from leap_finetune.memory.servers import rollout_cache
+
+    gpu_bytes = budget if budget is not None else device_total(str(devices.training[0]) if devices.training else "")
+    memory = predict(resolved, shape, longest, gpu_bytes)
+    found = {"memory": memory, "source": shape.source, "longest_row": longest, "gpu_bytes": gpu_bytes}
+    found["note"] = rollout_cache(resolved, shape, longest, gpu_bytes)[1]
     if budget is not None:
         found["fitted"] = fit_to_budget(resolved, budget, longest)
     return found

@@ -22,27 +22,29 @@ NF4_BYTES = 0.5 + 1 / 64 + 4 / (64 * 256)
 
 @dataclass(frozen=True)
 class Memory:
-    """Bytes of each part of a process's peak; `peak` their sum."""
+    """Bytes of each part of a process's peak; `peak` their sum. `cache`: what rollouts hold beside training (the
+    sampler's bf16 copy and static KV caches, colocated vLLM's share) or a server's KV cache (memory/servers.py)."""
 
     weights: float
     gradients: float
     optimizer: float
     activations: float
     other: float
+    cache: float = 0.0
 
     @property
     def peak(self) -> float:
         """The backward frees the activations as it makes the gradients (and the optimizer step's gradients are
         released before the next forward): the peak holds the larger of the two (measured: bench/memory.py)."""
-        return self.weights + self.optimizer + max(self.activations, self.gradients) + self.other
+        return self.weights + self.optimizer + max(self.activations, self.gradients) + self.other + self.cache
 
     def to_json(self) -> dict:
         """`plan --json`'s form: GiB, two decimals."""
-        parts = ("peak", "weights", "gradients", "optimizer", "activations", "other")
+        parts = ("peak", "weights", "gradients", "optimizer", "activations", "other", "cache")
         return {f"{part}_gib": round(getattr(self, part) / GIB, 2) for part in parts}
 
     def parts(self) -> str:
-        names = ("weights", "gradients", "optimizer", "activations", "other")
+        names = ("weights", "gradients", "optimizer", "activations", "other") + (("cache",) if self.cache else ())
         return ", ".join(f"{name} {getattr(self, name) / GIB:.1f}" for name in names)
 
 

@@ -5,6 +5,8 @@ what memory/budget.py fits to a budget.
 
 from __future__ import annotations
 
+from dataclasses import replace
+
 from leap_finetune.memory.estimate import NF4_BYTES, Memory, Setup, training_memory
 from leap_finetune.memory.shapes import ModelShape, model_shape
 from leap_finetune.methods import method_of
@@ -42,7 +44,7 @@ def setup_of(resolved, shape: ModelShape, longest: int | None = None) -> Setup:
         if quantized.get("load_in_8bit")
         else DTYPE_BYTES.get(str(init.get("dtype", "float32")), 4)
     )
-    if str(t.get("optimizer_precision") or "").startswith("bf16"):
+    if str(t.get("optimizer_precision") or "").startswith("bf16") and not quantized:
         weight_bytes = 2
     completions = t.get("max_completion_length", 0) if method.rewards else 0
     return Setup(
@@ -83,6 +85,15 @@ def _reference(resolved, method) -> bool:
     return not t.get("precompute_ref_log_probs")
 
 
+def predict(resolved, shape: ModelShape, longest: int | None = None, gpu_bytes: int | None = None) -> Memory:
+    """One training process's predicted peak: the training step's parts and what GRPO's rollouts hold beside it
+    (memory/servers.py; colocated vLLM's share needs the card's size, `gpu_bytes`)."""
+    from leap_finetune.memory.servers import rollout_cache
+
+    cache, _ = rollout_cache(resolved, shape, longest, gpu_bytes)
+    return replace(training_memory(shape, setup_of(resolved, shape, longest)), cache=cache)
+
+
 def training_process_memory(resolved, longest: int | None = None) -> Memory | None:
     """One training process's predicted peak; None when the model's config is not at hand, or for an encoder
     (embedding, ColBERT: no measured constants yet - their own lengths and mini-batches, no vocabulary logits)."""
@@ -91,7 +102,7 @@ def training_process_memory(resolved, longest: int | None = None) -> Memory | No
     shape = shape_of(resolved)
     if shape is None:
         return None
-    return training_memory(shape, setup_of(resolved, shape, longest))
+    return predict(resolved, shape, longest)
 
 
 def longest_row(prepared) -> int | None:

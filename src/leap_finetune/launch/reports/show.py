@@ -151,6 +151,7 @@ def plan_report(resolved, devices: DevicePlan, prepared, no_tokens: str = "", bu
     budget = budget if budget is not None else resolved.gpu_memory
     memory = process_memory(resolved, devices, prepared, budget)
     fitted = memory.get("fitted")
+    as_written = resolved  # (a refusal's alternatives start from the config, not from the fitting's changes)
     if fitted is not None and fitted.changes:  # (the plan of the run as it will train: with the defaults that fit)
         resolved = resolved.model_copy(update={"training": fitted.training})
     t = resolved.training
@@ -192,22 +193,52 @@ def plan_report(resolved, devices: DevicePlan, prepared, no_tokens: str = "", bu
         ),
         "trains": _trains(resolved),
         "rollouts": _rollouts(resolved),
-        "processes": _with_memory(processes(devices, resolved.config_path, resolved), memory),
-        "memory_budget": _budget_json(resolved, fitted, memory.get("longest_row")),
+        "processes": _with_memory(processes(devices, resolved.config_path, resolved), memory, resolved, devices),
+        "memory_budget": _budget_json(as_written, fitted, memory.get("longest_row")),
     }
 
 
-def _with_memory(listed: list[dict], memory: dict) -> list[dict]:
-    """Each process's predicted peak GPU memory: the training processes' (memory/plan.py); the others are not
-    predicted yet (None)."""
+def _with_memory(listed: list[dict], memory: dict, resolved, devices: DevicePlan) -> list[dict]:
+    """Each process's predicted peak GPU memory (`memory`, with `memory_note` where part of it cannot be counted):
+    the training processes' (memory/plan.py, the fitting's when a budget is given), the servers' (memory/servers.py);
+    None for a process on the CPU (the driver and Ray's never create a CUDA context)."""
     predicted = memory["memory"]
-    fitted = memory.get("fitted")
-    if fitted is not None:
-        predicted = fitted.memory
+    if memory.get("fitted") is not None:
+        predicted = memory["fitted"].memory
     for process in listed:
-        training = process["name"].startswith(("train", "training worker"))
-        process["memory"] = predicted.to_json() if training and predicted is not None else None
+        name = process["name"]
+        if name.startswith(("train", "training worker")):
+            found, note = predicted, memory.get("note") or memory.get("why", "")
+        elif devices.use_gpu:
+            found, note = _server_memory(name, resolved, devices, memory.get("gpu_bytes"))
+        else:
+            found, note = None, ""
+        process["memory"] = found.to_json() if found is not None else None
+        if note:
+            process["memory_note"] = note
     return listed
+
+
+def _server_memory(name: str, resolved, devices: DevicePlan, gpu_bytes: int | None):
+    """(Memory or None, note) of a server process the driver starts, by its name in `processes`."""
+    from leap_finetune.memory import servers
+    from leap_finetune.memory.plan import shape_of
+    from leap_finetune.memory.shapes import model_shape
+
+    if name.startswith("rollout server"):
+        return servers.vllm_server(shape_of(resolved), resolved.grpo_rollout.gpu_memory_utilization, gpu_bytes)
+    if name.startswith("judge server"):
+        if not devices.judge:
+            return None, ""
+        shape = model_shape(resolved.rewards.judge.model)
+        if "(vllm serve" in name:
+            return servers.vllm_server(shape, resolved.grpo_rollout.gpu_memory_utilization, gpu_bytes)
+        return servers.transformers_server(shape)
+    settings = getattr(resolved, "async_eval", None)
+    on_gpu = bool(settings.vllm_gpus) if name.startswith("evaluation job") else bool(devices.eval)
+    if name.startswith("evaluation") and on_gpu:
+        return servers.vllm_server(shape_of(resolved), settings.gpu_memory_utilization, gpu_bytes)
+    return None, ""
 
 
 def _budget_json(resolved, fitted, longest: int | None) -> dict | None:
@@ -337,12 +368,15 @@ def print_plan(console, report: dict) -> None:
             f"{escape(env + ' ' if env else '')}{escape(' '.join(process['command']))}"
         )
         if process.get("memory"):
-            console.print(f"    GPU memory: {_memory_line(process['memory'])}")
+            note = f"; {process['memory_note']}" if process.get("memory_note") else ""
+            console.print(f"    GPU memory: {_memory_line(process['memory'])}{note}", markup=False)
+        elif process.get("memory_note"):
+            console.print(f"    GPU memory: not predicted: {process['memory_note']}", markup=False)
     _print_budget(console, report.get("memory_budget"))
 
 
 def _memory_line(memory: dict) -> str:
-    parts = ("weights", "gradients", "optimizer", "activations", "other")
+    parts = ("weights", "gradients", "optimizer", "activations", "other") + (("cache",) if memory["cache_gib"] else ())
     return f"~{memory['peak_gib']:.1f} GiB peak (" + ", ".join(f"{p} {memory[p + '_gib']:.1f}" for p in parts) + ")"
 
 
