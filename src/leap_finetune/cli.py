@@ -480,6 +480,27 @@ def export(
     export_model(model, merge=merge, output=output)
 
 
+def _refuse_unknown_command(word: str, args: list[str]) -> None:
+    """`leap-finetune valdate x.yaml` is a misspelt command, not `run valdate x.yaml`: a first word that is no file
+    here and does not read as a config's name (.yaml, .yml, .json, or a path), with more words after it or close to
+    a command, is refused (exit 2) with the closest command."""
+    from leap_finetune.config.suggest import did_you_mean
+
+    looks_like_a_config = word.endswith((".yaml", ".yml", ".json")) or "/" in word or Path(word).exists()
+    if looks_like_a_config:
+        return
+    hint = did_you_mean(word, sorted(SUBCOMMANDS))
+    if not hint and args.index(word) == len(args) - 1:
+        return  # (a lone word far from every command is run's config: run says it is not found)
+    print(
+        f"error: unknown command {word!r}" + (f" ({hint})" if hint else "") + "\n"
+        f"  fix: the commands are {', '.join(sorted(SUBCOMMANDS))}; `leap-finetune CONFIG.yaml` runs a config "
+        "(leap-finetune --help)",
+        file=sys.stderr,
+    )
+    raise SystemExit(2)
+
+
 def main(argv: list[str] | None = None) -> None:
     args = list(sys.argv[1:] if argv is None else argv)
     # --debug is a global option; accept it anywhere (`leap-finetune run x.yaml --debug`).
@@ -491,6 +512,7 @@ def main(argv: list[str] | None = None) -> None:
         a for i, a in enumerate(args) if not a.startswith("-") and not (i > 0 and args[i - 1] in VALUE_OPTIONS)
     ]
     if positional and positional[0] not in SUBCOMMANDS:
+        _refuse_unknown_command(positional[0], args)
         args.insert(1 if args[:1] == ["--debug"] else 0, "run")  # (options before the config are run's)
     os.environ.setdefault("TOKENIZERS_PARALLELISM", "false")
     app(args=args, prog_name="leap-finetune")  # click exits: 0, 2 for usage errors, or a command's code

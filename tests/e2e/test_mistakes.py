@@ -142,6 +142,27 @@ CONFIG_CASES = {
             "fix: remove it (sft has no such setting)",
         ],
     ),
+    # YAML 1.1 read the text as another type: said, with the quotes that fix it
+    "yaml_no_as_text": (
+        _training(run_name=False),
+        ["training_config.run_name is False", "YAML read what you wrote as the boolean false", "put text in quotes"],
+    ),
+    "yaml_sexagesimal_time": (
+        {"slurm": {"time": 43200}},
+        ["slurm.time: expected text (got the number 43200", "12:00:00 is 43200", "put the text in quotes"],
+    ),
+    "yaml_date_as_text": (
+        {"slurm": {"job_name": __import__("datetime").date(2026, 1, 1)}},
+        ["slurm.job_name: expected text (got a date (2026-01-01))"],
+    ),
+    # SLURM's formats checked without sbatch (was: written into the script as they were)
+    "slurm_time_word": ({"slurm": {"time": "forever"}}, ["slurm.time is 'forever'", "HH:MM:SS", "UNLIMITED"]),
+    "slurm_mem_word": ({"slurm": {"mem": "lots"}}, ["slurm.mem is 'lots'", "K, M, G or T", "200G"]),
+    "slurm_partition_space": ({"slurm": {"partition": "gpu a100"}}, ["slurm.partition is 'gpu a100'", "commas"]),
+    "sidecar_account": (
+        {"async_eval": {"mode": "sidecar", "sbatch": {"account": "my lab"}}},
+        ["async_eval.sbatch.account is 'my lab'", "an account name"],
+    ),
 }
 
 
@@ -634,3 +655,56 @@ def test_eval_output_is_checked_before_evaluating(workdir, capsys):
     code, err = cli("eval", str(config), "--output", str(config), capsys=capsys)
     assert code == 2 and "would overwrite an input" in err, err
     assert config.read_text() == original
+
+
+def test_a_reward_mapping_without_a_name_is_a_message_not_a_traceback(workdir, capsys):
+    """Regression: `rewards: [{pattern: x}]` was a KeyError: 'name' traceback in validate and run."""
+    write_jsonl(workdir / "prompts.jsonl", [{"prompt": "Name a color.", "solution": "teal"}] * 16)
+    config = {
+        "project_name": "g",
+        "model_name": "tiny-lfm2",
+        "training_type": "grpo",
+        "dataset": {"path": "prompts.jsonl"},
+        "training_config": {"use_vllm": False},
+    }
+    for rewards in ([{"pattern": "x"}], {"funcs": [{"pattern": "x"}, "accuracy"]}):
+        path = write_config(workdir, {**config, "rewards": rewards})
+        for command in ("validate", "run"):
+            code, err = cli(command, str(path), capsys=capsys)
+            assert code == 2 and "Traceback" not in err, err
+            assert "rewards.funcs[0] is a mapping without a `name`" in err and "{name: format" in err, err
+    assert not (workdir / "outputs").exists()
+
+
+@pytest.mark.parametrize(
+    ("argv", "expected"),
+    [
+        (["valdate", "x.yaml"], "unknown command 'valdate' (did you mean 'validate'?)"),
+        (["plna"], "unknown command 'plna' (did you mean 'plan'?)"),
+        (["--debug", "inpsect", "x.yaml", "--rows", "2"], "unknown command 'inpsect' (did you mean 'inspect'?)"),
+        (["frobnicate", "x.yaml"], "unknown command 'frobnicate'"),
+    ],
+)
+def test_a_misspelt_command_is_named_not_run_as_a_config(argv, expected, workdir, capsys):
+    write_jsonl(workdir / "x.yaml", [])  # (the config named after it exists: the first word is still no config)
+    code, err = cli(*argv, capsys=capsys)
+    assert code == 2 and expected in err and "the commands are chat, eval" in err, err
+    assert "Got unexpected extra argument" not in err
+
+
+def test_a_config_whose_name_is_close_to_a_command_still_runs_as_a_config(workdir, capsys):
+    """`leap-finetune plan.yaml`, or a file named like a command that exists, is a config (not a misspelling)."""
+    write_jsonl(workdir / "train.jsonl", fact_rows(8))
+    path = write_config(workdir, tiny_config(), "plan.yaml")
+    code, err = cli("validate", str(path), capsys=capsys)
+    assert code == 0, err
+    import os
+
+    previous = os.getcwd()
+    os.chdir(workdir)
+    try:
+        (workdir / "valid").write_text(path.read_text())  # (a config file without an extension, named "valid")
+        code, err = cli("valid", "--set", "training_config.max_steps=abc", capsys=capsys)
+    finally:
+        os.chdir(previous)
+    assert code == 2 and "training_config.max_steps is 'abc'" in err and "unknown command" not in err, err

@@ -177,11 +177,15 @@ def check_training_values(config_cls, values: dict, where: str) -> dict:
         try:
             value = _parse(value, options.get(key), hints[key], fields[key])
         except _Invalid as err:
+            from leap_finetune.config.suggest import yaml_read_as
+
+            yaml_read = yaml_read_as(value) if "text" in str(err) or "one of" in str(err) else None
             raise LeapError(
-                f"training_config.{key} is {value!r}: expected {err}",
+                f"training_config.{key} is {value!r}: expected {err}"
+                + (f"; YAML read what you wrote as {yaml_read}" if yaml_read else ""),
                 where=where,
                 fix=f"give training_config.{key} {err.article()} (docs/config.md; TRL's {config_cls.__name__} documents "
-                "every key)",
+                "every key)" + ("; put text in quotes" if yaml_read else ""),
             ) from None
         _check_range(key, value, where, config_cls.__name__)
         choices = _help_choices(fields[key])

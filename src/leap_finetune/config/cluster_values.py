@@ -91,12 +91,24 @@ def _check_resource(name, amount, key: str, where: str) -> None:
         )
 
 
+# SLURM's own formats (sbatch(1)), checked here too: on a machine without sbatch, `leap-finetune slurm` writes the
+# script without `sbatch --test-only`, and `time: forever` would only fail on the cluster, after the queue
+NAME = r"[A-Za-z0-9_.\-]+"
+FORMATS = {
+    "partition": (rf"{NAME}(,{NAME})*", "a partition name (letters, digits, _ . -), or several separated by commas"),
+    "account": (NAME, "an account name (letters, digits, _ . -)"),
+    "mem": (r"\d+[KMGTkmgt]?", "a whole amount with K, M, G or T (megabytes without one), e.g. 200G; 0 = all of it"),
+}
+
+
 def check_slurm_values(slurm: dict, where: str) -> None:
-    """Each `#SBATCH` value on one line; each `extra_sbatch` entry options sbatch reads as written."""
+    """Each `#SBATCH` value on one line, in SLURM's format; each `extra_sbatch` entry options sbatch reads as
+    written."""
     for key in SBATCH_KEYS:
         value = slurm.get(key)
         if isinstance(value, str):
             _one_line(value, f"slurm.{key}", where)
+            _slurm_format(key, value, f"slurm.{key}", where)
     entries = slurm.get("extra_sbatch")
     if not isinstance(entries, list):
         return  # (the schema says what it must be)
@@ -111,6 +123,23 @@ def check_eval_sbatch_values(sbatch: dict, where: str) -> None:
     for key in ("partition", "account"):
         if isinstance(sbatch.get(key), str):
             _one_line(sbatch[key], f"async_eval.sbatch.{key}", where)
+            _slurm_format(key, sbatch[key], f"async_eval.sbatch.{key}", where)
+
+
+def _slurm_format(key: str, value: str, name: str, where: str) -> None:
+    import re
+
+    from leap_finetune.config.schema_cluster import slurm_seconds
+
+    if key == "time":
+        if value.strip().upper() in ("UNLIMITED", "INFINITE") or slurm_seconds(value) is not None:
+            return
+        expected = "a SLURM time limit: MM, MM:SS, HH:MM:SS, D-HH, D-HH:MM or D-HH:MM:SS (or UNLIMITED)"
+        raise LeapError(f"{name} is {value!r}: expected {expected}", where=where, fix=f"e.g. {name}: '04:00:00'")
+    if key in FORMATS and not re.fullmatch(FORMATS[key][0], value.strip()):
+        pattern, expected = FORMATS[key]
+        example = {"partition": "gpu", "account": "my-lab", "mem": "200G"}[key]
+        raise LeapError(f"{name} is {value!r}: expected {expected}", where=where, fix=f"e.g. {name}: {example}")
 
 
 def _one_line(value: str, key: str, where: str) -> None:

@@ -73,3 +73,18 @@ def other_type_key(key: str, training_type: str, owners: list[str]) -> tuple[str
     listed = ", ".join(owners[:-1]) + f" and {owners[-1]}" if len(owners) > 1 else owners[0]
     message = f"training_config.{key} is a key of {listed} training, not of {training_type}"
     return message, INSTEAD.get((key, training_type), f"remove it ({training_type} has no such setting)")
+
+
+def yaml_read_as(got) -> str | None:
+    """What YAML made of a value written for a text key, in words; None for a value that is not one of YAML's traps."""
+    import datetime
+
+    if isinstance(got, bool):
+        return f"the boolean {str(got).lower()} (yes, no, on, off, true and false are booleans in YAML)"
+    if isinstance(got, int | float):
+        return (
+            f"the number {got!r} (in YAML a value with colons such as 12:00:00 is a base-60 number: 12:00:00 is 43200)"
+        )
+    if isinstance(got, datetime.date | datetime.datetime):
+        return f"a date ({got.isoformat()})"
+    return None

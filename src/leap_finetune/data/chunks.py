@@ -166,6 +166,7 @@ class TokenizedChunk:
     samples: dict = field(default_factory=dict)  # position -> Conversation
     error: LeapError | None = None
     expected: int = -1
+    hashes: np.ndarray | None = None  # per valid row: a 64-bit digest of the row as written (eval rows also trained)
 
 
 def tokenize_chunk(request: TokenizeRequest) -> TokenizedChunk:
@@ -180,6 +181,7 @@ def tokenize_chunk(request: TokenizeRequest) -> TokenizedChunk:
         if not problems:
             valid.append((row, parsed))
     result = TokenizedChunk(table=RowTable.empty(), kept=np.zeros(len(valid), dtype=bool), expected=request.expected)
+    result.hashes = np.fromiter((row_digest(row.data) for row, _ in valid), dtype=np.uint64, count=len(valid))
     try:
         kind = row_kind_of(resolved)
         if kind.tokenize_batch is not None:  # (the rows of `inspect` tokenized again, in full)
@@ -223,6 +225,16 @@ def tokenize_chunk(request: TokenizeRequest) -> TokenizedChunk:
     if retrieval:
         result.negatives = np.asarray(negatives, dtype=np.int64)
     return result
+
+
+def row_digest(data) -> int:
+    """The same row (its fields as written, key order aside) gives the same 64 bits in every worker process
+    (Python's own hash of text differs per process)."""
+    import hashlib
+    import json
+
+    text = json.dumps(data, sort_keys=True, ensure_ascii=False, default=str)
+    return int.from_bytes(hashlib.blake2b(text.encode(), digest_size=8).digest(), "little")
 
 
 def _columns(row) -> dict:

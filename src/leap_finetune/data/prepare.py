@@ -190,6 +190,7 @@ def _prepare_now(
                 progress.advance(count)
 
     reports = source_reports(items, streams, splits.train_rows, splits.eval_rows)
+    notices = notices + splits.leak_notice()
     train = mix(splits.train.finish(), items, reports, resolved.training.get("seed", 42), folder / "train.arrow")
     truncated = splits.truncated_train + splits.truncated_eval
     prepared = PreparedData(
@@ -228,6 +229,8 @@ class _Splits:
         self.train = SplitWriter(folder / "train-sources.arrow", spill)
         self.eval = SplitWriter(folder / "eval.arrow", spill)
         self.train_rows, self.eval_rows = [0] * sources, [0] * sources  # per source
+        self.train_digests: list[np.ndarray] = []  # (data/chunks.row_digest of each row of the split)
+        self.eval_digests: list[np.ndarray] = []
         self.truncated_train: list[DroppedRow] = []
         self.truncated_eval: list[DroppedRow] = []
         self.negatives_train: list[np.ndarray] = []
@@ -245,6 +248,10 @@ class _Splits:
         held = stream.eval_mask[base : base + count] if stream.eval_mask is not None else np.zeros(count, bool)
         kept_positions = np.flatnonzero(result.kept)  # row i of result.table is valid row kept_positions[i]
         to_eval = held[kept_positions]
+        if result.hashes is not None:
+            kept_hashes = result.hashes[kept_positions]
+            self.train_digests.append(kept_hashes[~to_eval])
+            self.eval_digests.append(kept_hashes[to_eval])
         self.train.add(result.table.take(np.flatnonzero(~to_eval)))
         self.eval.add(result.table.take(np.flatnonzero(to_eval)))
         self.train_rows[stream.item] += int((~to_eval).sum())
@@ -259,6 +266,22 @@ class _Splits:
         for position, conversation in result.samples.items():
             self.samples[(number, base + position)] = conversation
         return count
+
+    def leak_notice(self) -> list[str]:
+        """Evaluation rows that are training rows too - the same row in both splits, however it got there (a row
+        repeated in a file, files read for both, val_path holding training rows, a mixture): counted, and said."""
+        if not self.eval_digests or not self.train_digests:
+            return []
+        held, trained = np.concatenate(self.eval_digests), np.concatenate(self.train_digests)
+        both = int(np.isin(held, trained).sum())
+        if not both:
+            return []
+        return [
+            f"{both:,} of the {len(held):,} evaluation row(s) are also training rows (the same row in both splits: a "
+            "row repeated in the data, or files read for both): the eval loss and the benchmarks on the eval split "
+            "measure memorisation there; remove the duplicates, or keep evaluation rows in a file of their own "
+            "(val_path)"
+        ]
 
 
 def _wanted(streams: list[Stream], examples: int, samples: int, any_eval: bool) -> dict:

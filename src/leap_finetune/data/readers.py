@@ -72,7 +72,21 @@ class Source:
         self.skipped: list[str] = []
         self.hub = None
         local = Path(path)
+        self.splits: dict[str, list[Path]] = {}  # a folder in the Hub's layout: its files by split (data/splits.py)
         if local.is_dir():
+            from leap_finetune.data.splits import folder_splits
+
+            self.splits = folder_splits(local, SUFFIXES)
+        if self.splits:
+            if split not in self.splits:
+                named = ", ".join(f"{s} ({len(f)} file(s))" for s, f in self.splits.items())
+                raise LeapError(
+                    f"the folder's files are named by split ({named}, as datasets reads a folder): no split '{split}'",
+                    where=f"{key}: {path}",
+                    fix=f"set dataset.split to one of {', '.join(self.splits)} (the split trained on; default train)",
+                )
+            self.files = self.splits[split]
+        elif local.is_dir():
             entries = sorted(p for p in local.iterdir() if not p.name.startswith("."))
             self.files = [p for p in entries if p.suffix.lower() in SUFFIXES and p.is_file()]
             self.skipped = [p.name + ("/" if p.is_dir() else "") for p in entries if p not in self.files]

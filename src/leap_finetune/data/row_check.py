@@ -55,6 +55,12 @@ def streams_of(items: list[DatasetConfig]) -> tuple[list[Stream], list[str]]:
             item.path, split=item.split, subset=item.subset, limit=item.limit, key=key, image_root=item.image_root
         )
         streams.append(Stream(index, source, held_out=False))
+        held = folder_eval_split(item, source)
+        if held:  # (a folder in the Hub's layout: its validation or test files are the evaluation rows)
+            val = Source(item.path, split=held, limit=None, key=key, image_root=item.image_root)
+            streams.append(Stream(index, val, held_out=True))
+        if source.splits:
+            notices.append(_split_notice(item, source, held))
         if item.val_path:
             val = Source(
                 item.val_path,
@@ -74,6 +80,36 @@ def streams_of(items: list[DatasetConfig]) -> tuple[list[Stream], list[str]]:
                 + (f" and {len(skipped) - 10} more" if len(skipped) > 10 else "")
             )
     return streams, notices
+
+
+def folder_eval_split(item: DatasetConfig, source: Source) -> str | None:
+    """The split of a Hub-layout folder held out for evaluation: validation, else test - unless val_path or test_size
+    says where the evaluation rows come from, or that split is the one trained on."""
+    from leap_finetune.data.splits import eval_split
+
+    if not source.splits or item.val_path or item.test_size:
+        return None
+    held = eval_split({s: f for s, f in source.splits.items() if s != source.split})
+    return held
+
+
+def _split_notice(item: DatasetConfig, source: Source, held: str | None) -> str:
+    """What the data report says of a Hub-layout folder: which split's files train, which evaluate, which are not
+    read (and why)."""
+
+    def files(split: str) -> str:
+        names = [str(p.relative_to(item.path)) for p in source.splits[split]]
+        return ", ".join(names[:3]) + (f" and {len(names) - 3} more" if len(names) > 3 else "")
+
+    said = [f"{source.split} ({files(source.split)}) for training"]
+    if held:
+        said.append(f"{held} ({files(held)}) held out for evaluation")
+    why = "val_path is the evaluation data" if item.val_path else "test_size holds out training rows instead"
+    for split in source.splits:
+        if split not in (source.split, held):
+            reason = why if (item.val_path or item.test_size) else "the evaluation split is " + str(held)
+            said.append(f"{split} ({files(split)}) not read: {reason}")
+    return f"{item.path}: files named by split, read as datasets reads a folder: " + "; ".join(said)
 
 
 def source_reports(

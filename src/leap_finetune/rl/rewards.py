@@ -189,7 +189,9 @@ BUILTIN_REWARDS: dict[str, tuple[Callable, tuple[str, ...], str]] = {
 
 def reward_name(spec: str | dict) -> str:
     """How a reward is named in the metrics (rewards/NAME/mean)."""
-    name = spec["name"] if isinstance(spec, dict) else spec
+    # (read before the entry itself is checked, so a mapping without `name` is named here as "": the check that
+    # follows says what is missing - it was a KeyError traceback)
+    name = str(spec.get("name", "")) if isinstance(spec, dict) else str(spec)
     return name.rsplit("::", 1)[-1] if "::" in name else name
 
 

@@ -87,6 +87,7 @@ def resolve_dataset(model, base: Path, where: str):
         dataset.path = resolve_data_path(dataset.path, base)
         if dataset.val_path:
             dataset.val_path = resolve_data_path(dataset.val_path, base)
+        _check_split_and_val_path(dataset, name, where)
         if dataset.image_root:
             root = local_path(dataset.image_root, base)
             if not root.is_dir():
@@ -101,6 +102,33 @@ def resolve_dataset(model, base: Path, where: str):
     if isinstance(model.dataset, list):
         check_distinct_sources(resolved, where)
     return resolved if isinstance(model.dataset, list) else resolved[0]
+
+
+def _check_split_and_val_path(dataset, name: str, where: str) -> None:
+    """`split` only where there are splits (a Hub dataset, a local folder whose files are named by split: a single
+    file's every row is read whatever split says); a val_path that is the training data itself is refused (every
+    evaluation row would be a training row)."""
+    from leap_finetune.data.readers import SUFFIXES
+    from leap_finetune.data.splits import folder_splits
+
+    local = Path(dataset.path)
+    if "split" in dataset.model_fields_set and local.is_absolute() and local.exists():
+        if local.is_file() or not folder_splits(local, SUFFIXES):
+            what = "one file" if local.is_file() else "a folder whose files are not named by split"
+            raise LeapError(
+                f"{name}.split is '{dataset.split}', but {dataset.path} is {what}: every row of it is read, whatever "
+                "split says",
+                where=f"{where}: {name}.split",
+                fix="remove split; hold out evaluation rows with test_size, or give the evaluation file as val_path "
+                "(a folder with train.jsonl and test.jsonl is read by split, as datasets reads it)",
+            )
+    if dataset.val_path and dataset.val_path == dataset.path:
+        raise LeapError(
+            f"{name}.val_path is {name}.path ({dataset.path}): every evaluation row would also be a training row, "
+            "and the eval loss would measure memorisation",
+            where=f"{where}: {name}.val_path",
+            fix="give a file of rows kept out of training as val_path, or hold rows out with test_size instead",
+        )
 
 
 def check_distinct_sources(items: list, where: str) -> None:

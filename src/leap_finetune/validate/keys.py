@@ -128,6 +128,12 @@ def pydantic_error(err: ValidationError, where: str, prefix: str = "") -> LeapEr
 
         hint = did_you_mean(got, [e.strip().strip("'") for e in expected.replace(" or ", ", ").split(",")])
         fix = f"{hint} ({fix})" if hint else fix
+    from leap_finetune.config.suggest import yaml_read_as
+
+    yaml_read = yaml_read_as(got) if first["type"] == "string_type" else None
+    if yaml_read:  # (YAML 1.1: no/yes/on/off are booleans, 12:00:00 a base-60 number, 2026-01-01 a date)
+        message, got_text = "expected text", f" (got {yaml_read})"
+        fix = f"put the text in quotes, e.g. {loc.rsplit('.', 1)[-1]}: '...' (YAML reads it unquoted as a value)"
     if first["type"] in ("dict_type", "model_type", "model_attributes_type"):
         # (pydantic names the class: "a valid dictionary or instance of ImageProcessorConfig")
         message = "expected a mapping of its keys"

@@ -1,0 +1,61 @@
+"""A local folder in the Hugging Face Hub's layout: files (or sub-folders) named by split - `train.jsonl`,
+`test.jsonl`, `data/train-00000-of-00001.parquet`, `validation/part-0.jsonl` - read as `datasets` reads them, one
+split at a time. Reading every file of such a folder as training rows would train on its test rows.
+
+The names are `datasets`' own (its data_files patterns): a split's keyword at the start of the name or after a
+separator (- _ . space or a digit), followed by a separator or the end; `dev`, `val` and `valid` mean validation,
+`eval`, `evaluation` and `testing` mean test, `training` means train.
+"""
+
+from __future__ import annotations
+
+import re
+from pathlib import Path
+
+KEYWORDS = {
+    "train": ("train", "training"),
+    "validation": ("validation", "valid", "dev", "val"),
+    "test": ("test", "testing", "eval", "evaluation"),
+}
+EVAL_SPLITS = ("validation", "test")  # the one held out for evaluation: validation where both exist
+_SEP = r"[-._ 0-9]"
+
+
+def split_of(name: str) -> str | None:
+    """The split a file or folder name means, or None."""
+    stem = name.lower()
+    for split, words in KEYWORDS.items():
+        for word in words:
+            if re.search(rf"(^|{_SEP}){word}({_SEP}|$)", stem):
+                return split
+    return None
+
+
+def folder_splits(folder: Path, suffixes: tuple[str, ...]) -> dict[str, list[Path]]:
+    """The data files of each split of `folder` ({} when no file or sub-folder is named by split): top-level files,
+    sub-folders named by split (their files), and a `data/` sub-folder in the same layout (the Hub's own)."""
+    if (folder / "data").is_dir() and not any(_data_files(folder, suffixes)):
+        folder = folder / "data"
+    splits: dict[str, list[Path]] = {}
+    for entry in sorted(p for p in folder.iterdir() if not p.name.startswith(".")):
+        split = split_of(entry.stem if entry.is_file() else entry.name)
+        if split is None:
+            continue
+        files = [entry] if entry.is_file() and entry.suffix.lower() in suffixes else list(_data_files(entry, suffixes))
+        if files:
+            splits.setdefault(split, []).extend(files)
+    return splits
+
+
+def _data_files(folder: Path, suffixes: tuple[str, ...]):
+    if not folder.is_dir():
+        return
+    yield from (
+        p
+        for p in sorted(folder.iterdir())
+        if p.is_file() and p.suffix.lower() in suffixes and not p.name.startswith(".")
+    )
+
+
+def eval_split(splits: dict[str, list[Path]]) -> str | None:
+    return next((s for s in EVAL_SPLITS if s in splits), None)
