@@ -31,6 +31,7 @@ LAYERS = [
     ("export", "chat"),
     ("gguf_export",),
     ("api",),
+    ("cli_words",),
     ("cli", "__init__"),
 ]
 LAYER = {unit: level for level, units in enumerate(LAYERS) for unit in units}

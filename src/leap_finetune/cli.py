@@ -13,6 +13,7 @@ from pathlib import Path
 import typer
 from rich.console import Console
 
+from leap_finetune.cli_words import command_words
 from leap_finetune.errors import LeapError, RunFailed
 from leap_finetune.methods import training_types
 from leap_finetune.signals import Stopped
@@ -24,32 +25,7 @@ app = typer.Typer(
     help="Fine-tune LFM2 / LFM2.5 (and any Hugging Face causal LM) from one YAML file.\n\n"
     "`leap-finetune CONFIG.yaml` is the same as `leap-finetune run CONFIG.yaml`.",
 )
-SUBCOMMANDS = {"run", "validate", "inspect", "eval", "plan", "slurm", "init", "chat", "export"}
 TRAINED_STYLE = "bold green on grey15"
-VALUE_OPTIONS = {
-    "--set",
-    "--type",
-    "-t",
-    "--model",
-    "--prompt",
-    "-p",
-    "--system",
-    "--image",
-    "-i",
-    "--max-new-tokens",
-    "--temperature",
-    "--rows",
-    "-n",
-    "--gpus",
-    "--nodes",
-    "--gpus-per-node",
-    "--output",
-    "-o",
-    "--server",
-    "--server-model",
-    "--gguf",
-    "--llama-cpp",
-}
 _state = {"debug": False}
 
 
@@ -219,13 +195,21 @@ def evaluate(
     server_model: str = typer.Option(
         None, "--server-model", help="The model name to ask the server for (default: the first model it lists)."
     ),
+    server_timeout: float = typer.Option(
+        300.0,
+        "--server-timeout",
+        min=1.0,
+        help="Seconds to wait for one answer from --server (asked twice) before failing, naming the server.",
+    ),
     sets: list[str] = _set_option(),
 ) -> None:
     """Run the config's evals: benchmarks on `checkpoint` (a run or checkpoint folder, an adapter, or a
     .gguf file from export --gguf) or `model_name`, without training."""
     from leap_finetune.api import evaluate_config
 
-    evaluate_config(_source(config, sets), output=output, server=server, server_model=server_model)
+    evaluate_config(
+        _source(config, sets), output=output, server=server, server_model=server_model, server_timeout=server_timeout
+    )
 
 
 @app.command()
@@ -480,40 +464,8 @@ def export(
     export_model(model, merge=merge, output=output)
 
 
-def _refuse_unknown_command(word: str, args: list[str]) -> None:
-    """`leap-finetune valdate x.yaml` is a misspelt command, not `run valdate x.yaml`: a first word that is no file
-    here and does not read as a config's name (.yaml, .yml, .json, or a path), with more words after it or close to
-    a command, is refused (exit 2) with the closest command."""
-    from leap_finetune.config.suggest import did_you_mean
-
-    looks_like_a_config = word.endswith((".yaml", ".yml", ".json")) or "/" in word or Path(word).exists()
-    if looks_like_a_config:
-        return
-    hint = did_you_mean(word, sorted(SUBCOMMANDS))
-    if not hint and args.index(word) == len(args) - 1:
-        return  # (a lone word far from every command is run's config: run says it is not found)
-    print(
-        f"error: unknown command {word!r}" + (f" ({hint})" if hint else "") + "\n"
-        f"  fix: the commands are {', '.join(sorted(SUBCOMMANDS))}; `leap-finetune CONFIG.yaml` runs a config "
-        "(leap-finetune --help)",
-        file=sys.stderr,
-    )
-    raise SystemExit(2)
-
-
 def main(argv: list[str] | None = None) -> None:
-    args = list(sys.argv[1:] if argv is None else argv)
-    # --debug is a global option; accept it anywhere (`leap-finetune run x.yaml --debug`).
-    if "--debug" in args:
-        args = ["--debug"] + [a for a in args if a != "--debug"]
-    # `leap-finetune CONFIG.yaml` means `leap-finetune run CONFIG.yaml`. (The word after an option that
-    # takes a value, such as `--set KEY=VALUE`, is not a positional argument.)
-    positional = [
-        a for i, a in enumerate(args) if not a.startswith("-") and not (i > 0 and args[i - 1] in VALUE_OPTIONS)
-    ]
-    if positional and positional[0] not in SUBCOMMANDS:
-        _refuse_unknown_command(positional[0], args)
-        args.insert(1 if args[:1] == ["--debug"] else 0, "run")  # (options before the config are run's)
+    args = command_words(list(sys.argv[1:] if argv is None else argv))
     os.environ.setdefault("TOKENIZERS_PARALLELISM", "false")
     app(args=args, prog_name="leap-finetune")  # click exits: 0, 2 for usage errors, or a command's code
 

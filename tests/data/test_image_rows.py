@@ -214,6 +214,18 @@ BROKEN = [
         "nor base64 of a PNG, JPEG",
     ),
     (
+        "an image over Pillow's decompression-bomb limit",
+        lambda d: image_row(bomb_png(d)),
+        "messages[0].content[0]",
+        "is larger than Pillow opens",
+    ),
+    (
+        "an image path that is a folder",
+        lambda d: image_row(a_folder(d)),
+        "messages[0].content[0]",
+        "is a folder, not an image file",
+    ),
+    (
         "the image token written as text",
         lambda d: {
             "messages": [
@@ -225,6 +237,25 @@ BROKEN = [
         "the model's image token",
     ),
 ]
+
+
+def bomb_png(folder):
+    """A PNG whose header says 30,000 x 30,000 pixels (over twice Pillow's MAX_IMAGE_PIXELS: its
+    DecompressionBombError), made from a 1 x 1 picture: the header's size rewritten and its checksum made anew."""
+    import struct
+    import zlib
+
+    data = bytearray(picture(folder / "one.png", (1, 1)).read_bytes())
+    start = data.index(b"IHDR")
+    data[start + 4 : start + 12] = struct.pack(">II", 30000, 30000)
+    data[start + 17 : start + 21] = struct.pack(">I", zlib.crc32(bytes(data[start : start + 17])))
+    (folder / "bomb.png").write_bytes(bytes(data))
+    return "bomb.png"
+
+
+def a_folder(folder):
+    (folder / "pictures").mkdir()
+    return "pictures"
 
 
 def truncated_png(folder):
@@ -259,15 +290,16 @@ def test_on_invalid_skip_drops_each_kind_of_broken_image_row_and_says_so(workdir
         image_row(truncated_png(workdir)),
         image_row(not_an_image(workdir)),
         image_row(str(picture(workdir / "big.png", (640, 640)))),  # 18 image tokens: 42 > max_length 36
+        image_row(bomb_png(workdir)),  # (was a traceback even with on_invalid: skip)
     ]
     write_jsonl(workdir / "train.jsonl", rows)
     config = vl_config(max_length=36)
     config["dataset"]["on_invalid"] = "skip"
     resolved = load_config(write_config(workdir, config))
     _, _, prepared = prepare(resolved)
-    assert len(prepared.train) == 3 and prepared.invalid_skipped == 4
+    assert len(prepared.train) == 3 and prepared.invalid_skipped == 5
     reasons = " | ".join(d.reason for d in prepared.dropped)
-    for words in ("image file not found", "cannot be decoded", "is not an image", "> max_length 36"):
+    for words in ("image file not found", "cannot be decoded", "is not an image", "> max_length 36", "larger than"):
         assert words in reasons, reasons
 
 
@@ -431,3 +463,23 @@ def test_a_benchmark_picture_that_does_not_decode_is_refused_by_validate(workdir
     assert result.returncode == 2, result.stderr
     message = " ".join(result.stderr.split())
     assert "bench.jsonl, line 2" in message and "cannot be decoded" in message, message
+
+
+def test_an_image_in_a_benchmark_answer_turn_is_refused_by_validate(workdir):
+    """Was accepted, then every evaluation of the run failed with transformers' words."""
+    picture(workdir / "ok.png")
+    write_jsonl(workdir / "train.jsonl", [image_row("ok.png")] * 2)
+    answer_image = {
+        "messages": [
+            {"role": "user", "content": [QUESTION]},
+            {"role": "assistant", "content": [{"type": "image", "image": "ok.png"}, {"type": "text", "text": "red"}]},
+        ]
+    }
+    write_jsonl(workdir / "bench.jsonl", [image_row("ok.png"), answer_image])
+    config = {**vl_config(), "evals": {"benchmarks": [{"name": "b", "path": "bench.jsonl", "metric": "exact_match"}]}}
+    for command in ("validate", "run"):
+        result = invoke(command, str(write_config(workdir, config)), cwd=workdir)
+        assert result.returncode == 2, result.stderr
+        message = " ".join(result.stderr.split())
+        assert "bench.jsonl, line 2" in message and "an image in an assistant turn" in message, message
+    assert not (workdir / "outputs").exists()

@@ -142,6 +142,10 @@ CONFIG_CASES = {
             "fix: remove it (sft has no such setting)",
         ],
     ),
+    "warmup_ratio_on_sft": (
+        _training(warmup_ratio=0.1),
+        ["training_config.warmup_ratio is a key of embedding and colbert training, not of sft", "use warmup_steps"],
+    ),
     # YAML 1.1 read the text as another type: said, with the quotes that fix it
     "yaml_no_as_text": (
         _training(run_name=False),

@@ -113,3 +113,98 @@ def test_a_server_that_does_not_answer_is_a_clear_error(workdir, tiny_model):
         evaluate_config(config, server=f"http://127.0.0.1:{_free_port()}/v1")
     message = info.value.format()
     assert "did not list its models" in message and "vllm serve" in message
+
+
+class _Broken:
+    """A server on 127.0.0.1 that is broken the ways real ones are: it lists its models at once, then answers each
+    chat completion after `delay` seconds (None: it never answers); with `silent` it accepts the connection and says
+    nothing at all."""
+
+    def __init__(self, delay: float | None, silent: bool = False):
+        import http.server
+        import json
+        import threading
+        import time
+
+        self.release = threading.Event()
+        release = self.release
+
+        class Handler(http.server.BaseHTTPRequestHandler):
+            def log_message(self, *args):
+                pass
+
+            def _json(self, body: dict) -> None:
+                data = json.dumps(body).encode()
+                self.send_response(200)
+                self.send_header("Content-Type", "application/json")
+                self.send_header("Content-Length", str(len(data)))
+                self.end_headers()
+                self.wfile.write(data)
+
+            def do_GET(self):
+                if silent:
+                    release.wait(30)
+                    return
+                self._json({"object": "list", "data": [{"id": "served-model", "object": "model"}]})
+
+            def do_POST(self):
+                self.rfile.read(int(self.headers.get("Content-Length", 0)))
+                if delay is None:
+                    release.wait(30)
+                    return
+                time.sleep(delay)
+                message = {"role": "assistant", "content": "Paris"}
+                choice = {"index": 0, "message": message, "finish_reason": "stop"}
+                self._json({"id": "x", "object": "chat.completion", "created": 0, "model": "m", "choices": [choice]})
+
+        self.server = http.server.ThreadingHTTPServer(("127.0.0.1", 0), Handler)
+        self.server.daemon_threads = True
+        self.url = f"http://127.0.0.1:{self.server.server_address[1]}/v1"
+        threading.Thread(target=self.server.serve_forever, daemon=True).start()
+
+    def __enter__(self):
+        return self
+
+    def __exit__(self, *exc):
+        self.release.set()
+        self.server.shutdown()
+        self.server.server_close()
+
+
+def _bench_config(workdir, tiny_model, rows: int = 4):
+    shutil.copy(EXAMPLES / "data" / "quickstart_bench_generation.jsonl", workdir / "bench.jsonl")
+    bench = {"name": "capitals", "path": "bench.jsonl", "metric": "exact_match", "limit": rows}
+    return write_config(workdir, {"model_name": str(tiny_model), "evals": {"batch_size": 2, "benchmarks": [bench]}})
+
+
+def test_a_server_that_never_answers_fails_within_the_timeout_naming_it(workdir, tiny_model):
+    """Was: nothing printed for up to ~30 minutes (600 s per request, two retries)."""
+    import time
+
+    config = _bench_config(workdir, tiny_model)
+    for silent, expected in ((True, "accepted the connection but did not answer within 1 s"), (False, "within 1 s")):
+        with _Broken(delay=None, silent=silent) as server:
+            start = time.monotonic()
+            with pytest.raises(LeapError) as info:
+                evaluate_config(config, server=server.url, server_timeout=1)
+            took = time.monotonic() - start
+        message = info.value.format()
+        assert expected in message and server.url in message and "--server" in message, message
+        assert took < 20, took
+    assert "benchmark 'capitals'" in message and "raise --server-timeout" in message
+
+
+def test_a_slow_server_shows_progress_and_a_model_it_does_not_serve_is_named(workdir, tiny_model, capfd, monkeypatch):
+    from leap_finetune.evaluation import server as served
+
+    monkeypatch.setattr(served, "PROGRESS_EVERY_S", 0.2)
+    config = _bench_config(workdir, tiny_model, rows=6)
+    with _Broken(delay=0.3) as server:
+        report = evaluate_config(config, server=server.url)
+        assert report["model"] == "served-model" and report["results"]["benchmark/capitals/rows"] == 6
+        err = capfd.readouterr().err
+        assert "benchmark 'capitals': " in err and f"/6 answered by {server.url}" in err, err
+        with pytest.raises(LeapError) as info:
+            evaluate_config(config, server=server.url, server_model="nope")
+    message = info.value.format()
+    assert "--server-model is 'nope', but the server at" in message and "'served-model'" in message, message

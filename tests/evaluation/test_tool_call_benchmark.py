@@ -76,3 +76,23 @@ def test_tool_call_rows_and_keys_are_checked_before_a_model_loads(workdir):
     )  # fmt: skip
     result = invoke("validate", str(wrong_key))
     assert result.returncode == 2 and "tool_call_order goes with metric: tool_call" in result.stderr
+
+
+def test_a_tool_call_benchmark_without_a_single_call_is_refused_not_scored_perfect(workdir):
+    """Was: every model that calls no tool scored 1.000 on it. Rows without a call beside rows with one still
+    count (the cases where no call is right)."""
+    no_calls = [{"messages": [{"role": "user", "content": f"Say hi {i}."}, {"role": "assistant", "content": "hi"}]}
+                for i in range(3)]  # fmt: skip
+    write_jsonl(workdir / "none.jsonl", no_calls)
+    write_jsonl(workdir / "mixed.jsonl", _rows())
+    for path, code in (("none.jsonl", 2), ("mixed.jsonl", 0)):
+        bench = {"name": "calls", "path": path, "metric": "tool_call"}
+        config = write_config(
+            workdir, {"model_name": "tiny-lfm2", "evals": {"max_new_tokens": 4, "benchmarks": [bench]}}
+        )
+        result = invoke("eval", str(config))
+        assert result.returncode == code, result.stderr
+        if code:
+            text = " ".join(result.stderr.split())
+            assert "none of its 3 row(s) has a tool call in its reference turn" in text and "1.000" in text, text
+            assert "Traceback" not in result.stderr

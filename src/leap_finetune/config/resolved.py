@@ -29,6 +29,7 @@ class ResolvedConfig(BaseModel):
     dataset: DatasetConfig | list[DatasetConfig] | None  # local paths made absolute; None for evaluation-only configs
     training: dict  # TRL / transformers training arguments (profile merged with the user's keys)
     user_training_keys: list[str] = []  # the training_config keys the config (or --set) set: never changed for it
+    config_notes: list[str] = []  # settings that would do nothing in this run (validate/no_effect.py), said at start
     gpu_memory: int | None = None  # bytes: the GPU memory budget to plan for (gpu_memory:, --gpu-memory)
     predicted_gpu_memory: float | None = None  # bytes: a training process's predicted peak (memory/budget.fit_run)
     fitted_training: dict = {}  # training_config keys the memory fit changed, with their values (a resume keeps them)

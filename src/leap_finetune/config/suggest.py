@@ -63,6 +63,13 @@ INSTEAD = {
         for name, method in METHODS.items()
         if method.cut_by_max_length
     },
+    # (transformers 5 folded warmup_ratio into warmup_steps; sentence-transformers' arguments still have it)
+    **{
+        ("warmup_ratio", name): "use warmup_steps: a number below 1 is a fraction of the training steps "
+        "(warmup_steps: 0.1 warms up over the first 10%), a whole number is steps"
+        for name, method in METHODS.items()
+        if not method.retrieval
+    },
 }
 
 

@@ -57,6 +57,8 @@ def read_bytes(source: str) -> bytes:
             return handle.read()
     except FileNotFoundError:
         raise ImageProblem(f"image file not found: {source}") from None
+    except IsADirectoryError:
+        raise ImageProblem(f"{source} is a folder, not an image file: give the path of one image") from None
     except OSError as err:
         raise ImageProblem(f"cannot read image file {source}: {err.strerror or err}") from None
 
@@ -80,6 +82,11 @@ def open_image(source: str, *, decode: bool = True):
         ) from None
     except ImageProblem:
         raise
+    except Image.DecompressionBombError as err:  # (an Exception of its own, not an OSError)
+        raise ImageProblem(
+            f"{where} is larger than Pillow opens ({err}); resize it (the vision encoder sees at most a few 512x512 "
+            "tiles of it anyway)"
+        ) from None
     except (OSError, ValueError, SyntaxError) as err:  # Pillow's words for a truncated or corrupt file
         raise ImageProblem(f"{where} cannot be decoded: {err} (a truncated or corrupt file?)") from None
     if min(image.size) < 1:

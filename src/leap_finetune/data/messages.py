@@ -288,6 +288,9 @@ def _image(part: dict, field: str, images: ImageParts, problem: Problem) -> Imag
         found = path.is_file()
     except OSError:  # a name too long for the file system: neither a path nor base64 of a known image format
         found = False
+    if not found and _is_folder(path):
+        problem(field, f"{path} is a folder, not an image file: give the path of one image in it")
+        return None
     if not found:
         shown = str(path) if len(source) <= 200 else f"{source[:40]}... ({len(source)} characters)"
         problem(
@@ -374,3 +377,10 @@ def _refusal(part: Any, field: str, *, takes_images: bool) -> tuple[str, str]:
             )
         return field, f"a '{part['type']}' part needs an audio/video model; leap-finetune trains on text and images"
     return field, f"unknown part type '{part['type']}'; expected 'text'"
+
+
+def _is_folder(path: Path) -> bool:
+    try:
+        return path.is_dir()
+    except OSError:
+        return False

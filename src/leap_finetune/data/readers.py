@@ -74,10 +74,11 @@ class Source:
         local = Path(path)
         self.splits: dict[str, list[Path]] = {}  # a folder in the Hub's layout: its files by split (data/splits.py)
         if local.is_dir():
-            from leap_finetune.data.splits import folder_splits
+            from leap_finetune.data.splits import read_layout
 
-            self.splits = folder_splits(local, SUFFIXES)
+            self.splits, unread = read_layout(local, SUFFIXES)
         if self.splits:
+            self.skipped = unread  # (files named by no split, other sub-folders: not read, and said)
             if split not in self.splits:
                 named = ", ".join(f"{s} ({len(f)} file(s))" for s, f in self.splits.items())
                 raise LeapError(

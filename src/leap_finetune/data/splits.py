@@ -34,17 +34,23 @@ def split_of(name: str) -> str | None:
 def folder_splits(folder: Path, suffixes: tuple[str, ...]) -> dict[str, list[Path]]:
     """The data files of each split of `folder` ({} when no file or sub-folder is named by split): top-level files,
     sub-folders named by split (their files), and a `data/` sub-folder in the same layout (the Hub's own)."""
+    return read_layout(folder, suffixes)[0]
+
+
+def read_layout(folder: Path, suffixes: tuple[str, ...]) -> tuple[dict[str, list[Path]], list[str]]:
+    """(folder_splits, the entries of the folder that no split reads, as names: `notes.txt`, `old/`)."""
     if (folder / "data").is_dir() and not any(_data_files(folder, suffixes)):
         folder = folder / "data"
     splits: dict[str, list[Path]] = {}
+    unread = []
     for entry in sorted(p for p in folder.iterdir() if not p.name.startswith(".")):
         split = split_of(entry.stem if entry.is_file() else entry.name)
-        if split is None:
-            continue
         files = [entry] if entry.is_file() and entry.suffix.lower() in suffixes else list(_data_files(entry, suffixes))
-        if files:
-            splits.setdefault(split, []).extend(files)
-    return splits
+        if split is None or not files:
+            unread.append(entry.name + ("/" if entry.is_dir() else ""))
+            continue
+        splits.setdefault(split, []).extend(files)
+    return splits, unread
 
 
 def _data_files(folder: Path, suffixes: tuple[str, ...]):

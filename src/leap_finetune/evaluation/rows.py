@@ -16,7 +16,7 @@ from leap_finetune.data.messages import MESSAGE_COLUMNS, ROLES, describe_value, 
 from leap_finetune.data.readers import SourceRow, read_dataset
 from leap_finetune.data.tool_calls import find_tool_calls
 from leap_finetune.data.tool_use import convert_structured
-from leap_finetune.errors import DataError, RowProblem
+from leap_finetune.errors import DataError, LeapError, RowProblem
 
 
 @dataclass
@@ -52,6 +52,16 @@ def load_benchmark(bench: BenchmarkConfig, *, vision: bool, model_name: str) -> 
             title=f"benchmark '{bench.name}'",
             fix_text="correct the benchmark rows listed above (every benchmark row is scored, so "
             "there is no skipping; to leave rows out, remove them or use the benchmark's `limit`)",
+        )
+    if bench.metric == "tool_call" and items and not any(item.reference_calls for item in items):
+        # (a model that never calls a tool would score 1.000: a score over nothing, not a perfect one)
+        raise LeapError(
+            f"benchmark '{bench.name}' (metric tool_call): none of its {len(items)} row(s) has a tool call in its "
+            "reference turn (the last assistant message), so every model that calls no tool would score 1.000",
+            where=bench.path,
+            fix="give the rows' reference turns the calls the model should make (<|tool_call_start|>[name(key=value)]"
+            "<|tool_call_end|>, or tool_calls: [...]); rows without a call still count, as the cases where no call "
+            "is right; for answers without calls use metric exact_match or contains",
         )
     return items
 
@@ -117,6 +127,14 @@ def _turns(messages: list, folder: Path, problem) -> tuple[list[dict], list[str]
         if message is None:
             continue
         content = parse_content(message.get("content"), f"{field_name}.content", problem, image_folder=folder)
+        if content is not None and content.images and message["role"] != "user":
+            # (was accepted here, then failed at every evaluation with transformers' words)
+            problem(
+                f"{field_name}.content",
+                f"an image in a{'n' if message['role'][0] in 'aeiou' else ''} {message['role']} turn: the model "
+                "reads images, it does not write them - put the image in a user turn",
+            )
+            continue
         if content is not None:
             turns.append({"role": message["role"], "content": content.text})
             images.extend(image.source for image in content.images)

@@ -44,11 +44,21 @@ def vllm_tool_flags(resolved) -> list[str]:
     return []
 
 
+DEFAULT_TIMEOUT_S = 300.0  # one answer (--server-timeout); a server that takes the connection and never answers fails
+LIST_TIMEOUT_S = 30.0  # the model list, asked first: a live server answers it at once
+PROGRESS_EVERY_S = 15.0
+
+
 class ServerGenerator:
     """Answers benchmark prompts through the server's /chat/completions, several requests at a time."""
 
     def __init__(
-        self, base_url: str, model: str | None = None, *, api_key_env: str | None = None, timeout_s: float = 600.0
+        self,
+        base_url: str,
+        model: str | None = None,
+        *,
+        api_key_env: str | None = None,
+        timeout_s: float = DEFAULT_TIMEOUT_S,
     ):
         try:
             from openai import OpenAI
@@ -60,14 +70,27 @@ class ServerGenerator:
             ) from None
         self.base_url = base_url.rstrip("/")
         key = os.environ.get(api_key_env) if api_key_env else os.environ.get("OPENAI_API_KEY")
-        self.client = OpenAI(base_url=self.base_url, api_key=key or "not-needed", timeout=timeout_s, max_retries=2)
-        self.model = model or self._served_model()
+        # (one retry: the client's default two, at the default 600 s each, kept a silent server waiting 30 minutes)
+        self.timeout_s = timeout_s
+        self.client = OpenAI(base_url=self.base_url, api_key=key or "not-needed", timeout=timeout_s, max_retries=1)
+        self.model = self._served_model(model)
 
-    def _served_model(self) -> str:
-        """The server's (first) model, asked before anything is evaluated: a wrong URL fails here, clearly."""
+    def _served_model(self, asked: str | None) -> str:
+        """The model to ask for: the server's first, or `asked` where the server lists it - asked before anything
+        is evaluated, so that a wrong URL, a silent server or a model it does not serve fails here, clearly."""
         try:
-            models = [m.id for m in self.client.models.list()]
-        except Exception as err:  # noqa: BLE001 - connection refused, 404 on a wrong path, auth
+            listing = self.client.with_options(timeout=min(LIST_TIMEOUT_S, self.timeout_s), max_retries=0)
+            models = [m.id for m in listing.models.list()]
+        except Exception as err:  # noqa: BLE001 - connection refused, 404 on a wrong path, auth, no answer
+            if asked and getattr(err, "status_code", None) == 404:
+                return asked  # (a server without /models: the name is taken as given)
+            if _timed_out(err):
+                raise LeapError(
+                    f"the server at {self.base_url} accepted the connection but did not answer within "
+                    f"{min(LIST_TIMEOUT_S, self.timeout_s):.0f} s (asked for its models)",
+                    where="--server",
+                    fix="look at the server's log: is it still loading the model, or stuck? " + FIX,
+                ) from None
             hint = ""
             if not self.base_url.startswith(("http://", "https://")):
                 hint = f"give the URL with its scheme: http://{self.base_url}; or "
@@ -79,6 +102,16 @@ class ServerGenerator:
                 where="--server",
                 fix=hint + FIX,
             ) from None
+        if asked:
+            if asked not in models:
+                raise LeapError(
+                    f"--server-model is '{asked}', but the server at {self.base_url} serves "
+                    + (", ".join(f"'{m}'" for m in models[:10]) or "no model"),
+                    where="--server-model",
+                    fix="give one of the names it lists (vLLM's --served-model-name), or leave --server-model out "
+                    "for its first model",
+                )
+            return asked
         if not models:
             raise LeapError(
                 f"the server at {self.base_url} serves no model",
@@ -103,6 +136,14 @@ class ServerGenerator:
             try:
                 answer = self.client.chat.completions.create(model=self.model, messages=messages, **options)
             except Exception as err:  # noqa: BLE001 - reported with the row it belongs to
+                if _timed_out(err):
+                    raise LeapError(
+                        f"the server at {self.base_url} did not answer benchmark '{bench_name}' ({item.file}, "
+                        f"{item.location}) within {self.timeout_s:.0f} s, twice",
+                        where="--server",
+                        fix="look at the server's log (overloaded, or stuck?); for slow answers (a CPU server, a "
+                        "long max_new_tokens) raise --server-timeout",
+                    ) from None
                 if tool_calls and _server_side(err):  # (a parser that fails on one answer: that row's result)
                     return ServedTurn("", None, sent_tools="tools" in options, error=_reason(err))
                 reason = _reason(err)
@@ -130,8 +171,7 @@ class ServerGenerator:
             calls = [(c.function.name, c.function.arguments) for c in message.tool_calls or [] if c.function]
             return ServedTurn(content, calls or None, sent_tools="tools" in options)
 
-        with ThreadPoolExecutor(max_workers=max(1, evals.batch_size)) as pool:
-            answers = list(pool.map(one, items))
+        answers = self._answer_all(one, items, bench_name, evals.batch_size)
         failed = [a for a in answers if isinstance(a, ServedTurn) and a.error is not None]
         if failed and len(failed) == len(answers):  # (a server that fails every row is broken, not each answer)
             raise LeapError(
@@ -141,6 +181,38 @@ class ServerGenerator:
                 fix="look at the server's log; " + TOOLS_FIX,
             )
         return answers
+
+    def _answer_all(self, one, items, bench_name: str, parallel: int) -> list:
+        """Each item's answer, in order, several requests at a time, with a progress line every PROGRESS_EVERY_S
+        seconds (a slow server is seen to be slow, not silent)."""
+        import sys
+        import time
+        from concurrent.futures import FIRST_COMPLETED, wait
+
+        start = last = time.monotonic()
+        with ThreadPoolExecutor(max_workers=max(1, parallel)) as pool:
+            futures = [pool.submit(one, item) for item in items]
+            pending = set(futures)
+            while pending:
+                done, pending = wait(pending, timeout=PROGRESS_EVERY_S, return_when=FIRST_COMPLETED)
+                for future in done:
+                    if future.exception() is not None:
+                        for other in pending:
+                            other.cancel()
+                        raise future.exception()
+                if time.monotonic() - last >= PROGRESS_EVERY_S and pending:
+                    last = time.monotonic()
+                    print(
+                        f"benchmark '{bench_name}': {len(futures) - len(pending)}/{len(futures)} answered by "
+                        f"{self.base_url} ({last - start:.0f} s)",
+                        file=sys.stderr,
+                        flush=True,
+                    )
+        return [future.result() for future in futures]
+
+
+def _timed_out(err: Exception) -> bool:
+    return type(err).__name__ in ("APITimeoutError", "ReadTimeout", "TimeoutException") or isinstance(err, TimeoutError)
 
 
 @dataclass

@@ -28,6 +28,7 @@ def evaluate_config(
     server: str | None = None,
     server_model: str | None = None,
     float32: bool = False,
+    server_timeout: float | None = None,
 ) -> dict:
     """Run the `evals:` block on `checkpoint` (a run, checkpoint or adapter folder) or `model_name`,
     without training. Writes the results as JSON to `output` when given. `server`: the base URL of an
@@ -42,7 +43,7 @@ def evaluate_config(
     if resolved.retrieval is not None:  # an embedding / ColBERT model on retrieval benchmarks
         report = _evaluate_retrieval(resolved, target, benchmarks, console)
     else:
-        generator = _server_generator(server, server_model, console)
+        generator = _server_generator(server, server_model, console, server_timeout)
         if generator is not None and not any(is_logprob(b.metric) for b in benchmarks):
             report = _evaluate_on_server(resolved, benchmarks, generator, output, console)
         else:
@@ -83,13 +84,13 @@ def _check_before_loading(resolved: ResolvedConfig, output, server: str | None, 
     return target, benchmarks
 
 
-def _server_generator(server: str | None, server_model: str | None, console: Console):
+def _server_generator(server: str | None, server_model: str | None, console: Console, timeout: float | None = None):
     """The server that answers the generation benchmarks (--server), asked first: a wrong URL fails now."""
     if not server:
         return None
-    from leap_finetune.evaluation.server import ServerGenerator
+    from leap_finetune.evaluation.server import DEFAULT_TIMEOUT_S, ServerGenerator
 
-    generator = ServerGenerator(server, server_model)
+    generator = ServerGenerator(server, server_model, timeout_s=timeout or DEFAULT_TIMEOUT_S)
     console.print(f"generation benchmarks: {generator.model} at {generator.base_url}")
     return generator
 

@@ -95,6 +95,10 @@ def _load(raw: dict, config_path: Path | None, base: Path, where: str) -> Resolv
     check_hold_out_tools(model, dataset, evals, vision, where)
     check_retrieval_metrics(model, evals, where)
     _resolve_model_init_kwargs(training, model, model_id, peft is not None, (quantization, vision), where)
+    from leap_finetune.validate.no_effect import config_notes
+
+    user_keys = sorted(k for k in (model.training_config or {}) if k != "extends")
+    notes = config_notes(model, training, set(user_keys), model.peft_config)
     return ResolvedConfig(
         config_path=str(config_path) if config_path else None,
         project_name=model.project_name,
@@ -106,7 +110,8 @@ def _load(raw: dict, config_path: Path | None, base: Path, where: str) -> Resolv
         loss_on=loss_on,
         dataset=dataset,
         training=training,
-        user_training_keys=sorted(k for k in (model.training_config or {}) if k != "extends"),
+        user_training_keys=user_keys,
+        config_notes=notes,
         gpu_memory=parse_budget(model.gpu_memory, f"{where}: gpu_memory") if model.gpu_memory is not None else None,
         peft=peft,
         output_dir=str(local_path(model.output_dir, base)) if model.output_dir else None,

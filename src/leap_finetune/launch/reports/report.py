@@ -165,6 +165,11 @@ def data_report(
         console.print(f"[yellow]warning: {escape(advice)}[/yellow]")
     for notice in prepared.notices:
         console.print(f"[yellow]note: {escape(notice)}[/yellow]")
+    if resolved is not None:  # (settings that do nothing in this run: validate/no_effect.py)
+        from leap_finetune.validate.no_effect import data_notes
+
+        for note in [*resolved.config_notes, *data_notes(resolved, prepared)]:
+            console.print(f"[yellow]note: {escape(note)}[/yellow]")
     if prepared.invalid_skipped:
         share = prepared.invalid_skipped / max(1, prepared.rows_read)
         if share > SKIPPED_SHARE_WARNING:

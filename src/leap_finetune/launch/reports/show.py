@@ -195,7 +195,15 @@ def plan_report(resolved, devices: DevicePlan, prepared, no_tokens: str = "", bu
         "rollouts": _rollouts(resolved),
         "processes": _with_memory(processes(devices, resolved.config_path, resolved), memory, resolved, devices),
         "memory_budget": _budget_json(as_written, fitted, memory.get("longest_row")),
+        "unused_settings": _unused(resolved, prepared),
     }
+
+
+def _unused(resolved, prepared) -> list[str]:
+    """Settings that would do nothing in this run (validate/no_effect.py)."""
+    from leap_finetune.validate.no_effect import data_notes
+
+    return [*resolved.config_notes, *data_notes(resolved, prepared)]
 
 
 def _with_memory(listed: list[dict], memory: dict, resolved, devices: DevicePlan) -> list[dict]:
@@ -373,6 +381,8 @@ def print_plan(console, report: dict) -> None:
         elif process.get("memory_note"):
             console.print(f"    GPU memory: not predicted: {process['memory_note']}", markup=False)
     _print_budget(console, report.get("memory_budget"))
+    for note in report.get("unused_settings") or ():
+        console.print(f"note: {note}", markup=False)
 
 
 def _memory_line(memory: dict) -> str:

@@ -1,0 +1,130 @@
+"""Settings that would do nothing in this run: a key that applies only in another mode, or to data the run does not
+have. Each is said (a `note:` line at validate, plan and run, naming the key, why it does nothing and what would make
+it count), never dropped in silence. Only keys the user wrote are named: a profile's defaults are not the user's.
+
+The pairs, walked block by block: async_eval's keys of the modes it is not in; grpo_rollout's server keys with no
+local server; vLLM's training keys with use_vllm off; a dataset's test_size beside its val_path; peft_config's LoRA
+keys with use_peft: false; warm-up under a constant schedule; save_* with save_strategy: no; logging_steps with
+logging_strategy: no; evaluation keys with nothing to evaluate (no eval split, no benchmark).
+"""
+
+from __future__ import annotations
+
+# async_eval's keys and the modes they act in (mode itself, and the failure policy, act in every mode)
+ASYNC_EVAL_MODES = {
+    "reserved": ("reserved",),
+    "sbatch": ("sidecar",),
+    "vllm_gpus": ("sidecar", "reserved"),
+    "tensor_parallel_size": ("sidecar", "reserved"),
+    "gpu_memory_utilization": ("sidecar", "reserved"),
+    "on_overlap": ("sidecar", "reserved"),
+    "wait_at_end_s": ("sidecar", "reserved"),
+}
+# grpo_rollout's keys of the local servers (the rollout server; the judge's port and GPUs are checked at load)
+SERVER_KEYS = ("tensor_parallel_size", "dtype", "gpu_memory_utilization", "max_model_len", "server_start_timeout_s")
+
+
+def config_notes(model, resolved_training: dict, user_training: set[str], peft_user: dict | None) -> list[str]:
+    """The notes the config alone decides (at load: `model` is the parsed config)."""
+    notes = []
+    notes += _async_eval(model.async_eval)
+    notes += _grpo_rollout(model, resolved_training)
+    notes += _dataset(model.dataset)
+    notes += _peft(peft_user)
+    notes += _training(resolved_training, user_training)
+    return notes
+
+
+def _async_eval(settings) -> list[str]:
+    if settings is None:
+        return []
+    said = sorted(
+        k for k in settings.model_fields_set if k in ASYNC_EVAL_MODES and settings.mode not in ASYNC_EVAL_MODES[k]
+    )
+    return [
+        f"async_eval.{key} has no effect: async_eval.mode is {settings.mode} (it acts in mode "
+        f"{' or '.join(ASYNC_EVAL_MODES[key])}); remove it, or set that mode"
+        for key in said
+    ]
+
+
+def _grpo_rollout(model, training: dict) -> list[str]:
+    rollout = getattr(model, "grpo_rollout", None)
+    notes = []
+    if rollout is not None and not rollout.server_gpus:
+        set_here = sorted(k for k in rollout.model_fields_set if k in SERVER_KEYS)
+        judge = getattr(getattr(model, "rewards", None), "judge", None)
+        local_judge = judge is not None and getattr(judge, "base_url", None) is None
+        if set_here and not local_judge:
+            notes.append(
+                f"grpo_rollout.{', grpo_rollout.'.join(set_here)}: no effect without a local server "
+                "(server_gpus is 0 and no local judge): colocated vLLM takes training_config.vllm_* keys instead"
+            )
+    from leap_finetune.methods import method_of
+
+    if method_of(model).rewards and not training.get("use_vllm"):
+        vllm = sorted(k for k in (model.training_config or {}) if k.startswith("vllm_"))
+        if vllm:
+            notes.append(
+                f"training_config.{', training_config.'.join(vllm)}: no effect with use_vllm: false (rollouts come "
+                "from leap-finetune's sampler or transformers' generate)"
+            )
+    return notes
+
+
+def _dataset(dataset) -> list[str]:
+    items = dataset if isinstance(dataset, list) else [dataset] if dataset is not None else []
+    notes = []
+    for index, item in enumerate(items):
+        name = "dataset" if not isinstance(dataset, list) else f"dataset[{index}]"
+        if item.val_path and "test_size" in item.model_fields_set:
+            notes.append(f"{name}.test_size has no effect: {name}.val_path is the evaluation data; remove one")
+    return notes
+
+
+def _peft(user: dict | None) -> list[str]:
+    if not isinstance(user, dict) or user.get("use_peft", True) is not False:
+        return []
+    lora = sorted(k for k in user if k not in ("use_peft", "extends"))
+    if not lora:
+        return []
+    return [
+        f"peft_config.{', peft_config.'.join(lora)}: no effect with use_peft: false (a full fine-tune); "
+        "use_peft: true trains LoRA with them"
+    ]
+
+
+def _training(training: dict, user: set[str]) -> list[str]:
+    notes = []
+    if training.get("lr_scheduler_type") == "constant" and training.get("warmup_steps") and "warmup_steps" in user:
+        notes.append(
+            "training_config.warmup_steps has no effect with lr_scheduler_type: constant (no warm-up); "
+            "use constant_with_warmup"
+        )
+    if training.get("save_strategy") == "no":
+        saved = sorted(k for k in ("save_steps", "save_total_limit") if k in user)
+        if saved:
+            notes.append(
+                f"training_config.{', training_config.'.join(saved)}: no effect with save_strategy: no "
+                "(no checkpoint is saved: an interrupted run cannot resume)"
+            )
+    if training.get("logging_strategy") == "no" and "logging_steps" in user:
+        notes.append("training_config.logging_steps has no effect with logging_strategy: no")
+    return notes
+
+
+def data_notes(resolved, prepared) -> list[str]:
+    """The notes that need the prepared rows: evaluation keys with nothing to evaluate."""
+    if prepared is None or len(prepared.eval) or resolved.evals is not None:
+        return []
+    user = set(resolved.user_training_keys)
+    asked = sorted(k for k in ("eval_strategy", "eval_steps", "per_device_eval_batch_size") if k in user)
+    if "eval_strategy" in asked and resolved.training.get("eval_strategy") == "no":
+        asked.remove("eval_strategy")
+    if not asked:
+        return []
+    return [
+        f"training_config.{', training_config.'.join(asked)}: no effect: the run has no evaluation rows (no "
+        "dataset.test_size, val_path or test file) and no benchmarks; set dataset.test_size: 0.05 (or val_path) "
+        "to evaluate"
+    ]
