@@ -211,3 +211,45 @@ def test_a_resume_must_continue_the_same_run(data):
     assert after == before
     resumed = run_config(_config(data, "same", "ok.yaml", resume_from_checkpoint="latest"))
     assert resumed["global_step"] == 8
+
+
+def test_resume_takes_the_habits_of_other_tools(data):
+    """`resume_from_checkpoint: true` (the HF Trainer's "last checkpoint"), a checkpoint path typed relative to the
+    shell's folder, and a run folder instead of a checkpoint all resume; a path found nowhere names both bases; a
+    run folder left before its first checkpoint says that a plain re-run starts afresh - and it does."""
+    import shutil
+
+    from tests.conftest import invoke
+
+    configs = data / "configs"
+    configs.mkdir()
+    (configs / "train.jsonl").write_text((data / "train.jsonl").read_text())
+    config = _config(configs, "habits", "cut.yaml")
+    run_dir = Path(run_config(config, callbacks=[StopAt(4)])["run_dir"])
+    newest = run_dir / "checkpoint-4"
+
+    def planned(*sets: str) -> tuple[int, str]:
+        result = invoke("validate", str(config), *(a for s in sets for a in ("--set", s)), cwd=data)
+        return result.returncode, " ".join(result.stderr.split())
+
+    typed_here = os.path.relpath(newest, data)  # (configs/outputs/...: the shell's view, not the config's)
+    for value in ("true", typed_here, str(run_dir)):
+        code, text = planned(f"training_config.resume_from_checkpoint={value}")
+        assert code == 0 and f"(resuming from {newest})" in text, (value, text)
+    assert (
+        "is a run folder: resuming from its newest complete checkpoint, checkpoint-4"
+        in planned(f"training_config.resume_from_checkpoint={run_dir}")[1]
+    )
+    code, text = planned("training_config.resume_from_checkpoint=nowhere/checkpoint-9")
+    assert code == 2 and "no such checkpoint folder" in text and str(configs) in text and str(data) in text, text
+
+    # a run folder a kill during start-up left (no checkpoint): the message says a plain re-run starts afresh
+    for checkpoint in run_dir.glob("checkpoint-*"):
+        shutil.rmtree(checkpoint)
+    code, text = planned("training_config.resume_from_checkpoint=latest")
+    assert code == 2 and "stopped before its first complete checkpoint" in text, text
+    assert "remove resume_from_checkpoint: the run then starts afresh, in a new run folder" in text
+    code, text = planned(f"training_config.resume_from_checkpoint={run_dir}")
+    assert code == 2 and "no complete checkpoint to resume from" in text and "starts afresh" in text, text
+    again = run_config(config)
+    assert Path(again["run_dir"]) != run_dir and again["global_step"] == BASE["max_steps"]

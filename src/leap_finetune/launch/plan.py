@@ -139,7 +139,8 @@ def _plan_resume(resolved: ResolvedConfig, root: Path) -> RunPlan:
                     f"resume_from_checkpoint: latest, but the run in {stopped} stopped before its first complete "
                     "checkpoint: there is nothing to resume" + (f" ({'; '.join(notes)})" if notes else ""),
                     where=key,
-                    fix=f"remove that folder (rm -r {stopped}) and remove resume_from_checkpoint to start the run again",
+                    fix="remove resume_from_checkpoint: the run then starts afresh, in a new run folder (that "
+                    f"folder can go: rm -r {stopped})",
                 )
             raise LeapError(
                 f"resume_from_checkpoint: latest, but no complete checkpoint exists under {searched}"
@@ -150,10 +151,31 @@ def _plan_resume(resolved: ResolvedConfig, root: Path) -> RunPlan:
     else:
         checkpoint = Path(resolved.resume_from_checkpoint)
         if not checkpoint.is_dir():
+            base = resolved.config_dir or "."
             raise LeapError(
-                "no such checkpoint folder",
+                "no such checkpoint folder (a relative path is read from the config's folder, "
+                f"{base}, and from the current folder, {Path.cwd()}: neither has it)",
                 where=f"{key}: {checkpoint}",
-                fix="use a checkpoint-N folder of an earlier run, or `latest`",
+                fix="use a checkpoint-N folder of an earlier run (an absolute path is never ambiguous), its run folder, "
+                "or `latest`",
+            )
+        if checkpoints(checkpoint):  # (a run folder: its newest intact checkpoint, as `latest` takes it)
+            found, damaged = newest_intact(checkpoint)
+            notes += [f"{folder.name} is damaged ({problem}); not resumed from" for folder, problem in damaged]
+            if found is None:
+                raise LeapError(
+                    "this run folder has no complete checkpoint to resume from"
+                    + (f" ({'; '.join(notes)})" if notes else ""),
+                    where=f"{key}: {checkpoint}",
+                    fix="remove resume_from_checkpoint: the run then starts afresh, in a new run folder",
+                )
+            notes.append(f"{checkpoint} is a run folder: resuming from its newest complete checkpoint, {found.name}")
+            checkpoint = found
+        elif RunFolder(checkpoint).is_run():
+            raise LeapError(
+                "this run folder has no complete checkpoint to resume from (it stopped before its first one)",
+                where=f"{key}: {checkpoint}",
+                fix="remove resume_from_checkpoint: the run then starts afresh, in a new run folder",
             )
         _check_is_checkpoint(checkpoint, key)
         verdict = verify(checkpoint)

@@ -118,7 +118,7 @@ def _load(raw: dict, config_path: Path | None, base: Path, where: str) -> Resolv
         samples=model.samples,
         evals=evals,
         checkpoint=str(local_path(model.checkpoint, base)) if model.checkpoint else None,
-        resume_from_checkpoint=resume if resume in (None, "latest") else str(local_path(resume, base)),
+        resume_from_checkpoint=resume if resume in (None, "latest") else _resume_path(resume, base),
         config_dir=str(base),
         ray=model.ray,
         slurm=model.slurm,
@@ -129,6 +129,16 @@ def _load(raw: dict, config_path: Path | None, base: Path, where: str) -> Resolv
         vision=vision,
         image_processor=model.image_processor if vision else None,
     )
+
+
+def _resume_path(resume: str, base: Path) -> str:
+    """A relative checkpoint path, from the config's folder (as every path of the config) - or, where nothing is
+    there and the path exists from the shell's current folder (how a path typed next to `ls` is meant), from there."""
+    at_config = local_path(resume, base)
+    if at_config.exists() or Path(resume).expanduser().is_absolute():
+        return str(at_config)
+    at_shell = Path(resume).expanduser().resolve()
+    return str(at_shell) if at_shell.exists() else str(at_config)
 
 
 def _read_model(raw: dict, where: str) -> LeapConfigModel:

@@ -19,7 +19,8 @@ def check_resume(training: dict, where: str, training_type: str) -> str | None:
     resume = training.pop("resume_from_checkpoint", None)
     if resume is not None and not isinstance(resume, str):
         raise LeapError(
-            "training_config.resume_from_checkpoint must be 'latest' or a checkpoint folder",
+            f"training_config.resume_from_checkpoint is {resume!r}: expected latest (or true), a checkpoint-N "
+            "folder, or a run folder (its newest complete checkpoint)",
             where=where,
             fix="resume_from_checkpoint: latest",
         )

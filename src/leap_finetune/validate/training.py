@@ -53,6 +53,9 @@ def resolve_training(model: LeapConfigModel, where: str, vision: bool = False) -
     fold_assistant_only_loss(user, where)
     merged = profiles.training_profile(profile_name)
     merged.update(user)
+    if isinstance(merged.get("resume_from_checkpoint"), bool):  # (true: the HF Trainer's "the last checkpoint")
+        merged["resume_from_checkpoint"] = "latest" if merged["resume_from_checkpoint"] else None
+        user["resume_from_checkpoint"] = merged["resume_from_checkpoint"]
     merged = check_values(model, user, merged, where)
     loss_on = check_loss_on(merged.pop("loss_on", "assistant"), where)
     if method.kl_pairs:
