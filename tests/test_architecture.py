@@ -19,7 +19,7 @@ LAYERS = [
         "errors",
         "__version__",
     ),  # (`from leap_finetune import __version__`: a constant of the root, set before any import)
-    ("files", "faults", "quiet", "startup", "methods"),
+    ("files", "faults", "quiet", "startup", "methods", "hub_access"),
     ("signals", "runs"),
     ("config",),
     ("data",),

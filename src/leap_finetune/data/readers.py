@@ -262,18 +262,28 @@ def _read_csv(path: Path) -> Iterator[SourceRow]:
 
 def _read_hub(name: str, *, split: str, subset: str | None, limit: int | None, key: str = "dataset.path"):
     """A Hub dataset as an iterable of rows. With `limit`, streamed: only the first rows are downloaded
-    (the whole split is never read), and they are kept (the data step reads them twice)."""
+    (the whole split is never read), and they are kept (the data step reads them twice). While the Hub does not
+    answer (hub_access.py), only the HF cache is read: an error at once, not a minute of retries."""
     import datasets
 
+    from leap_finetune.hub_access import hub_unreachable
+
+    unreachable = hub_unreachable()
+    if unreachable is not None:
+        try:
+            with _cache_only():
+                return _load_hub(datasets, name, split=split, subset=subset, limit=limit)
+        except Exception as err:  # noqa: BLE001 - not in the cache (or a broken entry): the same one line
+            raise LeapError(
+                f"cannot load the Hugging Face dataset '{name}' (split '{split}'"
+                + (f", subset '{subset}'" if subset else "")
+                + f"): it is not in the Hugging Face cache, and the Hub cannot be used ({unreachable})",
+                where=key,
+                fix="check your network; offline, download it once where the Hub is reachable (hf download "
+                f"{name} --repo-type dataset) or point {key} at a local file",
+            ) from err
     try:
-        if limit is None:
-            return datasets.load_dataset(name, subset, split=split)  # Arrow, memory-mapped from the HF cache
-        if "[" not in split:  # (a sliced split such as train[:10%] cannot be streamed)
-            try:
-                return list(datasets.load_dataset(name, subset, split=split, streaming=True).take(limit))
-            except Exception:  # noqa: BLE001 - e.g. offline with the dataset in the HF cache: read from there
-                pass
-        return list(datasets.load_dataset(name, subset, split=split).select(range(limit)))
+        return _load_hub(datasets, name, split=split, subset=subset, limit=limit)
     except Exception as err:  # noqa: BLE001 - offline, missing, gated: all user-fixable
         raise LeapError(
             f"cannot load the Hugging Face dataset '{name}' (split '{split}'"
@@ -282,3 +292,31 @@ def _read_hub(name: str, *, split: str, subset: str | None, limit: int | None, k
             where=key,
             fix="check the dataset id, split and subset; offline, use a local file or a dataset already in the HF cache",
         ) from None
+
+
+def _load_hub(datasets, name: str, *, split: str, subset: str | None, limit: int | None):
+    if limit is None:
+        return datasets.load_dataset(name, subset, split=split)  # Arrow, memory-mapped from the HF cache
+    if "[" not in split:  # (a sliced split such as train[:10%] cannot be streamed)
+        try:
+            return list(datasets.load_dataset(name, subset, split=split, streaming=True).take(limit))
+        except Exception:  # noqa: BLE001 - e.g. offline with the dataset in the HF cache: read from there
+            pass
+    return list(datasets.load_dataset(name, subset, split=split).select(range(limit)))
+
+
+class _cache_only:
+    """datasets (and huggingface_hub under it) in offline mode for one load: the cache, no request, no retry."""
+
+    def __enter__(self):
+        import datasets.config
+        import huggingface_hub.constants
+
+        self.saved = (datasets.config.HF_HUB_OFFLINE, huggingface_hub.constants.HF_HUB_OFFLINE)
+        datasets.config.HF_HUB_OFFLINE = huggingface_hub.constants.HF_HUB_OFFLINE = True
+
+    def __exit__(self, *exc):
+        import datasets.config
+        import huggingface_hub.constants
+
+        datasets.config.HF_HUB_OFFLINE, huggingface_hub.constants.HF_HUB_OFFLINE = self.saved

@@ -149,51 +149,8 @@ def _plan_resume(resolved: ResolvedConfig, root: Path) -> RunPlan:
                 fix="remove resume_from_checkpoint to start a new run, or point it at a checkpoint folder",
             )
     else:
-        checkpoint = Path(resolved.resume_from_checkpoint)
-        if not checkpoint.is_dir():
-            base = resolved.config_dir or "."
-            raise LeapError(
-                "no such checkpoint folder (a relative path is read from the config's folder, "
-                f"{base}, and from the current folder, {Path.cwd()}: neither has it)",
-                where=f"{key}: {checkpoint}",
-                fix="use a checkpoint-N folder of an earlier run (an absolute path is never ambiguous), its run folder, "
-                "or `latest`",
-            )
-        if checkpoints(checkpoint):  # (a run folder: its newest intact checkpoint, as `latest` takes it)
-            found, damaged = newest_intact(checkpoint)
-            notes += [f"{folder.name} is damaged ({problem}); not resumed from" for folder, problem in damaged]
-            if found is None:
-                raise LeapError(
-                    "this run folder has no complete checkpoint to resume from"
-                    + (f" ({'; '.join(notes)})" if notes else ""),
-                    where=f"{key}: {checkpoint}",
-                    fix="remove resume_from_checkpoint: the run then starts afresh, in a new run folder",
-                )
-            notes.append(f"{checkpoint} is a run folder: resuming from its newest complete checkpoint, {found.name}")
-            checkpoint = found
-        elif RunFolder(checkpoint).is_run():
-            raise LeapError(
-                "this run folder has no complete checkpoint to resume from (it stopped before its first one)",
-                where=f"{key}: {checkpoint}",
-                fix="remove resume_from_checkpoint: the run then starts afresh, in a new run folder",
-            )
-        _check_is_checkpoint(checkpoint, key)
-        verdict = verify(checkpoint)
-        if not verdict.ok:
-            raise LeapError(
-                f"this checkpoint cannot be resumed from: {verdict.problem}",
-                where=f"{key}: {checkpoint}",
-                fix="use another checkpoint-N folder of the run, or `latest` (the newest intact one)",
-            )
+        checkpoint = _given_checkpoint(resolved, key, notes)
         run_dir = checkpoint.parent
-        newer = [p.name for p in checkpoints(run_dir) if step_of(p) > step_of(checkpoint) and verify(p).ok]
-        if newer:
-            raise LeapError(
-                f"the run has newer complete checkpoints ({', '.join(newer)}); resuming from {checkpoint.name} in "
-                "place would discard them",
-                where=f"{key}: {checkpoint}",
-                fix="use `latest`, or copy this checkpoint into a new folder and resume from the copy",
-            )
     check_writable(run_dir, "the run folder")
     marker = read_marker(checkpoint) or {}
     stale = [p for p in checkpoints(run_dir) if step_of(p) > step_of(checkpoint) or read_marker(p) is None]
@@ -223,14 +180,60 @@ def _plan_resume(resolved: ResolvedConfig, root: Path) -> RunPlan:
     return plan
 
 
-def _check_is_checkpoint(folder: Path, key: str) -> None:
-    """Say what the folder is when it is not a checkpoint-N folder (a run folder, a final model)."""
-    if checkpoints(folder):
+def _given_checkpoint(resolved: ResolvedConfig, key: str, notes: list[str]) -> Path:
+    """The checkpoint `resume_from_checkpoint` names (a run folder: its newest intact one), verified; the newest of
+    its run."""
+    checkpoint = Path(resolved.resume_from_checkpoint)
+    if not checkpoint.is_dir():
+        base = resolved.config_dir or "."
         raise LeapError(
-            "this is a run folder, not a checkpoint",
-            where=f"{key}: {folder}",
-            fix=f"use `latest`, or one of its checkpoints: {folder / checkpoints(folder)[-1].name}",
+            "no such checkpoint folder (a relative path is read from the config's folder, "
+            f"{base}, and from the current folder, {Path.cwd()}: neither has it)",
+            where=f"{key}: {checkpoint}",
+            fix="use a checkpoint-N folder of an earlier run (an absolute path is never ambiguous), its run folder, "
+            "or `latest`",
         )
+    if checkpoints(checkpoint):  # (a run folder: its newest intact checkpoint, as `latest` takes it)
+        found, damaged = newest_intact(checkpoint)
+        notes += [f"{folder.name} is damaged ({problem}); not resumed from" for folder, problem in damaged]
+        if found is None:
+            raise LeapError(
+                "this run folder has no complete checkpoint to resume from"
+                + (f" ({'; '.join(notes)})" if notes else ""),
+                where=f"{key}: {checkpoint}",
+                fix="remove resume_from_checkpoint: the run then starts afresh, in a new run folder",
+            )
+        notes.append(f"{checkpoint} is a run folder: resuming from its newest complete checkpoint, {found.name}")
+        checkpoint = found
+    elif RunFolder(checkpoint).is_run():
+        raise LeapError(
+            "this run folder has no complete checkpoint to resume from (it stopped before its first one)",
+            where=f"{key}: {checkpoint}",
+            fix="remove resume_from_checkpoint: the run then starts afresh, in a new run folder",
+        )
+    _check_is_checkpoint(checkpoint, key)
+    verdict = verify(checkpoint)
+    if not verdict.ok:
+        raise LeapError(
+            f"this checkpoint cannot be resumed from: {verdict.problem}",
+            where=f"{key}: {checkpoint}",
+            fix="use another checkpoint-N folder of the run, or `latest` (the newest intact one)",
+        )
+    run_dir = checkpoint.parent
+    newer = [p.name for p in checkpoints(run_dir) if step_of(p) > step_of(checkpoint) and verify(p).ok]
+    if newer:
+        raise LeapError(
+            f"the run has newer complete checkpoints ({', '.join(newer)}); resuming from {checkpoint.name} in "
+            "place would discard them",
+            where=f"{key}: {checkpoint}",
+            fix="use `latest`, or copy this checkpoint into a new folder and resume from the copy",
+        )
+    return checkpoint
+
+
+def _check_is_checkpoint(folder: Path, key: str) -> None:
+    """Say what the folder is when it is not a checkpoint-N folder (a final model; a run folder is taken as its
+    newest checkpoint before this)."""
     if (folder / "config.json").exists() and not (folder / "trainer_state.json").exists():
         raise LeapError(
             "this is a saved model, not a checkpoint: it has no optimizer, scheduler or data position",
