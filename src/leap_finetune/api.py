@@ -68,6 +68,11 @@ def validate_config(
     resolved = fit_run(resolved, gpu, checked.prepared, console, resuming=not plan.new_run, planning=True)
     console.print(config_table(resolved))
     data_report(console, checked.prepared, resolved)
+    from leap_finetune.launch.steps import prepared_steps
+
+    steps = prepared_steps(resolved, checked.prepared, checked.devices)
+    if steps.last_batch:  # (what run says of the last batch or of batch_tokens' grouping, said here too)
+        console.print(steps.last_batch, markup=False)
     console.print(devices_line(checked.devices, resolved.training.get("gradient_communication")))
     console.print(
         f"run folder: {plan.run_dir}" + (f" (resuming from {plan.resume_checkpoint})" if plan.resume_checkpoint else "")

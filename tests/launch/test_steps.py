@@ -111,7 +111,8 @@ def test_batch_tokens_steps_without_the_rows_lengths_are_said_to_be_an_upper_bou
     exact = epoch_steps(resolved, 40, 1, [100] * 40, gpu=False)  # 40 rows of 100 tokens: one micro-batch
     assert exact.steps_per_epoch == 1 and not (exact.last_batch or "").startswith("steps: at most")
     over = epoch_steps(resolved, 3, 1, [100, 5000, 200], gpu=False)  # (max_length null: a row over the budget)
-    assert "1 row(s) are longer than batch_tokens 4096 (the longest 5000 tokens)" in over.last_batch
+    assert "1 row(s) cost more than batch_tokens 4096 (the most 5000 tokens)" in over.last_batch
+    assert "or set max_length to cut rows" in over.last_batch  # (a text row can be cut; an image row cannot)
     import pytest
 
     from leap_finetune.errors import LeapError

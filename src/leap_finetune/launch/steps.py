@@ -15,7 +15,7 @@ from __future__ import annotations
 import math
 from dataclasses import dataclass
 
-from leap_finetune.data.token_batches import micro_batches_per_worker, row_costs, token_budget_batches
+from leap_finetune.data.token_batches import TILE_TOKENS, micro_batches_per_worker, row_costs, token_budget_batches
 from leap_finetune.errors import LeapError
 from leap_finetune.methods import method_of
 
@@ -88,6 +88,34 @@ def prepared_steps(resolved, prepared, devices) -> EpochSteps:
 _last_counted: list = [None, None]  # (the objects asked about, their EpochSteps): see prepared_steps
 
 
+def _one_row_note(lengths: list[int], budget: int, images: bool) -> str:
+    """What batch_tokens does when rows do not share micro-batches (rows over the budget, or every micro-batch one
+    row), and the advice that works: rows with images are never cut, so max_length cannot shorten them."""
+    import statistics
+
+    over = sum(length > budget for length in lengths)
+    cost = "tokens" + (f", each image tile counted as {TILE_TOKENS} for the vision encoder's work" if images else "")
+    if over:
+        said = (
+            f"batch_tokens: {over} row(s) cost more than batch_tokens {budget} (the most {max(lengths)} {cost}): "
+            "each is a micro-batch of its own, over the budget"
+        )
+    else:
+        said = (
+            f"batch_tokens {budget}: every micro-batch holds one row (rows cost {min(lengths)}-{max(lengths)} {cost}), "
+            "so batch_tokens does no grouping"
+        )
+    two = 2 * int(statistics.median(lengths))
+    advice = (
+        f"raise batch_tokens to >= {two} for two typical rows per micro-batch, or give rows fewer tiles "
+        "(image_processor.max_tiles, do_image_splitting: false); max_length cannot shorten them (a row with images "
+        "is never cut)"
+        if images
+        else f"raise batch_tokens to >= {two} for two typical rows per micro-batch, or set max_length to cut rows"
+    )
+    return f"{said}: {advice}"
+
+
 def _token_budget_steps(resolved, rows: int, workers: int, lengths: list[int] | None, gpu: bool) -> EpochSteps:
     """`batch_tokens`: the micro-batches are counted by grouping the rows exactly as the trainer's sampler will
     (the count depends on the lengths only). Without the lengths (rows counted without a tokenizer) the steps are
@@ -123,12 +151,8 @@ def _token_budget_steps(resolved, rows: int, workers: int, lengths: list[int] | 
             f"steps: at most {steps} per epoch - the rows were counted without their lengths (not tokenized here), "
             "one row per micro-batch; `run` groups them by batch_tokens and prints the exact count"
         )
-    elif any(length > budget for length in lengths):
-        over = sum(length > budget for length in lengths)
-        note = (
-            f"batch_tokens: {over} row(s) are longer than batch_tokens {budget} (the longest {max(lengths)} tokens): "
-            "each is a micro-batch of its own, over the budget (set max_length to cut them, or raise batch_tokens)"
-        )
+    elif any(length > budget for length in lengths) or (groups == rows > 1):
+        note = _one_row_note(lengths, budget, images=resolved.vision)
     elif left > 0:
         note = (
             f"last batch: {groups} micro-batches of <= {budget} tokens per epoch on {workers} workers: the last "
