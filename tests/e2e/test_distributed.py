@@ -311,6 +311,7 @@ def test_ctrl_c_checkpoints_a_ray_run_and_a_killed_driver_takes_its_workers_with
     driver (with its own local Ray instance) used to leave its workers training on headless, writing
     checkpoints; now they stop within a second or two, and the run can be resumed at once."""
     import signal
+    import tempfile
     import time
 
     import psutil
@@ -378,6 +379,18 @@ def test_ctrl_c_checkpoints_a_ray_run_and_a_killed_driver_takes_its_workers_with
 
     while workers():  # (they look for their driver every 0.5 s)
         assert time.time() - killed < 15, "the workers outlived their driver"
+        time.sleep(0.2)
+    # nor do its local Ray instance's agents (ray::DashboardAgent, ray::RuntimeEnvAgent stayed, orphaned, for good):
+    # the driver's watcher stops every process of its session (launch/ray_reaper.py)
+    from leap_finetune.launch.ray_reaper import _in_session
+
+    [session] = [str(p) for p in Path(tempfile.gettempdir(), "ray").glob(f"session_*_{proc.pid}")]
+
+    def left() -> list[str]:
+        return [p.info["name"] for p in psutil.process_iter(["pid", "name", "cmdline"]) if _in_session(p, session)]
+
+    while left():
+        assert time.time() - killed < 20, f"the killed driver's Ray instance left {left()}"
         time.sleep(0.2)
 
     # a resume may start at once: the killed driver's lock went with it (validate checks it as run would)

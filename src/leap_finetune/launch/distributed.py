@@ -10,6 +10,7 @@ Everything about processes, scheduling and failures is Ray's; nothing here re-im
 from __future__ import annotations
 
 import os
+import sys
 from pathlib import Path
 
 from leap_finetune import signals
@@ -165,6 +166,10 @@ def _init_local(plan: DevicePlan, env: dict) -> None:
     """A local Ray instance that sees exactly the plan's training GPUs (servers keep theirs)."""
     import ray
 
+    from leap_finetune.launch.ray_reaper import reap_left_over, watch
+
+    for line in reap_left_over():  # (an earlier instance whose driver and watcher were both killed)
+        print(f"note: {line}", file=sys.stderr)
     saved = os.environ.get("CUDA_VISIBLE_DEVICES")
     if plan.use_gpu:
         os.environ["CUDA_VISIBLE_DEVICES"] = physical_ids(plan.training)
@@ -179,6 +184,8 @@ def _init_local(plan: DevicePlan, env: dict) -> None:
             runtime_env={"env_vars": env},
             logging_config=ray.LoggingConfig(log_level="ERROR"),
         )
+        # (its agents outlive a SIGKILLed driver: a watcher stops them - launch/ray_reaper.py)
+        watch(ray._private.worker._global_node.get_session_dir_path())
     finally:
         if saved is None:
             os.environ.pop("CUDA_VISIBLE_DEVICES", None)
