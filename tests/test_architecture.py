@@ -20,6 +20,7 @@ LAYERS = [
         "__version__",
     ),  # (`from leap_finetune import __version__`: a constant of the root, set before any import)
     ("files", "faults", "quiet", "startup", "methods", "hub_access"),
+    ("memo",),
     ("signals", "runs"),
     ("config",),
     ("data",),

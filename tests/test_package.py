@@ -36,3 +36,35 @@ def test_every_bench_script_imports(monkeypatch):
     monkeypatch.syspath_prepend(str(ROOT / "bench"))
     for name in scripts:  # (in this process: torch is imported already, a subprocess would pay it again)
         importlib.import_module(name)
+
+
+HEAVY = ("torch", "torch._dynamo", "peft", "trl.trainer", "datasets", "accelerate")
+
+
+def test_validate_and_plan_import_no_training_library_once_their_answers_are_kept(tmp_path):
+    """Was: `validate` of the quickstart took 4.5-5 s warm, ~3 s of it importing TRL, peft, torch and torch's
+    compiler for questions whose answers do not change (memo.py). The first command asks the libraries; the next
+    ones, in fresh processes, import none of them (and a config whose training_config changes asks again)."""
+    import os
+
+    code = (
+        "import sys\n"
+        "from leap_finetune.cli import main\n"
+        "try:\n    main(sys.argv[1:])\nexcept SystemExit as e:\n    assert not e.code, e.code\n"
+        f"print('HEAVY', [m for m in {HEAVY!r} if m in sys.modules])\n"
+    )
+    env = {**os.environ, "LEAP_FINETUNE_CACHE": str(tmp_path / "cache"), "HF_HUB_OFFLINE": "1"}
+    config = str(ROOT / "examples" / "quickstart.yaml")
+
+    def heavy(*args: str) -> list[str]:
+        done = subprocess.run(
+            [sys.executable, "-c", code, *args], capture_output=True, text=True, env=env, cwd=tmp_path
+        )
+        assert done.returncode == 0, done.stderr[-3000:]
+        line = next(line for line in done.stdout.splitlines() if line.startswith("HEAVY"))
+        return eval(line.removeprefix("HEAVY "))  # noqa: S307 - the list this test's own code printed
+
+    assert "trl.trainer" in heavy("validate", config)  # (asked once)
+    assert heavy("validate", config) == [] and heavy("plan", config) == []
+    changed = heavy("validate", config, "--set", "training_config.learning_rate=0.002")
+    assert "trl.trainer" in changed  # (a new question: asked)

@@ -17,7 +17,7 @@ from leap_finetune.config.resolved import ResolvedConfig
 from leap_finetune.data.prepared import PreparedData
 from leap_finetune.evaluation.standalone import check_benchmarks, evaluate_config
 from leap_finetune.launch.checks import check_run, check_training_arguments, prepare
-from leap_finetune.launch.devices import device_plan, physical_ids
+from leap_finetune.launch.devices import device_plan, physical_ids, visible_gpus
 from leap_finetune.launch.facts import devices_line
 from leap_finetune.launch.reports.report import config_table, data_report, print_plan_notes
 from leap_finetune.validate.grpo import check_generation_batch
@@ -99,7 +99,8 @@ def plan_config(source, *, gpus: int | None = None, nodes: int | None = None) ->
     else:
         check_benchmarks(resolved)
         prepared = count_rows(resolved)
-    check_training_arguments(resolved, has_eval=bool(prepared.eval))
+    # (checked as this machine would build them, as before: TRL refuses bf16 where no GPU is)
+    check_training_arguments(resolved, has_eval=bool(prepared.eval), cuda=visible_gpus() > 0)
     devices = device_plan(resolved, gpus=gpus, nodes=nodes)
     check_generation_batch(resolved, devices.workers)  # vLLM need not be installed to plan
     return plan_report(resolved, devices, prepared, no_tokens=no_tokens)
@@ -132,7 +133,7 @@ def slurm_config(
         update={k: v for k, v in (("nodes", nodes), ("gpus_per_node", gpus_per_node)) if v is not None}
     )
     _, _, prepared = prepare(resolved)
-    check_training_arguments(resolved, has_eval=bool(prepared.eval))
+    check_training_arguments(resolved, has_eval=bool(prepared.eval), cuda=visible_gpus() > 0)
     where = resolved.config_path or "config"
     devices = plan_devices(
         gpus=slurm.gpus_per_node,

@@ -10,8 +10,6 @@ from pathlib import Path
 
 from leap_finetune.config.schema_evals import EvalsConfig
 from leap_finetune.data.render import Renderer
-from leap_finetune.evaluation.generation import generate
-from leap_finetune.evaluation.logprob import option_sequences, score_sequences
 from leap_finetune.evaluation.metrics import check_custom_metric, load_metric
 from leap_finetune.evaluation.rows import BenchmarkItem, is_logprob, load_benchmark
 
@@ -100,6 +98,8 @@ def _generation(model, renderer, evals, bench, processor=None, server=None):
         prompts = [item.prompt for item in bench.items]
         outputs = server.generate(bench.name, bench.items, evals, tool_calls=bench.metric == "tool_call")
     else:
+        from leap_finetune.evaluation.generation import generate  # (torch: only where a model generates)
+
         prompts = [renderer.prompt_text(item.prompt, item.tools) for item in bench.items]
         outputs = generate(
             model,
@@ -216,6 +216,8 @@ def _warn_served(name: str, metrics: dict, sent_tools: int, rows: int) -> None:
 
 
 def _logprob(model, renderer, evals, bench, processor=None):
+    from leap_finetune.evaluation.logprob import option_sequences, score_sequences  # (torch: only where scored)
+
     sequences, owners = [], []
     for index, item in enumerate(bench.items):
         for option_index, sequence in enumerate(option_sequences(renderer, item.prompt, item.options, item.images)):

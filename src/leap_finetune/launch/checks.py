@@ -19,7 +19,7 @@ from leap_finetune.data.prepare import prepare_data
 from leap_finetune.data.prepared import PreparedData
 from leap_finetune.errors import LeapError
 from leap_finetune.evaluation.standalone import check_benchmarks
-from leap_finetune.launch.devices import DevicePlan, device_plan
+from leap_finetune.launch.devices import DevicePlan, device_plan, visible_gpus
 from leap_finetune.launch.plan import RunPlan, check_resume_matches, plan_run
 from leap_finetune.launch.run_folder import fingerprint
 from leap_finetune.launch.steps import prepared_steps
@@ -56,7 +56,7 @@ def check_run(resolved: ResolvedConfig, console: Console, outputs_root: str | Pa
         )
     tokenizer, renderer, prepared = prepare(resolved, console)
     check_solutions(resolved, prepared)
-    check_training_arguments(resolved, has_eval=bool(prepared.eval))
+    check_training_arguments(resolved, has_eval=bool(prepared.eval), cuda=visible_gpus() > 0)
     plan = plan_run(resolved, outputs_root=Path(outputs_root) if outputs_root else None)
     add_unseen_tools_benchmark(resolved, prepared, plan.run_dir)
     check_rollout_engine(resolved)  # vLLM installed where use_vllm says so (plan does not need it)
@@ -200,23 +200,31 @@ def check_lora_targets(resolved: ResolvedConfig, tokenizer) -> None:
         check_targets(resolved.peft, names, resolved.model_id, resolved.config_path or "config")
 
 
-def check_training_arguments(resolved: ResolvedConfig, has_eval: bool) -> None:
+def check_training_arguments(resolved: ResolvedConfig, has_eval: bool, cuda: bool | None = None) -> None:
     """Build the trainer's config once, so a bad value fails now, not after the model loads."""
     from leap_finetune.config.rules import check_trainer_parts
     from leap_finetune.recipes import recipe
 
     module = recipe(resolved.training_type)
-    config_cls = module.config_class()
     where = resolved.config_path or "config"
-    try:
-        args = config_cls(**module.training_arguments(resolved, run_dir=os.devnull, has_eval=has_eval))
-    except (ValueError, TypeError) as err:
-        raise LeapError(
-            f"a value is not valid for TRL's {config_cls.__name__}: {err}",
-            where=f"{where}: training_config",
-            fix=f"see docs/config.md and TRL's {config_cls.__name__} documentation",
-        ) from None
-    check_trainer_parts(args, where, resolved.training)
+    arguments = module.training_arguments(resolved, run_dir=os.devnull, has_eval=has_eval, cuda=cuda)
+
+    def accepted() -> bool:  # (memo.py: asked of TRL again only when these arguments or the libraries change)
+        config_cls = module.config_class()
+        try:
+            args = config_cls(**arguments)
+        except (ValueError, TypeError) as err:
+            raise LeapError(
+                f"a value is not valid for TRL's {config_cls.__name__}: {err}",
+                where=f"{where}: training_config",
+                fix=f"see docs/config.md and TRL's {config_cls.__name__} documentation",
+            ) from None
+        check_trainer_parts(args, where, resolved.training)
+        return True
+
+    from leap_finetune.memo import remembered
+
+    remembered("arguments", [resolved.training_type, arguments, resolved.training], accepted)
 
 
 def check_async_eval(resolved: ResolvedConfig, devices: DevicePlan) -> None:

@@ -132,3 +132,8 @@ def model_type(model_id: str) -> str | None:
     if _LFM_SHORT_NAME.match(name) and not VL_NAME.search(name):
         return "lfm2"
     return None
+
+
+# Model types whose attention layers take padding-free (varlen) batches (models/varlen_attention.py, checked by
+# tests/models/test_varlen_attention.py); kept here, where the speed plan reads it without importing torch.
+VARLEN_MODEL_TYPES = {"lfm2", "lfm2_moe", "lfm2_vl"}  # lfm2_vl: its language model (an LFM2)

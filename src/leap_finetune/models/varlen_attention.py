@@ -22,10 +22,12 @@ import torch
 import torch.nn.functional as F
 from transformers.integrations.sdpa_attention import sdpa_attention_forward
 
+from leap_finetune.models.registry import VARLEN_MODEL_TYPES
+
 NAME = "leap_varlen"
-# Model types whose attention layers pass the collator's boundaries through (checked by
+# Model types whose attention layers pass the collator's boundaries through (models/registry.py, checked by
 # tests/models/test_varlen_attention.py); other models keep transformers' own packing path.
-SUPPORTED_MODEL_TYPES = {"lfm2", "lfm2_moe", "lfm2_vl"}  # lfm2_vl: its language model (an LFM2)
+SUPPORTED_MODEL_TYPES = VARLEN_MODEL_TYPES
 
 
 def _find_kernel():

@@ -9,6 +9,7 @@ import json
 import os
 from dataclasses import dataclass
 from pathlib import Path
+from typing import TYPE_CHECKING
 
 from leap_finetune import faults, signals
 from leap_finetune.config.communication import use_gradient_communication
@@ -16,17 +17,7 @@ from leap_finetune.config.own_keys import trainer_arguments
 from leap_finetune.config.resolved import ResolvedConfig
 from leap_finetune.methods import method_of
 from leap_finetune.quiet import quiet_libraries  # noqa: F401 - also imported from here
-from leap_finetune.recipes.callbacks import (
-    AlreadyTrained,
-    CheckpointMarker,
-    FinishOnly,
-    MetricsLog,
-    ResumeChanges,
-    RichProgress,
-    StopOnSignal,
-)
 from leap_finetune.recipes.failures import disk_errors
-from leap_finetune.recipes.plots import Plots
 from leap_finetune.recipes.ranks import is_main_process, rank
 from leap_finetune.recipes.samples import print_samples
 from leap_finetune.recipes.saving import full_state_dict, save_final_model
@@ -42,14 +33,23 @@ from leap_finetune.recipes.summary import (
 from leap_finetune.runs.checkpoints import read_marker
 from leap_finetune.runs.folder import RunFolder
 
+if TYPE_CHECKING:  # (recipes/callbacks.py imports transformers' Trainer stack: ~1.3 s that validate never needs)
+    from leap_finetune.recipes.callbacks import StopOnSignal
+
+
+def _bf16_supported() -> bool:
+    import torch
+
+    return torch.cuda.is_bf16_supported()
+
 
 def common_arguments(resolved: ResolvedConfig, *, run_dir: str, has_eval: bool, cuda: bool | None = None) -> dict:
     """The user's training_config (profile merged) plus what leap-finetune decides for every
     training type: precision, device, evaluation schedule, logging of real tokens."""
-    import torch
-
-    detect = cuda is None
+    detect = cuda is None  # (the driver passes it: no torch import, no CUDA context there)
     if detect:
+        import torch
+
         cuda = torch.cuda.is_available()
     # (leap-finetune's own keys and model_init_kwargs are applied by leap-finetune, read from resolved.training: the
     # speed plan, the optimizer, the sampler, the DDP hook, the vision parts, the loader)
@@ -65,7 +65,7 @@ def common_arguments(resolved: ResolvedConfig, *, run_dir: str, has_eval: bool, 
     if "bf16" not in args and "fp16" not in args:
         # The driver passes `cuda` and must not create a CUDA context (it would hold memory on a GPU that a
         # server or another process uses): it assumes bf16 on a GPU; the training process checks.
-        args["bf16"] = bool(cuda and (torch.cuda.is_bf16_supported() if detect else True))
+        args["bf16"] = bool(cuda and (_bf16_supported() if detect else True))
         args["fp16"] = False
     args.setdefault("use_cpu", not cuda)
     if has_eval:
@@ -168,6 +168,9 @@ def lora_config(resolved: ResolvedConfig):
 def standard_callbacks(
     resolved: ResolvedConfig, run_dir: Path, console, stop_on_signal: StopOnSignal, extra: list | None, benchmarks=None
 ) -> list:
+    from leap_finetune.recipes.callbacks import CheckpointMarker, FinishOnly, MetricsLog, ResumeChanges, RichProgress
+    from leap_finetune.recipes.plots import Plots
+
     resumed = read_marker(Path(resolved.resume_checkpoint_path)) if resolved.resume_checkpoint_path else None
     marker = CheckpointMarker(
         run_dir,
@@ -265,6 +268,8 @@ def train_evaluate_save(
         if resolved.predicted_gpu_memory and "peak_gpu_memory_gib" in summary:  # (docs/memory.md)
             summary["predicted_gpu_memory_gib"] = round(resolved.predicted_gpu_memory / 2**30, 2)
         summary.update(reward_summary(history["rewards"]))
+        from leap_finetune.recipes.plots import Plots
+
         plots = next(c for c in trainer.callback_handler.callbacks if isinstance(c, Plots))
         if trainer.state.global_step < trainer.state.max_steps:
             if benchmarks is not None:
@@ -356,6 +361,8 @@ def train_or_finish(trainer, resume: str | None, gradient_communication: str | N
     weights, optimizer, scheduler and state), and the end of training is done as transformers does it (the
     callbacks' on_train_end, the best model loaded where asked). Returns TrainOutput, or None when nothing was
     trained. `gradient_communication`: the training_config key (config/communication.py)."""
+    from leap_finetune.recipes.callbacks import AlreadyTrained
+
     signals.leave_signals_to_the_training_process()  # (data-loader workers: a stop signal is the trainer's)
     use_gradient_communication(trainer, gradient_communication)
     try:

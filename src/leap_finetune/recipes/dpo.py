@@ -10,7 +10,6 @@ from __future__ import annotations
 from leap_finetune.config.resolved import ResolvedConfig
 from leap_finetune.methods import METHODS, method_of
 from leap_finetune.recipes import common, optimizers, speed, vision
-from leap_finetune.recipes.callbacks import StopOnSignal
 from leap_finetune.recipes.ranks import is_main_process
 
 
@@ -97,6 +96,8 @@ def run_preference(resolved_json: dict, callbacks: list | None, config_cls, trai
         for each in (model, ref_model):
             if each is not None:
                 speed.compile_layers(each)
+
+    from leap_finetune.recipes.callbacks import StopOnSignal
 
     stop_on_signal = StopOnSignal()
     if resolved.vision:

@@ -14,7 +14,6 @@ from pathlib import Path
 from leap_finetune.config.resolved import ResolvedConfig
 from leap_finetune.methods import METHODS
 from leap_finetune.recipes import common
-from leap_finetune.recipes.callbacks import StopOnSignal
 from leap_finetune.recipes.failures import saved_so_far
 from leap_finetune.runs.folder import RunFolder
 
@@ -221,6 +220,7 @@ def train(resolved_json: dict, callbacks: list | None = None) -> dict:
     resolved, run_dir, console, args = start.resolved, start.run_dir, start.console, start.args
     train_dataset, eval_dataset = start.train_dataset, start.eval_dataset
     tokenizer, model = common.load_tokenizer_and_model(resolved, packing=False, console=console)
+    from leap_finetune.recipes.callbacks import StopOnSignal
     from leap_finetune.rl.judge import judge_totals, judge_watch, judges
 
     stop_on_signal = StopOnSignal()

@@ -17,8 +17,6 @@ goes to TRL unchanged.
 
 from __future__ import annotations
 
-import torch
-
 
 class PendingTokensSeen:
     """Mixin for a Trainer (placed before it in the bases): `state.num_input_tokens_seen` is added to on the device
@@ -42,6 +40,8 @@ class PendingTokensSeen:
     def _flush_device_metrics(self) -> None:
         """Read the pending sums (one wait for the GPU) into the state the Trainer logs from. Called by every
         process at the same points (the gathers are collective); all processes have the same pending kinds."""
+        import torch
+
         pending = self._pending()
         if pending["inputs"] is not None or pending["inputs_host"]:
             count = torch.tensor(pending["inputs_host"], device=self.accelerator.device, dtype=torch.int64)
@@ -82,6 +82,8 @@ class DeviceSideMetrics(PendingTokensSeen):
         )
 
     def compute_loss(self, model, inputs, return_outputs=False, num_items_in_batch=None):
+        import torch
+
         if return_outputs or not self._plain_loss_path(model):
             return super().compute_loss(model, inputs, return_outputs, num_items_in_batch)
         # TRL's plain path (SFTTrainer.compute_loss, trl 1.16), without its per-step `.item()` calls
@@ -129,6 +131,8 @@ class DeviceSideMetrics(PendingTokensSeen):
 
     def _flush_device_metrics(self) -> None:
         """The tokens seen, then TRL's token count, entropy and token accuracy (see PendingTokensSeen)."""
+        import torch
+
         super()._flush_device_metrics()
         pending = self._pending()
         device = self.accelerator.device

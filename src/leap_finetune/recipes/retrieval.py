@@ -15,7 +15,6 @@ from leap_finetune.config.resolved import ResolvedConfig
 from leap_finetune.methods import method_of
 from leap_finetune.models.encoders import backbone
 from leap_finetune.recipes import common, speed
-from leap_finetune.recipes.callbacks import StopOnSignal
 from leap_finetune.recipes.failures import disk_errors
 from leap_finetune.recipes.host_syncs import PendingTokensSeen
 from leap_finetune.recipes.plots import Plots
@@ -285,6 +284,8 @@ def train(
         fast = use_speed_plan(model, resolved, console)
         if resolved.peft is not None:
             add_lora(model, resolved, console)
+        from leap_finetune.recipes.callbacks import StopOnSignal
+
         stop_on_signal = StopOnSignal()
         callbacks = common.standard_callbacks(
             resolved,

@@ -10,7 +10,6 @@ from __future__ import annotations
 from leap_finetune.config.resolved import ResolvedConfig
 from leap_finetune.methods import METHODS
 from leap_finetune.recipes import common, optimizers, speed, vision
-from leap_finetune.recipes.callbacks import StopOnSignal
 from leap_finetune.recipes.host_syncs import DeviceSideMetrics
 from leap_finetune.recipes.ranks import is_main_process
 from leap_finetune.recipes.samples import load_samples, print_samples
@@ -116,6 +115,8 @@ def train(resolved_json: dict, callbacks: list | None = None) -> dict:
     processor = collator.reader.processor if collator is not None else None
     if samples:
         print_samples(console, "before training", model, tokenizer, samples, processor)
+
+    from leap_finetune.recipes.callbacks import StopOnSignal
 
     stop_on_signal = StopOnSignal()
     trainer_cls = trainer_class()

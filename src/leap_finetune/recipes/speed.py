@@ -23,8 +23,8 @@ from __future__ import annotations
 
 from dataclasses import dataclass, field
 
+from leap_finetune.models.registry import VARLEN_MODEL_TYPES as SUPPORTED_MODEL_TYPES
 from leap_finetune.models.registry import model_type
-from leap_finetune.models.varlen_attention import SUPPORTED_MODEL_TYPES
 
 
 def varlen_kernel_available() -> bool:

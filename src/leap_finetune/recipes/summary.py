@@ -11,7 +11,6 @@ from pathlib import Path
 
 from leap_finetune.config.communication import gradient_all_reduce
 from leap_finetune.files import write_atomic
-from leap_finetune.recipes.callbacks import CheckpointMarker
 from leap_finetune.runs.folder import RunFolder
 
 # The benchmark results of the run's summary, end report and model card: each score, and a tool_call benchmark's
@@ -47,6 +46,8 @@ def metrics_history(path: Path) -> dict:
 
 def training_summary(trainer, train_loss: float | None, extra: dict | None = None) -> dict:
     """What every run's summary starts with; the time trained is summed over the processes of the run (resumes)."""
+    from leap_finetune.recipes.callbacks import CheckpointMarker
+
     marker = next(c for c in trainer.callback_handler.callbacks if isinstance(c, CheckpointMarker))
     summary = {
         "global_step": trainer.state.global_step,

@@ -142,5 +142,11 @@ def pydantic_error(err: ValidationError, where: str, prefix: str = "") -> LeapEr
 
 
 def trainer_arg_fields(training_type: str) -> set[str]:
-    """The keyword arguments the training type's TRL config class accepts."""
-    return {f.name for f in dataclasses.fields(METHODS[training_type].arguments_class()) if f.init}
+    """The keyword arguments the training type's TRL config class accepts (memo.py: TRL is imported only when the
+    installed libraries changed)."""
+    from leap_finetune.memo import remembered
+
+    def fields() -> list[str]:
+        return sorted(f.name for f in dataclasses.fields(METHODS[training_type].arguments_class()) if f.init)
+
+    return set(remembered("fields", training_type, fields))

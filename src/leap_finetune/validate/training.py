@@ -174,7 +174,14 @@ def check_values(model: LeapConfigModel, user: dict, merged: dict, where: str) -
     """The merged values: typed and range-checked against the trainer config's fields, then the rules across
     keys. `user`: the keys the config set itself (not the profile's)."""
     if user or model.dataset is not None:  # (an evaluation-only config trains nothing: no TRL import, ~8 s)
-        merged = check_training_values(method_of(model).arguments_class(), merged, where)
+        from leap_finetune.memo import remembered
+
+        given = dict(merged)
+        merged = remembered(
+            "values",
+            [model.training_type, given],
+            lambda: check_training_values(method_of(model).arguments_class(), given, where),
+        )
     check_report_to(merged.get("report_to"), where)
     check_batch_tokens(user, merged, where)
     communication.check_gradient_communication(merged, where)
