@@ -66,5 +66,34 @@ def test_validate_and_plan_import_no_training_library_once_their_answers_are_kep
 
     assert "trl.trainer" in heavy("validate", config)  # (asked once)
     assert heavy("validate", config) == [] and heavy("plan", config) == []
-    changed = heavy("validate", config, "--set", "training_config.learning_rate=0.002")
-    assert "trl.trainer" in changed  # (a new question: asked)
+
+
+def test_an_answer_is_kept_per_question_and_a_refusal_never(tmp_path, monkeypatch):
+    """A changed training_config is a new question (asked of the libraries again); a refusal is raised every time."""
+    from leap_finetune import memo
+    from leap_finetune.errors import LeapError
+
+    monkeypatch.setenv("LEAP_FINETUNE_CACHE", str(tmp_path))
+    asked = []
+
+    def answer(value):
+        def ask():
+            asked.append(value)
+            if value == "bad":
+                raise LeapError("refused", where="x")
+            return {"lr": value}
+
+        return ask
+
+    assert memo.remembered("values", ["sft", 1e-3], answer(1e-3)) == {"lr": 1e-3}
+    assert memo.remembered("values", ["sft", 1e-3], answer(1e-3)) == {"lr": 1e-3} and asked == [1e-3]
+    assert memo.remembered("values", ["sft", 2e-3], answer(2e-3)) == {"lr": 2e-3} and asked == [1e-3, 2e-3]
+    for _ in range(2):
+        try:
+            memo.remembered("values", ["sft", "bad"], answer("bad"))
+        except LeapError:
+            pass
+    assert asked.count("bad") == 2  # (never stored)
+    monkeypatch.setenv("LEAP_FINETUNE_MEMO", "0")
+    memo.remembered("values", ["sft", 1e-3], answer(1e-3))
+    assert asked.count(1e-3) == 2  # (off: asked every time)
