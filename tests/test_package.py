@@ -94,6 +94,11 @@ def test_an_answer_is_kept_per_question_and_a_refusal_never(tmp_path, monkeypatc
         except LeapError:
             pass
     assert asked.count("bad") == 2  # (never stored)
+    # YAML's date and the same text are two questions (were one: the date was answered as the text)
+    import datetime
+
+    memo.remembered("values", ["sft", "2026-01-01"], answer("text"))
+    assert memo.remembered("values", ["sft", datetime.date(2026, 1, 1)], answer("date")) == {"lr": "date"}
     monkeypatch.setenv("LEAP_FINETUNE_MEMO", "0")
     memo.remembered("values", ["sft", 1e-3], answer(1e-3))
     assert asked.count(1e-3) == 2  # (off: asked every time)

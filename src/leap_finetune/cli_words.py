@@ -30,6 +30,7 @@ VALUE_OPTIONS = {
     "--server",
     "--server-model",
     "--server-timeout",
+    "--gpu-memory",
     "--gguf",
     "--llama-cpp",
 }

@@ -28,17 +28,23 @@ def remembered(kind: str, question: object, answer: Callable[[], T]) -> T:
     if os.environ.get("LEAP_FINETUNE_MEMO", "1") == "0":
         return answer()
     try:
-        text = json.dumps([kind, question, _setting()], sort_keys=True, default=str)
+        text = json.dumps([kind, question, _setting()], sort_keys=True, default=_tagged)
     except (TypeError, ValueError):
         return answer()
     path = _folder() / f"{kind}-{hashlib.sha256(text.encode()).hexdigest()[:40]}.json"
     try:
         return json.loads(path.read_text(encoding="utf-8"))["answer"]
-    except (OSError, ValueError, KeyError):
+    except (OSError, ValueError, KeyError, TypeError):
         pass
     value = answer()
     _store(path, value)
     return value
+
+
+def _tagged(value) -> list:
+    """A value JSON has no type for, with its type: YAML's date 2026-01-01 and the text '2026-01-01' are two
+    questions."""
+    return [type(value).__qualname__, str(value)]
 
 
 def _store(path: Path, value) -> None:
@@ -77,7 +83,10 @@ def _setting() -> list:
         for path in sorted(package.rglob("*.py")):
             stat = path.stat()
             code.update(f"{path.relative_to(package)}:{stat.st_size}:{stat.st_mtime_ns}".encode())
-        _SETTING.extend([versions, present, code.hexdigest()])
+        import sys
+
+        # (the environment itself: another venv or machine sharing ~/.cache answers for its own packages)
+        _SETTING.extend([versions, present, code.hexdigest(), sys.executable, sys.prefix])
     return _SETTING
 
 

@@ -87,6 +87,13 @@ def test_the_profiles_own_defaults_and_settings_that_act_are_not_named(workdir):
         tiny_config(training_config={"lr_scheduler_type": "constant_with_warmup", "warmup_steps": 2}),
         tiny_config(peft_config={"use_peft": True, "r": 4}),
     ]
+    # (an external vLLM server's start timeout is TRL's wait for it: it acts; vLLM need not be installed to load)
+    from leap_finetune.validate.loader import load_config
+
+    external = _grpo(grpo_rollout={"server_start_timeout_s": 60})
+    external["training_config"] = {"use_vllm": True, "vllm_mode": "server", "vllm_server_base_url": "http://h:8000"}
+    write_jsonl(workdir / "prompts.jsonl", [{"prompt": f"Name color {i}.", "solution": "teal"} for i in range(16)])
+    assert load_config(write_config(workdir, external, "external.yaml")).config_notes == []
     for index, config in enumerate(quiet):
         result = invoke("validate", str(write_config(workdir, config, f"c{index}.yaml")), cwd=workdir)
         assert result.returncode == 0 and "no effect" not in result.stderr, (index, result.stderr)

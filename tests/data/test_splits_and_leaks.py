@@ -44,10 +44,10 @@ def test_a_hub_layout_folder_trains_on_train_and_holds_out_test(workdir):
     folder.mkdir()
     write_jsonl(folder / "train.jsonl", _rows("train", 12))
     write_jsonl(folder / "test.jsonl", _rows("test", 4))
-    write_jsonl(folder / "notes.jsonl", _rows("notes", 2))  # (named by no split: not read, and said)
+    (folder / "notes.txt").write_text("not data")  # (not read, and said)
     config = tiny_config(dataset={"path": "d", "split": "train"})
     _, _, prepared = prepare(load_config(write_config(workdir, config)))
-    assert (len(prepared.train), len(prepared.eval)) == (12, 4)  # (was: 18 training rows, the test rows among them)
+    assert (len(prepared.train), len(prepared.eval)) == (12, 4)  # (was: 16 training rows, the test rows among them)
     text = invoke("validate", str(write_config(workdir, config)), cwd=workdir).stderr
     said = " ".join(text.split())
     assert "files named by split, read as datasets reads a folder: train (train.jsonl) for training" in said
@@ -135,3 +135,31 @@ def test_the_folder_split_error_names_the_splits(workdir):
         prepare(load_config(write_config(workdir, tiny_config(dataset={"path": "d", "split": "test"}))))
     # (split: test on a folder with only train files: the folder is read by split, and test is not one of them)
     assert "no split 'test'" in info.value.format() and "train (1 file(s))" in info.value.format()
+
+
+def test_an_ordinary_folder_is_read_whole_and_split_train_on_a_file_is_the_default(workdir):
+    """Split names count only where every data file at the folder's top has one: `general.jsonl` beside
+    `training_extra.jsonl`, or `data.jsonl` beside a `test/` folder of fixtures, is an ordinary folder."""
+    mixed = workdir / "mixed"
+    mixed.mkdir()
+    write_jsonl(mixed / "general.jsonl", _rows("general", 6))
+    write_jsonl(mixed / "training_extra.jsonl", _rows("extra", 2))
+    _, _, prepared = prepare(load_config(write_config(workdir, tiny_config(dataset={"path": "mixed"}))))
+    assert len(prepared.train) == 8 and len(prepared.eval) == 0
+    fixtures = workdir / "fixtures"
+    (fixtures / "test").mkdir(parents=True)
+    write_jsonl(fixtures / "data.jsonl", _rows("data", 5))
+    write_jsonl(fixtures / "test" / "case.jsonl", _rows("case", 2))
+    _, _, prepared = prepare(load_config(write_config(workdir, tiny_config(dataset={"path": "fixtures"}))))
+    assert len(prepared.train) == 5
+    # a file named like a test split among unnamed ones is trained on with them - and said
+    write_jsonl(mixed / "test.jsonl", _rows("test", 2))
+    said = " ".join(
+        invoke(
+            "validate", str(write_config(workdir, tiny_config(dataset={"path": "mixed"}))), cwd=workdir
+        ).stderr.split()
+    )
+    assert "test.jsonl named like an evaluation split, read as training rows" in said, said
+    write_jsonl(workdir / "one.jsonl", _rows("one", 4))
+    default = tiny_config(dataset={"path": "one.jsonl", "split": "train"})  # (as copied from a Hub config)
+    assert invoke("validate", str(write_config(workdir, default)), cwd=workdir).returncode == 0

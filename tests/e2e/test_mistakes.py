@@ -712,3 +712,22 @@ def test_a_config_whose_name_is_close_to_a_command_still_runs_as_a_config(workdi
     finally:
         os.chdir(previous)
     assert code == 2 and "training_config.max_steps is 'abc'" in err and "unknown command" not in err, err
+
+
+def test_every_option_that_takes_a_value_is_known_to_the_command_words():
+    """Was: `leap-finetune --gpu-memory 24GiB x.yaml` refused as "unknown command '24GiB'" (the option's value read
+    as the command). Every option of every command that takes a value is listed in cli_words.VALUE_OPTIONS."""
+    import typer
+
+    from leap_finetune.cli import app
+    from leap_finetune.cli_words import VALUE_OPTIONS
+
+    group = typer.main.get_command(app)
+    taking = {
+        opt
+        for command in group.commands.values()
+        for param in command.params
+        if param.param_type_name == "option" and not param.is_flag
+        for opt in param.opts
+    }
+    assert taking - VALUE_OPTIONS == set()

@@ -73,10 +73,12 @@ class Source:
         self.hub = None
         local = Path(path)
         self.splits: dict[str, list[Path]] = {}  # a folder in the Hub's layout: its files by split (data/splits.py)
+        self.mixed = ""  # an ordinary folder with a file named like an evaluation split among its training files
         if local.is_dir():
-            from leap_finetune.data.splits import read_layout
+            from leap_finetune.data.splits import eval_named, read_layout
 
             self.splits, unread = read_layout(local, SUFFIXES)
+            self.mixed = "" if self.splits else eval_named(local, SUFFIXES)
         if self.splits:
             self.skipped = unread  # (files named by no split, other sub-folders: not read, and said)
             if split not in self.splits:
@@ -279,8 +281,8 @@ def _read_hub(name: str, *, split: str, subset: str | None, limit: int | None, k
                 + (f", subset '{subset}'" if subset else "")
                 + f"): it is not in the Hugging Face cache, and the Hub cannot be used ({unreachable})",
                 where=key,
-                fix="check your network; offline, download it once where the Hub is reachable (hf download "
-                f"{name} --repo-type dataset) or point {key} at a local file",
+                fix="check your network; to work offline, run this command once where the Hub is reachable (the "
+                f"rows it reads stay in the datasets cache), or point {key} at a local file",
             ) from err
     try:
         return _load_hub(datasets, name, split=split, subset=subset, limit=limit)

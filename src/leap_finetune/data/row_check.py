@@ -61,6 +61,8 @@ def streams_of(items: list[DatasetConfig]) -> tuple[list[Stream], list[str]]:
             streams.append(Stream(index, val, held_out=True))
         if source.splits:
             notices.append(_split_notice(item, source, held))
+        if source.mixed:
+            notices.append(source.mixed)
         if item.val_path:
             val = Source(
                 item.val_path,

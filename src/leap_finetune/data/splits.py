@@ -38,11 +38,16 @@ def folder_splits(folder: Path, suffixes: tuple[str, ...]) -> dict[str, list[Pat
 
 
 def read_layout(folder: Path, suffixes: tuple[str, ...]) -> tuple[dict[str, list[Path]], list[str]]:
-    """(folder_splits, the entries of the folder that no split reads, as names: `notes.txt`, `old/`)."""
+    """(folder_splits, the entries of the folder that no split reads, as names: `notes.txt`, `old/`). A folder is in
+    the split layout only when every data file at its top is named by a split (`general.jsonl` beside
+    `training_extra.jsonl`, or `data.jsonl` beside a `test/` folder of fixtures, is an ordinary folder)."""
     if (folder / "data").is_dir() and not any(_data_files(folder, suffixes)):
         folder = folder / "data"
     splits: dict[str, list[Path]] = {}
     unread = []
+    unnamed = [p for p in _data_files(folder, suffixes) if split_of(p.stem) is None]
+    if unnamed:  # (a data file named by no split: an ordinary folder of files, every one of them read)
+        return {}, []
     for entry in sorted(p for p in folder.iterdir() if not p.name.startswith(".")):
         split = split_of(entry.stem if entry.is_file() else entry.name)
         files = [entry] if entry.is_file() and entry.suffix.lower() in suffixes else list(_data_files(entry, suffixes))
@@ -65,3 +70,16 @@ def _data_files(folder: Path, suffixes: tuple[str, ...]):
 
 def eval_split(splits: dict[str, list[Path]]) -> str | None:
     return next((s for s in EVAL_SPLITS if s in splits), None)
+
+
+def eval_named(folder: Path, suffixes: tuple[str, ...]) -> str:
+    """An ordinary folder (not every file named by split) whose files include one named like a test or validation
+    split: what the data report says (those rows are trained on with the rest), or ''."""
+    named = [p.name for p in _data_files(folder, suffixes) if split_of(p.stem) in EVAL_SPLITS]
+    if not named:
+        return ""
+    return (
+        f"{folder}: {', '.join(named)} named like an evaluation split, read as training rows with the folder's other "
+        "files (not every file there is named by a split); to hold it out, give it as val_path, or name every file "
+        "by its split (train.jsonl, test.jsonl) to read the folder by split"
+    )

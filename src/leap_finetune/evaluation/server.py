@@ -103,7 +103,10 @@ class ServerGenerator:
                 fix=hint + FIX,
             ) from None
         if asked:
-            if asked not in models:
+            # (servers that take a short name for a listed one: Ollama's `lfm2` for `lfm2:latest`, Gemini's
+            # `gemini-x` for `models/gemini-x`)
+            aliases = {m.split(":", 1)[0] for m in models} | {m.rsplit("/", 1)[-1] for m in models}
+            if asked not in models and asked not in aliases:
                 raise LeapError(
                     f"--server-model is '{asked}', but the server at {self.base_url} serves "
                     + (", ".join(f"'{m}'" for m in models[:10]) or "no model"),

@@ -224,6 +224,11 @@ def check_training_arguments(resolved: ResolvedConfig, has_eval: bool, cuda: boo
 
     from leap_finetune.memo import remembered
 
+    if {"optim", "optim_args", "optim_target_modules", "tf32"} & set(
+        resolved.training
+    ):  # (their acceptance depends on packages and the GPU: asked)
+        accepted()
+        return
     remembered("arguments", [resolved.training_type, arguments, resolved.training], accepted)
 
 

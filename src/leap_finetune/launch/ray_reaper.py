@@ -37,7 +37,9 @@ def watch(session_dir: str) -> None:
     import psutil
 
     folder = registry()
-    folder.mkdir(parents=True, exist_ok=True)
+    folder.mkdir(mode=0o700, parents=True, exist_ok=True)
+    if not _ours(folder):
+        return  # (a folder another user made: its records are not trusted, none is written there)
     me = psutil.Process()
     entry = {"driver": me.pid, "driver_started": me.create_time(), "session": session_dir}
     record = folder / f"{me.pid}-{Path(session_dir).name}.json"
@@ -57,10 +59,13 @@ def reap_left_over() -> list[str]:
     as lines to print."""
     folder = registry()
     said = []
-    for record in sorted(folder.glob("*.json")) if folder.is_dir() else []:
+    for record in sorted(folder.glob("*.json")) if folder.is_dir() and _ours(folder) else []:
         try:
             entry = json.loads(record.read_text())
-        except (OSError, ValueError):
+            valid = _is_session(entry["session"]) and isinstance(entry["driver"], int)
+        except (OSError, ValueError, KeyError, TypeError):
+            valid = False
+        if not valid:
             record.unlink(missing_ok=True)
             continue
         if _alive(entry):
@@ -73,6 +78,20 @@ def reap_left_over() -> list[str]:
                 f"(pid {entry['driver']}) was killed: {', '.join(stopped)}"
             )
     return said
+
+
+def _ours(folder: Path) -> bool:
+    """The registry is this user's alone: owned by them, writable by no one else."""
+    try:
+        stat = folder.stat()
+    except OSError:
+        return False
+    return stat.st_uid == os.getuid() and not stat.st_mode & 0o022
+
+
+def _is_session(session) -> bool:
+    """A Ray session folder as ray.init names it: absolute, `session_...` (never `/` or a home folder)."""
+    return isinstance(session, str) and os.path.isabs(session) and Path(session).name.startswith("session_")
 
 
 def _alive(entry: dict) -> bool:
@@ -89,6 +108,8 @@ def stop_session(session: str) -> list[str]:
     """SIGTERM, then SIGKILL after 3 s, every process of the Ray session `session`; their names and pids."""
     import psutil
 
+    if not _is_session(session):
+        return []
     found = [p for p in psutil.process_iter(["pid", "name", "cmdline"]) if _in_session(p, session)]
     for process in found:
         _send(process, signal.SIGTERM)
@@ -104,13 +125,17 @@ def _in_session(process, session: str) -> bool:
     if process.pid == os.getpid():
         return False
     name = process.info.get("name") or ""
-    command = " ".join(process.info.get("cmdline") or [])
-    if session in command:
-        return True
-    if not name.startswith(RAY_NAMES):
+    command = process.info.get("cmdline") or []
+    inside = session.rstrip("/") + "/"
+    # Ray's own processes only: its native ones and agents by name, its Python ones (dashboard, log monitor,
+    # autoscaler monitor) by a ray module on the command line naming the session - never a `tail -f` of its logs
+    if not name.startswith(RAY_NAMES) and not any("/ray/" in part and part.endswith(".py") for part in command):
         return False
+    if any(part == session or part.startswith(inside) or f"={inside}" in part or part.endswith(f"={session}")
+           for part in command):  # fmt: skip
+        return True
     try:
-        return any(f.path.startswith(session) for f in process.open_files())
+        return any(f.path.startswith(inside) for f in process.open_files())
     except (psutil.NoSuchProcess, psutil.AccessDenied, OSError):
         return False
 

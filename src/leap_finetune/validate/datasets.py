@@ -112,7 +112,8 @@ def _check_split_and_val_path(dataset, name: str, where: str) -> None:
     from leap_finetune.data.splits import folder_splits
 
     local = Path(dataset.path)
-    if "split" in dataset.model_fields_set and local.is_absolute() and local.exists():
+    explicit = "split" in dataset.model_fields_set and dataset.split != "train"  # (train: the default, read whole)
+    if explicit and local.is_absolute() and local.exists():
         if local.is_file() or not folder_splits(local, SUFFIXES):
             what = "one file" if local.is_file() else "a folder whose files are not named by split"
             raise LeapError(

@@ -53,6 +53,8 @@ def _grpo_rollout(model, training: dict) -> list[str]:
     notes = []
     if rollout is not None and not rollout.server_gpus:
         set_here = sorted(k for k in rollout.model_fields_set if k in SERVER_KEYS)
+        if training.get("vllm_mode") == "server":  # (an external server: its start timeout is TRL's wait for it)
+            set_here = [k for k in set_here if k != "server_start_timeout_s"]
         judge = getattr(getattr(model, "rewards", None), "judge", None)
         local_judge = judge is not None and getattr(judge, "base_url", None) is None
         if set_here and not local_judge:
