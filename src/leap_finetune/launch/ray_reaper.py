@@ -37,13 +37,16 @@ def watch(session_dir: str) -> None:
     import psutil
 
     folder = registry()
-    folder.mkdir(mode=0o700, parents=True, exist_ok=True)
-    if not _ours(folder):
-        return  # (a folder another user made: its records are not trusted, none is written there)
-    me = psutil.Process()
-    entry = {"driver": me.pid, "driver_started": me.create_time(), "session": session_dir}
-    record = folder / f"{me.pid}-{Path(session_dir).name}.json"
-    record.write_text(json.dumps(entry))
+    try:
+        folder.mkdir(mode=0o700, parents=True, exist_ok=True)
+        if not _ours(folder):
+            return  # (a folder another user made: its records are not trusted, none is written there)
+        me = psutil.Process()
+        entry = {"driver": me.pid, "driver_started": me.create_time(), "session": session_dir}
+        record = folder / f"{me.pid}-{Path(session_dir).name}.json"
+        record.write_text(json.dumps(entry))
+    except OSError:
+        return  # (a full or read-only temp folder: the run goes on; ray.shutdown still stops the instance)
     subprocess.Popen(
         [sys.executable, "-m", "leap_finetune.launch.ray_reaper", str(record)],
         start_new_session=True,
