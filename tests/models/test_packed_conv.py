@@ -14,9 +14,9 @@ from leap_finetune.models.tiny import build_tiny_model, load_tiny_tokenizer
 SEQUENCES = [list(range(20, 37)), list(range(40, 49)), list(range(60, 83)), [90, 91]]
 
 
-def _model():
-    tokenizer = load_tiny_tokenizer("tiny-lfm2")
-    model = build_tiny_model("tiny-lfm2", tokenizer)
+def _model(name: str = "tiny-lfm2"):
+    tokenizer = load_tiny_tokenizer(name)
+    model = build_tiny_model(name, tokenizer)
     model.config.use_cache = False
     return model
 
@@ -48,9 +48,14 @@ def test_taps_never_cross_a_sequence_boundary():
         torch.testing.assert_close(packed[..., start:end], alone)
 
 
-def test_packed_logits_equal_each_sequence_run_alone():
+# LFM2 and LFM2-MoE (models/architectures.py: both pack through the same convolution and attention)
+BOTH = pytest.mark.parametrize("name", ["tiny-lfm2", "tiny-lfm2-moe"])
+
+
+@BOTH
+def test_packed_logits_equal_each_sequence_run_alone(name):
     enable_exact_packing()
-    model = _model().eval()
+    model = _model(name).eval()
     batch = DataCollatorForLanguageModeling(pad_token_id=0, padding_free=True)([{"input_ids": s} for s in SEQUENCES])
     with torch.no_grad():
         packed = model(**{k: v for k, v in batch.items() if k != "labels"}).logits[0]
@@ -58,12 +63,13 @@ def test_packed_logits_equal_each_sequence_run_alone():
     torch.testing.assert_close(packed, alone, atol=2e-5, rtol=1e-4)
 
 
-def test_one_packed_step_has_the_loss_and_gradients_of_the_padded_step():
+@BOTH
+def test_one_packed_step_has_the_loss_and_gradients_of_the_padded_step(name):
     enable_exact_packing()
     examples = [{"input_ids": s, "labels": [-100] * (len(s) // 2) + s[len(s) // 2 :]} for s in SEQUENCES]
     losses, grads = [], []
     for padding_free in (False, True):
-        model = _model().train()
+        model = _model(name).train()
         batch = DataCollatorForLanguageModeling(pad_token_id=0, padding_free=padding_free)(examples)
         loss = model(**batch).loss
         loss.backward()

@@ -4,6 +4,7 @@ padding mask. On CPU the per-document SDPA path runs; the CUDA kernel is checked
 
 from __future__ import annotations
 
+import pytest
 import torch
 from trl.trainer.sft_trainer import DataCollatorForLanguageModeling
 
@@ -14,10 +15,10 @@ from leap_finetune.models.varlen_attention import NAME, use_varlen_attention
 SEQUENCES = [list(range(20, 37)), list(range(40, 49)), list(range(60, 83)), [90, 91]]
 
 
-def _model(varlen: bool):
+def _model(varlen: bool, name: str = "tiny-lfm2"):
     enable_exact_packing()
-    tokenizer = load_tiny_tokenizer("tiny-lfm2")
-    model = build_tiny_model("tiny-lfm2", tokenizer).eval()
+    tokenizer = load_tiny_tokenizer(name)
+    model = build_tiny_model(name, tokenizer).eval()
     model.config.use_cache = False
     if varlen:
         assert use_varlen_attention(model) is not None
@@ -30,8 +31,12 @@ def _packed(examples):
     return {k: v for k, v in batch.items() if k != "labels"}
 
 
-def test_packed_logits_equal_each_document_alone_and_no_dense_mask_is_built(monkeypatch):
-    model = _model(varlen=True)
+BOTH = pytest.mark.parametrize("name", ["tiny-lfm2", "tiny-lfm2-moe"])  # (models/architectures.py)
+
+
+@BOTH
+def test_packed_logits_equal_each_document_alone_and_no_dense_mask_is_built(monkeypatch, name):
+    model = _model(varlen=True, name=name)
     built = []
     import transformers.masking_utils as masking
 
@@ -66,11 +71,12 @@ def test_padded_batches_keep_sdpa_with_the_padding_mask():
     torch.testing.assert_close(got[keep], expected[keep], atol=1e-6, rtol=1e-5)
 
 
-def test_packed_step_has_the_loss_and_gradients_of_the_padded_sdpa_step():
+@BOTH
+def test_packed_step_has_the_loss_and_gradients_of_the_padded_sdpa_step(name):
     examples = [{"input_ids": s, "labels": [-100] * (len(s) // 2) + s[len(s) // 2 :]} for s in SEQUENCES]
     results = []
     for varlen, padding_free in ((False, False), (True, True)):
-        model = _model(varlen=varlen).train()
+        model = _model(varlen=varlen, name=name).train()
         loss = model(**DataCollatorForLanguageModeling(pad_token_id=0, padding_free=padding_free)(examples)).loss
         loss.backward()
         results.append((loss.detach(), torch.cat([p.grad.flatten() for p in model.parameters() if p.grad is not None])))

@@ -185,6 +185,27 @@ def check_trainer_parts(args, where: str, training: dict | None = None) -> None:
         ) from None
 
 
+def check_router_coefs(training: dict, where: str) -> None:
+    """router_aux_loss_coef / router_z_loss_coef (models/moe_router.py): a number >= 0 (YAML 1.1 reads `1e-3`
+    as text: taken as the number it spells)."""
+    for key in ("router_aux_loss_coef", "router_z_loss_coef"):
+        value = training.get(key)
+        if value is None:
+            continue
+        if isinstance(value, str):
+            try:
+                value = float(value)
+            except ValueError:
+                pass
+        if isinstance(value, bool) or not isinstance(value, (int, float)) or not value >= 0 or value == float("inf"):
+            raise LeapError(
+                f"training_config.{key} is {value!r}: expected a number >= 0",
+                where=where,
+                fix=f"set {key} to a small weight such as 0.001, or 0 to turn the loss off",
+            )
+        training[key] = float(value)
+
+
 def check_batch_tokens(user: dict, training: dict, where: str) -> None:
     """`batch_tokens` (data/token_batches.py): a whole number that holds the longest row, instead of a number of
     rows per micro-batch and of the samplers that choose rows by count. `user`: the keys the config set itself (the

@@ -296,8 +296,8 @@ def _predicted(resolved, longest: int | None):
 def process_memory(resolved, devices, prepared, budget: int | None = None) -> dict:
     """`plan`'s memory of one training process (GPU runs): {"memory": parts, "budget": the fitting} - the fitting
     applied when a budget is given (memory/budget.py)."""
-    if not devices.use_gpu:
-        return {"memory": None, "why": "CPU: no GPU memory to plan"}
+    if not devices.use_gpu and budget is None:  # (with --gpu-memory: planned for that card from this machine)
+        return {"memory": None, "why": "CPU: no GPU memory to plan (--gpu-memory 24GiB plans for a card of that size)"}
     if not predicted_for(resolved):
         return {"memory": None, "why": "embedding and ColBERT runs are not predicted yet (docs/memory.md)"}
     longest = longest_row(prepared)

@@ -26,6 +26,37 @@ _TEXT = {
              "num_attention_heads": 32, "block_auto_adjust_ff_dim": False,
              "full_attn_idxs": [2, 6, 10, 14, 18, 21, 24, 27]},
 }  # fmt: skip
+# LiquidAI's mixture-of-experts models (LFM2-8B-A1B, LFM2.5-8B-A1B; LFM2-24B-A2B): the model cards' shapes (8B: 24
+# layers, 18 conv + 6 attention, 32 experts, 4 per token, the first 2 layers dense; 24B: 40 layers, 30 + 10, 64
+# experts, 4 per token, expert width 1536). The attention layers' positions are not on the cards (spread here as in
+# the dense models): they change no count. Built, they match the cards' totals: 8.3B / 1.5B active, 24B / 2.3B.
+_MOE = {
+    **_LFM2,
+    "model_type": "lfm2_moe",
+    "hidden_size": 2048,
+    "intermediate_size": 7168,
+    "num_attention_heads": 32,
+    "num_dense_layers": 2,
+    "num_experts_per_tok": 4,
+    "use_expert_bias": True,
+    "norm_topk_prob": True,
+}
+_MOE_TEXT = {
+    ("8B", "A1B"): {
+        **_MOE,
+        "num_hidden_layers": 24,
+        "num_experts": 32,
+        "moe_intermediate_size": 1792,
+        "full_attn_idxs": [2, 6, 10, 14, 18, 21],
+    },
+    ("24B", "A2B"): {
+        **_MOE,
+        "num_hidden_layers": 40,
+        "num_experts": 64,
+        "moe_intermediate_size": 1536,
+        "full_attn_idxs": [2, 6, 10, 14, 18, 22, 26, 30, 34, 37],
+    },
+}
 _SIGLIP2 = {"model_type": "siglip2_vision_model", "patch_size": 16, "num_patches": 256, "vision_use_head": False}
 _VISION = {
     "450M": {**_SIGLIP2, "hidden_size": 768, "intermediate_size": 3072, "num_hidden_layers": 12,
@@ -40,6 +71,10 @@ def published(model_id: str) -> dict | None:
     import re
 
     name = model_id.rsplit("/", 1)[-1]
+    moe = re.match(r"LFM2(\.5)?-(\d+B)-(A\d+B)", name, re.IGNORECASE)
+    if moe:
+        found = _MOE_TEXT.get((moe.group(2).upper(), moe.group(3).upper()))
+        return _moe_config(found) if found else None
     found = re.match(r"LFM2(\.5)?-(VL-)?(\d+(?:\.\d+)?[MB])", name, re.IGNORECASE)
     if not found:
         return None
@@ -58,6 +93,14 @@ def published(model_id: str) -> dict | None:
     return dict(_TEXT[size]) if size in _TEXT else None
 
 
+def _moe_config(known: dict) -> dict:
+    """transformers' Lfm2MoeConfig reads `layer_types`, not the original `full_attn_idxs`."""
+    config = {k: v for k, v in known.items() if k != "full_attn_idxs"}
+    attention = set(known["full_attn_idxs"])
+    config["layer_types"] = ["full_attention" if i in attention else "conv" for i in range(known["num_hidden_layers"])]
+    return config
+
+
 @dataclass(frozen=True)
 class ModelShape:
     """What the memory estimate needs of a model: parameter counts and the language model's dimensions."""
@@ -74,6 +117,18 @@ class ModelShape:
     conv_width: int  # a convolution layer's state per row (hidden x cache length)
     vocab: int
     linear: dict  # module name -> (in, out) of every Linear layer (what LoRA may wrap, what 4-bit quantizes)
+    expert_parameters: int = 0  # a mixture of experts: the routed experts' weights (all of them)
+    experts: int = 0
+    experts_per_token: int = 0
+
+    @property
+    def active_parameters(self) -> int:
+        """The weights one token runs through: all but the experts it is not routed to."""
+        if not self.experts:
+            return self.parameters
+        return (
+            self.parameters - self.expert_parameters + self.expert_parameters * self.experts_per_token // self.experts
+        )
 
     def lora_parameters(self, peft: dict) -> int:
         """The adapter weights LoRA adds for `peft` (its r and target_modules), matched as peft matches them."""
@@ -157,6 +212,9 @@ def _measure(config, source: str, model_id: str) -> ModelShape:
         conv_width=text.hidden_size * int(getattr(text, "conv_L_cache", 0) or 0) * 3,
         vocab=text.vocab_size,
         linear=linear,
+        expert_parameters=sum(p.numel() for n, p in model.named_parameters() if ".experts." in n),
+        experts=int(getattr(text, "num_experts", 0) or 0),
+        experts_per_token=int(getattr(text, "num_experts_per_tok", 0) or 0),
     )
 
 

@@ -152,6 +152,9 @@ _GRPO = (
 # sentence-transformers' loss; the retrieval evaluator's retrieval_<score>_<metric>@k are matched by pattern
 _RETRIEVAL = ("loss", "sequential_score")
 
+# a mixture-of-experts model's router losses (models/moe_router.py): the causal-LM training types
+ROUTER_KEYS = ("router_aux_loss_coef", "router_z_loss_coef")
+
 METHODS: dict[str, Method] = {
     m.name: m
     for m in (
@@ -162,7 +165,7 @@ METHODS: dict[str, Method] = {
             "a language model (chat)",
             CONVERSATION,
             _CHAT,
-            own_keys=("loss_on", "compile_layers", "optimizer_precision", "batch_tokens"),
+            own_keys=("loss_on", "compile_layers", "optimizer_precision", "batch_tokens", *ROUTER_KEYS),
             fused_lm_loss=True,
             length_samplers=True,
             cut_by_max_length=True,
@@ -178,7 +181,7 @@ METHODS: dict[str, Method] = {
             "a language model (chat) tuned on preference pairs",
             PAIR,
             _DPO,
-            own_keys=("compile_layers", "optimizer_precision"),
+            own_keys=("compile_layers", "optimizer_precision", *ROUTER_KEYS),
             flat_rows=True,
             cut_by_max_length=True,
             starter_benchmarks=True,
@@ -193,7 +196,7 @@ METHODS: dict[str, Method] = {
             "a language model (chat) tuned on desirable/undesirable answers",
             LABELLED,
             _KTO,
-            own_keys=("compile_layers", "optimizer_precision", "padding_free"),
+            own_keys=("compile_layers", "optimizer_precision", "padding_free", *ROUTER_KEYS),
             kl_pairs=True,
             flat_rows=True,
             cut_by_max_length=True,
@@ -208,6 +211,7 @@ METHODS: dict[str, Method] = {
             "a language model (chat) tuned on rewards",
             PROMPT,
             _GRPO,
+            own_keys=ROUTER_KEYS,
             rewards=True,
             arguments="trl:GRPOConfig",
             trainer="trl:GRPOTrainer",

@@ -23,9 +23,12 @@ def pooling_mode(resolved: ResolvedConfig, config) -> str:
     mode = resolved.retrieval.pooling
     if mode != "auto":
         return mode
-    causal = any(a.endswith("ForCausalLM") for a in (getattr(config, "architectures", None) or [])) or getattr(
-        config, "model_type", ""
-    ) in ("lfm2", "lfm2_moe")
+    from leap_finetune.models.architectures import LFM2_TEXT_TYPES
+
+    causal = (
+        any(a.endswith("ForCausalLM") for a in (getattr(config, "architectures", None) or []))
+        or getattr(config, "model_type", "") in LFM2_TEXT_TYPES
+    )
     return "lasttoken" if causal else "mean"
 
 

@@ -144,7 +144,9 @@ def enable(model, from_mask: bool = False, multiple: int = 8) -> bool:
     """Hook the LFM2 backbone of `model` (text LFM2 / LFM2-MoE: a causal LM's `.model`, or the backbone itself as
     sentence-transformers loads it); False when it is not one. `from_mask`: padded batches without `flat_rows`
     are flattened too, laid out from their attention mask."""
-    if getattr(getattr(model, "config", None), "model_type", None) not in ("lfm2", "lfm2_moe"):
+    from leap_finetune.models.architectures import supports
+
+    if not supports(getattr(getattr(model, "config", None), "model_type", None), "flat_rows"):
         return False
     backbone = model if hasattr(model, "layers") else getattr(model, "model", None)
     if backbone is None or not hasattr(backbone, "layers"):

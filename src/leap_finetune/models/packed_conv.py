@@ -18,8 +18,10 @@ import torch
 import torch.nn.functional as F
 from transformers.activations import ACT2FN
 
+from leap_finetune.models.architectures import conv_modules
+
 UPSTREAM: dict[str, object] = {}  # module name -> transformers' own causal_conv1d_fn, kept for tests
-_PATCHED_MODULES = ("transformers.models.lfm2.modeling_lfm2", "transformers.models.lfm2_moe.modeling_lfm2_moe")
+_PATCHED_MODULES = conv_modules()  # (models/architectures.py: LFM2's and LFM2-MoE's modeling modules)
 
 
 def packed_causal_conv1d(

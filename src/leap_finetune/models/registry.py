@@ -6,12 +6,14 @@ import json
 import re
 from pathlib import Path
 
+from leap_finetune.models.architectures import ARCHITECTURES, LFM2_TEXT_TYPES
 from leap_finetune.models.tiny import TINY_MODELS
 from leap_finetune.runs.folder import RunFolder
 from leap_finetune.runs.model import finished_model
 
 _LFM_SHORT_NAME = re.compile(r"^LFM2(\.5)?[-_.]", re.IGNORECASE)
 VL_NAME = re.compile(r"[-_]VL([-_.]|$)", re.IGNORECASE)  # LiquidAI's LFM2-VL-* / LFM2.5-VL-*
+MOE_NAME = re.compile(r"-\d+B-A\d+B", re.IGNORECASE)  # LiquidAI's mixtures of experts: LFM2-8B-A1B, LFM2-24B-A2B
 
 
 def resolve_model_id(model_name: str, base: Path) -> str:
@@ -85,7 +87,7 @@ def _name_in_folder(folder: Path) -> str:
     family = family_of_template(template if isinstance(template, str) else None)
     if family:
         return family
-    if (folder / "config.json").exists() and _json(folder / "config.json").get("model_type") in ("lfm2", "lfm2_moe"):
+    if (folder / "config.json").exists() and _json(folder / "config.json").get("model_type") in LFM2_TEXT_TYPES:
         return "lfm2"
     return ""
 
@@ -121,19 +123,19 @@ def config_json(model_id: str) -> dict | None:
 def model_type(model_id: str) -> str | None:
     """config.json's model_type (the built-in tiny models: theirs); LiquidAI's LFM2 names without a
     config at hand count as "lfm2"; None when unknown."""
-    from leap_finetune.models.tiny import TINY_VISION_MODELS
+    from leap_finetune.models.tiny import TINY_MODEL_TYPES
 
     if model_id in TINY_MODELS:
-        return "lfm2_vl" if model_id in TINY_VISION_MODELS else "lfm2"
+        return TINY_MODEL_TYPES[model_id]
     config = config_json(model_id)
     if config is not None:
         return config.get("model_type")
     name = model_id.rsplit("/", 1)[-1]
     if _LFM_SHORT_NAME.match(name) and not VL_NAME.search(name):
-        return "lfm2"
+        return "lfm2_moe" if MOE_NAME.search(name) else "lfm2"
     return None
 
 
 # Model types whose attention layers take padding-free (varlen) batches (models/varlen_attention.py, checked by
-# tests/models/test_varlen_attention.py); kept here, where the speed plan reads it without importing torch.
-VARLEN_MODEL_TYPES = {"lfm2", "lfm2_moe", "lfm2_vl"}  # lfm2_vl: its language model (an LFM2)
+# tests/models/test_varlen_attention.py; lfm2_vl: its language model's).
+VARLEN_MODEL_TYPES = {kind for kind, found in ARCHITECTURES.items() if found.varlen_attention}

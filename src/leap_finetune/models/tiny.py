@@ -1,4 +1,4 @@
-"""Built-in offline tiny models: `tiny-lfm2`, `tiny-lfm2.5` and `tiny-lfm2.5-vl`.
+"""Built-in offline tiny models: `tiny-lfm2`, `tiny-lfm2.5`, `tiny-lfm2-moe` and `tiny-lfm2.5-vl`.
 
 A real LFM2 architecture (mixed short-convolution and attention layers) with random weights and a
 byte-level BPE tokenizer that ships inside the package, with LFM2's special tokens at their real
@@ -8,14 +8,24 @@ quickstart use. `tiny-lfm2` carries the LFM2 chat template, `tiny-lfm2.5` LFM2.5
 `tiny-lfm2.5-vl` is a real LFM2-VL architecture (a SigLIP2 vision encoder, the pixel-unshuffle
 projector and the tiny LFM2 as language model) with LFM2-VL's processor and image tokens; its
 image processor makes small images (4-16 image tokens) so that image benchmarks run on a CPU.
+
+`tiny-lfm2-moe` is LFM2-MoE (LFM2-8B-A1B's architecture: dense first layer, then sparse MoE layers with sigmoid
+top-k routing and expert bias) with four experts, two per token, and tiny-lfm2's tokenizer and template.
 """
 
 from __future__ import annotations
 
 from importlib import resources
 
-TINY_MODELS = {"tiny-lfm2": "lfm2", "tiny-lfm2.5": "lfm2.5", "tiny-lfm2.5-vl": "lfm2.5"}
+TINY_MODELS = {"tiny-lfm2": "lfm2", "tiny-lfm2.5": "lfm2.5", "tiny-lfm2-moe": "lfm2", "tiny-lfm2.5-vl": "lfm2.5"}
 TINY_VISION_MODELS = {"tiny-lfm2.5-vl"}
+# config.json's model_type of each (models/architectures.py)
+TINY_MODEL_TYPES = {
+    "tiny-lfm2": "lfm2",
+    "tiny-lfm2.5": "lfm2",
+    "tiny-lfm2-moe": "lfm2_moe",
+    "tiny-lfm2.5-vl": "lfm2_vl",
+}
 # LFM2-VL's image tokens (the processor expands one <image> into start, tiles or thumbnail, end).
 IMAGE_TOKENS = ["<image>", "<|image_start|>", "<|image_end|>", "<|img_thumbnail|>"] + [
     f"<|img_row_{row}_col_{col}|>" for row in range(1, 4) for col in range(1, 4)
@@ -47,6 +57,16 @@ TINY_ARCH = {
     "max_position_embeddings": 4096,
     "conv_L_cache": 3,
     "block_auto_adjust_ff_dim": False,
+}
+# LFM2-MoE's shape in small: the first layer dense (LFM2-8B-A1B: 2 of 24), the others 4 experts, 2 per token
+TINY_MOE_ARCH = {
+    **{k: v for k, v in TINY_ARCH.items() if k != "block_auto_adjust_ff_dim"},
+    "moe_intermediate_size": 96,
+    "num_dense_layers": 1,
+    "num_experts": 4,
+    "num_experts_per_tok": 2,
+    "use_expert_bias": True,
+    "norm_topk_prob": True,
 }
 TINY_SEED = 1234
 
@@ -95,7 +115,19 @@ def build_tiny_model(name: str, tokenizer, dtype=None):
         tie_word_embeddings=True,
         **TINY_ARCH,
     )
-    if name in TINY_VISION_MODELS:
+    if name == "tiny-lfm2-moe":
+        from transformers import Lfm2MoeConfig, Lfm2MoeForCausalLM
+
+        config = Lfm2MoeConfig(
+            vocab_size=len(tokenizer),
+            bos_token_id=tokenizer.bos_token_id,
+            eos_token_id=tokenizer.eos_token_id,
+            pad_token_id=tokenizer.pad_token_id,
+            tie_word_embeddings=True,
+            **TINY_MOE_ARCH,
+        )
+        model_class = Lfm2MoeForCausalLM
+    elif name in TINY_VISION_MODELS:
         from transformers import Lfm2VlConfig, Lfm2VlForConditionalGeneration
 
         patches = TINY_IMAGE_PROCESSOR["max_image_tokens"] * TINY_IMAGE_PROCESSOR["downsample_factor"] ** 2

@@ -22,6 +22,7 @@ import torch
 import torch.nn.functional as F
 from transformers.integrations.sdpa_attention import sdpa_attention_forward
 
+from leap_finetune.models.architectures import architecture
 from leap_finetune.models.registry import VARLEN_MODEL_TYPES
 
 NAME = "leap_varlen"
@@ -163,7 +164,7 @@ def use_varlen_attention(model) -> str | None:
     if getattr(config, "_attn_implementation", None) not in (None, "sdpa", "eager", NAME):
         return None  # the user chose one (flash_attention_2, flex_attention): keep it
     register()
-    if config.model_type == "lfm2_vl":
+    if architecture(config.model_type).vision:
         # only the language model's attention: the vision encoder (SigLIP2) attends within each image
         # (pixel_attention_mask), not over the flattened batch
         language = model.model.language_model

@@ -62,6 +62,25 @@ class MetricsLog(TrainerCallback):
             self._last_time = time.perf_counter()
 
 
+class RouterMetrics(TrainerCallback):
+    """A mixture-of-experts model's router metrics since the previous log (models/moe_router.py), added to the
+    training log before MetricsLog writes it: aux loss, z-loss, expert load min/max/entropy. Rank 0's own batches
+    (each worker routes its own)."""
+
+    def __init__(self):
+        self._stats = None
+
+    def on_log(self, args, state, control, logs=None, model=None, **kwargs):
+        if logs is None or "loss" not in logs or model is None:
+            return
+        if self._stats is None:
+            self._stats = next(
+                (m._leap_router_stats for m in model.modules() if hasattr(m, "_leap_router_stats")), False
+            )
+        if self._stats:
+            logs.update(self._stats.read() or {})
+
+
 class RichProgress(TrainerCallback):
     """One progress bar: step, loss (GRPO: the mean reward), tokens/s and ETA."""
 

@@ -144,6 +144,11 @@ def load_tokenizer_and_model(resolved: ResolvedConfig, *, packing: bool, console
     # the weights (and optimizer states) in bf16: faster and half the memory, less precise updates.
     model = load_model(resolved.model_id, tokenizer, init)
     model.config.use_cache = False
+    from leap_finetune.models.moe_router import attach_from_training
+
+    routers = attach_from_training(model, resolved.training)
+    if routers:
+        console.print(routers)
     if packing:
         attention = use_varlen_attention(model) or f"{model.config._attn_implementation} over position ids"
         console.print(f"packing: documents kept apart by {attention} (attention) and {conv} (LFM2 convolutions)")
@@ -155,7 +160,10 @@ def lora_config(resolved: ResolvedConfig):
         return None
     from peft import LoraConfig
 
-    options = dict(resolved.peft)
+    from leap_finetune.models.architectures import peft_options
+    from leap_finetune.models.registry import model_type
+
+    options = peft_options(resolved.peft, model_type(resolved.model_id))
     if resolved.vision:  # the vision encoder / projector trained in full next to the adapters, when asked
         from leap_finetune.recipes.vision import lora_modules_to_save
 
@@ -168,7 +176,14 @@ def lora_config(resolved: ResolvedConfig):
 def standard_callbacks(
     resolved: ResolvedConfig, run_dir: Path, console, stop_on_signal: StopOnSignal, extra: list | None, benchmarks=None
 ) -> list:
-    from leap_finetune.recipes.callbacks import CheckpointMarker, FinishOnly, MetricsLog, ResumeChanges, RichProgress
+    from leap_finetune.recipes.callbacks import (
+        CheckpointMarker,
+        FinishOnly,
+        MetricsLog,
+        ResumeChanges,
+        RichProgress,
+        RouterMetrics,
+    )
     from leap_finetune.recipes.plots import Plots
 
     resumed = read_marker(Path(resolved.resume_checkpoint_path)) if resolved.resume_checkpoint_path else None
@@ -186,6 +201,7 @@ def standard_callbacks(
     callbacks = [
         FinishOnly(),
         ResumeChanges(resolved.resume_changes),
+        RouterMetrics(),  # (before MetricsLog: it adds the router metrics to the log MetricsLog writes)
         MetricsLog(RunFolder(run_dir).metrics),
         marker,
         RichProgress(console),

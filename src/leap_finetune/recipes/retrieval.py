@@ -430,7 +430,10 @@ def add_lora(model, resolved: ResolvedConfig, console) -> None:
     peft integration, which needs peft >= 0.22, newer than the peft this release is tested with."""
     from peft import LoraConfig, inject_adapter_in_model
 
-    config = LoraConfig(task_type="FEATURE_EXTRACTION", **resolved.peft)
+    from leap_finetune.models.architectures import peft_options
+    from leap_finetune.models.registry import model_type
+
+    config = LoraConfig(task_type="FEATURE_EXTRACTION", **peft_options(resolved.peft, model_type(resolved.model_id)))
     inject_adapter_in_model(config, model.transformers_model)
     model.transformers_model.leap_lora_config = config
     trainable = sum(p.numel() for p in model.parameters() if p.requires_grad)

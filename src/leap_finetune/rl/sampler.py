@@ -24,10 +24,9 @@ from __future__ import annotations
 
 from dataclasses import dataclass, field
 
+from leap_finetune.models.architectures import supports
+
 DECODE_ATTENTION = "leap_decode"  # registered with transformers' AttentionInterface (the rollout copy only)
-# architectures whose attention decode_attention reproduces (tested against SDPA and generate); others keep their
-# own attention in the copy (softcapping, attention sinks, ... are theirs to apply)
-DECODE_ATTENTION_MODELS = ("lfm2",)
 CACHES_KEPT = 2  # static caches (and their captured graphs) kept, by batch size and length: the most recent ones
 STOP_CHECK_EVERY = 16  # tokens between the one host sync that asks whether every sequence has ended
 LENGTH_BUCKET = 64  # cache lengths are rounded up to this: one compiled graph per bucket, not per prompt length
@@ -91,7 +90,9 @@ def rollout_copy(model, dtype):
         for name in ("forward", "_original_forward"):
             module.__dict__.pop(name, None)
     base = shadow.get_base_model() if hasattr(shadow, "get_base_model") else shadow
-    if getattr(base.config, "model_type", None) in DECODE_ATTENTION_MODELS:
+    # architectures whose attention decode_attention reproduces (models/architectures.py; tested against SDPA and
+    # generate); others keep their own attention in the copy (softcapping, attention sinks, ... are theirs)
+    if supports(getattr(base.config, "model_type", None), "decode_attention"):
         _register_decode_attention()
         base.set_attn_implementation(DECODE_ATTENTION)
     return shadow

@@ -262,10 +262,11 @@ def check_rollout_engine(resolved) -> None:
     t = resolved.training
     paged = next((k for k in ("use_transformers_continuous_batching", "use_transformers_paged") if t.get(k)), None)
     if paged and not t.get("use_vllm"):
+        from leap_finetune.models.architectures import architecture
         from leap_finetune.models.registry import model_type
 
         kind = model_type(resolved.model_id)
-        if kind in ("lfm2", "lfm2_moe", "lfm2_vl"):
+        if architecture(kind) is not None and not architecture(kind).continuous_batching:
             raise LeapError(
                 f"training_config.{paged}: transformers' continuous batching has no cache for LFM2's "
                 f"convolution layers (model type {kind}): the first rollout would fail",

@@ -95,10 +95,11 @@ def _load(raw: dict, config_path: Path | None, base: Path, where: str) -> Resolv
     check_hold_out_tools(model, dataset, evals, vision, where)
     check_retrieval_metrics(model, evals, where)
     _resolve_model_init_kwargs(training, model, model_id, peft is not None, (quantization, vision), where)
-    from leap_finetune.validate.no_effect import config_notes
+    from leap_finetune.validate.no_effect import config_notes, router_notes
 
     user_keys = sorted(k for k in (model.training_config or {}) if k != "extends")
     notes = config_notes(model, training, set(user_keys), model.peft_config)
+    notes += router_notes(set(user_keys), model.peft_config, model_id)
     return ResolvedConfig(
         config_path=str(config_path) if config_path else None,
         project_name=model.project_name,

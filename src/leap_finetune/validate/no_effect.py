@@ -5,7 +5,8 @@ it count), never dropped in silence. Only keys the user wrote are named: a profi
 The pairs, walked block by block: async_eval's keys of the modes it is not in; grpo_rollout's server keys with no
 local server; vLLM's training keys with use_vllm off; a dataset's test_size beside its val_path; peft_config's LoRA
 keys with use_peft: false; warm-up under a constant schedule; save_* with save_strategy: no; logging_steps with
-logging_strategy: no; evaluation keys with nothing to evaluate (no eval split, no benchmark).
+logging_strategy: no; evaluation keys with nothing to evaluate (no eval split, no benchmark); the router losses
+and lora_experts on a model without experts.
 """
 
 from __future__ import annotations
@@ -130,3 +131,33 @@ def data_notes(resolved, prepared) -> list[str]:
         "dataset.test_size, val_path or test file) and no benchmarks; set dataset.test_size: 0.05 (or val_path) "
         "to evaluate"
     ]
+
+
+def router_notes(user_training: set[str], peft_user: dict | None, model_id: str) -> list[str]:
+    """The mixture-of-experts keys (models/moe_router.py, lora_experts) on a model whose routers they would act on:
+    none for a dense model. Unknown model types (no config at hand) are not judged."""
+    from leap_finetune.models.architectures import architecture
+    from leap_finetune.models.registry import model_type
+
+    kind = model_type(model_id)
+    found = architecture(kind)
+    if found is not None and found.moe:
+        peft = peft_user or {}
+        if peft.get("lora_experts") and "lora_dropout" not in peft:
+            return [
+                "peft_config: lora_dropout is 0 with lora_experts: true (peft's adapters on expert weights take no "
+                "dropout; the profile's 0.05 does not apply)"
+            ]
+        return []
+    if kind is None:
+        return []
+    what = f"{model_id} (model type {kind}) has no experts"
+    notes = [
+        f"training_config.{key} has no effect: {what}; it acts on mixture-of-experts models (LFM2-8B-A1B, ...); "
+        "remove it"
+        for key in ("router_aux_loss_coef", "router_z_loss_coef")
+        if key in user_training
+    ]
+    if (peft_user or {}).get("lora_experts"):
+        notes.append(f"peft_config.lora_experts has no effect: {what}; remove it")
+    return notes

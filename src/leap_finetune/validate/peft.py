@@ -1,6 +1,6 @@
 """`peft_config` (LoRA): the profile (`extends`) under the user's options, each an option of peft's LoraConfig, and
-`use_peft: false` for a full fine-tune, `quantization` for QLoRA (config/quantization.py); the values are checked in
-config/lora.py."""
+`use_peft: false` for a full fine-tune, `quantization` for QLoRA (config/quantization.py), `lora_experts` for a
+mixture of experts' experts (config/lora.py peft_options); the values are checked in config/lora.py."""
 
 from __future__ import annotations
 
@@ -27,7 +27,7 @@ def resolve_peft(peft_config: dict | None, where: str, vision: bool = False) -> 
         )
     from peft import LoraConfig
 
-    allowed = {f.name for f in dataclasses.fields(LoraConfig) if f.init} | {"use_peft", "quantization"}
+    allowed = {f.name for f in dataclasses.fields(LoraConfig) if f.init} | {"use_peft", "quantization", "lora_experts"}
     for key in user:
         if key not in allowed:
             raise LeapError(
@@ -45,6 +45,15 @@ def resolve_peft(peft_config: dict | None, where: str, vision: bool = False) -> 
             fix="use_peft: true (LoRA) or false (a full fine-tune)",
         )
     quantization = quantization_of(merged, where)
+    experts = merged.pop("lora_experts", False)
+    if not isinstance(experts, bool):
+        raise LeapError(
+            f"peft_config.lora_experts is {experts!r}: expected true or false",
+            where=where,
+            fix="lora_experts: true adapts a mixture of experts' experts too (docs/moe.md)",
+        )
+    if experts:
+        _check_expert_options(user, merged, where)
     if not use_peft:
         if quantization is not None:
             raise LeapError(
@@ -53,4 +62,20 @@ def resolve_peft(peft_config: dict | None, where: str, vision: bool = False) -> 
                 fix="remove quantization for a full fine-tune, or use_peft: true for QLoRA",
             )
         return None, None
-    return check_lora_values(merged, where), quantization
+    checked = check_lora_values(merged, where)
+    return ({**checked, "lora_experts": True} if experts else checked), quantization
+
+
+def _check_expert_options(user: dict, merged: dict, where: str) -> None:
+    """peft's adapters on 3-D expert weights (ParamWrapper) take no dropout, DoRA, LoRA bias or fan_in_fan_out: one
+    the user set is refused now (peft would refuse it once the model is loaded); the profile's dropout becomes 0
+    (said as a note: validate/no_effect.py router_notes)."""
+    for key, off in (("lora_dropout", 0), ("use_dora", False), ("lora_bias", False), ("fan_in_fan_out", False)):
+        if user.get(key) not in (None, off, 0.0):
+            raise LeapError(
+                f"peft_config.{key} is {user[key]!r} with lora_experts: true: peft's adapters on expert weights "
+                f"cannot apply it",
+                where=where,
+                fix=f"remove {key} (or set it to {str(off).lower()}), or lora_experts: false",
+            )
+    merged["lora_dropout"] = 0.0

@@ -13,7 +13,7 @@ import importlib.util
 from leap_finetune.config import communication, own_keys, profiles
 from leap_finetune.config.arguments import check_training_values
 from leap_finetune.config.precision import check_optimizer_precision
-from leap_finetune.config.rules import check_batch_tokens, check_training_rules
+from leap_finetune.config.rules import check_batch_tokens, check_router_coefs, check_training_rules
 from leap_finetune.config.schema import LeapConfigModel
 from leap_finetune.config.suggest import did_you_mean, other_type_key, unknown_key_fix
 from leap_finetune.config.trackers import check_report_to
@@ -184,6 +184,7 @@ def check_values(model: LeapConfigModel, user: dict, merged: dict, where: str) -
         )
     check_report_to(merged.get("report_to"), where)
     check_batch_tokens(user, merged, where)
+    check_router_coefs(merged, where)
     communication.check_gradient_communication(merged, where)
     if merged.get("batch_tokens"):  # (the profile's row count and sampler, unused: not recorded as the run's)
         merged.pop("per_device_train_batch_size", None)
