@@ -342,7 +342,9 @@ def main() -> None:
         default="",
         help="full, lora, checkpointing, qlora, qlora-nocompile (default: full,lora[,checkpointing])",
     )
-    parser.add_argument("--peer", default="leap", help="with --budgets: leap (this project) or trl (its defaults)")
+    parser.add_argument(
+        "--peer", default="leap", help="with --budgets: leap (this project), trl (its defaults), or leap,trl (both)"
+    )
     parser.add_argument("--vl-models", default="450m,1.6b", help="vl-sft's models (bench/vl_sft_throughput.py)")
     parser.add_argument("--repredict", default="", help="a memory.json: predicted_gib again with today's estimator")
     args = parser.parse_args()
@@ -358,11 +360,12 @@ def main() -> None:
         for key in args.models.split(","):
             for mode in (args.modes or "full,lora").split(","):
                 for budget in map(int, args.budgets.split(",")):
-                    run = trl_budget_run if args.peer == "trl" else budget_run
-                    row = run(key, mode, budget, data["sft"], work, args.steps)
-                    print(json.dumps(row), flush=True)
-                    with out.open("a") as handle:
-                        handle.write(json.dumps(row) + "\n")
+                    for peer in args.peer.split(","):  # (leap,trl: each pair side by side, in the same run)
+                        run = trl_budget_run if peer == "trl" else budget_run
+                        row = run(key, mode, budget, data["sft"], work, args.steps)
+                        print(json.dumps(row), flush=True)
+                        with out.open("a") as handle:
+                            handle.write(json.dumps(row) + "\n")
         return
     smoke = [
         ("tiny", method, "full", {"grpo": 16, "vl-sft": 1024}.get(method, 256)) for method in args.cases.split(",")
