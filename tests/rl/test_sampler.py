@@ -318,3 +318,20 @@ def test_quantized_weights_are_not_copied(model):
         torch.zeros(4, 4, dtype=torch.uint8), requires_grad=False
     )
     assert not can_copy(packed)
+
+
+def test_the_rollout_copy_of_an_lfm2_moe_decodes_what_generate_decodes(tokenizer):
+    """LFM2-MoE (models/architectures.py: decode_attention) gets the same one-token attention in its rollout copy;
+    its tokens are generate's, routed through the same experts."""
+    torch.manual_seed(0)
+    moe = build_tiny_model("tiny-lfm2-moe", tokenizer).eval()
+    with torch.no_grad():
+        for parameter in moe.parameters():
+            parameter.mul_(8)
+    settings = config(tokenizer, top_k=1, max_new_tokens=30)
+    sampler = Sampler(moe, settings, [tokenizer.eos_token_id], tokenizer.pad_token_id, rollout_dtype=torch.float32)
+    assert sampler.policy.config._attn_implementation == "leap_decode"
+    ids, mask = left_padded(tokenizer, [5, 9, 3, 9, 7, 1, 12, 2], seed=2)
+    expected = moe.generate(input_ids=ids, attention_mask=mask, generation_config=settings)[:, ids.shape[1] :]
+    got = sampler.generate(ids, mask, 30)
+    assert cut_at_end(got, tokenizer.eos_token_id) == cut_at_end(expected, tokenizer.eos_token_id)
