@@ -159,7 +159,7 @@ def prepare(resolved: ResolvedConfig, console: Console | None = None, examples: 
 
     init_kwargs = resolved.training.get("model_init_kwargs")
     tokenizer = tokenizer if tokenizer is not None else load_tokenizer(resolved.model_id, init_kwargs)
-    check_lora_targets(resolved, tokenizer)
+    check_lora_targets(resolved, tokenizer, console)
     if resolved.retrieval is not None:  # embedding / colbert: no chat template; prompts and lengths per side
         from leap_finetune.data.retrieval_tokens import RetrievalEncoder
 
@@ -186,8 +186,9 @@ def prepare(resolved: ResolvedConfig, console: Console | None = None, examples: 
     return tokenizer, renderer, prepare_data(resolved, tokenizer, renderer, console=console, examples=examples)
 
 
-def check_lora_targets(resolved: ResolvedConfig, tokenizer) -> None:
-    """LoRA's target_modules must name modules of this model (read from its config, no weights)."""
+def check_lora_targets(resolved: ResolvedConfig, tokenizer, console: Console | None = None) -> None:
+    """LoRA's target_modules must name modules of this model (read from its config, no weights); the layers they
+    adapt are said (a note when fewer than half of the linear layers: a pattern for another architecture)."""
     if resolved.peft is None:
         return
     from leap_finetune.models.structure import check_lora_targets as check_targets
@@ -198,6 +199,12 @@ def check_lora_targets(resolved: ResolvedConfig, tokenizer) -> None:
     )
     if names is not None:
         check_targets(resolved.peft, names, resolved.model_id, resolved.config_path or "config")
+        if console is not None:
+            from leap_finetune.models.structure import lora_coverage
+
+            line, few = lora_coverage(resolved.peft, names)
+            few_note = f"note: {line}: fewer than half - see docs/sft.md, LoRA's targets"
+            console.print(few_note if few else line)
 
 
 def check_training_arguments(resolved: ResolvedConfig, has_eval: bool, cuda: bool | None = None) -> None:

@@ -111,3 +111,40 @@ def _suggest(names: dict[str, str]) -> str:
         + ", ".join(leaves)
         + " (or target_modules: all-linear)"
     )
+
+
+def lora_coverage(peft: dict, names: dict[str, str]) -> tuple[str, bool]:
+    """(a line saying which of the language model's linear layers LoRA adapts, per target; whether that is fewer
+    than half of them - a pattern written for another architecture, such as LLaMA's o_proj/gate_proj, matches
+    few of LFM2's). Matched as peft matches them. A mixture of experts' experts (3-D weights, no linear layer)
+    are said apart: adapted with lora_experts, else not."""
+    from peft import LoraConfig
+    from peft.tuners.tuners_utils import check_target_module_exists
+
+    options = {k: v for k, v in peft.items() if k in ("target_modules", "exclude_modules")}
+    config = LoraConfig(**options)
+    linear = [
+        n
+        for n, kind in names.items()
+        if kind == "Linear" and not n.endswith("lm_head") and "vision" not in n and "multi_modal_projector" not in n
+    ]
+    adapted: dict[str, int] = {}
+    missed: dict[str, int] = {}
+    for name in linear:
+        leaf = name.rsplit(".", 1)[-1]
+        counts = adapted if check_target_module_exists(config, name) else missed
+        counts[leaf] = counts.get(leaf, 0) + 1
+    total, done = len(linear), sum(adapted.values())
+    line = f"LoRA adapts {done} of the model's {total} linear layers ({_counted(adapted) or 'none'})"
+    if missed:
+        line += f"; not adapted: {_counted(missed)}"
+    experts = sum(kind.endswith("Experts") for kind in names.values())
+    if experts:
+        line += f"; the experts of {experts} routed layers: " + (
+            "adapted (lora_experts)" if peft.get("lora_experts") else "not adapted (lora_experts: true adapts them)"
+        )
+    return line, bool(total) and done < total / 2
+
+
+def _counted(counts: dict[str, int]) -> str:
+    return ", ".join(f"{leaf} {n}" for leaf, n in counts.items())
