@@ -73,6 +73,10 @@ def test_the_trained_model_loads_with_transformers_own_class(full_run):
     model = AutoModelForCausalLM.from_pretrained(full_run["model_dir"])
     assert type(model).__name__ == "Lfm2MoeForCausalLM"
     assert model.config.num_experts == 4 and model.config.conv_dim == model.config.hidden_size  # (vLLM's keys too)
+    card = (Path(full_run["model_dir"]) / "README.md").read_text()
+    total = sum(p.numel() for p in model.parameters())
+    assert f"| parameters | {total:,} (" in card and "active per token: 2 of 4 experts" in card
+    assert "| router losses | load-balancing" in card
 
 
 def test_lora_with_lora_experts_adapts_the_experts_and_merges(workdir):

@@ -99,7 +99,7 @@ def _load(raw: dict, config_path: Path | None, base: Path, where: str) -> Resolv
 
     user_keys = sorted(k for k in (model.training_config or {}) if k != "extends")
     notes = config_notes(model, training, set(user_keys), model.peft_config)
-    notes += router_notes(set(user_keys), model.peft_config, model_id)
+    notes += router_notes(set(user_keys), model.peft_config, model_id, quantized=quantization is not None)
     return ResolvedConfig(
         config_path=str(config_path) if config_path else None,
         project_name=model.project_name,

@@ -133,7 +133,7 @@ def data_notes(resolved, prepared) -> list[str]:
     ]
 
 
-def router_notes(user_training: set[str], peft_user: dict | None, model_id: str) -> list[str]:
+def router_notes(user_training: set[str], peft_user: dict | None, model_id: str, quantized: bool = False) -> list[str]:
     """The mixture-of-experts keys (models/moe_router.py, lora_experts) on a model whose routers they would act on:
     none for a dense model. Unknown model types (no config at hand) are not judged."""
     from leap_finetune.models.architectures import architecture
@@ -143,12 +143,18 @@ def router_notes(user_training: set[str], peft_user: dict | None, model_id: str)
     found = architecture(kind)
     if found is not None and found.moe:
         peft = peft_user or {}
+        notes = []
         if peft.get("lora_experts") and "lora_dropout" not in peft:
-            return [
+            notes.append(
                 "peft_config: lora_dropout is 0 with lora_experts: true (peft's adapters on expert weights take no "
                 "dropout; the profile's 0.05 does not apply)"
-            ]
-        return []
+            )
+        if quantized:
+            notes.append(
+                "peft_config.quantization: bitsandbytes quantizes linear layers only; the experts of a mixture of "
+                "experts are 3-D weights and stay bf16 (most of the model: `plan` shows the base's size)"
+            )
+        return notes
     if kind is None:
         return []
     what = f"{model_id} (model type {kind}) has no experts"

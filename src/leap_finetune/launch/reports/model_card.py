@@ -384,6 +384,7 @@ def _training_section(resolved, summary: dict, facts: RunFacts) -> list[str]:
         f"| batch per device x accumulation x workers | {per_device} x {facts.accumulation} x {facts.workers} "
         f"= {facts.global_batch} per step |",
         _lengths_row(resolved),
+        *_experts_rows(resolved),
         f"| steps | {summary.get('global_step')} |",
     ]
     if isinstance(summary.get("train_runtime_s"), (int, float)):
@@ -403,6 +404,27 @@ def _training_section(resolved, summary: dict, facts: RunFacts) -> list[str]:
             f"{change['before']!r} -> {change['now']!r} |"
         )
     return lines + [""]
+
+
+def _experts_rows(resolved) -> list[str]:
+    """A mixture of experts: its total and active parameters, and the router losses it trained with."""
+    from leap_finetune.memory.shapes import model_shape
+    from leap_finetune.models.architectures import supports
+    from leap_finetune.models.registry import model_type
+
+    if not supports(model_type(resolved.model_id), "moe"):
+        return []
+    rows = []
+    shape = model_shape(resolved.model_id)
+    if shape is not None:
+        rows.append(
+            f"| parameters | {shape.parameters:,} ({shape.active_parameters:,} active per token: "
+            f"{shape.experts_per_token} of {shape.experts} experts) |"
+        )
+    aux = resolved.training.get("router_aux_loss_coef")
+    z = resolved.training.get("router_z_loss_coef") or 0
+    said = f"x {aux:g}" if aux is not None else "x the model's own coefficient, or 0.001 (docs/moe.md)"
+    return rows + [f"| router losses | load-balancing {said}; z-loss x {z:g} |"]
 
 
 def hardware_line(facts: RunFacts, summary: dict) -> str:
