@@ -147,3 +147,54 @@ def test_k_quant_blocks_of_a_model_with_256_wide_rows_read_back_as_llama_cpp_wro
     assert torch.equal(ours, reference.float())
     trained = model.state_dict()["model.layers.0.feed_forward.w1.weight"]
     assert (ours - trained).norm() / trained.norm() < 0.1  # 4-bit blocks: a few percent of the weight
+
+
+def test_an_lfm2_moe_export_is_served_by_llama_cpp_and_scores_what_it_learned(llama_cpp, tmp_path):
+    """tiny-lfm2-moe trained on the quickstart, exported to q8_0 through llama.cpp's converter (its lfm2moe
+    architecture), served by llama-server: `eval --server` scores the generation benchmark near the trained model's
+    own score (transformers cannot read an LFM2-MoE GGUF back: llama.cpp is where it is scored)."""
+    import shutil
+
+    shutil.copy(ROOT / "examples" / "quickstart.yaml", tmp_path / "quickstart.yaml")
+    shutil.copytree(ROOT / "examples" / "data", tmp_path / "data")
+    config = tmp_path / "quickstart.yaml"
+    config.write_text(config.read_text().replace("model_name: tiny-lfm2\n", "model_name: tiny-lfm2-moe\n"))
+    trained = invoke(str(config), cwd=tmp_path)
+    assert trained.returncode == 0, trained.stderr
+    [run_folder] = list((tmp_path / "outputs" / "quickstart").iterdir())
+    out = tmp_path / "gguf"
+    result = invoke("export", str(run_folder), "--gguf", "q8_0", "--llama-cpp", str(llama_cpp), "-o", str(out))
+    assert result.returncode == 0, result.stderr
+    from leap_finetune.models.gguf import header
+
+    assert header(out / "quickstart-q8_0.gguf")["general.architecture"] == "lfm2moe"
+    record = json.loads((out / "quantization.json").read_text())
+    original = {b["name"]: b for b in record["verification"]["benchmarks"]}["capitals"]["original"]
+    port = _free_port()
+    log = tmp_path / "llama-server.log"
+    server = subprocess.Popen(
+        [str(llama_cpp / "build" / "bin" / "llama-server"), "-m", str(out / "quickstart-q8_0.gguf"), "--host",
+         "127.0.0.1", "--port", str(port), "-c", "512", "--jinja", "-np", "2"],
+        stdout=subprocess.DEVNULL,
+        stderr=log.open("w"),
+    )  # fmt: skip
+    try:
+        deadline = time.monotonic() + 120
+        while True:
+            assert server.poll() is None, log.read_text()[-2000:]
+            try:
+                with urllib.request.urlopen(f"http://127.0.0.1:{port}/health", timeout=2) as answer:
+                    if answer.status == 200:
+                        break
+            except OSError:
+                pass
+            assert time.monotonic() < deadline, "llama-server did not start in 120 s"
+            time.sleep(0.5)
+        results = tmp_path / "server.json"
+        evaluated = invoke("eval", str(config), "--server", f"http://127.0.0.1:{port}/v1", "--output", str(results))
+        assert evaluated.returncode == 0, evaluated.stderr
+        score = json.loads(results.read_text())["results"]["benchmark/capitals/score"]
+        assert original >= 0.75 and abs(score - original) <= SERVER_TOLERANCE
+    finally:
+        server.terminate()
+        server.wait(timeout=30)

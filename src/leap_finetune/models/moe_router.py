@@ -80,7 +80,9 @@ class RouterStats:
     def add(self, layer: int, load: torch.Tensor, balance: torch.Tensor, z: torch.Tensor) -> None:
         """One layer's metrics of one trained forward (device tensors: no wait for the GPU)."""
         if self.load is None:
-            self.load = torch.zeros(self.layers, self.num_experts, device=load.device, dtype=torch.long)
+            self.load = torch.zeros(
+                self.layers, self.num_experts, device=load.device, dtype=torch.float64
+            )  # (exact counts)
         self.load[layer] += load
         self.aux_sum = balance if self.aux_sum is None else self.aux_sum + balance
         if self.z_coef:
@@ -118,17 +120,20 @@ def summarise_load(load: torch.Tensor, aux: float, z: float | None) -> dict:
 
 
 def layer_losses(logits: torch.Tensor, selected: torch.Tensor, num_experts: int, real: torch.Tensor | None):
-    """(balance loss, z-loss, load per expert) of one router call over its real tokens."""
+    """(balance loss, z-loss, load per expert) of one router call over its real tokens (`real`: 1 for a token, 0
+    for padding; None: every token). Shapes stay static and nothing waits for the GPU (no bincount, no boolean
+    indexing: both would make the host wait for the device)."""
     logits = logits.float()
-    if real is not None:
-        logits, selected = logits[real], selected[real]
-    tokens = max(1, logits.shape[0])
-    load = torch.bincount(selected.reshape(-1), minlength=num_experts)[:num_experts]
+    weight = torch.ones_like(logits[:, 0]) if real is None else real.reshape(-1).to(logits.dtype)
+    tokens = weight.sum().clamp(min=1)
+    top_k = selected.shape[-1]
+    load = torch.zeros(num_experts, device=logits.device, dtype=torch.float32)
+    load = load.scatter_add(0, selected.reshape(-1), weight[:, None].expand(-1, top_k).reshape(-1))
     scores = torch.sigmoid(logits)  # (LFM2-MoE's routers score with a sigmoid)
     probs = scores / scores.sum(dim=-1, keepdim=True).clamp(min=1e-9)
-    share = load.float() / (tokens * selected.shape[-1])  # f_e: sums to 1
-    balance = num_experts * (share.detach() * probs.mean(dim=0)).sum()
-    z = torch.logsumexp(logits, dim=-1).pow(2).mean() if logits.shape[0] else logits.sum() * 0
+    share = load / (tokens * top_k)  # f_e: sums to 1
+    balance = num_experts * (share.detach() * (probs * weight[:, None]).sum(dim=0) / tokens).sum()
+    z = (torch.logsumexp(logits, dim=-1).pow(2) * weight).sum() / tokens
     return balance, z, load
 
 
@@ -139,14 +144,17 @@ def _router_hook(stats: RouterStats, layer: int):
             return output  # (evaluation, the reference model, rollouts: nothing trains)
         real = None
         if stats.mask is not None and stats.mask.numel() == logits.shape[0]:
-            real = stats.mask.reshape(-1).bool()
+            real = stats.mask
         balance, z, load = layer_losses(logits, selected, stats.num_experts, real)
         total = balance * stats.aux_coef + (z * stats.z_coef if stats.z_coef else 0)
         done = (load, balance.detach(), z.detach())
         record = functools.partial(stats.add, layer, *done)
         return logits, _AttachLoss.apply(weights, total, 1.0 / stats.accumulation, record), selected
 
-    return hook
+    # Eager inside a compiled decoder layer (speed.compile_layers): the metrics it records in the backward pass
+    # are a side effect torch.compile cannot trace. The router is a small part of the layer; the graph breaks
+    # around it, the experts stay compiled.
+    return torch.compiler.disable(hook)
 
 
 def _mask_hook(stats: RouterStats):
