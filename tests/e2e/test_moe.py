@@ -65,6 +65,7 @@ def test_a_full_fine_tune_learns_and_logs_router_metrics_that_add_up(full_run):
     seen = [r["num_input_tokens_seen"] for r in train]
     steps = [seen[0]] + [b - a for a, b in zip(seen, seen[1:], strict=False)]
     assert [r["moe/routed_tokens"] for r in train] == [int(s) * TOP_K for s in steps]
+    assert (Path(full_run["run_dir"]) / "plots" / "experts.png").stat().st_size > 0
 
 
 def test_the_trained_model_loads_with_transformers_own_class(full_run):
@@ -87,6 +88,7 @@ def test_lora_with_lora_experts_adapts_the_experts_and_merges(workdir):
     config = _sft(workdir, "moe-lora", {"extends": "DEFAULT_LORA", "lora_experts": True}, num_train_epochs=6)
     result = invoke("run", str(config), cwd=workdir)
     assert result.returncode == 0, result.stderr
+    assert "experts (last log)" in result.stderr and "x the even share" in " ".join(result.stderr.split())
     assert "lora_dropout is 0 with lora_experts" in result.stderr  # (said, not silent)
     assert "mixture of experts: 4 experts, 2 per token, 3 routed layers" in result.stderr
     [run] = list((workdir / "outputs" / "moe-lora").iterdir())

@@ -79,6 +79,20 @@ def write_plots(run_dir: Path) -> list[Path]:
             ],
             False,
         ),
+        "experts.png": (  # a mixture of experts' routers (models/moe_router.py)
+            "experts: load (1.0 = even) and balance loss",
+            [
+                (label, key)
+                for label, key in (
+                    ("least loaded", "moe/expert_load_min"),
+                    ("most loaded", "moe/expert_load_max"),
+                    ("load entropy", "moe/expert_load_entropy"),
+                    ("balance loss", "moe/aux_loss"),
+                )
+                if key in keys
+            ],
+            False,
+        ),
     }
     folder = RunFolder(run_dir).plots
     folder.mkdir(exist_ok=True)

@@ -300,6 +300,13 @@ def end_report(console: Console, resolved: ResolvedConfig, summary: dict) -> Non
     trained = _last_logged(run_dir, ("rewards/accuracies", "rewards/margins", "rewards/chosen", "rewards/rejected"))
     for name, value in row_kind_of(resolved).results(after, before, trained):  # (the reward rows of preference data)
         table.add_row(name, value)
+    experts = _last_logged(run_dir, ("moe/aux_loss", "moe/expert_load_min", "moe/expert_load_max"))
+    if len(experts) == 3:  # (a mixture of experts: its routers at the last log, models/moe_router.py)
+        table.add_row(
+            "experts (last log)",
+            f"load {experts['moe/expert_load_min']:.2f}-{experts['moe/expert_load_max']:.2f} x the even share, "
+            f"balance loss {experts['moe/aux_loss']:.3f} (1.0 = even)",
+        )
     if summary.get("final_reward") is not None:
         table.add_row(
             "reward (first / last 5 steps)", f"{summary['initial_reward']:.3f} -> {summary['final_reward']:.3f}"
