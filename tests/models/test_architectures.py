@@ -36,6 +36,13 @@ def test_each_capability_the_table_claims_is_what_the_modules_use():
     assert VARLEN_MODEL_TYPES == {"lfm2", "lfm2_moe", "lfm2_vl"}
     assert architectures.supports("lfm2_moe", "decode_attention") and architectures.supports("lfm2_moe", "moe")
     assert not architectures.supports("llama", "flat_rows") and architectures.architecture(None) is None
+    from leap_finetune.config.profiles import PEFT_PROFILES
+    from leap_finetune.gguf_export.convert import TEXT_OF_VISION
+
+    assert all(
+        set(a.lora_targets) == set(PEFT_PROFILES["DEFAULT_LORA"]["target_modules"]) for a in ARCHITECTURES.values()
+    )
+    assert TEXT_OF_VISION["Lfm2VlForConditionalGeneration"] == architectures.LFM2_VL.gguf_text_architecture
 
 
 @pytest.mark.parametrize(

@@ -18,11 +18,12 @@ import logging
 from pathlib import Path
 
 from leap_finetune.errors import LeapError
+from leap_finetune.models.architectures import LFM2_VL
 from leap_finetune.models.gguf import INSTALL, REINSTALL
 
 # A vision-language architecture whose language model llama.cpp converts as this text architecture (the
 # projector and vision encoder go to the separate mmproj file).
-TEXT_OF_VISION = {"Lfm2VlForConditionalGeneration": "Lfm2ForCausalLM"}
+TEXT_OF_VISION = {"Lfm2VlForConditionalGeneration": LFM2_VL.gguf_text_architecture}  # (models/architectures.py)
 
 
 def check_converter() -> None:

@@ -29,6 +29,7 @@ class Architecture:
     decode_attention: bool  # rl/sampler.py's one-token attention reproduces the model's (tested against SDPA)
     original_keys: bool  # models/lfm2_keys.py: the original LFM2 config keys vLLM reads
     gguf_text_architecture: str | None  # llama.cpp's converter class for the language model
+    lora_targets: tuple[str, ...] = ()  # DEFAULT_LORA's target_modules cover these (tests/models/test_architectures)
     moe: bool = False  # tokens routed to experts (router metrics, aux loss, expert LoRA)
     vision: bool = False
     continuous_batching: bool = False  # transformers' paged cache keeps the model's state (LFM2's conv: no)
@@ -43,6 +44,7 @@ LFM2 = Architecture(
     decode_attention=True,
     original_keys=True,
     gguf_text_architecture="Lfm2ForCausalLM",
+    lora_targets=LFM2_LORA_TARGETS,
 )
 LFM2_MOE = Architecture(
     model_type="lfm2_moe",
@@ -53,6 +55,7 @@ LFM2_MOE = Architecture(
     decode_attention=True,
     original_keys=True,
     gguf_text_architecture="Lfm2MoeForCausalLM",
+    lora_targets=LFM2_LORA_TARGETS,
     moe=True,
 )
 LFM2_VL = Architecture(
@@ -64,6 +67,7 @@ LFM2_VL = Architecture(
     decode_attention=False,
     original_keys=True,
     gguf_text_architecture="Lfm2ForCausalLM",
+    lora_targets=LFM2_LORA_TARGETS,  # (its language model's: DEFAULT_VLM_LORA)
     vision=True,
 )
 ARCHITECTURES = {a.model_type: a for a in (LFM2, LFM2_MOE, LFM2_VL)}

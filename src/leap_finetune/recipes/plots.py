@@ -41,15 +41,8 @@ def _tool_call_benchmarks(keys: list[str]) -> list[str]:
     return list(dict.fromkeys(found))
 
 
-def write_plots(run_dir: Path) -> list[Path]:
-    # matplotlib's object API with the Agg canvas (files only, no display, no pyplot state: safe in a thread)
-    from matplotlib.backends.backend_agg import FigureCanvasAgg
-    from matplotlib.figure import Figure
-
-    records = read_metrics(RunFolder(run_dir).metrics)
-    if not records:
-        return []
-    keys = list(dict.fromkeys(k for r in records for k in r))
+def _figures(keys: list[str]) -> dict:
+    """File name -> (title, [(label, metrics key)], by tokens too) for the keys the run logged."""
     figures = {
         "loss.png": ("loss", [("train loss", "loss"), ("eval loss", "eval_loss")], True),
         "learning_rate.png": ("learning rate", [("learning rate", "learning_rate")], False),
@@ -94,6 +87,18 @@ def write_plots(run_dir: Path) -> list[Path]:
             False,
         ),
     }
+    return figures
+
+
+def write_plots(run_dir: Path) -> list[Path]:
+    # matplotlib's object API with the Agg canvas (files only, no display, no pyplot state: safe in a thread)
+    from matplotlib.backends.backend_agg import FigureCanvasAgg
+    from matplotlib.figure import Figure
+
+    records = read_metrics(RunFolder(run_dir).metrics)
+    if not records:
+        return []
+    figures = _figures(list(dict.fromkeys(k for r in records for k in r)))
     folder = RunFolder(run_dir).plots
     folder.mkdir(exist_ok=True)
     written = []
