@@ -113,3 +113,19 @@ def test_a_model_without_experts_gets_no_hooks_and_the_coefficient_comes_from_th
     assert moe_router.model_aux_loss_coef(model.config) == 0.02
     line = moe_router.attach_from_training(model, {})
     assert "x 0.02 (the model's own)" in line and "3 routed layers" in line
+
+
+def test_the_expert_bias_stays_float32_under_a_bf16_base_and_in_the_rollout_copy():
+    """A bias of 1e-3 on a score near 0.5 rounds away in bf16 (its step there is 2e-3): the routing would change."""
+    from leap_finetune.rl.sampler import rollout_copy
+
+    model = _moe().to(torch.bfloat16)
+    biases = [m.expert_bias for m in model.modules() if hasattr(m, "expert_bias")]
+    assert biases and all(b.dtype == torch.bfloat16 for b in biases)
+    assert "3 routed layers" in moe_router.attach_from_training(model, {})
+    assert all(m.expert_bias.dtype == torch.float32 for m in model.modules() if hasattr(m, "expert_bias"))
+    shadow = rollout_copy(model, torch.bfloat16)
+    assert all(m.expert_bias.dtype == torch.float32 for m in shadow.modules() if hasattr(m, "expert_bias"))
+    assert next(shadow.parameters()).dtype == torch.bfloat16
+    with torch.no_grad():  # (the float32 bias and the bf16 scores route together)
+        assert shadow(input_ids=IDS).logits.dtype == torch.bfloat16

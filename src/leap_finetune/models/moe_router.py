@@ -187,9 +187,23 @@ def attach(model, aux_coef: float, z_coef: float, accumulation: int) -> RouterSt
     return stats
 
 
+def keep_expert_bias_fp32(model) -> int:
+    """LFM2-MoE's expert bias (the load-balancing offsets added to the router scores before the top-k) back in
+    float32 where the weights were loaded in bf16 (LoRA's bf16 base, bf16_kahan, QLoRA): in bf16 its small offsets
+    round away and tokens go to other experts than the model chose in training (vLLM keeps it float32 too). The
+    router's weight follows the model's dtype, as in vLLM. Returns how many were cast."""
+    cast = 0
+    for module in model.modules():
+        bias = getattr(module, "expert_bias", None)
+        if isinstance(bias, torch.Tensor) and bias.is_floating_point() and bias.dtype != torch.float32:
+            module.expert_bias = bias.float()
+            cast += 1
+    return cast
+
+
 def attach_from_training(model, training: dict) -> str | None:
-    """Hooks a mixture-of-experts model's routers with the run's coefficients; the line the run log prints (None
-    for a model without experts)."""
+    """Hooks a mixture-of-experts model's routers with the run's coefficients (and keeps the expert bias in
+    float32); the line the run log prints (None for a model without experts)."""
     config = getattr(model, "config", None)
     aux = training.get("router_aux_loss_coef")
     source = "set" if aux is not None else "the model's own" if _carries_coef(config) else "default"
@@ -198,6 +212,7 @@ def attach_from_training(model, training: dict) -> str | None:
     stats = attach(model, aux, z, int(training.get("gradient_accumulation_steps") or 1))
     if stats is None:
         return None
+    keep_expert_bias_fp32(model)
     experts = getattr(config, "_experts_implementation", None) or "eager"
     return (
         f"mixture of experts: {stats.num_experts} experts, {getattr(config, 'num_experts_per_tok', '?')} per token, "
