@@ -89,8 +89,11 @@ def test_dpo_with_compiled_layers_and_bf16_kahan_learns_with_both_models_compile
         assert {weights.get_tensor(k).dtype for k in list(weights.keys())[:5]} == {torch.bfloat16}
 
 
-@pytest.mark.parametrize("kind,lora", [("dpo", False), ("dpo", True), ("kto", False)])
-def test_padding_free_rows_train_like_padded_batches_step_by_step(workdir, monkeypatch, kind, lora):
+@pytest.mark.parametrize(
+    "kind,lora,model", [("dpo", False, "tiny-lfm2"), ("dpo", True, "tiny-lfm2"), ("kto", False, "tiny-lfm2"),
+                        ("dpo", False, "tiny-lfm2-moe")]
+)  # fmt: skip
+def test_padding_free_rows_train_like_padded_batches_step_by_step(workdir, monkeypatch, kind, lora, model):
     """models/flat_rows.py (the GPU default for LFM2 DPO and KTO): the padded batch runs through the model as one
     flat row padded to a multiple of 8 (KTO: its completions and its KL completions, each laid out from its own
     mask). Same losses, rewards and held-out numbers as the padded batches at every step; the model really received
@@ -114,6 +117,7 @@ def test_padding_free_rows_train_like_padded_batches_step_by_step(workdir, monke
         )
         data = yaml.safe_load(config.read_text())
         data["project_name"] = f"{kind}-flat-{padding_free}-{lora}"
+        data["model_name"] = model  # (LFM2-MoE: its routers count the real tokens of the flat row, not the padding)
         if lora:
             data["peft_config"] = {"extends": "DEFAULT_LORA", "r": 8, "lora_alpha": 16, "lora_dropout": 0.0}
         config.write_text(yaml.safe_dump(data))
@@ -123,7 +127,8 @@ def test_padding_free_rows_train_like_padded_batches_step_by_step(workdir, monke
     assert seen and all(shape[0] == 1 and shape[1] % 8 == 0 and end == shape[1] for shape, end in seen)
     # every call of a step ran flat: DPO the policy and the reference; KTO also their KL completions (4 per step)
     assert len(seen) >= (4 if kind == "kto" else 2) * 6
-    keys = ("loss", "rewards/chosen", "rewards/rejected", "eval_loss", "eval_rewards/margins", "kl", "eval_kl")
+    keys = ("loss", "rewards/chosen", "rewards/rejected", "eval_loss", "eval_rewards/margins", "kl", "eval_kl",
+            "moe/aux_loss", "moe/routed_tokens", "moe/expert_load_max")  # fmt: skip
     for flat, padded in zip(runs[True], runs[False], strict=True):
         assert {k: flat[k] for k in keys if k in padded} == pytest.approx(
             {k: padded[k] for k in keys if k in padded}, rel=1e-4, abs=1e-5

@@ -142,9 +142,7 @@ def _router_hook(stats: RouterStats, layer: int):
         logits, weights, selected = output
         if not torch.is_grad_enabled() or not weights.requires_grad:
             return output  # (evaluation, the reference model, rollouts: nothing trains)
-        real = None
-        if stats.mask is not None and stats.mask.numel() == logits.shape[0]:
-            real = stats.mask
+        real = _real_tokens(stats.mask, logits.shape[0])
         balance, z, load = layer_losses(logits, selected, stats.num_experts, real)
         total = balance * stats.aux_coef + (z * stats.z_coef if stats.z_coef else 0)
         done = (load, balance.detach(), z.detach())
@@ -155,6 +153,17 @@ def _router_hook(stats: RouterStats, layer: int):
     # are a side effect torch.compile cannot trace. The router is a small part of the layer; the graph breaks
     # around it, the experts stay compiled.
     return torch.compiler.disable(hook)
+
+
+def _real_tokens(mask, tokens: int):
+    """Which of the router's tokens are real (1) or padding (0), from the forward's attention mask: the padded
+    batch's own mask, or - for a padded batch that models/flat_rows.py ran as one flat row (its real tokens first,
+    then padding to a multiple of 8) - the first mask.sum() positions. None: no mask, every token is real."""
+    if mask is None:
+        return None
+    if mask.numel() == tokens:
+        return mask
+    return torch.arange(tokens, device=mask.device) < mask.sum()
 
 
 def _mask_hook(stats: RouterStats):
