@@ -114,3 +114,23 @@ def test_the_qlora_example_loads_and_the_planner_fits_lfm2_2_6b_into_its_16_gib(
     assert found["model"].endswith("LFM2-2.6B") and found["quant"] == "nf4" and found["budget"] == 16 * 2**30
     assert found["fits"] and found["changes"] == ["activation_checkpointing"]
     assert found["peak"] < 6 * 2**30  # (the 4-bit base: LoRA over a bf16 base is predicted at 7.8 GiB there)
+
+
+def test_qlora_on_an_lfm2_moe_quantizes_its_linear_layers_and_trains_with_its_routers(workdir):
+    """tiny-lfm2-moe over a 4-bit base: bitsandbytes quantizes its 15 linear layers (the experts are 3-D weights
+    and stay bf16, as the note says); the run learns and logs the routers' metrics."""
+    write_jsonl(workdir / "train.jsonl", fact_rows(48))
+    config = tiny_config(
+        model_name="tiny-lfm2-moe",
+        dataset={"path": "train.jsonl", "test_size": 8},
+        peft_config={"extends": "DEFAULT_QLORA", "r": 8},
+        training_config={"max_steps": 30, "eval_steps": 30, "learning_rate": 1e-2, "logging_steps": 10},
+    )
+    out = _qlora_cli("run", str(write_config(workdir, config)), cwd=workdir)
+    assert "quantized base: 15 linear layers in nf4 (bitsandbytes)" in out
+    assert "the experts of a mixture of experts are 3-D weights and stay bf16" in out
+    run_dir = _run_dir(workdir, "test")
+    summary = json.loads((run_dir / "summary.json").read_text())
+    assert summary["eval_loss"] < summary["initial_eval_loss"] * 0.9
+    records = [json.loads(line) for line in (run_dir / "metrics.jsonl").read_text().splitlines()]
+    assert any("moe/aux_loss" in r for r in records)
