@@ -430,13 +430,21 @@ def export(
         "--gguf",
         help="Write GGUF files for llama.cpp, Ollama, LM Studio: f16, bf16, q8_0, f32 (llama.cpp's converter), "
         "q4_k_m, q5_k_m, q6_k, ... (llama.cpp's llama-quantize). Repeat it or give a comma list; each file is "
-        "verified on the run's benchmarks.",
+        "verified on the run's benchmarks. auto: the smallest of q8_0 ... q4_0 that keeps the scores.",
     ),
     llama_cpp: Path = typer.Option(
         None, "--llama-cpp", help="A llama.cpp build folder holding llama-quantize (default: PATH)."
     ),
     no_verify: bool = typer.Option(
         False, "--no-verify", help="With --gguf: skip running the run's benchmarks on each file."
+    ),
+    max_drop: float = typer.Option(
+        None,
+        "--max-drop",
+        help="With --gguf auto: the most any benchmark's score may drop (absolute; default 0.02).",
+    ),
+    max_kl: float = typer.Option(
+        None, "--max-kl", help="With --gguf auto: the most KL from the original, nats per token (default 0.05)."
     ),
     sets: list[str] = _no_config_set_option(),
 ) -> None:
@@ -453,11 +461,15 @@ def export(
     if gguf:
         from leap_finetune.gguf_export.export import export_gguf
 
-        export_gguf(model, gguf, output=output, llama_cpp=llama_cpp, verify=not no_verify)
+        export_gguf(
+            model, gguf, output=output, llama_cpp=llama_cpp, verify=not no_verify, max_drop=max_drop, max_kl=max_kl
+        )
         return
-    if llama_cpp is not None or no_verify:
+    if llama_cpp is not None or no_verify or max_drop is not None or max_kl is not None:
         raise LeapError(
-            "--llama-cpp and --no-verify go with --gguf", where="export", fix="add --gguf TYPE, e.g. --gguf q4_k_m"
+            "--llama-cpp, --no-verify, --max-drop and --max-kl go with --gguf",
+            where="export",
+            fix="add --gguf TYPE, e.g. --gguf q4_k_m (or --gguf auto)",
         )
     from leap_finetune.export import export_model
 

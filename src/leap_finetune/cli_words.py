@@ -33,6 +33,8 @@ VALUE_OPTIONS = {
     "--gpu-memory",
     "--gguf",
     "--llama-cpp",
+    "--max-drop",
+    "--max-kl",
 }
 
 

@@ -269,6 +269,11 @@ def test_mistakes_are_refused_before_anything_is_written(runs, workdir, monkeypa
         (("export", str(workdir / "nowhere"), "--gguf", "q8_0", "-o", str(out)), "no such folder"),
         (("export", run, "--gguf", "q9_x", "-o", str(out)), "unknown GGUF type 'q9_x'"),
         (("export", run, "--gguf", "q4_k_m", "--llama-cpp", str(workdir), "-o", str(out)), "no llama-quantize"),
+        (("export", run, "--gguf", "auto,q8_0", "-o", str(out)), "takes no other type beside it"),
+        (("export", run, "--gguf", "auto", "--no-verify", "-o", str(out)), "--no-verify skips them"),
+        (("export", run, "--gguf", "auto", "--max-drop", "-1", "-o", str(out)), "--max-drop is -1.0: expected"),
+        (("export", run, "--gguf", "q8_0", "--max-kl", "0.1", "-o", str(out)), "go with --gguf auto"),
+        (("export", run, "--max-drop", "0.1", "-o", str(out)), "go with --gguf"),
     ]
     for args, said in cases:
         result = invoke(*args)
@@ -341,3 +346,29 @@ def test_no_verify_into_a_folder_that_does_not_exist_yet(runs, workdir):
     assert "not verified: --no-verify was given" in result.stderr and "verifying" not in result.stderr
     record = json.loads((out / "quantization.json").read_text())
     assert record["verification"]["skipped"] == "--no-verify was given" and (out / "full-q8_0.gguf").is_file()
+
+
+def test_auto_keeps_the_smallest_file_within_the_bounds_and_says_why_each_other_is_not(exported):
+    """gguf_export/auto.py's choice on real files (their sizes) with scores and KL set per case: the smallest file
+    that passes both bounds wins; a drop or a KL over its bound, or a file not scored, is the reason given."""
+    from leap_finetune.gguf_export.auto import choose
+    from leap_finetune.gguf_export.verify import ORIGINAL, Verification
+
+    files = {t: exported["files"][t] for t in ("bf16", "q8_0")}  # (q8_0 is the smaller)
+    verification = Verification([("twice", "exact_match"), ("twice_mcq", "logprob_mcq")])
+    verification.scores = {
+        ORIGINAL: {"twice": 1.0, "twice_mcq": 1.0},
+        "bf16": {"twice": 1.0, "twice_mcq": 1.0},
+        "q8_0": {"twice": 0.97, "twice_mcq": 1.0},
+    }
+    verification.drift = {"bf16": {"kl": 0.0, "top1": 1.0}, "q8_0": {"kl": 1e-3, "top1": 1.0}}
+    assert choose(verification, files, max_drop=0.05, max_kl=0.05).chosen == "q8_0"
+    tight = choose(verification, files, max_drop=0.02, max_kl=0.05)
+    assert tight.chosen == "bf16" and tight.rungs[1]["why_not"] == "twice drops 0.0300 > 0.02"
+    assert choose(verification, files, max_drop=0.05, max_kl=1e-4).rungs[1]["why_not"] == "KL 1.00e-03 > 0.0001"
+    none = choose(verification, files, max_drop=0.0, max_kl=0.0)
+    assert none.chosen == "bf16"  # (exactly the original: a drop of 0 and a KL of 0 pass a bound of 0)
+    verification.unread = {"q8_0": "a block type transformers lacks"}
+    del verification.scores["q8_0"]
+    unread = choose(verification, files, max_drop=1.0, max_kl=1.0)
+    assert unread.chosen == "bf16" and "not measured here" in unread.rungs[1]["why_not"]

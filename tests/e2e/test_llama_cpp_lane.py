@@ -198,3 +198,22 @@ def test_an_lfm2_moe_export_is_served_by_llama_cpp_and_scores_what_it_learned(ll
     finally:
         server.terminate()
         server.wait(timeout=30)
+
+
+def test_gguf_auto_keeps_the_smallest_quant_within_the_bounds(llama_cpp, run):
+    """The whole ladder exported and scored: a loose bound keeps the smallest file (q4_0) and only it; a bound of 0
+    passes no quant (every one moves the predictions a little): exit 2, nothing kept, the table printed."""
+    loose = run["folder"] / "auto-loose"
+    result = invoke("export", str(run["run"]), "--gguf", "auto", "--max-drop", "0.5", "--max-kl", "1",
+                    "--llama-cpp", str(llama_cpp), "-o", str(loose))  # fmt: skip
+    assert result.returncode == 0, result.stderr
+    assert [p.name for p in loose.glob("*.gguf")] == ["quickstart-q4_0.gguf"]
+    record = json.loads((loose / "quantization.json").read_text())["auto"]
+    assert record["chosen"] == "q4_0" and [r["type"] for r in record["ladder"]] == ["q8_0", "q6_k", "q5_k_m",
+                                                                                   "q4_k_m", "q4_0"]  # fmt: skip
+    assert "## Which quant (--gguf auto)" in (loose / "README.md").read_text()
+    strict = run["folder"] / "auto-strict"
+    result = invoke("export", str(run["run"]), "--gguf", "auto", "--max-drop", "0", "--max-kl", "0",
+                    "--llama-cpp", str(llama_cpp), "-o", str(strict))  # fmt: skip
+    assert result.returncode == 2 and "no quant of the ladder" in result.stderr
+    assert not strict.exists() or not any(strict.iterdir())

@@ -30,6 +30,7 @@ def write_card(
     mmproj: Path | None,
     verification: Verification,
     eval_command: str | None,
+    choice: dict | None = None,
 ) -> None:
     # (the commands name the smallest file, the one a device usually gets; any of them runs the same way)
     first = min(files.values(), key=lambda path: path.stat().st_size).name
@@ -84,6 +85,8 @@ def write_card(
         "",
     ]
     lines += verification_lines(verification, eval_command)
+    if choice is not None:
+        lines += ["", *choice_lines(choice)]
     (folder / "README.md").write_text("\n".join(lines) + "\n", encoding="utf-8")
 
 
@@ -116,6 +119,26 @@ def verification_lines(verification: Verification, eval_command: str | None) -> 
         lines += ["", f"{model}: not measured here ({why}); {SERVER_HINT}."]
     if eval_command:
         lines += ["", f"To measure a file again (with the config the run was started from): `{eval_command}`"]
+    return lines
+
+
+def choice_lines(choice: dict) -> list[str]:
+    """`--gguf auto`: every rung of the ladder against the bounds, and the one kept (the others were not kept)."""
+    lines = [
+        "## Which quant (--gguf auto)",
+        "",
+        f"Kept: `{choice['chosen']}`, {choice['how']}. Every quant of the ladder was exported and scored; only the "
+        "chosen file was kept:",
+        "",
+        "| quant | size | worst benchmark drop | KL (nats/token) | within the bounds |",
+        "|---|---|---|---|---|",
+    ]
+    for rung in choice["ladder"]:
+        drops = rung.get("drops") or {}
+        worst = f"{max(drops.values()):+.4f}" if drops else "-"
+        kl = f"{rung['kl']:.2e}" if rung.get("kl") is not None else "-"
+        verdict = ("yes, chosen" if rung["type"] == choice["chosen"] else "yes") if rung["passes"] else rung["why_not"]
+        lines.append(f"| `{rung['type']}` | {rung['size_bytes'] / 2**20:.1f} MiB | {worst} | {kl} | {verdict} |")
     return lines
 
 

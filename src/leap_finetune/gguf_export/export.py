@@ -31,7 +31,10 @@ def export_gguf(
     llama_cpp: str | Path | None = None,
     verify: bool = True,
     console: Console | None = None,
+    max_drop: float | None = None,
+    max_kl: float | None = None,
 ) -> Path:
+    from leap_finetune.gguf_export import auto as auto_choice
     from leap_finetune.gguf_export.convert import check_converter
     from leap_finetune.gguf_export.llama_cpp import find_program
     from leap_finetune.methods import method_of
@@ -39,6 +42,17 @@ def export_gguf(
 
     console = console or Console(stderr=True)
     types = parse_types(types)
+    bounds = None
+    if types == ["auto"]:
+        bounds = (
+            auto_choice.DEFAULT_MAX_DROP if max_drop is None else max_drop,
+            auto_choice.DEFAULT_MAX_KL if max_kl is None else max_kl,
+        )
+        auto_choice.check_bounds(*bounds)
+        auto_choice.check_auto(verify, (True, None))  # (--no-verify: refused before anything else)
+        types = list(auto_choice.LADDER)
+    elif max_drop is not None or max_kl is not None:
+        raise LeapError("--max-drop and --max-kl go with --gguf auto", where="export", fix="add --gguf auto")
     trained = find_trained(source)
     source = str(Path(source).expanduser().resolve()) if Path(source).expanduser().exists() else source
     kind = trained.retrieval_type()
@@ -60,6 +74,8 @@ def export_gguf(
 
     check_architecture(trained.model_id)
     measured = benchmarks_of(trained.run_config) if verify else (None, "--no-verify was given")
+    if bounds is not None:
+        auto_choice.check_auto(verify, measured)
 
     from leap_finetune.models.vision import is_vision_model
 
@@ -71,7 +87,7 @@ def export_gguf(
     def write(staging: Path) -> None:
         staging.mkdir(parents=True)
         result.update(
-            _write(staging, output, trained, source, types, quantizer, vision, stem, title, measured, console)
+            _write(staging, output, trained, source, types, quantizer, vision, stem, title, measured, console, bounds)
         )
 
     from leap_finetune import faults
@@ -92,7 +108,9 @@ def export_gguf(
     return output
 
 
-def _write(staging: Path, final: Path, trained, source, types, quantizer, vision, stem, title, measured, console):
+def _write(
+    staging: Path, final: Path, trained, source, types, quantizer, vision, stem, title, measured, console, bounds
+):
     from leap_finetune.export import export_trained
     from leap_finetune.gguf_export.card import write_card
     from leap_finetune.gguf_export.convert import convert
@@ -126,6 +144,10 @@ def _write(staging: Path, final: Path, trained, source, types, quantizer, vision
         mmproj = convert(hf, staging / f"mmproj-{stem}-{mm_type}.gguf", mm_type, mmproj=True, name=title, source=source)
     verification = verify(*measured, hf, files, console)
     print_table(verification, console)
+    choice = _choose(verification, files, bounds, console) if bounds is not None else None
+    if choice is not None:
+        files = {choice.chosen: files[choice.chosen]}
+        types = [choice.chosen]
     shutil.rmtree(scratch)
     write_card(
         staging,
@@ -134,6 +156,7 @@ def _write(staging: Path, final: Path, trained, source, types, quantizer, vision
         files=files,
         mmproj=mmproj,
         verification=verification,
+        choice=choice.as_json() if choice is not None else None,
         eval_command=None
         if verification.skipped
         else f"leap-finetune eval YOUR_CONFIG.yaml --set checkpoint={final / files[types[0]].name}",
@@ -143,9 +166,26 @@ def _write(staging: Path, final: Path, trained, source, types, quantizer, vision
         "files": {t: p.name for t, p in files.items()},
         "mmproj": mmproj.name if mmproj else None,
         "verification": verification.as_json(),
+        **({"auto": choice.as_json()} if choice is not None else {}),
     }
     (staging / "quantization.json").write_text(json.dumps(record, indent=2) + "\n", encoding="utf-8")
     return {"files": [p.name for p in files.values()] + ([mmproj.name] if mmproj else [])}
+
+
+def _choose(verification, files: dict, bounds: tuple[float, float], console):
+    """--gguf auto: the smallest file within the bounds (gguf_export/auto.py); the others are removed from the
+    staging folder (the table is their evidence), or nothing is kept."""
+    from leap_finetune.gguf_export.auto import choose, print_choice, refuse_none
+
+    choice = choose(verification, files, *bounds)
+    print_choice(choice, console)
+    if choice.chosen is None:
+        raise refuse_none(choice)
+    for gguf_type, path in files.items():
+        if gguf_type != choice.chosen:
+            path.unlink()
+    console.print(f"--gguf auto: keeping {choice.chosen}, the smallest within the bounds", markup=False)
+    return choice
 
 
 class _Warnings:

@@ -33,6 +33,15 @@ def parse_types(given: list[str]) -> list[str]:
     """`--gguf q8_0 --gguf q4_k_m` or `--gguf f16,q8_0`: the types in the order given, each once, lower case.
     An unknown type is refused before anything is loaded."""
     types: list[str] = []
+    names = [n.strip().lower() for item in given for n in item.split(",") if n.strip()]
+    if "auto" in names:
+        if names != ["auto"]:
+            raise LeapError(
+                "--gguf auto chooses the type itself: it takes no other type beside it",
+                where="--gguf",
+                fix="--gguf auto alone, or name the types: --gguf q8_0,q4_k_m",
+            )
+        return ["auto"]
     for item in given:
         for name in item.split(","):
             name = name.strip().lower()
@@ -43,7 +52,8 @@ def parse_types(given: list[str]) -> list[str]:
                     f"unknown GGUF type {name!r}",
                     where="--gguf",
                     fix=f"use one of: {', '.join(CONVERTER_TYPES)} (written by llama.cpp's converter), or "
-                    f"{', '.join(QUANTIZE_TYPES)} (made by llama.cpp's llama-quantize); e.g. --gguf q8_0 --gguf q4_k_m",
+                    f"{', '.join(QUANTIZE_TYPES)} (made by llama.cpp's llama-quantize); e.g. --gguf q8_0 --gguf q4_k_m; "
+                    "or --gguf auto (the smallest that keeps the run's scores)",
                 )
             if name not in types:
                 types.append(name)
