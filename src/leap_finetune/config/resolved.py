@@ -37,6 +37,7 @@ class ResolvedConfig(BaseModel):
     output_dir: str | None  # the user's output_dir, absolute
     resume_from_checkpoint: str | None  # "latest", a path, or None
     samples: int = 0
+    qat: dict | None = None  # quantization-aware training: {target, start_step} (models/qat.py)
     evals: EvalsConfig | None = None  # benchmark paths made absolute
     checkpoint: str | None = None  # leap-finetune eval: a run or checkpoint folder
     config_dir: str | None = None  # relative paths (and the default outputs/ folder) start here

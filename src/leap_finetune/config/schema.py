@@ -59,6 +59,21 @@ class RetrievalConfig(StrictModel):
     )
 
 
+class QatConfig(StrictModel):
+    """Quantization-aware training (models/qat.py): the linear layers train through the target format's rounding."""
+
+    target: Literal["q4_0", "q8_0", "mlx_q4"] = Field(
+        description="The format the model will ship in: `q4_0` / `q8_0` (llama.cpp GGUF: blocks of 32, matched "
+        "value for value), `mlx_q4` (MLX 4-bit, groups of 64). Export with the same type: `export RUN --gguf q4_0`."
+    )
+    start_step: int = Field(
+        default=0,
+        ge=0,
+        description="The step from which the forward pass uses the quantized weights (before it: plain training); "
+        "0 = from the start",
+    )
+
+
 class LeapConfigModel(StrictModel):
     """The top level of a leap-finetune YAML file."""
 
@@ -131,6 +146,12 @@ class LeapConfigModel(StrictModel):
         description="The GPU memory a training process may use, to plan for a card you are not on (`24GiB`, "
         "`80GB`, `16` in GiB; `--gpu-memory` on plan, validate and run wins); default: the free memory of the GPU "
         "a run trains on. Defaults you did not set change to fit it (docs/memory.md).",
+    )
+    qat: QatConfig | None = Field(
+        default=None,
+        description="sft, dpo, kto, grpo: quantization-aware training for the format you ship "
+        "(`qat: {target: q4_0}`; docs/export.md). Full fine-tunes and LoRA (the frozen base's layers train through "
+        "the rounding; the adapters are added after it); not with a 4-bit base (QLoRA).",
     )
     samples: int = Field(
         default=0,

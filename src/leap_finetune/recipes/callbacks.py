@@ -81,6 +81,19 @@ class RouterMetrics(TrainerCallback):
             logs.update(self._stats.read() or {})
 
 
+class QatSwitch(TrainerCallback):
+    """qat.start_step: the quantized forward from that step on (a resume past it starts with it on)."""
+
+    def __init__(self, state):
+        self.qat = state
+
+    def on_train_begin(self, args, state, control, **kwargs):
+        self.qat.active = state.global_step >= self.qat.start_step
+
+    def on_step_begin(self, args, state, control, **kwargs):
+        self.qat.active = state.global_step >= self.qat.start_step
+
+
 class RichProgress(TrainerCallback):
     """One progress bar: step, loss (GRPO: the mean reward), tokens/s and ETA."""
 

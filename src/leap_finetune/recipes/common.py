@@ -264,6 +264,7 @@ def train_evaluate_save(
     `after_training(trainer) -> dict`: called on every rank right after training (it may be a collective); what
     it returns goes into the summary. A full disk is an error that says so (recipes/failures.py)."""
     with disk_errors(run_dir, trainer, resolved.training):
+        _quantization_aware(trainer, resolved, console)
         benchmarks = _take_over_output(trainer, console)
         resume = resolved.resume_checkpoint_path
         baseline_benchmarks = benchmarks.evaluate("before training") if benchmarks is not None and not resume else {}
@@ -305,6 +306,24 @@ def train_evaluate_save(
         plots.wait()
         write_summary(run_dir, summary, finished=True)
         return summary
+
+
+def _quantization_aware(trainer, resolved: ResolvedConfig, console) -> None:
+    """qat: the model's linear layers (LoRA layers merged) run through the target's rounding (models/qat.py),
+    from qat.start_step on; evaluations at those steps measure the quantized model."""
+    if not resolved.qat:
+        return
+    from leap_finetune.models import qat
+    from leap_finetune.recipes.callbacks import QatSwitch
+
+    state, patched = qat.apply(trainer.model, resolved.qat["target"], resolved.qat["start_step"])
+    trainer.add_callback(QatSwitch(state))
+    start = resolved.qat["start_step"]
+    console.print(
+        f"quantization-aware training: {patched} linear layers through {qat.TARGETS[state.target][1]}"
+        + (f", from step {start}" if start else "")
+        + f"; export with --gguf {state.target}" * (state.target != "mlx_q4")
+    )
 
 
 def _take_over_output(trainer, console):

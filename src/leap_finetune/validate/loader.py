@@ -95,11 +95,12 @@ def _load(raw: dict, config_path: Path | None, base: Path, where: str) -> Resolv
     check_hold_out_tools(model, dataset, evals, vision, where)
     check_retrieval_metrics(model, evals, where)
     _resolve_model_init_kwargs(training, model, model_id, peft is not None, (quantization, vision), where)
-    from leap_finetune.validate.no_effect import config_notes, router_notes
+    from leap_finetune.validate.no_effect import config_notes, qat_notes, router_notes
 
     user_keys = sorted(k for k in (model.training_config or {}) if k != "extends")
     notes = config_notes(model, training, set(user_keys), model.peft_config)
     notes += router_notes(set(user_keys), model.peft_config, model_id, quantized=quantization is not None)
+    notes += qat_notes(model, peft)
     return ResolvedConfig(
         config_path=str(config_path) if config_path else None,
         project_name=model.project_name,
@@ -117,6 +118,7 @@ def _load(raw: dict, config_path: Path | None, base: Path, where: str) -> Resolv
         peft=peft,
         output_dir=str(local_path(model.output_dir, base)) if model.output_dir else None,
         samples=model.samples,
+        qat=check_qat(model, vision, quantization is not None, where),
         evals=evals,
         checkpoint=str(local_path(model.checkpoint, base)) if model.checkpoint else None,
         resume_from_checkpoint=resume if resume in (None, "latest") else _resume_path(resume, base),
@@ -218,3 +220,33 @@ def _check_training_type(value, where: str) -> None:
         where=f"{where}: training_type",
         fix=(hint + " " if hint else "") + f"expected one of: {', '.join(types)}",
     )
+
+
+def check_qat(model, vision: bool, quantized: bool, where: str) -> dict | None:
+    """`qat:` (models/qat.py) where it can act: the causal-LM training types, a language model, a base that is not
+    already 4-bit."""
+    if model.qat is None:
+        return None
+    from leap_finetune.errors import LeapError
+
+    if model.training_type not in ("sft", "dpo", "kto", "grpo"):
+        raise LeapError(
+            f"qat: applies to chat models (sft, dpo, kto, grpo); {model.training_type} trains an encoder that is "
+            "not exported to GGUF",
+            where=where,
+            fix="remove qat:",
+        )
+    if vision:
+        raise LeapError(
+            "qat: is not offered for vision-language models yet (the vision tower ships in a separate mmproj "
+            "file, in f16)",
+            where=where,
+            fix="remove qat:, and compare the exported quants with export --gguf auto",
+        )
+    if quantized:
+        raise LeapError(
+            "qat: with a 4-bit base (QLoRA): the base is already rounded to nf4, not to the target's format",
+            where=where,
+            fix="use DEFAULT_LORA (a bf16 base) with qat:, or QLoRA without it",
+        )
+    return model.qat.model_dump()

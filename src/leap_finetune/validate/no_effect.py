@@ -167,3 +167,22 @@ def router_notes(user_training: set[str], peft_user: dict | None, model_id: str,
     if (peft_user or {}).get("lora_experts"):
         notes.append(f"peft_config.lora_experts has no effect: {what}; remove it")
     return notes
+
+
+def qat_notes(model, peft: dict | None) -> list[str]:
+    """With qat: a LoRA layer trains merged through the rounding (fake_quant(W + BA)), where its dropout cannot
+    apply; a start_step past max_steps never starts."""
+    if model.qat is None:
+        return []
+    notes = []
+    if peft and peft.get("lora_dropout"):
+        notes.append(
+            f"peft_config.lora_dropout ({peft['lora_dropout']}) has no effect with qat: each LoRA layer runs merged "
+            "through the target's rounding, where dropout cannot apply; set it to 0"
+        )
+    max_steps = (model.training_config or {}).get("max_steps")
+    if isinstance(max_steps, int) and 0 < max_steps <= model.qat.start_step:
+        notes.append(
+            f"qat.start_step ({model.qat.start_step}) has no effect: training stops at max_steps {max_steps} first"
+        )
+    return notes

@@ -385,6 +385,7 @@ def _training_section(resolved, summary: dict, facts: RunFacts) -> list[str]:
         f"= {facts.global_batch} per step |",
         _lengths_row(resolved),
         *_experts_rows(resolved),
+        *_qat_rows(resolved),
         f"| steps | {summary.get('global_step')} |",
     ]
     if isinstance(summary.get("train_runtime_s"), (int, float)):
@@ -404,6 +405,17 @@ def _training_section(resolved, summary: dict, facts: RunFacts) -> list[str]:
             f"{change['before']!r} -> {change['now']!r} |"
         )
     return lines + [""]
+
+
+def _qat_rows(resolved) -> list[str]:
+    """Quantization-aware training: the format the weights trained through, and the export that matches it."""
+    if not resolved.qat:
+        return []
+    target, start = resolved.qat["target"], resolved.qat["start_step"]
+    export = f"; ship it as `leap-finetune export RUN --gguf {target}`" if target != "mlx_q4" else ""
+    since = f" from step {start}" if start else ""
+    return [f"| quantization-aware training | trained for {target}{since}: its linear layers ran through {target}'s "
+            f"rounding{export} |"]  # fmt: skip
 
 
 def _experts_rows(resolved) -> list[str]:

@@ -300,6 +300,11 @@ def end_report(console: Console, resolved: ResolvedConfig, summary: dict) -> Non
     trained = _last_logged(run_dir, ("rewards/accuracies", "rewards/margins", "rewards/chosen", "rewards/rejected"))
     for name, value in row_kind_of(resolved).results(after, before, trained):  # (the reward rows of preference data)
         table.add_row(name, value)
+    if resolved.qat:
+        target = resolved.qat["target"]
+        table.add_row(
+            "trained for", target + (f": export with --gguf {target}" if target != "mlx_q4" else "") + " (qat:)"
+        )
     experts = _last_logged(run_dir, ("moe/aux_loss", "moe/expert_load_min", "moe/expert_load_max"))
     if len(experts) == 3:  # (a mixture of experts: its routers at the last log, models/moe_router.py)
         table.add_row(

@@ -1,0 +1,155 @@
+"""Quantization-aware training (models/qat.py): the fake quantization is llama.cpp's q4_0 / q8_0 value for value
+(the gguf package's port of ggml-quants.c is the reference), its gradient passes straight through, a LoRA layer
+trains merged through the rounding, start_step switches it on, and `qat:` is checked at validate."""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+import numpy as np
+import pytest
+import torch
+
+from leap_finetune.models import qat
+from leap_finetune.models.tiny import build_tiny_model, load_tiny_tokenizer
+from tests.conftest import invoke, write_config
+
+QUICKSTART = Path(__file__).resolve().parents[2] / "examples" / "data" / "quickstart.jsonl"
+
+
+@pytest.mark.parametrize("target", ["q4_0", "q8_0"])
+def test_the_fake_quantization_is_llama_cpps_value_for_value(target):
+    from gguf import GGMLQuantizationType
+    from gguf.quants import dequantize, quantize
+
+    kind = {"q4_0": GGMLQuantizationType.Q4_0, "q8_0": GGMLQuantizationType.Q8_0}[target]
+    rng = np.random.default_rng(0)
+    weight = (rng.standard_normal((16, 256)) * rng.uniform(1e-3, 3, (16, 1))).astype(np.float32)
+    weight[0, :32] = 0  # (a block of zeros: scale 0)
+    weight[1, 5] = -7.0  # (a negative extreme: q4_0's scale takes its sign)
+    expected = dequantize(quantize(weight, kind), kind)
+    assert np.array_equal(qat.quantized(torch.from_numpy(weight), target).numpy(), expected)
+
+
+def test_mlx_q4_keeps_sixteen_levels_per_group_between_its_min_and_max():
+    weight = torch.randn(4, 128)
+    out = qat.quantized(weight, "mlx_q4").reshape(4, 2, 64)
+    groups = weight.reshape(4, 2, 64)
+    assert all(len(torch.unique(g)) <= 16 for g in out.reshape(-1, 64))
+    torch.testing.assert_close(out.amin(-1), groups.amin(-1))
+    assert ((out - groups).abs() <= (groups.amax(-1, keepdim=True) - groups.amin(-1, keepdim=True)) / 30 + 1e-6).all()
+
+
+def test_the_gradient_passes_straight_through():
+    weight = torch.randn(8, 64, requires_grad=True)
+    out = qat.fake_quant(weight, "q4_0")
+    assert torch.equal(out.detach(), qat.quantized(weight.detach(), "q4_0"))
+    out.sum().backward()
+    assert torch.equal(weight.grad, torch.ones_like(weight))
+
+
+def _loss(model, rows) -> float:
+    """The mean loss per trained token over prepared rows."""
+    total, tokens = 0.0, 0
+    for row in rows:
+        labels = torch.tensor([row["labels"]])
+        with torch.no_grad():
+            loss = model(input_ids=torch.tensor([row["input_ids"]]), labels=labels).loss
+        count = int((labels[:, 1:] != -100).sum())
+        total, tokens = total + loss.item() * count, tokens + count
+    return total / tokens
+
+
+def _round_to(model, target: str) -> None:
+    """The weights as the exported file holds them: every linear layer but the LM head (tied to the embedding)."""
+    with torch.no_grad():
+        for name, module in model.named_modules():
+            if "lm_head" not in name and qat.can_quantize(module, target):
+                module.weight.copy_(qat.quantized(module.weight, target))
+
+
+def _model():
+    return build_tiny_model("tiny-lfm2", load_tiny_tokenizer("tiny-lfm2")).eval()
+
+
+def test_every_block_aligned_linear_layer_runs_through_the_rounding_from_start_step():
+    model = _model()
+    ids = torch.randint(20, 300, (2, 12))
+    with torch.no_grad():
+        plain = model(input_ids=ids).logits
+    state, patched = qat.apply(model, "q4_0", start_step=5)
+    assert patched == 24  # (tiny-lfm2's linear layers; not the LM head)
+    assert not state.active
+    with torch.no_grad():
+        torch.testing.assert_close(model(input_ids=ids).logits, plain)  # (before start_step: plain training)
+        state.active = True
+        quantized = model(input_ids=ids).logits
+        reference = _model()
+        _round_to(reference, "q4_0")
+        torch.testing.assert_close(quantized, reference(input_ids=ids).logits)  # (what ships, exactly)
+
+
+def test_a_lora_layer_trains_merged_through_the_rounding():
+    from peft import LoraConfig, get_peft_model
+
+    model = get_peft_model(_model(), LoraConfig(r=4, lora_alpha=8, target_modules=["w1"], lora_dropout=0.0))
+    layer = model.base_model.model.model.layers[0].feed_forward.w1
+    torch.nn.init.normal_(layer.lora_B["default"].weight)
+    state, _ = qat.apply(model, "q4_0", start_step=0)
+    x = torch.randn(3, layer.base_layer.in_features, requires_grad=True)
+    merged = layer.base_layer.weight + layer.lora_B["default"].weight @ layer.lora_A["default"].weight * 2.0
+    torch.testing.assert_close(layer(x), torch.nn.functional.linear(x, qat.quantized(merged, "q4_0")))
+    layer(x).sum().backward()
+    assert layer.lora_A["default"].weight.grad.abs().sum() > 0  # (the adapters learn through it)
+    assert layer.base_layer.weight.grad is None  # (the base stays frozen)
+
+
+@pytest.mark.parametrize(
+    ("extra", "said"),
+    [
+        ({"qat": {"target": "q4_k_m"}}, "q4_k_m"),
+        ({"qat": {"target": "q4_0", "start_step": -1}}, "start_step"),
+        ({"qat": {"target": "q4_0"}, "model_name": "tiny-lfm2.5-vl"}, "not offered for vision-language models"),
+        ({"qat": {"target": "q4_0"}, "training_type": "embedding"}, "applies to chat models"),
+    ],
+)
+def test_qat_mistakes_are_refused_at_validate(workdir, extra, said):
+    config = {"project_name": "qat", "model_name": "tiny-lfm2", "training_type": "sft",
+              "dataset": {"path": str(QUICKSTART)}, **extra}  # fmt: skip
+    result = invoke("validate", str(write_config(workdir, config)))
+    assert result.returncode == 2 and said in result.stderr and "Traceback" not in result.stderr
+
+
+def test_a_qat_run_evaluates_the_model_it_ships(workdir):
+    """From YAML: the run says what it quantizes, and its final eval loss is the loss of the saved weights rounded
+    to q4_0 (the file `export --gguf q4_0` writes holds exactly those values)."""
+    import json
+
+    from transformers import AutoModelForCausalLM
+
+    config = {
+        "project_name": "qat",
+        "model_name": "tiny-lfm2",
+        "training_type": "sft",
+        "dataset": {"path": str(QUICKSTART), "test_size": 0.15},
+        "qat": {"target": "q4_0", "start_step": 10},
+        "training_config": {"extends": "DEFAULT_SFT", "max_steps": 30, "learning_rate": 3e-3, "eval_steps": 30,
+                            "logging_steps": 10, "save_strategy": "no", "per_device_train_batch_size": 8,
+                            "per_device_eval_batch_size": 64},  # (one eval batch: its loss is the mean per token)
+    }  # fmt: skip
+    result = invoke("run", str(write_config(workdir, config)), cwd=workdir)
+    assert result.returncode == 0, result.stderr
+    text = " ".join(result.stderr.split())
+    assert "quantization-aware training: 24 linear layers through llama.cpp q4_0" in text and "from step 10" in text
+    [run] = list((workdir / "outputs" / "qat").iterdir())
+    summary = json.loads((run / "summary.json").read_text())
+    from datasets import load_from_disk
+
+    rows = load_from_disk(str(run / "prepared" / "eval"))
+    model = AutoModelForCausalLM.from_pretrained(run / "model", dtype=torch.float32).eval()
+    latent = _loss(model, rows)
+    _round_to(model, "q4_0")
+    shipped = _loss(model, rows)
+    assert summary["eval_loss"] == pytest.approx(shipped, rel=1e-4)
+    assert abs(latent - shipped) > 1e-3  # (the rounding shows: the run did not measure the unrounded weights)
+    assert "trained for q4_0" in (run / "README.md").read_text()
