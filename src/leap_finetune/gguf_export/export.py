@@ -34,25 +34,13 @@ def export_gguf(
     max_drop: float | None = None,
     max_kl: float | None = None,
 ) -> Path:
-    from leap_finetune.gguf_export import auto as auto_choice
     from leap_finetune.gguf_export.convert import check_converter
     from leap_finetune.gguf_export.llama_cpp import find_program
     from leap_finetune.methods import method_of
     from leap_finetune.models.trained import find_trained
 
     console = console or Console(stderr=True)
-    types = parse_types(types)
-    bounds = None
-    if types == ["auto"]:
-        bounds = (
-            auto_choice.DEFAULT_MAX_DROP if max_drop is None else max_drop,
-            auto_choice.DEFAULT_MAX_KL if max_kl is None else max_kl,
-        )
-        auto_choice.check_bounds(*bounds)
-        auto_choice.check_auto(verify, (True, None))  # (--no-verify: refused before anything else)
-        types = list(auto_choice.LADDER)
-    elif max_drop is not None or max_kl is not None:
-        raise LeapError("--max-drop and --max-kl go with --gguf auto", where="export", fix="add --gguf auto")
+    types, bounds = _auto_types(parse_types(types), verify, max_drop, max_kl)
     trained = find_trained(source)
     source = str(Path(source).expanduser().resolve()) if Path(source).expanduser().exists() else source
     kind = trained.retrieval_type()
@@ -75,7 +63,9 @@ def export_gguf(
     check_architecture(trained.model_id)
     measured = benchmarks_of(trained.run_config) if verify else (None, "--no-verify was given")
     if bounds is not None:
-        auto_choice.check_auto(verify, measured)
+        from leap_finetune.gguf_export.auto import check_auto
+
+        check_auto(verify, measured)
 
     from leap_finetune.models.vision import is_vision_model
 
@@ -170,6 +160,24 @@ def _write(
     }
     (staging / "quantization.json").write_text(json.dumps(record, indent=2) + "\n", encoding="utf-8")
     return {"files": [p.name for p in files.values()] + ([mmproj.name] if mmproj else [])}
+
+
+def _auto_types(types: list[str], verify: bool, max_drop, max_kl) -> tuple[list[str], tuple | None]:
+    """`--gguf auto`: the ladder to export and the bounds to choose by (gguf_export/auto.py); else the types as
+    given, and no bounds (which then must not be given)."""
+    from leap_finetune.gguf_export import auto
+
+    if types != ["auto"]:
+        if max_drop is not None or max_kl is not None:
+            raise LeapError("--max-drop and --max-kl go with --gguf auto", where="export", fix="add --gguf auto")
+        return types, None
+    bounds = (
+        auto.DEFAULT_MAX_DROP if max_drop is None else max_drop,
+        auto.DEFAULT_MAX_KL if max_kl is None else max_kl,
+    )
+    auto.check_bounds(*bounds)
+    auto.check_auto(verify, (True, None))  # (--no-verify: refused before anything else)
+    return list(auto.LADDER), bounds
 
 
 def _choose(verification, files: dict, bounds: tuple[float, float], console):

@@ -228,8 +228,9 @@ def check_qat(model, vision: bool, quantized: bool, where: str) -> dict | None:
     if model.qat is None:
         return None
     from leap_finetune.errors import LeapError
+    from leap_finetune.methods import method_of
 
-    if model.training_type not in ("sft", "dpo", "kto", "grpo"):
+    if method_of(model).retrieval:
         raise LeapError(
             f"qat: applies to chat models (sft, dpo, kto, grpo); {model.training_type} trains an encoder that is "
             "not exported to GGUF",
