@@ -110,7 +110,8 @@ def refuse_none(choice: Choice) -> LeapError:
     return LeapError(
         f"no quant of the ladder ({', '.join(LADDER)}) stays within the bounds (the table above): nothing was kept",
         where="export --gguf auto",
-        fix="loosen --max-drop / --max-kl, or export a type yourself: --gguf q8_0",
+        fix="train for the format with quantization-aware training (qat: {target: q4_0} in the run's config, "
+        "docs/export.md), loosen --max-drop / --max-kl, or export a type yourself: --gguf q8_0",
     )
 
 
