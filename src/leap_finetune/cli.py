@@ -446,6 +446,9 @@ def export(
     max_kl: float = typer.Option(
         None, "--max-kl", help="With --gguf auto: the most KL from the original, nats per token (default 0.05)."
     ),
+    no_speed: bool = typer.Option(
+        False, "--no-speed", help="With --gguf: skip measuring each file's speed on this CPU (llama-bench)."
+    ),
     sets: list[str] = _no_config_set_option(),
 ) -> None:
     """Write a trained model as a folder of its own (model, tokenizer, the chat template it trained with);
@@ -462,12 +465,19 @@ def export(
         from leap_finetune.gguf_export.export import export_gguf
 
         export_gguf(
-            model, gguf, output=output, llama_cpp=llama_cpp, verify=not no_verify, max_drop=max_drop, max_kl=max_kl
+            model,
+            gguf,
+            output=output,
+            llama_cpp=llama_cpp,
+            verify=not no_verify,
+            max_drop=max_drop,
+            max_kl=max_kl,
+            speed=not no_speed,
         )
         return
-    if llama_cpp is not None or no_verify or max_drop is not None or max_kl is not None:
+    if llama_cpp is not None or no_verify or no_speed or max_drop is not None or max_kl is not None:
         raise LeapError(
-            "--llama-cpp, --no-verify, --max-drop and --max-kl go with --gguf",
+            "--llama-cpp, --no-verify, --no-speed, --max-drop and --max-kl go with --gguf",
             where="export",
             fix="add --gguf TYPE, e.g. --gguf q4_k_m (or --gguf auto)",
         )

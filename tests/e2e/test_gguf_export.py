@@ -348,6 +348,13 @@ def test_no_verify_into_a_folder_that_does_not_exist_yet(runs, workdir):
     assert record["verification"]["skipped"] == "--no-verify was given" and (out / "full-q8_0.gguf").is_file()
 
 
+def test_without_llama_bench_the_speed_is_said_not_measured(exported):
+    assert "device speed: not measured (llama-bench not found" in " ".join(exported["stderr"].split())
+    record = json.loads((exported["folder"] / "quantization.json").read_text())
+    assert record["device"]["skipped"].startswith("llama-bench not found")
+    assert "## Speed on a CPU" in (exported["folder"] / "README.md").read_text()
+
+
 def test_auto_keeps_the_smallest_file_within_the_bounds_and_says_why_each_other_is_not(exported):
     """gguf_export/auto.py's choice on real files (their sizes) with scores and KL set per case: the smallest file
     that passes both bounds wins; a drop or a KL over its bound, or a file not scored, is the reason given."""

@@ -28,7 +28,7 @@ SERVER_TOLERANCE = 0.25
 
 @pytest.fixture(scope="module")
 def llama_cpp():
-    env = {**os.environ, "LLAMA_CPP_TARGETS": "llama-quantize llama-server"}
+    env = {**os.environ, "LLAMA_CPP_TARGETS": "llama-quantize llama-server llama-bench"}
     args = ["bash", str(ROOT / "scripts" / "build_llama_cpp.sh")]
     if os.environ.get("LEAP_LLAMA_CPP_DIR"):
         args.append(os.environ["LEAP_LLAMA_CPP_DIR"])
@@ -217,3 +217,19 @@ def test_gguf_auto_keeps_the_smallest_quant_within_the_bounds(llama_cpp, run):
                     "--llama-cpp", str(llama_cpp), "-o", str(strict))  # fmt: skip
     assert result.returncode == 2 and "no quant of the ladder" in result.stderr
     assert not strict.exists() or not any(strict.iterdir())
+
+
+def test_each_exported_file_is_timed_on_this_cpu_by_llama_bench(llama_cpp, run):
+    """export finds llama-bench beside llama-quantize: prompt and generation tokens/s of each file, in the table,
+    quantization.json, the card and speed.png (score against speed); --no-speed skips it and says so."""
+    out = run["folder"] / "speed"
+    result = invoke("export", str(run["run"]), "--gguf", "q8_0,q4_0", "--llama-cpp", str(llama_cpp), "-o", str(out))
+    assert result.returncode == 0, result.stderr
+    device = json.loads((out / "quantization.json").read_text())["device"]
+    assert set(device["files"]) == {"q8_0", "q4_0"} and device["cpu"]
+    for figures in device["files"].values():
+        assert figures["prompt_tokens_per_s"] > 0 and figures["generation_tokens_per_s"] > 0
+    assert "## Speed on a CPU" in (out / "README.md").read_text() and (out / "speed.png").stat().st_size > 0
+    skipped = run["folder"] / "no-speed"
+    result = invoke("export", str(run["run"]), "--gguf", "q8_0", "--no-speed", "-o", str(skipped))
+    assert result.returncode == 0 and "device speed: not measured (--no-speed was given)" in result.stderr

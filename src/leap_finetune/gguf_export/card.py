@@ -31,6 +31,7 @@ def write_card(
     verification: Verification,
     eval_command: str | None,
     choice: dict | None = None,
+    speed: dict | None = None,
 ) -> None:
     # (the commands name the smallest file, the one a device usually gets; any of them runs the same way)
     first = min(files.values(), key=lambda path: path.stat().st_size).name
@@ -87,6 +88,8 @@ def write_card(
     lines += verification_lines(verification, eval_command)
     if choice is not None:
         lines += ["", *choice_lines(choice)]
+    if speed is not None:
+        lines += ["", *speed_lines(speed)]
     (folder / "README.md").write_text("\n".join(lines) + "\n", encoding="utf-8")
 
 
@@ -140,6 +143,33 @@ def choice_lines(choice: dict) -> list[str]:
         verdict = ("yes, chosen" if rung["type"] == choice["chosen"] else "yes") if rung["passes"] else rung["why_not"]
         lines.append(f"| `{rung['type']}` | {rung['size_bytes'] / 2**20:.1f} MiB | {worst} | {kl} | {verdict} |")
     return lines
+
+
+def speed_lines(speed: dict) -> list[str]:
+    """llama-bench on the exporting machine's CPU (gguf_export/device_speed.py)."""
+    lines = ["## Speed on a CPU", ""]
+    if "files" not in speed:
+        return lines + [f"Not measured: {speed.get('skipped')}."]
+    lines += [
+        f"Measured on {speed['cpu']} with {speed['how']} - the machine that exported it; a phone or laptop differs, "
+        "run llama-bench there with the same arguments to compare.",
+        "",
+        "| file | prompt tokens/s | generation tokens/s | peak memory |",
+        "|---|---|---|---|",
+    ]
+    for gguf_type, figures in speed["files"].items():
+        if "error" in figures:
+            lines.append(f"| `{gguf_type}` | {figures['error']} | | |")
+        else:
+            lines.append(
+                f"| `{gguf_type}` | {figures['prompt_tokens_per_s']:,.0f} | {figures['generation_tokens_per_s']:,.0f} "
+                f"| {_mib(figures['peak_rss_mib'])} |"
+            )
+    return lines + ["", "speed.png plots each file's mean benchmark score against its generation speed and size."]
+
+
+def _mib(value) -> str:
+    return f"{value:,.0f} MiB" if value is not None else "not measured (the run ended between two readings)"
 
 
 def _size(path: Path) -> str:

@@ -10,6 +10,7 @@ from __future__ import annotations
 import errno
 import json
 import shutil
+from dataclasses import dataclass
 from pathlib import Path
 
 from rich.console import Console
@@ -33,6 +34,7 @@ def export_gguf(
     console: Console | None = None,
     max_drop: float | None = None,
     max_kl: float | None = None,
+    speed: bool = True,
 ) -> Path:
     from leap_finetune.gguf_export.convert import check_converter
     from leap_finetune.gguf_export.llama_cpp import find_program
@@ -55,6 +57,7 @@ def export_gguf(
     if needs_quantize(types):
         first = next(t for t in types if t in QUANTIZE_TYPES)
         quantizer = find_program("llama-quantize", llama_cpp, why=first)
+    tools = _tools(quantizer, llama_cpp, speed)
     output = _output_folder(output, source)
     _check_space(trained, types, output.parent)
     from leap_finetune.gguf_export.convert import check_architecture
@@ -77,7 +80,7 @@ def export_gguf(
     def write(staging: Path) -> None:
         staging.mkdir(parents=True)
         result.update(
-            _write(staging, output, trained, source, types, quantizer, vision, stem, title, measured, console, bounds)
+            _write(staging, output, trained, source, types, tools, vision, stem, title, measured, console, bounds)
         )
 
     from leap_finetune import faults
@@ -98,10 +101,9 @@ def export_gguf(
     return output
 
 
-def _write(
-    staging: Path, final: Path, trained, source, types, quantizer, vision, stem, title, measured, console, bounds
-):
+def _write(staging: Path, final: Path, trained, source, types, tools, vision, stem, title, measured, console, bounds):
     from leap_finetune.export import export_trained
+    from leap_finetune.gguf_export import device_speed
     from leap_finetune.gguf_export.card import write_card
     from leap_finetune.gguf_export.convert import convert
     from leap_finetune.gguf_export.llama_cpp import quantize
@@ -117,6 +119,7 @@ def _write(
         if gguf_type in CONVERTER_TYPES:
             console.print(f"converting to {gguf_type} (llama.cpp's converter) ...", markup=False)
             files[gguf_type] = convert(hf, staging / f"{stem}-{gguf_type}.gguf", gguf_type, name=title, source=source)
+    quantizer = tools.quantizer
     if quantizer is not None:
         start = source_type(types, _dtype(hf))
         start_file = files.get(start) or convert(hf, scratch / f"{stem}-{start}.gguf", start, name=title, source=source)
@@ -134,6 +137,9 @@ def _write(
         mmproj = convert(hf, staging / f"mmproj-{stem}-{mm_type}.gguf", mm_type, mmproj=True, name=title, source=source)
     verification = verify(*measured, hf, files, console)
     print_table(verification, console)
+    speed = device_speed.measure(tools.bench, files, console, tools.why_no_bench)
+    device_speed.print_speed(speed, console)
+    device_speed.plot(staging, verification, speed, files)
     choice = _choose(verification, files, bounds, console) if bounds is not None else None
     if choice is not None:
         files = {choice.chosen: files[choice.chosen]}
@@ -147,6 +153,7 @@ def _write(
         mmproj=mmproj,
         verification=verification,
         choice=choice.as_json() if choice is not None else None,
+        speed=speed,
         eval_command=None
         if verification.skipped
         else f"leap-finetune eval YOUR_CONFIG.yaml --set checkpoint={final / files[types[0]].name}",
@@ -156,10 +163,31 @@ def _write(
         "files": {t: p.name for t, p in files.items()},
         "mmproj": mmproj.name if mmproj else None,
         "verification": verification.as_json(),
+        "device": speed,
         **({"auto": choice.as_json()} if choice is not None else {}),
     }
     (staging / "quantization.json").write_text(json.dumps(record, indent=2) + "\n", encoding="utf-8")
     return {"files": [p.name for p in files.values()] + ([mmproj.name] if mmproj else [])}
+
+
+@dataclass(frozen=True)
+class _Tools:
+    """llama.cpp's programs the export runs: llama-quantize (k-quants), llama-bench (the device speed; optional)."""
+
+    quantizer: Path | None
+    bench: Path | None
+    why_no_bench: str | None
+
+
+def _tools(quantizer, llama_cpp, speed: bool) -> _Tools:
+    from leap_finetune.gguf_export.llama_cpp import BUILD_HINT, find_program
+
+    if not speed:
+        return _Tools(quantizer, None, "--no-speed was given")
+    try:
+        return _Tools(quantizer, find_program("llama-bench", llama_cpp, why="the device speed"), None)
+    except LeapError:
+        return _Tools(quantizer, None, f"llama-bench not found; {BUILD_HINT}")
 
 
 def _auto_types(types: list[str], verify: bool, max_drop, max_kl) -> tuple[list[str], tuple | None]:
