@@ -353,6 +353,17 @@ def test_without_llama_bench_the_speed_is_said_not_measured(exported):
     record = json.loads((exported["folder"] / "quantization.json").read_text())
     assert record["device"]["skipped"].startswith("llama-bench not found")
     assert "## Speed on a CPU" in (exported["folder"] / "README.md").read_text()
+    assert record["serving_parity"]["skipped"].startswith("llama-server not found")
+
+
+def test_the_first_difference_of_two_renderings_is_located():
+    from leap_finetune.gguf_export.parity import first_difference
+
+    assert first_difference("abc", "abc") is None
+    found = first_difference('{"name": "f"}' + "x" * 40, '{"name": "f", "description": ""}' + "x" * 40)
+    assert found["at"] == len('{"name": "f"')
+    assert found["ours"].startswith('{"name": "f"}') and found["server"].startswith('{"name": "f", "descr')
+    assert first_difference("abc", "abcd")["at"] == 3  # (one is the other's beginning)
 
 
 def test_auto_keeps_the_smallest_file_within_the_bounds_and_says_why_each_other_is_not(exported):

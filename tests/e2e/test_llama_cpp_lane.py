@@ -233,3 +233,28 @@ def test_each_exported_file_is_timed_on_this_cpu_by_llama_bench(llama_cpp, run):
     skipped = run["folder"] / "no-speed"
     result = invoke("export", str(run["run"]), "--gguf", "q8_0", "--no-speed", "-o", str(skipped))
     assert result.returncode == 0 and "device speed: not measured (--no-speed was given)" in result.stderr
+
+
+def test_llama_server_renders_the_benchmark_prompts_as_training_did_and_a_difference_is_shown(llama_cpp, run):
+    """gguf_export/parity.py against the real llama-server: the quickstart's prompts are byte for byte the same;
+    a rendering that differs (a changed system prompt, as a runtime's own default would add) is found, with the
+    character where it starts and the text on each side."""
+    from leap_finetune.gguf_export import parity
+
+    out = run["folder"] / "parity"
+    result = invoke("export", str(run["run"]), "--gguf", "q8_0", "--no-speed", "--llama-cpp", str(llama_cpp),
+                    "-o", str(out))  # fmt: skip
+    assert result.returncode == 0, result.stderr
+    record = json.loads((out / "quantization.json").read_text())["serving_parity"]
+    assert record["rows"] == 24 and record["same"] == 24 and record["differ"] == []
+    assert "renders all 24 benchmark prompts" in (out / "README.md").read_text()
+
+    class Changed:
+        def prompt_text(self, messages, tools=None):
+            return "<|startoftext|><|im_start|>system\nBe brief.<|im_end|>\n"  # (not what the server renders)
+
+    items = [("capitals", [{"role": "user", "content": "What is the capital of France?"}], None)]
+    found = parity.check(llama_cpp / "build" / "bin" / "llama-server", out / "quickstart-q8_0.gguf", items, Changed())
+    assert found["same"] == 0 and found["differ"][0]["at"] == len("<|startoftext|><|im_start|>")
+    assert found["differ"][0]["ours"].endswith("<|im_start|>system\nBe brief.<|im_end")  # (24 characters each side)
+    assert "user" in found["differ"][0]["server"]

@@ -32,6 +32,7 @@ def write_card(
     eval_command: str | None,
     choice: dict | None = None,
     speed: dict | None = None,
+    parity: dict | None = None,
 ) -> None:
     # (the commands name the smallest file, the one a device usually gets; any of them runs the same way)
     first = min(files.values(), key=lambda path: path.stat().st_size).name
@@ -90,6 +91,10 @@ def write_card(
         lines += ["", *choice_lines(choice)]
     if speed is not None:
         lines += ["", *speed_lines(speed)]
+    if parity is not None:
+        from leap_finetune.gguf_export.parity import parity_lines
+
+        lines += ["", *parity_lines(parity)]
     (folder / "README.md").write_text("\n".join(lines) + "\n", encoding="utf-8")
 
 

@@ -140,6 +140,7 @@ def _write(staging: Path, final: Path, trained, source, types, tools, vision, st
     speed = device_speed.measure(tools.bench, files, console, tools.why_no_bench)
     device_speed.print_speed(speed, console)
     device_speed.plot(staging, verification, speed, files)
+    parity = _parity(tools, files, measured, hf, console)
     choice = _choose(verification, files, bounds, console) if bounds is not None else None
     if choice is not None:
         files = {choice.chosen: files[choice.chosen]}
@@ -154,6 +155,7 @@ def _write(staging: Path, final: Path, trained, source, types, tools, vision, st
         verification=verification,
         choice=choice.as_json() if choice is not None else None,
         speed=speed,
+        parity=parity,
         eval_command=None
         if verification.skipped
         else f"leap-finetune eval YOUR_CONFIG.yaml --set checkpoint={final / files[types[0]].name}",
@@ -164,6 +166,7 @@ def _write(staging: Path, final: Path, trained, source, types, tools, vision, st
         "mmproj": mmproj.name if mmproj else None,
         "verification": verification.as_json(),
         "device": speed,
+        "serving_parity": parity,
         **({"auto": choice.as_json()} if choice is not None else {}),
     }
     (staging / "quantization.json").write_text(json.dumps(record, indent=2) + "\n", encoding="utf-8")
@@ -177,17 +180,36 @@ class _Tools:
     quantizer: Path | None
     bench: Path | None
     why_no_bench: str | None
+    server: Path | None = None  # llama-server: the serving-parity check (gguf_export/parity.py)
+    why_no_server: str | None = None
 
 
 def _tools(quantizer, llama_cpp, speed: bool) -> _Tools:
     from leap_finetune.gguf_export.llama_cpp import BUILD_HINT, find_program
 
-    if not speed:
-        return _Tools(quantizer, None, "--no-speed was given")
-    try:
-        return _Tools(quantizer, find_program("llama-bench", llama_cpp, why="the device speed"), None)
-    except LeapError:
-        return _Tools(quantizer, None, f"llama-bench not found; {BUILD_HINT}")
+    def optional(name: str) -> tuple[Path | None, str | None]:
+        try:
+            return find_program(name, llama_cpp, why=name), None
+        except LeapError:
+            return None, f"{name} not found; {BUILD_HINT}"
+
+    bench = optional("llama-bench") if speed else (None, "--no-speed was given")
+    return _Tools(quantizer, *bench, *optional("llama-server"))
+
+
+def _parity(tools: _Tools, files: dict, measured: tuple, hf: Path, console) -> dict:
+    """The benchmark prompts rendered by llama-server from the file's template against training's rendering."""
+    from leap_finetune.gguf_export import parity
+
+    resolved, why_not = measured
+    if resolved is None:
+        found = {"skipped": why_not}
+    else:
+        items = parity.benchmark_items(resolved)
+        renderer = parity.renderer_for(hf, resolved)
+        found = parity.check(tools.server, next(iter(files.values())), items, renderer, tools.why_no_server)
+    parity.print_parity(found, console)
+    return found
 
 
 def _auto_types(types: list[str], verify: bool, max_drop, max_kl) -> tuple[list[str], tuple | None]:
