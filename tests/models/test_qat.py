@@ -95,7 +95,9 @@ def test_a_lora_layer_trains_merged_through_the_rounding():
     model = get_peft_model(_model(), LoraConfig(r=4, lora_alpha=8, target_modules=["w1"], lora_dropout=0.0))
     layer = model.base_model.model.model.layers[0].feed_forward.w1
     torch.nn.init.normal_(layer.lora_B["default"].weight)
-    state, _ = qat.apply(model, "q4_0", start_step=0)
+    state, patched = qat.apply(model, "q4_0", start_step=0)
+    assert patched == 24  # (each LoRA layer once, merged: not its base layer, nor the adapters' own linear layers)
+    assert "forward" not in layer.lora_A["default"].__dict__ and "forward" not in layer.base_layer.__dict__
     x = torch.randn(3, layer.base_layer.in_features, requires_grad=True)
     merged = layer.base_layer.weight + layer.lora_B["default"].weight @ layer.lora_A["default"].weight * 2.0
     torch.testing.assert_close(layer(x), torch.nn.functional.linear(x, qat.quantized(merged, "q4_0")))
@@ -153,3 +155,29 @@ def test_a_qat_run_evaluates_the_model_it_ships(workdir):
     assert summary["eval_loss"] == pytest.approx(shipped, rel=1e-4)
     assert abs(latent - shipped) > 1e-3  # (the rounding shows: the run did not measure the unrounded weights)
     assert "trained for q4_0" in (run / "README.md").read_text()
+
+
+@pytest.mark.parametrize("example", ["dpo_tiny.yaml", "grpo"])
+def test_dpo_and_grpo_train_through_the_rounding(workdir, example):
+    """qat: with DPO (LoRA: each adapted layer merged through the rounding) and GRPO: the runs say what they
+    quantize and train."""
+    import yaml
+
+    examples = Path(__file__).resolve().parents[2] / "examples"
+    if example == "grpo":
+        config = {
+            "project_name": "qat-grpo", "model_name": "tiny-lfm2", "training_type": "grpo",
+            "dataset": {"path": str(examples / "data" / "colors_prompts.jsonl")}, "rewards": ["accuracy"],
+            "training_config": {"extends": "DEFAULT_GRPO", "use_vllm": False, "max_steps": 3, "logging_steps": 1,
+                                "per_device_train_batch_size": 8, "num_generations": 4, "max_completion_length": 6,
+                                "save_strategy": "no"},
+        }  # fmt: skip
+    else:
+        config = yaml.safe_load((examples / example).read_text())
+        config["dataset"]["path"] = str(examples / config["dataset"]["path"])
+        config["training_config"].update(max_steps=6, logging_steps=2, eval_strategy="no", save_strategy="no")
+        config["peft_config"] = {"extends": "DEFAULT_LORA", "lora_dropout": 0.0}
+    config["qat"] = {"target": "q8_0"}
+    result = invoke("run", str(write_config(workdir, config)), cwd=workdir)
+    assert result.returncode == 0, result.stderr
+    assert "quantization-aware training: 24 linear layers through llama.cpp q8_0" in " ".join(result.stderr.split())

@@ -99,14 +99,15 @@ def apply(model, target: str, start_step: int) -> tuple[QatState, int]:
     against the rounding of the weight that ships. Returns the state and how many layers were patched."""
     state = QatState(target, start_step)
     patched = 0
-    lora_bases = {id(m.base_layer) for m in model.modules() if _is_lora_layer(m)}
+    # a LoRA layer's parts (its base layer, the adapters' own small linear layers) run inside its merged forward
+    inside_lora = {id(part) for m in model.modules() if _is_lora_layer(m) for part in m.modules() if part is not m}
     for name, module in model.named_modules():
         if "lm_head" in name or "vision" in name or "projector" in name:
             continue
         if _is_lora_layer(module) and can_quantize(module.base_layer, target):
             module.forward = _lora_forward(module, module.forward, state)
             patched += 1
-        elif id(module) not in lora_bases and can_quantize(module, target):
+        elif id(module) not in inside_lora and can_quantize(module, target):
             module.forward = _linear_forward(module, state)
             patched += 1
     return state, patched
