@@ -143,3 +143,10 @@ def test_grpo_rollouts_and_training_run_through_the_moe(workdir):
     train = [r for r in _metrics(summary) if "rewards/accuracy/mean" in r]
     assert len(train) == 3
     assert all("moe/aux_loss" in r and "moe/z_loss" in r for r in train)
+
+
+def test_gguf_auto_is_refused_for_a_mixture_of_experts_before_anything_is_written(full_run, workdir):
+    """transformers cannot read an LFM2-MoE GGUF file back, so no rung of --gguf auto could be judged."""
+    result = invoke("export", full_run["run_dir"], "--gguf", "auto", "-o", str(workdir / "auto"))
+    assert result.returncode == 2 and "cannot read a mixture-of-experts (LFM2-MoE) GGUF" in result.stderr
+    assert not (workdir / "auto").exists()

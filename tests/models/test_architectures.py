@@ -95,6 +95,8 @@ def test_lora_says_which_linear_layers_it_adapts_and_warns_when_fewer_than_half(
     line, few = lora_coverage({"target_modules": llama}, _names("tiny-lfm2"))
     assert few and "LoRA adapts 6 of the model's 24 linear layers (q_proj 2, k_proj 2, v_proj 2)" in line
     assert "not adapted: in_proj 2, out_proj 4" in line
+    line, few = lora_coverage({"target_modules": "all-linear"}, _names("tiny-lfm2"))  # (peft's shorthand)
+    assert line.startswith("LoRA adapts 24 of the model's 24 linear layers") and not few
 
 
 def _config(workdir: Path, model: str, training: dict, peft: dict | None = None) -> Path:

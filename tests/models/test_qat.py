@@ -31,13 +31,12 @@ def test_the_fake_quantization_is_llama_cpps_value_for_value(target):
     assert np.array_equal(qat.quantized(torch.from_numpy(weight), target).numpy(), expected)
 
 
-def test_mlx_q4_keeps_sixteen_levels_per_group_between_its_min_and_max():
-    weight = torch.randn(4, 128)
-    out = qat.quantized(weight, "mlx_q4").reshape(4, 2, 64)
-    groups = weight.reshape(4, 2, 64)
-    assert all(len(torch.unique(g)) <= 16 for g in out.reshape(-1, 64))
-    torch.testing.assert_close(out.amin(-1), groups.amin(-1))
-    assert ((out - groups).abs() <= (groups.amax(-1, keepdim=True) - groups.amin(-1, keepdim=True)) / 30 + 1e-6).all()
+def test_q8_0_rounds_as_c_roundf_at_the_edge_below_one_half():
+    """0.49999997 (the float below 0.5) rounds to 0 in C's roundf and gguf's port; floor(x + 0.5) would give 1."""
+    below_half = float(np.nextafter(np.float32(0.5), np.float32(0)))
+    weight = torch.zeros(1, 32)
+    weight[0, 0], weight[0, 1] = 127.0, below_half  # (scale 1: the value itself is rounded)
+    assert qat.quantized(weight, "q8_0")[0, 1].item() == 0.0
 
 
 def test_the_gradient_passes_straight_through():
@@ -111,8 +110,28 @@ def test_a_lora_layer_trains_merged_through_the_rounding():
     [
         ({"qat": {"target": "q4_k_m"}}, "q4_k_m"),
         ({"qat": {"target": "q4_0", "start_step": -1}}, "start_step"),
-        ({"qat": {"target": "q4_0"}, "model_name": "tiny-lfm2.5-vl"}, "not offered for vision-language models"),
-        ({"qat": {"target": "q4_0"}, "training_type": "embedding"}, "applies to chat models"),
+        ({"qat": {"target": "q4_0"}, "model_name": "tiny-lfm2.5-vl"}, "vision-language models are not offered"),
+        ({"qat": {"target": "q4_0"}, "model_name": "tiny-lfm2-moe"}, "experts are 3-D weights"),
+        ({"qat": {"target": "q4_0"}, "peft_config": {"use_dora": True}}, "DoRA's magnitude"),
+        (
+            {
+                "qat": {"target": "q4_0"},
+                "training_type": "grpo",
+                "rewards": ["accuracy"],
+                "training_config": {"use_vllm": True},
+            },
+            "vLLM's rollouts",
+        ),
+        (
+            {
+                "qat": {"target": "q4_0"},
+                "async_eval": {"mode": "sidecar"},
+                "evals": {"benchmarks": [{"name": "b", "path": str(QUICKSTART), "metric": "exact_match"}]},
+            },
+            "async_eval.mode: sync",
+        ),
+        ({"qat": {"target": "mlx_q4"}}, "mlx_q4"),
+        ({"qat": {"target": "q4_0"}, "training_type": "embedding"}, "trains an encoder"),
     ],
 )
 def test_qat_mistakes_are_refused_at_validate(workdir, extra, said):
@@ -181,3 +200,22 @@ def test_dpo_and_grpo_train_through_the_rounding(workdir, example):
     result = invoke("run", str(write_config(workdir, config)), cwd=workdir)
     assert result.returncode == 0, result.stderr
     assert "quantization-aware training: 24 linear layers through llama.cpp q8_0" in " ".join(result.stderr.split())
+
+
+def test_the_rollout_copy_samples_from_the_rounded_weights_switched_with_training():
+    """GRPO's sampler decodes with a copy of the policy: under qat its layers round as the policy's do, and the
+    start_step switch of the training reaches the copy."""
+    from leap_finetune.rl.sampler import rollout_copy
+
+    model = _model()
+    state, _ = qat.apply(model, "q4_0", start_step=3)
+    shadow = rollout_copy(model, torch.float32)
+    ids = torch.randint(20, 300, (2, 10))
+    with torch.no_grad():
+        torch.testing.assert_close(shadow(input_ids=ids).logits, model(input_ids=ids).logits)  # (off: plain)
+        state.active = True
+        rounded = model(input_ids=ids).logits
+        torch.testing.assert_close(shadow(input_ids=ids).logits, rounded)
+        reference = _model()
+        _round_to(reference, "q4_0")
+        torch.testing.assert_close(rounded, reference(input_ids=ids).logits)

@@ -62,9 +62,9 @@ class RetrievalConfig(StrictModel):
 class QatConfig(StrictModel):
     """Quantization-aware training (models/qat.py): the linear layers train through the target format's rounding."""
 
-    target: Literal["q4_0", "q8_0", "mlx_q4"] = Field(
-        description="The format the model will ship in: `q4_0` / `q8_0` (llama.cpp GGUF: blocks of 32, matched "
-        "value for value), `mlx_q4` (MLX 4-bit, groups of 64). Export with the same type: `export RUN --gguf q4_0`."
+    target: Literal["q4_0", "q8_0"] = Field(
+        description="The format the model will ship in: `q4_0` or `q8_0` (llama.cpp GGUF: blocks of 32, matched "
+        "value for value). Export with the same type: `export RUN --gguf q4_0`."
     )
     start_step: int = Field(
         default=0,

@@ -42,6 +42,21 @@ class Choice:
         }
 
 
+def check_model(model_id: str) -> None:
+    """`auto` scores every file by reading it back with transformers, which cannot read an LFM2-MoE GGUF file."""
+    from leap_finetune.models.architectures import supports
+    from leap_finetune.models.registry import model_type
+
+    if supports(model_type(model_id), "moe"):
+        raise LeapError(
+            "--gguf auto scores each file through transformers, which cannot read a mixture-of-experts (LFM2-MoE) "
+            "GGUF file back: no quant could be judged",
+            where="export",
+            fix="name the types (--gguf q8_0,q4_k_m) and score them through llama.cpp: llama-server -m FILE, then "
+            "leap-finetune eval --server (docs/moe.md)",
+        )
+
+
 def check_auto(verify: bool, measured: tuple) -> None:
     """Before anything is written: `auto` decides on the run's benchmarks, so it needs them."""
     resolved, why_not = measured
@@ -84,6 +99,8 @@ def choose(verification: Verification, files: dict[str, Path], max_drop: float, 
             if kl is not None and kl > max_kl:
                 why.append(f"KL {kl:.2e} > {max_kl}")
             rung.update(drops=drops, kl=kl, passes=not why, why_not="; ".join(why) or None)
+            if kl is None:  # (no answer tokens to compare: the scores alone decide, and the table says so)
+                rung["note"] = "KL not measured: --max-kl not applied"
         choice.rungs.append(rung)
     passing = [r for r in choice.rungs if r["passes"]]
     if passing:
@@ -102,6 +119,7 @@ def print_choice(choice: Choice, console: Console) -> None:
         worst = f"{max(drops.values()):+.4f}" if drops else "-"
         kl = f"{rung['kl']:.2e}" if rung.get("kl") is not None else "-"
         verdict = "yes" + (" (chosen)" if rung["type"] == choice.chosen else "") if rung["passes"] else rung["why_not"]
+        verdict += f" ({rung['note']})" if rung.get("note") else ""
         table.add_row(rung["type"], _size(rung["size_bytes"]), worst, kl, verdict)
     console.print(table)
 

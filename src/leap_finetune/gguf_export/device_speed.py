@@ -32,8 +32,9 @@ def cpu_name() -> str:
 
 def bench_file(program: Path, path: Path, timeout: float = 600) -> dict:
     """One file: {prompt_tokens_per_s, generation_tokens_per_s, peak_rss_mib, threads} or {error}."""
+    # (-ngl 0: the CPU only - a CUDA or Metal build would otherwise offload every layer to its GPU by default)
     command = [str(program), "-m", str(path), "-p", str(PROMPT_TOKENS), "-n", str(GENERATED_TOKENS),
-               "-r", str(REPEATS), "-o", "json"]  # fmt: skip
+               "-r", str(REPEATS), "-ngl", "0", "-o", "json"]  # fmt: skip
     log = path.parent / f".{path.name}.bench.json"
     with log.open("w") as out:
         process = subprocess.Popen(
@@ -94,7 +95,7 @@ def measure(program: Path | None, files: dict[str, Path], console: Console, why_
         found[gguf_type] = bench_file(program, path)
     return {
         "cpu": cpu_name(),
-        "how": f"llama-bench -p {PROMPT_TOKENS} -n {GENERATED_TOKENS} -r {REPEATS} (all cores, CPU); peak RSS of its "
+        "how": f"llama-bench -p {PROMPT_TOKENS} -n {GENERATED_TOKENS} -r {REPEATS} -ngl 0 (all cores, CPU); peak RSS of its "
         "process",
         "files": found,
     }

@@ -44,6 +44,10 @@ def export_gguf(
     console = console or Console(stderr=True)
     types, bounds = _auto_types(parse_types(types), verify, max_drop, max_kl)
     trained = find_trained(source)
+    if bounds is not None:
+        from leap_finetune.gguf_export.auto import check_model
+
+        check_model(trained.model_id)
     source = str(Path(source).expanduser().resolve()) if Path(source).expanduser().exists() else source
     kind = trained.retrieval_type()
     if kind is not None:

@@ -38,24 +38,26 @@ def _post(url: str, body: dict, timeout: float = 30) -> dict:
 
 
 def _start(program: Path, gguf: Path, log: Path, timeout: float = 120):
+    """(the server, its port, the log's handle) once it answers /health; (None, None, handle) when it does not."""
     port = _free_port()
+    handle = log.open("w")
     server = subprocess.Popen(
         [str(program), "-m", str(gguf), "--host", "127.0.0.1", "--port", str(port), "-c", "2048", "--jinja",
          "-np", "1", "--no-warmup"],
         stdout=subprocess.DEVNULL,
-        stderr=log.open("w"),  # (a file: a pipe nobody reads could fill and stall the server)
+        stderr=handle,  # (a file: a pipe nobody reads could fill and stall the server)
     )  # fmt: skip
     deadline = time.monotonic() + timeout
     while time.monotonic() < deadline and server.poll() is None:
         try:
             with urllib.request.urlopen(f"http://127.0.0.1:{port}/health", timeout=2) as answer:
                 if answer.status == 200:
-                    return server, port
+                    return server, port, handle
         except OSError:
             time.sleep(0.3)
     server.kill()
     server.wait()
-    return None, None
+    return None, None, handle
 
 
 def first_difference(ours: str, theirs: str) -> dict | None:
@@ -75,8 +77,9 @@ def check(program: Path | None, gguf: Path, items: list[tuple[str, list, list | 
     if not items:
         return {"skipped": "the run has no benchmark rows to render"}
     log = gguf.parent / ".parity-server.log"
-    server, port = _start(program, gguf, log)
+    server, port, handle = _start(program, gguf, log)
     if server is None:
+        handle.close()
         tail = log.read_text(errors="replace")[-300:] if log.exists() else ""
         log.unlink(missing_ok=True)
         return {"skipped": f"llama-server did not start: {tail.strip().splitlines()[-1] if tail.strip() else '?'}"}
@@ -84,17 +87,29 @@ def check(program: Path | None, gguf: Path, items: list[tuple[str, list, list | 
     try:
         for index, (name, messages, tools) in enumerate(items):
             body = {"messages": messages, **({"tools": tools} if tools else {})}
-            theirs = _post(f"http://127.0.0.1:{port}/apply-template", body)["prompt"]
+            try:
+                theirs = _post(f"http://127.0.0.1:{port}/apply-template", body)["prompt"]
+            except (OSError, ValueError, KeyError) as err:  # (an older llama-server lacks the endpoint: 404)
+                return {"skipped": f"llama-server's /apply-template did not answer ({type(err).__name__}: {err})"}
             found = first_difference(renderer.prompt_text(messages, tools), theirs)
             if found is None:
                 same += 1
             else:
                 differ.append({"benchmark": name, "row": index, **found})
     finally:
-        server.terminate()
-        server.wait(timeout=30)
+        _stop(server)
+        handle.close()
         log.unlink(missing_ok=True)
     return {"server": "llama-server /apply-template", "rows": len(items), "same": same, "differ": differ}
+
+
+def _stop(server) -> None:
+    server.terminate()
+    try:
+        server.wait(timeout=30)
+    except subprocess.TimeoutExpired:
+        server.kill()
+        server.wait()
 
 
 def print_parity(parity: dict, console: Console) -> None:

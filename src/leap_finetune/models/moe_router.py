@@ -69,6 +69,7 @@ class RouterStats:
         self.accumulation = max(1, accumulation)
         self.num_experts, self.layers = num_experts, layers
         self.mask = None  # the current forward's attention mask (batch, length), when padded
+        self.backbone = None  # the module flat_rows.py flattens (its _leap_flat: this forward's flat layout)
         self.reset()
 
     def reset(self) -> None:
@@ -142,7 +143,7 @@ def _router_hook(stats: RouterStats, layer: int):
         logits, weights, selected = output
         if not torch.is_grad_enabled() or not weights.requires_grad:
             return output  # (evaluation, the reference model, rollouts: nothing trains)
-        real = _real_tokens(stats.mask, logits.shape[0])
+        real = _real_tokens(stats.mask, logits.shape[0], getattr(stats.backbone, "_leap_flat", None))
         balance, z, load = layer_losses(logits, selected, stats.num_experts, real)
         total = balance * stats.aux_coef + (z * stats.z_coef if stats.z_coef else 0)
         done = (load, balance.detach(), z.detach())
@@ -155,15 +156,16 @@ def _router_hook(stats: RouterStats, layer: int):
     return torch.compiler.disable(hook)
 
 
-def _real_tokens(mask, tokens: int):
-    """Which of the router's tokens are real (1) or padding (0), from the forward's attention mask: the padded
-    batch's own mask, or - for a padded batch that models/flat_rows.py ran as one flat row (its real tokens first,
-    then padding to a multiple of 8) - the first mask.sum() positions. None: no mask, every token is real."""
-    if mask is None:
+def _real_tokens(mask, tokens: int, flat=None):
+    """Which of the router's tokens are real (1) or padding (0): for a padded batch that models/flat_rows.py ran as
+    one flat row (its state on the backbone: rows, length, the real tokens' indices), the first len(indices)
+    positions (the rest pads the row to a multiple of 8); else the batch's own attention mask; None (no mask):
+    every token is real."""
+    if flat is not None:
+        return torch.arange(tokens, device=flat[2].device) < flat[2].numel()
+    if mask is None or mask.numel() != tokens:
         return None
-    if mask.numel() == tokens:
-        return mask
-    return torch.arange(tokens, device=mask.device) < mask.sum()
+    return mask
 
 
 def _mask_hook(stats: RouterStats):
@@ -192,6 +194,7 @@ def attach(model, aux_coef: float, z_coef: float, accumulation: int) -> RouterSt
         gate.register_forward_hook(_router_hook(stats, layer))
     backbone = getattr(model, "model", model)
     backbone.register_forward_pre_hook(_mask_hook(stats), with_kwargs=True)
+    stats.backbone = backbone
     model._leap_router_stats = stats
     return stats
 

@@ -11,8 +11,8 @@ max|x| / 7.5 (int4) or / 127.5 and round half to even; llama.cpp's q4_0 takes th
 over -8 as its scale (so the extreme value maps exactly to -8 and the grid is asymmetric), keeps the scale in
 float16, and truncates x/d + 8.5; q8_0 rounds half away from zero. A fake quantizer that differs trains the
 weights toward another grid. These match llama.cpp's reference quantizers value for value (tested against the
-gguf package's port of ggml-quants.c). MLX's 4-bit is affine (a scale and a bias per group of 64), as mlx does it.
-k-quants (q4_k_m: super-blocks with 6-bit scales found by a search) cannot be reproduced by a per-block formula: not
+gguf package's port of ggml-quants.c). MLX's 4-bit is not offered: leap-finetune exports no MLX file to ship it
+in, and its affine rounding (the group's larger end kept exact) needs its own port and test. k-quants (q4_k_m: super-blocks with 6-bit scales found by a search) cannot be reproduced by a per-block formula: not
 offered.
 """
 
@@ -24,7 +24,6 @@ import torch
 TARGETS = {
     "q4_0": (32, "llama.cpp q4_0: blocks of 32, a float16 scale, 4-bit values"),
     "q8_0": (32, "llama.cpp q8_0: blocks of 32, a float16 scale, 8-bit values"),
-    "mlx_q4": (64, "MLX 4-bit: groups of 64, a scale and a bias each"),
 }
 
 
@@ -40,24 +39,19 @@ def _q4_0(blocks: torch.Tensor) -> torch.Tensor:
 def _q8_0(blocks: torch.Tensor) -> torch.Tensor:
     d = blocks.abs().amax(dim=-1, keepdim=True) / 127
     inverse = torch.where(d == 0, torch.zeros_like(d), 1 / d)
-    scaled = blocks * inverse
-    q = torch.sign(scaled) * torch.floor(scaled.abs() + 0.5)  # (C's roundf: half away from zero)
+    scaled = (blocks * inverse).abs()
+    whole = torch.floor(scaled)
+    # C's roundf (half away from zero) as gguf's port computes it: floor(a + 0.5) would round 0.49999997 up
+    q = torch.sign(blocks) * (whole + torch.floor(2 * (scaled - whole)))
     return q * d.half().float()
 
 
-def _mlx_q4(groups: torch.Tensor) -> torch.Tensor:
-    low, high = groups.amin(dim=-1, keepdim=True), groups.amax(dim=-1, keepdim=True)
-    scale = ((high - low) / 15).clamp(min=1e-8)
-    q = torch.round((groups - low) / scale).clamp(0, 15)
-    return q * scale + low
-
-
-_FORMATS = {"q4_0": _q4_0, "q8_0": _q8_0, "mlx_q4": _mlx_q4}
+_FORMATS = {"q4_0": _q4_0, "q8_0": _q8_0}
 
 
 def quantized(weight: torch.Tensor, target: str) -> torch.Tensor:
     """The weight as the target format stores it (quantized, then dequantized), in the weight's dtype; blocks run
-    along each row (the input dimension), as llama.cpp and MLX lay them out."""
+    along each row (the input dimension), as llama.cpp lays them out."""
     block = TARGETS[target][0]
     rows, columns = weight.shape
     blocks = weight.detach().float().reshape(rows, columns // block, block)
@@ -92,12 +86,12 @@ def _is_lora_layer(module) -> bool:
     return hasattr(module, "base_layer") and hasattr(module, "lora_A") and hasattr(module, "scaling")
 
 
-def apply(model, target: str, start_step: int) -> tuple[QatState, int]:
+def apply(model, target: str, start_step: int, state: QatState | None = None) -> tuple[QatState, int]:
     """Patch every linear layer of the language model that the target format quantizes (not the LM head, which
     llama.cpp keeps wider, nor a vision tower): its forward runs through `fake_quant` while the state is active.
     A LoRA layer is quantized as it will be exported - merged: fake_quant(W + scale x B A) - so the adapters learn
     against the rounding of the weight that ships. Returns the state and how many layers were patched."""
-    state = QatState(target, start_step)
+    state = state if state is not None else QatState(target, start_step)
     patched = 0
     # a LoRA layer's parts (its base layer, the adapters' own small linear layers) run inside its merged forward
     inside_lora = {id(part) for m in model.modules() if _is_lora_layer(m) for part in m.modules() if part is not m}
@@ -106,11 +100,18 @@ def apply(model, target: str, start_step: int) -> tuple[QatState, int]:
             continue
         if _is_lora_layer(module) and can_quantize(module.base_layer, target):
             module.forward = _lora_forward(module, module.forward, state)
-            patched += 1
         elif id(module) not in inside_lora and can_quantize(module, target):
             module.forward = _linear_forward(module, state)
-            patched += 1
+        else:
+            continue
+        module._leap_qat_state = state  # (rl/sampler.py's rollout copy rounds through the same state)
+        patched += 1
     return state, patched
+
+
+def state_of(model) -> QatState | None:
+    """The QAT state a model's layers were patched with (None: no QAT)."""
+    return next((m._leap_qat_state for m in model.modules() if hasattr(m, "_leap_qat_state")), None)
 
 
 def _linear_forward(module, state: QatState):

@@ -122,7 +122,8 @@ def lora_coverage(peft: dict, names: dict[str, str]) -> tuple[str, bool]:
     from peft.tuners.tuners_utils import check_target_module_exists
 
     options = {k: v for k, v in peft.items() if k in ("target_modules", "exclude_modules")}
-    config = LoraConfig(**options)
+    every = str(options.get("target_modules", "")).lower() == "all-linear"  # (peft expands it when it wraps)
+    config = LoraConfig(**{**options, "target_modules": ".*"} if every else options)
     linear = [
         n
         for n, kind in names.items()

@@ -322,7 +322,7 @@ def _quantization_aware(trainer, resolved: ResolvedConfig, console) -> None:
     console.print(
         f"quantization-aware training: {patched} linear layers through {qat.TARGETS[state.target][1]}"
         + (f", from step {start}" if start else "")
-        + f"; export with --gguf {state.target}" * (state.target != "mlx_q4")
+        + f"; export with --gguf {state.target}"
     )
 
 

@@ -89,6 +89,11 @@ def rollout_copy(model, dtype):
     for module in shadow.modules():
         for name in ("forward", "_original_forward"):
             module.__dict__.pop(name, None)
+    from leap_finetune.models import qat
+
+    trained_qat = qat.state_of(model)
+    if trained_qat is not None:  # qat: the rollouts sample from the rounded weights too, switched with training's
+        qat.apply(shadow, trained_qat.target, trained_qat.start_step, state=trained_qat)
     base = shadow.get_base_model() if hasattr(shadow, "get_base_model") else shadow
     # architectures whose attention decode_attention reproduces (models/architectures.py; tested against SDPA and
     # generate); others keep their own attention in the copy (softcapping, attention sinks, ... are theirs)

@@ -118,7 +118,7 @@ def _load(raw: dict, config_path: Path | None, base: Path, where: str) -> Resolv
         peft=peft,
         output_dir=str(local_path(model.output_dir, base)) if model.output_dir else None,
         samples=model.samples,
-        qat=check_qat(model, vision, quantization is not None, where),
+        qat=check_qat(model, (vision, model_id, peft, training), quantization is not None, where),
         evals=evals,
         checkpoint=str(local_path(model.checkpoint, base)) if model.checkpoint else None,
         resume_from_checkpoint=resume if resume in (None, "latest") else _resume_path(resume, base),
@@ -222,32 +222,33 @@ def _check_training_type(value, where: str) -> None:
     )
 
 
-def check_qat(model, vision: bool, quantized: bool, where: str) -> dict | None:
-    """`qat:` (models/qat.py) where it can act: the causal-LM training types, a language model, a base that is not
-    already 4-bit."""
+def check_qat(model, context: tuple, quantized: bool, where: str) -> dict | None:
+    """`qat:` (models/qat.py) where it can act, and where everything the run measures goes through the rounding:
+    the causal-LM training types, a dense language model (a mixture of experts' experts are 3-D weights no linear
+    layer holds), a base not already 4-bit, LoRA without DoRA or a LoRA bias, rollouts on leap-finetune's sampler,
+    benchmarks in the training process."""
     if model.qat is None:
         return None
     from leap_finetune.errors import LeapError
     from leap_finetune.methods import method_of
+    from leap_finetune.models.architectures import supports
+    from leap_finetune.models.registry import model_type
 
-    if method_of(model).retrieval:
-        raise LeapError(
-            f"qat: applies to chat models (sft, dpo, kto, grpo); {model.training_type} trains an encoder that is "
-            "not exported to GGUF",
-            where=where,
-            fix="remove qat:",
-        )
-    if vision:
-        raise LeapError(
-            "qat: is not offered for vision-language models yet (the vision tower ships in a separate mmproj "
-            "file, in f16)",
-            where=where,
-            fix="remove qat:, and compare the exported quants with export --gguf auto",
-        )
-    if quantized:
-        raise LeapError(
-            "qat: with a 4-bit base (QLoRA): the base is already rounded to nf4, not to the target's format",
-            where=where,
-            fix="use DEFAULT_LORA (a bf16 base) with qat:, or QLoRA without it",
-        )
+    vision, model_id, peft, training = context
+    refusals = [
+        (method_of(model).retrieval, f"{model.training_type} trains an encoder that is not exported to GGUF"),
+        (vision, "vision-language models are not offered yet (the vision tower ships in a separate mmproj file)"),
+        (quantized, "a 4-bit base (QLoRA) is already rounded to nf4, not to the target's format"),
+        (supports(model_type(model_id), "moe"), "a mixture of experts' experts are 3-D weights the rounding does not "
+         "reach yet (the export would round them unseen)"),
+        (bool(peft and (peft.get("use_dora") or peft.get("lora_bias"))), "DoRA's magnitude and a LoRA bias are not "
+         "part of the merged weight the rounding runs through"),
+        (bool(training.get("use_vllm")), "vLLM's rollouts would sample from the unrounded weights: use "
+         "use_vllm: false (leap-finetune's sampler rounds its copy too)"),
+        (model.async_eval is not None and model.async_eval.mode != "sync", "benchmarks outside the training "
+         "process read the saved, unrounded weights: use async_eval.mode: sync"),
+    ]  # fmt: skip
+    for refused, why in refusals:
+        if refused:
+            raise LeapError(f"qat: {why}", where=where, fix="remove qat:, or change what the reason names")
     return model.qat.model_dump()

@@ -412,7 +412,7 @@ def _qat_rows(resolved) -> list[str]:
     if not resolved.qat:
         return []
     target, start = resolved.qat["target"], resolved.qat["start_step"]
-    export = f"; ship it as `leap-finetune export RUN --gguf {target}`" if target != "mlx_q4" else ""
+    export = f"; ship it as `leap-finetune export RUN --gguf {target}`"
     since = f" from step {start}" if start else ""
     return [f"| quantization-aware training | trained for {target}{since}: its linear layers ran through {target}'s "
             f"rounding{export} |"]  # fmt: skip

@@ -302,9 +302,7 @@ def end_report(console: Console, resolved: ResolvedConfig, summary: dict) -> Non
         table.add_row(name, value)
     if resolved.qat:
         target = resolved.qat["target"]
-        table.add_row(
-            "trained for", target + (f": export with --gguf {target}" if target != "mlx_q4" else "") + " (qat:)"
-        )
+        table.add_row("trained for", f"{target}: export with --gguf {target} (qat:)")
     experts = _last_logged(run_dir, ("moe/aux_loss", "moe/expert_load_min", "moe/expert_load_max"))
     if len(experts) == 3:  # (a mixture of experts: its routers at the last log, models/moe_router.py)
         table.add_row(
