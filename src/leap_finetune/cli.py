@@ -439,15 +439,16 @@ def export(
         False, "--no-verify", help="With --gguf: skip running the run's benchmarks on each file."
     ),
     max_drop: float = typer.Option(
-        None,
-        "--max-drop",
-        help="With --gguf auto: the most any benchmark's score may drop (absolute; default 0.02).",
+        None, "--max-drop", help="With --gguf auto: the most any benchmark's score may drop (default 0.02)."
     ),
     max_kl: float = typer.Option(
         None, "--max-kl", help="With --gguf auto: the most KL from the original, nats per token (default 0.05)."
     ),
     no_speed: bool = typer.Option(
         False, "--no-speed", help="With --gguf: skip measuring each file's speed on this CPU (llama-bench)."
+    ),
+    gguf_adapter: bool = typer.Option(
+        False, "--gguf-adapter", help="With --gguf: a LoRA run's base in those types, its adapter as a GGUF file."
     ),
     sets: list[str] = _no_config_set_option(),
 ) -> None:
@@ -473,11 +474,12 @@ def export(
             max_drop=max_drop,
             max_kl=max_kl,
             speed=not no_speed,
+            adapter=gguf_adapter,
         )
         return
-    if llama_cpp is not None or no_verify or no_speed or max_drop is not None or max_kl is not None:
+    if llama_cpp is not None or no_verify or no_speed or gguf_adapter or max_drop is not None or max_kl is not None:
         raise LeapError(
-            "--llama-cpp, --no-verify, --no-speed, --max-drop and --max-kl go with --gguf",
+            "--llama-cpp, --no-verify, --no-speed, --gguf-adapter, --max-drop and --max-kl go with --gguf",
             where="export",
             fix="add --gguf TYPE, e.g. --gguf q4_k_m (or --gguf auto)",
         )

@@ -274,6 +274,22 @@ def test_mistakes_are_refused_before_anything_is_written(runs, workdir, monkeypa
         (("export", run, "--gguf", "auto", "--max-drop", "-1", "-o", str(out)), "--max-drop is -1.0: expected"),
         (("export", run, "--gguf", "q8_0", "--max-kl", "0.1", "-o", str(out)), "go with --gguf auto"),
         (("export", run, "--max-drop", "0.1", "-o", str(out)), "go with --gguf"),
+        (("export", run, "--gguf-adapter", "-o", str(out)), "go with --gguf"),
+        (("export", run, "--gguf", "q8_0", "--gguf-adapter", "-o", str(out)), "there is none here"),
+        (
+            (
+                "export",
+                str(runs["lora"]),
+                "--gguf",
+                "q8_0",
+                "--gguf-adapter",
+                "--llama-cpp",
+                str(workdir),
+                "-o",
+                str(out),
+            ),
+            "needs llama.cpp's convert_lora_to_gguf.py",
+        ),
     ]
     for args, said in cases:
         result = invoke(*args)

@@ -258,3 +258,29 @@ def test_llama_server_renders_the_benchmark_prompts_as_training_did_and_a_differ
     assert found["same"] == 0 and found["differ"][0]["at"] == len("<|startoftext|><|im_start|>")
     assert found["differ"][0]["ours"].endswith("<|im_start|>system\nBe brief.<|im_end")  # (24 characters each side)
     assert "user" in found["differ"][0]["server"]
+
+
+def test_a_lora_run_ships_as_its_base_and_an_adapter_that_llama_server_runs(llama_cpp, tmp_path):
+    """--gguf-adapter: the base in q8_0 and the adapter as its own f16 GGUF file (llama.cpp's LoRA converter);
+    llama-server running the base with the adapter answers the generation benchmark as the merged model does."""
+    import shutil
+
+    shutil.copy(ROOT / "examples" / "quickstart.yaml", tmp_path / "quickstart.yaml")
+    shutil.copytree(ROOT / "examples" / "data", tmp_path / "data")
+    config = tmp_path / "quickstart.yaml"
+    config.write_text(config.read_text() + "\npeft_config:\n  extends: DEFAULT_LORA\n")
+    trained = invoke(str(config), "--set", "training_config.num_train_epochs=10", cwd=tmp_path)
+    assert trained.returncode == 0, trained.stderr
+    [run_folder] = list((tmp_path / "outputs" / "quickstart").iterdir())
+    out = tmp_path / "gguf"
+    result = invoke("export", str(run_folder), "--gguf", "q8_0", "--gguf-adapter", "--no-speed",
+                    "--llama-cpp", str(llama_cpp), "-o", str(out))  # fmt: skip
+    assert result.returncode == 0, result.stderr
+    assert sorted(p.name for p in out.glob("*.gguf")) == ["quickstart-lora-f16.gguf", "quickstart-q8_0.gguf"]
+    from leap_finetune.models.gguf import header
+
+    assert header(out / "quickstart-lora-f16.gguf")["general.type"] == "adapter"
+    record = json.loads((out / "quantization.json").read_text())["adapter"]
+    scores = record["verification"]["benchmarks"]["capitals"]
+    assert abs(scores["merged"] - scores["base_and_adapter"]) <= SERVER_TOLERANCE
+    assert "llama-server -m quickstart-q8_0.gguf --lora quickstart-lora-f16.gguf" in (out / "README.md").read_text()

@@ -35,6 +35,7 @@ def export_gguf(
     max_drop: float | None = None,
     max_kl: float | None = None,
     speed: bool = True,
+    adapter: bool = False,
 ) -> Path:
     from leap_finetune.gguf_export.convert import check_converter
     from leap_finetune.gguf_export.llama_cpp import find_program
@@ -44,6 +45,14 @@ def export_gguf(
     console = console or Console(stderr=True)
     types, bounds = _auto_types(parse_types(types), verify, max_drop, max_kl)
     trained = find_trained(source)
+    adapter_job = None
+    if adapter:  # (the files are the base model's; the adapter beside them: gguf_export/adapter.py)
+        from leap_finetune.gguf_export.adapter import find_adapter, find_converter
+        from leap_finetune.models.trained import TrainedModel
+
+        with_adapter = find_adapter(trained, source)
+        adapter_job = {"trained": with_adapter, "script": find_converter(llama_cpp)}
+        trained = TrainedModel(with_adapter.model_id, run_config=with_adapter.run_config)
     if bounds is not None:
         from leap_finetune.gguf_export.auto import check_model
 
@@ -69,6 +78,10 @@ def export_gguf(
 
     check_architecture(trained.model_id)
     measured = benchmarks_of(trained.run_config) if verify else (None, "--no-verify was given")
+    if adapter_job is not None:
+        adapter_job["measured"] = measured
+        measured = (None, "--gguf-adapter: these files hold the untrained base; the trained model is verified as the "
+                    "base with its adapter, below")  # fmt: skip
     if bounds is not None:
         from leap_finetune.gguf_export.auto import check_auto
 
@@ -86,6 +99,8 @@ def export_gguf(
         result.update(
             _write(staging, output, trained, source, types, tools, vision, stem, title, measured, console, bounds)
         )
+        if adapter_job is not None:
+            result["files"].append(_write_adapter(staging, adapter_job, tools, stem, console))
 
     from leap_finetune import faults
     from leap_finetune.runs.atomic import replace_folder
@@ -199,6 +214,34 @@ def _tools(quantizer, llama_cpp, speed: bool) -> _Tools:
 
     bench = optional("llama-bench") if speed else (None, "--no-speed was given")
     return _Tools(quantizer, *bench, *optional("llama-server"))
+
+
+def _write_adapter(staging: Path, job: dict, tools: _Tools, stem: str, console) -> str:
+    """--gguf-adapter: the adapter converted beside the base files, verified as the base with it (llama-server)
+    against the merged model; its section added to the card and quantization.json. Returns the file's name."""
+    from leap_finetune.export import export_trained
+    from leap_finetune.gguf_export import adapter
+
+    trained = job["trained"]
+    scratch = staging / ".adapter"
+    console.print("writing the LoRA adapter as GGUF (llama.cpp's convert_lora_to_gguf.py) ...", markup=False)
+    base = export_trained(
+        type(trained)(trained.model_id, run_config=trained.run_config), merge=True, output=scratch / "base",
+        console=_Warnings(console),
+    )  # fmt: skip
+    target = adapter.convert_adapter(job["script"], base, trained.adapter_dir, staging / f"{stem}-lora-f16.gguf")
+    merged = export_trained(trained, merge=True, output=scratch / "merged", console=_Warnings(console))
+    record = json.loads((staging / "quantization.json").read_text(encoding="utf-8"))
+    base_file = staging / next(iter(record["files"].values()))
+    found = adapter.verify(tools.server, base_file, target, job["measured"], merged, console)
+    adapter.print_verification(found, console)
+    shutil.rmtree(scratch)
+    record["adapter"] = {"file": target.name, "base_file": base_file.name, "verification": found}
+    (staging / "quantization.json").write_text(json.dumps(record, indent=2) + "\n", encoding="utf-8")
+    card = staging / "README.md"
+    card.write_text(card.read_text(encoding="utf-8") + "\n" + "\n".join(adapter.card_lines(target, base_file, found))
+                    + "\n", encoding="utf-8")  # fmt: skip
+    return target.name
 
 
 def _parity(tools: _Tools, files: dict, measured: tuple, hf: Path, console) -> dict:

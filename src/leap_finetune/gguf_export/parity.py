@@ -37,13 +37,13 @@ def _post(url: str, body: dict, timeout: float = 30) -> dict:
         return json.loads(answer.read())
 
 
-def _start(program: Path, gguf: Path, log: Path, timeout: float = 120):
+def _start(program: Path, gguf: Path, log: Path, timeout: float = 120, extra: list[str] | None = None):
     """(the server, its port, the log's handle) once it answers /health; (None, None, handle) when it does not."""
     port = _free_port()
     handle = log.open("w")
     server = subprocess.Popen(
         [str(program), "-m", str(gguf), "--host", "127.0.0.1", "--port", str(port), "-c", "2048", "--jinja",
-         "-np", "1", "--no-warmup"],
+         "-np", "1", "--no-warmup", *(extra or [])],
         stdout=subprocess.DEVNULL,
         stderr=handle,  # (a file: a pipe nobody reads could fill and stall the server)
     )  # fmt: skip
