@@ -219,3 +219,17 @@ def test_the_rollout_copy_samples_from_the_rounded_weights_switched_with_trainin
         reference = _model()
         _round_to(reference, "q4_0")
         torch.testing.assert_close(rounded, reference(input_ids=ids).logits)
+
+
+def test_the_planner_counts_the_rounded_weights_kept_for_the_backward():
+    """Without autocast (bf16 weights: LoRA's bf16 base, bf16_kahan) the forward keeps each rounded linear weight
+    for the backward; with float32 weights the autocast copy it replaces was already counted."""
+    from leap_finetune.memory.estimate import Setup, _linear_parameters, training_memory
+    from leap_finetune.memory.shapes import model_shape
+
+    shape = model_shape("LiquidAI/LFM2-1.2B")
+    bf16 = {"tokens": 8192, "logit_tokens": 8192, "weight_bytes": 2, "lora_parameters": 0}
+    plain, rounded = training_memory(shape, Setup(**bf16)), training_memory(shape, Setup(**bf16, qat=True))
+    assert rounded.weights - plain.weights == 2 * _linear_parameters(shape)
+    fp32 = {**bf16, "weight_bytes": 4}
+    assert training_memory(shape, Setup(**fp32, qat=True)).peak == training_memory(shape, Setup(**fp32)).peak

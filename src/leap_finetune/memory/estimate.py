@@ -62,6 +62,7 @@ class Setup:
     reference: bool = False  # a frozen second copy of the model (DPO/KTO full fine-tune; GRPO with beta > 0)
     pairs: bool = False  # DPO/KTO: chosen and rejected (or KL) rows in one forward
     frozen_vision: bool = False  # LFM2-VL with the vision encoder and projector not trained
+    qat: bool = False  # quantization-aware training (models/qat.py)
 
 
 def training_memory(shape: ModelShape, setup: Setup) -> Memory:
@@ -81,6 +82,8 @@ def training_memory(shape: ModelShape, setup: Setup) -> Memory:
     # bf16 autocast over float32 weights keeps a bf16 copy of each linear weight a forward used until backward
     if setup.weight_bytes == 4:
         weights += 2 * _linear_parameters(shape)
+    elif setup.qat:  # (no autocast copy to reuse: each rounded linear weight is kept for the backward itself)
+        weights += max(setup.weight_bytes, 2) * _linear_parameters(shape)
     gradients = trained_bytes * trainable
     optimizer = _optimizer_bytes(setup, trained_bytes) * trainable
     return Memory(weights, gradients, optimizer, activation_bytes(shape, setup), FIT.other_bytes)

@@ -58,6 +58,7 @@ def setup_of(resolved, shape: ModelShape, longest: int | None = None) -> Setup:
         reference=_reference(resolved, method),
         pairs=method.family == "preference",
         frozen_vision=resolved.vision and not t.get("train_vision_encoder", True),
+        qat=bool(resolved.qat),
     )
 
 
