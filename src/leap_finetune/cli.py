@@ -450,6 +450,9 @@ def export(
     gguf_adapter: bool = typer.Option(
         False, "--gguf-adapter", help="With --gguf: a LoRA run's base in those types, its adapter as a GGUF file."
     ),
+    checkpoints: bool = typer.Option(
+        False, "--checkpoints", help="With --gguf: every checkpoint of the run exported, scored and timed."
+    ),
     sets: list[str] = _no_config_set_option(),
 ) -> None:
     """Write a trained model as a folder of its own (model, tokenizer, the chat template it trained with);
@@ -462,30 +465,11 @@ def export(
         "export writes a trained model as it is (its options: --merge, --gguf, --output); to train "
         "with other values, give --set to run",
     )
-    if gguf:
-        from leap_finetune.gguf_export.export import export_gguf
+    from leap_finetune.gguf_export.command import export_command
 
-        export_gguf(
-            model,
-            gguf,
-            output=output,
-            llama_cpp=llama_cpp,
-            verify=not no_verify,
-            max_drop=max_drop,
-            max_kl=max_kl,
-            speed=not no_speed,
-            adapter=gguf_adapter,
-        )
-        return
-    if llama_cpp is not None or no_verify or no_speed or gguf_adapter or max_drop is not None or max_kl is not None:
-        raise LeapError(
-            "--llama-cpp, --no-verify, --no-speed, --gguf-adapter, --max-drop and --max-kl go with --gguf",
-            where="export",
-            fix="add --gguf TYPE, e.g. --gguf q4_k_m (or --gguf auto)",
-        )
-    from leap_finetune.export import export_model
-
-    export_model(model, merge=merge, output=output)
+    gguf_options = {"llama_cpp": llama_cpp, "no_verify": no_verify, "no_speed": no_speed, "adapter": gguf_adapter,
+                    "checkpoints": checkpoints, "max_drop": max_drop, "max_kl": max_kl}  # fmt: skip
+    export_command(model, merge, output, gguf, gguf_options)
 
 
 def main(argv: list[str] | None = None) -> None:

@@ -406,3 +406,20 @@ def test_auto_keeps_the_smallest_file_within_the_bounds_and_says_why_each_other_
     del verification.scores["q8_0"]
     unread = choose(verification, files, max_drop=1.0, max_kl=1.0)
     assert unread.chosen == "bf16" and "not measured here" in unread.rungs[1]["why_not"]
+
+
+def test_checkpoints_are_exported_scored_and_compared_side_by_side(runs, workdir):
+    """--checkpoints: each intact checkpoint and the final model exported and scored like one export, in folders
+    of their own, with checkpoints.json (per file: mean score, speed) and checkpoints.png; a run with fewer than two
+    is refused."""
+    out = workdir / "ck"
+    result = invoke("export", str(runs["full"]), "--gguf", "q8_0", "--checkpoints", "--no-speed", "-o", str(out))
+    assert result.returncode == 0, result.stderr
+    rows = json.loads((out / "checkpoints.json").read_text())
+    assert [r["model"] for r in rows] == ["checkpoint-90", "final"] and rows[0]["step"] == 90
+    for row in rows:
+        assert (out / row["files"]["q8_0"]["file"]).is_file() and 0 <= row["files"]["q8_0"]["mean_score"] <= 1
+    assert (out / "checkpoints.png").stat().st_size > 0 and (out / "final" / "quantization.json").is_file()
+    model_only = workdir / "model-only"
+    result = invoke("export", str(runs["full"] / "model"), "--gguf", "q8_0", "--checkpoints", "-o", str(model_only))
+    assert result.returncode == 2 and "has 0 to export" in result.stderr
