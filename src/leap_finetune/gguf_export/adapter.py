@@ -28,10 +28,11 @@ SCRIPT = "convert_lora_to_gguf.py"
 def find_adapter(trained, source: str):
     """The adapter of a LoRA run (the run folder's adapter/, or an adapter folder given), with its base."""
     from leap_finetune.models.trained import trained_in
+    from leap_finetune.runs.folder import RunFolder
 
     if trained.adapter_dir is not None:
         return trained
-    folder = Path(source) / "adapter"
+    folder = RunFolder(Path(source)).adapter
     found = trained_in(folder) if folder.is_dir() else None
     if found is None or found.adapter_dir is None:
         raise LeapError(

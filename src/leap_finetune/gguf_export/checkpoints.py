@@ -20,9 +20,10 @@ from leap_finetune.errors import LeapError
 def sources(run: Path) -> list[tuple[str, Path]]:
     """(name, folder) of each intact checkpoint, oldest first, then the final model."""
     from leap_finetune.runs.checkpoints import checkpoints, verify
+    from leap_finetune.runs.folder import RunFolder
 
     found = [(c.name, c) for c in checkpoints(run) if verify(c).ok]
-    if (run / "model").is_dir():
+    if RunFolder(run).model.is_dir():
         found.append(("final", run))
     if len(found) < 2:
         raise LeapError(

@@ -39,32 +39,18 @@ def export_gguf(
 ) -> Path:
     from leap_finetune.gguf_export.convert import check_converter
     from leap_finetune.gguf_export.llama_cpp import find_program
-    from leap_finetune.methods import method_of
     from leap_finetune.models.trained import find_trained
 
     console = console or Console(stderr=True)
     types, bounds = _auto_types(parse_types(types), verify, max_drop, max_kl)
     trained = find_trained(source)
-    adapter_job = None
-    if adapter:  # (the files are the base model's; the adapter beside them: gguf_export/adapter.py)
-        from leap_finetune.gguf_export.adapter import find_adapter, find_converter
-        from leap_finetune.models.trained import TrainedModel
-
-        with_adapter = find_adapter(trained, source)
-        adapter_job = {"trained": with_adapter, "script": find_converter(llama_cpp)}
-        trained = TrainedModel(with_adapter.model_id, run_config=with_adapter.run_config)
+    adapter_job = _adapter_job(trained, source, llama_cpp) if adapter else None
+    if adapter_job is not None:  # (the files are the base model's; the adapter beside them: gguf_export/adapter.py)
+        trained = type(trained)(adapter_job["trained"].model_id, run_config=adapter_job["trained"].run_config)
     if bounds is not None:
-        from leap_finetune.gguf_export.auto import check_model
-
-        check_model(trained.model_id)
+        _auto_model(trained.model_id)
     source = str(Path(source).expanduser().resolve()) if Path(source).expanduser().exists() else source
-    kind = trained.retrieval_type()
-    if kind is not None:
-        raise LeapError(
-            f"GGUF export is for chat models; this is {method_of(kind).trains}",
-            where=source,
-            fix="export it as a sentence-transformers folder: leap-finetune export RUN (without --gguf)",
-        )
+    _refuse_encoder(trained, source)
     check_converter()
     quantizer = None
     if needs_quantize(types):
@@ -74,18 +60,9 @@ def export_gguf(
     output = _output_folder(output, source)
     _check_space(trained, types, output.parent)
     from leap_finetune.gguf_export.convert import check_architecture
-    from leap_finetune.gguf_export.verify import benchmarks_of
 
     check_architecture(trained.model_id)
-    measured = benchmarks_of(trained.run_config) if verify else (None, "--no-verify was given")
-    if adapter_job is not None:
-        adapter_job["measured"] = measured
-        measured = (None, "--gguf-adapter: these files hold the untrained base; the trained model is verified as the "
-                    "base with its adapter, below")  # fmt: skip
-    if bounds is not None:
-        from leap_finetune.gguf_export.auto import check_auto
-
-        check_auto(verify, measured)
+    measured = _measured(trained, verify, adapter_job, bounds)
 
     from leap_finetune.models.vision import is_vision_model
 
@@ -214,6 +191,47 @@ def _tools(quantizer, llama_cpp, speed: bool) -> _Tools:
 
     bench = optional("llama-bench") if speed else (None, "--no-speed was given")
     return _Tools(quantizer, *bench, *optional("llama-server"))
+
+
+def _refuse_encoder(trained, source: str) -> None:
+    from leap_finetune.methods import method_of
+
+    kind = trained.retrieval_type()
+    if kind is not None:
+        raise LeapError(
+            f"GGUF export is for chat models; this is {method_of(kind).trains}",
+            where=source,
+            fix="export it as a sentence-transformers folder: leap-finetune export RUN (without --gguf)",
+        )
+
+
+def _measured(trained, verify: bool, adapter_job: dict | None, bounds) -> tuple:
+    """(the run's resolved config with its benchmarks, or None and why not): what each file is scored on. With
+    --gguf-adapter the files are the untrained base: the trained model is scored as base + adapter instead."""
+    from leap_finetune.gguf_export.verify import benchmarks_of
+
+    measured = benchmarks_of(trained.run_config) if verify else (None, "--no-verify was given")
+    if adapter_job is not None:
+        adapter_job["measured"] = measured
+        measured = (None, "--gguf-adapter: these files hold the untrained base; the trained model is verified as the "
+                    "base with its adapter, below")  # fmt: skip
+    if bounds is not None:
+        from leap_finetune.gguf_export.auto import check_auto
+
+        check_auto(verify, measured)
+    return measured
+
+
+def _adapter_job(trained, source: str, llama_cpp) -> dict:
+    from leap_finetune.gguf_export.adapter import find_adapter, find_converter
+
+    return {"trained": find_adapter(trained, source), "script": find_converter(llama_cpp)}
+
+
+def _auto_model(model_id: str) -> None:
+    from leap_finetune.gguf_export.auto import check_model
+
+    check_model(model_id)
 
 
 def _write_adapter(staging: Path, job: dict, tools: _Tools, stem: str, console) -> str:
