@@ -1,6 +1,6 @@
 """Issue #50: quantization-aware training against post-training quantization, same rows, same steps, one run.
 
-    python bench/qat.py [--models 350m,1.2b] [--target q4_0] [--facts 2000] [--epochs 8] [--qat-from 0.8]
+    python bench/qat.py [--models 350m,1.2b] [--target q4_0] [--facts 2000] [--epochs 8] [--qat-from 0.9]
                         [--out qat.json]
     python bench/qat.py --smoke        # tiny-lfm2 on the CPU: checks the script
 
@@ -143,7 +143,7 @@ def main() -> None:
     parser.add_argument("--target", default="q4_0")
     parser.add_argument("--facts", type=int, default=2000)
     parser.add_argument("--epochs", type=int, default=8)
-    parser.add_argument("--qat-from", type=float, default=0.8, help="the share of the steps trained before QAT")
+    parser.add_argument("--qat-from", type=float, default=0.9, help="the share of the steps trained before QAT")
     parser.add_argument("--work", default="/tmp/leap-qat-bench")
     parser.add_argument("--out", default="qat-results.json")
     parser.add_argument("--smoke", action="store_true")
