@@ -37,6 +37,12 @@ LORA = {"extends": "DEFAULT_LORA"}
 
 def build_model(key: str, folder: Path) -> Path:
     """A folder of the published architecture with random bf16 weights and the bundled tokenizer."""
+    return build_published(MODELS[key], folder)
+
+
+def build_published(name: str, folder: Path) -> Path:
+    """LiquidAI's published architecture `name` (memory/shapes.py: LFM2 or LFM2-MoE) with random bf16 weights,
+    built on the GPU where there is one, and the bundled tokenizer (bench/moe_throughput.py uses it too)."""
     import transformers
 
     from leap_finetune.memory.shapes import published
@@ -45,17 +51,25 @@ def build_model(key: str, folder: Path) -> Path:
 
     if (folder / "config.json").exists():
         return folder
-    arch = dict(published(MODELS[key]))
-    arch.pop("model_type")
-    config = transformers.Lfm2Config(**arch, max_position_embeddings=128000, tie_word_embeddings=True)
+    arch = dict(published(name))
+    moe = arch.pop("model_type") == "lfm2_moe"
+    config_class, model_class = (
+        (transformers.Lfm2MoeConfig, transformers.Lfm2MoeForCausalLM)
+        if moe
+        else (transformers.Lfm2Config, transformers.Lfm2ForCausalLM)
+    )
+    config = config_class(**arch, max_position_embeddings=128000, tie_word_embeddings=True)
     config.pad_token_id, config.bos_token_id, config.eos_token_id = 0, 1, 7
     add_original_lfm2_keys(config)
     torch.manual_seed(0)
     with torch.device("cuda" if torch.cuda.is_available() else "cpu"):
-        model = transformers.Lfm2ForCausalLM(config).to(torch.bfloat16)
+        model = model_class(config).to(torch.bfloat16)
     model.save_pretrained(folder)
     load_tiny_tokenizer("tiny-lfm2").save_pretrained(folder)
     del model
+    gc.collect()
+    if torch.cuda.is_available():
+        torch.cuda.empty_cache()
     return folder
 
 

@@ -44,29 +44,10 @@ LEAP_MODES = {
 
 
 def build_model(key: str, folder: Path) -> Path:
-    """The published architecture with random bf16 weights (built on the GPU) and the bundled tokenizer."""
-    import transformers
+    """The published architecture with random bf16 weights and the bundled tokenizer (bench/memory.py)."""
+    from memory import build_published
 
-    from leap_finetune.memory.shapes import published
-    from leap_finetune.models.lfm2_keys import add_original_lfm2_keys
-    from leap_finetune.models.tiny import load_tiny_tokenizer
-
-    if (folder / "config.json").exists():
-        return folder
-    arch = dict(published(MODELS[key]))
-    arch.pop("model_type")
-    config = transformers.Lfm2MoeConfig(**arch, max_position_embeddings=128000, tie_word_embeddings=True)
-    config.pad_token_id, config.bos_token_id, config.eos_token_id = 0, 1, 7
-    add_original_lfm2_keys(config)
-    torch.manual_seed(0)
-    with torch.device("cuda"):
-        model = transformers.Lfm2MoeForCausalLM(config).to(torch.bfloat16)
-    model.save_pretrained(folder)
-    load_tiny_tokenizer("tiny-lfm2").save_pretrained(folder)
-    del model
-    gc.collect()
-    torch.cuda.empty_cache()
-    return folder
+    return build_published(MODELS[key], folder)
 
 
 def active_flops(model_dir: str, lengths: list[int]) -> float:

@@ -6,6 +6,7 @@ tolerance. LEAP_LLAMA_CPP_DIR chooses the build folder (default: the script's ca
 
 from __future__ import annotations
 
+import contextlib
 import json
 import os
 import socket
@@ -64,6 +65,35 @@ def _free_port() -> int:
         return probe.getsockname()[1]
 
 
+@contextlib.contextmanager
+def _served(llama_cpp: Path, gguf: Path, log: Path):
+    """llama-server on the file (the file's own chat template, --jinja) once it answers /health; its port."""
+    port = _free_port()
+    with log.open("w") as handle:  # (a file: a pipe nobody reads could fill and stall the server)
+        server = subprocess.Popen(
+            [str(llama_cpp / "build" / "bin" / "llama-server"), "-m", str(gguf), "--host", "127.0.0.1",
+             "--port", str(port), "-c", "512", "--jinja", "-np", "2"],
+            stdout=subprocess.DEVNULL,
+            stderr=handle,
+        )  # fmt: skip
+        try:
+            deadline = time.monotonic() + 120
+            while True:
+                assert server.poll() is None, log.read_text()[-2000:]
+                try:
+                    with urllib.request.urlopen(f"http://127.0.0.1:{port}/health", timeout=2) as answer:
+                        if answer.status == 200:
+                            break
+                except OSError:
+                    pass
+                assert time.monotonic() < deadline, "llama-server did not start in 120 s"
+                time.sleep(0.5)
+            yield port
+        finally:
+            server.terminate()
+            server.wait(timeout=30)
+
+
 def test_q4_k_m_through_llama_server_scores_as_the_transformers_gguf_path(llama_cpp, run):
     out = run["folder"] / "gguf"
     result = invoke("export", str(run["run"]), "--gguf", "q8_0,q4_k_m", "--llama-cpp", str(llama_cpp), "-o", str(out))
@@ -73,26 +103,7 @@ def test_q4_k_m_through_llama_server_scores_as_the_transformers_gguf_path(llama_
     bench = {b["name"]: b for b in record["verification"]["benchmarks"]}["capitals"]  # (generation)
     transformers_score = bench["gguf"]["q4_k_m"]["score"]
     assert bench["original"] >= 0.75
-    port = _free_port()
-    log = run["folder"] / "llama-server.log"
-    server = subprocess.Popen(
-        [str(llama_cpp / "build" / "bin" / "llama-server"), "-m", str(out / "quickstart-q4_k_m.gguf"), "--host", "127.0.0.1",
-         "--port", str(port), "-c", "512", "--jinja", "-np", "2"],
-        stdout=subprocess.DEVNULL,
-        stderr=log.open("w"),  # (a file: a pipe nobody reads could fill and stall the server)
-    )  # fmt: skip
-    try:
-        deadline = time.monotonic() + 120
-        while True:
-            assert server.poll() is None, log.read_text()[-2000:]
-            try:
-                with urllib.request.urlopen(f"http://127.0.0.1:{port}/health", timeout=2) as answer:
-                    if answer.status == 200:
-                        break
-            except OSError:
-                pass
-            assert time.monotonic() < deadline, "llama-server did not start in 120 s"
-            time.sleep(0.5)
+    with _served(llama_cpp, out / "quickstart-q4_k_m.gguf", run["folder"] / "llama-server.log") as port:
         results = run["folder"] / "server.json"
         evaluated = invoke(
             "eval", str(run["config"]), "--server", f"http://127.0.0.1:{port}/v1", "--output", str(results)
@@ -103,9 +114,6 @@ def test_q4_k_m_through_llama_server_scores_as_the_transformers_gguf_path(llama_
               file=sys.stderr)  # fmt: skip
         assert abs(server_score - transformers_score) <= SERVER_TOLERANCE
         assert server_score >= 0.5  # llama.cpp runs the trained model: it answers the task
-    finally:
-        server.terminate()
-        server.wait(timeout=30)
 
 
 def test_k_quant_blocks_of_a_model_with_256_wide_rows_read_back_as_llama_cpp_wrote_them(llama_cpp, tmp_path):
@@ -170,34 +178,12 @@ def test_an_lfm2_moe_export_is_served_by_llama_cpp_and_scores_what_it_learned(ll
     assert header(out / "quickstart-q8_0.gguf")["general.architecture"] == "lfm2moe"
     record = json.loads((out / "quantization.json").read_text())
     original = {b["name"]: b for b in record["verification"]["benchmarks"]}["capitals"]["original"]
-    port = _free_port()
-    log = tmp_path / "llama-server.log"
-    server = subprocess.Popen(
-        [str(llama_cpp / "build" / "bin" / "llama-server"), "-m", str(out / "quickstart-q8_0.gguf"), "--host",
-         "127.0.0.1", "--port", str(port), "-c", "512", "--jinja", "-np", "2"],
-        stdout=subprocess.DEVNULL,
-        stderr=log.open("w"),
-    )  # fmt: skip
-    try:
-        deadline = time.monotonic() + 120
-        while True:
-            assert server.poll() is None, log.read_text()[-2000:]
-            try:
-                with urllib.request.urlopen(f"http://127.0.0.1:{port}/health", timeout=2) as answer:
-                    if answer.status == 200:
-                        break
-            except OSError:
-                pass
-            assert time.monotonic() < deadline, "llama-server did not start in 120 s"
-            time.sleep(0.5)
+    with _served(llama_cpp, out / "quickstart-q8_0.gguf", tmp_path / "llama-server.log") as port:
         results = tmp_path / "server.json"
         evaluated = invoke("eval", str(config), "--server", f"http://127.0.0.1:{port}/v1", "--output", str(results))
         assert evaluated.returncode == 0, evaluated.stderr
         score = json.loads(results.read_text())["results"]["benchmark/capitals/score"]
         assert original >= 0.75 and abs(score - original) <= SERVER_TOLERANCE
-    finally:
-        server.terminate()
-        server.wait(timeout=30)
 
 
 def test_gguf_auto_keeps_the_smallest_quant_within_the_bounds(llama_cpp, run):

@@ -40,7 +40,12 @@ def bench_file(program: Path, path: Path, timeout: float = 600) -> dict:
         process = subprocess.Popen(
             command, stdout=out, stderr=subprocess.DEVNULL, env={**os.environ, "LLAMA_LOG_COLORS": "0"}
         )
-        peak = _watch(process, timeout)
+        try:
+            peak = _watch(process, timeout)
+        finally:  # (Ctrl-C or an error here: llama-bench does not run on past the export)
+            if process.poll() is None:
+                process.kill()
+                process.wait()
     code = process.returncode
     try:
         rows = json.loads(log.read_text())
