@@ -45,6 +45,7 @@ class ResolvedConfig(BaseModel):
     slurm: SlurmConfig | None = None  # the user's slurm: block (for `leap-finetune slurm`)
     grpo_rollout: GrpoRolloutConfig | None = None  # grpo: GPU counts for servers (set for every grpo config)
     rewards: RewardsConfig | None = None  # grpo: checked reward specs (custom paths absolute)
+    environment: dict | None = None  # grpo: the tools' source, their definitions and limits (validate/environment.py)
     retrieval: RetrievalConfig | None = None  # embedding / colbert (set for every such config)
     async_eval: AsyncEvalConfig | None = None  # where benchmarks run, and the failure policy
     vision: bool = False  # a vision-language model trained on rows that may carry images (sft, dpo)

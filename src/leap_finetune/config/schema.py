@@ -17,6 +17,7 @@ from pydantic import Field, field_validator
 from leap_finetune.config.schema_base import StrictModel
 from leap_finetune.config.schema_cluster import RayConfig, SlurmConfig
 from leap_finetune.config.schema_dataset import DatasetConfig, ImageProcessorConfig, dataset_shorthand
+from leap_finetune.config.schema_environment import EnvironmentConfig
 from leap_finetune.config.schema_evals import AsyncEvalConfig, EvalsConfig
 from leap_finetune.config.schema_grpo import GrpoRolloutConfig, RewardsConfig, reward_list
 from leap_finetune.methods import training_types
@@ -127,6 +128,11 @@ class LeapConfigModel(StrictModel):
     )
     rewards: RewardsConfig | None = Field(
         default=None, description="GRPO's rewards (keys below); a list (or one name) is shorthand for `funcs`."
+    )
+    environment: EnvironmentConfig | None = Field(
+        default=None,
+        description="GRPO: tools the model calls during rollouts, run for real, their results shown to it "
+        "(multi-turn episodes; keys below, docs/agents.md).",
     )
     retrieval: RetrievalConfig | None = Field(
         default=None, description="embedding / colbert: loss, prompts, lengths, pooling (keys below)."

@@ -141,7 +141,7 @@ def reward_list(value):
                         "shown": shown(entry),
                         "index": index,
                         "expected": "a reward's name: a built-in (accuracy, format, length, tool_call_valid, "
-                        "tool_call_match), "
+                        "tool_call_match, tool_success, turn_penalty), "
                         "./file.py::function, or a mapping {name: ..., its options}",
                         "fix": "write e.g. rewards: [accuracy] or rewards: [./my_rewards.py::my_reward]",
                     },
@@ -155,7 +155,8 @@ class RewardsConfig(StrictModel):
     funcs: list[str | dict] = Field(
         default_factory=list,
         description="Built-ins: `accuracy`, `format` (with "
-        "`pattern`), `length` (with `target_tokens`), `tool_call_valid`, `tool_call_match`; or "
+        "`pattern`), `length` (with `target_tokens`), `tool_call_valid`, `tool_call_match`; with `environment:` "
+        "`tool_success` and `turn_penalty` (with `per_turn`); or "
         "`path/to/file.py::function`. A mapping gives options: `{name: format, pattern: "
         "'^Answer:'}`. One name alone is a list of one.",
     )

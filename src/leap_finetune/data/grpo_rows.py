@@ -34,8 +34,27 @@ class GrpoRow:
 
 
 def check_grpo_row(
-    row: SourceRow, *, family: str = "other"
+    row: SourceRow, *, family: str = "other", environment_tools: list | None = None
 ) -> tuple[GrpoRow | None, list[RowProblem], list[RowWarning]]:
+    """The row checked; with an `environment:` (`environment_tools`: its tool definitions) the prompt is shown the
+    environment's tools, and a row may not bring its own."""
+    checked, problems, warnings = _check_grpo_row(row, family)
+    if checked is None or environment_tools is None:
+        return checked, problems, warnings
+    if checked.tools:
+        problem = RowProblem(
+            row.file,
+            row.location,
+            TOOLS_COLUMN,
+            "the row has its own `tools`; with `environment:` every prompt is shown the environment's tools "
+            "(environment.tools): remove the column, or drop `environment:` to train single turns",
+        )
+        return None, [problem], warnings
+    checked.tools = list(environment_tools)
+    return checked, problems, warnings
+
+
+def _check_grpo_row(row: SourceRow, family: str) -> tuple[GrpoRow | None, list[RowProblem], list[RowWarning]]:
     c = RowChecker(row, family)
     data = row.data
     if not isinstance(data, dict):

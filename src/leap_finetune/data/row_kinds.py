@@ -81,7 +81,9 @@ def _labelled_checker(resolved):
 
 
 def _prompt_checker(resolved):
-    return functools.partial(check_grpo_row, family=_family(resolved))
+    environment = getattr(resolved, "environment", None)  # (the checker serves validate's datasets too)
+    tools = environment["schemas"] if environment else None
+    return functools.partial(check_grpo_row, family=_family(resolved), environment_tools=tools)
 
 
 def _text_pair_checker(resolved):

@@ -71,7 +71,28 @@ def trainer_class():
             super().__init__(*args, **kwargs)
             self._rollout_tokens, self._rollout_seconds = 0, 0.0
             self._sampler = None
+            self._environment = None  # environment: (recipes/grpo_episodes.py attaches it)
             self.rollout_engine, self.rollout_why_not = _rollout_engine(self)
+
+        def _generate_and_score_completions(self, inputs):
+            self._episode_rows = inputs  # (an environment's reset(row) reads the batch's rows)
+            return super()._generate_and_score_completions(inputs)
+
+        def _generate(self, prompts):
+            out = super()._generate(prompts)
+            if self._environment is None:
+                return out
+            from leap_finetune.recipes.grpo_episodes import after_generate
+
+            return (*out[:3], after_generate(self, out[3]), *out[4:])
+
+        def _calculate_rewards(self, inputs, prompts, completions, completion_ids_list):
+            rewards = super()._calculate_rewards(inputs, prompts, completions, completion_ids_list)
+            if self._environment is not None:
+                from leap_finetune.recipes.grpo_episodes import after_rewards
+
+                after_rewards(self, prompts, rewards)
+            return rewards
 
         def _generate_single_turn(self, prompt_ids, images, multimodal_fields, num_generations, has_tool_images=False):
             import time
@@ -91,8 +112,8 @@ def trainer_class():
             self._rollout_tokens += sum(len(ids) for ids in completion_ids)
             return completion_ids, logprobs
 
-        def _sample(self, prompt_ids) -> tuple[list[list[int]], list[list[float]]]:
-            return _sample(self, prompt_ids)
+        def _sample(self, prompt_ids, max_new: int | None = None) -> tuple[list[list[int]], list[list[float]]]:
+            return _sample(self, prompt_ids, max_new or self.max_completion_length)
 
         def log(self, logs, start_time=None):
             if self.model.training and self._rollout_seconds > 0:
@@ -135,7 +156,7 @@ def _rollout_engine(trainer) -> tuple[str, str | None]:
     return engine, why
 
 
-def _sample(trainer, prompt_ids) -> tuple[list[list[int]], list[list[float]]]:
+def _sample(trainer, prompt_ids, max_new: int) -> tuple[list[list[int]], list[list[float]]]:
     """TRL's transformers path (left padding, completions cut after the first end token) with
     rl/sampler.py's loop in place of generate; with each token's sampling log-probability, as vLLM returns
     it (TRL's off-policy sequence mask, `off_policy_mask_threshold`, then reads the sampler's own)."""
@@ -182,9 +203,7 @@ def _sample(trainer, prompt_ids) -> tuple[list[list[int]], list[list[float]]]:
                 compile=cuda,
                 rollout_dtype=half if cuda else None,
             )
-        completions, logps = trainer._sampler.generate(
-            input_ids, attention_mask, trainer.max_completion_length, logprobs=True
-        )
+        completions, logps = trainer._sampler.generate(input_ids, attention_mask, max_new, logprobs=True)
     is_eos = torch.isin(completions, torch.tensor(trainer.eos_token_ids, device=device))
     ends = torch.where(is_eos.any(dim=1), is_eos.int().argmax(dim=1), completions.size(1)).cpu().tolist()
     completions, logps = completions.cpu(), logps.cpu()
@@ -199,20 +218,21 @@ def _write_completions(trainer) -> None:
     logged = trainer._logs
     count = min(SAMPLES_PER_LOG, len(logged["prompt"]))
     with RunFolder(trainer.args.output_dir).completions.open("a", encoding="utf-8") as handle:
+        if trainer._environment is not None:  # (episodes: turns, calls, tool results, final answer, rewards)
+            for entry in trainer._episodes_logged:
+                handle.write(json.dumps({"step": trainer.state.global_step, **entry}, ensure_ascii=False) + "\n")
+            trainer._episodes_logged.clear()
+            return
         for i in range(count):
             rewards = {name: values[i] for name, values in logged["rewards"].items() if i < len(values)}
-            handle.write(
-                json.dumps(
-                    {
-                        "step": trainer.state.global_step,
-                        "prompt": logged["prompt"][i],
-                        "completion": logged["completion"][i],
-                        "rewards": rewards,
-                        "advantage": logged["advantages"][i],
-                    }
-                )
-                + "\n"
-            )
+            entry = {
+                "step": trainer.state.global_step,
+                "prompt": logged["prompt"][i],
+                "completion": logged["completion"][i],
+                "rewards": rewards,
+                "advantage": logged["advantages"][i],
+            }
+            handle.write(json.dumps(entry, ensure_ascii=False) + "\n")
 
 
 def train(resolved_json: dict, callbacks: list | None = None) -> dict:
@@ -243,6 +263,10 @@ def train(resolved_json: dict, callbacks: list | None = None) -> dict:
         ),
     )
     watch.judges = judges(trainer)
+    if resolved.environment is not None:
+        from leap_finetune.recipes import grpo_episodes
+
+        grpo_episodes.attach(trainer, resolved, tokenizer)
     if trainer.accelerator.is_main_process:
         console.print(
             f"rollouts: {trainer.rollout_engine}" + (f" ({trainer.rollout_why_not})" if trainer.rollout_why_not else "")
@@ -272,6 +296,11 @@ def train(resolved_json: dict, callbacks: list | None = None) -> dict:
             }
         return extra
 
-    return common.train_evaluate_save(
-        trainer, resolved, run_dir, tokenizer, console, stop_on_signal, [], after_training=after_training
-    )
+    try:
+        return common.train_evaluate_save(
+            trainer, resolved, run_dir, tokenizer, console, stop_on_signal, [], after_training=after_training
+        )
+    finally:
+        from leap_finetune.recipes.grpo_episodes import close
+
+        close(trainer)

@@ -86,6 +86,22 @@ def _figures(keys: list[str]) -> dict:
             ],
             False,
         ),
+        "episodes.png": (  # GRPO with an environment (recipes/grpo_episodes.py)
+            "episodes: success, turns, calls, failures",
+            [
+                (key.split("/")[1], key)
+                for key in (
+                    "episodes/success",
+                    "episodes/answered",
+                    "episodes/turns",
+                    "episodes/calls",
+                    "episodes/parse_failures",
+                    "episodes/tool_error_rate",
+                )
+                if key in keys
+            ],
+            False,
+        ),
     }
     return figures
 

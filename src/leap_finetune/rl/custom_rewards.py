@@ -160,10 +160,11 @@ class SampleCall:
     kwargs: dict = field(default_factory=dict)
 
 
-def sample_call(examples: list[dict], columns: list[str], tokenizer) -> SampleCall:
+def sample_call(examples: list[dict], columns: list[str], tokenizer, *, episodes: bool = False) -> SampleCall:
     """Each of the first rows with its solution (when it has one) and an empty text as completions (a model may
     stop at once), with the dataset's columns as TRL passes them (prompts, completion_ids, solution, prompt_text,
-    the other columns; None where a row lacks one), trainer_state, log_extra and log_metric."""
+    the other columns; None where a row lacks one), trainer_state, log_extra and log_metric. `episodes` (an
+    `environment:`): the `episode` column too, each completion as an episode of one answer without a tool call."""
     from transformers import TrainerState
 
     sample = SampleCall()
@@ -175,6 +176,7 @@ def sample_call(examples: list[dict], columns: list[str], tokenizer) -> SampleCa
         "prompt_text": [],
         **({"tools": []} if "tools" in columns else {}),
         **{c: [] for c in extra},
+        **({"episode": []} if episodes else {}),
     }
     for example in examples[:ROWS_AT_VALIDATE]:
         solution = example.get("solution") or ""
@@ -188,6 +190,8 @@ def sample_call(examples: list[dict], columns: list[str], tokenizer) -> SampleCa
             per_column["prompt_text"].append(example.get("prompt_text", example["prompt"]))
             if "tools" in per_column:
                 per_column["tools"].append(example.get("tools", ""))
+            if episodes:
+                per_column["episode"].append([{"role": "assistant", "content": completion}])
             for column in extra:
                 per_column[column].append((example.get("columns") or {}).get(column))
     sample.kwargs = {
@@ -206,7 +210,9 @@ def check_custom_rewards(resolved, prepared, tokenizer, console=None) -> None:
     specs = custom_specs(rewards)
     if not specs or not rewards.check_at_validate or not prepared.train.examples:
         return
-    sample = sample_call(prepared.train.examples, prepared.train.table.column_names, tokenizer)
+    sample = sample_call(
+        prepared.train.examples, prepared.train.table.column_names, tokenizer, episodes=resolved.environment is not None
+    )
     rows = list(dict.fromkeys(sample.rows))
     on = f"{len(sample.completions)} placeholder completion(s) of {len(rows)} training row(s) ({'; '.join(rows)})"
     skip = "rewards.check_at_validate: false skips this call"

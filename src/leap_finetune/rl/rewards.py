@@ -173,6 +173,30 @@ def _parsed_tools(text: str) -> list | None:
     return json.loads(text) if text else None
 
 
+def tool_success(completions, episode=None, **_) -> list[float | None]:
+    """environment: the share of the episode's tool calls that parsed and ran without error (a call that does not
+    parse, names no declared tool, has bad arguments, raises or times out fails). An episode without a call: None."""
+    if episode is None:
+        return [None] * len(completions)
+    rewards: list[float | None] = []
+    for messages in episode:
+        results = [m for m in messages if m.get("role") == "tool"]
+        rewards.append(sum(1.0 for m in results if m.get("ok")) / len(results) if results else None)
+    return rewards
+
+
+def turn_penalty_reward(per_turn: float) -> Callable:
+    def turn_penalty(completions, episode=None, **_) -> list[float]:
+        """environment: -per_turn for every assistant turn after the first (fewer round trips score higher)."""
+        if episode is None:
+            return [0.0] * len(completions)
+        return [
+            -per_turn * max(0, sum(1 for m in messages if m.get("role") == "assistant") - 1) for messages in episode
+        ]
+
+    return turn_penalty
+
+
 # name -> (factory taking the options, the options it needs, what it does)
 BUILTIN_REWARDS: dict[str, tuple[Callable, tuple[str, ...], str]] = {
     "accuracy": (lambda: accuracy, (), "the answer matches `solution` (math-aware with math-verify)"),
@@ -184,7 +208,11 @@ BUILTIN_REWARDS: dict[str, tuple[Callable, tuple[str, ...], str]] = {
         (),
         "the completion's tool calls against the solution's: 0.5 exact + 0.25 names + 0.25 argument F1",
     ),
+    "tool_success": (lambda: tool_success, (), "environment: the share of the episode's tool calls that ran"),
+    "turn_penalty": (turn_penalty_reward, ("per_turn",), "environment: -per_turn for each turn after the first"),
 }
+# built-in rewards that score an episode (they need `environment:`)
+EPISODE_REWARDS = ("tool_success", "turn_penalty")
 
 
 def reward_name(spec: str | dict) -> str:
@@ -266,7 +294,7 @@ def _check_options(name: str, options: dict, key: str, where: str) -> None:
         )
     missing = [n for n in needed if n not in options]
     if missing:
-        example = {"pattern": "'^Answer: '", "target_tokens": "200"}[missing[0]]
+        example = {"pattern": "'^Answer: '", "target_tokens": "200", "per_turn": "0.1"}[missing[0]]
         raise LeapError(
             f"{key}: the '{name}' reward needs {', '.join(missing)}",
             where=where,
@@ -281,6 +309,11 @@ def _check_options(name: str, options: dict, key: str, where: str) -> None:
                 where=where,
                 fix="correct the pattern (Python `re` syntax)",
             ) from None
+    per_turn = options.get("per_turn")
+    if name == "turn_penalty" and (
+        not isinstance(per_turn, (int, float)) or isinstance(per_turn, bool) or not 0 <= per_turn < float("inf")
+    ):
+        raise LeapError(f"{key}: per_turn is {per_turn!r}", where=where, fix="give a number >= 0, e.g. 0.1")
     target = options.get("target_tokens")
     if name == "length" and (not isinstance(target, int) or isinstance(target, bool) or target <= 0):
         raise LeapError(f"{key}: target_tokens is {target!r}", where=where, fix="give a whole number of tokens > 0")

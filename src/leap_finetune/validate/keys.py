@@ -11,6 +11,7 @@ from leap_finetune.config.cluster_values import check_eval_sbatch_values, check_
 from leap_finetune.config.schema import LeapConfigModel, RetrievalConfig, RetrievalPrompts
 from leap_finetune.config.schema_cluster import RayConfig, SlurmConfig
 from leap_finetune.config.schema_dataset import ImageProcessorConfig
+from leap_finetune.config.schema_environment import EnvironmentConfig
 from leap_finetune.config.schema_evals import (
     AsyncEvalConfig,
     BenchmarkConfig,
@@ -61,6 +62,7 @@ BLOCKS = (
     ("grpo_rollout", GrpoRolloutConfig, None),
     ("rewards", RewardsConfig, None),
     ("rewards.judge", JudgeConfig, None),
+    ("environment", EnvironmentConfig, None),
     ("retrieval", RetrievalConfig, None),
     ("retrieval.prompts", RetrievalPrompts, None),
     ("async_eval", AsyncEvalConfig, None),

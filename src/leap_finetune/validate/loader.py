@@ -42,6 +42,7 @@ NOT_EMPTY = (
     "slurm",
     "grpo_rollout",
     "rewards",
+    "environment",
     "retrieval",
 )
 
@@ -86,6 +87,9 @@ def _load(raw: dict, config_path: Path | None, base: Path, where: str) -> Resolv
     peft, quantization = resolve_peft(model.peft_config, where, vision)
     peft = resolve_vision(model.training_type, training, peft, vision, where)  # (LoRA narrowed to the language model)
     grpo_rollout, rewards = resolve_grpo(model, training, base, where)
+    from leap_finetune.validate.environment import resolve_environment
+
+    environment = resolve_environment(model, base, where, vision)
     retrieval = resolve_retrieval(model, training, where)
     check_async_eval_config(model, where)
     family = model_family(model.model_name, model_id)
@@ -127,6 +131,7 @@ def _load(raw: dict, config_path: Path | None, base: Path, where: str) -> Resolv
         slurm=model.slurm,
         grpo_rollout=grpo_rollout,
         rewards=rewards,
+        environment=environment,
         retrieval=retrieval,
         async_eval=model.async_eval,
         vision=vision,

@@ -249,14 +249,45 @@ def _tool_table(console: Console, prepared: PreparedData, resolved: ResolvedConf
     )
 
 
-def _last_logged(run_dir: Path, keys: tuple[str, ...]) -> dict:
-    """The last value of each key in metrics.jsonl (training logs)."""
+def _last_logged(run_dir: Path, keys: tuple[str, ...], *, first: bool = False) -> dict:
+    """The last (or first) value of each key in metrics.jsonl (training logs)."""
     from leap_finetune.files import read_metrics
 
     found: dict = {}
     for record in read_metrics(RunFolder(run_dir).metrics):
-        found.update({k: record[k] for k in keys if isinstance(record.get(k), (int, float))})
+        seen = {k: record[k] for k in keys if isinstance(record.get(k), (int, float))}
+        found.update({k: v for k, v in seen.items() if not (first and k in found)})
     return found
+
+
+EPISODE_KEYS = (
+    "episodes/success",
+    "episodes/calls",
+    "episodes/turns",
+    "episodes/tool_error_rate",
+    "eval_episodes/success",
+)
+
+
+def _episodes_line(run_dir: Path) -> str | None:
+    """GRPO with an environment: success first -> last log, and the last log's calls, turns and failed calls."""
+    first, last = _last_logged(run_dir, EPISODE_KEYS, first=True), _last_logged(run_dir, EPISODE_KEYS)
+    if "episodes/calls" not in last:
+        return None
+    success = (
+        f"success {first['episodes/success']:.2f} -> {last['episodes/success']:.2f}, "
+        if "episodes/success" in last
+        else ""
+    )
+    held_out = (
+        f"; held out: success {first['eval_episodes/success']:.2f} -> {last['eval_episodes/success']:.2f}"
+        if "eval_episodes/success" in last
+        else ""
+    )
+    return (
+        f"{success}{last['episodes/calls']:.2f} calls and {last['episodes/turns']:.2f} turns per episode, "
+        f"{last['episodes/tool_error_rate']:.0%} of calls failed (first -> last log){held_out}"
+    )
 
 
 def end_report(console: Console, resolved: ResolvedConfig, summary: dict) -> None:
@@ -314,6 +345,9 @@ def end_report(console: Console, resolved: ResolvedConfig, summary: dict) -> Non
         table.add_row(
             "reward (first / last 5 steps)", f"{summary['initial_reward']:.3f} -> {summary['final_reward']:.3f}"
         )
+    episodes = _episodes_line(run_dir) if resolved.environment else None
+    if episodes:
+        table.add_row("episodes", episodes)
     if summary.get("rollouts"):
         rollouts = summary["rollouts"]
         table.add_row(

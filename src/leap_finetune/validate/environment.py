@@ -1,0 +1,109 @@
+"""`environment:` checked at validate: GRPO only, the tools loaded and described (the definitions the prompts will
+show), what would not do what the user meant refused. The result goes into the resolved config, so the workers and
+the data step use the definitions the driver read."""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+from leap_finetune.config.schema import LeapConfigModel
+from leap_finetune.errors import LeapError
+from leap_finetune.methods import method_of
+
+# built-in rewards that read one completion's tool call against a solution: an episode has several turns
+SINGLE_TURN_REWARDS = {"tool_call_valid": "tool_success", "tool_call_match": "accuracy (on the final answer)"}
+
+
+def resolve_environment(model: LeapConfigModel, base: Path, where: str, vision: bool) -> dict | None:
+    config = model.environment
+    if config is None:
+        from leap_finetune.rl.rewards import EPISODE_REWARDS
+
+        for spec in model.rewards.funcs if model.rewards is not None else []:
+            name = spec.get("name") if isinstance(spec, dict) else spec
+            if name in EPISODE_REWARDS:
+                raise LeapError(
+                    f"rewards: {name} scores a multi-turn episode, and this config has no `environment:`",
+                    where=f"{where}: rewards",
+                    fix="add environment: {tools: ./tools.py} (docs/agents.md), or remove " + name,
+                )
+        return None
+    if not method_of(model).rewards:
+        raise LeapError(
+            f"'environment:' applies to training_type: grpo, and training_type is {model.training_type}",
+            where=where,
+            fix="remove environment, or set training_type: grpo",
+        )
+    if vision:
+        raise LeapError(
+            "environment: multi-turn tool episodes are for text models; this is a vision-language model",
+            where=f"{where}: environment",
+            fix="remove environment, or train a text model",
+        )
+    for spec in model.rewards.funcs if model.rewards is not None else []:
+        name = spec.get("name") if isinstance(spec, dict) else spec
+        if name in SINGLE_TURN_REWARDS:
+            raise LeapError(
+                f"rewards: {name} scores a single turn's tool call; with an environment a completion is a whole "
+                "episode (calls, results, final answer)",
+                where=f"{where}: rewards",
+                fix=f"use {SINGLE_TURN_REWARDS[name]} instead, or a custom reward that reads `episode`",
+            )
+    source = _source(config, base, f"{where}: environment")
+    from leap_finetune.rl.tool_specs import load_toolbox
+
+    toolbox = load_toolbox(source, f"{where}: environment.tools")
+    return {
+        "source": source.to_json(),
+        "schemas": toolbox.schemas,
+        "max_turns": config.max_turns,
+        "tool_timeout": config.tool_timeout,
+        "tool_memory_mb": config.tool_memory_mb,
+        "max_result_chars": config.max_result_chars,
+        "workers": config.workers,
+    }
+
+
+def _source(config, base: Path, where: str):
+    from leap_finetune.rl.tool_specs import ToolSource, schemas_from
+
+    tools = config.tools
+    is_schemas = isinstance(tools, list) or str(tools).endswith(".json")
+    if is_schemas:
+        if config.handler is None:
+            raise LeapError(
+                "environment.tools gives JSON tool definitions: they need `handler`, the function that runs a call",
+                where=where,
+                fix="add handler: ./tools.py::call_tool  (def call_tool(name: str, arguments: dict) -> str), or "
+                "give the tools as Python: tools: ./tools.py",
+            )
+        file, name = _file_and_name(config.handler, base, where, "handler")
+        if name is None:
+            raise LeapError(
+                f"environment.handler is {config.handler!r}: expected ./file.py::function",
+                where=where,
+                fix="write handler: ./tools.py::call_tool",
+            )
+        return ToolSource("handler", file, name, tuple(schemas_from(tools, base, where)))
+    if config.handler is not None:
+        raise LeapError(
+            "environment.handler is for JSON-schema tools; these tools are Python, described by their own hints",
+            where=where,
+            fix="remove handler, or give tools: ./tools.json with it",
+        )
+    file, name = _file_and_name(tools, base, where, "tools")
+    return ToolSource("class" if name else "functions", file, name)
+
+
+def _file_and_name(value: str, base: Path, where: str, key: str) -> tuple[str, str | None]:
+    text = str(value)
+    file, _, name = text.partition("::")
+    if not file.endswith(".py"):
+        raise LeapError(
+            f"environment.{key} is {text!r}: expected a Python file (./tools.py, ./env.py::MyEnvironment) or JSON "
+            "tool definitions (./tools.json, with handler)",
+            where=where,
+            fix="name a .py file, relative to the config file's folder",
+        )
+    path = Path(file).expanduser()
+    return str(path if path.is_absolute() else (base / path).resolve()), (name or None)
