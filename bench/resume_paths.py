@@ -38,6 +38,9 @@ def write_config(work: Path, model: str, project: str, steps: int, **training) -
         "training_config": {
             "max_steps": steps,
             "save_steps": max(2, steps // 4),
+            # (two checkpoints kept: a 1.2B full fine-tune's is ~14 GiB with its optimizer state, and the lent GPU
+            # machine's 64 GiB disk filled with every path's four - measured 2026-12-05)
+            "save_total_limit": 2,
             "eval_steps": max(2, steps // 2),
             "logging_steps": 1,
             "max_length": 512,

@@ -114,3 +114,4 @@ def test_a_reward_on_the_episode_teaches_the_model_to_call_the_tool(tmp_path, ha
     assert (run_dir / "plots" / "episodes.png").is_file()
     report = (run_dir / "train.log").read_text()
     assert "calls and" in report and "turns per episode" in report  # (the run report's episodes row)
+    assert "1 tool(s) (lookup) from tools.py; up to 2 turns" in report  # (the config table's environment row)

@@ -137,3 +137,45 @@ def test_episodes_end_at_max_turns_at_the_budget_and_on_calls_that_do_not_parse(
     assert unparsed.messages[1]["content"].startswith("error: the tool call") and not unparsed.messages[1]["ok"]
     assert bad_arguments.tool_errors == 1 and "'x' is not of type 'integer'" in bad_arguments.messages[1]["content"]
     assert all(len(e.mask) == len(e.completion_ids) == len(e.logprobs) for e in episodes)
+
+
+def test_augmented_tools_are_shown_renamed_and_their_calls_run_the_real_tool(source, workers):
+    import random
+
+    from leap_finetune.rl.tool_augment import augment, shown_prompt, tool_list_text
+
+    tokenizer, renderer, _ = _setup("lfm2.5")
+    schemas = load_toolbox(source, "test").schemas
+    rng = random.Random(3)
+    views = [augment(schemas, rng) for _ in range(8)]
+    assert any(v.schemas[0]["name"] != "multiply" for v in views)  # (renamed in some episodes)
+    assert any(set(v.schemas[0]["parameters"]["properties"]) != {"a", "b"} for v in views)
+    view = next(v for v in views if v.schemas[0]["name"] != "multiply")
+    shown = view.schemas[0]
+    assert shown["name"].isidentifier() and sorted(shown["parameters"]["required"]) == sorted(
+        shown["parameters"]["properties"]
+    )
+    prompt = renderer.prompt_text([{"role": "user", "content": "12 * 34?"}], schemas)
+    swapped = shown_prompt(prompt, schemas, view)
+    assert tool_list_text(view.schemas) in swapped and '"name": "multiply"' not in swapped
+    a, b = list(shown["parameters"]["properties"])
+    call = f"<|tool_call_start|>[{shown['name']}({a}=12, {b}=34)]<|tool_call_end|>"
+    real_name = "<|tool_call_start|>[multiply(a=12, b=34)]<|tool_call_end|>"
+    other = shown_prompt(renderer.prompt_text([{"role": "user", "content": "1 * 2?"}], schemas), schemas, view)
+    ids = [tokenizer(p, add_special_tokens=False)["input_ids"] for p in (swapped, other)]
+    generate, starts = _scripted(tokenizer, [[call, "408"], [real_name, "0"]])
+    starts.extend(ids)
+    good, stale = run_episodes(
+        ids,
+        [{}, {}],
+        generate=generate,
+        workers=workers,
+        schemas=schemas,
+        tool_turns=ToolTurns(renderer),
+        eos_ids=[tokenizer.eos_token_id],
+        max_turns=3,
+        budget=200,
+        views=[view, view],
+    )
+    assert good.messages[1] == {"role": "tool", "name": "multiply", "content": "408", "ok": True}
+    assert stale.tool_errors == 1 and "no tool named 'multiply'" in stale.messages[1]["content"]

@@ -49,6 +49,12 @@ class EnvironmentConfig(StrictModel):
         description="A tool result longer than this is cut (the model sees where), so one call cannot fill the "
         "completion budget.",
     )
+    augment_tools: bool = Field(
+        default=False,
+        description="Show each training episode the tools under other names, with other argument names, in another "
+        "order and reworded (calls are mapped back before they run), so the model learns to read a tool list rather "
+        "than memorise one; evaluation episodes see the real tools.",
+    )
     workers: int | None = Field(
         default=None,
         gt=0,

@@ -38,16 +38,35 @@ def attach(trainer, resolved: ResolvedConfig, tokenizer) -> None:
         max_chars=environment["max_result_chars"],
     )
     trainer._environment = environment
+    if environment.get("augment_tools"):
+        _check_augmentable(renderer, environment["schemas"])
+        import random
+
+        trainer._augment_rng = random.Random(resolved.training.get("seed", 42))
     trainer._episodes = []
     trainer._episodes_logged = deque(maxlen=EPISODES_LOGGED)
     # (set after TRL's __init__: given to it, it would warn that the hook is experimental on every run)
     trainer.rollout_func = rollout
 
 
+def _check_augmentable(renderer, schemas: list[dict]) -> None:
+    from leap_finetune.errors import LeapError
+    from leap_finetune.rl.tool_augment import tool_list_text
+
+    if tool_list_text(schemas) not in renderer.prompt_text([{"role": "user", "content": "q"}], schemas):
+        raise LeapError(
+            "environment.augment_tools: this chat template does not write the tool list as the definitions' JSON, so "
+            "the tools shown to an episode cannot be swapped",
+            where="environment.augment_tools",
+            fix="use the model family's template (chat_template: lfm2 or lfm2.5), or set augment_tools: false",
+        )
+
+
 def rollout(prompts: list, trainer) -> dict:
     """TRL's rollout hook: one episode per prompt (the rows are the batch's, kept by _generate_and_score_completions)."""
     from leap_finetune.rl.episodes import run_episodes
 
+    prompts, views = _shown_tools(trainer, prompts)
     prompt_ids = trainer.processing_class(text=prompts)["input_ids"]  # (as TRL tokenizes text prompts)
     rows = [{k: v for k, v in row.items() if k != "prompt"} for row in trainer._episode_rows]
     environment, timing = trainer._environment, {}
@@ -62,6 +81,7 @@ def rollout(prompts: list, trainer) -> dict:
         max_turns=environment["max_turns"],
         budget=trainer.max_completion_length,
         timing=timing,
+        views=views,
     )
     trainer._episodes, trainer._episode_timing = episodes, timing
     logprobs = [e.logprobs for e in episodes]
@@ -72,6 +92,17 @@ def rollout(prompts: list, trainer) -> dict:
         "env_mask": [e.mask for e in episodes],
         "episode": [e.messages for e in episodes],
     }
+
+
+def _shown_tools(trainer, prompts: list) -> tuple[list, list | None]:
+    """environment.augment_tools, in training: each episode's prompt with its own view of the tools."""
+    environment = trainer._environment
+    if not environment.get("augment_tools") or not trainer.model.training:
+        return prompts, None
+    from leap_finetune.rl.tool_augment import augment, shown_prompt
+
+    views = [augment(environment["schemas"], trainer._augment_rng) for _ in prompts]
+    return [shown_prompt(p, environment["schemas"], v) for p, v in zip(prompts, views, strict=True)], views
 
 
 def generate_turn(trainer, prompt_ids: list[list[int]], max_new: int):

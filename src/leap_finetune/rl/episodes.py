@@ -20,6 +20,7 @@ from dataclasses import dataclass, field
 
 from leap_finetune.data import tool_calls as tc
 from leap_finetune.errors import LeapError
+from leap_finetune.rl.tool_augment import ToolView, identity
 from leap_finetune.rl.tool_specs import call_problem
 from leap_finetune.rl.tool_workers import Outcome, ToolWorkers
 
@@ -111,10 +112,13 @@ def run_episodes(
     max_turns: int,
     budget: int,
     timing: dict | None = None,
+    views: list[ToolView] | None = None,
 ) -> list[Episode]:
     """One episode per prompt. `generate(list of token lists, max_new_tokens) -> (token lists, logprob lists or
     None)` samples one turn for each (cut after the end token); `rows` start the environments (reset(row)).
-    `timing` (a dict) gets the wall seconds of generation and of the tools added to its "generate_s" / "tools_s"."""
+    `timing` (a dict) gets the wall seconds of generation and of the tools added to its "generate_s" / "tools_s".
+    `views`: per episode, the tools as its prompt shows them (environment.augment_tools); default the real ones."""
+    views = views or [identity(schemas)] * len(prompt_ids)
     timing = timing if timing is not None else {}
     episodes = [Episode(list(ids)) for ids in prompt_ids]
     errors = workers.reset(rows)
@@ -150,7 +154,7 @@ def run_episodes(
                 else:
                     waiting.append((index, blocks))
             start = time.perf_counter()
-            _run_tools(episodes, waiting, workers, schemas, tool_turns, budget)
+            _run_tools(episodes, waiting, workers, views, tool_turns, budget)
             timing["tools_s"] = timing.get("tools_s", 0.0) + time.perf_counter() - start
     finally:
         workers.end()
@@ -159,8 +163,9 @@ def run_episodes(
     return episodes
 
 
-def _run_tools(episodes, waiting, workers: ToolWorkers, schemas, tool_turns: ToolTurns, budget: int) -> None:
-    """Run the calls of every episode that made some, then append each one's tool turns (not trained)."""
+def _run_tools(episodes, waiting, workers: ToolWorkers, views, tool_turns: ToolTurns, budget: int) -> None:
+    """Run the calls of every episode that made some (checked against the tools as the episode was shown them, then
+    mapped to the real ones), then append each one's tool turns (not trained; named by the real tool)."""
     calls, results = [], {}
     for index, blocks in waiting:
         episode = episodes[index]
@@ -171,12 +176,13 @@ def _run_tools(episodes, waiting, workers: ToolWorkers, schemas, tool_turns: Too
         results[index] = []
         for call in blocks.calls:
             episode.calls += 1
-            problem = call_problem(schemas, call.name, call.arguments)
+            problem = call_problem(views[index].schemas, call.name, call.arguments)
+            name, arguments = views[index].real_call(call.name, call.arguments)
             if problem is not None:
-                results[index].append((call.name, Outcome(problem, False)))
+                results[index].append((name, Outcome(problem, False)))
             else:
-                results[index].append((call.name, None))
-                calls.append((index, call.name, call.arguments))
+                results[index].append((name, None))
+                calls.append((index, name, arguments))
     outcomes = iter(workers.call(calls)) if calls else iter(())
     for index, _ in waiting:
         episode = episodes[index]

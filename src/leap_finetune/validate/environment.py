@@ -61,6 +61,7 @@ def resolve_environment(model: LeapConfigModel, base: Path, where: str, vision: 
         "tool_memory_mb": config.tool_memory_mb,
         "max_result_chars": config.max_result_chars,
         "workers": config.workers,
+        "augment_tools": config.augment_tools,
     }
 
 

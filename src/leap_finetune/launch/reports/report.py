@@ -70,6 +70,8 @@ def config_table(resolved: ResolvedConfig) -> Table:
                 ),
             )
         )
+        if resolved.environment is not None:
+            rows.append(("environment", _environment_line(resolved.environment)))
     if resolved.retrieval is not None:  # embedding / colbert: no chat template, no loss mask, lengths per side
         r = resolved.retrieval
         rows[1] = (
@@ -258,6 +260,18 @@ def _last_logged(run_dir: Path, keys: tuple[str, ...], *, first: bool = False) -
         seen = {k: record[k] for k in keys if isinstance(record.get(k), (int, float))}
         found.update({k: v for k, v in seen.items() if not (first and k in found)})
     return found
+
+
+def _environment_line(environment: dict) -> str:
+    """The tools an episode is shown, where they come from, and the episode's limits."""
+    source = environment["source"]
+    where = Path(source["file"]).name + (f"::{source['name']}" if source.get("name") else "")
+    names = ", ".join(s["name"] for s in environment["schemas"])
+    return (
+        f"{len(environment['schemas'])} tool(s) ({names}) from {where}; up to {environment['max_turns']} turns, "
+        f"{environment['tool_timeout']:g} s per call"
+        + ("; tools renamed per episode" if environment.get("augment_tools") else "")
+    )
 
 
 EPISODE_KEYS = (
