@@ -130,3 +130,42 @@ def test_prompts_are_shown_the_environment_tools_and_rows_may_not_bring_their_ow
     with pytest.raises(DataError) as info:
         inspect_config(str(config), rows=1)
     assert "the row has its own `tools`" in info.value.format()
+
+
+@pytest.mark.parametrize(
+    ("files", "environment", "said"),
+    [
+        ({"t.py": "import sys\nsys.exit(3)\n"}, {"tools": "./t.py"}, "called sys.exit(3)"),
+        ({"e.py": "class E:\n    def reset(self):\n        pass\n"}, {"tools": "./e.py::E"}, "does not take the row"),
+        (
+            {"e.py": "class E:\n    def __init__(self, x):\n        pass\n    def reset(self, row):\n        pass\n"},
+            {"tools": "./e.py::E"},
+            "cannot be created without arguments",
+        ),
+        (
+            {"h.py": "def call(name):\n    return name\n"},
+            {"tools": "./tools.json", "handler": "./h.py::call"},
+            "not a function of (name, arguments)",
+        ),
+        ({"h.py": "call = 42\n"}, {"tools": "./tools.json", "handler": "./h.py::call"}, "(it is int)"),
+        ({}, {"tools": "./tools.json", "handler": "./gone.py::call"}, "the handler file"),
+        ({"t.py": "def f(**kw) -> str:\n    '''F.'''\n"}, {"tools": "./t.py"}, "takes **kw"),
+    ],
+)
+def test_what_would_fail_only_after_the_model_loads_is_caught_at_validate(folder, files, environment, said):
+    for name, text in files.items():
+        (folder / name).write_text(text)
+    assert said in _error(folder, _config(environment)).format()
+
+
+@pytest.mark.parametrize(
+    ("parameters", "said"),
+    [
+        ({"type": "object", "properties": {"x": {"type": "strng"}}}, "is not a valid JSON schema"),
+        ({"type": "object", "properties": {"x": {"type": "string"}}, "required": ["x", "zz"]}, "required names ['zz']"),
+    ],
+)
+def test_json_definitions_that_every_call_would_fail_on_are_refused(folder, parameters, said):
+    schemas = [{"name": "add", "description": "Add.", "parameters": parameters}]
+    error = _error(folder, _config({"tools": schemas, "handler": "./handler.py::call"}))
+    assert said in error.message and "environment.tools[0] (add)" in error.message

@@ -113,7 +113,7 @@ def test_calls_return_their_results_and_exceptions_as_text(functions):
     )
     assert [o.text for o in out[:2]] == ["5", '{"rows": [1, 2], "name": "t"}']
     assert out[0].ok and out[1].ok
-    assert not out[2].ok and "did not return" in out[2].text  # (its worker exited: restarted)
+    assert not out[2].ok and out[2].text == "error: the tool's process exited during the call"  # (restarted)
     assert out[3].ok and out[3].text == "2"  # (the other worker)
     assert functions.call([(0, "add", {"a": 1, "b": 2})])[0].text == "3"  # (the restarted worker answers)
 
@@ -192,3 +192,29 @@ def test_tools_that_cannot_be_described_are_refused_with_the_fix(tmp_path):
     (tmp_path / "env.py").write_text("class Env:\n    def look(self) -> str:\n        '''Look.'''\n")
     with pytest.raises(LeapError, match="has no reset"):
         load_toolbox(ToolSource("class", str(tmp_path / "env.py"), "Env"), "where")
+
+
+def test_a_tool_that_ends_its_process_is_said_as_such_and_exits_are_errors(files):
+    workers = ToolWorkers(
+        ToolSource("functions", str(files / "tools.py")), workers=1, timeout=5, memory_mb=64, max_chars=40
+    )
+    try:
+        workers.reset([{}])
+        (crashed,) = workers.call([(0, "crash", {})])
+        assert crashed.text == "error: the tool's process exited during the call" and crashed.seconds == 0.0
+        assert workers.restarts == 1
+    finally:
+        workers.close()
+
+
+def test_a_tools_file_that_shadows_the_standard_library_does_not_break_the_workers(tmp_path, monkeypatch):
+    (tmp_path / "json.py").write_text(textwrap.dedent(TOOLS))  # (named like the module the protocol uses)
+    monkeypatch.chdir(tmp_path)  # (the current folder: where a shadowing file would be found first)
+    workers = ToolWorkers(
+        ToolSource("functions", str(tmp_path / "json.py")), workers=1, timeout=2, memory_mb=64, max_chars=40
+    )
+    try:
+        workers.reset([{}])
+        assert workers.call([(0, "add", {"a": 1, "b": 2})])[0].text == "3"
+    finally:
+        workers.close()

@@ -67,6 +67,7 @@ def rollout(prompts: list, trainer) -> dict:
     from leap_finetune.rl.episodes import run_episodes
 
     prompts, views = _shown_tools(trainer, prompts)
+    trainer._shown_prompts = prompts if views else None  # (completions.jsonl shows what the model was shown)
     prompt_ids = trainer.processing_class(text=prompts)["input_ids"]  # (as TRL tokenizes text prompts)
     rows = [{k: v for k, v in row.items() if k != "prompt"} for row in trainer._episode_rows]
     environment, timing = trainer._environment, {}
@@ -173,7 +174,12 @@ def after_rewards(trainer, prompts: list, rewards_per_func) -> None:
         values = [float(rewards_per_func[first + i, j]) for j in range(len(names))]
         rewards = {name: (None if v != v else v) for name, v in zip(names, values, strict=True)}  # (NaN: unscored)
         trainer._episodes_logged.append(
-            {"prompt": prompts[i], "episode": episode.messages, "completion": episode.final_answer, "rewards": rewards}
+            {
+                "prompt": (getattr(trainer, "_shown_prompts", None) or prompts)[i],
+                "episode": episode.messages,
+                "completion": episode.final_answer,
+                "rewards": rewards,
+            }
         )
 
 

@@ -47,21 +47,28 @@ class ToolSource:
         return cls(data["kind"], data["file"], data.get("name"), tuple(data.get("schemas") or ()))
 
 
-def import_file(file: str, where: str):
+def import_file(file: str, where: str, what: str = "tools file"):
     """The user's file as a module (a failure said as a LeapError at `where`)."""
     spec = importlib.util.spec_from_file_location(f"leap_user_tools_{abs(hash(file))}", file)
     if spec is None or not Path(file).is_file():
         raise LeapError(
-            f"the tools file {file} does not exist" if not Path(file).exists() else f"{file} is not a Python file",
+            f"the {what} {file} does not exist" if not Path(file).exists() else f"{file} is not a Python file",
             where=where,
-            fix="the path is relative to the config file's folder: ./tools.py or ./env.py::MyEnvironment",
+            fix="the path is relative to the config file's folder: "
+            + ("./tools.py::call_tool" if what == "handler file" else "./tools.py or ./env.py::MyEnvironment"),
         )
     module = importlib.util.module_from_spec(spec)
     try:
         spec.loader.exec_module(module)
+    except SystemExit as err:  # (sys.exit() at the file's top level: it would end validate and the run silently)
+        raise LeapError(
+            f"importing the {what} {file} called sys.exit({err.code!r})",
+            where=where,
+            fix="keep the file's top level to definitions (put a script's code under if __name__ == '__main__':)",
+        ) from None
     except Exception as err:  # noqa: BLE001 - the user's file
         raise LeapError(
-            f"cannot import the tools file {file}: {type(err).__name__}: {err}",
+            f"cannot import the {what} {file}: {type(err).__name__}: {err}",
             where=where,
             fix="correct the file (it is imported as a Python module, in the run and in each tool worker)",
         ) from None
@@ -85,7 +92,8 @@ def _schema(function, owner: str, where: str) -> dict:
     for parameter in parameters:
         if parameter.kind in (parameter.VAR_POSITIONAL, parameter.VAR_KEYWORD):
             raise LeapError(
-                f"{owner} takes *{parameter.name}: a tool's arguments are named one by one",
+                f"{owner} takes {'**' if parameter.kind == parameter.VAR_KEYWORD else '*'}{parameter.name}: a tool's "
+                "arguments are named one by one",
                 where=where,
                 fix="give each argument its own parameter with a type hint",
             )
@@ -150,10 +158,21 @@ def call_problem(schemas: list[dict], name: str, arguments: dict) -> str | None:
     return None
 
 
+def _takes(function, arguments: int) -> bool:
+    """Whether `function` can be called with this many positional arguments."""
+    try:
+        inspect.signature(function).bind(*([None] * arguments))
+        return True
+    except TypeError:
+        return False
+    except ValueError:  # (no signature to read: a builtin)
+        return True
+
+
 def load_toolbox(source: ToolSource, where: str, *, describe: bool = True) -> Toolbox:
     """The tools of `source`, imported here; `describe=False` (the tool workers) skips building their definitions
     (which imports transformers: seconds a worker does not need)."""
-    module = import_file(source.file, where)
+    module = import_file(source.file, where, "handler file" if source.kind == "handler" else "tools file")
 
     def schemas_of(functions: dict, owner) -> list[dict]:
         return [_schema(f, owner(name), where) for name, f in functions.items()] if describe else []
@@ -180,11 +199,18 @@ def load_toolbox(source: ToolSource, where: str, *, describe: bool = True) -> To
                 where=where,
                 fix="name a class with reset(self, row) and its tools as methods",
             )
-        if not callable(getattr(found, RESET, None)):
+        if not callable(getattr(found, RESET, None)) or not _takes(getattr(found, RESET), 2):
             raise LeapError(
-                f"{source.name} has no reset(self, row) method",
+                f"{source.name} has no reset(self, row) method"
+                + (" (its reset does not take the row)" if callable(getattr(found, RESET, None)) else ""),
                 where=where,
                 fix="add def reset(self, row): ... - it starts an episode from the dataset row",
+            )
+        if not _takes(found, 0):
+            raise LeapError(
+                f"{source.name}() cannot be created without arguments (one instance is made per episode)",
+                where=where,
+                fix="give __init__'s arguments defaults, or set them up in reset(self, row)",
             )
         methods = {
             name: value
@@ -195,9 +221,11 @@ def load_toolbox(source: ToolSource, where: str, *, describe: bool = True) -> To
             raise LeapError(f"{source.name} has no public method to offer as a tool", where=where, fix="add one")
         schemas = schemas_of(methods, lambda name: f"{source.name}.{name}()")
         return Toolbox(source, schemas, methods, environment_class=found)
-    if not callable(found):
+    if not callable(found) or not _takes(found, 2):
+        what = "no function" if found is None else "not a function of (name, arguments)"
         raise LeapError(
-            f"no function '{source.name}' in {source.file}",
+            f"environment.handler: {source.name!r} in {source.file}: {what}"
+            + (f" (it is {type(found).__name__})" if found is not None and not callable(found) else ""),
             where=where,
             fix=f"define def {source.name or 'call_tool'}(name: str, arguments: dict) in it",
         )
@@ -207,6 +235,22 @@ def load_toolbox(source: ToolSource, where: str, *, describe: bool = True) -> To
 def _bare(schema: dict) -> dict:
     """A definition as the model sees it: {name, description, parameters} (OpenAI's {type, function} unwrapped)."""
     return dict(schema.get("function", schema))
+
+
+def _schema_problem(tool: dict) -> str | None:
+    """What is wrong with a definition's `parameters` (every call would fail on it)."""
+    import jsonschema
+
+    parameters = tool.get("parameters")
+    if parameters is None:
+        return None
+    try:
+        jsonschema.validators.validator_for(parameters).check_schema(parameters)
+    except jsonschema.SchemaError as err:
+        return f"parameters is not a valid JSON schema: {err.message}"
+    properties = parameters.get("properties") or {}
+    missing = [name for name in parameters.get("required") or [] if name not in properties]
+    return f"required names {missing}, which are not among its properties" if missing else None
 
 
 def schemas_from(value, base: Path, where: str) -> list[dict]:
@@ -235,6 +279,14 @@ def schemas_from(value, base: Path, where: str) -> list[dict]:
                 where=where,
                 fix='write {"name": "add", "description": "...", "parameters": {"type": "object", "properties": '
                 "{...}}}",
+            )
+        problem = _schema_problem(bare)
+        if problem:
+            raise LeapError(
+                f"environment.tools[{index}] ({bare['name']}): {problem}",
+                where=where,
+                fix='write parameters as a JSON schema: {"type": "object", "properties": {"x": {"type": "integer"}}, '
+                '"required": ["x"]}',
             )
         out.append(bare)
     names = [s["name"] for s in out]

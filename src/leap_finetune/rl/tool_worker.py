@@ -47,7 +47,7 @@ def _limited(function, timeout: float):
         return None, f"error: the call did not finish within {timeout:g} s"
     except MemoryError:
         return None, "error: MemoryError (the tool ran out of its memory limit)"
-    except Exception as err:  # noqa: BLE001 - the user's tool: its exception is what the model sees
+    except (Exception, SystemExit, KeyboardInterrupt) as err:  # noqa: BLE001 - the user's tool: what the model sees
         return None, f"error: {type(err).__name__}: {err}"
     finally:
         signal.setitimer(signal.ITIMER_REAL, 0)

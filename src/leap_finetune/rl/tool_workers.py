@@ -25,7 +25,8 @@ from leap_finetune.rl.tool_specs import ToolSource
 START_TIMEOUT_S = 120.0  # importing the tools in a fresh interpreter
 GRACE_S = 5.0  # past a call's own timeout, before its worker is killed
 LOST = object()  # no answer: the episode's environment died with its worker
-DEAD = object()  # no answer: the worker died or hung on this item
+DEAD = object()  # no answer: the worker hung on this item
+EXITED = object()  # no answer: the worker's process ended while running this item (os._exit, a crash)
 
 
 @dataclass
@@ -60,7 +61,9 @@ class ToolWorkers:
     def _spawn(self, index: int) -> None:
         env = {**os.environ, "LEAP_TOOL_PARENT": str(os.getpid()), "PYTHONUNBUFFERED": "1"}
         process = subprocess.Popen(
-            [sys.executable, "-m", "leap_finetune.rl.tool_worker"],
+            # (-P: the current folder is not put first on sys.path - a user's json.py there would shadow the
+            # standard library's in the worker)
+            [sys.executable, "-P", "-m", "leap_finetune.rl.tool_worker"],
             stdin=subprocess.PIPE,
             stdout=subprocess.PIPE,
             env=env,
@@ -71,7 +74,7 @@ class ToolWorkers:
 
     def _await_ready(self, index: int) -> None:
         ready = self._read(index, time.monotonic() + START_TIMEOUT_S)
-        if ready is DEAD or not isinstance(ready, dict) or not ready.get("ready"):
+        if ready is DEAD or ready is EXITED or not isinstance(ready, dict) or not ready.get("ready"):
             self.close()
             error = ready.get("error") if isinstance(ready, dict) else "the tool worker did not start"
             raise LeapError(
@@ -99,13 +102,20 @@ class ToolWorkers:
                 return DEAD
             chunk = os.read(fd, 1 << 16)
             if not chunk:
-                return DEAD  # (it exited)
+                return EXITED
             self._buffers[index] += chunk
         line, _, rest = self._buffers[index].partition(b"\n")
         self._buffers[index] = rest
         return json.loads(line)
 
-    def _restart(self, index: int) -> None:
+    def _restart(self, index: int, why: str = "hung") -> None:
+        print(
+            f"leap-finetune: tool worker {index} {why} during a call"
+            + (f" (past tool_timeout {self.timeout:g} s)" if why == "hung" else "")
+            + "; starting it again",
+            file=sys.stderr,
+            flush=True,
+        )
         process = self._processes[index]
         if process is not None and process.poll() is None:
             process.kill()
@@ -132,8 +142,8 @@ class ToolWorkers:
             while positions:
                 answer = self._read(index, time.monotonic() + self.timeout + GRACE_S)
                 answers[positions.pop(0)] = answer
-                if answer is DEAD:
-                    self._restart(index)
+                if answer is DEAD or answer is EXITED:
+                    self._restart(index, "hung" if answer is DEAD else "exited")
                     positions = [p for p in positions if items[p][0] not in self._lost]
                     if positions:
                         self._send(index, {"op": op, "items": [list(items[p]) for p in positions]})
@@ -146,7 +156,7 @@ class ToolWorkers:
             return [None] * len(rows)
         answers = self._each("reset", list(enumerate(rows)))
         found = [answers.get(e, LOST) for e in range(len(rows))]
-        return [self._dead_text() if a is DEAD or a is LOST else a for a in found]
+        return [self._dead_text(a) if a is DEAD or a is LOST or a is EXITED else a for a in found]
 
     def call(self, calls: list[tuple[int, str, dict]]) -> list[Outcome]:
         """Run (episode, tool name, arguments) calls; one Outcome each, in order."""
@@ -158,16 +168,19 @@ class ToolWorkers:
             answer = by_position.get(position, LOST)
             if answer is LOST:
                 outcomes.append(Outcome("error: this episode's environment was lost when its worker restarted", False))
-            elif answer is DEAD:
-                outcomes.append(Outcome(self._dead_text(), False))
+            elif answer is DEAD or answer is EXITED:
+                outcomes.append(Outcome(self._dead_text(answer), False))
             else:
                 outcomes.append(Outcome(*answer))
         return outcomes
 
-    def _dead_text(self) -> str:
-        return f"error: the tool did not return within {self.timeout:g} s and its process was stopped" + (
-            " (the episode's environment state is lost)" if self.stateful else ""
+    def _dead_text(self, answer=None) -> str:
+        what = (
+            "the tool's process exited during the call"
+            if answer is EXITED
+            else f"the tool did not return within {self.timeout:g} s and its process was stopped"
         )
+        return f"error: {what}" + (" (the episode's environment state is lost)" if self.stateful else "")
 
     def end(self) -> None:
         """The batch's episodes are over: stateful instances dropped (their close() called)."""

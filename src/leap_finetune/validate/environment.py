@@ -23,7 +23,7 @@ def resolve_environment(model: LeapConfigModel, base: Path, where: str, vision: 
             name = spec.get("name") if isinstance(spec, dict) else spec
             if name in EPISODE_REWARDS:
                 raise LeapError(
-                    f"rewards: {name} scores a multi-turn episode, and this config has no `environment:`",
+                    f"{name} scores a multi-turn episode, and this config has no `environment:`",
                     where=f"{where}: rewards",
                     fix="add environment: {tools: ./tools.py} (docs/agents.md), or remove " + name,
                 )
@@ -44,7 +44,7 @@ def resolve_environment(model: LeapConfigModel, base: Path, where: str, vision: 
         name = spec.get("name") if isinstance(spec, dict) else spec
         if name in SINGLE_TURN_REWARDS:
             raise LeapError(
-                f"rewards: {name} scores a single turn's tool call; with an environment a completion is a whole "
+                f"{name} scores a single turn's tool call; with an environment a completion is a whole "
                 "episode (calls, results, final answer)",
                 where=f"{where}: rewards",
                 fix=f"use {SINGLE_TURN_REWARDS[name]} instead, or a custom reward that reads `episode`",
@@ -52,7 +52,8 @@ def resolve_environment(model: LeapConfigModel, base: Path, where: str, vision: 
     source = _source(config, base, f"{where}: environment")
     from leap_finetune.rl.tool_specs import load_toolbox
 
-    toolbox = load_toolbox(source, f"{where}: environment.tools")
+    key = "environment.handler" if source.kind == "handler" else "environment.tools"
+    toolbox = load_toolbox(source, f"{where}: {key}")
     return {
         "source": source.to_json(),
         "schemas": toolbox.schemas,
