@@ -17,7 +17,6 @@ This module imports no torch: the tool workers (rl/tool_worker.py) import it.
 
 from __future__ import annotations
 
-import importlib.util
 import inspect
 import json
 import typing
@@ -48,31 +47,13 @@ class ToolSource:
 
 
 def import_file(file: str, where: str, what: str = "tools file"):
-    """The user's file as a module (a failure said as a LeapError at `where`)."""
-    spec = importlib.util.spec_from_file_location(f"leap_user_tools_{abs(hash(file))}", file)
-    if spec is None or not Path(file).is_file():
-        raise LeapError(
-            f"the {what} {file} does not exist" if not Path(file).exists() else f"{file} is not a Python file",
-            where=where,
-            fix="the path is relative to the config file's folder: "
-            + ("./tools.py::call_tool" if what == "handler file" else "./tools.py or ./env.py::MyEnvironment"),
-        )
-    module = importlib.util.module_from_spec(spec)
-    try:
-        spec.loader.exec_module(module)
-    except SystemExit as err:  # (sys.exit() at the file's top level: it would end validate and the run silently)
-        raise LeapError(
-            f"importing the {what} {file} called sys.exit({err.code!r})",
-            where=where,
-            fix="keep the file's top level to definitions (put a script's code under if __name__ == '__main__':)",
-        ) from None
-    except Exception as err:  # noqa: BLE001 - the user's file
-        raise LeapError(
-            f"cannot import the {what} {file}: {type(err).__name__}: {err}",
-            where=where,
-            fix="correct the file (it is imported as a Python module, in the run and in each tool worker)",
-        ) from None
-    return module
+    """The user's file as a module (config/user_code.py: every failure a LeapError at `where`)."""
+    from leap_finetune.config.user_code import import_user_file
+
+    fix = "the path is relative to the config file's folder: " + (
+        "./tools.py::call_tool" if what == "handler file" else "./tools.py or ./env.py::MyEnvironment"
+    )
+    return import_user_file(file, what=what, where=where, path_fix=fix)
 
 
 def _schema(function, owner: str, where: str) -> dict:
