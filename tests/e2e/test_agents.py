@@ -13,7 +13,7 @@ from pathlib import Path
 import pytest
 
 from leap_finetune.api import run_config
-from tests.conftest import write_config, write_jsonl
+from tests.conftest import invoke, write_config, write_jsonl
 
 TOOLS = '''
 def lookup(key: str) -> str:
@@ -115,3 +115,65 @@ def test_a_reward_on_the_episode_teaches_the_model_to_call_the_tool(tmp_path, ha
     report = (run_dir / "train.log").read_text()
     assert "calls and" in report and "turns per episode" in report  # (the run report's episodes row)
     assert "1 tool(s) (lookup) from tools.py; up to 2 turns" in report  # (the config table's environment row)
+
+
+def test_a_benchmark_of_episodes_is_scored_during_training_and_by_eval(tmp_path, half_caller):
+    """metric: episodes plays GRPO rows in the config's environment (here an sft run's: the block serves the
+    benchmark only), before and after training and in `leap-finetune eval`; the score is the share answered right."""
+    (tmp_path / "tools.py").write_text(textwrap.dedent(TOOLS))
+    rows = [{"prompt": f"What color is the {k}?", "solution": v} for k, v in (("door", "red"), ("car", "blue"))] * 6
+    write_jsonl(tmp_path / "episodes.jsonl", rows)
+    write_jsonl(tmp_path / "sft.jsonl", [{"messages": [{"role": "user", "content": "hi"},
+                                                      {"role": "assistant", "content": "hello"}]}] * 8)  # fmt: skip
+    config = {
+        "project_name": "episodes-bench",
+        "model_name": str(half_caller),
+        "dataset": {"path": "sft.jsonl"},
+        "environment": {"tools": "./tools.py", "max_turns": 2, "workers": 2},
+        "evals": {"max_new_tokens": 48, "benchmarks": [{"name": "lookups", "path": "episodes.jsonl",
+                                                        "metric": "episodes"}]},
+        "training_config": {"max_steps": 2, "per_device_train_batch_size": 4, "save_strategy": "no",
+                            "logging_steps": 1, "learning_rate": 1e-6},
+    }  # fmt: skip
+    path = write_config(tmp_path, config)
+    summary = run_config(path)
+    logs = [json.loads(line) for line in (Path(summary["run_dir"]) / "metrics.jsonl").read_text().splitlines()]
+    scored = [r for r in logs if "benchmark/lookups/score" in r]
+    assert len(scored) == 2 and all(r["benchmark/lookups/rows"] == 12 for r in scored)  # before and after
+    assert scored[0]["benchmark/lookups/calls"] > 0 and scored[0]["benchmark/lookups/turns"] >= 1
+
+    result = invoke(
+        "eval", str(path), "--set", f"checkpoint={summary['run_dir']}", "--output", str(tmp_path / "e.json")
+    )
+    assert result.returncode == 0, result.stderr
+    report = json.loads((tmp_path / "e.json").read_text())["results"]
+    predictions = [json.loads(x) for x in (tmp_path / "e.predictions" / "lookups.jsonl").read_text().splitlines()]
+    right = [p for p in predictions if p["score"] == 1.0]
+    assert report["benchmark/lookups/score"] == len(right) / 12
+    assert all(p["prediction"] == p["reference"] for p in right) and len(predictions) == 12
+    called = [p for p in predictions if any(m["role"] == "tool" for m in p["episode"])]
+    assert called and all(p["episode"][1]["content"] in ("red", "blue") for p in called)  # (the tool really ran)
+
+
+def test_episode_benchmarks_are_refused_where_they_cannot_run(tmp_path):
+    (tmp_path / "tools.py").write_text(textwrap.dedent(TOOLS))
+    write_jsonl(tmp_path / "episodes.jsonl", [{"prompt": "What color is the door?", "solution": "red"}])
+    write_jsonl(tmp_path / "sft.jsonl", [{"messages": [{"role": "user", "content": "hi"},
+                                                      {"role": "assistant", "content": "hello"}]}] * 8)  # fmt: skip
+    bench = {"benchmarks": [{"name": "lookups", "path": "episodes.jsonl", "metric": "episodes"}]}
+    base = {"project_name": "x", "model_name": "tiny-lfm2", "dataset": {"path": "sft.jsonl"}}
+    cases = [
+        ({**base, "evals": bench}, "has no `environment:`"),
+        ({**base, "environment": {"tools": "./tools.py"}}, "no benchmark has metric episodes"),
+        ({**base, "evals": bench, "environment": {"tools": "./tools.py", "augment_tools": True}}, "always see the real"),
+        ({**base, "evals": bench, "environment": {"tools": "./tools.py"}, "async_eval": {"mode": "sidecar"}},
+         "answers one turn at a time"),
+    ]  # fmt: skip
+    for config, said in cases:
+        result = invoke("validate", str(write_config(tmp_path, config)))
+        assert result.returncode == 2 and said in result.stderr, (said, result.stderr)
+    write_jsonl(tmp_path / "episodes.jsonl", [{"prompt": "What color is the door?"}])
+    result = invoke(
+        "validate", str(write_config(tmp_path, {**base, "evals": bench, "environment": {"tools": "./tools.py"}}))
+    )
+    assert result.returncode == 2 and "episodes.jsonl" in result.stderr and "solution" in result.stderr

@@ -142,7 +142,7 @@ def test_episodes_end_at_max_turns_at_the_budget_and_on_calls_that_do_not_parse(
 def test_augmented_tools_are_shown_renamed_and_their_calls_run_the_real_tool(source, workers):
     import random
 
-    from leap_finetune.rl.tool_augment import augment, shown_prompt, tool_list_text
+    from leap_finetune.data.tool_disguise import augment, shown_prompt, tool_list_text
 
     tokenizer, renderer, _ = _setup("lfm2.5")
     schemas = load_toolbox(source, "test").schemas

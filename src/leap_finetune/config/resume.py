@@ -16,6 +16,7 @@ RESUME_KEEPS_DATA = (
     "weight",
     "epochs",
     "hold_out_tools",
+    "augment_tools",
 )
 # training_config keys that no key can change on a resume: the data each step reads and its order, the model's
 # shape, and the optimizer whose state the checkpoint holds

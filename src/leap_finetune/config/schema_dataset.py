@@ -76,6 +76,14 @@ class DatasetConfig(StrictModel):
         "benchmark (metric tool_call): how well the model calls tools it never saw. A tool named in any source is "
         "held out of every source. See docs/tool-calling.md.",
     )
+    augment_tools: bool | float = Field(
+        default=False,
+        description="SFT rows with tool definitions: show training rows their tools under other names (some "
+        "arguments renamed, another order, reworded descriptions), their calls written to match, so that the model "
+        "learns to read a tool list rather than memorise one. true: every such training row; a number in (0, 1]: "
+        "that share of them (a different disguise per row); evaluation rows keep the real tools. GRPO episodes: "
+        "environment.augment_tools. See docs/tool-calling.md.",
+    )
     cache: bool = Field(
         default=True,
         description="Keep the prepared rows on disk ($LEAP_FINETUNE_CACHE, default ~/.cache/leap-finetune/prepared), "
@@ -101,6 +109,13 @@ class DatasetConfig(StrictModel):
         repeated = sorted({name for name in value if value.count(name) > 1})
         if repeated:
             raise ValueError(f"a tool is named twice: {', '.join(repeated)}")
+        return value
+
+    @field_validator("augment_tools")
+    @classmethod
+    def check_augment_tools(cls, value: bool | float) -> bool | float:
+        if not isinstance(value, bool) and not 0 < value <= 1:
+            raise ValueError(f"expected true, false or the share of rows in (0, 1], got {value}")
         return value
 
     @field_validator("test_size")

@@ -14,8 +14,9 @@ class EnvironmentConfig(StrictModel):
     tools: str | list[dict] = Field(
         description="Where the tools come from: `./tools.py` (the file's public functions, described by their type "
         "hints and docstrings), `./env.py::ClassName` (a stateful environment: `reset(row)` starts an episode, its "
-        "public methods are the tools, one instance per episode), or JSON schemas (`./tools.json` or a list here) "
-        "with `handler`."
+        "public methods are the tools, one instance per episode), JSON schemas (`./tools.json` or a list here) "
+        "with `handler`, or `http://HOST:PORT`: an OpenEnv environment server (its MCP tools, one session per "
+        "episode).",
     )
     handler: str | None = Field(
         default=None,

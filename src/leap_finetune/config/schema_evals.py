@@ -12,6 +12,7 @@ from leap_finetune.config.schema_base import StrictModel
 
 GENERATION_METRICS = ("exact_match", "short_answer", "mcq_gen", "bleu", "rouge_l", "tool_call")
 LOGPROB_METRICS = ("logprob_mcq", "logprob_zero_shot")
+EPISODE_METRICS = ("episodes",)
 
 
 class BenchmarkConfig(StrictModel):
@@ -24,7 +25,8 @@ class BenchmarkConfig(StrictModel):
     metric: str = Field(
         description="Generation: " + ", ".join(GENERATION_METRICS) + ", or ./file.py::function. "
         "Log-prob multiple choice: logprob_mcq (also logprob_zero_shot). Embedding / ColBERT models: retrieval "
-        "(path: a folder of corpus.jsonl, queries.jsonl, qrels/test.tsv)."
+        "(path: a folder of corpus.jsonl, queries.jsonl, qrels/test.tsv). Tool episodes in the config's "
+        "`environment:`: episodes (GRPO rows: prompt + solution; the score is the share answered right)."
     )
     limit: int | None = Field(default=None, gt=0, description="Use only the first N rows.")
     tool_call_order: Literal["set", "ordered"] | None = Field(

@@ -153,6 +153,8 @@ class TokenizeRequest:
     examples: frozenset = frozenset()  # positions among the chunk's valid rows to return in full
     samples: frozenset = frozenset()  # positions whose conversation to return
     expected: int = -1  # valid rows pass 1 counted in this chunk (the data step checks the count)
+    disguise: frozenset = frozenset()  # dataset.augment_tools: positions of training rows that may be disguised
+    disguise_share: float = 0.0
 
 
 @dataclass
@@ -167,6 +169,8 @@ class TokenizedChunk:
     error: LeapError | None = None
     expected: int = -1
     hashes: np.ndarray | None = None  # per valid row: a 64-bit digest of the row as written (eval rows also trained)
+    disguised: int = 0  # dataset.augment_tools: rows shown disguised tools
+    not_disguised: int = 0  # rows with tool calls but no definitions to disguise
 
 
 def tokenize_chunk(request: TokenizeRequest) -> TokenizedChunk:
@@ -182,6 +186,8 @@ def tokenize_chunk(request: TokenizeRequest) -> TokenizedChunk:
             valid.append((row, parsed))
     result = TokenizedChunk(table=RowTable.empty(), kept=np.zeros(len(valid), dtype=bool), expected=request.expected)
     result.hashes = np.fromiter((row_digest(row.data) for row, _ in valid), dtype=np.uint64, count=len(valid))
+    if request.disguise:
+        valid = _disguised(valid, request, result, resolved.training.get("seed", 42))
     try:
         kind = row_kind_of(resolved)
         if kind.tokenize_batch is not None:  # (the rows of `inspect` tokenized again, in full)
@@ -225,6 +231,29 @@ def tokenize_chunk(request: TokenizeRequest) -> TokenizedChunk:
     if retrieval:
         result.negatives = np.asarray(negatives, dtype=np.int64)
     return result
+
+
+def _disguised(valid: list, request: TokenizeRequest, result: TokenizedChunk, seed) -> list:
+    """dataset.augment_tools: the chosen training rows with their tools disguised (data/tool_disguise.py). Each row's
+    choice and disguise come from the seed and the row itself, so a prepared set is the same on every run."""
+    import random
+
+    from leap_finetune.data.tool_calls import CALL_START
+    from leap_finetune.data.tool_disguise import disguise_conversation
+
+    out = list(valid)
+    for position in request.disguise:
+        row, parsed = valid[position]
+        rng = random.Random(f"{seed}:{int(result.hashes[position])}")
+        if rng.random() >= request.disguise_share:
+            continue
+        shown = disguise_conversation(parsed, rng)
+        if shown is not None:
+            out[position] = (row, shown)
+            result.disguised += 1
+        elif any(m["role"] == "assistant" and CALL_START in str(m.get("content")) for m in parsed.messages):
+            result.not_disguised += 1
+    return out
 
 
 def row_digest(data) -> int:

@@ -184,13 +184,14 @@ def _prepare_now(
         progress.start("tokenizing", sum(s.valid for s in streams))
         for number, stream in enumerate(streams):
             base = 0
-            for result in workers.map(tokenize_chunk, _requests(stream, wanted[number])):
+            share = _disguise_share(items[stream.item].augment_tools)
+            for result in workers.map(tokenize_chunk, _requests(stream, wanted[number], share)):
                 count = splits.add(number, stream, base, result)
                 base += count
                 progress.advance(count)
 
     reports = source_reports(items, streams, splits.train_rows, splits.eval_rows)
-    notices = notices + splits.leak_notice()
+    notices = notices + splits.leak_notice() + _disguise_notice(items, splits)
     train = mix(splits.train.finish(), items, reports, resolved.training.get("seed", 42), folder / "train.arrow")
     truncated = splits.truncated_train + splits.truncated_eval
     prepared = PreparedData(
@@ -235,6 +236,7 @@ class _Splits:
         self.truncated_eval: list[DroppedRow] = []
         self.negatives_train: list[np.ndarray] = []
         self.partially = 0
+        self.disguised, self.not_disguised = 0, 0  # dataset.augment_tools
         self.samples: dict = {}  # (stream number, valid row) -> Conversation
         self.example_rows: dict = {}  # (stream number, valid row) -> the row tokenized in full
 
@@ -261,6 +263,8 @@ class _Splits:
         for position, file, location, reason in result.truncated_away:
             (self.truncated_eval if held[position] else self.truncated_train).append(DroppedRow(file, location, reason))
         self.partially += result.partially_truncated
+        self.disguised += result.disguised
+        self.not_disguised += result.not_disguised
         for position, row in result.examples.items():
             self.example_rows[(number, base + position)] = row
         for position, conversation in result.samples.items():
@@ -302,7 +306,30 @@ def _wanted(streams: list[Stream], examples: int, samples: int, any_eval: bool) 
     return wanted
 
 
-def _requests(stream: Stream, wanted: dict):
+def _disguise_share(augment_tools: bool | float) -> float:
+    return 1.0 if augment_tools is True else float(augment_tools or 0.0)
+
+
+def _disguise_notice(items: list[DatasetConfig], splits: _Splits) -> list[str]:
+    """dataset.augment_tools: how many training rows were disguised; none is an error (the key would do nothing)."""
+    keyed = [i for i, item in enumerate(items) if item.augment_tools is not False]
+    if not keyed:
+        return []
+    key = "dataset.augment_tools" if len(items) == 1 else f"dataset[{keyed[0]}].augment_tools"
+    if splits.disguised == 0:
+        raise LeapError(
+            "no training row has tool definitions to disguise (a `tools` column, or a JSON tool list in the system "
+            "prompt after <|tool_list_start|> or 'List of tools:'), so the key would change nothing",
+            where=key,
+            fix=f"give the rows their tool definitions in a `tools` column, or remove {key}",
+        )
+    text = f"augment_tools: {splits.disguised:,} training row(s) are shown their tools disguised (evaluation rows: the real ones)"
+    if splits.not_disguised:
+        text += f"; {splits.not_disguised:,} row(s) with tool calls have no definitions to disguise and keep theirs"
+    return [text]
+
+
+def _requests(stream: Stream, wanted: dict, share: float = 0.0):
     base = 0
     for rows, checked in itertools.zip_longest(chunked(stream.source.rows()), stream.chunks):
         if rows is None or checked is None or len(rows) != checked.row_count:
@@ -315,8 +342,17 @@ def _requests(stream: Stream, wanted: dict):
             expected=count,
             examples=frozenset(i - base for i in wanted["examples"] if base <= i < base + count),
             samples=frozenset(i - base for i in wanted["samples"] if base <= i < base + count),
+            disguise=_training_positions(stream, base, count) if share else frozenset(),
+            disguise_share=share,
         )
         base += count
+
+
+def _training_positions(stream: Stream, base: int, count: int) -> frozenset:
+    """The chunk's valid rows that are training rows (positions within the chunk)."""
+    if stream.eval_mask is None:
+        return frozenset(range(count))
+    return frozenset(int(i) for i in np.flatnonzero(~stream.eval_mask[base : base + count]))
 
 
 def _changed(path: str) -> LeapError:

@@ -53,6 +53,7 @@ class RowKind:
     spills: bool = False
     pairs: bool = False  # two answers per row (chosen, rejected): an image run's collator batches both
     tool_calls: bool = False  # rows may call tools (dataset.hold_out_tools can hold them out)
+    disguises_tools: bool = False  # dataset.augment_tools rewrites the rows' tools (data/tool_disguise.py)
     data_line: Callable = tokens_line  # (prepared) -> the data report's first line
     data_warnings: Callable = _nothing  # (prepared, resolved) -> warnings about the rows as a whole
     # (eval metrics after, before, the last training log) -> the run report's (name, value) rows of its own
@@ -190,6 +191,7 @@ ROW_KINDS: dict[str, RowKind] = {
             tokenize_batch=_conversations,
             spills=True,
             tool_calls=True,
+            disguises_tools=True,
         ),
         RowKind(
             PAIR,

@@ -30,6 +30,7 @@ class BenchmarkItem:
     images: list[str] = field(default_factory=list)
     tools: list | None = None  # the row's `tools` column: tool definitions the chat template renders
     reference_calls: list | None = None  # metric tool_call: the reference turn's calls ([]: it makes none)
+    extra: dict = field(default_factory=dict)  # metric episodes: the row's other columns, for reset(row)
 
 
 def is_logprob(metric: str) -> bool:
@@ -42,7 +43,10 @@ def load_benchmark(bench: BenchmarkConfig, *, vision: bool, model_name: str) -> 
     problems = list(result.problems)
     items = []
     for row in result.rows:
-        item = _check_row(row, bench, vision=vision, model_name=model_name, problems=problems)
+        if bench.metric == "episodes":  # (GRPO rows, played by evaluation/episodes_benchmark.py)
+            item = episode_item(row, model_name, problems)
+        else:
+            item = _check_row(row, bench, vision=vision, model_name=model_name, problems=problems)
         if item is not None:
             items.append(item)
     if problems:
@@ -256,3 +260,20 @@ def _mcq(row, data, turns, images, problem, bench) -> BenchmarkItem | None:
         )
         return None
     return BenchmarkItem(row.file, row.location, turns, options=options, answer_id=answer, images=images)
+
+
+def episode_item(row, model_name: str, problems: list[RowProblem]) -> BenchmarkItem | None:
+    """A benchmark row checked as a GRPO row (the same contract as GRPO data with an environment)."""
+    from leap_finetune.data.grpo_rows import check_grpo_row
+    from leap_finetune.models.registry import model_family
+
+    checked, found, _ = check_grpo_row(row, family=model_family(model_name, model_name), environment_tools=[])
+    if checked is None:
+        problems.extend(found)
+        return None
+    if checked.solution is None:
+        problems.append(
+            RowProblem(row.file, row.location, "solution", "missing: an episode is scored by its final answer")
+        )
+        return None
+    return BenchmarkItem(row.file, row.location, checked.prompt, reference=checked.solution, extra=checked.extra)

@@ -26,14 +26,18 @@ class LoadedBenchmark:
     metric: str
     items: list[BenchmarkItem]
     tool_call_order: str = "set"  # (metric tool_call)
+    environment: dict | None = None  # (metric episodes: the config's environment)
 
 
 def has_images(benchmarks: list[LoadedBenchmark]) -> bool:
     return any(item.images for bench in benchmarks for item in bench.items)
 
 
-def load_benchmarks(evals: EvalsConfig, *, vision: bool, model_name: str) -> list[LoadedBenchmark]:
-    """Validate every benchmark row (and custom metric) before any model loads."""
+def load_benchmarks(
+    evals: EvalsConfig, *, vision: bool, model_name: str, environment: dict | None = None
+) -> list[LoadedBenchmark]:
+    """Validate every benchmark row (and custom metric) before any model loads. `environment`: the config's, which
+    plays the rows of metric episodes."""
     loaded = []
     for bench in evals.benchmarks:
         if bench.metric == "retrieval":  # embedding / colbert: scored by sentence-transformers' evaluators
@@ -44,7 +48,7 @@ def load_benchmarks(evals: EvalsConfig, *, vision: bool, model_name: str) -> lis
         items = load_benchmark(bench, vision=vision, model_name=model_name)
         if "::" in bench.metric:  # a custom metric that cannot import or fails on its own references fails now
             check_custom_metric(bench.metric, bench.name, items)
-        loaded.append(LoadedBenchmark(bench.name, bench.metric, items, bench.tool_call_order or "set"))
+        loaded.append(LoadedBenchmark(bench.name, bench.metric, items, bench.tool_call_order or "set", environment))
     return loaded
 
 
@@ -75,6 +79,10 @@ def run_benchmarks(
             start = time.perf_counter()
             if is_logprob(bench.metric):
                 metrics, predictions = _logprob(model, renderer, evals, bench, processor)
+            elif bench.metric == "episodes":
+                from leap_finetune.evaluation.episodes_benchmark import run_episode_benchmark
+
+                metrics, predictions = run_episode_benchmark(model, renderer, evals, bench, bench.environment)
             else:
                 metrics, predictions = _generation(model, renderer, evals, bench, processor, server)
             metrics["seconds"] = time.perf_counter() - start

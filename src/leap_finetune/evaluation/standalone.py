@@ -75,6 +75,15 @@ def _check_before_loading(resolved: ResolvedConfig, output, server: str | None, 
     benchmarks = check_benchmarks(resolved, resolved.model_id if target.gguf_file else target.model_id)
     if output is not None:
         _check_output(Path(output), resolved)
+    episodes = [b.name for b in benchmarks if b.metric == "episodes"]
+    if episodes and server:
+        raise LeapError(
+            f"benchmark(s) {', '.join(episodes)} (metric episodes) run their tools here, between the model's turns; "
+            "--server answers one turn at a time",
+            where="--server",
+            fix="leave out --server to play the episodes on the model in this process, or remove those benchmarks "
+            "(--set 'evals.benchmarks=[...]')",
+        )
     if resolved.retrieval is not None and server:
         raise LeapError(
             "--server answers generation benchmarks; retrieval benchmarks encode with the model itself",
@@ -217,7 +226,9 @@ def check_benchmarks(resolved: ResolvedConfig, model_id: str | None = None):
 
     model_id = model_id or resolved.model_id
     vision = is_vision_model(model_id)
-    benchmarks = load_benchmarks(resolved.evals, vision=vision, model_name=resolved.model_name)
+    benchmarks = load_benchmarks(
+        resolved.evals, vision=vision, model_name=resolved.model_name, environment=resolved.environment
+    )
     if vision and has_images(benchmarks):
         require_torchvision(model_id)
         _decode_images(benchmarks)

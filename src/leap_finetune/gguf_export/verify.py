@@ -94,7 +94,9 @@ def benchmarks_of(run_config: dict | None):
         return None, "the run has no benchmarks (evals.benchmarks)"
     from leap_finetune.evaluation.runner import has_images, load_benchmarks
 
-    loaded = load_benchmarks(resolved.evals, vision=True, model_name=resolved.model_name)
+    loaded = load_benchmarks(
+        resolved.evals, vision=True, model_name=resolved.model_name, environment=resolved.environment
+    )
     images = [b.name for b in loaded if has_images([b])]
     if images:
         return None, (

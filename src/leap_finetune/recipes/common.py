@@ -241,7 +241,9 @@ def benchmark_callback(resolved: ResolvedConfig, tokenizer, run_dir: Path, conso
         return AsyncBenchmarks(resolved, run_dir, console, every, template.text)
     renderer = Renderer(tokenizer, template, "all", None)
     vision = is_vision_model(resolved.model_id)
-    benchmarks = load_benchmarks(resolved.evals, vision=vision, model_name=resolved.model_name)
+    benchmarks = load_benchmarks(
+        resolved.evals, vision=vision, model_name=resolved.model_name, environment=resolved.environment
+    )
     settings = resolved.image_processor.settings() if resolved.image_processor is not None else None
     processor = load_processor(resolved.model_id, tokenizer, settings) if vision and has_images(benchmarks) else None
     max_failures = resolved.async_eval.failure.max_consecutive if resolved.async_eval else 3

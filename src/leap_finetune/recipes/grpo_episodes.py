@@ -50,8 +50,8 @@ def attach(trainer, resolved: ResolvedConfig, tokenizer) -> None:
 
 
 def _check_augmentable(renderer, schemas: list[dict]) -> None:
+    from leap_finetune.data.tool_disguise import tool_list_text
     from leap_finetune.errors import LeapError
-    from leap_finetune.rl.tool_augment import tool_list_text
 
     if tool_list_text(schemas) not in renderer.prompt_text([{"role": "user", "content": "q"}], schemas):
         raise LeapError(
@@ -100,7 +100,7 @@ def _shown_tools(trainer, prompts: list) -> tuple[list, list | None]:
     environment = trainer._environment
     if not environment.get("augment_tools") or not trainer.model.training:
         return prompts, None
-    from leap_finetune.rl.tool_augment import augment, shown_prompt
+    from leap_finetune.data.tool_disguise import augment, shown_prompt
 
     views = [augment(environment["schemas"], trainer._augment_rng) for _ in prompts]
     return [shown_prompt(p, environment["schemas"], v) for p, v in zip(prompts, views, strict=True)], views

@@ -19,8 +19,8 @@ from collections.abc import Callable
 from dataclasses import dataclass, field
 
 from leap_finetune.data import tool_calls as tc
+from leap_finetune.data.tool_disguise import ToolView, identity
 from leap_finetune.errors import LeapError
-from leap_finetune.rl.tool_augment import ToolView, identity
 from leap_finetune.rl.tool_specs import call_problem
 from leap_finetune.rl.tool_workers import Outcome, ToolWorkers
 

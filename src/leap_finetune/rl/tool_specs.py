@@ -31,7 +31,8 @@ NOT_TOOLS = {RESET, "close"}
 
 @dataclass(frozen=True)
 class ToolSource:
-    """`environment.tools` resolved: kind "functions" (file), "class" (file::name) or "handler" (schemas + file::name)."""
+    """`environment.tools` resolved: kind "functions" (file), "class" (file::name), "handler" (schemas + file::name)
+    or "http" (`file` is the URL of an OpenEnv server: rl/openenv_http.py)."""
 
     kind: str
     file: str
@@ -107,8 +108,14 @@ class Toolbox:
     functions: dict  # name -> callable (kind "functions"), unbound method (kind "class"), or the handler
     environment_class: type | None = None
 
-    def new_instance(self, row: dict):
+    def new_instance(self, row: dict, timeout: float = 10.0):
         """A stateful environment's instance for one episode (after its reset(row)); None without one."""
+        if self.source.kind == "http":
+            from leap_finetune.rl.openenv_http import HttpEnvironment
+
+            instance = HttpEnvironment(self.source.file, timeout)
+            instance.reset(row)
+            return instance
         if self.environment_class is None:
             return None
         instance = self.environment_class()
@@ -118,6 +125,8 @@ class Toolbox:
     def run(self, instance, name: str, arguments: dict):
         if self.source.kind == "handler":
             return self.functions["handler"](name, arguments)
+        if self.source.kind == "http":
+            return instance.call(name, arguments)
         function = self.functions[name]
         return function(instance, **arguments) if instance is not None else function(**arguments)
 
@@ -153,6 +162,10 @@ def _takes(function, arguments: int) -> bool:
 def load_toolbox(source: ToolSource, where: str, *, describe: bool = True) -> Toolbox:
     """The tools of `source`, imported here; `describe=False` (the tool workers) skips building their definitions
     (which imports transformers: seconds a worker does not need)."""
+    if source.kind == "http":
+        from leap_finetune.rl.openenv_http import server_tools
+
+        return Toolbox(source, server_tools(source.file, where) if describe else [], {})
     module = import_file(source.file, where, "handler file" if source.kind == "handler" else "tools file")
 
     def schemas_of(functions: dict, owner) -> list[dict]:

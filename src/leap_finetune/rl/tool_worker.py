@@ -74,7 +74,7 @@ class Worker:
         self.instances: dict = {}
 
     def reset(self, episode, row):
-        instance, error = _limited(lambda: self.toolbox.new_instance(row), self.timeout)
+        instance, error = _limited(lambda: self.toolbox.new_instance(row, self.timeout), self.timeout)
         self.instances[episode] = instance
         return None if error is None else error.replace("error: ", "reset(row) failed: ", 1)
 

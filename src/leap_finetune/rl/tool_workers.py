@@ -42,7 +42,7 @@ class ToolWorkers:
     def __init__(self, source: ToolSource, *, workers: int, timeout: float, memory_mb: int, max_chars: int):
         self.setup = {"source": source.to_json(), "timeout": timeout, "memory_mb": memory_mb, "max_chars": max_chars}
         self.timeout = timeout
-        self.stateful = source.kind == "class"
+        self.stateful = source.kind in ("class", "http")  # (http: one server session per episode)
         self.restarts = 0
         self._processes: list[subprocess.Popen | None] = [None] * workers
         self._buffers = [b""] * workers

@@ -10,6 +10,7 @@ from pydantic import ValidationError
 from leap_finetune.config.paths import local_path
 from leap_finetune.config.schema_dataset import DatasetConfig
 from leap_finetune.errors import LeapError
+from leap_finetune.methods import method_of
 
 
 def validate_dataset(raw, where: str):
@@ -225,3 +226,27 @@ def check_hold_out_tools(model, dataset, evals, vision: bool, where: str) -> Non
                 where=f"{where}: evals.benchmarks[{number}].name",
                 fix=f"rename your benchmark (or remove {key})",
             )
+
+
+def check_augment_tools(model, dataset, where: str) -> None:
+    """`dataset.augment_tools` rewrites SFT conversations; GRPO's episodes have their own key, and the other
+    training types' rows are not rewritten (it would do nothing there). Whether any row has definitions to disguise
+    is checked when the rows are read (data/prepare.py)."""
+    from leap_finetune.data.row_kinds import row_kind_of
+
+    items = dataset if isinstance(dataset, list) else [dataset]
+    for index, item in enumerate(items):
+        if item is None or item.augment_tools is False or row_kind_of(model.training_type).disguises_tools:
+            continue
+        key = f"dataset[{index}].augment_tools" if isinstance(dataset, list) else "dataset.augment_tools"
+        fix = (
+            "set environment.augment_tools: true (each training episode is shown disguised tools)"
+            if method_of(model).rewards
+            else f"remove {key}"
+        )
+        raise LeapError(
+            f"this key disguises the tools of sft conversations; training_type is {model.training_type}, whose rows "
+            "it would not change",
+            where=f"{where}: {key}",
+            fix=fix,
+        )

@@ -28,11 +28,20 @@ def resolve_environment(model: LeapConfigModel, base: Path, where: str, vision: 
                     fix="add environment: {tools: ./tools.py} (docs/agents.md), or remove " + name,
                 )
         return None
-    if not method_of(model).rewards:
+    benchmarks = model.evals.benchmarks if model.evals is not None else []
+    if not method_of(model).rewards and not any(b.metric == "episodes" for b in benchmarks):
         raise LeapError(
-            f"'environment:' applies to training_type: grpo, and training_type is {model.training_type}",
+            f"'environment:' trains grpo episodes and plays benchmarks with metric episodes; training_type is "
+            f"{model.training_type} and no benchmark has metric episodes, so it would do nothing",
             where=where,
-            fix="remove environment, or set training_type: grpo",
+            fix="remove environment, set training_type: grpo, or add a benchmark with metric: episodes",
+        )
+    if config.augment_tools and not method_of(model).rewards:
+        raise LeapError(
+            "environment.augment_tools disguises the tools of grpo's training episodes; this "
+            f"{model.training_type} config plays episodes only in its benchmarks, which always see the real tools",
+            where=f"{where}: environment.augment_tools",
+            fix="remove it (sft rows: dataset.augment_tools)",
         )
     if vision:
         raise LeapError(
@@ -67,9 +76,18 @@ def resolve_environment(model: LeapConfigModel, base: Path, where: str, vision: 
 
 
 def _source(config, base: Path, where: str):
+    from leap_finetune.rl.openenv_http import is_url
     from leap_finetune.rl.tool_specs import ToolSource, schemas_from
 
     tools = config.tools
+    if is_url(tools):
+        if config.handler is not None:
+            raise LeapError(
+                "environment.handler runs JSON-schema tools here; an environment server runs its own",
+                where=where,
+                fix="remove handler",
+            )
+        return ToolSource("http", tools.rstrip("/"))
     is_schemas = isinstance(tools, list) or str(tools).endswith(".json")
     if is_schemas:
         if config.handler is None:

@@ -7,7 +7,7 @@ from pathlib import Path
 
 from leap_finetune.config.paths import local_path
 from leap_finetune.config.schema import LeapConfigModel
-from leap_finetune.config.schema_evals import GENERATION_METRICS, LOGPROB_METRICS, EvalsConfig
+from leap_finetune.config.schema_evals import EPISODE_METRICS, GENERATION_METRICS, LOGPROB_METRICS, EvalsConfig
 from leap_finetune.config.suggest import did_you_mean
 from leap_finetune.errors import LeapError
 from leap_finetune.methods import method_of
@@ -40,16 +40,16 @@ def resolve_evals(evals: EvalsConfig | None, base: Path, where: str) -> EvalsCon
             bench.metric = f"{path}::{function}"
         elif bench.metric == "retrieval":
             bench.path = str(local_path(bench.path, base))  # a folder (BEIR layout), never a Hub id
-        elif bench.metric not in GENERATION_METRICS + LOGPROB_METRICS:
-            hint = did_you_mean(bench.metric, GENERATION_METRICS + LOGPROB_METRICS + ("retrieval",))
+        elif bench.metric not in GENERATION_METRICS + LOGPROB_METRICS + EPISODE_METRICS:
+            hint = did_you_mean(bench.metric, GENERATION_METRICS + LOGPROB_METRICS + EPISODE_METRICS + ("retrieval",))
             raise LeapError(
                 f"unknown metric '{bench.metric}'",
                 where=f"{here}.metric",
                 fix=(hint + " " if hint else "")
                 + "generation metrics: "
                 + ", ".join(GENERATION_METRICS)
-                + "; log-prob multiple choice: logprob_mcq; or ./file.py::function; for embedding/colbert models: "
-                "retrieval",
+                + "; log-prob multiple choice: logprob_mcq; tool episodes in the config's environment: episodes; or "
+                "./file.py::function; for embedding/colbert models: retrieval",
             )
     return evals
 
@@ -65,4 +65,28 @@ def check_retrieval_metrics(model: LeapConfigModel, evals: EvalsConfig | None, w
                 f"models, and training_type is {model.training_type}",
                 where=f"{where}: evals.benchmarks[{index}].metric",
                 fix="use a generation or log-prob metric (docs/evaluation.md), or training_type: embedding / colbert",
+            )
+
+
+def check_episode_benchmarks(model: LeapConfigModel, evals: EvalsConfig | None, where: str) -> None:
+    """metric: episodes plays its rows in the config's `environment:`, in the process that holds the model."""
+    for index, bench in enumerate(evals.benchmarks if evals is not None else []):
+        if bench.metric != "episodes":
+            continue
+        here = f"{where}: evals.benchmarks[{index}].metric"
+        if model.environment is None:
+            raise LeapError(
+                f"benchmark '{bench.name}' (metric episodes) plays its rows as tool episodes in the config's "
+                "environment, and this config has no `environment:`",
+                where=here,
+                fix="add environment: {tools: ./tools.py} (docs/agents.md): on sft it serves the benchmark only",
+            )
+        mode = model.async_eval.mode if model.async_eval is not None else "sync"
+        if mode != "sync":
+            raise LeapError(
+                f"benchmark '{bench.name}' (metric episodes) runs its tools beside the model in the training "
+                f"process; async_eval mode {mode} evaluates on a server that answers one turn at a time",
+                where=here,
+                fix="use async_eval.mode: sync for this config, or score the episodes after training with "
+                "leap-finetune eval CONFIG --set checkpoint=RUN",
             )

@@ -23,8 +23,13 @@ from leap_finetune.config.yaml_io import read_yaml
 from leap_finetune.errors import LeapError
 from leap_finetune.memory.budget import parse_budget
 from leap_finetune.methods import method_of, training_types
-from leap_finetune.validate.datasets import check_hold_out_tools, resolve_dataset, validate_dataset
-from leap_finetune.validate.evals import check_retrieval_metrics, resolve_evals
+from leap_finetune.validate.datasets import (
+    check_augment_tools,
+    check_hold_out_tools,
+    resolve_dataset,
+    validate_dataset,
+)
+from leap_finetune.validate.evals import check_episode_benchmarks, check_retrieval_metrics, resolve_evals
 from leap_finetune.validate.keys import check_block_keys, check_top_level_keys, pydantic_error
 from leap_finetune.validate.peft import resolve_peft
 from leap_finetune.validate.retrieval import resolve_retrieval
@@ -97,7 +102,9 @@ def _load(raw: dict, config_path: Path | None, base: Path, where: str) -> Resolv
     dataset = resolve_dataset(model, base, where)
     evals = resolve_evals(model.evals, base, where)
     check_hold_out_tools(model, dataset, evals, vision, where)
+    check_augment_tools(model, dataset, where)
     check_retrieval_metrics(model, evals, where)
+    check_episode_benchmarks(model, evals, where)
     _resolve_model_init_kwargs(training, model, model_id, peft is not None, (quantization, vision), where)
     from leap_finetune.validate.no_effect import config_notes, qat_notes, router_notes
 

@@ -265,7 +265,8 @@ def _last_logged(run_dir: Path, keys: tuple[str, ...], *, first: bool = False) -
 def _environment_line(environment: dict) -> str:
     """The tools an episode is shown, where they come from, and the episode's limits."""
     source = environment["source"]
-    where = Path(source["file"]).name + (f"::{source['name']}" if source.get("name") else "")
+    where = source["file"] if source["kind"] == "http" else Path(source["file"]).name
+    where += f"::{source['name']}" if source.get("name") else ""
     names = ", ".join(s["name"] for s in environment["schemas"])
     return (
         f"{len(environment['schemas'])} tool(s) ({names}) from {where}; up to {environment['max_turns']} turns, "
