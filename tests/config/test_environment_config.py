@@ -91,7 +91,7 @@ def test_a_class_and_json_schemas_with_a_handler_are_sources_too(folder):
         (
             {"tools": "./tools.py"},
             {"training_type": "sft", "rewards": None, "training_config": {"max_steps": 1}},
-            "applies to training_type: grpo",
+            "no benchmark has metric episodes, so it would do nothing",
         ),
         ({"tools": "./missing.py"}, {}, "does not exist"),
         ({"tools": "./shop.py::Nope"}, {}, "no class 'Nope'"),
@@ -136,6 +136,8 @@ def test_prompts_are_shown_the_environment_tools_and_rows_may_not_bring_their_ow
     ("files", "environment", "said"),
     [
         ({"t.py": "import sys\nsys.exit(3)\n"}, {"tools": "./t.py"}, "called sys.exit(3)"),
+        # (validate imports the tools in a worker first: os._exit there would have ended validate itself, silently)
+        ({"t.py": "import os\nos._exit(0)\n"}, {"tools": "./t.py"}, "ended while they were imported (exit code 0"),
         ({"e.py": "class E:\n    def reset(self):\n        pass\n"}, {"tools": "./e.py::E"}, "does not take the row"),
         (
             {"e.py": "class E:\n    def __init__(self, x):\n        pass\n    def reset(self, row):\n        pass\n"},

@@ -29,6 +29,10 @@ DEAD = object()  # no answer: the worker hung on this item
 EXITED = object()  # no answer: the worker's process ended while running this item (os._exit, a crash)
 
 
+class WorkerDidNotStart(LeapError):
+    """The tools' import ended the worker's process or never finished (validate tries it before importing here)."""
+
+
 @dataclass
 class Outcome:
     """One tool call's result as the model sees it, whether it ran without error, and its time."""
@@ -74,15 +78,36 @@ class ToolWorkers:
 
     def _await_ready(self, index: int) -> None:
         ready = self._read(index, time.monotonic() + START_TIMEOUT_S)
-        if ready is DEAD or ready is EXITED or not isinstance(ready, dict) or not ready.get("ready"):
-            self.close()
-            error = ready.get("error") if isinstance(ready, dict) else "the tool worker did not start"
-            raise LeapError(
-                f"the environment's tools cannot be loaded in a tool worker: {error}",
+        if isinstance(ready, dict) and ready.get("ready"):
+            return
+        code = None
+        if ready is EXITED:
+            try:
+                code = self._processes[index].wait(5)
+            except subprocess.TimeoutExpired:
+                pass
+        self.close()
+        if ready is EXITED or ready is DEAD:
+            raise WorkerDidNotStart(
+                "the environment's tools cannot be loaded in a tool worker: "
+                + (
+                    f"the process ended while they were imported (exit code {code}: os._exit(), a crash, or code "
+                    "that ends the interpreter at the file's top level)"
+                    if ready is EXITED
+                    else f"importing them did not finish within {START_TIMEOUT_S:g} s (code at the file's top "
+                    "level that waits: a server, input(), a loop)"
+                ),
                 where="environment.tools",
-                fix=(ready.get("fix") if isinstance(ready, dict) else None)
-                or "run `leap-finetune validate` on the config; the worker's error is above",
+                fix="import the tools file with python to see where it stops: tools are imported in a process of "
+                "their own, and the file's top level should only define them",
             )
+        error = ready.get("error") if isinstance(ready, dict) else "the tool worker did not start"
+        raise LeapError(
+            f"the environment's tools cannot be loaded in a tool worker: {error}",
+            where="environment.tools",
+            fix=(ready.get("fix") if isinstance(ready, dict) else None)
+            or "run `leap-finetune validate` on the config; the worker's error is above",
+        )
 
     def _send(self, index: int, message) -> bool:
         try:

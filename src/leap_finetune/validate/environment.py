@@ -62,6 +62,8 @@ def resolve_environment(model: LeapConfigModel, base: Path, where: str, vision: 
     from leap_finetune.rl.tool_specs import load_toolbox
 
     key = "environment.handler" if source.kind == "handler" else "environment.tools"
+    if source.kind != "http":
+        _trial_import(source, config, f"{where}: {key}")
     toolbox = load_toolbox(source, f"{where}: {key}")
     return {
         "source": source.to_json(),
@@ -127,3 +129,16 @@ def _file_and_name(value: str, base: Path, where: str, key: str) -> tuple[str, s
         )
     path = Path(file).expanduser()
     return str(path if path.is_absolute() else (base / path).resolve()), (name or None)
+
+
+def _trial_import(source, config, where: str) -> None:
+    """The tools imported first in a tool worker, as the run will: a file that ends the process (os._exit, a crash)
+    or waits at its top level would otherwise end or hang `validate` itself, without a word."""
+    from leap_finetune.rl.tool_workers import ToolWorkers
+
+    try:
+        ToolWorkers(
+            source, workers=1, timeout=config.tool_timeout, memory_mb=config.tool_memory_mb, max_chars=100
+        ).close()
+    except LeapError as err:
+        raise LeapError(err.message, where=where, fix=err.fix) from None
