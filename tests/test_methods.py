@@ -13,7 +13,7 @@ from leap_finetune.methods import METHODS, RETRIEVAL_TYPES, TRAINING_TYPES, is_r
 
 
 def test_every_type_has_its_profile_and_its_recipe():
-    assert TRAINING_TYPES == tuple(METHODS) == ("sft", "dpo", "kto", "grpo", "embedding", "colbert")
+    assert TRAINING_TYPES == tuple(METHODS) == ("sft", "distill", "dpo", "kto", "grpo", "embedding", "colbert")
     for name, method in METHODS.items():
         assert method.profile in profiles.TRAINING_PROFILES, name
         assert importlib.util.find_spec(f"leap_finetune.recipes.{name}") is not None, name
@@ -23,7 +23,7 @@ def test_retrieval_is_asked_of_methods():
     from leap_finetune.methods import method_of, trained_by
 
     assert RETRIEVAL_TYPES == ("embedding", "colbert")
-    assert [is_retrieval(t) for t in TRAINING_TYPES] == [False, False, False, False, True, True]
+    assert [is_retrieval(t) for t in TRAINING_TYPES] == [False, False, False, False, False, True, True]
     assert not is_retrieval(None)
     assert [method_of(t).multi_vector for t in RETRIEVAL_TYPES] == [False, True]
     # a sentence-transformers folder's class names its training type (an unknown class: an embedding model)

@@ -39,6 +39,7 @@ def test_every_example_config_follows_the_json_schema_and_mistakes_do_not():
 def test_init_writes_a_starter_that_validates_once_it_has_data(tmp_path, training_type):
     data = {
         "sft": "quickstart.jsonl",
+        "distill": "quickstart.jsonl",
         "dpo": "dpo.jsonl",
         "kto": "kto.jsonl",
         "grpo": "grpo_math.jsonl",

@@ -43,6 +43,16 @@ TRAINING_PROFILES: dict[str, dict] = {
         # leap-finetune keys (not TRL's): which tokens carry the loss.
         "loss_on": "assistant",
     },
+    # distill: SFT's rows and masks, the teacher's distributions as the target (recipes/distill.py)
+    "DEFAULT_DISTILL": {
+        **_COMMON,
+        "learning_rate": 2e-5,
+        "warmup_steps": 0.03,
+        "weight_decay": 0.0,
+        "packing": False,
+        "train_sampling_strategy": "batch_rebalance",
+        "loss_on": "assistant",
+    },
     "DEFAULT_DPO": {
         **_COMMON,
         "learning_rate": 5e-7,  # DPO moves a model far with small steps (TRL and the DPO paper use 5e-7 to 1e-6)

@@ -17,6 +17,7 @@ from pydantic import Field, field_validator
 from leap_finetune.config.schema_base import StrictModel
 from leap_finetune.config.schema_cluster import RayConfig, SlurmConfig
 from leap_finetune.config.schema_dataset import DatasetConfig, ImageProcessorConfig, dataset_shorthand
+from leap_finetune.config.schema_distill import DistillConfig
 from leap_finetune.config.schema_environment import EnvironmentConfig
 from leap_finetune.config.schema_evals import AsyncEvalConfig, EvalsConfig
 from leap_finetune.config.schema_grpo import GrpoRolloutConfig, RewardsConfig, reward_list
@@ -136,6 +137,15 @@ class LeapConfigModel(StrictModel):
     )
     retrieval: RetrievalConfig | None = Field(
         default=None, description="embedding / colbert: loss, prompts, lengths, pooling (keys below)."
+    )
+    teacher: str | None = Field(
+        default=None,
+        min_length=1,
+        description="distill: the model the student learns from - a Hub id, a local folder, or a run of this "
+        "project (its model/); it must share the student's tokenizer.",
+    )
+    distill: DistillConfig | None = Field(
+        default=None, description="distill: the loss, temperature and the share of SFT's loss (keys below)."
     )
     checkpoint: str | None = Field(
         default=None,

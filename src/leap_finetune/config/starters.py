@@ -44,6 +44,18 @@ TRAINING = {
   # loss_on: assistant              # assistant (default) | final_assistant | all
   # packing: true                   # several conversations per row (faster on GPUs)
 """,
+    "distill": """teacher: {teacher}          # the model the student learns from: same tokenizer (a Hub id, a folder, a run)
+distill:
+  loss: forward_kl                  # forward_kl | reverse_kl | jsd (with beta)
+  temperature: 1.0
+  mix: 0.0                          # the share of SFT's cross-entropy in the loss
+training_config:
+  extends: DEFAULT_DISTILL          # SFT's rows and masks; the teacher's distributions as the target
+  num_train_epochs: 3
+  per_device_train_batch_size: 8
+  learning_rate: 2e-5
+  max_length: 2048
+""",
     "dpo": """training_config:
   extends: DEFAULT_DPO              # beta 0.1, learning rate 5e-7, ...
   num_train_epochs: 1
@@ -194,4 +206,9 @@ dataset:
   # limit: 1000                       # the first N rows only
   # on_invalid: skip                  # drop invalid rows (listed in dropped_rows.jsonl) instead of stopping
 {"  # image_root: /data/pictures       # where relative image paths start (default: the data file's folder)" + chr(10) if vision else ""}
-{training_block(method, vision)}{lora}{evals}"""
+{training_block(method, vision).replace("{teacher}", _teacher_for(model))}{lora}{evals}"""
+
+
+def _teacher_for(model: str) -> str:
+    """A larger model of the family for a starter; a built-in tiny model teaches itself (a CPU try that validates)."""
+    return model if model.startswith("tiny-") else "LiquidAI/LFM2-2.6B"

@@ -160,6 +160,9 @@ def prepare(resolved: ResolvedConfig, console: Console | None = None, examples: 
     init_kwargs = resolved.training.get("model_init_kwargs")
     tokenizer = tokenizer if tokenizer is not None else load_tokenizer(resolved.model_id, init_kwargs)
     check_lora_targets(resolved, tokenizer, console)
+    from leap_finetune.validate.distill import check_teacher
+
+    check_teacher(resolved, tokenizer)
     if resolved.retrieval is not None:  # embedding / colbert: no chat template; prompts and lengths per side
         from leap_finetune.data.retrieval_tokens import RetrievalEncoder
 

@@ -63,6 +63,7 @@ class Setup:
     pairs: bool = False  # DPO/KTO: chosen and rejected (or KL) rows in one forward
     frozen_vision: bool = False  # LFM2-VL with the vision encoder and projector not trained
     qat: bool = False  # quantization-aware training (models/qat.py)
+    teacher_bytes: float = 0  # distill: the frozen teacher's weights (bf16) beside the student
 
 
 def training_memory(shape: ModelShape, setup: Setup) -> Memory:
@@ -79,6 +80,7 @@ def training_memory(shape: ModelShape, setup: Setup) -> Memory:
         weights = trained_bytes * trainable + 2 * frozen
     if setup.reference and not lora:
         weights += min(setup.weight_bytes, 4) * shape.parameters
+    weights += setup.teacher_bytes
     # bf16 autocast over float32 weights keeps a bf16 copy of each linear weight a forward used until backward
     if setup.weight_bytes == 4:
         weights += 2 * _linear_parameters(shape)

@@ -59,7 +59,20 @@ def setup_of(resolved, shape: ModelShape, longest: int | None = None) -> Setup:
         pairs=method.family == "preference",
         frozen_vision=resolved.vision and not t.get("train_vision_encoder", True),
         qat=bool(resolved.qat),
+        teacher_bytes=_teacher_bytes(resolved),
     )
+
+
+def _teacher_bytes(resolved) -> float:
+    """distill: the teacher in bf16 beside the student (its activations are not kept: it runs without gradients;
+    the loss's logits are a chunk of tokens at a time, recipes/distill_loss.py)."""
+    if not resolved.distill:
+        return 0
+    teacher_id = resolved.distill["teacher_id"]
+    if teacher_id not in _shapes:
+        _shapes[teacher_id] = model_shape(teacher_id)
+    shape = _shapes[teacher_id]
+    return 2 * shape.parameters if shape is not None else 0
 
 
 def _batch(t: dict, method, longest: int | None) -> tuple[int, int]:

@@ -54,6 +54,8 @@ class Method:
     flat_rows: bool = False
     # GRPO: completions sampled and scored (rewards:, grpo_rollout:, a generation batch, a rollout engine)
     rewards: bool = False
+    # distillation: a teacher model's next-token distributions are the target (`teacher:`, `distill:`)
+    teacher: bool = False
     # a sentence-transformers model (no chat template, no LoRA starter, retrieval metrics): the class that loads it
     encoder_class: str | None = None
     # max_length cuts rows (and the prepared rows are large enough to spill to Arrow files as they come)
@@ -175,6 +177,21 @@ METHODS: dict[str, Method] = {
             vision_profile="DEFAULT_VLM_SFT",
         ),
         Method(
+            "distill",
+            "generation",
+            "DEFAULT_DISTILL",
+            "a language model (chat) distilled from a teacher",
+            CONVERSATION,
+            _CHAT,
+            own_keys=("loss_on", "compile_layers", "optimizer_precision", "batch_tokens", *ROUTER_KEYS),
+            length_samplers=True,
+            cut_by_max_length=True,
+            starter_benchmarks=True,
+            teacher=True,
+            arguments="trl:SFTConfig",
+            trainer="trl:SFTTrainer",
+        ),
+        Method(
             "dpo",
             "preference",
             "DEFAULT_DPO",
@@ -276,6 +293,11 @@ def method_of(of) -> Method:
     """The Method of a training type's name, or of anything with a `training_type` (a config, a resolved config)."""
     name = of if isinstance(of, str) else of.training_type
     return METHODS[name]
+
+
+def same_rows(training_type: str, other: str) -> bool:
+    """Both types read the same row kind (`dataset.type: sft` under distill: the rows are read the same way)."""
+    return training_type in METHODS and other in METHODS and METHODS[training_type].rows == METHODS[other].rows
 
 
 def is_retrieval(training_type: str | None) -> bool:

@@ -10,7 +10,7 @@ from pydantic import ValidationError
 from leap_finetune.config.paths import local_path
 from leap_finetune.config.schema_dataset import DatasetConfig
 from leap_finetune.errors import LeapError
-from leap_finetune.methods import method_of
+from leap_finetune.methods import method_of, same_rows
 
 
 def validate_dataset(raw, where: str):
@@ -78,6 +78,8 @@ def resolve_dataset(model, base: Path, where: str):
         name = f"dataset[{index}]" if isinstance(model.dataset, list) else "dataset"
         dataset = item.model_copy()
         dataset_type = dataset.type or model.training_type
+        if same_rows(dataset_type, model.training_type):
+            dataset_type = model.training_type  # (sft rows for distill: the same rows, read the same way)
         if dataset_type != model.training_type:
             raise LeapError(
                 f"{name}.type is '{dataset_type}' but training_type is '{model.training_type}'",

@@ -49,6 +49,7 @@ NOT_EMPTY = (
     "rewards",
     "environment",
     "retrieval",
+    "distill",
 )
 
 
@@ -96,6 +97,9 @@ def _load(raw: dict, config_path: Path | None, base: Path, where: str) -> Resolv
 
     environment = resolve_environment(model, base, where, vision)
     retrieval = resolve_retrieval(model, training, where)
+    from leap_finetune.validate.distill import resolve_distill
+
+    distill = resolve_distill(model, base, where)
     check_async_eval_config(model, where)
     family = model_family(model.model_name, model_id)
     chat_template = resolve_chat_template(model.chat_template, family, base, where)
@@ -140,6 +144,7 @@ def _load(raw: dict, config_path: Path | None, base: Path, where: str) -> Resolv
         rewards=rewards,
         environment=environment,
         retrieval=retrieval,
+        distill=distill,
         async_eval=model.async_eval,
         vision=vision,
         image_processor=model.image_processor if vision else None,

@@ -305,6 +305,13 @@ def _use_it_too(resolved) -> str:
     return f"Or in the terminal: `leap-finetune chat {run_dir}`." + gguf
 
 
+def _teacher_words(distill: dict) -> str:
+    """distill: which teacher, and how (the card says where the student's knowledge came from)."""
+    how = distill["loss"] + (f" (beta {distill['beta']:g})" if distill["loss"] == "jsd" else "")
+    how += f", temperature {distill['temperature']:g}" + (f", {distill['mix']:g} SFT loss" if distill["mix"] else "")
+    return f", distilled from teacher `{distill['teacher']}` ({distill['mode']}, {how})"
+
+
 def card_text(resolved, prepared, summary: dict, facts: RunFacts, adapter: bool) -> str:
     from huggingface_hub import ModelCard, ModelCardData
 
@@ -320,8 +327,9 @@ def card_text(resolved, prepared, summary: dict, facts: RunFacts, adapter: bool)
     lines = [
         f"# {resolved.run_name}",
         "",
-        f"**{resolved.training_type.upper()}** of `{resolved.model_name}`, {method}, trained with "
-        f"leap-finetune {__version__}.",
+        f"**{resolved.training_type.upper()}** of `{resolved.model_name}`, {method}"
+        + (_teacher_words(resolved.distill) if resolved.distill else "")
+        + f", trained with leap-finetune {__version__}.",
         "",
     ]
     lines += _data_section(resolved, prepared)

@@ -305,6 +305,12 @@ def _episodes_line(run_dir: Path) -> str | None:
     )
 
 
+def _trained_line(resolved: ResolvedConfig) -> str:
+    method = f"{lora_name(resolved.training)} r={resolved.peft.get('r')}" if resolved.peft else "full fine-tune"
+    teacher = f", from teacher {resolved.distill['teacher']} ({resolved.distill['loss']})" if resolved.distill else ""
+    return f"{resolved.training_type.upper()} of {resolved.model_name}, {method}{teacher}"
+
+
 def end_report(console: Console, resolved: ResolvedConfig, summary: dict) -> None:
     """The run's end: one line (steps, loss or reward, held-out results), then - unless it stopped early - the run
     in one table: what trained, how long and how fast, the results before -> after, where it all is."""
@@ -317,8 +323,7 @@ def end_report(console: Console, resolved: ResolvedConfig, summary: dict) -> Non
     table = Table(title="run report", show_header=False, title_justify="left")
     table.add_column(style="bold")
     table.add_column(overflow="fold")  # (paths wrap whole, never cut with an ellipsis)
-    method = f"{lora_name(resolved.training)} r={resolved.peft.get('r')}" if resolved.peft else "full fine-tune"
-    table.add_row("trained", f"{resolved.training_type.upper()} of {resolved.model_name}, {method}")
+    table.add_row("trained", _trained_line(resolved))
     seconds = summary.get("train_runtime_s")
     tokens = summary.get("tokens_seen")
     if seconds:

@@ -1,0 +1,55 @@
+"""`training_type: distill`: `teacher:` (the model distilled from) and the `distill:` block (recipes/distill.py,
+docs/distillation.md)."""
+
+from __future__ import annotations
+
+from typing import Literal
+
+from pydantic import Field, model_validator
+
+from leap_finetune.config.schema_base import StrictModel
+
+DISTILL_LOSSES = ("forward_kl", "reverse_kl", "jsd")
+
+
+class DistillConfig(StrictModel):
+    """How the student learns from the teacher's next-token distributions."""
+
+    loss: Literal["forward_kl", "reverse_kl", "jsd"] = Field(
+        default="forward_kl",
+        description="forward_kl: KL(teacher || student), the student covers every token the teacher thinks likely "
+        "(classic distillation); reverse_kl: KL(student || teacher), the student settles on the teacher's main "
+        "modes; jsd: the generalised Jensen-Shannon divergence between them, weighted by `beta` (as TRL's GKD).",
+    )
+    beta: float = Field(
+        default=0.5,
+        ge=0,
+        le=1,
+        description="loss jsd: the mixture's weight on the teacher (0 is forward_kl's direction, 1 reverse_kl's).",
+    )
+    temperature: float = Field(
+        default=1.0,
+        gt=0,
+        allow_inf_nan=False,
+        description="Both models' logits are divided by it before the softmax (above 1: softer distributions, "
+        "more of the teacher's ranking of unlikely tokens); the loss is multiplied by temperature^2 so that its "
+        "gradient keeps its scale.",
+    )
+    mode: Literal["offline", "on_policy"] = Field(
+        default="offline",
+        description="offline: on the dataset's assistant tokens (the rows and masks of SFT). on_policy: on "
+        "completions the student samples from the dataset's prompts (GKD); not yet available.",
+    )
+    mix: float = Field(
+        default=0.0,
+        ge=0,
+        le=1,
+        description="The share of the loss that is SFT's cross-entropy on the dataset's answers: "
+        "(1 - mix) x divergence + mix x cross-entropy.",
+    )
+
+    @model_validator(mode="after")
+    def _beta_with_jsd(self):
+        if "beta" in self.model_fields_set and self.loss != "jsd":
+            raise ValueError(f"beta weighs loss jsd's mixture; loss is {self.loss} (remove beta or set loss: jsd)")
+        return self

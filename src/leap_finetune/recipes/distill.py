@@ -1,0 +1,179 @@
+"""Distillation recipe (`training_type: distill`): SFT's worker - the same prepared rows, masks, packing, speed plan,
+LoRA, benchmarks and run folder (recipes/sft.py) - with the teacher's next-token distributions as the target.
+
+The teacher loads beside the student on the same device (bf16 on a GPU, float32 on a CPU), frozen, in evaluation
+mode, with the same exact packing (a packed row's documents kept apart in its attention and convolutions too). Each
+step both models run the batch to their last hidden states; the loss is taken at the trained tokens, a chunk of
+tokens at a time (recipes/distill_loss.py: never the [tokens x vocab] logits of both at once).
+
+Logged besides the loss: distill/divergence and distill/cross_entropy (per trained token), mean_token_accuracy
+(the student's top-1 against the dataset's token) and distill/teacher_agreement (its top-1 against the teacher's).
+"""
+
+from __future__ import annotations
+
+from leap_finetune.config.resolved import ResolvedConfig
+from leap_finetune.recipes import common, optimizers, sft, speed
+from leap_finetune.recipes.ranks import is_main_process
+from leap_finetune.recipes.samples import load_samples, print_samples
+
+config_class = sft.config_class
+training_arguments = sft.training_arguments
+
+
+def trainer_class():
+    import torch
+
+    from leap_finetune.recipes.distill_loss import DistillLoss, chunked_loss
+
+    class DistillTrainer(sft.trainer_class()):
+        """SFT's trainer whose loss is the distillation loss against `teacher` (set after construction)."""
+
+        teacher = None
+        spec: DistillLoss | None = None
+
+        def compute_loss(self, model, inputs, return_outputs=False, num_items_in_batch=None):
+            labels = inputs["labels"]
+            forward = {k: v for k, v in inputs.items() if k != "labels"}
+            forward["use_cache"] = False
+            student = _decoder(model)(**forward).last_hidden_state
+            with torch.no_grad():
+                teacher = _decoder(self.teacher)(**forward).last_hidden_state
+            targets = labels[:, 1:]
+            trained = targets != -100
+            total, stats = chunked_loss(
+                self.spec,
+                student[:, :-1][trained],
+                teacher[:, :-1][trained],
+                _head(model),
+                _head(self.teacher),
+                targets[trained],
+            )
+            count = trained.sum() if num_items_in_batch is None else num_items_in_batch
+            loss = total / torch.as_tensor(count, device=total.device).clamp(min=1)
+            if model.training and self.args.average_tokens_across_devices and num_items_in_batch is not None:
+                loss = loss * (self.accelerator.num_processes // self.get_tp_size())
+            self._record(model, trained.sum(), stats, inputs)
+            return (loss, {"loss": loss}) if return_outputs else loss  # (evaluation: the loss alone)
+
+        def _record(self, model, trained, stats, inputs) -> None:
+            """The step's sums, kept on the device until logging (recipes/host_syncs.py)."""
+            row = torch.cat([trained.float().reshape(1), stats])
+            if model.training:
+                pending = self._pending()
+                pending.setdefault("distill", []).append(row)
+                pending["tokens_host"] += int(inputs["input_ids"].numel())
+                return
+            self._metrics["eval"].setdefault("distill_sums", []).append(row)
+
+        def _flush_device_metrics(self) -> None:
+            super()._flush_device_metrics()
+            rows = self._pending().get("distill")
+            if rows:
+                self._pending()["distill"] = []
+                _log_sums(self._metrics["train"], self.accelerator.gather(torch.stack(rows)))
+
+        def log(self, logs, *args, **kwargs):
+            sums = self._metrics["eval"].pop("distill_sums", None)
+            if sums:
+                _log_sums(self._metrics["eval"], self.accelerator.gather(torch.stack(sums)))
+            return super().log(logs, *args, **kwargs)
+
+    return DistillTrainer
+
+
+def _log_sums(metrics: dict, rows) -> None:
+    """Per-step rows [trained tokens, divergence, cross-entropy, right top-1, agreeing top-1] -> per-token means."""
+    total = rows.sum(0)
+    tokens = max(float(total[0]), 1.0)
+    metrics["distill/divergence"] = [float(total[1]) / tokens]
+    metrics["distill/cross_entropy"] = [float(total[2]) / tokens]
+    metrics["mean_token_accuracy"] = [float(total[3]) / tokens]
+    metrics["distill/teacher_agreement"] = [float(total[4]) / tokens]
+
+
+def _unwrapped(model):
+    model = getattr(model, "module", model)  # (DDP)
+    return model.get_base_model() if hasattr(model, "get_base_model") else model
+
+
+def _decoder(model):
+    """The model without its output layer (its last hidden states, normalised)."""
+    inner = _unwrapped(model)
+    return inner.model if hasattr(inner, "model") else inner.get_decoder()
+
+
+def _head(model):
+    return _unwrapped(model).get_output_embeddings()
+
+
+def load_teacher(resolved: ResolvedConfig, tokenizer, packing: bool, console):
+    """The teacher, frozen, in bf16 on a GPU (float32 on a CPU), with the student's packing."""
+    import torch
+
+    from leap_finetune.models.loading import load_model
+    from leap_finetune.models.varlen_attention import use_varlen_attention
+
+    dtype = torch.bfloat16 if torch.cuda.is_available() else torch.float32
+    teacher = load_model(resolved.distill["teacher_id"], tokenizer, {}, dtype=dtype)
+    teacher.config.use_cache = False
+    teacher.eval().requires_grad_(False)
+    if packing:
+        use_varlen_attention(teacher)
+    parameters = sum(p.numel() for p in teacher.parameters())
+    console.print(f"teacher: {resolved.distill['teacher']} ({parameters:,} parameters, {str(dtype)[6:]}, frozen)")
+    return teacher
+
+
+def train(resolved_json: dict, callbacks: list | None = None) -> dict:
+    from leap_finetune.recipes.distill_loss import DistillLoss
+
+    start = common.start_worker(resolved_json, config_class(), training_arguments)
+    resolved, run_dir, console, args = start.resolved, start.run_dir, start.console, start.args
+    train_dataset = sft.for_trainer(start.train_dataset, args, args.packing)
+    eval_dataset = start.eval_dataset
+    if eval_dataset is not None:
+        eval_dataset = sft.for_trainer(
+            eval_dataset, args, args.packing if args.eval_packing is None else args.eval_packing
+        )
+    fast = sft.speed_plan(resolved)
+    flat = bool(args.padding_free)
+    tokenizer, model = common.load_tokenizer_and_model(resolved, packing=args.packing or flat, console=console)
+    teacher = load_teacher(resolved, tokenizer, args.packing or flat, console)
+    if is_main_process():
+        console.print(fast.line)
+    if fast.compile_layers:
+        speed.compile_layers(model)
+    samples = load_samples(run_dir) if is_main_process() else []
+    if samples:
+        print_samples(console, "before training", model, tokenizer, samples, None)
+
+    from leap_finetune.recipes.callbacks import StopOnSignal
+
+    stop_on_signal = StopOnSignal()
+    trainer_cls = trainer_class()
+    trainer_cls.flat_batches = flat
+    trainer_cls.batch_tokens = resolved.training.get("batch_tokens")
+    settings = resolved.distill
+    trainer_cls.spec = DistillLoss(
+        settings["loss"], settings["beta"], settings["temperature"], settings["mix"], vocab=len(tokenizer)
+    )
+    trainer = trainer_cls(
+        model=model,
+        args=args,
+        train_dataset=train_dataset,
+        eval_dataset=eval_dataset,
+        processing_class=tokenizer,
+        peft_config=common.lora_config(resolved),
+        callbacks=common.standard_callbacks(
+            resolved,
+            run_dir,
+            console,
+            stop_on_signal,
+            speed.with_compile_phase(callbacks, console, fast.compile_layers),
+            common.benchmark_callback(resolved, tokenizer, run_dir, console),
+        ),
+    )
+    trainer.teacher = teacher.to(trainer.accelerator.device)
+    optimizers.use_precision(trainer, resolved.training.get("optimizer_precision"))
+    return common.train_evaluate_save(trainer, resolved, run_dir, tokenizer, console, stop_on_signal, samples)

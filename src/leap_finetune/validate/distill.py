@@ -1,0 +1,100 @@
+"""`training_type: distill` checked at `validate`: a teacher is named, it resolves like `model_name` (a Hub id, a
+folder, a run's model/), it shares the student's tokenizer (the same token for the same id, or the two
+distributions would be compared position by position over different words), and its next-token distribution covers
+the tokenizer; `teacher:` and `distill:` on another training type are refused."""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+from leap_finetune.config.schema import LeapConfigModel
+from leap_finetune.config.schema_distill import DistillConfig
+from leap_finetune.errors import LeapError
+from leap_finetune.methods import method_of
+
+
+def resolve_distill(model: LeapConfigModel, base: Path, where: str) -> dict | None:
+    if not method_of(model).teacher:
+        for key in ("teacher", "distill"):
+            if getattr(model, key) is not None:
+                raise LeapError(
+                    f"'{key}:' applies to training_type: distill, and training_type is {model.training_type}",
+                    where=where,
+                    fix=f"remove {key}, or set training_type: distill",
+                )
+        return None
+    if model.teacher is None:
+        raise LeapError(
+            "training_type distill needs a teacher: the model whose next-token distributions the student learns",
+            where=where,
+            fix="add e.g. teacher: LiquidAI/LFM2-2.6B (a Hub id, a local folder, or a run of this project)",
+        )
+    from leap_finetune.models.registry import resolve_model_id
+
+    try:
+        teacher_id = resolve_model_id(model.teacher, base)
+    except LeapError as err:
+        raise LeapError(err.message.replace("model_name", "teacher"), where=f"{where}: teacher", fix=err.fix) from None
+    settings = model.distill or DistillConfig()
+    if settings.mode == "on_policy":
+        raise LeapError(
+            "distill.mode on_policy (the student samples, the teacher scores) is not available yet",
+            where=f"{where}: distill.mode",
+            fix="use mode: offline (the dataset's answers; docs/distillation.md)",
+        )
+    return {"teacher": model.teacher, "teacher_id": teacher_id, **settings.model_dump()}
+
+
+def check_teacher(resolved, student) -> None:
+    """With the student's tokenizer at hand (the data step loads it; as for model_name, a teacher folder is looked
+    for then - another config's run may make it): the teacher exists, has the same vocabulary (token -> id) and
+    end-of-turn token, and an output layer as wide as the tokenizer."""
+    if not resolved.distill:
+        return
+    from leap_finetune.models.loading import load_tokenizer
+
+    teacher_id, teacher_name = resolved.distill["teacher_id"], resolved.distill["teacher"]
+    where = f"{resolved.config_path or 'config'}: teacher"
+    if Path(teacher_id).is_absolute() and not Path(teacher_id).exists():
+        raise LeapError(
+            f"the teacher folder {teacher_id} does not exist",
+            where=where,
+            fix="a relative path starts at the config file's folder; a teacher another config trains exists once "
+            "that run has finished",
+        )
+    try:
+        teacher = load_tokenizer(teacher_id, {})
+    except LeapError as err:  # (the tokenizer's own loading errors name model_name)
+        raise LeapError(err.message.replace("model_name", "teacher"), where=where, fix=err.fix) from None
+    mine, theirs = student.get_vocab(), teacher.get_vocab()
+    if mine != theirs:
+        differ = sorted(t for t in set(mine) | set(theirs) if mine.get(t) != theirs.get(t))
+        shown = ", ".join(f"{t!r}: {mine.get(t)} vs {theirs.get(t)}" for t in differ[:3])
+        raise LeapError(
+            f"the teacher '{teacher_name}' has another tokenizer than the student ({len(mine):,} vs {len(theirs):,} "
+            f"tokens; {len(differ):,} differ, e.g. {shown}): their next-token distributions cannot be compared",
+            where=where,
+            fix="distil from a teacher of the same family (LFM2 and LFM2.5 models share one tokenizer)",
+        )
+    if student.eos_token != teacher.eos_token:
+        raise LeapError(
+            f"the teacher ends a turn with {teacher.eos_token!r} and the student with {student.eos_token!r}",
+            where=where,
+            fix="distil from a teacher of the same family, with the same chat template",
+        )
+    width = _output_width(teacher_id)
+    if width is not None and width < len(student):
+        raise LeapError(
+            f"the teacher's output layer scores {width:,} tokens, fewer than the tokenizer's {len(student):,}",
+            where=where,
+            fix="give a teacher whose vocabulary is the tokenizer's",
+        )
+
+
+def _output_width(model_id: str) -> int | None:
+    """config.json's vocab_size (its text model's); None where no config is at hand (checked when the teacher loads)."""
+    from leap_finetune.models.registry import config_json
+
+    config = config_json(model_id) or {}
+    width = (config.get("text_config") or config).get("vocab_size")
+    return width if isinstance(width, int) else None

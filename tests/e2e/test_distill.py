@@ -1,0 +1,128 @@
+"""`training_type: distill` end to end on CPU (docs/distillation.md): a tiny teacher trained on a fact task; a fresh
+student learns the task from rows where 40% of the answers are wrong faster per step by distillation than by SFT on
+the same rows (its cross-entropy on held-out right answers falls further in the same steps: the teacher knows the
+task better than the rows); the run logs the divergence and the teacher agreement, the card names the teacher,
+`plan` counts the teacher's memory; what cannot work is refused at validate."""
+
+from __future__ import annotations
+
+import json
+import random
+from pathlib import Path
+
+import pytest
+import yaml
+
+from leap_finetune.api import run_config
+from tests.conftest import fact_rows, invoke, tiny_config, write_config, write_jsonl
+
+STEPS = 48
+
+
+@pytest.fixture(scope="module")
+def task(tmp_path_factory) -> tuple[Path, str]:
+    """(the folder with train.jsonl and val.jsonl, the teacher's model folder): tiny-lfm2 after SFT on the task."""
+    folder = tmp_path_factory.mktemp("distill")
+    write_jsonl(folder / "clean.jsonl", fact_rows(64))
+    write_jsonl(folder / "train.jsonl", _noisy(fact_rows(64)))
+    write_jsonl(folder / "val.jsonl", fact_rows(16))
+    config = tiny_config(
+        project_name="teacher",
+        dataset={"path": "clean.jsonl", "val_path": "val.jsonl"},
+        training_config={"max_steps": 120, "learning_rate": 3e-3, "eval_steps": 120, "save_strategy": "no"},
+    )
+    return folder, run_config(write_config(folder, config, "teacher.yaml"))["model_dir"]
+
+
+def _noisy(rows: list[dict]) -> list[dict]:
+    """40% of the answers replaced by another row's ("Say red twice." -> "blue blue")."""
+    rng = random.Random(0)
+    answers = [row["messages"][-1]["content"] for row in rows]
+    for row in rows:
+        if rng.random() < 0.4:
+            row["messages"][-1]["content"] = rng.choice([a for a in answers if a != row["messages"][-1]["content"]])
+    return rows
+
+
+def _student(folder: Path, name: str, **extra) -> dict:
+    config = tiny_config(
+        project_name=name,
+        dataset={"path": "train.jsonl", "val_path": "val.jsonl"},
+        training_config={"max_steps": STEPS, "learning_rate": 3e-3, "eval_steps": STEPS, "save_strategy": "no"},
+        **extra,
+    )
+    if extra:
+        config["training_config"]["extends"] = "DEFAULT_DISTILL"
+    summary = run_config(write_config(folder, config, f"{name}.yaml"))
+    logs = [json.loads(line) for line in (Path(summary["run_dir"]) / "metrics.jsonl").read_text().splitlines()]
+    return {"summary": summary, "logs": logs}
+
+
+def test_a_distilled_student_learns_faster_than_sft_on_the_same_rows(task):
+    folder, teacher = task
+    sft = _student(folder, "sft")
+    distilled = _student(folder, "student", training_type="distill", teacher=teacher, distill={"temperature": 1.0})
+    sft_loss = sft["summary"]["eval_loss"]  # (SFT's eval loss is the cross-entropy of the held-out right answers)
+    evals = [r for r in distilled["logs"] if "eval_distill/cross_entropy" in r]
+    first, last = evals[0], evals[-1]
+    assert last["eval_distill/cross_entropy"] < 0.95 * sft_loss, (last, sft_loss)  # (measured: 0.66 vs 0.75)
+    assert last["eval_distill/divergence"] < first["eval_distill/divergence"] / 2  # the loss falls
+    assert last["eval_distill/teacher_agreement"] > first["eval_distill/teacher_agreement"]
+    trained = [r for r in distilled["logs"] if "distill/divergence" in r]
+    assert trained and all(0 <= r["distill/teacher_agreement"] <= 1 for r in trained)
+    card = (Path(distilled["summary"]["run_dir"]) / "model" / "README.md").read_text()
+    assert f"distilled from teacher `{teacher}` (offline, forward_kl, temperature 1" in card
+
+
+def test_plan_counts_the_teacher_and_lora_distils_too(task):
+    folder, teacher = task
+    config = tiny_config(
+        training_type="distill",
+        teacher=teacher,
+        dataset={"path": "train.jsonl"},
+        training_config={"extends": "DEFAULT_DISTILL", "max_steps": 4},
+        peft_config={"extends": "DEFAULT_LORA"},
+    )
+    path = write_config(folder, config, "lora.yaml")
+    planned = invoke("plan", str(path), "--json", "--gpus", "1", "--gpu-memory", "24GiB")
+    assert planned.returncode == 0, planned.stderr
+    from leap_finetune.memory.estimate import training_memory
+    from leap_finetune.memory.plan import setup_of, shape_of
+    from leap_finetune.validate.loader import load_config
+
+    resolved = load_config(path)
+    setup = setup_of(resolved, shape_of(resolved))
+    assert setup.teacher_bytes == 2 * shape_of(resolved).parameters  # (the tiny teacher has the student's shape)
+    without = training_memory(shape_of(resolved), setup.__class__(**{**setup.__dict__, "teacher_bytes": 0}))
+    assert training_memory(shape_of(resolved), setup).weights == without.weights + setup.teacher_bytes
+    summary = run_config(path)
+    assert summary["global_step"] == 4 and (Path(summary["run_dir"]) / "adapter").is_dir()
+
+
+@pytest.mark.parametrize(
+    ("config", "said"),
+    [
+        ({"training_type": "distill"}, "needs a teacher"),
+        ({"training_type": "distill", "teacher": "tiny-lfm2.5-vl"}, "another tokenizer than the student"),
+        ({"teacher": "tiny-lfm2"}, "'teacher:' applies to training_type: distill"),
+        ({"training_type": "distill", "teacher": "tiny-lfm2", "distill": {"beta": 0.2}}, "beta weighs loss jsd"),
+        ({"training_type": "distill", "teacher": "tiny-lfm2", "distill": {"mode": "on_policy"}}, "not available yet"),
+        ({"training_type": "distill", "teacher": "./nowhere"}, "teacher"),
+    ],
+)
+def test_what_cannot_work_is_refused_at_validate(tmp_path, config, said):
+    write_jsonl(tmp_path / "train.jsonl", fact_rows(8))
+    full = tiny_config(dataset={"path": "train.jsonl"}, **config)
+    if config.get("training_type") == "distill":
+        full["training_config"]["extends"] = "DEFAULT_DISTILL"
+    result = invoke("validate", str(write_config(tmp_path, full)))
+    assert result.returncode == 2 and said in result.stderr and "Traceback" not in result.stderr, result.stderr
+
+
+def test_sft_rows_are_distill_rows(tmp_path):
+    write_jsonl(tmp_path / "train.jsonl", fact_rows(8))
+    config = tiny_config(training_type="distill", teacher="tiny-lfm2", dataset={"path": "train.jsonl", "type": "sft"})
+    config["training_config"]["extends"] = "DEFAULT_DISTILL"
+    result = invoke("validate", str(write_config(tmp_path, config)))
+    assert result.returncode == 0, result.stderr
+    assert yaml.safe_load((tmp_path / "config.yaml").read_text())["dataset"]["type"] == "sft"
