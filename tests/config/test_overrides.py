@@ -30,6 +30,10 @@ def test_values_are_read_as_yaml_and_set_at_their_path():
     assert out["dataset"] == [{"path": "a.jsonl", "limit": 10}, {"path": "b.jsonl", "weight": 2}]
     assert out["peft_config"] == {"r": 8} and out["evals"] == {"benchmarks": []}
     assert raw["training_config"]["learning_rate"] == 1e-3  # the file's values are not changed
+    # a top-level key set to null is removed (a block switched off for this run); deeper, null is the value
+    off = apply_overrides({"peft_config": {"r": 8}, "teacher": "t", "training_config": {"seed": 1}},
+                          ["peft_config=null", "teacher=null", "training_config.seed=null"])  # fmt: skip
+    assert off == {"training_config": {"seed": None}}
 
 
 @pytest.mark.parametrize(

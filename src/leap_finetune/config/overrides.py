@@ -2,8 +2,9 @@
 
 KEY is the dotted path of the key in the YAML (`training_config.learning_rate`, `dataset.limit`, and for a
 list an index: `dataset[1].weight` or `dataset.1.weight`); VALUE is read as YAML, as in the file (`1e-4`
-is a float, `true` a boolean, `[a, b]` a list, `{a: 1}` a mapping, `[]` an empty list, `null` removes nothing
-but sets null). The config is then
+is a float, `true` a boolean, `[a, b]` a list, `{a: 1}` a mapping, `[]` an empty list, `null` sets null - and a
+top-level key set to null is removed: `--set peft_config=null` runs without the block, as a file without it would,
+where `peft_config:` with nothing under it in a file is refused as an empty block). The config is then
 validated exactly as if the file said it, so an override gets the same errors.
 """
 
@@ -42,7 +43,11 @@ def apply_overrides(raw: dict, overrides: list[str]) -> dict:
                 fix="write the value as in the YAML file, in quotes for your shell: e.g. "
                 "--set 'evals.benchmarks=[]' or --set 'peft_config={extends: DEFAULT_LORA}'",
             ) from None
-        _set(raw, _parts(key), value, key)
+        parts = _parts(key)
+        if len(parts) == 1 and value is None:
+            raw.pop(parts[0], None)  # (the block switched off for this run)
+            continue
+        _set(raw, parts, value, key)
     return raw
 
 
