@@ -26,7 +26,7 @@ def test_rows_of_another_type_are_named_with_every_type_that_reads_them():
     assert other_types_for([{"prompt", "completion", "label"}], "grpo") == ["kto"]
     assert other_types_for([{"prompt", "solution"}], "kto") == ["grpo"]
     assert other_types_for([{"query", "positive"}], "sft") == ["embedding", "colbert"]
-    assert other_types_for([{"conversations"}], "embedding") == ["sft"]
+    assert other_types_for([{"conversations"}], "embedding") == ["sft", "distill"]
     # (the shapes naming more columns are asked first: a `messages` column beside a pair's columns is still a pair)
     assert other_types_for([{"messages", "chosen", "rejected"}], "sft") == ["dpo"]
     assert other_types_for([{"messages"}, {"text"}], "dpo") == []  # (not every row has them)
@@ -39,7 +39,7 @@ def test_a_type_added_at_run_time_gets_everything_from_its_row_kind(monkeypatch)
     monkeypatch.setitem(methods.METHODS, "toy_sft", toy)
     assert row_kind_of("toy_sft") is row_kind_of("sft") is ROW_KINDS[methods.CONVERSATION]
     assert row_kind_of(SimpleNamespace(training_type="toy_sft")).spills
-    assert other_types_for([{"messages"}], "dpo") == ["sft", "toy_sft"]
+    assert other_types_for([{"messages"}], "dpo") == ["sft", "distill", "toy_sft"]
     assert other_types_for([{"messages"}], "toy_sft") == []
 
 

@@ -204,7 +204,7 @@ def _bad_files(folder: Path) -> dict:
             training_type="dpo",
             training_config={"extends": "DEFAULT_DPO", "train_sampling_strategy": "batch_rebalance"},
         ),
-        ["train_sampling_strategy: batch_rebalance works for sft only", "set it to random"],
+        ["train_sampling_strategy: batch_rebalance works for sft and distill only", "set it to random"],
     )
 
     write_jsonl(
@@ -377,7 +377,7 @@ def test_an_sft_config_switched_to_grpo_says_what_grpo_uses_instead_of_max_lengt
         code, err = cli(command, str(path), *switched, capsys=capsys)
         assert (
             code == 2
-            and "training_config.max_length is a key of sft, dpo, kto and colbert training, not of grpo" in err
+            and "training_config.max_length is a key of sft, distill, dpo, kto and colbert training, not of grpo" in err
         ), err
         assert "max_completion_length" in err.split("fix:")[1] and "did you mean" not in err, err
 

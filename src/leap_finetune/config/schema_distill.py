@@ -38,18 +38,27 @@ class DistillConfig(StrictModel):
     mode: Literal["offline", "on_policy"] = Field(
         default="offline",
         description="offline: on the dataset's assistant tokens (the rows and masks of SFT). on_policy: on "
-        "completions the student samples from the dataset's prompts (GKD); not yet available.",
+        "answers the student samples at each step to the rows' prompts (the conversation up to the first answer; "
+        "GKD), the teacher scoring them.",
+    )
+    max_new_tokens: int = Field(
+        default=256,
+        gt=0,
+        description="on_policy: the longest answer the student samples (tokens; it stops at its end-of-turn token).",
     )
     mix: float = Field(
         default=0.0,
         ge=0,
         le=1,
         description="The share of the loss that is SFT's cross-entropy on the dataset's answers: "
-        "(1 - mix) x divergence + mix x cross-entropy.",
+        "(1 - mix) x divergence + mix x cross-entropy (on_policy: the divergence on the sampled answers, the "
+        "cross-entropy on the rows' own).",
     )
 
     @model_validator(mode="after")
     def _beta_with_jsd(self):
         if "beta" in self.model_fields_set and self.loss != "jsd":
             raise ValueError(f"beta weighs loss jsd's mixture; loss is {self.loss} (remove beta or set loss: jsd)")
+        if "max_new_tokens" in self.model_fields_set and self.mode != "on_policy":
+            raise ValueError("max_new_tokens limits the answers mode on_policy samples; mode is offline")
         return self

@@ -25,6 +25,7 @@ def run_episode_benchmark(model, renderer, evals, bench, environment: dict | Non
             where=f"evals.benchmarks ('{bench.name}')",
             fix="add environment: {tools: ./tools.py} (docs/agents.md), or use another metric",
         )
+    from leap_finetune.models.loading import end_token_ids
     from leap_finetune.rl.episodes import ToolTurns, run_episodes
     from leap_finetune.rl.rewards import accuracy
     from leap_finetune.rl.tool_specs import ToolSource
@@ -42,7 +43,7 @@ def run_episode_benchmark(model, renderer, evals, bench, environment: dict | Non
         memory_mb=environment["tool_memory_mb"],
         max_chars=environment["max_result_chars"],
     )
-    eos = _end_ids(tokenizer)
+    eos = end_token_ids(tokenizer)
     try:
         episodes = []
         for start in range(0, len(prompt_ids), evals.batch_size):
@@ -61,14 +62,6 @@ def run_episode_benchmark(model, renderer, evals, bench, environment: dict | Non
         workers.close()
     scores = accuracy([e.final_answer for e in episodes], [item.reference for item in bench.items])
     return _metrics(episodes, scores), _predictions(bench.items, prompts, episodes, scores)
-
-
-def _end_ids(tokenizer) -> list[int]:
-    ids = {tokenizer.eos_token_id}
-    end_of_turn = tokenizer.convert_tokens_to_ids("<|im_end|>")
-    if isinstance(end_of_turn, int) and end_of_turn != tokenizer.unk_token_id:
-        ids.add(end_of_turn)
-    return sorted(i for i in ids if i is not None)
 
 
 def _generate(model, tokenizer, prompt_ids: list[list[int]], max_new: int, evals, eos: list[int]):

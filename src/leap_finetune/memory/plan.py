@@ -59,11 +59,11 @@ def setup_of(resolved, shape: ModelShape, longest: int | None = None) -> Setup:
         pairs=method.family == "preference",
         frozen_vision=resolved.vision and not t.get("train_vision_encoder", True),
         qat=bool(resolved.qat),
-        teacher_bytes=_teacher_bytes(resolved),
+        teacher_bytes=teacher_bytes(resolved),
     )
 
 
-def _teacher_bytes(resolved) -> float:
+def teacher_bytes(resolved) -> float:
     """distill: the teacher in bf16 beside the student (its activations are not kept: it runs without gradients;
     the loss's logits are a chunk of tokens at a time, recipes/distill_loss.py)."""
     if not resolved.distill:

@@ -58,6 +58,15 @@ def tokenizer_at_hand(model_id: str, init_kwargs: dict | None = None):
     return load_tokenizer(model_id, init_kwargs), ""  # (a broken folder is the user's to fix: its error)
 
 
+def end_token_ids(tokenizer) -> list[int]:
+    """The ids that end an assistant turn: the tokenizer's end token and, where the vocabulary has it, <|im_end|>."""
+    ids = {tokenizer.eos_token_id}
+    end_of_turn = tokenizer.convert_tokens_to_ids("<|im_end|>")
+    if isinstance(end_of_turn, int) and end_of_turn != tokenizer.unk_token_id:
+        ids.add(end_of_turn)
+    return sorted(i for i in ids if i is not None)
+
+
 def torch_dtype(name):
     """A dtype name from model_init_kwargs ("bfloat16", "auto", ...) as from_pretrained takes it."""
     import torch

@@ -18,7 +18,13 @@ from leap_finetune.recipes.ranks import is_main_process
 from leap_finetune.recipes.samples import load_samples, print_samples
 
 config_class = sft.config_class
-training_arguments = sft.training_arguments
+
+
+def training_arguments(resolved: ResolvedConfig, *, run_dir: str, has_eval: bool, cuda: bool | None = None) -> dict:
+    args = sft.training_arguments(resolved, run_dir=run_dir, has_eval=has_eval, cuda=cuda)
+    if resolved.distill and resolved.distill["mode"] == "on_policy":
+        args["padding_free"] = False  # (each row's prompt is found in its padded row, and its answer sampled)
+    return args
 
 
 def trainer_class():
@@ -31,8 +37,30 @@ def trainer_class():
 
         teacher = None
         spec: DistillLoss | None = None
+        on_policy: dict | None = None  # distill.mode on_policy: {max_new_tokens, temperature, eos, pad}
 
         def compute_loss(self, model, inputs, return_outputs=False, num_items_in_batch=None):
+            if model.training and self.on_policy is not None:
+                return self._on_policy_loss(model, inputs)
+            return self._distill_loss(model, inputs, return_outputs, num_items_in_batch, self.spec)
+
+        def _on_policy_loss(self, model, inputs):
+            """The divergence on answers the student samples now; with mix, SFT's loss on the rows' own answers."""
+            from dataclasses import replace
+
+            from leap_finetune.recipes.distill_on_policy import on_policy_batch, prompts_of, sample_answers
+
+            settings = self.on_policy
+            prompts = prompts_of(inputs["input_ids"], inputs["labels"], inputs.get("attention_mask"))
+            answers = sample_answers(_unwrapped(model), prompts, **settings)
+            sampled = on_policy_batch(prompts, answers, settings["pad"], inputs["input_ids"].device)
+            loss = self._distill_loss(model, sampled, False, None, replace(self.spec, mix=0.0))
+            if self.spec.mix:
+                own = self._distill_loss(model, inputs, False, None, replace(self.spec, mix=1.0), record=False)
+                loss = (1 - self.spec.mix) * loss + self.spec.mix * own
+            return loss
+
+        def _distill_loss(self, model, inputs, return_outputs, num_items_in_batch, spec, record=True):
             labels = inputs["labels"]
             forward = {k: v for k, v in inputs.items() if k != "labels"}
             forward["use_cache"] = False
@@ -42,7 +70,7 @@ def trainer_class():
             targets = labels[:, 1:]
             trained = targets != -100
             total, stats = chunked_loss(
-                self.spec,
+                spec,
                 student[:, :-1][trained],
                 teacher[:, :-1][trained],
                 _head(model),
@@ -53,18 +81,9 @@ def trainer_class():
             loss = total / torch.as_tensor(count, device=total.device).clamp(min=1)
             if model.training and self.args.average_tokens_across_devices and num_items_in_batch is not None:
                 loss = loss * (self.accelerator.num_processes // self.get_tp_size())
-            self._record(model, trained.sum(), stats, inputs)
+            if record:
+                _record(self, model.training, torch.cat([trained.sum().float().reshape(1), stats]), inputs)
             return (loss, {"loss": loss}) if return_outputs else loss  # (evaluation: the loss alone)
-
-        def _record(self, model, trained, stats, inputs) -> None:
-            """The step's sums, kept on the device until logging (recipes/host_syncs.py)."""
-            row = torch.cat([trained.float().reshape(1), stats])
-            if model.training:
-                pending = self._pending()
-                pending.setdefault("distill", []).append(row)
-                pending["tokens_host"] += int(inputs["input_ids"].numel())
-                return
-            self._metrics["eval"].setdefault("distill_sums", []).append(row)
 
         def _flush_device_metrics(self) -> None:
             super()._flush_device_metrics()
@@ -80,6 +99,17 @@ def trainer_class():
             return super().log(logs, *args, **kwargs)
 
     return DistillTrainer
+
+
+def _record(trainer, training: bool, row, inputs) -> None:
+    """A step's sums [trained tokens, divergence, cross-entropy, right top-1, agreeing top-1], kept on the device
+    until logging (recipes/host_syncs.py)."""
+    if training:
+        pending = trainer._pending()
+        pending.setdefault("distill", []).append(row)
+        pending["tokens_host"] += int(inputs["input_ids"].numel())
+        return
+    trainer._metrics["eval"].setdefault("distill_sums", []).append(row)
 
 
 def _log_sums(metrics: dict, rows) -> None:
@@ -175,5 +205,16 @@ def train(resolved_json: dict, callbacks: list | None = None) -> dict:
         ),
     )
     trainer.teacher = teacher.to(trainer.accelerator.device)
+    if settings["mode"] == "on_policy":
+        from leap_finetune.models.loading import end_token_ids
+
+        eos = end_token_ids(tokenizer)
+        pad = tokenizer.pad_token_id if tokenizer.pad_token_id is not None else eos[0]
+        trainer.on_policy = {
+            "max_new_tokens": settings["max_new_tokens"],
+            "temperature": settings["temperature"],
+            "eos": eos,
+            "pad": pad,
+        }
     optimizers.use_precision(trainer, resolved.training.get("optimizer_precision"))
     return common.train_evaluate_save(trainer, resolved, run_dir, tokenizer, console, stop_on_signal, samples)

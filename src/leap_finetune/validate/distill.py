@@ -37,11 +37,14 @@ def resolve_distill(model: LeapConfigModel, base: Path, where: str) -> dict | No
         raise LeapError(err.message.replace("model_name", "teacher"), where=f"{where}: teacher", fix=err.fix) from None
     settings = model.distill or DistillConfig()
     if settings.mode == "on_policy":
-        raise LeapError(
-            "distill.mode on_policy (the student samples, the teacher scores) is not available yet",
-            where=f"{where}: distill.mode",
-            fix="use mode: offline (the dataset's answers; docs/distillation.md)",
-        )
+        for key in ("packing", "batch_tokens"):
+            if (model.training_config or {}).get(key):
+                raise LeapError(
+                    f"training_config.{key} builds rows of several conversations; distill.mode on_policy samples an "
+                    "answer for each row's prompt, one conversation per row",
+                    where=f"{where}: training_config.{key}",
+                    fix=f"remove {key} (on_policy batches are padded rows), or use mode: offline",
+                )
     return {"teacher": model.teacher, "teacher_id": teacher_id, **settings.model_dump()}
 
 

@@ -192,6 +192,7 @@ def plan_report(resolved, devices: DevicePlan, prepared, no_tokens: str = "", bu
             ONE_PROCESS if devices.in_process and t.get("gradient_communication") == "bf16" else None
         ),
         "trains": _trains(resolved),
+        "teacher": _teacher(resolved),
         "rollouts": _rollouts(resolved),
         "processes": _with_memory(processes(devices, resolved.config_path, resolved), memory, resolved, devices),
         "memory_budget": _budget_json(as_written, fitted, memory.get("longest_row")),
@@ -366,6 +367,7 @@ def print_plan(console, report: dict) -> None:
         console.print(report["last_batch"])
     if report.get("trains"):
         console.print("trains: " + ", ".join(f"{part} {how}" for part, how in report["trains"].items()))
+    _print_teacher(console, report.get("teacher"))
     if report.get("rollouts"):
         console.print(f"rollouts: {escape(report['rollouts']['engine'])}; {escape(report['rollouts']['advice'])}")
     console.print("processes:")
@@ -383,6 +385,23 @@ def print_plan(console, report: dict) -> None:
     _print_budget(console, report.get("memory_budget"))
     for note in report.get("unused_settings") or ():
         console.print(f"note: {note}", markup=False)
+
+
+def _print_teacher(console, teacher: dict | None) -> None:
+    if teacher:
+        size = f", {teacher['weights_gib']:.1f} GiB in the training process's weights" if teacher["weights_gib"] else ""
+        console.print(f"teacher: {teacher['model']} ({teacher['how']}{size})", markup=False)
+
+
+def _teacher(resolved) -> dict | None:
+    """distill: the teacher, where it runs, its bf16 weights (memory/plan.py counts them in the training process)."""
+    if not resolved.distill:
+        return None
+    from leap_finetune.memory.plan import teacher_bytes
+
+    d = resolved.distill
+    how = f"frozen, bf16 beside the student on its GPU; {d['mode']} {d['loss']}, temperature {d['temperature']:g}"
+    return {"model": d["teacher"], "how": how, "weights_gib": round(teacher_bytes(resolved) / 2**30, 2)}
 
 
 def _memory_line(memory: dict) -> str:
