@@ -47,6 +47,7 @@ class ResolvedConfig(BaseModel):
     rewards: RewardsConfig | None = None  # grpo: checked reward specs (custom paths absolute)
     environment: dict | None = None  # grpo: the tools' source, their definitions and limits (validate/environment.py)
     retrieval: RetrievalConfig | None = None  # embedding / colbert (set for every such config)
+    adapter_path: str | None = None  # a LoRA adapter the run continues (validate/adapter.py)
     distill: dict | None = None  # distill: the teacher (its name and model id) and the loss (validate/distill.py)
     async_eval: AsyncEvalConfig | None = None  # where benchmarks run, and the failure policy
     vision: bool = False  # a vision-language model trained on rows that may carry images (sft, dpo)

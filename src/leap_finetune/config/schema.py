@@ -138,6 +138,13 @@ class LeapConfigModel(StrictModel):
     retrieval: RetrievalConfig | None = Field(
         default=None, description="embedding / colbert: loss, prompts, lengths, pooling (keys below)."
     )
+    adapter_path: str | None = Field(
+        default=None,
+        min_length=1,
+        description="Continue training this LoRA adapter (a folder with adapter_config.json: leap-finetune's "
+        "adapter/, peft's or Unsloth's save, or a LoRA run of this project): its rank, alpha and targets are its "
+        "own; on the base model_name (docs/continue.md).",
+    )
     teacher: str | None = Field(
         default=None,
         min_length=1,

@@ -155,8 +155,19 @@ def load_tokenizer_and_model(resolved: ResolvedConfig, *, packing: bool, console
     return tokenizer, model
 
 
+def with_adapter(resolved: ResolvedConfig, model, *, trainable: bool = True):
+    """adapter_path: the model with that LoRA adapter loaded (trained further; `trainable=False` and merged: a
+    reference model of the base plus the adapter)."""
+    if resolved.adapter_path is None:
+        return model
+    from peft import PeftModel
+
+    wrapped = PeftModel.from_pretrained(model, resolved.adapter_path, is_trainable=trainable)
+    return wrapped if trainable else wrapped.merge_and_unload()
+
+
 def lora_config(resolved: ResolvedConfig):
-    if resolved.peft is None:
+    if resolved.peft is None or resolved.adapter_path is not None:  # (adapter_path: the adapter is loaded itself)
         return None
     from peft import LoraConfig
 

@@ -189,7 +189,7 @@ def train(resolved_json: dict, callbacks: list | None = None) -> dict:
         settings["loss"], settings["beta"], settings["temperature"], settings["mix"], vocab=len(tokenizer)
     )
     trainer = trainer_cls(
-        model=model,
+        model=common.with_adapter(resolved, model),
         args=args,
         train_dataset=train_dataset,
         eval_dataset=eval_dataset,

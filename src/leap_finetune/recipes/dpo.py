@@ -81,6 +81,7 @@ def run_preference(resolved_json: dict, callbacks: list | None, config_cls, trai
             resolved.model_id, tokenizer, resolved.training.get("model_init_kwargs"), dtype=model.dtype
         )
         ref_model.config.use_cache = False
+        ref_model = common.with_adapter(resolved, ref_model, trainable=False)  # (the reference: base + adapter)
     # KTO's batches hold completions and KL completions, handed to the model in separate calls with the same keys:
     # each call is laid out from its own attention mask (one host read per call) instead of by the collator
     from_mask = method_of(resolved).kl_pairs
@@ -103,7 +104,7 @@ def run_preference(resolved_json: dict, callbacks: list | None, config_cls, trai
     if resolved.vision:
         trainer_cls.vision_lr_multiplier = resolved.training.get("vision_encoder_lr_multiplier")
     trainer = trainer_cls(
-        model=model,
+        model=common.with_adapter(resolved, model),
         ref_model=ref_model,
         args=args,
         train_dataset=train_dataset,

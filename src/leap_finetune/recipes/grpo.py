@@ -246,7 +246,7 @@ def train(resolved_json: dict, callbacks: list | None = None) -> dict:
     stop_on_signal = StopOnSignal()
     watch = judge_watch(stop_on_signal)
     trainer = trainer_class()(
-        model=model,
+        model=common.with_adapter(resolved, model),
         reward_funcs=reward_functions(resolved, judge_url=resolved.judge_url, tokenizer=tokenizer),
         args=args,
         train_dataset=train_dataset,

@@ -125,7 +125,7 @@ def train(resolved_json: dict, callbacks: list | None = None) -> dict:
     if resolved.vision:
         trainer_cls.vision_lr_multiplier = resolved.training.get("vision_encoder_lr_multiplier")
     trainer = trainer_cls(
-        model=model,
+        model=common.with_adapter(resolved, model),
         args=args,
         train_dataset=train_dataset,
         eval_dataset=eval_dataset,

@@ -91,6 +91,9 @@ def _load(raw: dict, config_path: Path | None, base: Path, where: str) -> Resolv
     check_vision_keys(model, vision, where)
     training, loss_on, resume = resolve_training(model, where, vision)
     peft, quantization = resolve_peft(model.peft_config, where, vision)
+    from leap_finetune.validate.adapter import resolve_adapter
+
+    adapter_path, peft = resolve_adapter(model, base, where, peft)
     peft = resolve_vision(model.training_type, training, peft, vision, where)  # (LoRA narrowed to the language model)
     grpo_rollout, rewards = resolve_grpo(model, training, base, where)
     from leap_finetune.validate.environment import resolve_environment
@@ -145,6 +148,7 @@ def _load(raw: dict, config_path: Path | None, base: Path, where: str) -> Resolv
         environment=environment,
         retrieval=retrieval,
         distill=distill,
+        adapter_path=adapter_path,
         async_eval=model.async_eval,
         vision=vision,
         image_processor=model.image_processor if vision else None,

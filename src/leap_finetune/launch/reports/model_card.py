@@ -329,6 +329,7 @@ def card_text(resolved, prepared, summary: dict, facts: RunFacts, adapter: bool)
         "",
         f"**{resolved.training_type.upper()}** of `{resolved.model_name}`, {method}"
         + (_teacher_words(resolved.distill) if resolved.distill else "")
+        + (f", continuing the LoRA adapter `{resolved.adapter_path}`" if resolved.adapter_path else "")
         + f", trained with leap-finetune {__version__}.",
         "",
     ]

@@ -308,7 +308,8 @@ def _episodes_line(run_dir: Path) -> str | None:
 def _trained_line(resolved: ResolvedConfig) -> str:
     method = f"{lora_name(resolved.training)} r={resolved.peft.get('r')}" if resolved.peft else "full fine-tune"
     teacher = f", from teacher {resolved.distill['teacher']} ({resolved.distill['loss']})" if resolved.distill else ""
-    return f"{resolved.training_type.upper()} of {resolved.model_name}, {method}{teacher}"
+    continued = f", continuing the adapter {resolved.adapter_path}" if resolved.adapter_path else ""
+    return f"{resolved.training_type.upper()} of {resolved.model_name}, {method}{teacher}{continued}"
 
 
 def end_report(console: Console, resolved: ResolvedConfig, summary: dict) -> None:

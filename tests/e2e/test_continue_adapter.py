@@ -1,0 +1,79 @@
+"""`adapter_path` (docs/continue.md): a LoRA run's adapter trained further on new data - its shape is its own, the
+continued run's first eval loss is the adapter's last, the run records where it came from; DPO from an SFT LoRA
+has the base plus that adapter as its reference; a peft_config that would change the adapter, a missing folder and
+a full fine-tune are refused at validate."""
+
+from __future__ import annotations
+
+import json
+from pathlib import Path
+
+import pytest
+import yaml
+
+from leap_finetune.api import run_config
+from tests.conftest import fact_rows, invoke, tiny_config, write_config, write_jsonl
+
+
+@pytest.fixture(scope="module")
+def lora_run(tmp_path_factory) -> tuple[Path, dict]:
+    folder = tmp_path_factory.mktemp("adapter")
+    write_jsonl(folder / "train.jsonl", fact_rows(48))
+    write_jsonl(folder / "val.jsonl", fact_rows(8))
+    config = tiny_config(
+        project_name="first",
+        dataset={"path": "train.jsonl", "val_path": "val.jsonl"},
+        peft_config={"extends": "DEFAULT_LORA", "r": 4, "lora_alpha": 8},
+        training_config={"max_steps": 12, "eval_steps": 12, "learning_rate": 3e-3, "save_strategy": "no"},
+    )
+    return folder, run_config(write_config(folder, config, "first.yaml"))
+
+
+def test_a_lora_adapter_is_trained_further_from_where_it_stopped(lora_run):
+    folder, first = lora_run
+    config = tiny_config(
+        project_name="second",
+        adapter_path=first["run_dir"],  # (the run folder: its adapter/)
+        dataset={"path": "train.jsonl", "val_path": "val.jsonl"},
+        training_config={"max_steps": 12, "eval_steps": 12, "learning_rate": 3e-3, "save_strategy": "no"},
+    )
+    second = run_config(write_config(folder, config, "second.yaml"))
+    assert second["initial_eval_loss"] == pytest.approx(first["eval_loss"], rel=1e-4)
+    assert second["eval_loss"] < second["initial_eval_loss"]
+    adapter = json.loads((Path(second["run_dir"]) / "adapter" / "adapter_config.json").read_text())
+    assert adapter["r"] == 4 and adapter["lora_alpha"] == 8  # (the adapter's shape, not DEFAULT_LORA's)
+    resolved = yaml.safe_load((Path(second["run_dir"]) / "resolved_config.yaml").read_text())
+    assert resolved["adapter_path"] == str(Path(first["run_dir"]) / "adapter")
+
+
+def test_dpo_continues_an_sft_adapter(lora_run):
+    folder, first = lora_run
+    write_jsonl(folder / "pairs.jsonl", [{"prompt": f"Say {w} twice.", "chosen": f"{w} {w}", "rejected": "no"}
+                                         for w in ("red", "blue", "gold", "teal")] * 4)  # fmt: skip
+    config = tiny_config(
+        project_name="dpo",
+        training_type="dpo",
+        adapter_path=str(Path(first["run_dir"]) / "adapter"),
+        dataset={"path": "pairs.jsonl"},
+        training_config={"extends": "DEFAULT_DPO", "max_steps": 4, "save_strategy": "no", "learning_rate": 1e-4},
+    )
+    summary = run_config(write_config(folder, config, "dpo.yaml"))
+    logs = [json.loads(line) for line in (Path(summary["run_dir"]) / "metrics.jsonl").read_text().splitlines()]
+    first_step = next(r for r in logs if "rewards/margins" in r)
+    # the reference is the base plus the SFT adapter: at the first step the policy equals it, margins start at 0
+    assert abs(first_step["rewards/margins"]) < 1e-3, first_step
+
+
+@pytest.mark.parametrize(
+    ("extra", "said"),
+    [
+        ({"peft_config": {"r": 16}}, "peft_config.r is 16 and the adapter at adapter_path has r 4"),
+        ({"peft_config": {"use_peft": False}}, "use_peft: false"),
+        ({"adapter_path": "./nowhere"}, "does not exist"),
+    ],
+)
+def test_what_would_not_continue_the_adapter_is_refused(lora_run, extra, said):
+    folder, first = lora_run
+    config = tiny_config(**{"adapter_path": first["run_dir"], "dataset": {"path": "train.jsonl"}, **extra})
+    result = invoke("validate", str(write_config(folder, config, "bad.yaml")))
+    assert result.returncode == 2 and said in result.stderr and "Traceback" not in result.stderr, result.stderr
