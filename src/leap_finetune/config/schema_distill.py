@@ -9,8 +9,6 @@ from pydantic import Field, model_validator
 
 from leap_finetune.config.schema_base import StrictModel
 
-DISTILL_LOSSES = ("forward_kl", "reverse_kl", "jsd")
-
 
 class DistillConfig(StrictModel):
     """How the student learns from the teacher's next-token distributions."""

@@ -59,7 +59,7 @@ class Setup:
     optim: str = "adamw_torch_fused"
     optimizer_precision: str | None = None  # "bf16_kahan": bf16 weights and states with a Kahan buffer
     checkpointing: bool = False
-    reference: bool = False  # a frozen second copy of the model (DPO/KTO full fine-tune; GRPO with beta > 0)
+    reference: bool = False  # a frozen second copy (DPO/KTO full fine-tune or adapter_path; GRPO with beta > 0)
     pairs: bool = False  # DPO/KTO: chosen and rejected (or KL) rows in one forward
     frozen_vision: bool = False  # LFM2-VL with the vision encoder and projector not trained
     qat: bool = False  # quantization-aware training (models/qat.py)
@@ -78,8 +78,8 @@ def training_memory(shape: ModelShape, setup: Setup) -> Memory:
     else:
         trained_bytes = min(setup.weight_bytes, master) if setup.weight_bytes >= 2 else 2
         weights = trained_bytes * trainable + 2 * frozen
-    if setup.reference and not lora:
-        weights += min(setup.weight_bytes, 4) * shape.parameters
+    if setup.reference:  # (with LoRA only for adapter_path: the base + that adapter as DPO's reference, a copy)
+        weights += min(max(setup.weight_bytes, 2), 4) * shape.parameters
     weights += setup.teacher_bytes
     # bf16 autocast over float32 weights keeps a bf16 copy of each linear weight a forward used until backward
     if setup.weight_bytes == 4:
