@@ -137,6 +137,12 @@ def _cmdline(process) -> list[str]:
         return []
 
 
+def _runs_module(cmdline: list[str], module: str) -> bool:
+    """`python -m MODULE` after its exec. (Matching text anywhere would also match a fork of the driver before its
+    exec - or a helper it forks - whose command line is the driver's own script, which names the module.)"""
+    return any(a == "-m" and b == module for a, b in zip(cmdline, cmdline[1:]))
+
+
 @pytest.mark.slow
 def test_a_killed_driver_takes_its_server_and_training_child_with_it(workdir):
     """SIGKILL gives the driver no chance to clean up: the server and the training child it started get
@@ -161,14 +167,18 @@ def test_a_killed_driver_takes_its_server_and_training_child_with_it(workdir):
     while driver.poll() is None:  # both started (the child need not be training yet)
         watchdog.check()
         children = psutil.Process(driver.pid).children(recursive=True)
-        commands = " ".join(" ".join(_cmdline(p)) for p in children)
-        if "http.server" in commands and "leap_finetune.launch.single" in commands:
+        commands = [_cmdline(p) for p in children]
+        if any(_runs_module(c, "http.server") for c in commands) and any(
+            _runs_module(c, "leap_finetune.launch.single") for c in commands
+        ):
             time.sleep(1)  # (past its exec: the kernel's death signal is set before it)
             started = children
             break
         time.sleep(0.05)
-    commands = [" ".join(_cmdline(p)) for p in started]
-    assert any("http.server" in c for c in commands) and any("leap_finetune.launch.single" in c for c in commands), (
+    commands = [_cmdline(p) for p in started]
+    assert any(_runs_module(c, "http.server") for c in commands) and any(
+        _runs_module(c, "leap_finetune.launch.single") for c in commands
+    ), (
         commands,
         driver.communicate()[1][-2000:] if driver.poll() is not None else "",
     )
