@@ -32,7 +32,7 @@ LAYERS = [
     ("export", "chat"),
     ("gguf_export",),
     ("api",),
-    ("cli_words",),
+    ("cli_words", "cli_show"),
     ("cli", "__init__"),
 ]
 LAYER = {unit: level for level, units in enumerate(LAYERS) for unit in units}

@@ -25,7 +25,6 @@ app = typer.Typer(
     help="Fine-tune LFM2 / LFM2.5 (and any Hugging Face causal LM) from one YAML file.\n\n"
     "`leap-finetune CONFIG.yaml` is the same as `leap-finetune run CONFIG.yaml`.",
 )
-TRAINED_STYLE = "bold green on grey15"
 _state = {"debug": False}
 
 
@@ -230,94 +229,36 @@ def inspect(
         return
     from rich.text import Text
 
+    from leap_finetune.cli_show import (
+        TRAINED_STYLE,
+        show_conversation,
+        show_preference_row,
+        show_prompt_row,
+        show_retrieval_row,
+    )
+
     console = Console()
     grpo = bool(items) and "prompt_tokens" in items[0] and "solution" in items[0]
     for item in items:
         if grpo:
-            _show_prompt_row(console, item)
+            show_prompt_row(console, item)
             continue
         console.rule(
             f"row {item['row']}  ({item['source']['file']}, {item['source']['location']}; "
             f"{item['tokens']} tokens, {item['trained_tokens']} trained)"
         )
         if "query" in item:
-            _show_retrieval_row(console, item)
+            show_retrieval_row(console, item)
         elif "text" in item:
-            _show_conversation(console, item)
+            show_conversation(console, item)
         else:
-            _show_preference_row(console, item)
+            show_preference_row(console, item)
     if grpo or any("query" in item for item in items):  # generated / retrieval rows: nothing is highlighted
         return
     console.print(
         Text.assemble(("highlighted", TRAINED_STYLE), " text carries loss")
         + (Text("; struck-through text is cut by max_length") if any("truncated_at" in i for i in items) else Text(""))
     )
-
-
-def _show_prompt_row(console: Console, item: dict) -> None:
-    """grpo: the model generates the completions during training; the prompt is not trained."""
-    from rich.text import Text
-
-    console.rule(
-        f"row {item['row']}  ({item['source']['file']}, {item['source']['location']}; "
-        f"{item['prompt_tokens']} prompt tokens)"
-    )
-    console.print(Text("prompt (as the model sees it; completions are generated during training)", style="bold"))
-    console.print(Text(item["prompt"]))
-    console.print(Text(f"solution: {item['solution']}" if item["solution"] is not None else "no solution"))
-    for name, value in (item.get("columns") or {}).items():
-        console.print(Text(f"{name}: {value}"))
-
-
-def _show_retrieval_row(console: Console, item: dict) -> None:
-    """embedding / colbert: each text as the encoder reads it (prompts included)."""
-    from rich.text import Text
-
-    for name, value in [("query", item["query"]), ("positive", item["positive"])] + [
-        (f"negative {i + 1}", text) for i, text in enumerate(item["negatives"])
-    ]:
-        console.print(Text(f"{name}: ", style="bold") + Text(value))
-    if item["unused_negatives"]:
-        console.print(
-            Text(f"({item['unused_negatives']} more negative(s) not used: rows have different numbers of negatives)")
-        )
-    if item["truncated"]:
-        console.print(Text("(cut to retrieval.query_max_length / document_max_length)"))
-
-
-def _show_conversation(console: Console, item: dict) -> None:
-    """sft: one conversation, trained spans highlighted, what max_length cuts struck through, then its images."""
-    from rich.text import Text
-
-    text = Text(item["text"])
-    for start, end in item["trained_spans"]:
-        text.stylize(TRAINED_STYLE, start, end)
-    if item.get("truncated_at") is not None:
-        text.stylize("strike dim", item["truncated_at"], len(item["text"]))
-    console.print(text)
-    for number, image in enumerate(item.get("images") or [], start=1):  # each <image> above, in order
-        console.print(
-            Text(
-                f"<image> {number}: {image['image']} ({image['size']} pixels) -> {image['tiles']} tile(s), "
-                f"{image['tokens']} tokens (no loss)",
-                style="cyan",
-            )
-        )
-
-
-def _show_preference_row(console: Console, item: dict) -> None:
-    """dpo / kto: the prompt, then each completion (all of a completion is trained)."""
-    from rich.text import Text
-
-    console.print(
-        Text("prompt" + (" (shared by chosen and rejected)" if item.get("implicit_prompt") else ""), style="bold")
-    )
-    console.print(Text(item["prompt"]))
-    for name in ("chosen", "rejected", "completion"):
-        if name in item:
-            label = f" (label: {'desirable' if item['label'] else 'undesirable'})" if "label" in item else ""
-            console.print(Text(f"{name}{label}", style="bold"))
-            console.print(Text(item[name], style=TRAINED_STYLE))
 
 
 @app.command("init")
@@ -371,6 +312,32 @@ def init(
         f"in the file), then: leap-finetune validate {output}"
     )
     console.print(f"editor completion: the first line points the YAML language server at {schema_path()}", markup=False)
+
+
+@app.command("migrate")
+@_user_errors
+def migrate(
+    config: Path = typer.Argument(..., help="A config of the original system (liquid-finetune).", show_default=False),
+    output: Path = typer.Option(None, "--output", "-o", help="Where to write it; default: NAME.migrated.yaml."),
+    force: bool = typer.Option(False, "--force", help="Replace the output file if it exists."),
+) -> None:
+    """Rewrite a config of the original system (Liquid4All's leap-finetune / liquid-finetune) in our keys, with a
+    comment at each change (docs/migrating.md)."""
+    from leap_finetune.config.migrate import migrate as convert
+
+    written, changes = convert(config, output, force)
+    console = Console(stderr=True, soft_wrap=True)
+    for change in changes:
+        console.print(("NEEDS YOU: " if change.refused else "") + change.said(), markup=False)
+    refused = [c for c in changes if c.refused]
+    console.print(f"wrote {written} ({len(changes)} change(s)); next: leap-finetune validate {written}", markup=False)
+    if refused:
+        print(
+            f"error: {len(refused)} key(s) of {config} have no equivalent that keeps their meaning; "
+            f"{written} marks them NEEDS YOU at its top - edit them before training",
+            file=sys.stderr,
+        )
+        raise typer.Exit(2)
 
 
 @app.command("chat")

@@ -6,7 +6,7 @@ from __future__ import annotations
 import sys
 from pathlib import Path
 
-SUBCOMMANDS = {"run", "validate", "inspect", "eval", "plan", "slurm", "init", "chat", "export"}
+SUBCOMMANDS = {"run", "validate", "inspect", "eval", "plan", "slurm", "init", "chat", "export", "migrate"}
 # options that take a value: the word after them is not a positional argument
 VALUE_OPTIONS = {
     "--set",

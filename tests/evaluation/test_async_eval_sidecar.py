@@ -91,3 +91,30 @@ def test_jobs_that_cannot_run_are_counted_and_evaluation_is_switched_off(slurm_c
     assert not (run_dir / "benchmarks" / "snapshots").exists()
     left = subprocess.run(["squeue", "-h", "-n", f"leap-eval-{run_dir.name}-step-0"], capture_output=True, text=True)
     assert left.stdout.strip() == ""
+
+
+def test_a_refused_submission_is_tried_again_as_failure_says(slurm_cluster, workdir):
+    """async_eval.failure.max_submit_attempts / submit_retry_backoff: sbatch refusing a job (here: a partition the
+    cluster does not have) is tried that many times, waiting backoff, 2x backoff, ... between tries; training's end
+    (the stop event) ends the waiting."""
+    import threading
+    import time
+
+    from leap_finetune.config import load_config
+    from leap_finetune.evaluation.sidecar import _submit
+
+    config = async_config(
+        workdir, "sidecar", "retry.yaml", failure={"max_submit_attempts": 3, "submit_retry_backoff": 0.4}
+    )
+    resolved = load_config(config)
+    script = workdir / "job.sbatch"
+    script.write_text("#!/bin/bash\n#SBATCH --partition=no-such-partition\ntrue\n", encoding="utf-8")
+    start = time.monotonic()
+    outcome = _submit(resolved, script, f"--output={workdir}/%j.out", threading.Event())
+    waited = time.monotonic() - start
+    assert "sbatch rejected the job (3 tries)" in outcome.reason and "partition" in outcome.reason.lower()
+    assert waited >= 0.4 + 0.8  # the two waits between the three tries
+    stop = threading.Event()
+    stop.set()
+    outcome = _submit(resolved, script, f"--output={workdir}/%j.out", stop)
+    assert "(1 try)" in outcome.reason  # training ended: no second try

@@ -5,6 +5,7 @@ standalone evaluation runs from the spec's format."""
 from __future__ import annotations
 
 import json
+from pathlib import Path
 
 import pytest
 import torch
@@ -199,3 +200,31 @@ def test_missing_torchvision_is_a_clear_error(monkeypatch):
     with pytest.raises(LeapError) as err:
         require_torchvision(MODEL)
     assert "torchvision" in str(err.value) and "pip install torchvision" in err.value.fix
+
+
+def test_image_root_is_where_benchmark_image_paths_start(vl, tmp_path):
+    """evals.image_root (and a benchmark's own, which wins): relative image paths of benchmark rows start there,
+    not at the benchmark file's folder; a folder that is not there is said at validate."""
+    from leap_finetune.evaluation.runner import load_benchmarks
+    from leap_finetune.validate.loader import load_config
+
+    *_, paths = vl
+    folder = Path(paths["red"]).parent
+    row = {"messages": [{"role": "user", "content": "<image>What colour?"}, {"role": "assistant", "content": "red"}],
+           "images": ["red.png"]}  # fmt: skip
+    (tmp_path / "gen.jsonl").write_text(json.dumps(row) + "\n")
+    bench = {"name": "colour", "path": "gen.jsonl", "metric": "exact_match"}
+    config = {"model_name": MODEL, "evals": {"image_root": str(folder), "benchmarks": [bench]}}
+    (tmp_path / "eval.yaml").write_text(json.dumps(config))
+    resolved = load_config(tmp_path / "eval.yaml")
+    [loaded] = load_benchmarks(resolved.evals, vision=True, model_name=MODEL)
+    assert loaded.items[0].images == [str(folder / "red.png")]
+    (tmp_path / "eval.yaml").write_text(json.dumps({**config, "evals": {"benchmarks": [bench]}}))
+    with pytest.raises(LeapError, match="red.png"):  # from the file's folder: not there
+        load_benchmarks(load_config(tmp_path / "eval.yaml").evals, vision=True, model_name=MODEL)
+    own = {**bench, "image_root": "pictures"}
+    (tmp_path / "eval.yaml").write_text(
+        json.dumps({**config, "evals": {"image_root": str(folder), "benchmarks": [own]}})
+    )
+    with pytest.raises(LeapError, match="image_root is not a folder: .*pictures"):
+        load_config(tmp_path / "eval.yaml")

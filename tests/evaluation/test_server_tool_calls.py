@@ -137,6 +137,24 @@ def test_vllm_evaluation_servers_get_lfms_tool_parser_for_tool_benchmarks(workdi
     assert vllm_tool_flags(load_config(plain)) == []
 
 
+def test_async_evals_dtype_and_context_reach_the_vllm_server(workdir):
+    """async_eval.dtype / max_model_len are the evaluation server's --dtype / --max-model-len (sidecar's job script
+    and reserved's server both take vllm_server_flags); unset, vLLM's own defaults."""
+    from leap_finetune.evaluation.server import vllm_server_flags
+    from leap_finetune.validate.loader import load_config
+
+    bench = {"benchmarks": [{"name": "calls", "path": "calls.jsonl", "metric": "tool_call"}]}
+    _config(workdir)
+    sized = write_config(workdir, {"model_name": "tiny-lfm2", "evals": bench, "async_eval": {
+        "mode": "reserved", "dtype": "float16", "max_model_len": 2048}}, name="sized.yaml")  # fmt: skip
+    assert vllm_server_flags(load_config(sized)) == [
+        "--enable-auto-tool-choice", "--tool-call-parser", "lfm2", "--dtype", "float16", "--max-model-len", "2048"
+    ]  # fmt: skip
+    plain = write_config(workdir, {"model_name": "tiny-lfm2", "evals": bench, "async_eval": {"mode": "reserved"}},
+                         name="plain.yaml")  # fmt: skip
+    assert "--dtype" not in vllm_server_flags(load_config(plain))
+
+
 def test_a_server_that_answers_no_chat_completion_is_a_clear_error(workdir, server):
     _Handler.garbage = True
     with pytest.raises(LeapError) as info:

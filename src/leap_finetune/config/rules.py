@@ -91,6 +91,19 @@ def check_packing_length(training: dict, where: str) -> None:
         )
 
 
+def best_benchmark(training: dict) -> str | None:
+    """The benchmark whose score metric_for_best_model names (`benchmark/NAME`, `benchmark/NAME/score`), if any."""
+    import re
+
+    found = re.fullmatch(r"(?:eval_)?benchmark/([^/]+)(?:/score)?", str(training.get("metric_for_best_model") or ""))
+    return found.group(1) if found else None
+
+
+def benchmark_every(evals, training: dict) -> int:
+    """Every how many steps the benchmarks run during training: evals.eval_steps, else training's eval_steps."""
+    return evals.eval_steps or training.get("eval_steps") or 500
+
+
 def check_best_model_metric(
     training_type: str, training: dict, where: str, *, rewards: tuple[str, ...] = (), benchmarks: tuple[str, ...] = ()
 ) -> None:
@@ -101,7 +114,7 @@ def check_best_model_metric(
         return
     bare = name.removeprefix("eval_")
     known = method_of(training_type).eval_metrics
-    if bare in known:
+    if bare in known or (best_benchmark(training) in benchmarks and not method_of(training_type).retrieval):
         return
     if method_of(training_type).rewards:
         found = re.fullmatch(r"rewards/(.+)/(mean|std)", bare)
@@ -130,6 +143,8 @@ def check_best_model_metric(
         )
     else:
         fix = "use one of: " + ", ".join(f"eval_{m}" for m in known)
+    if benchmarks and not method_of(training_type).retrieval:
+        fix += " - or a benchmark's score: " + ", ".join(f"benchmark/{b}" for b in benchmarks)
     raise LeapError(
         f"training_config.metric_for_best_model is '{name}', which {training_type} evaluation does not log",
         where=where,

@@ -42,6 +42,19 @@ class RetrievalConfig(StrictModel):
     )
     mini_batch_size: int = Field(default=32, gt=0, description="`cached_mnrl`: rows encoded at once.")
     prompts: RetrievalPrompts = Field(default_factory=RetrievalPrompts, description="Query and document prompts.")
+    temperature: float | None = Field(
+        default=None,
+        gt=0,
+        allow_inf_nan=False,
+        description="The loss's softmax temperature (the similarities are divided by it; sentence-transformers' "
+        "`scale` is 1/temperature); default: the loss's own - 0.05 for embedding (cosine similarities), 1.0 for "
+        "ColBERT (MaxSim sums).",
+    )
+    gather_across_devices: bool | None = Field(
+        default=None,
+        description="Several workers: every device's rows are each query's negatives (more negatives, one "
+        "all-gather per step); default: on with several workers.",
+    )
     query_max_length: int | None = Field(
         default=None,
         gt=0,

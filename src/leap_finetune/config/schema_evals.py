@@ -29,6 +29,12 @@ class BenchmarkConfig(StrictModel):
         "`environment:`: episodes (GRPO rows: prompt + solution; the score is the share answered right)."
     )
     limit: int | None = Field(default=None, gt=0, description="Use only the first N rows.")
+    image_root: str | None = Field(
+        default=None,
+        min_length=1,
+        description="Where the rows' relative image paths start; default: evals.image_root, else the "
+        "benchmark file's folder.",
+    )
     tool_call_order: Literal["set", "ordered"] | None = Field(
         default=None,
         description="metric: tool_call only: several calls in one turn compared as a set (default: any order) or "
@@ -48,6 +54,12 @@ class EvalsConfig(StrictModel):
     benchmarks: list[BenchmarkConfig] = Field(
         description="The benchmarks to run; `[]` runs none (as without "
         "`evals:`), e.g. `--set 'evals.benchmarks=[]'` for one run."
+    )
+    image_root: str | None = Field(
+        default=None,
+        min_length=1,
+        description="Where every benchmark's relative image paths start (a benchmark's own image_root wins); "
+        "default: each benchmark file's folder.",
     )
     max_new_tokens: int = Field(default=128, gt=0, description="Generation length limit for generation benchmarks.")
     batch_size: int = Field(default=8, gt=0, description="Rows per generation batch / options per scoring batch.")
@@ -106,6 +118,18 @@ class EvalFailureConfig(StrictModel):
         description="After this many failed evaluations in a row, evaluation "
         "is switched off for the rest of the run; training goes on.",
     )
+    max_submit_attempts: int = Field(
+        default=3,
+        gt=0,
+        description="sidecar: sbatch tries per evaluation job; a refused submission (a busy controller) is tried "
+        "again after submit_retry_backoff seconds, doubled each time.",
+    )
+    submit_retry_backoff: float = Field(
+        default=2.0,
+        ge=0,
+        allow_inf_nan=False,
+        description="sidecar: seconds before the second sbatch try (then 2x, 4x ...).",
+    )
 
 
 class AsyncEvalConfig(StrictModel):
@@ -125,6 +149,17 @@ class AsyncEvalConfig(StrictModel):
     )
     tensor_parallel_size: int = Field(default=1, gt=0, description="Tensor parallelism of a vLLM evaluation server.")
     gpu_memory_utilization: float = Field(default=0.9, gt=0, le=1, description="vLLM memory fraction.")
+    dtype: Literal["auto", "bfloat16", "float16", "float32"] = Field(
+        default="auto",
+        description="The vLLM evaluation server's weights and activations (`--dtype`); `auto`: the saved "
+        "snapshot's dtype (the training dtype).",
+    )
+    max_model_len: int | None = Field(
+        default=None,
+        gt=0,
+        description="The vLLM evaluation server's context (`--max-model-len`): less KV-cache memory; default: "
+        "the model's own.",
+    )
     on_overlap: Literal["queue", "skip"] = Field(
         default="queue",
         description="An evaluation due while the previous one still runs: `queue` (its snapshot "

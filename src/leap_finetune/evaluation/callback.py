@@ -93,6 +93,8 @@ class BenchmarkCallback(EvaluationLog):
         self.processor = processor  # a vision-language model's, for rows with images
         self.benchmarks = benchmarks
         self.renderer = renderer
+        self.best = None  # the benchmark metric_for_best_model names (its score chooses the best checkpoint)
+        self.latest = None  # that benchmark's newest score
 
     def evaluate(self, when: str) -> dict:
         trainer = self.trainer
@@ -118,7 +120,39 @@ class BenchmarkCallback(EvaluationLog):
         print_summary(self.console, results, step, when)
         trainer.log(dict(results))
         self.write_results(step, when, results)
+        if self.best is not None and step > 0:  # (before training is the base model's score, no checkpoint's)
+            self._track_best(step, results.get(f"benchmark/{self.best}/score"))
         return results
+
+    def _track_best(self, step: int, score: float | None) -> None:
+        """The Trainer's own best-checkpoint bookkeeping (as its _determine_best_metric does for eval metrics): the
+        best score and its step; the checkpoint of that step is the best one once it is saved (transformers
+        notes it at the save; one already on disk - the final evaluation's step - is noted here)."""
+        if score is None:
+            return
+        self.latest = score
+        state, args = self.trainer.state, self.trainer.args
+        better = state.best_metric is None or (
+            score > state.best_metric if args.greater_is_better else score < state.best_metric
+        )
+        if better:
+            state.best_metric, state.best_global_step = score, step
+            folder = Path(args.output_dir) / f"checkpoint-{step}"
+            if folder.is_dir():
+                state.best_model_checkpoint = str(folder)
+
+    def on_evaluate(self, args, state, control, metrics=None, **kwargs):
+        """The Trainer's evaluation chooses the best checkpoint by metric_for_best_model: the benchmark's score at
+        this step goes into its metrics (evaluated now if this step's benchmarks have not run)."""
+        if self.best is None or metrics is None:
+            return
+        # (rank 0 evaluates and chooses; the other ranks get a score that is never the best, for the Trainer's
+        # bookkeeping that runs on every rank)
+        if state.is_world_process_zero and self.trainer is not None and self.last_step != state.global_step:
+            self.evaluate("during training")
+        key = "eval_" + str(args.metric_for_best_model).removeprefix("eval_")
+        worst = float("-inf") if args.greater_is_better else float("inf")  # (no score yet: never the best)
+        metrics[key] = self.latest if self.latest is not None and state.is_world_process_zero else worst
 
     def on_step_end(self, args, state, control, **kwargs):
         # rank 0 only: the other ranks wait for it at the next step's gradient all-reduce

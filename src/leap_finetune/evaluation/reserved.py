@@ -54,7 +54,7 @@ class ReservedServer:
         self.started = 0  # servers started so far
 
     def server_command(self, resolved: ResolvedConfig, model: Path, port: int) -> list[str]:
-        from leap_finetune.evaluation.server import vllm_tool_flags
+        from leap_finetune.evaluation.server import vllm_server_flags
 
         settings = resolved.async_eval
         if use_vllm(resolved):
@@ -74,7 +74,7 @@ class ReservedServer:
                 str(settings.gpu_memory_utilization),
                 "--served-model-name",
                 "snapshot",
-                *vllm_tool_flags(resolved),
+                *vllm_server_flags(resolved),
             ]
         return [
             sys.executable,

@@ -86,7 +86,8 @@ def _check_row(
     messages = _messages(row, data, problem)
     if messages is None:
         return None
-    turns, images = _turns(messages, Path(row.file).parent, problem)
+    folder = Path(bench.image_root) if getattr(bench, "image_root", None) else Path(row.file).parent
+    turns, images = _turns(messages, folder, problem)
     if images and not vision:
         problem(
             "messages",

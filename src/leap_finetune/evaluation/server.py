@@ -44,6 +44,18 @@ def vllm_tool_flags(resolved) -> list[str]:
     return []
 
 
+def vllm_server_flags(resolved) -> list[str]:
+    """Every flag of the run's vLLM evaluation server beyond the model and its place: the tool parser the
+    benchmarks need, and async_eval's dtype and max_model_len."""
+    settings = resolved.async_eval
+    flags = vllm_tool_flags(resolved)
+    if settings is not None and settings.dtype != "auto":
+        flags += ["--dtype", settings.dtype]
+    if settings is not None and settings.max_model_len is not None:
+        flags += ["--max-model-len", str(settings.max_model_len)]
+    return flags
+
+
 DEFAULT_TIMEOUT_S = 300.0  # one answer (--server-timeout); a server that takes the connection and never answers fails
 LIST_TIMEOUT_S = 30.0  # the model list, asked first: a live server answers it at once
 PROGRESS_EVERY_S = 15.0

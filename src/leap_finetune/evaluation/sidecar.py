@@ -55,7 +55,7 @@ FINISHED_STATES = {
 def job_script(resolved: ResolvedConfig, snapshot: Snapshot, jobs: Path) -> str:
     """The sbatch script of one evaluation: `leap-finetune eval` on the snapshot with vllm_gpus GPUs (a vLLM
     server inside the job answers the generation benchmarks when vLLM is installed there)."""
-    from leap_finetune.evaluation.server import vllm_tool_flags
+    from leap_finetune.evaluation.server import vllm_server_flags
     from leap_finetune.models.vision import is_vision_model
 
     settings = resolved.async_eval
@@ -95,7 +95,7 @@ def job_script(resolved: ResolvedConfig, snapshot: Snapshot, jobs: Path) -> str:
             f'  "$PYTHON" -m vllm.entrypoints.openai.api_server --model {folder}/model --host 127.0.0.1 '
             f'--port "$port" --tensor-parallel-size {settings.tensor_parallel_size} --gpu-memory-utilization '
             f"{settings.gpu_memory_utilization} --served-model-name snapshot"
-            + "".join(f" {flag}" for flag in vllm_tool_flags(resolved))
+            + "".join(f" {flag}" for flag in vllm_server_flags(resolved))
             + " &",
             "  server=$!",
             "  trap 'kill \"$server\" 2>/dev/null || true' EXIT",
@@ -111,30 +111,44 @@ def job_script(resolved: ResolvedConfig, snapshot: Snapshot, jobs: Path) -> str:
     return "\n".join(lines) + "\n"
 
 
+def _submit(resolved: ResolvedConfig, script: Path, output: str, stop: threading.Event) -> str | Outcome:
+    """sbatch the script: the job id, or why it was refused after async_eval.failure.max_submit_attempts tries
+    (a busy controller refuses for a moment: each try waits submit_retry_backoff seconds, doubled, before the next)."""
+    failure = resolved.async_eval.failure
+    extra = list(resolved.async_eval.sbatch.extra_args)
+    for attempt in range(1, failure.max_submit_attempts + 1):
+        submitted = subprocess.run(
+            ["sbatch", "--parsable", output, *extra, str(script)],
+            capture_output=True,
+            start_new_session=True,
+            text=True,
+            timeout=120,
+        )
+        if submitted.returncode == 0:
+            return submitted.stdout.strip().split(";")[0]
+        if attempt < failure.max_submit_attempts and stop.wait(failure.submit_retry_backoff * 2 ** (attempt - 1)):
+            break  # (training ended while waiting to try again)
+    said = [
+        line.strip()
+        for line in (submitted.stderr + submitted.stdout).splitlines()
+        if line.strip() and not line.startswith("Try ")
+    ]
+    return Outcome(
+        reason=f"sbatch rejected the job ({attempt} tr{'y' if attempt == 1 else 'ies'}): "
+        + ("; ".join(said) or f"exit code {submitted.returncode}"),
+        log=script,
+    )
+
+
 def sidecar_job(resolved: ResolvedConfig, snapshot: Snapshot, jobs: Path, stop: threading.Event) -> Outcome:
     """Submit, then poll the job (scontrol) until it ends; COMPLETED with a results file is a success."""
     jobs.mkdir(parents=True, exist_ok=True)
     script = jobs / f"step-{snapshot.step}.sbatch"
     script.write_text(job_script(resolved, snapshot, jobs), encoding="utf-8")
-    extra = list(resolved.async_eval.sbatch.extra_args)
-    output = f"--output={jobs}/step-{snapshot.step}-%j.out"
-    submitted = subprocess.run(
-        ["sbatch", "--parsable", output, *extra, str(script)],
-        capture_output=True,
-        start_new_session=True,
-        text=True,
-        timeout=120,
-    )
-    if submitted.returncode != 0:
-        said = [
-            line.strip()
-            for line in (submitted.stderr + submitted.stdout).splitlines()
-            if line.strip() and not line.startswith("Try ")
-        ]
-        return Outcome(
-            reason="sbatch rejected the job: " + ("; ".join(said) or f"exit code {submitted.returncode}"), log=script
-        )
-    job = submitted.stdout.strip().split(";")[0]
+    submitted = _submit(resolved, script, f"--output={jobs}/step-{snapshot.step}-%j.out", stop)
+    if isinstance(submitted, Outcome):
+        return submitted
+    job = submitted
     log = jobs / f"step-{snapshot.step}-{job}.out"
     results = snapshot.folder / "results.json"
     state, detail, reason = "PENDING", "", None

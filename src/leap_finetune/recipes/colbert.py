@@ -25,12 +25,12 @@ def build_loss(resolved: ResolvedConfig, model):
         MultiVectorMultipleNegativesRankingLoss,
     )
 
-    gather = retrieval.several_workers()
+    options = retrieval.loss_options(resolved.retrieval)
     if resolved.retrieval.loss == "cached_mnrl":
         return CachedMultiVectorMultipleNegativesRankingLoss(
-            model, mini_batch_size=resolved.retrieval.mini_batch_size, gather_across_devices=gather
+            model, mini_batch_size=resolved.retrieval.mini_batch_size, **options
         )
-    return MultiVectorMultipleNegativesRankingLoss(model, gather_across_devices=gather)
+    return MultiVectorMultipleNegativesRankingLoss(model, **options)
 
 
 def train(resolved_json: dict, callbacks: list | None = None) -> dict:

@@ -245,7 +245,9 @@ def benchmark_callback(resolved: ResolvedConfig, tokenizer, run_dir: Path, conso
     from leap_finetune.models.vision import is_vision_model, load_processor
 
     template = load_chat_template(resolved.chat_template, tokenizer)
-    every = resolved.evals.eval_steps or resolved.training.get("eval_steps") or 500
+    from leap_finetune.config.rules import benchmark_every, best_benchmark
+
+    every = benchmark_every(resolved.evals, resolved.training)
     if resolved.async_eval is not None and resolved.async_eval.mode != "sync":
         from leap_finetune.evaluation.async_eval import AsyncBenchmarks
 
@@ -258,9 +260,11 @@ def benchmark_callback(resolved: ResolvedConfig, tokenizer, run_dir: Path, conso
     settings = resolved.image_processor.settings() if resolved.image_processor is not None else None
     processor = load_processor(resolved.model_id, tokenizer, settings) if vision and has_images(benchmarks) else None
     max_failures = resolved.async_eval.failure.max_consecutive if resolved.async_eval else 3
-    return BenchmarkCallback(
+    callback = BenchmarkCallback(
         resolved.evals, benchmarks, renderer, run_dir, console, every, processor=processor, max_failures=max_failures
     )
+    callback.best = best_benchmark(resolved.training)  # (metric_for_best_model on a benchmark's score)
+    return callback
 
 
 def train_evaluate_save(

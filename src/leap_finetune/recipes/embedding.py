@@ -22,12 +22,12 @@ def config_class():
 def build_loss(resolved: ResolvedConfig, model):
     from sentence_transformers.sentence_transformer import losses  # (the top-level `losses` is deprecated)
 
-    gather = retrieval.several_workers()
+    options = retrieval.loss_options(resolved.retrieval)
     if resolved.retrieval.loss == "cached_mnrl":
         return losses.CachedMultipleNegativesRankingLoss(
-            model, mini_batch_size=resolved.retrieval.mini_batch_size, gather_across_devices=gather
+            model, mini_batch_size=resolved.retrieval.mini_batch_size, **options
         )
-    return losses.MultipleNegativesRankingLoss(model, gather_across_devices=gather)
+    return losses.MultipleNegativesRankingLoss(model, **options)
 
 
 def train(resolved_json: dict, callbacks: list | None = None) -> dict:

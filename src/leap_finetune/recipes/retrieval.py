@@ -477,6 +477,19 @@ def merge_lora(model) -> None:
         parameter.requires_grad_(True)
 
 
+def loss_options(settings) -> dict:
+    """The `retrieval:` block's settings every loss takes: the temperature (as sentence-transformers' scale) and
+    whether the negatives are gathered across devices (default: with several workers)."""
+    options = {
+        "gather_across_devices": several_workers()
+        if settings.gather_across_devices is None
+        else bool(settings.gather_across_devices and several_workers())
+    }
+    if settings.temperature is not None:
+        options["scale"] = 1.0 / settings.temperature
+    return options
+
+
 def several_workers() -> bool:
     """Several training processes (Ray Train workers): the losses gather every worker's documents, so each
     query is scored against the whole global batch, as on one device."""

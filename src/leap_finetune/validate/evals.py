@@ -27,6 +27,7 @@ def resolve_evals(evals: EvalsConfig | None, base: Path, where: str) -> EvalsCon
             )
         names.add(bench.name)
         bench.path = resolve_data_path(bench.path, base)
+        bench.image_root = _image_root(bench.image_root or evals.image_root, base, f"{here}.image_root")
         if "::" in bench.metric:
             file, _, function = bench.metric.partition("::")
             path = local_path(file, base)
@@ -52,6 +53,21 @@ def resolve_evals(evals: EvalsConfig | None, base: Path, where: str) -> EvalsCon
                 "./file.py::function; for embedding/colbert models: retrieval",
             )
     return evals
+
+
+def _image_root(root: str | None, base: Path, where: str) -> str | None:
+    """A benchmark's image folder, from the config's folder; one that is not a folder is said here."""
+    if root is None:
+        return None
+    folder = local_path(root, base)
+    if not folder.is_dir():
+        raise LeapError(
+            f"image_root is not a folder: {folder}",
+            where=where,
+            fix="give the folder the rows' relative image paths start from (or remove image_root: the benchmark "
+            "file's folder)",
+        )
+    return str(folder)
 
 
 def check_retrieval_metrics(model: LeapConfigModel, evals: EvalsConfig | None, where: str) -> None:
@@ -90,3 +106,32 @@ def check_episode_benchmarks(model: LeapConfigModel, evals: EvalsConfig | None, 
                 fix="use async_eval.mode: sync for this config, or score the episodes after training with "
                 "leap-finetune eval CONFIG --set checkpoint=RUN",
             )
+
+
+def check_best_benchmark(model, training: dict, evals: EvalsConfig | None, where: str) -> None:
+    """metric_for_best_model on a benchmark's score: the benchmarks must score a step while its checkpoint can be
+    kept - in the training process (sync) and at steps where a checkpoint is saved."""
+    from leap_finetune.config.rules import benchmark_every, best_benchmark
+
+    name = best_benchmark(training)
+    if name is None or evals is None:
+        return
+    here = f"{where}: training_config.metric_for_best_model"
+    if model.async_eval is not None and model.async_eval.mode != "sync":
+        raise LeapError(
+            f"metric_for_best_model is benchmark '{name}', but async_eval.mode is {model.async_eval.mode}: its "
+            "scores arrive after the checkpoint of their step may be gone",
+            where=here,
+            fix="use async_eval.mode: sync for the best checkpoint by a benchmark, or metric_for_best_model: eval_loss",
+        )
+    every = benchmark_every(evals, training)
+    strategy, save_steps = training.get("save_strategy", "steps"), training.get("save_steps")
+    if strategy != "steps" or not isinstance(save_steps, int) or every % save_steps:
+        raise LeapError(
+            f"metric_for_best_model is benchmark '{name}', scored every {every} steps, but checkpoints are saved "
+            + ("never" if strategy == "no" else f"with save_strategy {strategy}, save_steps {save_steps}")
+            + ": the best step's checkpoint would not exist",
+            where=here,
+            fix=f"set save_strategy: steps and save_steps to {every} (or a divisor of it), or evals.eval_steps to a "
+            "multiple of save_steps",
+        )

@@ -29,7 +29,12 @@ from leap_finetune.validate.datasets import (
     resolve_dataset,
     validate_dataset,
 )
-from leap_finetune.validate.evals import check_episode_benchmarks, check_retrieval_metrics, resolve_evals
+from leap_finetune.validate.evals import (
+    check_best_benchmark,
+    check_episode_benchmarks,
+    check_retrieval_metrics,
+    resolve_evals,
+)
 from leap_finetune.validate.keys import check_block_keys, check_top_level_keys, pydantic_error
 from leap_finetune.validate.peft import resolve_peft
 from leap_finetune.validate.retrieval import resolve_retrieval
@@ -79,6 +84,9 @@ def load_config(
 
 
 def _load(raw: dict, config_path: Path | None, base: Path, where: str) -> ResolvedConfig:
+    from leap_finetune.config.legacy import read_original_keys
+
+    raw, original_keys = read_original_keys(raw, where)
     model = _read_model(raw, where)
     from leap_finetune.data.chat_templates import resolve_chat_template
     from leap_finetune.models.registry import model_family, resolve_model_id
@@ -108,15 +116,12 @@ def _load(raw: dict, config_path: Path | None, base: Path, where: str) -> Resolv
     chat_template = resolve_chat_template(model.chat_template, family, base, where)
     dataset = resolve_dataset(model, base, where)
     evals = resolve_evals(model.evals, base, where)
-    check_hold_out_tools(model, dataset, evals, vision, where)
-    check_augment_tools(model, dataset, where)
-    check_retrieval_metrics(model, evals, where)
-    check_episode_benchmarks(model, evals, where)
+    _check_data_and_benchmarks(model, training, dataset, evals, vision, where)
     _resolve_model_init_kwargs(training, model, model_id, peft is not None, (quantization, vision), where)
     from leap_finetune.validate.no_effect import config_notes, qat_notes, router_notes
 
     user_keys = sorted(k for k in (model.training_config or {}) if k != "extends")
-    notes = config_notes(model, training, set(user_keys), model.peft_config)
+    notes = original_keys + config_notes(model, training, set(user_keys), model.peft_config)
     notes += router_notes(set(user_keys), model.peft_config, model_id, quantized=quantization is not None)
     notes += qat_notes(model, peft)
     return ResolvedConfig(
@@ -153,6 +158,15 @@ def _load(raw: dict, config_path: Path | None, base: Path, where: str) -> Resolv
         vision=vision,
         image_processor=model.image_processor if vision else None,
     )
+
+
+def _check_data_and_benchmarks(model, training: dict, dataset, evals, vision: bool, where: str) -> None:
+    """What the dataset and the benchmarks must agree on with the rest of the config."""
+    check_hold_out_tools(model, dataset, evals, vision, where)
+    check_augment_tools(model, dataset, where)
+    check_retrieval_metrics(model, evals, where)
+    check_episode_benchmarks(model, evals, where)
+    check_best_benchmark(model, training, evals, where)
 
 
 def _resume_path(resume: str, base: Path) -> str:
