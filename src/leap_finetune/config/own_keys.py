@@ -43,6 +43,12 @@ class OwnTrainingKeys(BaseModel):
         description="sft only: which tokens carry the loss: every assistant turn's content and its `<\\|im_end\\|>` "
         "(default), every token, or only the last assistant turn (DPO and KTO train on the completions)",
     )
+    loss_on_thinking: bool | None = Field(
+        default=None,
+        description="sft, distill: whether an assistant turn's reasoning (`thinking` / `reasoning_content`, or a "
+        "`<think>...</think>` block in its content, as the chat template renders it) carries loss; default true. "
+        "false trains the answer after it only (docs/sft.md)",
+    )
     resume_from_checkpoint: str | None = Field(
         default=None,
         description="continue a run: `latest` is the newest intact checkpoint (every file as it was written) of the "

@@ -22,6 +22,7 @@ RESUME_KEEPS_DATA = (
 # shape, and the optimizer whose state the checkpoint holds
 RESUME_KEEPS_TRAINING = (
     "max_length",
+    "loss_on_thinking",
     "batch_tokens",
     "packing",
     "padding_free",

@@ -60,6 +60,7 @@ def entry_for(resolved, tokenizer, renderer, sources, examples: int) -> Entry | 
 
     add("format", [FORMAT, __version__, _code_digest(), _library_versions()])
     add("type", [resolved.training_type, resolved.loss_on, resolved.model_family, resolved.chat_template])
+    add("thinking", getattr(renderer, "loss_on_thinking", True))
     add("datasets", [item.model_dump(exclude={"num_proc", "cache"}) for item in dataset_items(resolved)])
     add("rows", [resolved.training.get("seed", 42), resolved.samples, examples])
     add(

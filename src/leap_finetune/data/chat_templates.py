@@ -138,3 +138,21 @@ def family_of_template(text: str | None) -> str | None:
         if text in (_trl_template(official), _trl_template(training)):
             return "lfm2.5" if name == "lfm2.5" else "lfm2"
     return None
+
+
+THINKING_FIELDS = ("thinking", "reasoning", "reasoning_content")
+
+
+def renders_thinking(chat_template: str) -> bool | None:
+    """Whether the chosen template renders an assistant message's `thinking` (or `reasoning_content`) field:
+    LFM2.5's does (the last turns' reasoning as <think>...</think>), LFM2's does not (it would drop the field
+    without a word); a .jinja file by whether it reads the field; the tokenizer's own: unknown here (None)."""
+    if chat_template in BUILTIN_TEMPLATES:
+        return chat_template == "lfm2.5"
+    if chat_template == "model":
+        return None
+    try:
+        text = Path(chat_template).read_text(encoding="utf-8")
+    except (OSError, UnicodeDecodeError):
+        return None
+    return any(field in text for field in THINKING_FIELDS)

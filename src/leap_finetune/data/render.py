@@ -80,6 +80,7 @@ class Renderer:
         self.tokenizer = tokenizer
         self.template = template
         self.loss_on = loss_on
+        self.loss_on_thinking = True  # training_config.loss_on_thinking: false leaves <think>...</think> untrained
         self.max_length = max_length
         self.truncation_mode = truncation_mode
         backend = getattr(tokenizer, "backend_tokenizer", None) if getattr(tokenizer, "is_fast", False) else None
@@ -114,7 +115,9 @@ class Renderer:
                 **self._special,
             )
             text = rendered[0]
-            return text, ([(0, len(text))] if self.loss_on == "all" else [])
+            if self.loss_on != "all":
+                return text, []
+            return text, self._thinking_cut(text, [(0, len(text))])
         rendered, indices = render_jinja_template(
             conversations=[messages],
             tools=tools,
@@ -126,7 +129,10 @@ class Renderer:
         spans = [self._end_at_eos(text, start, end) for start, end in indices[0] if end > start]
         if self.loss_on == "final_assistant":
             spans = spans[-1:]
-        return text, spans
+        return text, self._thinking_cut(text, spans)
+
+    def _thinking_cut(self, text: str, spans: list[tuple[int, int]]) -> list[tuple[int, int]]:
+        return without_thinking(text, spans) if not self.loss_on_thinking and THINK_OPEN in text else spans
 
     def _end_at_eos(self, text: str, start: int, end: int) -> tuple[int, int]:
         # The templates put the newline that separates turns inside the generation block; the model
@@ -170,6 +176,35 @@ class Renderer:
             truncated_at=truncated_at,
             trained_tokens_lost=lost,
         )
+
+
+THINK_OPEN, THINK_CLOSE = "<think>", "</think>"
+
+
+def thinking_spans(text: str) -> list[tuple[int, int]]:
+    """The `<think>...</think>` blocks of a rendered text (the tags included; an unclosed one runs to the end)."""
+    import re
+
+    return [(m.start(), m.end()) for m in re.finditer(r"<think>.*?(?:</think>|$)", text, re.S)]
+
+
+def without_thinking(text: str, spans: list[tuple[int, int]]) -> list[tuple[int, int]]:
+    """The trained spans with the reasoning blocks cut out (the answer after `</think>` stays trained). The
+    whitespace a template puts between `</think>` and the answer goes with the reasoning."""
+    cuts = []
+    for start, end in thinking_spans(text):
+        while end < len(text) and text[end] in " \n":
+            end += 1
+        cuts.append((start, end))
+    kept = []
+    for start, end in spans:
+        pieces = [(start, end)]
+        for cut_start, cut_end in cuts:
+            pieces = [
+                part for a, b in pieces for part in ((a, min(b, cut_start)), (max(a, cut_end), b)) if part[1] > part[0]
+            ]
+        kept += pieces
+    return kept
 
 
 @dataclass

@@ -68,8 +68,14 @@ def _family(resolved) -> str:
 
 
 def _conversation_checker(resolved):
+    from leap_finetune.data.chat_templates import renders_thinking
+
     return functools.partial(
-        check_sft_row, needs_assistant=resolved.loss_on != "all", family=_family(resolved), takes_images=resolved.vision
+        check_sft_row,
+        needs_assistant=resolved.loss_on != "all",
+        family=_family(resolved),
+        takes_images=resolved.vision,
+        thinking_dropped_by=resolved.chat_template if renders_thinking(resolved.chat_template) is False else None,
     )
 
 

@@ -72,9 +72,15 @@ class RowWarning:
 
 
 def check_sft_row(
-    row: SourceRow, *, needs_assistant: bool = True, family: str = "other", takes_images: bool = False
+    row: SourceRow,
+    *,
+    needs_assistant: bool = True,
+    family: str = "other",
+    takes_images: bool = False,
+    thinking_dropped_by: str | None = None,
 ) -> tuple[Conversation | None, list[RowProblem], list[RowWarning]]:
-    """Return (conversation, [], warnings) for a valid row, or (None, problems, warnings)."""
+    """Return (conversation, [], warnings) for a valid row, or (None, problems, warnings). `thinking_dropped_by`:
+    the chat template, where it does not render an assistant's `thinking` field (such a row is refused)."""
     problems: list[RowProblem] = []
     warnings: list[RowWarning] = []
 
@@ -123,6 +129,8 @@ def check_sft_row(
     if not problems:
         check_images_used(parts, problem)
     tools = check_tools(data.get(TOOLS_COLUMN), row.from_text_table, problem)
+    if thinking_dropped_by is not None:
+        _check_thinking_rendered(normalised, column, thinking_dropped_by, problem)
     if problems:
         return None, problems, warnings
     if needs_assistant and not any(m["role"] == "assistant" for m in normalised):
@@ -141,3 +149,19 @@ def check_sft_row(
     if problems:
         return None, problems, warnings
     return Conversation(normalised, tools, list(parts.found) if parts is not None else []), [], warnings
+
+
+def _check_thinking_rendered(messages: list[dict], column: str, template: str, problem) -> None:
+    """An assistant's reasoning in a field the chat template does not render would be dropped from training."""
+    from leap_finetune.data.chat_templates import THINKING_FIELDS
+
+    for index, message in enumerate(messages):
+        field = next((f for f in THINKING_FIELDS if message.get(f)), None) if message["role"] == "assistant" else None
+        if field is not None:
+            problem(
+                f"{column}[{index}].{field}",
+                f"the chat template '{template}' does not render an assistant's {field}: it would be dropped from "
+                "training without a word; use chat_template: lfm2.5 (it renders it as <think>...</think>), or put "
+                "the reasoning at the start of content as <think>...</think>",
+            )
+            return

@@ -123,25 +123,31 @@ def _generation(model, renderer, evals, bench, processor=None, server=None):
         )
     if bench.metric == "tool_call":
         return _tool_calls(bench, prompts, outputs)
-    scores, unparsed, predictions = [], 0, []
+    scores, unparsed, predictions, thought = [], 0, [], 0
     errors = getattr(metric, "errors", None)  # a custom metric's exceptions (scored 0), counted, not hidden
     for item, prompt, output in zip(bench.items, prompts, outputs, strict=True):
         raised = len(errors) if errors is not None else 0
-        score, parsed = metric(output, item.reference, item)
+        answer, thinking = split_thinking(output)  # (a reasoning model's <think> block is not its answer)
+        thought += thinking is not None
+        score, parsed = metric(answer, split_thinking(item.reference)[0], item)
         unparsed += not parsed
         scores.append(score)
         predictions.append(
             {
                 "source": f"{item.file}, {item.location}",
                 "prompt": prompt,
-                "prediction": output,
+                "prediction": answer,
                 "reference": item.reference,
                 "score": score,
             }
         )
+        if thinking is not None:
+            predictions[-1]["thinking"] = thinking
         if errors is not None and len(errors) > raised:
             predictions[-1]["metric_error"] = errors[-1]
     metrics = {"score": sum(scores) / len(scores), "unparsed": unparsed, "rows": len(scores)}
+    if thought:  # (a reasoning model's: how many answers came with a <think> block, taken out before scoring)
+        metrics["thinking"] = thought
     if errors is not None:
         metrics["metric_errors"] = len(errors)
         if errors:
@@ -150,6 +156,18 @@ def _generation(model, renderer, evals, bench, processor=None, server=None):
                 f"(scored 0), e.g. {errors[0]}"
             )
     return metrics, predictions
+
+
+def split_thinking(text):
+    """(the answer, the reasoning) of a generated text: `<think>...</think>` blocks are taken out before scoring
+    (an unclosed one - generation stopped while reasoning - runs to the end: no answer); reasoning None without
+    one. Anything but text passes through."""
+    if not isinstance(text, str) or "<think>" not in text:
+        return text, None
+    import re
+
+    blocks = re.findall(r"<think>(.*?)(?:</think>|$)", text, re.S)
+    return re.sub(r"<think>.*?(?:</think>|$)", "", text, flags=re.S).strip(), "\n".join(b.strip() for b in blocks)
 
 
 def _tool_calls(bench, prompts, outputs):

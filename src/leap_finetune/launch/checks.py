@@ -186,6 +186,7 @@ def prepare(resolved: ResolvedConfig, console: Console | None = None, examples: 
         renderer = VisionRenderer(*options, reader=image_reader(resolved, tokenizer))
     else:
         renderer = Renderer(*options)
+    renderer.loss_on_thinking = resolved.training.get("loss_on_thinking", True) is not False
     return tokenizer, renderer, prepare_data(resolved, tokenizer, renderer, console=console, examples=examples)
 
 

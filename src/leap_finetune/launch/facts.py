@@ -25,7 +25,7 @@ class RunFacts:
     max_steps: int  # training_config's (-1: none)
     total_steps: int  # max_steps, else the epochs' steps
     total_is_bound: bool  # packing merges rows: the run takes at most total_steps
-    device: str  # "cpu" | "gpu": where the trainer runs
+    device: str  # "cpu" | "gpu" | "mps" (an Apple Silicon GPU): where the trainer runs
     precision: str  # "bf16 mixed precision (chosen automatically)", "float32 (set in training_config)", ...
     devices: str  # the devices line as the run prints it at its start (gradient_communication said)
     hardware: str  # the devices line without training_config's notes (the model card adds how DDP all-reduced)
@@ -62,8 +62,8 @@ def run_facts(resolved, prepared, devices) -> RunFacts:
         total_is_bound=bool(t.get("packing")) and not (max_steps or 0) > 0,
         device=device,
         precision=precision,
-        devices=devices_line(devices, t.get("gradient_communication")),
-        hardware=devices_line(devices),
+        devices=devices_line(devices, t.get("gradient_communication"), mps=device == "mps"),
+        hardware=devices_line(devices, mps=device == "mps"),
         peak_memory_per_process=resolved.predicted_gpu_memory,
     )
 
@@ -90,16 +90,18 @@ def precision_of(resolved, devices, has_eval: bool) -> tuple[str, str]:
         precision = (
             f"bf16 weights, torch-optimi AdamW with Kahan summation (optimizer_precision: {optimizer_precision})"
         )
-    return ("cpu" if args.get("use_cpu") else "gpu"), f"{precision} ({chosen})"
+    device = "cpu" if args.get("use_cpu") else "gpu" if devices.use_gpu else "mps"
+    return device, f"{precision} ({chosen})"
 
 
-def devices_line(devices, gradient_communication: str | None = None) -> str:
-    """`gradient_communication`: training_config's key (config/communication.py), said where it applies."""
+def devices_line(devices, gradient_communication: str | None = None, mps: bool = False) -> str:
+    """`gradient_communication`: training_config's key (config/communication.py), said where it applies. `mps`:
+    the training process trains on an Apple Silicon GPU (no CUDA)."""
     from leap_finetune.config.communication import ONE_PROCESS
 
     bf16 = gradient_communication == "bf16"
     if devices.in_process:
-        where = f"1 GPU (device {devices.training[0]})" if devices.use_gpu else "CPU"
+        where = f"1 GPU (device {devices.training[0]})" if devices.use_gpu else "Apple GPU (mps)" if mps else "CPU"
         return (
             f"devices: {where}, "
             + ("one training process (it sees only this GPU)" if devices.own_process else "in-process")

@@ -62,12 +62,16 @@ def common_arguments(resolved: ResolvedConfig, *, run_dir: str, has_eval: bool, 
         args.setdefault("ddp_find_unused_parameters", True)
     args["output_dir"] = run_dir
     # bf16 where the hardware has it, float32 otherwise; an explicit bf16/fp16 key wins.
+    # No CUDA on an Apple Silicon Mac: its GPU (mps), unless training_config says use_cpu (models/apple.py)
+    mps = not cuda and not args.get("use_cpu") and _apple_gpu(detect)
     if "bf16" not in args and "fp16" not in args:
         # The driver passes `cuda` and must not create a CUDA context (it would hold memory on a GPU that a
         # server or another process uses): it assumes bf16 on a GPU; the training process checks.
-        args["bf16"] = bool(cuda and (_bf16_supported() if detect else True))
+        args["bf16"] = bool(cuda and (_bf16_supported() if detect else True)) or bool(
+            mps and (_mps_bf16() if detect else True)
+        )
         args["fp16"] = False
-    args.setdefault("use_cpu", not cuda)
+    args.setdefault("use_cpu", not cuda and not mps)
     if has_eval:
         args.setdefault("eval_strategy", "steps")
         # The baseline evaluation runs inside train(), after the model is wrapped for distributed training:
@@ -88,6 +92,19 @@ def common_arguments(resolved: ResolvedConfig, *, run_dir: str, has_eval: bool, 
         args.setdefault("run_name", resolved.run_name)
     args.setdefault("project", resolved.project_name)
     return args
+
+
+def _apple_gpu(detect: bool) -> bool:
+    """The Mac's GPU: asked of PyTorch in the training process; the driver (no torch) goes by the machine."""
+    from leap_finetune.models.apple import mps_available, on_apple_silicon
+
+    return on_apple_silicon() and (mps_available() if detect else True)
+
+
+def _mps_bf16() -> bool:
+    from leap_finetune.models.apple import mps_bf16
+
+    return mps_bf16()
 
 
 @dataclass

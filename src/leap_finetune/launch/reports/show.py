@@ -175,6 +175,7 @@ def plan_report(resolved, devices: DevicePlan, prepared, no_tokens: str = "", bu
         "max_steps": facts.max_steps,
         "total_steps": facts.total_steps,
         "precision": facts.precision,
+        "device": facts.device,  # cpu, gpu, or mps (an Apple Silicon GPU)
         # GRPO: the prompts' tokens of a step's completions (the completions add up to max_completion_length each)
         "tokens_per_step": round(tokens_per_row * steps.per_step) if prepared.tokenized else None,
         "tokens_not_counted": None if prepared.tokenized else _why_no_tokens(resolved, no_tokens),
@@ -322,7 +323,7 @@ def print_plan(console, report: dict) -> None:
     if report["gpus_per_node"]:
         console.print(table)
     else:
-        console.print("devices: CPU only")
+        console.print("devices: Apple GPU (mps)" if report.get("device") == "mps" else "devices: CPU only")
     batch = report["batch"]
     mode = (
         ("one training process beside the driver (no Ray)" if report.get("own_process") else "in-process (no Ray)")
