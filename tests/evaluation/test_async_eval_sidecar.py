@@ -100,8 +100,8 @@ def test_a_refused_submission_is_tried_again_as_failure_says(slurm_cluster, work
     import threading
     import time
 
-    from leap_finetune.config import load_config
     from leap_finetune.evaluation.sidecar import _submit
+    from leap_finetune.validate.loader import load_config
 
     config = async_config(
         workdir, "sidecar", "retry.yaml", failure={"max_submit_attempts": 3, "submit_retry_backoff": 0.4}

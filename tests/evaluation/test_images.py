@@ -210,8 +210,9 @@ def test_image_root_is_where_benchmark_image_paths_start(vl, tmp_path):
 
     *_, paths = vl
     folder = Path(paths["red"]).parent
-    row = {"messages": [{"role": "user", "content": "<image>What colour?"}, {"role": "assistant", "content": "red"}],
-           "images": ["red.png"]}  # fmt: skip
+    row = {"messages": [{"role": "user", "content": [{"type": "image", "image": "red.png"},
+                                                     {"type": "text", "text": "What colour?"}]},
+                        {"role": "assistant", "content": "red"}]}  # fmt: skip
     (tmp_path / "gen.jsonl").write_text(json.dumps(row) + "\n")
     bench = {"name": "colour", "path": "gen.jsonl", "metric": "exact_match"}
     config = {"model_name": MODEL, "evals": {"image_root": str(folder), "benchmarks": [bench]}}
