@@ -16,7 +16,7 @@ import yaml
 os.environ["HF_HUB_OFFLINE"] = "1"
 os.environ["TRANSFORMERS_OFFLINE"] = "1"
 os.environ["HF_DATASETS_OFFLINE"] = "1"
-# One torch thread per process (before torch is imported; the processes a test starts inherit it): two test processes
+# One torch thread per process (before torch is imported; the processes a test starts inherit it): the test processes
 # share 2 cores, and torch's two threads per process would stall at every parallel region whenever the other process
 # runs (measured: a 30-step tiny run 8.4 s -> 2.6 s beside a busy process; alone, the same 1.8-2.0 s either way).
 os.environ.setdefault("OMP_NUM_THREADS", "1")
@@ -225,7 +225,7 @@ def pytest_collection_modifyitems(config, items):
 
 
 def _group_for_two_processes(config, items) -> None:
-    """The test processes that share the machine (pytest-xdist: `-n 2` in pyproject.toml) take whole files (see
+    """The test processes that share the machine (pytest-xdist: `-n 3` in pyproject.toml) take whole files (see
     pytest_xdist_make_scheduler); here, in each process's collection, the files with the most end-to-end runs go
     first, so that no long file starts last and keeps one process busy alone at the end."""
     if not os.environ.get("PYTEST_XDIST_WORKER"):

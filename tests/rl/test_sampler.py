@@ -159,7 +159,7 @@ def test_the_loop_stops_once_every_sequence_has_ended(model, tokenizer):
     [
         ({"min_p": 0.1}, "MinPLogitsWarper"),
         ({"repetition_penalty": 1.1}, "RepetitionPenaltyLogitsProcessor"),
-        ({"suppress_tokens": [5]}, "SuppressTokensLogitsProcessor"),
+        ({"begin_suppress_tokens": [5]}, "SuppressTokensAtBeginLogitsProcessor"),
         ({"cache_implementation": None}, "cache_implementation is not static"),
         ({"do_sample": False}, "do_sample is false"),
         ({"num_beams": 2}, "generation mode beam_sample"),
@@ -180,7 +180,7 @@ def test_the_config_alone_predicts_the_engine():
     assert "repetition_penalty" in why_not_config({**static, "repetition_penalty": 1.2})
     assert "generation_kwargs" in why_not_config({**static, "generation_kwargs": {"typical_p": 0.9}})
     assert why_not_config({}) == "cache_implementation is not static"
-    assert "vision" in why_not_config(static, vision=True)
+    assert why_not_config(static, vision=True) is None  # (LFM2-VL's pictures: read by the prefill)
 
 
 def test_the_rollout_copy_decodes_like_the_model_and_follows_its_training(model, tokenizer):
@@ -335,3 +335,36 @@ def test_the_rollout_copy_of_an_lfm2_moe_decodes_what_generate_decodes(tokenizer
     expected = moe.generate(input_ids=ids, attention_mask=mask, generation_config=settings)[:, ids.shape[1] :]
     got = sampler.generate(ids, mask, 30)
     assert cut_at_end(got, tokenizer.eos_token_id) == cut_at_end(expected, tokenizer.eos_token_id)
+
+
+def test_prompts_with_pictures_decode_what_generate_decodes():
+    """GRPO on pictures (LFM2-VL): the pixels go into the prefill, the decoding steps read the cache - every token is
+    generate's (top_k 1), and another picture with the same text gives another completion (the pixels are read)."""
+    from PIL import Image
+
+    from leap_finetune.models.tiny import build_tiny_processor
+
+    tokenizer = load_tiny_tokenizer("tiny-lfm2.5-vl")
+    torch.manual_seed(0)
+    model = build_tiny_model("tiny-lfm2.5-vl", tokenizer).eval()
+    with torch.no_grad():  # (varied text, as above, at a scale where the pictures still steer the answer)
+        for name, parameter in model.named_parameters():
+            if "vision_tower" not in name:
+                parameter.mul_(2)
+    processor = build_tiny_processor(tokenizer)
+    generator = torch.Generator().manual_seed(3)
+    pictures = [
+        Image.fromarray((torch.rand(64, 64, 3, generator=generator) * 255).to(torch.uint8).numpy()) for _ in range(3)
+    ]
+    texts = ["<|im_start|>user\n<image>Where is it?<|im_end|>\n<|im_start|>assistant\n"] * 3
+    processor.tokenizer.padding_side = "left"
+    inputs = processor(text=texts, images=[[p] for p in pictures], return_tensors="pt", padding=True)
+    pixels = {k: v for k, v in inputs.items() if k not in ("input_ids", "attention_mask")}
+    # (TRL suppresses the image token for a vision-language model: a sampled one would have no picture)
+    settings = config(tokenizer, top_k=1, max_new_tokens=12, suppress_tokens=[model.config.image_token_id])
+    expected = model.generate(**inputs, generation_config=settings)[:, inputs["input_ids"].shape[1] :]
+    sampler = Sampler(model, settings, [tokenizer.eos_token_id], tokenizer.pad_token_id)
+    got = sampler.generate(inputs["input_ids"], inputs["attention_mask"], 12, prefill=pixels)
+    assert cut_at_end(got, tokenizer.eos_token_id) == cut_at_end(expected, tokenizer.eos_token_id)
+    assert len({tuple(row) for row in cut_at_end(got, tokenizer.eos_token_id)}) > 1  # the pictures changed them
+    assert why_not(model, settings, multimodal=True) is None

@@ -10,7 +10,16 @@ from pydantic import Field, field_validator, model_validator
 
 from leap_finetune.config.schema_base import StrictModel
 
-GENERATION_METRICS = ("exact_match", "short_answer", "mcq_gen", "bleu", "rouge_l", "tool_call")
+GENERATION_METRICS = (
+    "exact_match",
+    "short_answer",
+    "mcq_gen",
+    "bleu",
+    "rouge_l",
+    "tool_call",
+    "grounding_iou",
+    "iou@0.5",
+)
 LOGPROB_METRICS = ("logprob_mcq", "logprob_zero_shot")
 EPISODE_METRICS = ("episodes",)
 

@@ -31,14 +31,16 @@ class GrpoRow:
     solution: str | None
     tools: list | None = None
     extra: dict = field(default_factory=dict)  # the row's other columns, for the reward functions
+    images: list = field(default_factory=list)  # a vision-language run: the prompt's images (ImageRef), in order
 
 
 def check_grpo_row(
-    row: SourceRow, *, family: str = "other", environment_tools: list | None = None
+    row: SourceRow, *, family: str = "other", environment_tools: list | None = None, takes_images: bool = False
 ) -> tuple[GrpoRow | None, list[RowProblem], list[RowWarning]]:
     """The row checked; with an `environment:` (`environment_tools`: its tool definitions) the prompt is shown the
-    environment's tools, and a row may not bring its own."""
-    checked, problems, warnings = _check_grpo_row(row, family)
+    environment's tools, and a row may not bring its own. `takes_images`: a vision-language run, whose prompts may
+    hold image parts (as SFT's and DPO's rows)."""
+    checked, problems, warnings = _check_grpo_row(row, family, takes_images)
     if checked is None or environment_tools is None:
         return checked, problems, warnings
     if checked.tools:
@@ -54,8 +56,10 @@ def check_grpo_row(
     return checked, problems, warnings
 
 
-def _check_grpo_row(row: SourceRow, family: str) -> tuple[GrpoRow | None, list[RowProblem], list[RowWarning]]:
-    c = RowChecker(row, family)
+def _check_grpo_row(
+    row: SourceRow, family: str, takes_images: bool = False
+) -> tuple[GrpoRow | None, list[RowProblem], list[RowWarning]]:
+    c = RowChecker(row, family, takes_images and isinstance(row.data, dict))
     data = row.data
     if not isinstance(data, dict):
         c.problem(
@@ -78,7 +82,9 @@ def _check_grpo_row(row: SourceRow, family: str) -> tuple[GrpoRow | None, list[R
                 "give `prompt` instead of `messages`",
             )
             return None, c.problems, c.warnings
-        conversation, problems, warnings = check_sft_row(row, needs_assistant=False, family=family)
+        conversation, problems, warnings = check_sft_row(
+            row, needs_assistant=False, family=family, takes_images=takes_images
+        )
         c.warnings.extend(warnings)
         if conversation is None:
             return None, problems + c.problems, c.warnings
@@ -97,7 +103,7 @@ def _check_grpo_row(row: SourceRow, family: str) -> tuple[GrpoRow | None, list[R
             c.problem(f"{message_column}[{len(messages) - 1}]", "the prompt would end with an assistant turn")
         if c.problems:
             return None, c.problems, c.warnings
-        return GrpoRow(messages, solution, conversation.tools, extra), [], c.warnings
+        return GrpoRow(messages, solution, conversation.tools, extra, list(conversation.images)), [], c.warnings
     tools = check_tools(data.get(TOOLS_COLUMN), row.from_text_table, c.problem)
     raw = c.field("prompt")
     solution = data.get("solution")
@@ -113,7 +119,13 @@ def _check_grpo_row(row: SourceRow, family: str) -> tuple[GrpoRow | None, list[R
         return None, c.problems, c.warnings
     if c.problems:
         return None, c.problems, c.warnings
-    return GrpoRow(prompt, solution if solution != "" else None, tools, extra), [], c.warnings
+    from leap_finetune.data.sft_rows import check_images_used
+
+    check_images_used(c.images, c.problem)
+    if c.problems:
+        return None, c.problems, c.warnings
+    images = list(c.images.found) if c.images is not None else []
+    return GrpoRow(prompt, solution if solution != "" else None, tools, extra, images), [], c.warnings
 
 
 @dataclass
@@ -128,6 +140,10 @@ class GrpoPrompt:
     extra: dict
     meta: dict = field(default_factory=dict)
     tools: list | None = None
+    # a vision-language run (every row has these columns): the prompt's messages for TRL, which renders them with
+    # the processor and the images; the images' sources in the order of their `<image>` placeholders
+    messages: list | None = None
+    images: list[str] | None = None
 
     @property
     def tokens(self) -> int:
@@ -148,13 +164,17 @@ class GrpoPrompt:
         return json.dumps(self.tools, ensure_ascii=False) if self.tools else ""
 
     def columns(self) -> dict:
-        return {
+        columns = {
             "prompt": self.prompt_text,
             "solution": self.solution or "",
             "prompt_text": self.plain_prompt,
             "tools": self.tools_json,
             **self.extra,
         }
+        if self.messages is not None:  # (a vision-language run: recipes/grpo_images.py reads these two)
+            columns["prompt_messages"] = json.dumps(self.messages, ensure_ascii=False)
+            columns["images"] = list(self.images or [])
+        return columns
 
     def inspect(self) -> dict:
         # (prompt_text, tools: what the reward functions get; validate calls custom rewards with them)
@@ -176,7 +196,22 @@ def prepare_prompt(renderer, row: GrpoRow) -> GrpoPrompt:
         if len(row.prompt) == 1
         else "\n".join(f"{m['role']}: {m.get('content') or ''}" for m in row.prompt)
     )
-    return GrpoPrompt(text, ids, row.solution, plain, row.extra, tools=row.tools)
+    prepared = GrpoPrompt(text, ids, row.solution, plain, row.extra, tools=row.tools)
+    reader = getattr(renderer, "reader", None)
+    if reader is not None:  # a vision-language run (data/images.py VisionRenderer)
+        prepared.messages, prepared.images = row.prompt, [ref.source for ref in row.images]
+        if row.images:  # the prompt's tokens as the model reads them: each <image> expanded to its tokens
+            from leap_finetune.data.images import image_sizes
+            from leap_finetune.data.render import TokenizedRow
+
+            sizes = image_sizes(renderer, row.images)
+            expanded, _, layouts = renderer.expand(TokenizedRow(text, ids, ids, []), sizes)
+            prepared.prompt_ids = expanded.tolist()
+            prepared.meta["images"] = [
+                {"image": ref.source, "size": f"{w}x{h}", "tiles": layout.tiles, "tokens": len(layout.ids)}
+                for ref, (w, h), layout in zip(row.images, sizes, layouts, strict=True)
+            ]
+    return prepared
 
 
 def column_kind_problems(kinds) -> list[RowProblem]:

@@ -265,7 +265,7 @@ class VisionRenderer(Renderer):
     def fits(self, row, sizes: list[tuple[int, int]]) -> str | None:
         """None when the row (a conversation, or a DPO pair) with its images fits max_length; else what to tell
         the user."""
-        if self.max_length is None:
+        if self.max_length is None or hasattr(row, "solution"):  # (a GRPO prompt is kept whole: never cut)
             return None
         if hasattr(row, "chosen"):  # a DPO pair: the prompt with the longer completion
             from leap_finetune.data.preference_tokens import tokenize_pair

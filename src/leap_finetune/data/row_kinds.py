@@ -90,7 +90,12 @@ def _labelled_checker(resolved):
 def _prompt_checker(resolved):
     environment = getattr(resolved, "environment", None)  # (the checker serves validate's datasets too)
     tools = environment["schemas"] if environment else None
-    return functools.partial(check_grpo_row, family=_family(resolved), environment_tools=tools)
+    return functools.partial(
+        check_grpo_row,
+        family=_family(resolved),
+        environment_tools=tools,
+        takes_images=bool(getattr(resolved, "vision", False)),
+    )
 
 
 def _text_pair_checker(resolved):

@@ -97,6 +97,21 @@ def tool_call(prediction: str, reference: str, item=None) -> tuple[float, bool]:
     return scored.exact, bool(scored.parsed)
 
 
+def grounding_iou(prediction: str, reference: str, item=None) -> tuple[float, bool]:
+    """The answer's boxes against the reference's: IoU, boxes matched one to one (rl/grounding.py); an answer
+    without a box scores 0 and is counted as unparsed."""
+    from leap_finetune.rl.grounding import answer_score, boxes_in
+
+    score = answer_score(prediction, reference, "iou")
+    return (score or 0.0), bool(boxes_in(prediction))
+
+
+def iou_at_half(prediction: str, reference: str, item=None) -> tuple[float, bool]:
+    """1 when grounding_iou reaches 0.5 (the detection convention), else 0."""
+    score, parsed = grounding_iou(prediction, reference, item)
+    return float(score >= 0.5), parsed
+
+
 BUILTIN: dict[str, Callable] = {
     "exact_match": exact_match,
     "short_answer": short_answer,
@@ -104,6 +119,8 @@ BUILTIN: dict[str, Callable] = {
     "bleu": bleu,
     "rouge_l": rouge_l,
     "tool_call": tool_call,
+    "grounding_iou": grounding_iou,
+    "iou@0.5": iou_at_half,
 }
 
 

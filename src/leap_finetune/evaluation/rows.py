@@ -67,6 +67,19 @@ def load_benchmark(bench: BenchmarkConfig, *, vision: bool, model_name: str) -> 
             "<|tool_call_end|>, or tool_calls: [...]); rows without a call still count, as the cases where no call "
             "is right; for answers without calls use metric exact_match or contains",
         )
+    if bench.metric in ("grounding_iou", "iou@0.5"):
+        from leap_finetune.rl.grounding import boxes_in
+
+        without = [item for item in items if not boxes_in(item.reference)]
+        if without:  # (an answer can only be scored against a box: a row without one would score 0 whatever)
+            raise LeapError(
+                f"benchmark '{bench.name}' (metric {bench.metric}): {len(without)} of its {len(items)} row(s) have no "
+                f"box in their reference answer, e.g. {without[0].file}, {without[0].location}: "
+                f"{str(without[0].reference)[:80]!r}",
+                where=bench.path,
+                fix="give each row's reference turn (the last assistant message) its box as [x1, y1, x2, y2] (or a "
+                "JSON list of boxes), or use another metric for those rows",
+            )
     return items
 
 

@@ -245,6 +245,7 @@ METHODS: dict[str, Method] = {
             own_keys=ROUTER_KEYS,
             rewards=True,
             arguments="trl:GRPOConfig",
+            vision_profile="DEFAULT_GRPO",
             trainer="trl:GRPOTrainer",
         ),
         Method(

@@ -61,7 +61,9 @@ def reward_functions(resolved: ResolvedConfig, judge_url: str | None = None, tok
 def trainer_class():
     from trl import GRPOTrainer
 
-    class LeapGRPOTrainer(GRPOTrainer):
+    from leap_finetune.recipes.vision import VisionRate
+
+    class LeapGRPOTrainer(VisionRate, GRPOTrainer):
         """TRL's GRPOTrainer, plus: without vLLM, rollouts through leap-finetune's decoding loop (rl/sampler.py:
         a static cache, the step compiled into a CUDA graph on a GPU) wherever it samples what generate would;
         the rollout speed is logged (`rollout/tokens_per_s`); a few completions with their rewards go to
@@ -100,8 +102,8 @@ def trainer_class():
             import torch
 
             start = time.perf_counter()
-            if self.rollout_engine.startswith("leap-finetune sampler") and not images and not multimodal_fields:
-                completion_ids, logprobs = self._sample(prompt_ids)
+            if self.rollout_engine.startswith("leap-finetune sampler"):  # (pictures: their pixels in the prefill)
+                completion_ids, logprobs = self._sample(prompt_ids, pictures=multimodal_fields)
             else:
                 completion_ids, logprobs = super()._generate_single_turn(
                     prompt_ids, images, multimodal_fields, num_generations, has_tool_images
@@ -112,8 +114,10 @@ def trainer_class():
             self._rollout_tokens += sum(len(ids) for ids in completion_ids)
             return completion_ids, logprobs
 
-        def _sample(self, prompt_ids, max_new: int | None = None) -> tuple[list[list[int]], list[list[float]]]:
-            return _sample(self, prompt_ids, max_new or self.max_completion_length)
+        def _sample(
+            self, prompt_ids, max_new: int | None = None, pictures: dict | None = None
+        ) -> tuple[list[list[int]], list[list[float]]]:
+            return _sample(self, prompt_ids, max_new or self.max_completion_length, pictures)
 
         def log(self, logs, start_time=None):
             if self.model.training and self._rollout_seconds > 0:
@@ -156,10 +160,25 @@ def _rollout_engine(trainer) -> tuple[str, str | None]:
     return engine, why
 
 
-def _sample(trainer, prompt_ids, max_new: int) -> tuple[list[list[int]], list[list[float]]]:
+def _pixels(trainer, pictures: dict | None, device) -> dict:
+    """The processor's image fields of the prompts (pixel values, their masks and shapes) as the prefill takes
+    them, built as TRL builds them for generate."""
+    import numpy as np
+    import torch
+
+    fields = {}
+    for key, value in (pictures or {}).items():
+        fields[key] = value if isinstance(value, torch.Tensor) else torch.tensor(np.array(value))
+    return {key: value.to(device) for key, value in fields.items()}
+
+
+def _sample(
+    trainer, prompt_ids, max_new: int, pictures: dict | None = None
+) -> tuple[list[list[int]], list[list[float]]]:
     """TRL's transformers path (left padding, completions cut after the first end token) with
     rl/sampler.py's loop in place of generate; with each token's sampling log-probability, as vLLM returns
-    it (TRL's off-policy sequence mask, `off_policy_mask_threshold`, then reads the sampler's own)."""
+    it (TRL's off-policy sequence mask, `off_policy_mask_threshold`, then reads the sampler's own). `pictures`:
+    the prompts' image fields (GRPO on pictures), read by the prefill."""
     import torch
     from trl.extras.profiling import profiling_context
     from trl.models import unwrap_model_for_generation
@@ -203,7 +222,9 @@ def _sample(trainer, prompt_ids, max_new: int) -> tuple[list[list[int]], list[li
                 compile=cuda,
                 rollout_dtype=half if cuda else None,
             )
-        completions, logps = trainer._sampler.generate(input_ids, attention_mask, max_new, logprobs=True)
+        completions, logps = trainer._sampler.generate(
+            input_ids, attention_mask, max_new, logprobs=True, prefill=_pixels(trainer, pictures, device)
+        )
     is_eos = torch.isin(completions, torch.tensor(trainer.eos_token_ids, device=device))
     ends = torch.where(is_eos.any(dim=1), is_eos.int().argmax(dim=1), completions.size(1)).cpu().tolist()
     completions, logps = completions.cpu(), logps.cpu()
@@ -232,7 +253,12 @@ def _write_completions(trainer) -> None:
                 "rewards": rewards,
                 "advantage": logged["advantages"][i],
             }
-            handle.write(json.dumps(entry, ensure_ascii=False) + "\n")
+            handle.write(json.dumps(entry, ensure_ascii=False, default=_as_text) + "\n")
+
+
+def _as_text(value) -> str:
+    """What JSON cannot hold in a logged prompt: a picture (GRPO on images) is written as its place, `<image>`."""
+    return "<image>" if type(value).__module__.startswith("PIL") else str(value)
 
 
 def train(resolved_json: dict, callbacks: list | None = None) -> dict:
@@ -245,13 +271,21 @@ def train(resolved_json: dict, callbacks: list | None = None) -> dict:
 
     stop_on_signal = StopOnSignal()
     watch = judge_watch(stop_on_signal)
-    trainer = trainer_class()(
+    trainer_cls, processing_class = trainer_class(), tokenizer
+    if resolved.vision:  # prompts with pictures: TRL renders them with the processor (recipes/grpo_images.py)
+        from leap_finetune.recipes import grpo_images, vision
+
+        train_dataset, eval_dataset = grpo_images.with_images(train_dataset), grpo_images.with_images(eval_dataset)
+        processing_class = grpo_images.processor_for(resolved, tokenizer)
+        vision.prepare_vision_model(resolved, model, console)
+        trainer_cls.vision_lr_multiplier = resolved.training.get("vision_encoder_lr_multiplier")
+    trainer = trainer_cls(
         model=common.with_adapter(resolved, model),
         reward_funcs=reward_functions(resolved, judge_url=resolved.judge_url, tokenizer=tokenizer),
         args=args,
         train_dataset=train_dataset,
         eval_dataset=eval_dataset,
-        processing_class=tokenizer,
+        processing_class=processing_class,
         peft_config=common.lora_config(resolved),
         callbacks=common.standard_callbacks(
             resolved,

@@ -197,6 +197,29 @@ def turn_penalty_reward(per_turn: float) -> Callable:
     return turn_penalty
 
 
+def box_reward(kind: str) -> Callable:
+    """Grounding (rl/grounding.py): the completion's boxes against the solution's, matched one to one."""
+    from leap_finetune.rl.grounding import answer_score
+
+    def reward(completions, solution, **_) -> list[float | None]:
+        return [answer_score(_text(c), s, kind) for c, s in zip(completions, solution, strict=True)]
+
+    reward.__name__ = kind
+    return reward
+
+
+def box_format(completions, **_) -> list[float]:
+    """1 when the completion holds a box with area ([x1, y1, x2, y2], x2 > x1 and y2 > y1), every box it holds
+    is one, and it is short of nothing else; 0 otherwise."""
+    from leap_finetune.rl.grounding import boxes_in
+
+    scores = []
+    for completion in completions:
+        boxes = boxes_in(_text(completion))
+        scores.append(float(bool(boxes) and all(b[2] > b[0] and b[3] > b[1] for b in boxes)))
+    return scores
+
+
 # name -> (factory taking the options, the options it needs, what it does)
 BUILTIN_REWARDS: dict[str, tuple[Callable, tuple[str, ...], str]] = {
     "accuracy": (lambda: accuracy, (), "the answer matches `solution` (math-aware with math-verify)"),
@@ -210,6 +233,10 @@ BUILTIN_REWARDS: dict[str, tuple[Callable, tuple[str, ...], str]] = {
     ),
     "tool_success": (lambda: tool_success, (), "environment: the share of the episode's tool calls that ran"),
     "turn_penalty": (turn_penalty_reward, ("per_turn",), "environment: -per_turn for each turn after the first"),
+    "iou": (lambda: box_reward("iou"), (), "grounding: the boxes' IoU with the solution's (matched one to one)"),
+    "giou": (lambda: box_reward("giou"), (), "grounding: generalized IoU, -1 to 1 (boxes that miss still compare)"),
+    "ciou": (lambda: box_reward("ciou"), (), "grounding: complete IoU (centre distance and aspect ratio too)"),
+    "box_format": (lambda: box_format, (), "grounding: the completion holds boxes [x1, y1, x2, y2] with area"),
 }
 # built-in rewards that score an episode (they need `environment:`)
 EPISODE_REWARDS = ("tool_success", "turn_penalty")

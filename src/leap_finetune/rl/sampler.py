@@ -10,8 +10,8 @@ the sampled token into preallocated buffers and asks whether every sequence has 
 
 What is sampled does not change: the logits processors are the ones `generate` would build for the same
 generation config (`model._get_logits_processor`), and a loop is used only when that list holds nothing but
-temperature, top-k and top-p (anything else - min_p, a repetition penalty, suppressed tokens - leaves the
-rollout to `generate`; `why_not` says which). A token is drawn by the exponential race (argmax of p / E with
+temperature, top-k, top-p and suppressed tokens (anything else - min_p, a repetition penalty - leaves the rollout
+to `generate`; `why_not` says which). A token is drawn by the exponential race (argmax of p / E with
 E ~ Exp(1)), which draws from the same categorical distribution as `torch.multinomial` without a host sync.
 
 On a GPU the loop decodes with a copy of the policy in the training's half precision (`rollout_dtype`), refreshed
@@ -30,7 +30,17 @@ DECODE_ATTENTION = "leap_decode"  # registered with transformers' AttentionInter
 CACHES_KEPT = 2  # static caches (and their captured graphs) kept, by batch size and length: the most recent ones
 STOP_CHECK_EVERY = 16  # tokens between the one host sync that asks whether every sequence has ended
 LENGTH_BUCKET = 64  # cache lengths are rounded up to this: one compiled graph per bucket, not per prompt length
-SAMPLING_PROCESSORS = ("TemperatureLogitsWarper", "TopKLogitsWarper", "TopPLogitsWarper")
+# vision-language models whose pictures the sampler reads: the pixels go into the prefill only, and positions are
+# plain token counts (not Qwen-VL's multimodal rotary positions, which the decoding loop does not compute)
+PREFILL_PICTURES = ("lfm2_vl",)
+# (SuppressTokens: TRL suppresses a vision-language model's image token - a sampled one would have no picture; like
+# the three warpers it reads the scores only)
+SAMPLING_PROCESSORS = (
+    "TemperatureLogitsWarper",
+    "TopKLogitsWarper",
+    "TopPLogitsWarper",
+    "SuppressTokensLogitsProcessor",
+)
 # torch.compile mode of the decoding step on a GPU (reduce-overhead: CUDA graphs; bench/grpo_rollout.py measures
 # max-autotune, which also tunes the GEMMs of a 64-row decode step, against it)
 COMPILE_MODE = "reduce-overhead"
@@ -124,8 +134,8 @@ def logits_processors(model, generation_config, prompt_length: int):
 
 def why_not(model, generation_config, *, multimodal: bool = False) -> str | None:
     """Why this model and generation config need transformers' generate; None when the loop here can sample."""
-    if multimodal:
-        return "a vision model's rollouts (image inputs)"
+    if multimodal and getattr(model.config, "model_type", None) not in PREFILL_PICTURES:
+        return f"prompts with pictures on a {getattr(model.config, 'model_type', 'model')}: the sampler reads the pixels of LFM2-VL only"
     if getattr(generation_config, "cache_implementation", None) != "static":
         return "cache_implementation is not static"
     if getattr(model.config, "is_encoder_decoder", False):
@@ -147,9 +157,8 @@ def why_not(model, generation_config, *, multimodal: bool = False) -> str | None
 
 def why_not_config(training: dict, *, vision: bool = False) -> str | None:
     """`why_not` from the config alone (for plan and the config table, before a model is loaded): the trainer
-    asks again with the model's own generation config merged in, and prints the engine it uses."""
-    if vision:
-        return "a vision model's rollouts (image inputs)"
+    asks again with the model's own generation config merged in, and prints the engine it uses. (`vision`: the
+    sampler reads LFM2-VL's pictures; another vision-language architecture is said by the trainer.)"""
     if training.get("cache_implementation") != "static":
         return "cache_implementation is not static"
     settings = {
@@ -259,17 +268,21 @@ class Sampler:
         self._caches[key] = cache  # (re-inserted: the dict's order is the order of use)
         return cache
 
-    def generate(self, input_ids, attention_mask, max_new_tokens: int, *, logprobs: bool = False):
+    def generate(
+        self, input_ids, attention_mask, max_new_tokens: int, *, logprobs: bool = False, prefill: dict | None = None
+    ):
         """Completion token ids [batch, n <= max_new_tokens] for left-padded prompts; what follows a sequence's end
         token is whatever was sampled (the caller cuts at the first end token, as after generate). With
-        `logprobs`: (ids, the log-probability of each drawn token under the processed distribution, float32)."""
+        `logprobs`: (ids, the log-probability of each drawn token under the processed distribution, float32).
+        `prefill`: inputs the prompt's forward takes beside its tokens - a vision-language model's pixel values
+        (their features go into the cache with the prompt; the decoding steps read tokens only)."""
         try:
-            ids, logps = self._generate(input_ids, attention_mask, max_new_tokens)
+            ids, logps = self._generate(input_ids, attention_mask, max_new_tokens, prefill or {})
         except _Restart:
-            ids, logps = self._generate(input_ids, attention_mask, max_new_tokens)
+            ids, logps = self._generate(input_ids, attention_mask, max_new_tokens, prefill or {})
         return (ids, logps) if logprobs else ids
 
-    def _generate(self, input_ids, attention_mask, max_new_tokens: int):
+    def _generate(self, input_ids, attention_mask, max_new_tokens: int, prefill: dict):
         import torch
 
         batch, prompt_length = input_ids.shape
@@ -299,6 +312,7 @@ class Sampler:
                     cache=cache,
                     logits_to_keep=1,
                     use_cache=True,
+                    **prefill,
                 )
                 .logits[:, -1]
                 .float()
