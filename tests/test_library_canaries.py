@@ -338,7 +338,9 @@ def test_grpo_rollouts_reach_our_generate_single_turn(grpo_trainer, monkeypatch)
     sampled = []
     sample = grpo_trainer._sample
     monkeypatch.setattr(
-        grpo_trainer, "_sample", lambda prompt_ids: sampled.append(len(prompt_ids)) or sample(prompt_ids)
+        grpo_trainer,
+        "_sample",
+        lambda prompt_ids, **kw: sampled.append(len(prompt_ids)) or sample(prompt_ids, **kw),
     )
     tokens = grpo_trainer._rollout_tokens
     grpo_trainer._generate([[{"role": "user", "content": "Say red."}]] * 2)
@@ -434,6 +436,7 @@ def test_sampler_uses_generates_own_processors_and_cache(tokenizer):
         temperature=0.7,
         top_k=20,
         top_p=0.9,
+        suppress_tokens=[5],  # (TRL's for a vision-language model: its image token)
         cache_implementation="static",
         pad_token_id=tokenizer.pad_token_id,
         eos_token_id=[tokenizer.eos_token_id],
@@ -449,7 +452,8 @@ def test_sampler_uses_generates_own_processors_and_cache(tokenizer):
         sampler,
         "transformers",
         (
-            f"temperature, top-k and top-p are now {names}, not {sorted(sampler.SAMPLING_PROCESSORS)}: rollouts fall back "
+            f"temperature, top-k, top-p and suppressed tokens are now {names}, not {sorted(sampler.SAMPLING_PROCESSORS)}: "
+            "rollouts fall back "
             "to generate"
         ),
     )

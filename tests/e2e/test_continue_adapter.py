@@ -62,6 +62,48 @@ def test_dpo_continues_an_sft_adapter(lora_run):
     first_step = next(r for r in logs if "rewards/margins" in r)
     # the reference is the base plus the SFT adapter: at the first step the policy equals it, margins start at 0
     assert abs(first_step["rewards/margins"]) < 1e-3, first_step
+    # reference_adapter: false - the bare base (the adapter switched off): the adapter's own preferences show at once
+    config["training_config"] = {**config["training_config"], "reference_adapter": False}
+    config["project_name"] = "dpo-bare-base"
+    bare = run_config(write_config(folder, config, "dpo-bare.yaml"))
+    logs = [json.loads(line) for line in (Path(bare["run_dir"]) / "metrics.jsonl").read_text().splitlines()]
+    assert abs(next(r for r in logs if "rewards/margins" in r)["rewards/margins"]) > 1e-2
+
+
+def test_grpo_from_an_sft_adapter_has_the_base_plus_that_adapter_as_its_kl_reference(lora_run):
+    """beta > 0: the KL term's reference is the base plus the SFT adapter (the policy starts on it: KL 0 at the first
+    step), not TRL's default for a peft model, the base with the adapter off; `reference_adapter: false` asks for
+    that."""
+    folder, _ = lora_run
+    sft = tiny_config(  # (an adapter without dropout: the policy's log-probs are then exactly the merged copy's)
+        project_name="sft-no-dropout",
+        dataset={"path": "train.jsonl"},
+        peft_config={"extends": "DEFAULT_LORA", "r": 4, "lora_alpha": 8, "lora_dropout": 0.0},
+        training_config={"max_steps": 12, "learning_rate": 1e-2, "save_strategy": "no"},
+    )
+    first = run_config(write_config(folder, sft, "sft-no-dropout.yaml"))
+    write_jsonl(folder / "prompts.jsonl", [{"prompt": f"Say {w}.", "solution": w} for w in ("red", "blue")] * 4)
+    # (rewards that differ within a group: TRL computes the loss - and its KL term - only then)
+    (folder / "vary.py").write_text(
+        "def vary(completions, **_):\n    return [float(len(str(c)) % 3) for c in completions]\n"
+    )
+    first_kl = {}
+    for reference_adapter in (True, False):
+        config = tiny_config(
+            project_name=f"grpo-{reference_adapter}",
+            training_type="grpo",
+            adapter_path=first["run_dir"],
+            dataset={"path": "prompts.jsonl"},
+            rewards=["./vary.py::vary"],
+            training_config={"extends": "DEFAULT_GRPO", "use_vllm": False, "max_steps": 1, "beta": 0.1,
+                             "num_generations": 4, "per_device_train_batch_size": 8, "max_completion_length": 32,
+                             "save_strategy": "no", "reference_adapter": reference_adapter},
+        )  # fmt: skip
+        del config["training_config"]["max_length"]  # (GRPO keeps prompts whole)
+        summary = run_config(write_config(folder, config, "grpo.yaml"))
+        logs = [json.loads(line) for line in (Path(summary["run_dir"]) / "metrics.jsonl").read_text().splitlines()]
+        first_kl[reference_adapter] = next(r["kl"] for r in logs if "kl" in r)
+    assert first_kl[True] < 1e-5 and first_kl[False] > 100 * first_kl[True], first_kl
 
 
 @pytest.mark.parametrize(

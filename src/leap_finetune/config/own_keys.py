@@ -49,6 +49,12 @@ class OwnTrainingKeys(BaseModel):
         "`<think>...</think>` block in its content, as the chat template renders it) carries loss; default true. "
         "false trains the answer after it only (docs/sft.md)",
     )
+    reference_adapter: bool | None = Field(
+        default=None,
+        description="dpo, kto, grpo with `adapter_path`: the reference model is the base plus that adapter (true, "
+        "default: the step starts from the adapter's own answers; a frozen copy of the adapter, not of the base) "
+        "or the bare base (false: the adapter switched off)",
+    )
     resume_from_checkpoint: str | None = Field(
         default=None,
         description="continue a run: `latest` is the newest intact checkpoint (every file as it was written) of the "

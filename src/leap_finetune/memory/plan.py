@@ -90,10 +90,9 @@ def _batch(t: dict, method, longest: int | None) -> tuple[int, int]:
 
 def _reference(resolved, method) -> bool:
     """A frozen second copy: DPO/KTO full fine-tunes (unless their log-probs are computed first), GRPO with a KL
-    term; with LoRA the reference is the base with the adapter off (no copy)."""
+    term; with LoRA the reference is the base with the adapter off, or (adapter_path) with a frozen copy of the
+    adapter: no copy of the base."""
     t = resolved.training
-    if resolved.adapter_path and method.family == "preference":  # (adapter_path: the base + adapter, merged: a copy)
-        return not t.get("precompute_ref_log_probs")
     if resolved.peft or method.family not in ("preference", "reinforcement"):
         return False
     if method.rewards:

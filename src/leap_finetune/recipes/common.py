@@ -172,15 +172,26 @@ def load_tokenizer_and_model(resolved: ResolvedConfig, *, packing: bool, console
     return tokenizer, model
 
 
-def with_adapter(resolved: ResolvedConfig, model, *, trainable: bool = True):
-    """adapter_path: the model with that LoRA adapter loaded (trained further; `trainable=False` and merged: a
-    reference model of the base plus the adapter)."""
+def with_adapter(resolved: ResolvedConfig, model):
+    """adapter_path: the model with that LoRA adapter loaded, to be trained further."""
     if resolved.adapter_path is None:
         return model
     from peft import PeftModel
 
-    wrapped = PeftModel.from_pretrained(model, resolved.adapter_path, is_trainable=trainable)
-    return wrapped if trainable else wrapped.merge_and_unload()
+    return PeftModel.from_pretrained(model, resolved.adapter_path, is_trainable=True)
+
+
+def adapter_reference(trainer, resolved: ResolvedConfig) -> None:
+    """adapter_path in DPO, KTO and GRPO (with a KL term): TRL's reference for a model that arrives with an adapter
+    is the base plus a frozen copy of that adapter (its "ref" adapter: the step starts from the adapter's own
+    answers, without a second copy of the base). `reference_adapter: false` drops the copy: the reference is then
+    the base with the adapter switched off."""
+    if resolved.adapter_path is None or resolved.training.get("reference_adapter") is not False:
+        return
+    model = trainer.accelerator.unwrap_model(trainer.model)
+    if "ref" in getattr(model, "peft_config", {}):
+        model.delete_adapter("ref")
+        model.set_adapter("default")
 
 
 def lora_config(resolved: ResolvedConfig):

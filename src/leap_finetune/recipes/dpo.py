@@ -76,12 +76,13 @@ def run_preference(resolved_json: dict, callbacks: list | None, config_cls, trai
     vision.prepare_vision_model(resolved, model, console)
     peft_config = common.lora_config(resolved)
     ref_model = None
-    if peft_config is None and not args.precompute_ref_log_probs:
+    # a full fine-tune's reference: a frozen copy of the model (adapter_path: TRL's own - a frozen copy of the
+    # adapter beside the trained one, common.adapter_reference)
+    if peft_config is None and resolved.adapter_path is None and not args.precompute_ref_log_probs:
         ref_model = load_model(
             resolved.model_id, tokenizer, resolved.training.get("model_init_kwargs"), dtype=model.dtype
         )
         ref_model.config.use_cache = False
-        ref_model = common.with_adapter(resolved, ref_model, trainable=False)  # (the reference: base + adapter)
     # KTO's batches hold completions and KL completions, handed to the model in separate calls with the same keys:
     # each call is laid out from its own attention mask (one host read per call) instead of by the collator
     from_mask = method_of(resolved).kl_pairs
@@ -121,6 +122,7 @@ def run_preference(resolved_json: dict, callbacks: list | None, config_cls, trai
             common.benchmark_callback(resolved, tokenizer, run_dir, console),
         ),
     )
+    common.adapter_reference(trainer, resolved)
     optimizers.use_precision(trainer, resolved.training.get("optimizer_precision"))
     if flat and not from_mask:
         trainer.data_collator = flat_rows.FlatRowsCollator(trainer.data_collator, speed.PAD_TO_MULTIPLE_OF)

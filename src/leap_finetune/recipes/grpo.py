@@ -297,6 +297,7 @@ def train(resolved_json: dict, callbacks: list | None = None) -> dict:
         ),
     )
     watch.judges = judges(trainer)
+    common.adapter_reference(trainer, resolved)
     if resolved.environment is not None:
         from leap_finetune.recipes import grpo_episodes
 

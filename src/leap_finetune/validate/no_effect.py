@@ -33,6 +33,11 @@ def config_notes(model, resolved_training: dict, user_training: set[str], peft_u
     notes += _dataset(model.dataset)
     notes += _peft(peft_user)
     notes += _training(resolved_training, user_training)
+    if "reference_adapter" in user_training and getattr(model, "adapter_path", None) is None:
+        notes.append(
+            "training_config.reference_adapter has no effect without adapter_path (it chooses between the base "
+            "with and without the adapter you continue)"
+        )
     return notes
 
 
