@@ -147,8 +147,9 @@ def test_a_server_returns_the_trained_calls_as_tool_calls_and_scores_like_local_
 
 def test_grpo_with_tool_call_match_raises_exact_call_accuracy(sft_run):
     examples = sft_run.parents[2]
-    # (20 of the example's 40 steps, half the time: the rise shows by step 20)
-    result = invoke(str(examples / "tools_grpo.yaml"), "--set", "training_config.max_steps=20", cwd=examples)
+    # (14 of the example's 40 steps, a third of the time: the rise shows by then - measured 2026-12-06: exact
+    # 0.241 -> 0.276, the reward's log 0.370, 0.355, 0.441)
+    result = invoke(str(examples / "tools_grpo.yaml"), "--set", "training_config.max_steps=14", cwd=examples)
     assert result.returncode == 0, result.stderr
     (run,) = (examples / "outputs" / "tools-grpo").iterdir()
     exact = _bench(run, "benchmark/grpo_prompts/exact")  # (the prompts it trains on, with their reference calls)
