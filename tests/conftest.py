@@ -225,7 +225,7 @@ def pytest_collection_modifyitems(config, items):
 
 
 def _group_for_two_processes(config, items) -> None:
-    """The test processes that share the machine (pytest-xdist: `-n 3` in pyproject.toml) take whole files (see
+    """The test processes that share the machine (pytest-xdist: `-n 2` in pyproject.toml) take whole files (see
     pytest_xdist_make_scheduler); here, in each process's collection, the files with the most end-to-end runs go
     first, so that no long file starts last and keeps one process busy alone at the end."""
     if not os.environ.get("PYTEST_XDIST_WORKER"):
