@@ -119,3 +119,25 @@ def test_what_would_not_continue_the_adapter_is_refused(lora_run, extra, said):
     config = tiny_config(**{"adapter_path": first["run_dir"], "dataset": {"path": "train.jsonl"}, **extra})
     result = invoke("validate", str(write_config(folder, config, "bad.yaml")))
     assert result.returncode == 2 and said in result.stderr and "Traceback" not in result.stderr, result.stderr
+
+
+def test_an_adapter_of_another_base_is_refused_before_a_model_loads(lora_run, tmp_path):
+    """The adapter's LoRA matrices (read from its file's header) must fit model_name's layers: a base of another
+    architecture or size is said at validate, naming the layer and the adapter's base."""
+    from transformers import Lfm2Config, Lfm2ForCausalLM
+
+    from leap_finetune.api import validate_config
+    from leap_finetune.errors import LeapError
+    from leap_finetune.models.tiny import TINY_ARCH, load_tiny_tokenizer
+
+    folder, first = lora_run
+    tokenizer = load_tiny_tokenizer("tiny-lfm2")
+    wider = tmp_path / "wider"  # the tiny architecture at twice the width
+    Lfm2ForCausalLM(Lfm2Config(**{**TINY_ARCH, "hidden_size": 256}, vocab_size=len(tokenizer))).save_pretrained(wider)
+    tokenizer.save_pretrained(wider)
+    for model_name, said in ((str(wider), "has 128 inputs, that model's 256"), ("tiny-lfm2.5-vl", "is not a layer")):
+        config = tiny_config(project_name="other", model_name=model_name, adapter_path=first["run_dir"])
+        with pytest.raises(LeapError) as err:
+            validate_config(write_config(folder, config, "other.yaml"))
+        text = " ".join(err.value.format().split())
+        assert f"does not fit model_name {model_name}" in text and said in text and "trained on" in text, text

@@ -195,12 +195,15 @@ def check_lora_targets(resolved: ResolvedConfig, tokenizer, console: Console | N
     adapt are said (a note when fewer than half of the linear layers: a pattern for another architecture)."""
     if resolved.peft is None:
         return
+    from leap_finetune.models.structure import check_adapter_fits, meta_model, module_table
     from leap_finetune.models.structure import check_lora_targets as check_targets
-    from leap_finetune.models.structure import module_names
 
-    names = module_names(
+    model = meta_model(
         resolved.model_id, tokenizer, resolved.training.get("model_init_kwargs"), head=resolved.retrieval is None
     )
+    names = module_table(model) if model is not None else None
+    if model is not None and resolved.adapter_path is not None:  # (an adapter of another base: said here)
+        check_adapter_fits(resolved.adapter_path, model, resolved.model_id, resolved.config_path or "config")
     if names is not None:
         check_targets(resolved.peft, names, resolved.model_id, resolved.config_path or "config")
         if console is not None:

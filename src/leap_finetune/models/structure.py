@@ -12,14 +12,19 @@ from leap_finetune.errors import LeapError
 def module_names(model_id: str, tokenizer, init_kwargs: dict | None = None, head: bool = True) -> dict[str, str] | None:
     """Every module name of the model with its class name, or None when its config.json is not at hand.
     `head=False`: the bare model (AutoModel), as sentence-transformers loads a retrieval backbone."""
+    model = meta_model(model_id, tokenizer, init_kwargs, head)
+    return _names(model) if model is not None else None
+
+
+def meta_model(model_id: str, tokenizer, init_kwargs: dict | None = None, head: bool = True):
+    """The model built on the meta device from its config (no weights), or None when its config is not at hand."""
     import torch
 
     from leap_finetune.models.tiny import TINY_MODELS, build_tiny_model
 
     if model_id in TINY_MODELS:
         with torch.device("meta"):
-            model = build_tiny_model(model_id, tokenizer)
-        return _names(model)
+            return build_tiny_model(model_id, tokenizer)
     from transformers import AutoConfig, AutoModel, AutoModelForCausalLM, AutoModelForImageTextToText
 
     from leap_finetune.models.hub import download_kwargs
@@ -40,9 +45,47 @@ def module_names(model_id: str, tokenizer, init_kwargs: dict | None = None, head
     auto = AutoModelForImageTextToText if is_vision_model(model_id) else AutoModelForCausalLM if head else AutoModel
     try:
         with torch.device("meta"):
-            model = auto.from_config(config, trust_remote_code=kwargs.get("trust_remote_code", False))
+            return auto.from_config(config, trust_remote_code=kwargs.get("trust_remote_code", False))
     except Exception:  # noqa: BLE001 - an architecture this transformers cannot build: loading will say so
         return None
+
+
+def check_adapter_fits(folder: str, model, model_id: str, where: str) -> None:
+    """adapter_path: every LoRA matrix of the adapter's weights (read from the file's header, not loaded) belongs to
+    a module of this model with the same input and output sizes - an adapter trained on another base fails here,
+    before a model loads, not in peft's load."""
+    import json
+    from pathlib import Path
+
+    from safetensors import safe_open
+
+    weights = Path(folder) / "adapter_model.safetensors"
+    if not weights.is_file():
+        return  # (a .bin adapter: peft's load checks it)
+    modules = dict(model.named_modules())
+    base = json.loads((Path(folder) / "adapter_config.json").read_text(encoding="utf-8")).get("base_model_name_or_path")
+    trained_on = f" (adapter_config.json: trained on {base})" if base else ""
+    with safe_open(str(weights), framework="pt") as handle:
+        for key in handle.keys():
+            found = re.fullmatch(r"(?:base_model\.model\.)?(.+)\.lora_([AB])(?:\.[^.]+)?\.weight", key)
+            if not found:
+                continue
+            name, side = found.groups()
+            module = modules.get(name)
+            size = handle.get_slice(key).get_shape()[1 if side == "A" else 0]
+            kind = "inputs" if side == "A" else "outputs"
+            mine = getattr(module, "in_features" if side == "A" else "out_features", None)
+            if module is None or (mine is not None and size != mine):
+                what = "is not a layer of that model" if module is None else f"has {size} {kind}, that model's {mine}"
+                raise LeapError(
+                    f"the adapter at {folder} does not fit model_name {model_id}: its layer {name} {what}" + trained_on,
+                    where=f"{where}: adapter_path",
+                    fix="set model_name to the base the adapter was trained on, or train a new adapter (remove "
+                    "adapter_path)",
+                )
+
+
+def module_table(model) -> dict[str, str]:
     return _names(model)
 
 
