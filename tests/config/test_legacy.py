@@ -117,6 +117,8 @@ def test_each_original_key_becomes_ours():
     assert not any(c.refused for c in changes)
     assert original["training_type"] == "vlm_sft"  # (the mapping given is not changed)
     assert translate(converted)[1] == []  # ours stays ours
+    grpo, _ = translate({"training_type": "vlm_grpo", "dataset": {"path": "p.jsonl", "type": "vlm_grpo"}})
+    assert grpo == {"training_type": "grpo", "dataset": {"path": "p.jsonl", "type": "grpo"}}
 
 
 def test_the_original_format_example_runs_as_it_is_and_migrates(tmp_path):
@@ -138,7 +140,6 @@ def test_the_original_format_example_runs_as_it_is_and_migrates(tmp_path):
 @pytest.mark.parametrize(
     ("change", "said"),
     [
-        ({"training_type": "vlm_grpo"}, "training_type: vlm_grpo is the original system's key"),
         ({"training_type": "grpo", "rewards": {"recipe": "tasks/gsm8k/recipe.py::GSM8KRecipe"}},
          "rewards: {funcs: [rewards.py::my_reward]}"),
         ({"training_config": {"qat": {"type": "mlx_q4"}}}, "write qat: {target: q4_0}"),

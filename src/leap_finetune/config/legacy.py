@@ -17,7 +17,7 @@ import copy
 from dataclasses import dataclass
 
 # The original's training types that are ours under another name: the model decides vision-language or MoE
-TYPES = {"vlm_sft": "sft", "vlm_dpo": "dpo", "moe_sft": "sft", "moe_dpo": "dpo"}
+TYPES = {"vlm_sft": "sft", "vlm_dpo": "dpo", "vlm_grpo": "grpo", "moe_sft": "sft", "moe_dpo": "dpo"}
 # Its retrieval losses, per training type -> ours
 LOSSES = {
     "embedding": {"multiple_negatives_ranking": "mnrl", "cached_multiple_negatives_ranking": "cached_mnrl"},
@@ -115,16 +115,6 @@ def _training_type(raw: dict) -> list[Change]:
                 f"training_type: {TYPES[kind]}",
                 "vision-language (LFM2-VL) and MoE (LFM2-8B-A1B) models train under the plain training types: "
                 "model_name decides",
-            )
-        ]
-    if kind == "vlm_grpo":
-        return [
-            Change(
-                "training_type: vlm_grpo",
-                None,
-                "GRPO on image prompts is not supported here yet",
-                refused=True,
-                fix="train on text prompts with training_type: grpo (docs/grpo.md), or sft/dpo on the images",
             )
         ]
     return []
@@ -399,7 +389,8 @@ def _rewards(raw: dict) -> list[Change]:
                 None,
                 "rewards here are functions (a name of ours or FILE.py::FUNCTION), not a recipe class",
                 refused=True,
-                fix="write rewards: [accuracy] or rewards: {funcs: [rewards.py::my_reward]} (docs/grpo.md)",
+                fix="write rewards: [accuracy] (a grounding recipe's: [iou, box_format]) or rewards: {funcs: "
+                "[rewards.py::my_reward]} (docs/grpo.md)",
             )
         ]
     return []
