@@ -110,7 +110,6 @@ def test_each_original_key_becomes_ours():
         "project_name": "vision-job",
         "adapter_path": "adapter",
         "chat_template": "t.jinja",
-        "output_dir": "out",
         "image_processor": {"max_image_tokens": 256, "do_image_splitting": False},
         "qat": {"target": "q8_0"},
     }  # fmt: skip
@@ -229,3 +228,31 @@ def test_retrieval_temperature_is_the_losses_scale(workdir, kind, default_scale)
         loss = recipe.build_loss(resolved, model)
         assert loss.scale == pytest.approx(scale)
         assert loss.gather_across_devices is False  # one process: nothing to gather
+
+
+@pytest.mark.parametrize(
+    "odd",
+    [
+        {"training_type": ["sft"]},
+        {"dataset": {"path": "train.jsonl", "type": ["sft"]}},
+        {"slurm": {"gpus_per_node": "8", "cpus_per_gpu": 4}},
+        {"evals": {"best_checkpoint_metrics": 3, "benchmarks": []}},
+        {"training_type": "embedding", "training_config": {"loss": ["x"], "prompts": {"query": ["q"]}}},
+        {"training_config": {"qat": {"type": [1]}, "freeze_vision_encoder": "yes", "lr_multipliers": {"a": [1]}}},
+    ],
+)
+def test_odd_values_are_said_as_errors_not_tracebacks(workdir, odd):
+    """Reading the original's keys runs before the schema on every config: a value of an unexpected type is left for
+    the schema (or refused), never a TypeError."""
+    write_jsonl(workdir / "train.jsonl", [{"messages": [{"role": "user", "content": "hi"}]}])
+    try:  # (a value the schema takes - slurm's "8" - loads; any other is a LeapError)
+        load_config({"model_name": "tiny-lfm2", "dataset": {"path": "train.jsonl"}, **odd}, base_dir=workdir)
+    except LeapError:
+        pass
+
+
+def test_the_originals_prompt_defaults_and_profiles_are_kept():
+    converted, _ = translate({"training_type": "embedding", "training_config": {"prompts": {"query": "search: "}}})
+    assert converted["retrieval"]["prompts"] == {"query": "search: ", "document": "document: "}
+    converted, _ = translate({"training_type": "vlm_grpo", "training_config": {"extends": "DEFAULT_VLM_GRPO"}})
+    assert converted["training_config"]["extends"] == "DEFAULT_GRPO"

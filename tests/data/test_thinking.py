@@ -78,11 +78,16 @@ def test_a_template_that_drops_the_reasoning_field_is_refused_row_by_row(workdir
 
 
 def test_split_thinking_takes_the_reasoning_out_of_an_answer():
-    from leap_finetune.evaluation.runner import split_thinking
+    from leap_finetune.data.render import split_thinking, without_thinking
 
     assert split_thinking("<think>Paris is the capital.</think>\nParis") == ("Paris", "Paris is the capital.")
     assert split_thinking("<think>still going") == ("", "still going")  # stopped while reasoning: no answer
     assert split_thinking("Paris") == ("Paris", None)
+    assert split_thinking("The answer uses a <think> tag: yes") == ("The answer uses a <think> tag: yes", None)
+    # (a <think> the user wrote in a prompt is not reasoning: only the trained spans are cut)
+    text = "user: What does <think> do?\nassistant: <think>hmm</think> It marks reasoning."
+    answer = text.index("<think>hmm")
+    assert without_thinking(text, [(answer, len(text))]) == [(text.index("It marks"), len(text))]
 
 
 class _Reasoner(BaseHTTPRequestHandler):

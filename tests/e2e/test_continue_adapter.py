@@ -112,6 +112,17 @@ def test_grpo_from_an_sft_adapter_has_the_base_plus_that_adapter_as_its_kl_refer
         ({"peft_config": {"r": 16}}, "peft_config.r is 16 and the adapter at adapter_path has r 4"),
         ({"peft_config": {"use_peft": False}}, "use_peft: false"),
         ({"adapter_path": "./nowhere"}, "does not exist"),
+        (
+            {
+                "training_type": "dpo",
+                "training_config": {
+                    "extends": "DEFAULT_DPO",
+                    "reference_adapter": False,
+                    "precompute_ref_log_probs": True,
+                },
+            },
+            "reference_adapter: false with precompute_ref_log_probs",
+        ),
     ],
 )
 def test_what_would_not_continue_the_adapter_is_refused(lora_run, extra, said):

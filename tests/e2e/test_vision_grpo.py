@@ -83,3 +83,15 @@ def test_image_prompts_are_checked_before_a_model_loads(workdir):
         validate_config(config)
     text = " ".join(err.value.format().split())
     assert "line 9" in text and "prompt[0].content[0]" in text and "nope.png" in text
+
+
+def test_lfm2s_text_template_is_refused_for_pictures(workdir):
+    from leap_finetune.api import validate_config
+
+    config = _grpo(workdir)
+    import yaml
+
+    raw = yaml.safe_load(config.read_text())
+    config.write_text(yaml.safe_dump({**raw, "chat_template": "lfm2"}))
+    with pytest.raises(LeapError, match="'lfm2' .* does not render image parts"):
+        validate_config(config)

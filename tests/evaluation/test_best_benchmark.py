@@ -91,3 +91,13 @@ def test_settings_without_the_best_steps_checkpoint_are_refused(workdir, trainin
     with pytest.raises(LeapError) as err:
         load_config(config)
     assert said in " ".join(err.value.format().split())
+
+
+def test_a_best_benchmark_over_several_workers_is_refused(workdir):
+    """The benchmarks run on rank 0 only: the best checkpoint could not be chosen on every rank alike."""
+    import yaml
+
+    config = _config(workdir)
+    config.write_text(yaml.safe_dump({**yaml.safe_load(config.read_text()), "ray": {"num_workers": 2}}))
+    with pytest.raises(LeapError, match="the run has 2 workers"):
+        load_config(config)

@@ -80,3 +80,11 @@ def test_a_grounding_benchmark_whose_references_hold_no_box_is_refused(tmp_path)
     resolved = load_config(config, base_dir=tmp_path)
     with pytest.raises(LeapError, match=r"1 of its 2 row\(s\) have no box in their reference answer.*line 2"):
         load_benchmarks(resolved.evals, vision=False, model_name="tiny-lfm2")
+
+
+def test_boxes_that_miss_are_paired_by_the_kinds_own_score_whatever_their_order():
+    reference = [(190, 190, 200, 200), (20, 20, 30, 30)]
+    predicted = [(0, 0, 10, 10), (200, 200, 210, 210)]
+    assert matched(predicted, reference, giou, unmatched=-1.0) == pytest.approx(
+        matched(predicted[::-1], reference, giou, unmatched=-1.0)
+    )

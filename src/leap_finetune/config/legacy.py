@@ -107,7 +107,7 @@ def _top_level(raw: dict) -> list[Change]:
 
 def _training_type(raw: dict) -> list[Change]:
     kind = raw.get("training_type")
-    if kind in TYPES:
+    if isinstance(kind, str) and kind in TYPES:
         raw["training_type"] = TYPES[kind]
         return [
             Change(
@@ -136,7 +136,7 @@ def _dataset(raw: dict) -> list[Change]:
         ):
             if _move(item, old, item, new):
                 changes.append(Change(f"{name}.{old}", f"{name}.{new}", note))
-        if item.get("type") in TYPES:
+        if isinstance(item.get("type"), str) and item["type"] in TYPES:
             old_type = item["type"]
             item["type"] = TYPES[old_type]
             changes.append(Change(f"{name}.type: {old_type}", f"{name}.type: {item['type']}", "as training_type"))
@@ -159,6 +159,11 @@ def _dataset(raw: dict) -> list[Change]:
     return changes
 
 
+# the original's retrieval prompts when a config left them out (its RetrievalPrompts defaults)
+ORIGINAL_PROMPTS = {"query": "query: ", "positive": "document: ", "negative": "document: "}
+# its profiles that are ours under another name
+PROFILES = {"DEFAULT_VLM_GRPO": "DEFAULT_GRPO", "DEFAULT_VLM_DPO": "DEFAULT_DPO", "DEFAULT_MOE_SFT": "DEFAULT_SFT",
+            "DEFAULT_MOE_DPO": "DEFAULT_DPO"}  # fmt: skip
 RETRIEVAL_KEYS = ("loss", "prompts", "temperature", "mini_batch_size", "gather_across_devices")
 
 
@@ -166,19 +171,20 @@ def _retrieval(raw: dict) -> list[Change]:
     """embedding / colbert: the loss settings the original kept in training_config live in retrieval: here."""
     training = raw.get("training_config")
     kind = raw.get("training_type")
-    if kind not in LOSSES or not isinstance(training, dict):
+    if not isinstance(kind, str) or kind not in LOSSES or not isinstance(training, dict):
         return []
     retrieval = raw.setdefault("retrieval", {}) if isinstance(raw.get("retrieval", {}), dict) else None
     if retrieval is None:
         return []
     changes = []
-    if training.get("loss") in LOSSES[kind]:
+    if isinstance(training.get("loss"), str) and training["loss"] in LOSSES[kind] and "loss" not in retrieval:
         old = training.pop("loss")
         retrieval["loss"] = LOSSES[kind][old]
         changes.append(Change(f"training_config.loss: {old}", f"retrieval.loss: {retrieval['loss']}", "the same loss"))
     prompts = training.get("prompts")
     if isinstance(prompts, dict) and set(prompts) <= {"query", "positive", "negative"}:
-        documents = {prompts[k] for k in ("positive", "negative") if k in prompts}
+        prompts = {**ORIGINAL_PROMPTS, **prompts}  # (the original's defaults for the ones not given)
+        documents = {str(prompts[k]) for k in ("positive", "negative")}
         if len(documents) > 1:
             changes.append(
                 Change(
@@ -192,7 +198,7 @@ def _retrieval(raw: dict) -> list[Change]:
             )
         else:
             training.pop("prompts")
-            retrieval["prompts"] = {"query": prompts.get("query"), "document": next(iter(documents), None)}
+            retrieval["prompts"] = {"query": prompts["query"], "document": prompts["positive"]}
             changes.append(Change("training_config.prompts", "retrieval.prompts", "query and document prompts"))
     for key in ("temperature", "mini_batch_size", "gather_across_devices"):
         if _move(training, key, retrieval, key):
@@ -210,16 +216,35 @@ def _training_config(raw: dict) -> list[Change]:
     if "base" in training and "extends" not in training:
         training["extends"] = training.pop("base")
         changes.append(Change("training_config.base", "training_config.extends", "the profile your keys override"))
+    profile = training.get("extends")
+    if isinstance(profile, str) and profile in PROFILES:
+        training["extends"] = PROFILES[profile]
+        changes.append(
+            Change(
+                f"training_config.extends: {profile}",
+                f"training_config.extends: {PROFILES[profile]}",
+                "the model decides vision or MoE; the training type's profile",
+            )  # fmt: skip
+        )
     for old, new, note in (
         ("adapter_path", "adapter_path", "the LoRA adapter training continues from (docs/continue.md)"),
         ("chat_template_path", "chat_template", "a .jinja file (or lfm2, lfm2.5, model)"),
-        ("output_dir", "output_dir", "the run folder"),
     ):
         if _move(training, old, raw, new):
             changes.append(Change(f"training_config.{old}", new, note))
-    if "freeze_vision_encoder" in training and "train_vision_encoder" not in training:
+    if "output_dir" in training:  # (the original's was a parent of the runs; ours names one run's folder)
+        training.pop("output_dir")
+        changes.append(
+            Change(
+                "training_config.output_dir",
+                None,
+                "runs go to outputs/PROJECT/RUN here (the original's was a folder of runs); output_dir: at the top "
+                "level names one run's folder",
+            )
+        )
+    if isinstance(training.get("freeze_vision_encoder"), bool) and "train_vision_encoder" not in training:
         frozen = training.pop("freeze_vision_encoder")
-        training["train_vision_encoder"] = not frozen if isinstance(frozen, bool) else frozen
+        training["train_vision_encoder"] = not frozen
         changes.append(
             Change(
                 "training_config.freeze_vision_encoder",
@@ -244,7 +269,8 @@ def _lr_multipliers(training: dict) -> list[Change]:
         return []
     vision = {k: v for k, v in multipliers.items() if "vision_tower" in str(k)}
     others = {k: v for k, v in multipliers.items() if k not in vision and v != 1 and v != 1.0}
-    if others or len(set(vision.values())) > 1:
+    numbers = all(isinstance(v, (int, float)) and not isinstance(v, bool) for v in multipliers.values())
+    if others or not numbers or len(set(vision.values())) > 1:
         return [
             Change(
                 "training_config.lr_multipliers",
@@ -271,7 +297,7 @@ def _qat(raw: dict, training: dict) -> list[Change]:
     if not isinstance(qat, dict) or "qat" in raw:
         return []
     kind = qat.get("type")
-    if kind not in QAT_TYPES:
+    if not isinstance(kind, str) or kind not in QAT_TYPES:
         return [
             Change(
                 f"training_config.qat.type: {kind}",
@@ -303,7 +329,8 @@ def _evals(raw: dict) -> list[Change]:
     evals = raw.get("evals")
     if not isinstance(evals, dict) or "best_checkpoint_metrics" not in evals:
         return []
-    metrics = evals["best_checkpoint_metrics"] or {}
+    metrics = evals["best_checkpoint_metrics"]
+    metrics = metrics if isinstance(metrics, dict) else {}
     names = [b.get("name") for b in evals.get("benchmarks") or [] if isinstance(b, dict)]
     keys = [_benchmark_metric(str(k), names) for k in metrics]
     if len(metrics) == 1 and keys[0] is not None:
@@ -343,21 +370,28 @@ def _slurm(raw: dict) -> list[Change]:
     if not isinstance(slurm, dict):
         return []
     changes = []
-    per_task, tasks = slurm.pop("gpus_per_task", None), slurm.pop("ntasks_per_node", None)
-    if per_task is not None and "gpus_per_node" not in slurm and isinstance(per_task, int):
-        slurm["gpus_per_node"] = per_task * (tasks if isinstance(tasks, int) else 1)
+    per_task, tasks = _count(slurm.pop("gpus_per_task", None)), _count(slurm.pop("ntasks_per_node", None))
+    if per_task is not None and "gpus_per_node" not in slurm:
+        slurm["gpus_per_node"] = per_task * (tasks or 1)
         changes.append(
             Change("slurm.gpus_per_task", "slurm.gpus_per_node", "one task per node here runs Ray over its GPUs")
         )
+    elif per_task is not None:
+        changes.append(Change("slurm.gpus_per_task", None, "slurm.gpus_per_node, given too, says the GPUs"))
     if tasks is not None:
         changes.append(Change("slurm.ntasks_per_node", None, "one task per node runs Ray there"))
-    per_gpu = slurm.pop("cpus_per_gpu", None)
-    if isinstance(per_gpu, int) and "cpus_per_task" not in slurm:
-        slurm["cpus_per_task"] = per_gpu * max(1, slurm.get("gpus_per_node") or 1)
+    per_gpu = _count(slurm.pop("cpus_per_gpu", None))
+    if per_gpu is not None and "cpus_per_task" not in slurm:
+        gpus = _count(slurm.get("gpus_per_node")) or 1
+        slurm["cpus_per_task"] = per_gpu * gpus
         changes.append(Change("slurm.cpus_per_gpu", "slurm.cpus_per_task", "the node's CPUs for its one task"))
+    elif per_gpu is not None:
+        changes.append(Change("slurm.cpus_per_gpu", None, "slurm.cpus_per_task, given too, says the CPUs"))
     if _move(slurm, "setup_commands", slurm, "setup"):
         changes.append(Change("slurm.setup_commands", "slurm.setup", "shell lines run first"))
     directives = slurm.pop("directives", None)
+    if directives is not None and not isinstance(directives, list):
+        slurm["directives"] = directives  # (kept: our validator names the key)
     if isinstance(directives, list):
         extra = list(slurm.get("extra_sbatch") or [])
         for line in directives:
@@ -378,6 +412,17 @@ def _slurm(raw: dict) -> list[Change]:
                 Change(f"slurm.{key}", None, "the job's log goes where `leap-finetune slurm` says (the run's logs)")
             )
     return changes
+
+
+def _count(value) -> int | None:
+    """A count the original read as a number (its YAML may quote it); anything else: None (our validator says)."""
+    if isinstance(value, bool):
+        return None
+    if isinstance(value, int):
+        return value
+    if isinstance(value, str) and value.strip().isdigit():
+        return int(value)
+    return None
 
 
 def _rewards(raw: dict) -> list[Change]:

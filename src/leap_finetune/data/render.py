@@ -181,30 +181,42 @@ class Renderer:
 THINK_OPEN, THINK_CLOSE = "<think>", "</think>"
 
 
-def thinking_spans(text: str) -> list[tuple[int, int]]:
-    """The `<think>...</think>` blocks of a rendered text (the tags included; an unclosed one runs to the end)."""
+def thinking_spans(text: str, start: int = 0, end: int | None = None) -> list[tuple[int, int]]:
+    """The `<think>...</think>` blocks of text[start:end] (the tags included; an unclosed one runs to `end`)."""
     import re
 
-    return [(m.start(), m.end()) for m in re.finditer(r"<think>.*?(?:</think>|$)", text, re.S)]
+    end = len(text) if end is None else end
+    return [(m.start(), m.end()) for m in re.compile(r"<think>.*?(?:</think>|$)", re.S).finditer(text[:end], start)]
 
 
 def without_thinking(text: str, spans: list[tuple[int, int]]) -> list[tuple[int, int]]:
-    """The trained spans with the reasoning blocks cut out (the answer after `</think>` stays trained). The
-    whitespace a template puts between `</think>` and the answer goes with the reasoning."""
-    cuts = []
-    for start, end in thinking_spans(text):
-        while end < len(text) and text[end] in " \n":
-            end += 1
-        cuts.append((start, end))
+    """The trained spans with the reasoning blocks inside them cut out (the answer after `</think>` stays trained;
+    a `<think>` the user wrote in a prompt is not reasoning). The whitespace a template puts between `</think>` and
+    the answer goes with the reasoning."""
     kept = []
     for start, end in spans:
-        pieces = [(start, end)]
-        for cut_start, cut_end in cuts:
-            pieces = [
-                part for a, b in pieces for part in ((a, min(b, cut_start)), (max(a, cut_end), b)) if part[1] > part[0]
-            ]
+        pieces, position = [], start
+        for cut_start, cut_end in thinking_spans(text, start, end):
+            while cut_end < end and text[cut_end] in " \n":
+                cut_end += 1
+            if cut_start > position:
+                pieces.append((position, cut_start))
+            position = cut_end
+        if end > position:
+            pieces.append((position, end))
         kept += pieces
     return kept
+
+
+def split_thinking(text):
+    """(the answer, the reasoning) of a generated text: a reasoning model's `<think>...</think>` block at the start
+    of its answer is taken out (an unclosed one - generation stopped while reasoning - leaves no answer); reasoning
+    None without one. A `<think>` further in is the answer's own text. Anything but text passes through."""
+    if not isinstance(text, str) or not text.lstrip().startswith("<think>"):
+        return text, None
+    body = text.lstrip()[len("<think>") :]
+    reasoning, closed, answer = body.partition("</think>")
+    return (answer.strip() if closed else ""), reasoning.strip()
 
 
 @dataclass

@@ -148,11 +148,15 @@ class BenchmarkCallback(EvaluationLog):
             return
         # (rank 0 evaluates and chooses; the other ranks get a score that is never the best, for the Trainer's
         # bookkeeping that runs on every rank)
-        if state.is_world_process_zero and self.trainer is not None and self.last_step != state.global_step:
-            self.evaluate("during training")
+        benchmark_step = state.global_step % self.every == 0 or state.global_step >= state.max_steps
+        if benchmark_step and state.is_world_process_zero and self.trainer is not None:
+            if self.last_step != state.global_step:
+                self.evaluate("during training")
         key = "eval_" + str(args.metric_for_best_model).removeprefix("eval_")
-        worst = float("-inf") if args.greater_is_better else float("inf")  # (no score yet: never the best)
-        metrics[key] = self.latest if self.latest is not None and state.is_world_process_zero else worst
+        worst = float("-inf") if args.greater_is_better else float("inf")  # (no score here: never the best)
+        # (only a benchmark step's own score: a step between them has no checkpoint validate made sure of)
+        scored = benchmark_step and self.last_step == state.global_step and state.is_world_process_zero
+        metrics[key] = self.latest if scored and self.latest is not None else worst
 
     def on_step_end(self, args, state, control, **kwargs):
         # rank 0 only: the other ranks wait for it at the next step's gradient all-reduce

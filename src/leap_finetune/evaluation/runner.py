@@ -101,6 +101,8 @@ def run_benchmarks(
 
 
 def _generation(model, renderer, evals, bench, processor=None, server=None):
+    from leap_finetune.data.render import split_thinking
+
     metric = load_metric(bench.metric)
     if server is not None:  # the server applies the model's chat template to the messages
         prompts = [item.prompt for item in bench.items]
@@ -156,18 +158,6 @@ def _generation(model, renderer, evals, bench, processor=None, server=None):
                 f"(scored 0), e.g. {errors[0]}"
             )
     return metrics, predictions
-
-
-def split_thinking(text):
-    """(the answer, the reasoning) of a generated text: `<think>...</think>` blocks are taken out before scoring
-    (an unclosed one - generation stopped while reasoning - runs to the end: no answer); reasoning None without
-    one. Anything but text passes through."""
-    if not isinstance(text, str) or "<think>" not in text:
-        return text, None
-    import re
-
-    blocks = re.findall(r"<think>(.*?)(?:</think>|$)", text, re.S)
-    return re.sub(r"<think>.*?(?:</think>|$)", "", text, flags=re.S).strip(), "\n".join(b.strip() for b in blocks)
 
 
 def _tool_calls(bench, prompts, outputs):

@@ -250,6 +250,16 @@ def device_plan(resolved, *, gpus: int | None = None, nodes: int | None = None) 
     )
     if not plan.in_process:
         _check_resources(ray.resources_per_worker if ray else None, plan, cluster, this_machine, where)
+        from leap_finetune.config.rules import best_benchmark
+
+        if best_benchmark(resolved.training) and plan.workers > 1:  # (validate says it for ray.num_workers)
+            raise LeapError(
+                f"metric_for_best_model is a benchmark's score, and the plan has {plan.workers} training workers: "
+                "the benchmarks run on rank 0 only, and the best checkpoint must be chosen on every rank alike",
+                where=where,
+                fix="train on one GPU (ray: {num_workers: 1}) for the best checkpoint by a benchmark, or use "
+                "metric_for_best_model: eval_loss",
+            )
     judge = getattr(resolved, "rewards", None) and resolved.rewards.judge
     local_servers = plan.server or plan.judge or (judge is not None and judge.base_url is None)
     if local_servers and address:

@@ -119,9 +119,10 @@ SCORES = {"iou": iou, "giou": giou, "ciou": ciou}
 def matched(predicted: list[Box], reference: list[Box], score=iou, unmatched: float = 0.0) -> float:
     """The boxes paired one to one by best IoU first; the paired scores plus `unmatched` for every box left over,
     over the larger count."""
-    pairs = sorted(((iou(p, r), i, j) for i, p in enumerate(predicted) for j, r in enumerate(reference)), reverse=True)
+    # (best overlap first; pairs that do not overlap by the kind's own score - GIoU's distance -, then by position)
+    pairs = sorted((-iou(p, r), -score(p, r), i, j) for i, p in enumerate(predicted) for j, r in enumerate(reference))
     used_p, used_r, total = set(), set(), 0.0
-    for _, i, j in pairs:
+    for _, _, i, j in pairs:
         if i not in used_p and j not in used_r:
             used_p.add(i)
             used_r.add(j)

@@ -202,7 +202,10 @@ def box_reward(kind: str) -> Callable:
     from leap_finetune.rl.grounding import answer_score
 
     def reward(completions, solution, **_) -> list[float | None]:
-        return [answer_score(_text(c), s, kind) for c, s in zip(completions, solution, strict=True)]
+        from leap_finetune.data.render import split_thinking
+
+        # (the boxes of the answer, not of a <think> block before it: as the benchmarks score it)
+        return [answer_score(split_thinking(_text(c))[0], s, kind) for c, s in zip(completions, solution, strict=True)]
 
     reward.__name__ = kind
     return reward

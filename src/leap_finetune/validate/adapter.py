@@ -55,6 +55,14 @@ def resolve_adapter(model, base: Path, where: str, peft: dict | None) -> tuple[s
             where=f"{where}: adapter_path",
             fix="remove use_peft: false (the adapter is what trains), or remove adapter_path",
         )
+    training = model.training_config or {}
+    if training.get("reference_adapter") is False and training.get("precompute_ref_log_probs"):
+        raise LeapError(
+            "reference_adapter: false with precompute_ref_log_probs: the reference log-probs are computed when the "
+            "trainer is made, with the adapter's frozen copy - before the bare base can be chosen",
+            where=f"{where}: training_config.reference_adapter",
+            fix="remove precompute_ref_log_probs (or reference_adapter: false)",
+        )
     folder = adapter_folder(model.adapter_path, base, where)
     config = _adapter_config(folder, where)
     shape = {k: config[k] for k in SHAPE_KEYS if config.get(k) is not None}

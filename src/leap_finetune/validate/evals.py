@@ -124,9 +124,16 @@ def check_best_benchmark(model, training: dict, evals: EvalsConfig | None, where
             where=here,
             fix="use async_eval.mode: sync for the best checkpoint by a benchmark, or metric_for_best_model: eval_loss",
         )
+    if model.ray is not None and (model.ray.num_workers or 1) > 1:
+        raise LeapError(
+            f"metric_for_best_model is benchmark '{name}', and the run has {model.ray.num_workers} workers: the "
+            "benchmarks run on rank 0 only, and the best checkpoint must be chosen on every rank alike",
+            where=here,
+            fix="train on one worker for the best checkpoint by a benchmark, or use metric_for_best_model: eval_loss",
+        )
     every = benchmark_every(evals, training)
-    strategy, save_steps = training.get("save_strategy", "steps"), training.get("save_steps")
-    if strategy != "steps" or not isinstance(save_steps, int) or every % save_steps:
+    strategy, save_steps = training.get("save_strategy", "steps"), training.get("save_steps", 500)
+    if strategy != "steps" or not isinstance(save_steps, int) or save_steps < 1 or every % save_steps:
         raise LeapError(
             f"metric_for_best_model is benchmark '{name}', scored every {every} steps, but checkpoints are saved "
             + ("never" if strategy == "no" else f"with save_strategy {strategy}, save_steps {save_steps}")

@@ -292,3 +292,16 @@ def check_rollout_engine(resolved) -> None:
             fix="pip install 'leap-finetune[grpo]' (transformers' serving extra), or install vLLM for a GPU "
             "judge, or give rewards.judge.base_url of a running server",
         )
+
+
+def check_picture_template(model, vision: bool, chat_template: str, where: str) -> None:
+    """GRPO on pictures: TRL renders each prompt's image parts through the chat template, and LFM2's text templates
+    (lfm2, lfm2-v1) write a list of parts as JSON - the pictures would never reach the model."""
+    if not (vision and method_of(model).rewards and chat_template in ("lfm2", "lfm2-v1")):
+        return
+    raise LeapError(
+        f"GRPO on pictures renders the prompts' image parts with the chat template, and '{chat_template}' (LFM2's "
+        "text template) does not render image parts",
+        where=f"{where}: chat_template",
+        fix="set chat_template: model (the vision-language model's own template) or lfm2.5",
+    )

@@ -91,7 +91,7 @@ def _load(raw: dict, config_path: Path | None, base: Path, where: str) -> Resolv
     from leap_finetune.data.chat_templates import resolve_chat_template
     from leap_finetune.models.registry import model_family, resolve_model_id
     from leap_finetune.models.vision import is_vision_model
-    from leap_finetune.validate.grpo import resolve_grpo
+    from leap_finetune.validate.grpo import check_picture_template, resolve_grpo
     from leap_finetune.validate.vision import check_vision_keys, resolve_vision
 
     model_id = resolve_model_id(model.model_name, base)
@@ -114,6 +114,7 @@ def _load(raw: dict, config_path: Path | None, base: Path, where: str) -> Resolv
     check_async_eval_config(model, where)
     family = model_family(model.model_name, model_id)
     chat_template = resolve_chat_template(model.chat_template, family, base, where)
+    check_picture_template(model, vision, chat_template, where)
     dataset = resolve_dataset(model, base, where)
     evals = resolve_evals(model.evals, base, where)
     _check_data_and_benchmarks(model, training, dataset, evals, vision, where)
