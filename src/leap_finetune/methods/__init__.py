@@ -156,6 +156,8 @@ _RETRIEVAL = ("loss", "sequential_score")
 
 # a mixture-of-experts model's router losses (models/moe_router.py): the causal-LM training types
 ROUTER_KEYS = ("router_aux_loss_coef", "router_z_loss_coef")
+# the own keys of the types that train on SFT's conversations (sft, distill)
+CHAT_KEYS = ("loss_on", "loss_on_thinking", "compile_layers", "optimizer_precision", "batch_tokens", *ROUTER_KEYS)
 
 METHODS: dict[str, Method] = {
     m.name: m
@@ -167,14 +169,7 @@ METHODS: dict[str, Method] = {
             "a language model (chat)",
             CONVERSATION,
             _CHAT,
-            own_keys=(
-                "loss_on",
-                "loss_on_thinking",
-                "compile_layers",
-                "optimizer_precision",
-                "batch_tokens",
-                *ROUTER_KEYS,
-            ),
+            own_keys=CHAT_KEYS,
             fused_lm_loss=True,
             length_samplers=True,
             cut_by_max_length=True,
@@ -190,14 +185,7 @@ METHODS: dict[str, Method] = {
             "a language model (chat) distilled from a teacher",
             CONVERSATION,
             _CHAT,
-            own_keys=(
-                "loss_on",
-                "loss_on_thinking",
-                "compile_layers",
-                "optimizer_precision",
-                "batch_tokens",
-                *ROUTER_KEYS,
-            ),
+            own_keys=CHAT_KEYS,
             length_samplers=True,
             cut_by_max_length=True,
             starter_benchmarks=True,
