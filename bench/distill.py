@@ -123,7 +123,7 @@ def models(args, work: Path) -> tuple[str, str]:
     for key in (args.student, args.teacher):
         folder = work / "models" / key
         if not (folder / "config.json").exists():
-            build_model(NAMES[key], folder)
+            build_model(key, folder)
         found.append(str(folder))
     return found[0], found[1]
 

@@ -133,7 +133,15 @@ def child_leap(model_dir: Path, data: Path, work: Path, steps: int, smoke: bool)
 def run_child(variant: str, key: str, args) -> dict:
     command = [sys.executable, __file__, "--child", variant, "--models", key, "--steps", str(args.steps),
                "--work", args.work, *(["--smoke"] if args.smoke else [])]  # fmt: skip
-    done = subprocess.run(command, capture_output=True, text=True, env={**os.environ, "PYTHONPATH": str(ROOT / "src")})
+    done = subprocess.run(
+        command,
+        capture_output=True,
+        text=True,
+        env={
+            **os.environ,
+            "PYTHONPATH": os.pathsep.join(filter(None, [str(ROOT / "src"), os.environ.get("PYTHONPATH")])),
+        },
+    )
     found = [line for line in done.stdout.splitlines() if line.startswith("RESULT ")]
     if not found:
         return {"error": (done.stderr or done.stdout)[-1500:]}

@@ -175,7 +175,14 @@ def export_gguf(run: Path, out: Path) -> Path:
     if not out.exists():
         code = "import sys; from leap_finetune.cli import app; sys.argv[0] = 'leap-finetune'; app()"
         command = [sys.executable, "-c", code, "export", str(run), "--gguf", "f16", "--no-verify", "-o", str(out)]
-        subprocess.run(command, check=True, env={**os.environ, "PYTHONPATH": str(ROOT / "src")})
+        subprocess.run(
+            command,
+            check=True,
+            env={
+                **os.environ,
+                "PYTHONPATH": os.pathsep.join(filter(None, [str(ROOT / "src"), os.environ.get("PYTHONPATH")])),
+            },
+        )
     return next(out.glob("*.gguf"))
 
 
