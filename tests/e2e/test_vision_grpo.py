@@ -95,3 +95,20 @@ def test_lfm2s_text_template_is_refused_for_pictures(workdir):
     config.write_text(yaml.safe_dump({**raw, "chat_template": "lfm2"}))
     with pytest.raises(LeapError, match="'lfm2' .* does not render image parts"):
         validate_config(config)
+
+
+def test_vllm_rollouts_are_refused_for_pictures(workdir):
+    """vLLM's rollouts do not take the pictures yet: validate says so (not that vLLM is missing) and names the
+    sampler, before any GPU time is spent."""
+    from leap_finetune.api import validate_config
+
+    config = _grpo(workdir)
+    import yaml
+
+    raw = yaml.safe_load(config.read_text())
+    raw["training_config"]["use_vllm"] = True
+    config.write_text(yaml.safe_dump(raw))
+    with pytest.raises(LeapError) as err:
+        validate_config(config)
+    text = " ".join(err.value.format().split())
+    assert "GRPO on pictures runs its rollouts on leap-finetune's sampler only" in text and "use_vllm: false" in text
