@@ -100,6 +100,34 @@ def _shown(source: str) -> str:
     return "the inline image (base64 text)" if len(source) > 300 else source
 
 
+def image_size(source: str) -> tuple[int, int]:
+    """(width, height) from the header only (the rows were decoded in full when checked)."""
+    if not source.startswith(("data:", "http://", "https://")) and not looks_base64(source):
+        from PIL import Image
+
+        try:
+            with Image.open(source) as image:  # (reads the header, not the file)
+                return image.size
+        except Exception:  # noqa: BLE001 - said in the words of open_image below
+            pass
+    return open_image(source, decode=False).size
+
+
+def tile_grid(image_processor, width: int, height: int) -> tuple[int, int, int]:
+    """(rows, columns, tiles) of an image of this size as LFM2-VL's image processor cuts it: a large image into
+    tile_size tiles (plus a thumbnail), else resized whole (1, 1, 1). `tiles`: the pictures the vision encoder sees
+    (memory/pictures.py counts its work by them)."""
+    ip = image_processor
+    min_tiles, max_tiles = (ip.min_tiles, ip.max_tiles) if ip.do_image_splitting else (1, 1)
+    large = ip._is_image_too_large(
+        height, width, ip.max_image_tokens, ip.encoder_patch_size, ip.downsample_factor, ip.max_pixels_tolerance
+    )
+    if not large or min_tiles == max_tiles == 1:
+        return 1, 1, 1
+    cols, rows, *_ = ip._get_grid_layout(height, width, min_tiles, max_tiles, ip.tile_size)
+    return rows, cols, rows * cols + (1 if ip.use_thumbnail and rows * cols != 1 else 0)
+
+
 class ImageReader:
     """A vision-language model's images as the model sees them: the processor (with the config's
     `image_processor:` settings applied) turns each into tokens here and into pixels per batch."""
@@ -137,16 +165,8 @@ class ImageReader:
         return open_image(ref.source).size
 
     def size(self, source: str) -> tuple[int, int]:
-        """(width, height) from the header only (the rows were decoded in full when checked)."""
-        if not source.startswith(("data:", "http://", "https://")) and not looks_base64(source):
-            from PIL import Image
-
-            try:
-                with Image.open(source) as image:  # (reads the header, not the file)
-                    return image.size
-            except Exception:  # noqa: BLE001 - said in the words of open_image below
-                pass
-        return open_image(source, decode=False).size
+        """(width, height) from the header only."""
+        return image_size(source)
 
     def layout(self, width: int, height: int) -> ImageLayout:
         key = (width, height)
@@ -156,18 +176,10 @@ class ImageReader:
 
     def _compute_layout(self, width: int, height: int) -> ImageLayout:
         ip, processor = self.image_processor, self.processor
-        min_tiles, max_tiles = (ip.min_tiles, ip.max_tiles) if ip.do_image_splitting else (1, 1)
-        splitting = not min_tiles == max_tiles == 1
-        large = ip._is_image_too_large(
-            height, width, ip.max_image_tokens, ip.encoder_patch_size, ip.downsample_factor, ip.max_pixels_tolerance
-        )
         new_width, new_height = ip.smart_resize(
             height, width, ip.downsample_factor, ip.min_image_tokens, ip.max_image_tokens, ip.encoder_patch_size
         )
-        rows = cols = 1
-        if large and splitting:
-            cols, rows, *_ = ip._get_grid_layout(height, width, min_tiles, max_tiles, ip.tile_size)
-        tiles = rows * cols + (1 if ip.use_thumbnail and rows * cols != 1 else 0)
+        rows, cols, tiles = tile_grid(ip, width, height)
         per_tile, for_image = processor._get_image_num_tokens([new_height, new_width])
         text = processor._build_image_tokens(rows, cols, per_tile, for_image, ip.use_thumbnail, True)
         ids = self.tokenizer(text, add_special_tokens=False)["input_ids"]

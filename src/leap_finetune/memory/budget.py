@@ -21,6 +21,7 @@ from dataclasses import dataclass, field
 
 from leap_finetune.errors import LeapError
 from leap_finetune.memory.estimate import GIB, Memory
+from leap_finetune.memory.pictures import RowTiles, row_tiles
 from leap_finetune.memory.plan import longest_row, predict, predicted_for, shape_of
 from leap_finetune.methods import method_of
 
@@ -63,13 +64,14 @@ class Fitted:
     memory: Memory  # the prediction with the changes applied
     changes: list[Change] = field(default_factory=list)
     training: dict = field(default_factory=dict)  # training_config with the changes
+    tiles: RowTiles | None = None  # the pictures per row it was fitted with (memory/pictures.py)
 
     @property
     def fits(self) -> bool:
         return self.memory.peak <= usable_bytes(self.budget)
 
 
-def fit_to_budget(resolved, budget: int, longest: int | None = None) -> Fitted | None:
+def fit_to_budget(resolved, budget: int, longest: int | None = None, tiles: RowTiles | None = None) -> Fitted | None:
     """The run's settings changed (where the user did not set them) to fit `budget`; None without a shape."""
     shape = shape_of(resolved) if predicted_for(resolved) else None
     if shape is None:
@@ -79,7 +81,7 @@ def fit_to_budget(resolved, budget: int, longest: int | None = None) -> Fitted |
     usable = usable_bytes(budget)
 
     def predicted(t: dict) -> Memory:
-        return predict(resolved.model_copy(update={"training": t}), shape, longest, budget)
+        return predict(resolved.model_copy(update={"training": t}), shape, longest, budget, tiles)
 
     memory, changes = predicted(training), []
     levers = [
@@ -94,7 +96,7 @@ def fit_to_budget(resolved, budget: int, longest: int | None = None) -> Fitted |
         if after.peak < memory.peak:
             training, memory = trial, after
             changes.append(Change(key, value, reason, after.peak))
-    return Fitted(budget, memory, changes, training)
+    return Fitted(budget, memory, changes, training, tiles)
 
 
 def _rollout_levers(resolved, user: set[str], shape, longest: int | None, budget: int):
@@ -172,7 +174,9 @@ def _has_bitsandbytes() -> bool:
     return importlib.util.find_spec("bitsandbytes") is not None
 
 
-def alternatives(resolved, budget: int, longest: int | None = None) -> list[tuple[str, Memory]]:
+def alternatives(
+    resolved, budget: int, longest: int | None = None, tiles: RowTiles | None = None
+) -> list[tuple[str, Memory]]:
     """What the error names when a run cannot fit: LoRA (for a full fine-tune) and QLoRA (unless the base is already
     quantized), each with the same fitting, as (how to ask for it, its predicted memory)."""
     if shape_of(resolved) is None:
@@ -194,7 +198,7 @@ def alternatives(resolved, budget: int, longest: int | None = None) -> list[tupl
         changed = resolved.model_copy(
             update={"peft": resolved.peft or lora, "training": {**resolved.training, **training}}
         )
-        fitted = fit_to_budget(changed, budget, longest)
+        fitted = fit_to_budget(changed, budget, longest, tiles)
         if fitted is not None:
             found.append((name, fitted.memory))
     return found
@@ -207,7 +211,7 @@ def does_not_fit(resolved, fitted: Fitted, longest: int | None, where: str) -> L
     usable = usable_bytes(fitted.budget)
     would = "; ".join(
         f"{name} is predicted at {memory.peak / GIB:.1f} GiB" + (" and fits" if memory.peak <= usable else "")
-        for name, memory in alternatives(resolved, fitted.budget, longest)
+        for name, memory in alternatives(resolved, fitted.budget, longest, fitted.tiles)
     )
     return LeapError(
         f"the run is predicted to need {best.peak / GIB:.1f} GiB per GPU ({best.parts()}), over the "
@@ -263,13 +267,13 @@ def fit_run(resolved, gpu: str | None, prepared, console, *, resuming: bool = Fa
         if resolved.gpu_memory and not planning:  # (a key with no effect here is said, not silently dropped)
             console.print("note: gpu_memory is not used: this run trains on the CPU", markup=False)
         return resolved
-    longest = longest_row(prepared)
+    longest, tiles = longest_row(prepared), row_tiles(resolved, prepared)
     if resuming:  # (the checkpoint's settings, as they are: the prediction only)
-        return _predicted(resolved, longest)
+        return _predicted(resolved, longest, tiles)
     budget, source = (resolved.gpu_memory, "gpu_memory") if resolved.gpu_memory else device_budget(gpu)
     if budget is None:
-        return _predicted(resolved, longest)
-    fitted = fit_to_budget(resolved, budget, longest)
+        return _predicted(resolved, longest, tiles)
+    fitted = fit_to_budget(resolved, budget, longest, tiles)
     if fitted is None:
         return resolved
     for change in fitted.changes:
@@ -283,13 +287,13 @@ def fit_run(resolved, gpu: str | None, prepared, console, *, resuming: bool = Fa
     return with_changes(resolved, fitted).model_copy(update={"predicted_gpu_memory": fitted.memory.peak})
 
 
-def _predicted(resolved, longest: int | None):
+def _predicted(resolved, longest: int | None, tiles: RowTiles | None = None):
     """The resolved config with its training process's predicted peak (the run report and the model card put the
     measured one beside it)."""
     shape = shape_of(resolved) if predicted_for(resolved) else None
     if shape is None:
         return resolved
-    peak = predict(resolved, shape, longest, resolved.gpu_memory).peak
+    peak = predict(resolved, shape, longest, resolved.gpu_memory, tiles).peak
     return resolved.model_copy(update={"predicted_gpu_memory": peak})
 
 
@@ -310,9 +314,10 @@ def process_memory(resolved, devices, prepared, budget: int | None = None) -> di
     from leap_finetune.memory.servers import rollout_cache
 
     gpu_bytes = budget if budget is not None else device_total(str(devices.training[0]) if devices.training else "")
-    memory = predict(resolved, shape, longest, gpu_bytes)
+    tiles = row_tiles(resolved, prepared)
+    memory = predict(resolved, shape, longest, gpu_bytes, tiles)
     found = {"memory": memory, "source": shape.source, "longest_row": longest, "gpu_bytes": gpu_bytes}
     found["note"] = rollout_cache(resolved, shape, longest, gpu_bytes)[1]
     if budget is not None:
-        found["fitted"] = fit_to_budget(resolved, budget, longest)
+        found["fitted"] = fit_to_budget(resolved, budget, longest, tiles)
     return found

@@ -38,6 +38,22 @@ FIT = Fit(
     other_bytes=0.0006 * 2**30,
 )
 
+
+@dataclass(frozen=True)
+class VisionFit:
+    """LFM2-VL's vision encoder (memory/estimate.py `_with_vision`): per patch it runs over, vision layer and vision
+    hidden unit."""
+
+    layer_bytes: float  # kept for the backward (no checkpointing); also the one layer recomputed with checkpointing
+    checkpoint_layer_bytes: float  # with checkpointing: each layer's input
+
+
+# Fitted on two rows only (MEASURED_PICTURES: one without checkpointing, one with): the least constants that predict
+# them are 58.5 and 3.3 (with the recomputed layer at 58.5); rounded up to 62 and 4 (a float32 layer input: the
+# residual stream under bf16 autocast), which puts each row ~3% over its measured peak - two rows show no spread to
+# fit to, and the plan errs toward fitting. The language model's part of those rows uses FIT as it is.
+VISION_FIT = VisionFit(layer_bytes=62.0, checkpoint_layer_bytes=4.0)
+
 # max_length: the rows' length (every row fills it); the micro-batch is the profile's 4 rows (DPO: 4 pairs);
 # settings: training_config keys the row ran with beyond the profile's
 MEASURED: list[dict] = [
@@ -101,5 +117,32 @@ MEASURED: list[dict] = [
         "max_length": 2048,
         "settings": {"activation_checkpointing": True},
         "measured_gib": 4.18,
+    },
+]
+
+# GRPO on pictures (bench/vl_grpo.py through `leap-finetune run`): LFM2-VL architectures with random weights and their
+# processors, 8 prompts x 8 generations (per_device_train_batch_size 64), max_completion_length 256, one 512x512
+# picture per prompt (one tile: 1,024 patches; 287 prompt tokens with its 256 image tokens), the GRPO profile's
+# defaults (float32 master weights, bf16 autocast, the vision encoder trained), leap-finetune's sampler; `settings`:
+# what the plan chose for the GPU's free memory. tests/memory/test_vision_memory.py predicts them again.
+MEASURED_PICTURES: list[dict] = [
+    {
+        "model": "LFM2-VL-450M",
+        "method": "grpo",
+        "mode": "full",
+        "picture": (512, 512),
+        "device": "NVIDIA H100 80GB HBM3",
+        "date": "2026-12-06",
+        "measured_gib": 70.27,
+    },
+    {
+        "model": "LFM2-VL-1.6B",
+        "method": "grpo",
+        "mode": "full",
+        "picture": (512, 512),
+        "settings": {"activation_checkpointing": True},
+        "device": "NVIDIA H100 80GB HBM3",
+        "date": "2026-12-06",
+        "measured_gib": 40.60,
     },
 ]

@@ -9,7 +9,7 @@ from __future__ import annotations
 
 from dataclasses import dataclass
 
-from leap_finetune.memory.calibration import FIT
+from leap_finetune.memory.calibration import FIT, VISION_FIT
 from leap_finetune.memory.shapes import ModelShape
 
 GIB = 2**30
@@ -64,6 +64,8 @@ class Setup:
     frozen_vision: bool = False  # LFM2-VL with the vision encoder and projector not trained
     qat: bool = False  # quantization-aware training (models/qat.py)
     teacher_bytes: float = 0  # distill: the frozen teacher's weights (bf16) beside the student
+    vision_patches: int = 0  # LFM2-VL: the patches the vision encoder runs over in the largest micro-batch
+    vision_trained: bool = False  # gradients reach the vision encoder (trained in full, or LoRA on its layers)
 
 
 def training_memory(shape: ModelShape, setup: Setup) -> Memory:
@@ -117,10 +119,24 @@ def activation_bytes(shape: ModelShape, setup: Setup) -> float:
     """What the forward keeps for the backward at the largest micro-batch: bytes per token, layer and hidden unit
     (LFM2's MLP is 4-5x the hidden size, so one constant holds both; LoRA adds its adapters' inputs); with
     checkpointing each layer's input and one layer recomputed at a time; the logits over the vocabulary (SFT: TRL
-    computes the loss in chunks; DPO's pairs: measured inside the per-layer constant)."""
+    computes the loss in chunks; DPO's pairs: measured inside the per-layer constant); and the vision encoder's."""
     if setup.checkpointing:
         kept = shape.hidden * (FIT.checkpoint_layer_bytes * shape.layers + FIT.checkpoint_extra_bytes)
     else:
         kept = (FIT.layer_bytes + (FIT.lora_layer_bytes if setup.lora_parameters else 0)) * shape.hidden * shape.layers
     logits = (0 if setup.pairs else FIT.logit_bytes) * shape.vocab * setup.logit_tokens
-    return kept * setup.tokens + logits
+    return _with_vision(kept * setup.tokens + logits, shape, setup)
+
+
+def _with_vision(language: float, shape: ModelShape, setup: Setup) -> float:
+    """The vision encoder (SigLIP2) runs over every picture of the micro-batch before the language model: bytes per
+    patch, vision layer and vision hidden unit, as the language model's per token (VISION_FIT: measured GRPO on
+    pictures). A frozen encoder keeps nothing for the backward: only one layer's tensors at a time while its no-grad
+    forward runs, freed before the language model's forward begins - the larger of the two is the peak."""
+    pictures = setup.vision_patches * shape.vision_hidden
+    one_layer = VISION_FIT.layer_bytes * pictures
+    if not setup.vision_trained:
+        return max(language, one_layer)
+    if setup.checkpointing:  # (each layer's input, and the one layer recomputed at a time)
+        return language + VISION_FIT.checkpoint_layer_bytes * pictures * shape.vision_layers + one_layer
+    return language + one_layer * shape.vision_layers

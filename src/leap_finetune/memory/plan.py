@@ -8,6 +8,7 @@ from __future__ import annotations
 from dataclasses import replace
 
 from leap_finetune.memory.estimate import NF4_BYTES, Memory, Setup, training_memory
+from leap_finetune.memory.pictures import RowTiles, row_tiles
 from leap_finetune.memory.shapes import ModelShape, model_shape
 from leap_finetune.methods import method_of
 
@@ -29,12 +30,15 @@ def shape_of(resolved) -> ModelShape | None:
 _shapes: dict[str, ModelShape | None] = {}
 
 
-def setup_of(resolved, shape: ModelShape, longest: int | None = None) -> Setup:
+def setup_of(resolved, shape: ModelShape, longest: int | None = None, tiles: RowTiles | None = None) -> Setup:
     """The settings that decide memory, as the run will have them. `longest`: the longest prepared row in tokens
-    (None: max_length bounds it)."""
+    (None: max_length bounds it); `tiles`: a vision-language run's pictures per row (memory/pictures.py; None: from
+    the image processor's settings, one picture per row)."""
     t = resolved.training
     method = method_of(resolved)
     rows, per_row = _batch(t, method, longest)
+    if tiles is None:
+        tiles = row_tiles(resolved)
     init = t.get("model_init_kwargs") or {}
     quantized = (init.get("quantization_config") or {}) if isinstance(init, dict) else {}
     weight_bytes = (
@@ -60,7 +64,21 @@ def setup_of(resolved, shape: ModelShape, longest: int | None = None) -> Setup:
         frozen_vision=resolved.vision and not t.get("train_vision_encoder", True),
         qat=bool(resolved.qat),
         teacher_bytes=teacher_bytes(resolved),
+        vision_patches=tiles.patches_in(rows, _batch_tokens(t, method)) if tiles else 0,
+        vision_trained=bool(tiles) and _vision_trained(resolved, shape),
     )
+
+
+def _batch_tokens(t: dict, method) -> int | None:
+    return int(t["batch_tokens"]) if t.get("batch_tokens") and not method.rewards else None
+
+
+def _vision_trained(resolved, shape: ModelShape) -> bool:
+    """Whether the backward reaches the vision encoder, so that its forward keeps its activations: trained in full,
+    or LoRA on its layers (a regular expression of the user's may name them)."""
+    if resolved.training.get("train_vision_encoder", True):
+        return True
+    return bool(resolved.peft) and any("vision_tower" in name for name in shape.lora_targets(resolved.peft))
 
 
 def teacher_bytes(resolved) -> float:
@@ -100,13 +118,15 @@ def _reference(resolved, method) -> bool:
     return not t.get("precompute_ref_log_probs")
 
 
-def predict(resolved, shape: ModelShape, longest: int | None = None, gpu_bytes: int | None = None) -> Memory:
+def predict(
+    resolved, shape: ModelShape, longest: int | None = None, gpu_bytes: int | None = None, tiles: RowTiles | None = None
+) -> Memory:
     """One training process's predicted peak: the training step's parts and what GRPO's rollouts hold beside it
     (memory/servers.py; colocated vLLM's share needs the card's size, `gpu_bytes`)."""
     from leap_finetune.memory.servers import rollout_cache
 
     cache, _ = rollout_cache(resolved, shape, longest, gpu_bytes)
-    return replace(training_memory(shape, setup_of(resolved, shape, longest)), cache=cache)
+    return replace(training_memory(shape, setup_of(resolved, shape, longest, tiles)), cache=cache)
 
 
 def training_process_memory(resolved, longest: int | None = None) -> Memory | None:
@@ -121,8 +141,8 @@ def training_process_memory(resolved, longest: int | None = None) -> Memory | No
 
 
 def longest_row(prepared) -> int | None:
-    """The longest prepared training row in tokens (a prompt and its longest completion for preference rows);
-    None when the rows were counted without tokens."""
+    """The longest prepared training row in tokens (a prompt and its longest completion for preference rows; GRPO:
+    the longest prompt, its images' tokens counted); None when the rows were counted without tokens."""
     if prepared is None or not getattr(prepared, "tokenized", False):
         return None
     import pyarrow.compute as pc
@@ -138,5 +158,7 @@ def longest_row(prepared) -> int | None:
 
     if "input_ids" in table.column_names:
         return longest("input_ids") or None
+    if "prompt_text" in table.column_names:  # GRPO's prompts keep no token ids (TRL tokenizes them again): their
+        return int(prepared.train.tokens_per_row.max()) or None  # counts (data/grpo_rows.py GrpoPrompt.tokens)
     completion = max(longest("chosen_input_ids"), longest("rejected_input_ids"), longest("completion_input_ids"))
     return (longest("prompt_input_ids") + completion) or None

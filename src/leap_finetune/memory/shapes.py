@@ -103,7 +103,8 @@ def _moe_config(known: dict) -> dict:
 
 @dataclass(frozen=True)
 class ModelShape:
-    """What the memory estimate needs of a model: parameter counts and the language model's dimensions."""
+    """What the memory estimate needs of a model: parameter counts, the language model's dimensions and the vision
+    encoder's."""
 
     source: str  # where the config came from (said by plan)
     parameters: int  # every weight
@@ -120,6 +121,8 @@ class ModelShape:
     expert_parameters: int = 0  # a mixture of experts: the routed experts' weights (all of them)
     experts: int = 0
     experts_per_token: int = 0
+    vision_layers: int = 0  # a vision-language model's vision encoder (SigLIP2): its layers and hidden size
+    vision_hidden: int = 0
 
     @property
     def active_parameters(self) -> int:
@@ -132,13 +135,17 @@ class ModelShape:
 
     def lora_parameters(self, peft: dict) -> int:
         """The adapter weights LoRA adds for `peft` (its r and target_modules), matched as peft matches them."""
+        rank, wrapped = int(peft.get("r", 8)), self.lora_targets(peft)
+        return sum(rank * (i + o) for name, (i, o) in self.linear.items() if name in wrapped)
+
+    def lora_targets(self, peft: dict) -> set[str]:
+        """The Linear layers `peft` wraps."""
         from peft import LoraConfig
         from peft.tuners.tuners_utils import check_target_module_exists
 
         options = {k: v for k, v in peft.items() if k in ("target_modules", "r", "exclude_modules")}
         config = LoraConfig(**options)
-        rank = int(peft.get("r", 8))
-        return sum(rank * (i + o) for name, (i, o) in self.linear.items() if check_target_module_exists(config, name))
+        return {name for name in self.linear if check_target_module_exists(config, name)}
 
 
 def model_shape(model_id: str) -> ModelShape | None:
@@ -190,6 +197,7 @@ def _measure(config, source: str, model_id: str) -> ModelShape:
     model = _meta_model(config, model_id)
     text = model.config.get_text_config()
     vision = sum(p.numel() for n, p in model.named_parameters() if "vision_tower" in n or "multi_modal_projector" in n)
+    seeing = getattr(model.config, "vision_config", None)
     layer_types = list(getattr(text, "layer_types", None) or [])
     attention = sum(t == "full_attention" for t in layer_types) or text.num_hidden_layers
     heads = text.num_attention_heads
@@ -215,6 +223,8 @@ def _measure(config, source: str, model_id: str) -> ModelShape:
         expert_parameters=sum(p.numel() for n, p in model.named_parameters() if ".experts." in n),
         experts=int(getattr(text, "num_experts", 0) or 0),
         experts_per_token=int(getattr(text, "num_experts_per_tok", 0) or 0),
+        vision_layers=int(seeing.num_hidden_layers) if seeing is not None else 0,
+        vision_hidden=int(seeing.hidden_size) if seeing is not None else 0,
     )
 
 
