@@ -152,3 +152,22 @@ class DeviceSideMetrics(PendingTokensSeen):
                 per_step = torch.where(valid > 0, gathered[:, column] / valid.clamp(min=1), torch.zeros_like(valid))
                 self._metrics["train"][name].extend(per_step.tolist())
             pending["steps"] = []
+
+
+def score_trained_tokens_only_on_cpu() -> None:
+    """TRL's fused output layer (trl 1.16 add_fused_lm_head) scores only the positions with a label on Triton devices
+    and every position elsewhere, so that an accelerator compiling per shape (Neuron) sees fixed shapes. A CPU runs
+    eagerly - no shape to keep - and there the prompt and padding positions were most of a small model's step (the
+    output layer over a 65k vocabulary is most of its FLOPs): the CPU scores the trained positions only as well.
+    Same values: the other positions' log-probs are zeros either way."""
+    import trl.trainer.utils as trl_utils
+
+    original = trl_utils._use_triton  # (read by the fused head alone in that module, for this choice)
+    if getattr(original, "leap_cpu_compact", False):
+        return
+
+    def compact(device) -> bool:
+        return original(device) or device.type == "cpu"
+
+    compact.leap_cpu_compact = True
+    trl_utils._use_triton = compact

@@ -42,7 +42,10 @@ def training_arguments(resolved: ResolvedConfig, *, run_dir: str, has_eval: bool
 def trainer_class():
     from trl import SFTTrainer
 
+    from leap_finetune.recipes.host_syncs import score_trained_tokens_only_on_cpu
     from leap_finetune.recipes.sampling import balanced_sampler, epoch_callback, token_budget_sampler
+
+    score_trained_tokens_only_on_cpu()
 
     class LeapSFTTrainer(DeviceSideMetrics, vision.VisionRate, SFTTrainer):
         """SFTTrainer whose `batch_rebalance` sampler balances tokens for padding-free batches and reads
