@@ -172,3 +172,29 @@ def test_a_text_grpo_run_reads_its_longest_prompt(workdir):
 
     _, _, prepared = prepare(resolved, tokenizer=tokenizer_at_hand(resolved.model_id)[0])
     assert longest_row(prepared) == int(prepared.train.tokens_per_row.max()) > 9
+
+
+@pytest.mark.parametrize("training_type", ["dpo", "kto"])
+def test_a_preference_run_reads_its_longest_prompt_and_answer(workdir, training_type):
+    """The preference tables keep prompt_ids and chosen_ids/rejected_ids (KTO: completion_ids); the plan looked for
+    other column names and so always assumed max_length for every row - a short-row DPO run was planned as long."""
+    if training_type == "dpo":
+        rows = [{"prompt": "Say hi " * n, "chosen": "hi " * n, "rejected": "no"} for n in (1, 7, 3)]
+    else:
+        rows = [{"prompt": "Say hi " * n, "completion": "hi " * n, "label": n % 2 == 1} for n in (1, 7, 3, 2)]
+    write_jsonl(workdir / "pairs.jsonl", rows)
+    config = {
+        "project_name": "p",
+        "model_name": "tiny-lfm2",
+        "training_type": training_type,
+        "dataset": {"path": "pairs.jsonl"},
+        "training_config": {"max_length": 1024},
+    }
+    resolved = load_config(write_config(workdir, config))
+    from leap_finetune.models.loading import tokenizer_at_hand
+
+    _, _, prepared = prepare(resolved, tokenizer=tokenizer_at_hand(resolved.model_id)[0])
+    table = prepared.train.table.to_pydict()
+    answers = table["chosen_ids"] + table["rejected_ids"] if training_type == "dpo" else table["completion_ids"]
+    expected = max(map(len, table["prompt_ids"])) + max(map(len, answers))
+    assert longest_row(prepared) == expected and 20 < expected < 1024

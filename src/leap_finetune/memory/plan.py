@@ -160,5 +160,6 @@ def longest_row(prepared) -> int | None:
         return longest("input_ids") or None
     if "prompt_text" in table.column_names:  # GRPO's prompts keep no token ids (TRL tokenizes them again): their
         return int(prepared.train.tokens_per_row.max()) or None  # counts (data/grpo_rows.py GrpoPrompt.tokens)
-    completion = max(longest("chosen_input_ids"), longest("rejected_input_ids"), longest("completion_input_ids"))
-    return (longest("prompt_input_ids") + completion) or None
+    # (preference rows: data/preference_tokens.py keeps prompt_ids and chosen_ids/rejected_ids, KTO completion_ids)
+    completion = max(longest("chosen_ids"), longest("rejected_ids"), longest("completion_ids"))
+    return (longest("prompt_ids") + completion) or None
