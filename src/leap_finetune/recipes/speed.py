@@ -28,6 +28,18 @@ from leap_finetune.models.registry import model_type
 
 
 def varlen_kernel_available() -> bool:
+    """Whether this torch has varlen flash attention (torch.nn.attention.varlen, torch >= 2.10). Answered from the
+    installed files when torch is not imported yet: `plan` and `validate` ask it for a GPU machine, and importing
+    torch for it was ~2 s of their start-up there (measured with `plan --gpus 1`)."""
+    import sys
+
+    if "torch" not in sys.modules:
+        import importlib.util
+        from pathlib import Path
+
+        spec = importlib.util.find_spec("torch")  # (locates the package without importing it)
+        folders = list(spec.submodule_search_locations or []) if spec is not None else []
+        return any((Path(folder) / "nn" / "attention" / "varlen.py").is_file() for folder in folders)
     try:
         from torch.nn.attention.varlen import varlen_attn  # noqa: F401
     except ImportError:
