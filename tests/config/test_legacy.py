@@ -178,6 +178,19 @@ def test_migrate_writes_what_it_can_and_marks_what_needs_the_user(workdir):
     assert invoke("migrate", str(old), "--output", str(old), cwd=workdir).returncode == 2  # not over itself
 
 
+def test_a_change_in_a_list_entry_is_marked_above_that_entry_s_key(workdir):
+    """Was: the comments for every dataset of a list landed above the first dataset's key."""
+    old = workdir / "sft.yaml"
+    old.write_text(yaml.safe_dump({"model_name": "tiny-lfm2", "training_type": "sft", "project_name": "m",
+                                   "dataset": [{"path": f"{name}.jsonl", "train_split": "train"} for name in "ab"]}))  # fmt: skip
+    assert invoke("migrate", str(old), "--output", str(workdir / "new.yaml"), cwd=workdir).returncode == 0
+    lines = (workdir / "new.yaml").read_text().splitlines()
+    splits = [i for i, line in enumerate(lines) if line.strip() == "split: train"]
+    assert lines[splits[0] - 1].strip().startswith("# migrate: was dataset[0].train_split:")
+    assert lines[splits[1] - 1].strip().startswith("# migrate: was dataset[1].train_split:")
+    assert lines[splits[1] - 2].strip() == "- path: b.jsonl"
+
+
 def test_docs_list_every_original_key():
     """docs/migrating.md has a row for each original key the translation knows (refused ones too)."""
     import inspect

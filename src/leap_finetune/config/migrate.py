@@ -67,28 +67,41 @@ def render(converted: dict, changes: list[Change], old: Path) -> str:
 
 
 def _key_lines(lines: list[str]) -> dict[str, int]:
-    """Each key's dotted path (list entries without their index) -> its first line."""
+    """Each key's dotted path -> its first line, twice: with each list entry's index ("dataset[1].split") and without
+    ("dataset.split", the first entry's: what a change without an index is placed at)."""
     stack: list[tuple[int, str]] = []
+    entries: dict[str, int] = {}  # a list's path -> the entries seen so far
     found: dict[str, int] = {}
     for index, text in enumerate(lines):
         match = _KEY_LINE.match(text)
         if not match:
             continue
         indent = len(match["indent"]) + (2 if match["dash"] else 0)
-        while stack and stack[-1][0] >= indent:
+        while stack and stack[-1][0] >= (indent - 1 if match["dash"] else indent):
             stack.pop()
+        if match["dash"]:  # a new entry of the list whose key is on the stack's top (PyYAML writes "- " at its indent)
+            parent = _joined(stack)
+            entries[parent] = entries.get(parent, -1) + 1
+            stack.append((indent - 1, f"[{entries[parent]}]"))
         stack.append((indent, match["key"].strip()))
-        found.setdefault(".".join(key for _, key in stack), index)
+        path = _joined(stack)
+        found.setdefault(path, index)
+        found.setdefault(re.sub(r"\[\d+\]", "", path), index)
     return found
+
+
+def _joined(stack: list[tuple[int, str]]) -> str:
+    return ".".join(key for _, key in stack).replace(".[", "[")
 
 
 def _line_of(new: str, where: dict[str, int]) -> int | None:
     """The line of the key a change names ("retrieval.loss: mnrl", "slurm.partition/time, ...", "qat: {...}"),
     or of the nearest block above it that is written."""
-    path = re.sub(r"\[\d+\]", "", re.match(r"[\w.\[\]]*", new).group(0)).strip(".")
-    parts = path.split(".")
-    for end in range(len(parts), 0, -1):
-        line = where.get(".".join(parts[:end]))
-        if line is not None:
-            return line
+    named = re.match(r"[\w.\[\]]*", new).group(0).strip(".")
+    for path in (named, re.sub(r"\[\d+\]", "", named)):  # (the entry's own line first, then the first entry's)
+        parts = path.split(".")
+        for end in range(len(parts), 0, -1):
+            line = where.get(".".join(parts[:end]))
+            if line is not None:
+                return line
     return None
