@@ -68,10 +68,24 @@ def imported_by_validate(config: str, env: dict) -> list[str]:
     return line.removeprefix("HEAVY ")
 
 
+def profile_of_validate(config: str, env: dict, top: int = 25) -> str:
+    """A warm `validate` under cProfile: the functions with the most cumulative time (where the GPU machine's
+    seconds go that the CPU machine does not spend - bench/NOTES.md, #48)."""
+    import tempfile
+
+    with tempfile.NamedTemporaryFile(suffix=".prof") as out:
+        subprocess.run([sys.executable, "-m", "cProfile", "-o", out.name, "-m", "leap_finetune.cli", "validate", config],
+                       env=env, capture_output=True, text=True)  # fmt: skip
+        code = (f"import pstats, sys\np = pstats.Stats({out.name!r}, stream=sys.stdout)\n"
+                f"p.sort_stats('cumulative').print_stats({top})")  # fmt: skip
+        return subprocess.run([sys.executable, "-c", code], capture_output=True, text=True).stdout
+
+
 def main() -> None:
     parser = argparse.ArgumentParser()
     parser.add_argument("--config", default=str(ROOT / "examples" / "quickstart.yaml"))
     parser.add_argument("--runs", type=int, default=5)
+    parser.add_argument("--profile", action="store_true", help="also print a cProfile of a warm validate")
     args = parser.parse_args()
     env = {**os.environ, "HF_HUB_OFFLINE": "1", "TRANSFORMERS_OFFLINE": "1"}
     cli = [sys.executable, "-m", "leap_finetune.cli"]
@@ -98,6 +112,8 @@ def main() -> None:
             }
         )
     print(json.dumps({"rows": rows, "validate_imports": imported_by_validate(args.config, env)}, indent=1))
+    if args.profile:
+        print(profile_of_validate(args.config, env))
     print("\n| command | cold wall s | warm wall s (median) | warm CPU s |\n| --- | --- | --- | --- |")
     for row in rows:
         cold = f"{row['cold_wall_s']:.2f}" if row["cold_wall_s"] is not None else "not measured (no root)"
