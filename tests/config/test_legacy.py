@@ -179,15 +179,17 @@ def test_migrate_writes_what_it_can_and_marks_what_needs_the_user(workdir):
 
 
 def test_a_change_in_a_list_entry_is_marked_above_that_entry_s_key(workdir):
-    """Was: the comments for every dataset of a list landed above the first dataset's key."""
+    """Was: the comments for every dataset of a list landed above the first dataset's key (and an entry that is a
+    plain path was not counted)."""
     old = workdir / "sft.yaml"
+    datasets = ["x.jsonl"] + [{"path": f"{name}.jsonl", "train_split": "train"} for name in "ab"]
     old.write_text(yaml.safe_dump({"model_name": "tiny-lfm2", "training_type": "sft", "project_name": "m",
-                                   "dataset": [{"path": f"{name}.jsonl", "train_split": "train"} for name in "ab"]}))  # fmt: skip
+                                   "dataset": datasets}))  # fmt: skip
     assert invoke("migrate", str(old), "--output", str(workdir / "new.yaml"), cwd=workdir).returncode == 0
     lines = (workdir / "new.yaml").read_text().splitlines()
     splits = [i for i, line in enumerate(lines) if line.strip() == "split: train"]
-    assert lines[splits[0] - 1].strip().startswith("# migrate: was dataset[0].train_split:")
-    assert lines[splits[1] - 1].strip().startswith("# migrate: was dataset[1].train_split:")
+    assert lines[splits[0] - 1].strip().startswith("# migrate: was dataset[1].train_split:")
+    assert lines[splits[1] - 1].strip().startswith("# migrate: was dataset[2].train_split:")
     assert lines[splits[1] - 2].strip() == "- path: b.jsonl"
 
 

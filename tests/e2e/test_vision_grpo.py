@@ -111,4 +111,25 @@ def test_vllm_rollouts_are_refused_for_pictures(workdir):
     with pytest.raises(LeapError) as err:
         validate_config(config)
     text = " ".join(err.value.format().split())
-    assert "GRPO on pictures runs its rollouts on leap-finetune's sampler only" in text and "use_vllm: false" in text
+    assert (
+        "GRPO on a vision-language model runs its rollouts on leap-finetune's sampler only" in text
+        and "use_vllm: false" in text
+    )
+
+
+def test_grpo_on_pictures_takes_the_sampler_when_use_vllm_is_the_profiles(workdir):
+    """DEFAULT_GRPO's use_vllm: true is the profile's, not the user's: on a vision-language model it becomes the
+    sampler (the starter config validates as written) instead of a refusal."""
+    from leap_finetune.api import validate_config
+
+    config = _grpo(workdir)
+    import yaml
+
+    raw = yaml.safe_load(config.read_text())
+    raw["training_config"].pop("use_vllm", None)
+    raw["training_config"]["extends"] = "DEFAULT_GRPO"
+    config.write_text(yaml.safe_dump(raw))
+    from leap_finetune.validate.loader import load_config
+
+    assert load_config(config).training["use_vllm"] is False
+    validate_config(config)  # (and the whole check passes, rows included)

@@ -198,3 +198,17 @@ def test_a_preference_run_reads_its_longest_prompt_and_answer(workdir, training_
     answers = table["chosen_ids"] + table["rejected_ids"] if training_type == "dpo" else table["completion_ids"]
     expected = max(map(len, table["prompt_ids"])) + max(map(len, answers))
     assert longest_row(prepared) == expected and 20 < expected < 1024
+
+
+def test_the_lora_a_full_fine_tune_does_not_fit_is_pointed_to_is_lora_as_it_would_run(workdir):
+    """Was: the "does not fit" error's LoRA alternative of a full VL fine-tune kept the full run's trained vision
+    encoder and counted its activations (13.8 GiB named where the LoRA run needs 7.1)."""
+    from leap_finetune.memory.budget import alternatives, fit_to_budget
+
+    config = grpo_on_pictures(workdir, "LFM2-VL-450M")
+    full = load_config(write_config(workdir, config))
+    lora = load_config(write_config(workdir, {**config, "peft_config": {"extends": "DEFAULT_VLM_LORA"}}))
+    budget = 16 * 2**30
+    named = dict(alternatives(full, budget, None, row_tiles(full)))
+    as_run = fit_to_budget(lora, budget, None, row_tiles(lora))
+    assert named["LoRA (peft_config: {extends: DEFAULT_LORA})"].peak == as_run.memory.peak

@@ -14,6 +14,7 @@ from leap_finetune.config.legacy import Change, translate
 from leap_finetune.config.yaml_io import dump_yaml, read_yaml
 from leap_finetune.errors import LeapError
 
+_ENTRY_LINE = re.compile(r"^(?P<indent> *)(?P<dash>- )")  # a list entry (one without a key counts too)
 _KEY_LINE = re.compile(r"^(?P<indent> *)(?P<dash>- )?(?P<key>[^\s:#'\"-][^:#]*):(?: |$)")
 
 
@@ -73,7 +74,7 @@ def _key_lines(lines: list[str]) -> dict[str, int]:
     entries: dict[str, int] = {}  # a list's path -> the entries seen so far
     found: dict[str, int] = {}
     for index, text in enumerate(lines):
-        match = _KEY_LINE.match(text)
+        match = _KEY_LINE.match(text) or _ENTRY_LINE.match(text)
         if not match:
             continue
         indent = len(match["indent"]) + (2 if match["dash"] else 0)
@@ -83,6 +84,8 @@ def _key_lines(lines: list[str]) -> dict[str, int]:
             parent = _joined(stack)
             entries[parent] = entries.get(parent, -1) + 1
             stack.append((indent - 1, f"[{entries[parent]}]"))
+        if match.groupdict().get("key") is None:  # a list entry that is a value ("- a.jsonl"): counted, no key
+            continue
         stack.append((indent, match["key"].strip()))
         path = _joined(stack)
         found.setdefault(path, index)

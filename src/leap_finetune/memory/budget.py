@@ -193,10 +193,12 @@ def alternatives(
     qlora_init = {"dtype": "bfloat16", **init, "quantization_config": nf4}
     choices = [] if resolved.peft is not None else [("LoRA (peft_config: {extends: DEFAULT_LORA})", {})]
     choices.append(("QLoRA (peft_config: {extends: DEFAULT_QLORA})", {"model_init_kwargs": qlora_init}))
+    # (a full fine-tune's training trains the vision encoder; LoRA's defaults leave it frozen: validate/vision.py)
+    trains = dict(profiles.VLM_LORA_TRAINS) if resolved.vision and resolved.peft is None else {}
     found = []
     for name, training in choices:
         changed = resolved.model_copy(
-            update={"peft": resolved.peft or lora, "training": {**resolved.training, **training}}
+            update={"peft": resolved.peft or lora, "training": {**resolved.training, **trains, **training}}
         )
         fitted = fit_to_budget(changed, budget, longest, tiles)
         if fitted is not None:

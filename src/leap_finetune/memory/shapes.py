@@ -169,7 +169,10 @@ def _remembered(config, source: str, model_id: str) -> ModelShape:
 
     from leap_finetune.memo import remembered
 
-    question = [model_id, source, config.to_json_string(use_diff=False) if config is not None else None]
+    try:
+        question = [model_id, source, config.to_json_string(use_diff=False) if config is not None else None]
+    except (TypeError, ValueError):  # (a value JSON cannot hold: measured each time, as before the memo)
+        return _measure(config, source, model_id)
     found = remembered("model-shape", question, lambda: _json_ready(asdict(_measure(config, source, model_id))))
     return ModelShape(**{**found, "linear": {name: tuple(size) for name, size in found["linear"].items()}})
 

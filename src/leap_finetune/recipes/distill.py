@@ -135,8 +135,8 @@ def hidden_states(accelerator, model, teacher, forward: dict):
 
     with accelerator.autocast():
         student = _decoder(model)(**forward).last_hidden_state
-        with torch.no_grad():
-            teacher_hidden = _decoder(teacher)(**forward).last_hidden_state
+    with torch.no_grad():  # (the teacher as loaded: bf16 on a GPU - under fp16 autocast its residual became float32)
+        teacher_hidden = _decoder(teacher)(**forward).last_hidden_state
     return student, teacher_hidden
 
 

@@ -78,9 +78,10 @@ def chunked_loss(
     stats = torch.zeros(4, device=student_hidden.device)
 
     def one_chunk(hidden, teacher_part, target):
-        student_logits = student_head(hidden)
+        # (each head in its own weights' dtype: autocast left the student's hidden states float32 or half)
+        student_logits = student_head(hidden.to(student_head.weight.dtype))
         with torch.no_grad():
-            teacher_logits = teacher_head(teacher_part)
+            teacher_logits = teacher_head(teacher_part.to(teacher_head.weight.dtype))
         loss, divergence, cross_entropy = spec.per_token(student_logits, teacher_logits, target)
         with torch.no_grad():
             top = student_logits.argmax(-1)

@@ -255,8 +255,8 @@ def check_rollout_engine(resolved) -> None:
         # (vLLM's multi-modal prompts need the pictures beside the token ids and their own processor settings:
         # not built or measured yet; the sampler reads the pixels and is the measured path)
         raise LeapError(
-            "training_config.use_vllm is true, and GRPO on pictures runs its rollouts on leap-finetune's sampler "
-            "only (vLLM rollouts with pictures are not supported yet)",
+            "training_config.use_vllm is true, and GRPO on a vision-language model runs its rollouts on "
+            "leap-finetune's sampler only (vLLM rollouts with pictures are not supported yet)",
             where=f"{resolved.config_path or 'config'}: training_config.use_vllm",
             fix="set use_vllm: false (the sampler puts the pixels in the prompt's forward: measured 5.6x TRL's "
             "generation at LFM2-VL-450M and 3.8x at 1.6B on an H100, docs/vision.md)",
@@ -315,3 +315,11 @@ def check_picture_template(model, vision: bool, chat_template: str, where: str) 
         where=f"{where}: chat_template",
         fix="set chat_template: model (the vision-language model's own template) or lfm2.5",
     )
+
+
+def sampler_for_pictures(model, training: dict, vision: bool) -> None:
+    """GRPO on a vision-language model: DEFAULT_GRPO's `use_vllm: true` becomes the sampler (vLLM does not take the
+    pictures here yet); a `use_vllm: true` the user wrote is refused by check_rollout_engine, naming the sampler."""
+    if vision and method_of(model).rewards and training.get("use_vllm"):
+        if "use_vllm" not in (model.training_config or {}):
+            training["use_vllm"] = False

@@ -91,7 +91,7 @@ def _load(raw: dict, config_path: Path | None, base: Path, where: str) -> Resolv
     from leap_finetune.data.chat_templates import resolve_chat_template
     from leap_finetune.models.registry import model_family, resolve_model_id
     from leap_finetune.models.vision import is_vision_model
-    from leap_finetune.validate.grpo import check_picture_template, resolve_grpo
+    from leap_finetune.validate.grpo import check_picture_template, resolve_grpo, sampler_for_pictures
     from leap_finetune.validate.vision import check_vision_keys, resolve_vision
 
     model_id = resolve_model_id(model.model_name, base)
@@ -103,6 +103,7 @@ def _load(raw: dict, config_path: Path | None, base: Path, where: str) -> Resolv
 
     adapter_path, peft = resolve_adapter(model, base, where, peft)
     peft = resolve_vision(model.training_type, training, peft, vision, where)  # (LoRA narrowed to the language model)
+    sampler_for_pictures(model, training, vision)
     grpo_rollout, rewards = resolve_grpo(model, training, base, where)
     from leap_finetune.validate.environment import resolve_environment
 
