@@ -29,7 +29,8 @@ def test_scoring_the_trained_positions_only_gives_the_values_of_scoring_all(monk
     labels[0, : ids.shape[1] // 2] = -100
     cpu = torch.device("cpu")
 
-    monkeypatch.setattr(trl_utils, "_use_triton", trl_utils._use_triton)  # (restored after the test)
+    # TRL's own choice (an earlier trainer in this process may have patched it already); restored after the test
+    monkeypatch.setattr(trl_utils, "_use_triton", getattr(trl_utils._use_triton, "original", trl_utils._use_triton))
     assert not trl_utils._use_triton(cpu)  # TRL's own choice on a CPU: every position
     every = _scored(model, ids, labels)
     score_trained_tokens_only_on_cpu()

@@ -170,4 +170,5 @@ def score_trained_tokens_only_on_cpu() -> None:
         return original(device) or device.type == "cpu"
 
     compact.leap_cpu_compact = True
+    compact.original = original
     trl_utils._use_triton = compact
