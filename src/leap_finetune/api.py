@@ -218,8 +218,15 @@ def _run(source, console, callbacks, outputs_root, log) -> dict:
             "eval_devices": physical_ids(devices.eval),  # the reserved evaluation server's ("" without GPUs)
         }
     )
-    servers = local_servers(resolved, devices)  # GRPO's rollout server and judge, started before training
+    from leap_finetune.launch.teacher_server import teacher_servers, teacher_url
+
+    # GRPO's rollout server and judge, distillation's teacher server: started before training
+    servers = local_servers(resolved, devices) + teacher_servers(resolved, devices)
     resolved = resolved.model_copy(update={"judge_url": judge_url(resolved)})
+    if resolved.distill:
+        resolved = resolved.model_copy(
+            update={"distill": {**resolved.distill, "server_url": teacher_url(resolved, devices)}}
+        )
     lock = write_run_folder(resolved, prepared, checked.renderer, plan)  # (the folder is this run's alone from here)
     try:
         return train_run(resolved, prepared, plan, devices, servers, lock, console, callbacks, log)

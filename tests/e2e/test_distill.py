@@ -2,12 +2,19 @@
 student learns the task from rows where 40% of the answers are wrong faster per step by distillation than by SFT on
 the same rows (its cross-entropy on held-out right answers falls further in the same steps: the teacher knows the
 task better than the rows); the run logs the divergence and the teacher agreement, the card names the teacher,
-`plan` counts the teacher's memory; what cannot work is refused at validate."""
+`plan` counts the teacher's memory; a teacher served by leap-finetune's own server (teacher_base_url, its top-k
+log-probs) teaches as the loaded one does, and `plan` puts a teacher_gpus server on a GPU of its own; what cannot
+work is refused at validate, and a teacher server that does not answer stops the run with exit 2 naming it."""
 
 from __future__ import annotations
 
+import contextlib
 import json
 import random
+import socket
+import subprocess
+import sys
+import urllib.request
 from pathlib import Path
 
 import pytest
@@ -15,6 +22,7 @@ import yaml
 
 from leap_finetune.api import run_config
 from tests.conftest import fact_rows, invoke, tiny_config, write_config, write_jsonl
+from tests.watchdog import Watchdog, wait_until
 
 STEPS = 48
 
@@ -95,6 +103,95 @@ def test_on_policy_the_student_learns_from_the_teacher_on_its_own_answers(task):
     assert mixed["summary"]["global_step"] == STEPS
 
 
+@contextlib.contextmanager
+def _served(model: str, log: Path):
+    """leap-finetune's own server (evaluation/serve.py) on the model, on 127.0.0.1: its /v1 URL."""
+    with socket.socket() as probe:
+        probe.bind(("127.0.0.1", 0))
+        port = probe.getsockname()[1]
+    with log.open("wb") as out:
+        command = [
+            sys.executable,
+            "-m",
+            "leap_finetune.evaluation.serve",
+            model,
+            "--port",
+            str(port),
+            "--device",
+            "cpu",
+        ]
+        process = subprocess.Popen(command, stdout=out, stderr=subprocess.STDOUT)
+
+        def healthy():
+            try:
+                with urllib.request.urlopen(f"http://127.0.0.1:{port}/health", timeout=2) as answer:
+                    return answer.status == 200
+            except OSError:
+                return False
+
+        try:
+            wait_until(healthy, Watchdog(process.pid, what="the teacher server"), poll_s=0.2, proc=process)
+            yield f"http://127.0.0.1:{port}/v1"
+        finally:
+            process.terminate()
+            process.wait(timeout=30)
+
+
+def test_a_served_teacher_teaches_as_the_loaded_one(task, sft):
+    """distill.teacher_base_url: the teacher's top 20 log-probs per token from the server; the student learns the
+    task from them as from the loaded teacher (its held-out cross-entropy below SFT's on the same rows)."""
+    folder, teacher = task
+    with _served(teacher, folder / "teacher-server.log") as url:
+        settings = {"teacher_base_url": url, "teacher_top_k": 20}
+        served = _student(folder, "served", training_type="distill", teacher=teacher, distill=settings)
+    evals = [r for r in served["logs"] if "eval_distill/cross_entropy" in r]
+    assert evals[-1]["eval_distill/cross_entropy"] < 0.95 * sft["summary"]["eval_loss"], evals
+    trained = [r for r in served["logs"] if "distill/teacher_top_k_mass" in r]
+    assert trained and all(0 < r["distill/teacher_top_k_mass"] <= 1.0001 for r in trained)
+    assert "/v1/completions" in (folder / "teacher-server.log").read_text()  # (the server was asked, not bypassed)
+
+
+def test_a_teacher_server_that_does_not_answer_stops_the_run_naming_it(task, tmp_path):
+    folder, teacher = task
+    with socket.socket() as probe:  # (a port nothing listens on)
+        probe.bind(("127.0.0.1", 0))
+        port = probe.getsockname()[1]
+    write_jsonl(tmp_path / "train.jsonl", fact_rows(8))
+    config = tiny_config(
+        training_type="distill",
+        teacher=teacher,
+        distill={"teacher_base_url": f"http://127.0.0.1:{port}/v1", "teacher_timeout_s": 5},
+        dataset={"path": "train.jsonl"},
+        training_config={"extends": "DEFAULT_DISTILL", "max_steps": 2},
+    )
+    result = invoke("run", str(write_config(tmp_path, config)))
+    said = result.stderr + result.stdout
+    assert result.returncode == 2 and f"the teacher server at http://127.0.0.1:{port}/v1 did not answer" in said, said
+    assert "Traceback" not in said
+
+
+def test_plan_serves_a_teacher_on_gpus_of_its_own(task, tmp_path):
+    folder, teacher = task
+    write_jsonl(tmp_path / "train.jsonl", fact_rows(8))
+    config = tiny_config(
+        training_type="distill",
+        teacher=teacher,
+        distill={"teacher_gpus": 1},
+        dataset={"path": "train.jsonl"},
+        training_config={"extends": "DEFAULT_DISTILL", "max_steps": 2},
+    )
+    path = write_config(tmp_path, config)
+    planned = invoke("plan", str(path), "--json", "--gpus", "2")
+    assert planned.returncode == 0, planned.stderr
+    shown = json.loads(planned.stdout)
+    assert shown["devices"]["teacher"] == [0] and shown["devices"]["training"] == [1]
+    (server,) = [p for p in shown["processes"] if p["name"].startswith("teacher server")]
+    assert server["env"]["CUDA_VISIBLE_DEVICES"] == "0" and teacher in server["command"]
+    assert shown["teacher"]["weights_gib"] == 0  # (the training GPU holds no teacher)
+    too_few = invoke("plan", str(path), "--gpus", "1")
+    assert too_few.returncode == 2 and "1 for the teacher server (distill.teacher_gpus)" in too_few.stderr
+
+
 def test_plan_counts_the_teacher_and_lora_distils_too(task):
     folder, teacher = task
     config = tiny_config(
@@ -141,6 +238,21 @@ def test_plan_counts_the_teacher_and_lora_distils_too(task):
         ),
         ({"training_type": "distill", "teacher": "tiny-lfm2", "distill": {"max_new_tokens": 8}}, "mode is offline"),
         ({"training_type": "distill", "teacher": "./nowhere"}, "teacher"),
+        (
+            {
+                "training_type": "distill",
+                "teacher": "tiny-lfm2",
+                "distill": {"teacher_gpus": 1, "teacher_base_url": "http://h:1/v1"},
+            },
+            "keep one",
+        ),
+        (
+            {"training_type": "distill", "teacher": "tiny-lfm2", "distill": {"teacher_gpus": 1, "loss": "reverse_kl"}},
+            "use loss: forward_kl with a served teacher",
+        ),
+        ({"training_type": "distill", "teacher": "tiny-lfm2", "distill": {"teacher_top_k": 50}}, "applies to a served"),
+        ({"training_type": "distill", "teacher": "tiny-lfm2", "distill": {"teacher_base_url": "h:1"}}, "http://"),
+        ({"training_type": "distill", "teacher": "tiny-lfm2", "distill": {"teacher_gpus": 1}}, "no GPU is visible"),
     ],
 )
 def test_what_cannot_work_is_refused_at_validate(tmp_path, config, said):

@@ -101,7 +101,7 @@ def test_plan_json_for_a_machine_we_are_not_on(config, workdir):
     assert result.returncode == 0, result.stderr
     plan = json.loads(result.stdout)
     assert plan["nodes"] == 1 and plan["workers"] == 4
-    assert plan["devices"] == {"server": [], "judge": [], "eval": [], "training": [0, 1, 2, 3]}
+    assert plan["devices"] == {"server": [], "judge": [], "eval": [], "teacher": [], "training": [0, 1, 2, 3]}
     assert plan["batch"] == {
         "per_device": 4,
         "gradient_accumulation_steps": 2,

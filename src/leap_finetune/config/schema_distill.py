@@ -52,6 +52,38 @@ class DistillConfig(StrictModel):
         "(1 - mix) x divergence + mix x cross-entropy (on_policy: the divergence on the sampled answers, the "
         "cross-entropy on the rows' own).",
     )
+    teacher_gpus: int = Field(
+        default=0,
+        ge=0,
+        description="GPUs of this node kept out of training for the teacher: the driver serves it there (vLLM where "
+        "installed, else leap-finetune's own server) before training starts, and the student reads the teacher's "
+        "top `teacher_top_k` log-probs per token from it (docs/distillation.md). 0: the teacher loads beside the "
+        "student on the training GPU (its whole distribution).",
+    )
+    teacher_base_url: str | None = Field(
+        default=None,
+        min_length=1,
+        description="A running OpenAI-compatible server that serves `teacher` and answers /v1/completions with "
+        "`prompt_logprobs` (vLLM: vllm serve TEACHER --max-logprobs 20; leap-finetune's own: python -m "
+        "leap_finetune.evaluation.serve TEACHER), e.g. http://gpu-node:8300/v1: the student reads the teacher's top "
+        "`teacher_top_k` log-probs per token from it, and the teacher takes no memory of the training GPU.",
+    )
+    teacher_top_k: int = Field(
+        default=20,
+        ge=1,
+        le=1000,
+        description="teacher_gpus / teacher_base_url: how many of the teacher's most likely tokens it sends per "
+        "position; the target is the teacher's distribution over them, renormalised (forward_kl only; vLLM's "
+        "default --max-logprobs is 20). The share of the teacher's probability they hold is logged as "
+        "distill/teacher_top_k_mass.",
+    )
+    teacher_timeout_s: float = Field(
+        default=120,
+        gt=0,
+        allow_inf_nan=False,
+        description="teacher_gpus / teacher_base_url: the longest one scoring request may take before the run stops "
+        "with an error naming the server.",
+    )
 
     @model_validator(mode="after")
     def _beta_with_jsd(self):
@@ -59,4 +91,31 @@ class DistillConfig(StrictModel):
             raise ValueError(f"beta weighs loss jsd's mixture; loss is {self.loss} (remove beta or set loss: jsd)")
         if "max_new_tokens" in self.model_fields_set and self.mode != "on_policy":
             raise ValueError("max_new_tokens limits the answers mode on_policy samples; mode is offline")
+        if self.teacher_gpus and self.teacher_base_url:
+            raise ValueError(
+                "teacher_gpus serves the teacher on this node's GPUs, and teacher_base_url names a server that "
+                "already serves it: keep one"
+            )
+        served = self.teacher_gpus > 0 or self.teacher_base_url is not None
+        for key in ("teacher_top_k", "teacher_timeout_s"):
+            if key in self.model_fields_set and not served:
+                raise ValueError(
+                    f"{key} applies to a served teacher (teacher_gpus or teacher_base_url); this teacher loads beside "
+                    "the student and gives its whole distribution (remove it)"
+                )
+        if served and self.loss != "forward_kl":
+            raise ValueError(
+                f"loss {self.loss} needs the teacher's probability of every token the student gives mass to, and a "
+                "served teacher sends its top teacher_top_k log-probs only: use loss: forward_kl with a served "
+                "teacher, or load the teacher beside the student (remove teacher_gpus / teacher_base_url)"
+            )
+        if self.teacher_base_url is not None and not self.teacher_base_url.startswith(("http://", "https://")):
+            raise ValueError(
+                f"teacher_base_url is {self.teacher_base_url!r}: expected an http:// or https:// URL (e.g. "
+                "http://127.0.0.1:8300/v1)"
+            )
         return self
+
+    @property
+    def served(self) -> bool:
+        return self.teacher_gpus > 0 or self.teacher_base_url is not None

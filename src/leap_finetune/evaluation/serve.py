@@ -8,7 +8,8 @@ Why our own: `transformers serve` answers one request at a time for LFM2 (its co
 cache for LFM2's convolution layers: "Invalid layer type: conv"), so a 200-row benchmark took 148 s on an
 H200 where sync mode's batched generation takes ~11 s. Here requests that arrive together are generated
 together (up to --batch-size), with the tokenizer's chat template (the snapshot's is the one the benchmarks
-render with). Endpoints: GET /health, GET /v1/models, POST /v1/chat/completions (non-streaming), and
+render with). Endpoints: GET /health, GET /v1/models, POST /v1/chat/completions (non-streaming), POST
+/v1/completions with `prompt_logprobs` (prompt scoring only: distillation's teacher, evaluation/serve_scores.py), and
 POST /v1/load_weights {"model": FOLDER}: the weights of another folder of the same architecture (the next
 snapshot of a run) loaded into the running model, between two batches (`async_eval.reserved.weight_reload:
 in_place`: no new process, no second model in GPU memory). The same reload also answers vLLM's spelling, which
@@ -34,10 +35,7 @@ import time
 from concurrent.futures import Future
 
 from leap_finetune.data.messages import IMAGE_PLACEHOLDER
-
-
-class BadRequest(ValueError):
-    """A request the server cannot take (answered 400 with this text)."""
+from leap_finetune.evaluation.serve_scores import BadRequest, add_completions_endpoint
 
 
 def read_messages(messages: list) -> tuple[list[dict], list[str]]:
@@ -312,6 +310,7 @@ def build_app(
         }
 
     _add_reload_endpoints(app, generator, loaded)
+    add_completions_endpoint(app, generator, loaded)  # (prompt log-probs: distillation's teacher)
     return app
 
 

@@ -2,10 +2,10 @@
 starts.
 
 Devices are counted over what the driver sees (`CUDA_VISIBLE_DEVICES` respected) or what `plan --gpus
-N` says, and handed out in a fixed order: [server][judge][eval][training]. Servers are GRPO's vLLM
+N` says, and handed out in a fixed order: [server][judge][eval][teacher][training]. Servers are GRPO's vLLM
 rollout server (`grpo_rollout.server_gpus`) and its judge (`judge_gpus`); eval is the reserved
-evaluation server (`async_eval.vllm_gpus` with `mode: reserved`); training gets the rest
-(`grpo_rollout.training_gpus` may say how many).
+evaluation server (`async_eval.vllm_gpus` with `mode: reserved`); teacher is distillation's teacher server
+(`distill.teacher_gpus`); training gets the rest (`grpo_rollout.training_gpus` may say how many).
 """
 
 from __future__ import annotations
@@ -22,6 +22,7 @@ class DevicePlan:
     server: list[int] = field(default_factory=list)  # device indices as the driver sees them (first node)
     judge: list[int] = field(default_factory=list)
     eval: list[int] = field(default_factory=list)
+    teacher: list[int] = field(default_factory=list)
     training: list[int] = field(default_factory=list)  # per node
     workers: int = 1  # training processes in all
     address: str | None = None  # an existing Ray cluster
@@ -54,7 +55,13 @@ class DevicePlan:
             "own_process": self.own_process,
             "backend": self.backend,
             "address": self.address,
-            "devices": {"server": self.server, "judge": self.judge, "eval": self.eval, "training": self.training},
+            "devices": {
+                "server": self.server,
+                "judge": self.judge,
+                "eval": self.eval,
+                "teacher": self.teacher,
+                "training": self.training,
+            },
         }
 
 
@@ -95,6 +102,7 @@ def plan_devices(
     server: int = 0,
     judge: int = 0,
     eval_gpus: int = 0,
+    teacher: int = 0,
     training: int | None = None,
     num_workers: int | None = None,
     address: str | None = None,
@@ -102,14 +110,14 @@ def plan_devices(
     where: str = "config",
 ) -> DevicePlan:
     """Counts in, device indices out; an impossible plan is an error with the numbers."""
-    reserved = server + judge + eval_gpus
+    reserved = server + judge + eval_gpus + teacher
     if reserved and nodes > 1:
         raise LeapError(
             f"the plan reserves {reserved} GPU(s) of a node for servers (server {server}, judge {judge}, eval "
-            f"{eval_gpus}), but the run spans {nodes} nodes: local servers are single-node only",
+            f"{eval_gpus}, teacher {teacher}), but the run spans {nodes} nodes: local servers are single-node only",
             where=where,
             fix="use colocate mode (vLLM inside each training worker), external server URLs "
-            "(vllm_server_base_url, a judge URL), or async_eval mode: sidecar",
+            "(vllm_server_base_url, a judge URL, distill.teacher_base_url), or async_eval mode: sidecar",
         )
     plan = DevicePlan(nodes=nodes, gpus_per_node=gpus, address=address)
     if gpus == 0:
@@ -120,6 +128,7 @@ def plan_devices(
                     ("grpo_rollout.server_gpus", server),
                     ("grpo_rollout.judge_gpus", judge),
                     ("async_eval.vllm_gpus", eval_gpus),
+                    ("distill.teacher_gpus", teacher),
                 )
                 if n
             )
@@ -143,9 +152,11 @@ def plan_devices(
     available = gpus - reserved
     wanted = training if training is not None else available
     if wanted < 1 or wanted > available:
-        raise _too_few_gpus(gpus, nodes, server, judge, eval_gpus, training, where)
+        raise _too_few_gpus(gpus, nodes, {"server": server, "judge": judge, "eval": eval_gpus, "teacher": teacher},
+                            training, where)  # fmt: skip
     index = 0
-    for name, count in (("server", server), ("judge", judge), ("eval", eval_gpus), ("training", wanted)):
+    order = (("server", server), ("judge", judge), ("eval", eval_gpus), ("teacher", teacher), ("training", wanted))
+    for name, count in order:
         setattr(plan, name, list(range(index, index + count)))
         index += count
     total = wanted * nodes
@@ -186,14 +197,17 @@ RESERVED = (
         "the evaluation server",
         "async_eval.vllm_gpus: 0 (a CPU evaluator) or async_eval.mode: sidecar",
     ),
+    (
+        "teacher",
+        "distill.teacher_gpus",
+        "the teacher server",
+        "distill.teacher_gpus: 0 (the teacher beside the student) or distill.teacher_base_url (a server you run)",
+    ),
 )
 
 
-def _too_few_gpus(
-    gpus: int, nodes: int, server: int, judge: int, eval_gpus: int, training: int | None, where: str
-) -> LeapError:
+def _too_few_gpus(gpus: int, nodes: int, counts: dict[str, int], training: int | None, where: str) -> LeapError:
     """What each part of the plan takes, by its key, against what is visible; and what to change."""
-    counts = {"server": server, "judge": judge, "eval": eval_gpus}
     reserved = sum(counts.values())
     parts = [f"{counts[name]} for {what} ({key})" for name, key, what, _ in RESERVED if counts[name]]
     parts.append(
@@ -239,6 +253,8 @@ def device_plan(resolved, *, gpus: int | None = None, nodes: int | None = None) 
     async_eval = getattr(resolved, "async_eval", None)
     if async_eval is not None and async_eval.mode == "reserved":
         servers["eval_gpus"] = async_eval.vllm_gpus
+    if getattr(resolved, "distill", None):
+        servers["teacher"] = resolved.distill.get("teacher_gpus", 0)
     plan = plan_devices(
         gpus=visible_gpus() if gpus is None else gpus,
         nodes=nodes or 1,
@@ -261,14 +277,15 @@ def device_plan(resolved, *, gpus: int | None = None, nodes: int | None = None) 
                 "metric_for_best_model: eval_loss",
             )
     judge = getattr(resolved, "rewards", None) and resolved.rewards.judge
-    local_servers = plan.server or plan.judge or (judge is not None and judge.base_url is None)
+    local_servers = plan.server or plan.judge or plan.teacher or (judge is not None and judge.base_url is None)
     if local_servers and address:
         raise LeapError(
             f"the run trains on the Ray cluster at {address}, and the plan has local servers (rollout "
             "server or judge) on the driver's machine: the cluster's workers may share their GPUs or not "
             "reach them",
             where=where,
-            fix="give the servers' URLs (training_config.vllm_server_base_url, rewards.judge.base_url), "
+            fix="give the servers' URLs (training_config.vllm_server_base_url, rewards.judge.base_url, "
+            "distill.teacher_base_url), "
             "or use vllm_mode: colocate, or run on one machine without ray.address",
         )
     if judge is not None and judge.base_url is None and plan.nodes > 1:

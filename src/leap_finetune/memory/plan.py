@@ -84,8 +84,8 @@ def _vision_trained(resolved, shape: ModelShape) -> bool:
 def teacher_bytes(resolved) -> float:
     """distill: the teacher in bf16 beside the student (its activations are not kept: it runs without gradients;
     the loss's logits are a chunk of tokens at a time, recipes/distill_loss.py)."""
-    if not resolved.distill:
-        return 0
+    if not resolved.distill or resolved.distill.get("teacher_gpus") or resolved.distill.get("teacher_base_url"):
+        return 0  # (a served teacher takes no memory of the training GPU)
     teacher_id = resolved.distill["teacher_id"]
     if teacher_id not in _shapes:
         _shapes[teacher_id] = model_shape(teacher_id)

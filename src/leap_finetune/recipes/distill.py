@@ -4,10 +4,13 @@ LoRA, benchmarks and run folder (recipes/sft.py) - with the teacher's next-token
 The teacher loads beside the student on the same device (bf16 on a GPU, float32 on a CPU), frozen, in evaluation
 mode, with the same exact packing (a packed row's documents kept apart in its attention and convolutions too). Each
 step both models run the batch to their last hidden states; the loss is taken at the trained tokens, a chunk of
-tokens at a time (recipes/distill_loss.py: never the [tokens x vocab] logits of both at once).
+tokens at a time (recipes/distill_loss.py: never the [tokens x vocab] logits of both at once). A served teacher
+(`distill.teacher_gpus` / `teacher_base_url`) is not loaded: each step's documents are scored by the server, and
+the loss is taken against its top-k log-probs (recipes/distill_server.py).
 
 Logged besides the loss: distill/divergence and distill/cross_entropy (per trained token), mean_token_accuracy
-(the student's top-1 against the dataset's token) and distill/teacher_agreement (its top-1 against the teacher's).
+(the student's top-1 against the dataset's token) and distill/teacher_agreement (its top-1 against the teacher's);
+with a served teacher, distill/teacher_top_k_mass (the teacher's probability its top-k hold).
 """
 
 from __future__ import annotations
@@ -36,6 +39,7 @@ def trainer_class():
         """SFT's trainer whose loss is the distillation loss against `teacher` (set after construction)."""
 
         teacher = None
+        teacher_server = None  # a served teacher (recipes/distill_server.py) instead of `teacher`
         spec: DistillLoss | None = None
         on_policy: dict | None = None  # distill.mode on_policy: {max_new_tokens, temperature, eos, pad}
 
@@ -65,17 +69,20 @@ def trainer_class():
             labels = inputs["labels"]
             forward = {k: v for k, v in inputs.items() if k != "labels"}
             forward["use_cache"] = False
-            student, teacher = hidden_states(self.accelerator, model, self.teacher, forward)
             targets = labels[:, 1:]
             trained = targets != -100
-            total, stats = chunked_loss(
-                spec,
-                student[:, :-1][trained],
-                teacher[:, :-1][trained],
-                _head(model),
-                _head(self.teacher),
-                targets[trained],
-            )
+            if self.teacher_server is not None:
+                total, stats = served_loss(self, model, forward, spec, trained, targets)
+            else:
+                student, teacher = hidden_states(self.accelerator, model, self.teacher, forward)
+                total, stats = chunked_loss(
+                    spec,
+                    student[:, :-1][trained],
+                    teacher[:, :-1][trained],
+                    _head(model),
+                    _head(self.teacher),
+                    targets[trained],
+                )
             count = trained.sum() if num_items_in_batch is None else num_items_in_batch
             loss = total / torch.as_tensor(count, device=total.device).clamp(min=1)
             if model.training and self.args.average_tokens_across_devices and num_items_in_batch is not None:
@@ -100,6 +107,18 @@ def trainer_class():
     return DistillTrainer
 
 
+def served_loss(trainer, model, forward: dict, spec, trained, targets):
+    """The loss against the served teacher's top-k of this batch (asked before the student's forward runs)."""
+    from leap_finetune.recipes.distill_loss import chunked_top_k_loss
+
+    ids, logprobs = trainer.teacher_server.targets(forward)
+    with trainer.accelerator.autocast():
+        student = _decoder(model)(**forward).last_hidden_state
+    return chunked_top_k_loss(
+        spec, student[:, :-1][trained], _head(model), ids[:, :-1][trained], logprobs[:, :-1][trained], targets[trained]
+    )
+
+
 def _record(trainer, training: bool, row, inputs) -> None:
     """A step's sums [trained tokens, divergence, cross-entropy, right top-1, agreeing top-1], kept on the device
     until logging (recipes/host_syncs.py)."""
@@ -119,6 +138,8 @@ def _log_sums(metrics: dict, rows) -> None:
     metrics["distill/cross_entropy"] = [float(total[2]) / tokens]
     metrics["mean_token_accuracy"] = [float(total[3]) / tokens]
     metrics["distill/teacher_agreement"] = [float(total[4]) / tokens]
+    if total.shape[0] > 5:  # (a served teacher: the probability its top-k hold)
+        metrics["distill/teacher_top_k_mass"] = [float(total[5]) / tokens]
 
 
 def _unwrapped(model):
@@ -168,6 +189,25 @@ def load_teacher(resolved: ResolvedConfig, tokenizer, packing: bool, console):
     return teacher
 
 
+def served_teacher(resolved: ResolvedConfig, tokenizer, console):
+    """The teacher server's client (distill.teacher_gpus / teacher_base_url), checked with a first request; None
+    for a teacher loaded beside the student."""
+    from leap_finetune.recipes.distill_server import TeacherServer
+
+    settings = resolved.distill
+    if not settings.get("server_url"):
+        return None
+    server = TeacherServer(
+        settings["server_url"], settings["teacher_top_k"], settings["teacher_timeout_s"], settings["teacher_id"]
+    )
+    server.check(tokenizer("a b", add_special_tokens=True)["input_ids"][:4] * 2)
+    console.print(
+        f"teacher: {settings['teacher']} served at {settings['server_url']} (model {server.model}; its top "
+        f"{settings['teacher_top_k']} log-probs per token)"
+    )
+    return server
+
+
 def train(resolved_json: dict, callbacks: list | None = None) -> dict:
     from leap_finetune.recipes.distill_loss import DistillLoss
 
@@ -182,7 +222,8 @@ def train(resolved_json: dict, callbacks: list | None = None) -> dict:
     fast = sft.speed_plan(resolved)
     flat = bool(args.padding_free)
     tokenizer, model = common.load_tokenizer_and_model(resolved, packing=args.packing or flat, console=console)
-    teacher = load_teacher(resolved, tokenizer, args.packing or flat, console)
+    served = served_teacher(resolved, tokenizer, console)
+    teacher = None if served else load_teacher(resolved, tokenizer, args.packing or flat, console)
     if is_main_process():
         console.print(fast.line)
     if fast.compile_layers:
@@ -217,7 +258,8 @@ def train(resolved_json: dict, callbacks: list | None = None) -> dict:
             common.benchmark_callback(resolved, tokenizer, run_dir, console),
         ),
     )
-    trainer.teacher = teacher.to(trainer.accelerator.device)
+    trainer.teacher = teacher.to(trainer.accelerator.device) if teacher is not None else None
+    trainer.teacher_server = served
     if settings["mode"] == "on_policy":
         from leap_finetune.models.loading import end_token_ids
 

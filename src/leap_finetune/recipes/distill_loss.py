@@ -106,3 +106,61 @@ def chunked_loss(
         total = total + loss
         stats = stats + found.detach()
     return total, stats
+
+
+def chunked_top_k_loss(
+    spec: DistillLoss,
+    student_hidden: torch.Tensor,
+    student_head,
+    teacher_ids: torch.Tensor,
+    teacher_logprobs: torch.Tensor,
+    targets: torch.Tensor,
+    chunk: int = CHUNK_TOKENS,
+) -> tuple[torch.Tensor, torch.Tensor]:
+    """The loss against a served teacher's top-k (recipes/distill_server.py): at each token the target is the
+    teacher's distribution over its K likeliest tokens, renormalised at `temperature` (q), and the divergence is
+    sum_k q_k (log q_k - log p_s(k)) with the student's log-probabilities over the whole vocabulary - forward KL
+    with the teacher's tail left out: the student is pulled towards the K tokens and away from every other
+    (tests/recipes/test_distill_server.py: with K = the vocabulary it is chunked_loss's forward_kl). A token with no
+    teacher entry (-inf everywhere) adds no divergence. Stats as chunked_loss's, plus the teacher's probability
+    mass in its top-k (at temperature 1), summed."""
+    total = student_hidden.new_zeros((), dtype=torch.float32)
+    stats = torch.zeros(5, device=student_hidden.device)
+    t = spec.temperature
+
+    def one_chunk(hidden, ids, logprobs, target):
+        logits = student_head(hidden.to(student_head.weight.dtype)).float()
+        if spec.vocab is not None:
+            logits = logits[:, : spec.vocab]
+        student = F.log_softmax(logits / t, dim=-1)
+        known = torch.isfinite(logprobs[:, :1]).squeeze(1)
+        teacher = torch.log_softmax(logprobs.float() / t, dim=-1).nan_to_num(nan=-math.inf)
+        picked = student.gather(-1, ids.clamp(max=student.shape[-1] - 1))
+        weights = teacher.exp()
+        divergence = (weights * (teacher.clamp(min=-1e30) - picked)).sum(-1) * (t * t)
+        divergence = torch.where(known, divergence, torch.zeros_like(divergence))
+        cross_entropy = F.cross_entropy(logits, target, reduction="none")
+        loss = (1 - spec.mix) * divergence + spec.mix * cross_entropy
+        with torch.no_grad():
+            top = logits.argmax(-1)
+            found = torch.stack(
+                [
+                    divergence.sum(),
+                    cross_entropy.sum(),
+                    (top == target).sum().float(),
+                    ((top == ids[:, 0]) & known).sum().float(),
+                    logprobs.float().exp().sum(-1).sum(),
+                ]
+            )
+        return loss.sum(), found
+
+    for start in range(0, student_hidden.shape[0], chunk):
+        part = slice(start, start + chunk)
+        pieces = (student_hidden[part], teacher_ids[part], teacher_logprobs[part], targets[part])
+        if torch.is_grad_enabled() and student_hidden.requires_grad:
+            loss, found = checkpoint(one_chunk, *pieces, use_reentrant=False)
+        else:
+            loss, found = one_chunk(*pieces)
+        total = total + loss
+        stats = stats + found.detach()
+    return total, stats

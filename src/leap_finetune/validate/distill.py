@@ -92,6 +92,38 @@ def check_teacher(resolved, student) -> None:
             where=where,
             fix="give a teacher whose vocabulary is the tokenizer's",
         )
+    if resolved.distill.get("teacher_base_url"):
+        _check_server(resolved.distill["teacher_base_url"], min(10.0, resolved.distill["teacher_timeout_s"]))
+
+
+def _check_server(url: str, timeout_s: float) -> None:
+    """teacher_base_url answers GET /models (the worker then asks it for a first scoring before training; a server
+    the driver starts for teacher_gpus is checked there)."""
+    import json
+    import urllib.error
+    import urllib.request
+
+    url = url.rstrip("/")
+    fix = (
+        "start the server first (vllm serve TEACHER --max-logprobs 20, or python -m leap_finetune.evaluation.serve "
+        "TEACHER) and check the URL ends in /v1"
+    )
+    try:
+        with urllib.request.urlopen(f"{url}/models", timeout=timeout_s) as answer:
+            json.loads(answer.read())
+    except urllib.error.HTTPError as err:
+        raise LeapError(
+            f"the teacher server at {url} refused /models with HTTP {err.code}",
+            where="distill.teacher_base_url",
+            fix=fix,
+        ) from None
+    except (OSError, ValueError) as err:
+        reason = getattr(err, "reason", err)
+        raise LeapError(
+            f"the teacher server at {url} did not answer /models within {timeout_s:g} s ({reason})",
+            where="distill.teacher_base_url",
+            fix=fix,
+        ) from None
 
 
 def _output_width(model_id: str) -> int | None:

@@ -14,7 +14,8 @@ from leap_finetune.runs.processes import NO_MULTICAST
 
 
 def server_processes(devices: DevicePlan, resolved) -> list[dict]:
-    """GRPO's local servers, started by the driver before any training process (launch/rl_servers.py)."""
+    """GRPO's local servers and distillation's teacher server, started by the driver before any training process
+    (launch/rl_servers.py, launch/teacher_server.py)."""
     from leap_finetune.launch.rl_servers import judge_engine, local_servers
 
     listed = []
@@ -24,6 +25,11 @@ def server_processes(devices: DevicePlan, resolved) -> list[dict]:
             label = f"judge server ({judge_engine(devices)} serve, {where})"
         else:
             label = "rollout server (trl vllm-serve)"
+        listed.append({"name": label, "node": 0, "command": spec.command, "env": spec.env, "port": spec.port})
+    from leap_finetune.launch.teacher_server import teacher_engine, teacher_servers
+
+    for spec in teacher_servers(resolved, devices):
+        label = f"teacher server ({teacher_engine(devices)} serve, GPU)"
         listed.append({"name": label, "node": 0, "command": spec.command, "env": spec.env, "port": spec.port})
     return listed
 
@@ -401,7 +407,12 @@ def _teacher(resolved) -> dict | None:
     from leap_finetune.memory.plan import teacher_bytes
 
     d = resolved.distill
-    how = f"frozen, bf16 beside the student on its GPU; {d['mode']} {d['loss']}, temperature {d['temperature']:g}"
+    where = "frozen, bf16 beside the student on its GPU"
+    if d.get("teacher_base_url"):
+        where = f"served at {d['teacher_base_url']}, its top {d['teacher_top_k']} log-probs per token"
+    elif d.get("teacher_gpus"):
+        where = f"served on {d['teacher_gpus']} GPU(s) of its own, its top {d['teacher_top_k']} log-probs per token"
+    how = f"{where}; {d['mode']} {d['loss']}, temperature {d['temperature']:g}"
     return {"model": d["teacher"], "how": how, "weights_gib": round(teacher_bytes(resolved) / 2**30, 2)}
 
 
