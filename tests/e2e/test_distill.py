@@ -89,7 +89,8 @@ def test_a_distilled_student_learns_faster_than_sft_on_the_same_rows(task, sft):
 
 def test_on_policy_the_student_learns_from_the_teacher_on_its_own_answers(task):
     """mode on_policy: each step the student answers the rows' prompts itself and the teacher scores those answers:
-    its top-1 comes to agree with the teacher's and its cross-entropy on held-out right answers falls. (From a fresh
+    its top-1 comes to agree with the teacher's and its cross-entropy on held-out right answers falls. The answers
+    are sampled on leap-finetune's rollout sampler (GRPO's). (From a fresh
     student it is slower than SFT per step - measured 2.00 against 0.75 after 48 steps, docs/distillation.md: GKD
     starts from a warmed-up student.) With mix the rows' own answers add SFT's loss."""
     folder, teacher = task
@@ -99,6 +100,8 @@ def test_on_policy_the_student_learns_from_the_teacher_on_its_own_answers(task):
     assert evals[-1]["eval_distill/cross_entropy"] < evals[0]["eval_distill/cross_entropy"] / 2, evals
     trained = [r for r in on_policy["logs"] if "distill/teacher_agreement" in r]
     assert trained[0]["distill/teacher_agreement"] < 0.1 and trained[-1]["distill/teacher_agreement"] > 0.3, trained
+    said = (Path(on_policy["summary"]["run_dir"]) / "train.log").read_text()
+    assert "on-policy answers: sampled with leap-finetune's sampler" in said  # (rl/sampler.py, as GRPO's rollouts)
     mixed = _student(folder, "mixed", training_type="distill", teacher=teacher, distill={**settings, "mix": 0.5})
     assert mixed["summary"]["global_step"] == STEPS
 

@@ -42,6 +42,7 @@ def trainer_class():
         teacher_server = None  # a served teacher (recipes/distill_server.py) instead of `teacher`
         spec: DistillLoss | None = None
         on_policy: dict | None = None  # distill.mode on_policy: {max_new_tokens, temperature, eos, pad}
+        sampler = False  # on_policy: rl/sampler.py's Sampler, or None where generate samples (False: not decided)
 
         def compute_loss(self, model, inputs, return_outputs=False, num_items_in_batch=None):
             if model.training and self.on_policy is not None:
@@ -56,8 +57,11 @@ def trainer_class():
 
             settings = self.on_policy
             prompts = prompts_of(inputs["input_ids"], inputs["labels"], inputs.get("attention_mask"))
+            student = _unwrapped(model)
+            if self.sampler is False:  # (decided at the first sampling, said once)
+                self.sampler = on_policy_sampler(student, settings, bool(self.args.bf16))
             with self.accelerator.autocast():  # (generate on the unwrapped model: no autocast of its own)
-                answers = sample_answers(_unwrapped(model), prompts, **settings)
+                answers = sample_answers(student, prompts, **settings, sampler=self.sampler)
             sampled = on_policy_batch(prompts, answers, settings["pad"], inputs["input_ids"].device)
             loss = self._distill_loss(model, sampled, False, None, replace(self.spec, mix=0.0))
             if self.spec.mix:
@@ -105,6 +109,17 @@ def trainer_class():
             return super().log(logs, *args, **kwargs)
 
     return DistillTrainer
+
+
+def on_policy_sampler(student, settings: dict, bf16: bool):
+    """The sampler of on-policy answers (recipes/distill_on_policy.py), said once on the terminal and in train.log."""
+    from leap_finetune.recipes.distill_on_policy import sampler_for
+
+    sampler, reason = sampler_for(student, **settings, bf16=bf16)
+    if is_main_process():
+        engine = "leap-finetune's sampler (rl/sampler.py)" if sampler else f"transformers' generate ({reason})"
+        print(f"on-policy answers: sampled with {engine}", flush=True)
+    return sampler
 
 
 def served_loss(trainer, model, forward: dict, spec, trained, targets):

@@ -5,8 +5,11 @@ not only where the dataset's answers go (offline distillation trains on contexts
 For each row of a (padded) batch: the prompt is every token before its first trained token (the conversation up to
 the first assistant answer, as SFT's mask says), the student samples one answer to it (up to
 `distill.max_new_tokens`, at `distill.temperature`, stopping at its end-of-turn token), and the row becomes prompt +
-sampled answer, the answer trained. The sampling runs the student in evaluation mode with its cache, its compiled
-layers set to eager (decoding shapes change every step), and no gradients.
+sampled answer, the answer trained. The sampling runs the student in evaluation mode, without gradients, on
+leap-finetune's rollout sampler (rl/sampler.py, as GRPO's: a static cache, on a GPU a bf16 copy of the student
+refreshed each step and the decoding step in one CUDA graph) - or, where the sampler cannot apply the settings
+(`rl.sampler.why_not`), on transformers' generate with the compiled layers set to eager (decoding shapes change every
+step). `sampler_for` says which, once.
 """
 
 from __future__ import annotations
@@ -27,17 +30,50 @@ def prompts_of(input_ids: torch.Tensor, labels: torch.Tensor, attention_mask: to
     return prompts
 
 
+def sampler_for(model, *, max_new_tokens: int, temperature: float, eos: list[int], pad: int, bf16: bool):
+    """(leap-finetune's sampler for the student, None) - or (None, why generate samples instead)."""
+    from transformers import GenerationConfig
+
+    from leap_finetune.rl.sampler import Sampler, why_not
+
+    config = GenerationConfig(
+        do_sample=True, temperature=temperature, top_p=1.0, top_k=0, max_new_tokens=max_new_tokens,
+        cache_implementation="static", eos_token_id=eos, pad_token_id=pad,
+    )  # fmt: skip
+    reason = why_not(model, config)
+    if reason is not None:
+        return None, reason
+    cuda = next(model.parameters()).device.type == "cuda"
+    # (on a GPU: decoding on a bf16 copy, refreshed from the trained weights at each sampling, as GRPO's rollouts)
+    dtype = torch.bfloat16 if cuda and bf16 else None
+    return Sampler(model, config, list(eos), pad, compile=cuda, rollout_dtype=dtype), None
+
+
 @torch.no_grad()
 def sample_answers(
-    model, prompts: list[list[int]], *, max_new_tokens: int, temperature: float, eos: list[int], pad: int
+    model,
+    prompts: list[list[int]],
+    *,
+    max_new_tokens: int,
+    temperature: float,
+    eos: list[int],
+    pad: int,
+    sampler=None,
 ):
-    """One sampled answer per prompt, cut after its first end token."""
+    """One sampled answer per prompt, cut after its first end token (on `sampler` where given)."""
     device = next(model.parameters()).device
     width = max(len(p) for p in prompts)
     input_ids = torch.tensor([[pad] * (width - len(p)) + p for p in prompts], device=device)
     mask = torch.tensor([[0] * (width - len(p)) + [1] * len(p) for p in prompts], device=device)
     was_training = model.training
     model.eval()
+    if sampler is not None:
+        try:
+            out = sampler.generate(input_ids, mask, max_new_tokens)
+        finally:
+            if was_training:
+                model.train()
+        return _cut(out.tolist(), eos)
     stance = torch.compiler.set_stance("force_eager")
     stance.__enter__()
     try:
@@ -57,8 +93,12 @@ def sample_answers(
         stance.__exit__(None, None, None)
         if was_training:
             model.train()
+    return _cut(out[:, width:].tolist(), eos)
+
+
+def _cut(rows: list[list[int]], eos: list[int]) -> list[list[int]]:
     answers = []
-    for row in out[:, width:].tolist():
+    for row in rows:
         end = next((i + 1 for i, t in enumerate(row) if t in eos), len(row))
         answers.append(row[:end])
     return answers
