@@ -77,7 +77,9 @@ def physical_ids(indices: list[int]) -> str:
 
 def visible_gpus() -> int:
     """The GPUs this process sees (CUDA_VISIBLE_DEVICES applied). Without an NVIDIA driver here, 0 without importing
-    torch (~1 s of validate and plan on a laptop)."""
+    torch (~1 s of validate and plan on a laptop). With one, counted from `nvidia-smi -L` as CUDA would count them:
+    importing torch to ask it took seconds of every `validate` on the GPU machine (bench/startup.py); torch is asked
+    only where nvidia-smi cannot say (not installed, failing, or MIG instances, which CUDA enumerates its own way)."""
     import glob
     import os
     import shutil
@@ -87,12 +89,50 @@ def visible_gpus() -> int:
         return 0
     if shutil.which("nvidia-smi") is None and not glob.glob("/dev/nvidia[0-9]*"):
         return 0
+    listed = _nvidia_smi_gpus()
+    if listed is not None:
+        return count_visible(listed, visible)
     try:
         import torch
 
         return torch.cuda.device_count()
     except Exception:  # noqa: BLE001 - no usable CUDA: a CPU machine
         return 0
+
+
+def _nvidia_smi_gpus() -> list[str] | None:
+    """The UUIDs of the GPUs `nvidia-smi -L` lists, in its order; None where it cannot say."""
+    import shutil
+    import subprocess
+
+    if shutil.which("nvidia-smi") is None:
+        return None
+    try:
+        out = subprocess.run(["nvidia-smi", "-L"], capture_output=True, text=True, timeout=30)
+    except (OSError, subprocess.SubprocessError):
+        return None
+    lines = out.stdout.splitlines()
+    if out.returncode != 0 or any(line.strip().startswith("MIG") for line in lines):
+        return None
+    gpus = [line.split("UUID:")[-1].strip(" )") for line in lines if line.startswith("GPU ")]
+    return gpus
+
+
+def count_visible(gpus: list[str], visible: str | None) -> int:
+    """How many of `gpus` (UUIDs, in index order) CUDA enumerates under CUDA_VISIBLE_DEVICES `visible`: its entries
+    in order - an index or a (prefix of a) UUID - up to the first that names no GPU or one named before."""
+    if visible is None:
+        return len(gpus)
+    seen: set[int] = set()
+    for entry in (e.strip() for e in visible.split(",")):
+        if entry.isdigit():
+            index = int(entry)
+        else:
+            index = next((i for i, uuid in enumerate(gpus) if entry and uuid.startswith(entry)), -1)
+        if not 0 <= index < len(gpus) or index in seen:
+            break
+        seen.add(index)
+    return len(seen)
 
 
 def plan_devices(
