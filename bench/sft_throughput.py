@@ -318,6 +318,19 @@ ROUND_ONE = {
 }
 
 
+def fp8_tensorwise():
+    """precision fp8 with torchao's tensorwise scales (one per tensor: fewer scaling kernels, less accurate than the
+    rowwise default). Returns the undo."""
+    from leap_finetune.recipes import fp8
+
+    saved, fp8.RECIPE = fp8.RECIPE, "tensorwise"
+
+    def undo():
+        fp8.RECIPE = saved
+
+    return undo
+
+
 def liger_layer_kernels():
     """Liger's RMSNorm and SwiGLU kernels (liger-kernel 0.8.5) in LFM2's norms and MLPs, used as functions: Liger has
     no LFM2 patch, and TRL 1.16 refuses its fused linear cross entropy (it replaces the fused LM head). Inside the
@@ -371,6 +384,8 @@ VARIANTS = {
         {},
         functools.partial(compiled_optimizer, "reduce-overhead"),
     ),
+    "fp8": ("precision fp8 (torchao float8, rowwise scales)", {"precision": "fp8"}),
+    "fp8-tensorwise": ("precision fp8, tensorwise scales", {"precision": "fp8"}, fp8_tensorwise),
     "no-clip": ("default without gradient clipping (attribution only)", {"max_grad_norm": 0}),
     "liger": ("default with Liger's RMSNorm and SwiGLU kernels", {}, liger_layer_kernels),
     "padded": ("padded batches (the previous default)", OFF),

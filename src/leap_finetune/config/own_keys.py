@@ -15,7 +15,8 @@ from typing import Literal, Union, get_args, get_origin
 
 from pydantic import BaseModel, ConfigDict, Field
 
-from leap_finetune.config import communication, precision, profiles
+from leap_finetune.config import communication, profiles
+from leap_finetune.config import precision as precisions
 from leap_finetune.errors import LeapError
 from leap_finetune.methods import VISION_KEYS, Method
 
@@ -81,11 +82,18 @@ class OwnTrainingKeys(BaseModel):
         "batch runs through the LFM2 model as one flat row without padding (models/flat_rows.py; the same losses as "
         "padded batches); default: on for LFM2 on a CUDA GPU, off elsewhere",
     )
-    optimizer_precision: Literal[tuple(precision.PRECISIONS)] | None = Field(
+    optimizer_precision: Literal[tuple(precisions.PRECISIONS)] | None = Field(
         default=None,
         description="sft, dpo, kto: `fp32` (default) float32 master weights and AdamW states; `bf16_kahan` bf16 "
         "weights and states with torch-optimi's Kahan-summation AdamW (25% less peak memory on LFM2-1.2B, the same "
         "loss curve, not faster; opt-in, see docs/speed.md)",
+    )
+    precision: Literal[tuple(precisions.MATMUL_PRECISIONS)] | None = Field(
+        default=None,
+        description="sft, distill: the precision of the decoder's linear-layer matmuls. `bf16` (default): bf16 "
+        "autocast; `fp8`: torchao's float8 training (rowwise scales) - inputs and weights cast to FP8 for each "
+        "matmul, the weights, gradients and optimizer as before. Needs a GPU with FP8 matmuls (compute capability "
+        "8.9+: H100, H200, L4, RTX 4090) and torchao; opt-in, see docs/speed.md",
     )
     gradient_communication: Literal[tuple(communication.VALUES)] | None = Field(
         default=None,

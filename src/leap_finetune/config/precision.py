@@ -11,7 +11,13 @@ PRECISIONS = {
     "fp32": "float32 master weights and AdamW states (bf16 autocast)",
     "bf16_kahan": "bf16 weights and AdamW states with Kahan summation (torch-optimi)",
 }
-PACKAGE = {"bf16_kahan": ("optimi", "torch-optimi")}  # precision -> (module, PyPI name)
+PACKAGE = {"bf16_kahan": ("optimi", "torch-optimi"), "fp8": ("torchao", "torchao")}  # -> (module, PyPI name)
+# training_config.precision: the linear layers' matmuls (recipes/fp8.py)
+MATMUL_PRECISIONS = {
+    "bf16": "bf16 autocast (the default)",
+    "fp8": "torchao float8 training, rowwise scales (GPUs of compute capability 8.9+)",
+}
+FP8_CAPABILITY = (8, 9)  # FP8 tensor-core matmuls: Ada (8.9) and Hopper (9.0) and later
 # the Trainer's AdamW variants this replaces; other optimizers are not combined with it
 COMPATIBLE_OPTIM = ("adamw_torch", "adamw_torch_fused", "adamw_hf")
 
@@ -85,3 +91,37 @@ def check_optimizer_precision(user: dict, where: str, lora: bool) -> None:
             where=where,
             fix="remove optim (optimizer_precision chooses the optimizer), or use optimizer_precision: fp32",
         )
+
+
+def check_matmul_precision(user: dict, where: str) -> None:
+    """training_config.precision: fp8 needs torchao and bf16 autocast around it (not fp16). QLoRA's base and the GPU
+    itself are checked with the resolved config and the device plan (launch/checks.py `check_fp8`)."""
+    value = user["precision"]
+    check_choice("precision", value, MATMUL_PRECISIONS, where)
+    if value != "fp8":
+        return
+    if missing_package("fp8"):
+        raise LeapError(
+            "training_config.precision: fp8 runs the linear layers through torchao's float8 training, and torchao "
+            "is not installed",
+            where=where,
+            fix="pip install 'leap-finetune[fp8]' (torchao), or remove precision (bf16)",
+        )
+    if user.get("fp16"):
+        raise LeapError(
+            "training_config.precision: fp8 runs under bf16 autocast, and fp16 is true",
+            where=where,
+            fix="remove fp16 (bf16 is used on every GPU with FP8)",
+        )
+
+
+def fp8_device_problem(capabilities: list[str]) -> str | None:
+    """Why the training GPUs (nvidia-smi's compute_cap of each) cannot run FP8 matmuls; None where they can."""
+    for cap in capabilities:
+        try:
+            major, minor = (int(part) for part in cap.split("."))
+        except ValueError:
+            continue
+        if (major, minor) < FP8_CAPABILITY:
+            return f"a GPU of compute capability {cap} (FP8 matmuls need 8.9+: H100, H200, L4, RTX 4090)"
+    return None

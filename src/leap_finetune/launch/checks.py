@@ -64,6 +64,7 @@ def check_run(resolved: ResolvedConfig, console: Console, outputs_root: str | Pa
     if plan.finished is None:  # (a finished run trains nothing: the user's code is not run for it)
         check_custom_rewards(resolved, prepared, tokenizer, console)
     devices = device_plan(resolved)
+    check_fp8(resolved, devices, console)
     check_generation_batch(resolved, devices.workers)
     # GRPO: prompts that fill no generation batch; batch_tokens: micro-batches that drop_last would all drop
     prepared_steps(resolved, prepared, devices)
@@ -72,6 +73,58 @@ def check_run(resolved: ResolvedConfig, console: Console, outputs_root: str | Pa
     plan.changes = check_resume_matches(resolved, plan, fingerprint(prepared), devices.workers)
     check_run_folder_free(plan)
     return CheckedRun(resolved, tokenizer, renderer, prepared, plan, devices)
+
+
+def check_fp8(resolved: ResolvedConfig, devices: DevicePlan, console: Console) -> None:
+    """training_config.precision: fp8 on a base of float weights (not QLoRA's), on GPUs with FP8 matmuls (their
+    compute capability from nvidia-smi: no CUDA context in the driver). On the CPU torch emulates the FP8 matmuls:
+    allowed, with a note - the same rounding as on the GPU, to check a config at small scale."""
+    if resolved.training.get("precision") != "fp8":
+        return
+    from leap_finetune.config.precision import fp8_device_problem
+    from leap_finetune.config.quantization import is_quantized
+
+    where = f"{resolved.config_path or 'config'}: training_config.precision"
+    if is_quantized(resolved.training.get("model_init_kwargs")):
+        raise LeapError(
+            "training_config.precision: fp8 casts the base's weights to FP8 for each matmul, and the base is "
+            "quantized to 4 or 8 bits (QLoRA)",
+            where=where,
+            fix="keep one: QLoRA for the least memory (peft_config extends DEFAULT_QLORA), or LoRA over the bf16 base "
+            "(DEFAULT_LORA) with precision: fp8 for speed",
+        )
+    if not devices.use_gpu:
+        console.print(
+            "note: training_config.precision fp8 on the CPU: torch emulates the FP8 matmuls (slower than float32, "
+            "the same rounding as a GPU's); it is fast on GPUs of compute capability 8.9+ (H100, H200, L4, RTX 4090)",
+            markup=False,
+        )
+        return
+    problem = fp8_device_problem([c for c in map(_capability, devices.training) if c])
+    if problem:
+        raise LeapError(
+            f"training_config.precision: fp8, and the run would train on {problem}",
+            where=where,
+            fix="remove precision (bf16), or run on a GPU with FP8 matmuls",
+        )
+
+
+def _capability(index: int) -> str | None:
+    """nvidia-smi's compute_cap of GPU `index` (as the driver sees it), e.g. '9.0'; None where it cannot say."""
+    import subprocess
+
+    from leap_finetune.launch.devices import physical_ids
+
+    try:
+        out = subprocess.run(
+            ["nvidia-smi", "--query-gpu=compute_cap", "--format=csv,noheader", "-i", physical_ids([index])],
+            capture_output=True,
+            text=True,
+            timeout=30,
+        )
+    except (OSError, subprocess.SubprocessError):
+        return None
+    return out.stdout.strip().splitlines()[0] if out.returncode == 0 and out.stdout.strip() else None
 
 
 def check_solutions(resolved: ResolvedConfig, prepared: PreparedData) -> None:

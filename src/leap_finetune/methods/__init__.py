@@ -157,7 +157,15 @@ _RETRIEVAL = ("loss", "sequential_score")
 # a mixture-of-experts model's router losses (models/moe_router.py): the causal-LM training types
 ROUTER_KEYS = ("router_aux_loss_coef", "router_z_loss_coef")
 # the own keys of the types that train on SFT's conversations (sft, distill)
-CHAT_KEYS = ("loss_on", "loss_on_thinking", "compile_layers", "optimizer_precision", "batch_tokens", *ROUTER_KEYS)
+CHAT_KEYS = (
+    "loss_on",
+    "loss_on_thinking",
+    "compile_layers",
+    "optimizer_precision",
+    "precision",
+    "batch_tokens",
+    *ROUTER_KEYS,
+)
 
 METHODS: dict[str, Method] = {
     m.name: m

@@ -111,6 +111,10 @@ def train(resolved_json: dict, callbacks: list | None = None) -> dict:
     vision.prepare_vision_model(resolved, model, console)
     if is_main_process():
         console.print(fast.line)
+    if resolved.training.get("precision") == "fp8":  # (before compile: the casts are fused into each layer)
+        from leap_finetune.recipes.fp8 import use_fp8
+
+        use_fp8(model, console if is_main_process() else None)
     if fast.compile_layers:
         speed.compile_layers(model)
     samples = load_samples(run_dir) if is_main_process() else []

@@ -12,7 +12,7 @@ import importlib.util
 
 from leap_finetune.config import communication, own_keys, profiles
 from leap_finetune.config.arguments import check_training_values
-from leap_finetune.config.precision import check_optimizer_precision
+from leap_finetune.config.precision import check_matmul_precision, check_optimizer_precision
 from leap_finetune.config.rules import check_batch_tokens, check_router_coefs, check_training_rules
 from leap_finetune.config.schema import LeapConfigModel
 from leap_finetune.config.suggest import did_you_mean, other_type_key, unknown_key_fix
@@ -117,6 +117,8 @@ def check_key(key: str, user: dict, model: LeapConfigModel, own: set[str], where
         own_keys.check_switch(key, user[key], where)
         if key == "optimizer_precision":
             check_optimizer_precision(user, where, lora=bool(model.peft_config))
+        if key == "precision":
+            check_matmul_precision(user, where)
 
 
 def unknown_training_key(key: str, model: LeapConfigModel, allowed: set[str], where: str) -> LeapError:
