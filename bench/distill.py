@@ -1,6 +1,7 @@
 """Issue #52: distillation speed and memory, leap-finetune against TRL's GKDTrainer, same rows, same run.
 
-    python bench/distill.py [--teacher 1.2b] [--student 350m] [--steps 30] [--out distill.json]
+    python bench/distill.py [--teacher 1.2b] [--student 350m] [--steps 30] [--modes offline,on_policy] [--served]
+                            [--out distill.json]
     python bench/distill.py --smoke        # tiny-lfm2 into tiny-lfm2 on the CPU: checks the script, measures nothing
 
 - The models: random bf16 weights of the published LFM2 architectures (bench/sft_throughput.py's builder) and the
@@ -11,6 +12,12 @@
   dataset's answers, as offline distillation) and `beta: 0` (forward KL), its defaults otherwise.
 - Tokens/s: real (non-padding) tokens per second after 5 warm-up steps, from each run's metrics.jsonl; peak memory:
   torch.cuda.max_memory_allocated of each run.
+- `--modes on_policy`: a second row, the student sampling its answers each step (leap-finetune's sampler, 128 new
+  tokens) against GKDTrainer with `lmbda: 1` (every batch on-policy, its generate); tokens/s counts the trained rows'
+  real tokens as offline.
+- `--served`: leap-finetune's offline run once more with the teacher served by leap-finetune's own server on the same
+  GPU (`distill.teacher_base_url`, its top 20 log-probs per token): the cost of reading the teacher over HTTP against
+  holding it in the training process (`leap_served_tok_s`, `leap_served_peak_gib`: the training process alone).
 Row: {teacher, student, mode, leap_tok_s, trl_tok_s, leap_peak_gib, trl_peak_gib}.
 """
 
@@ -34,7 +41,12 @@ import torch  # noqa: E402
 NAMES = {"350m": "LFM2-350M", "1.2b": "LFM2-1.2B", "2.6b": "LFM2-2.6B"}
 
 
-def leap(student: str, teacher: str, data: Path, work: Path, steps: int, smoke: bool) -> dict:
+ON_POLICY_TOKENS = 128  # new tokens per sampled answer (--modes on_policy)
+
+
+def leap(
+    student: str, teacher: str, data: Path, work: Path, steps: int, smoke: bool, mode: str = "offline", url=None
+) -> dict:
     from sft_throughput import measured_leap_run
 
     config = {
@@ -54,12 +66,16 @@ def leap(student: str, teacher: str, data: Path, work: Path, steps: int, smoke: 
             "learning_rate": 1e-5,
         },
     }
+    if mode == "on_policy":
+        config["distill"] = {"mode": "on_policy", "max_new_tokens": 8 if smoke else ON_POLICY_TOKENS}
+    if url:
+        config["distill"] = {**config.get("distill", {}), "teacher_base_url": url}
     result = measured_leap_run(config, work, warmup_steps=0 if smoke else 5)
     shutil.rmtree(work / "outputs", ignore_errors=True)
     return result
 
 
-def trl(student: str, teacher: str, data: Path, work: Path, steps: int, smoke: bool) -> dict:
+def trl(student: str, teacher: str, data: Path, work: Path, steps: int, smoke: bool, mode: str = "offline") -> dict:
     from datasets import load_dataset
     from sft_throughput import tokens_per_second
     from transformers import AutoModelForCausalLM, AutoTokenizer
@@ -80,7 +96,8 @@ def trl(student: str, teacher: str, data: Path, work: Path, steps: int, smoke: b
         report_to="none",
         max_length=2048,
         learning_rate=1e-5,
-        lmbda=0.0,  # (the dataset's answers only: offline distillation)
+        lmbda=1.0 if mode == "on_policy" else 0.0,  # (0: the dataset's answers only, offline distillation)
+        max_new_tokens=8 if smoke else ON_POLICY_TOKENS,
         beta=0.0,  # (forward KL)
         include_num_input_tokens_seen="non_padding",
         disable_tqdm=True,
@@ -128,31 +145,19 @@ def models(args, work: Path) -> tuple[str, str]:
     return found[0], found[1]
 
 
-def main() -> None:
-    parser = argparse.ArgumentParser()
-    parser.add_argument("--teacher", default="1.2b", choices=sorted(NAMES))
-    parser.add_argument("--student", default="350m", choices=sorted(NAMES))
-    parser.add_argument("--steps", type=int, default=30)
-    parser.add_argument("--work", default="/tmp/leap-distill-bench")
-    parser.add_argument("--out", default="distill-results.json")
-    parser.add_argument("--smoke", action="store_true")
-    args = parser.parse_args()
-    work = Path(args.work)
-    work.mkdir(parents=True, exist_ok=True)
-    from sft_throughput import make_data
-
-    data = work / "rows.jsonl"
-    make_data(data, 24 if args.smoke else 8 * (args.steps + 2))
-    student, teacher = models(args, work)
-    steps = 3 if args.smoke else args.steps
-    row = {"teacher": "tiny-lfm2" if args.smoke else NAMES[args.teacher], "mode": "offline"}
+def one_mode(mode: str, student: str, teacher: str, data: Path, work: Path, steps: int, args) -> dict:
+    row = {"teacher": "tiny-lfm2" if args.smoke else NAMES[args.teacher], "mode": mode}
     row["student"] = "tiny-lfm2" if args.smoke else NAMES[args.student]
-    for side, run in (("leap", leap), ("trl", trl)):
+    sides = [("leap", lambda: leap(student, teacher, data, work, steps, args.smoke, mode))]
+    sides.append(("trl", lambda: trl(student, teacher, data, work, steps, args.smoke, mode)))
+    if args.served and mode == "offline":
+        sides.append(("leap_served", lambda: served(student, teacher, data, work, steps, args.smoke)))
+    for side, run in sides:
         gc.collect()
         if torch.cuda.is_available():
             torch.cuda.empty_cache()
         try:
-            found = run(student, teacher, data, work, steps, args.smoke)
+            found = run()
             row[f"{side}_tok_s"] = round(found["tokens_per_second"])
             row[f"{side}_peak_gib"] = round(found["peak_gib"], 2)
         except Exception as err:  # noqa: BLE001 - an out-of-memory or a failure is the row's answer
@@ -163,8 +168,58 @@ def main() -> None:
     )
     row["date"] = datetime.date.today().isoformat()
     row["device"] = torch.cuda.get_device_name(0) if torch.cuda.is_available() else "cpu"
-    Path(args.out).write_text(json.dumps([row], indent=2) + "\n")
-    print(json.dumps(row))
+    return row
+
+
+def served(student: str, teacher: str, data: Path, work: Path, steps: int, smoke: bool) -> dict:
+    """The offline run with the teacher behind leap-finetune's own server on this machine's GPU (or CPU)."""
+    import subprocess
+    import time
+    import urllib.request
+
+    port = 8391
+    device = "cuda" if torch.cuda.is_available() else "cpu"
+    command = [sys.executable, "-m", "leap_finetune.evaluation.serve", teacher, "--port", str(port), "--device", device]
+    with (work / "teacher-server.log").open("wb") as log:
+        server = subprocess.Popen(command, stdout=log, stderr=subprocess.STDOUT)
+        try:
+            for _ in range(600):
+                try:
+                    urllib.request.urlopen(f"http://127.0.0.1:{port}/health", timeout=2)
+                    break
+                except OSError:
+                    if server.poll() is not None:
+                        raise RuntimeError("the teacher server exited (teacher-server.log)") from None
+                    time.sleep(1)
+            return leap(student, teacher, data, work, steps, smoke, url=f"http://127.0.0.1:{port}/v1")
+        finally:
+            server.terminate()
+            server.wait(timeout=60)
+
+
+def main() -> None:
+    parser = argparse.ArgumentParser()
+    parser.add_argument("--teacher", default="1.2b", choices=sorted(NAMES))
+    parser.add_argument("--student", default="350m", choices=sorted(NAMES))
+    parser.add_argument("--steps", type=int, default=30)
+    parser.add_argument("--work", default="/tmp/leap-distill-bench")
+    parser.add_argument("--out", default="distill-results.json")
+    parser.add_argument("--smoke", action="store_true")
+    parser.add_argument("--modes", default="offline", help="offline,on_policy")
+    parser.add_argument("--served", action="store_true", help="offline once more with the teacher served")
+    args = parser.parse_args()
+    work = Path(args.work)
+    work.mkdir(parents=True, exist_ok=True)
+    from sft_throughput import make_data
+
+    data = work / "rows.jsonl"
+    make_data(data, 24 if args.smoke else 8 * (args.steps + 2))
+    student, teacher = models(args, work)
+    steps = 3 if args.smoke else args.steps
+    rows = [one_mode(mode, student, teacher, data, work, steps, args) for mode in args.modes.split(",")]
+    Path(args.out).write_text(json.dumps(rows, indent=2) + "\n")
+    for row in rows:
+        print(json.dumps(row))
 
 
 if __name__ == "__main__":

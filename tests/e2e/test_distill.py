@@ -195,6 +195,25 @@ def test_plan_serves_a_teacher_on_gpus_of_its_own(task, tmp_path):
     assert too_few.returncode == 2 and "1 for the teacher server (distill.teacher_gpus)" in too_few.stderr
 
 
+def test_plan_counts_the_on_policy_samplers_copy_and_caches(tmp_path):
+    """mode on_policy samples on leap-finetune's sampler: its bf16 copy of the student and static caches sit beside
+    the training step (memory/servers.py), as GRPO's rollouts do."""
+    from leap_finetune.memory.plan import predict, shape_of
+    from leap_finetune.memory.servers import kv_bytes
+    from leap_finetune.validate.loader import load_config
+
+    write_jsonl(tmp_path / "train.jsonl", fact_rows(8))
+    config = tiny_config(training_type="distill", teacher="tiny-lfm2", dataset={"path": "train.jsonl"})
+    config["distill"] = {"mode": "on_policy", "max_new_tokens": 64}
+    config["training_config"]["extends"] = "DEFAULT_DISTILL"
+    resolved = load_config(write_config(tmp_path, config))
+    shape = shape_of(resolved)
+    cache = predict(resolved, shape, longest=100).cache
+    assert cache > 2 * shape.parameters + kv_bytes(shape, 4, 164)  # (the copy, and caches for 4 prompts + 64 tokens)
+    offline = resolved.model_copy(update={"distill": {**resolved.distill, "mode": "offline"}})
+    assert predict(offline, shape, longest=100).cache == 0
+
+
 def test_plan_counts_the_teacher_and_lora_distils_too(task):
     folder, teacher = task
     config = tiny_config(

@@ -1,6 +1,6 @@
 """The GPUs the driver sees, counted without importing torch (launch/devices.py `visible_gpus`): from `nvidia-smi -L`,
-as CUDA enumerates them under CUDA_VISIBLE_DEVICES (indices or UUID prefixes, in order, up to the first entry that
-names no GPU or one named before). There is no GPU here: a stand-in `nvidia-smi` prints what the real one prints on
+as CUDA enumerates them under CUDA_VISIBLE_DEVICES (parsed as torch parses it: indices or UUID prefixes, in order,
+up to the first entry that names no GPU; a repeated entry makes it empty). There is no GPU here: a stand-in `nvidia-smi` prints what the real one prints on
 a two-GPU machine; the count must come from it, and torch must stay unimported."""
 
 from __future__ import annotations
@@ -18,7 +18,19 @@ GPUS = ["GPU-aaaa-1111", "GPU-bbbb-2222"]
 
 @pytest.mark.parametrize(
     ("visible", "count"),
-    [(None, 2), ("1", 1), ("1,0", 2), ("0,5,1", 1), ("GPU-bbbb", 1), ("0,0", 1), ("abc", 0), ("GPU-bbbb,0", 2)],
+    [
+        (None, 2),
+        ("1", 1),
+        ("1,0", 2),
+        ("0,5,1", 1),  # (the list ends at a GPU the machine does not have)
+        ("0,0", 0),  # (a repeated entry: CUDA sees none)
+        ("1gpu2,0", 2),  # (leading digits, as strtoul reads them)
+        ("abc", 0),
+        ("GPU-bbbb", 1),
+        ("GPU-bbbb,0", 1),  # (a UUID list ends at an entry that is not one)
+        ("GPU-", 0),  # (a prefix of both: ambiguous)
+        ("MIG-aaaa", None),  # (MIG: asked of torch)
+    ],
 )
 def test_cuda_visible_devices_counts_as_cuda_counts(visible, count):
     assert count_visible(GPUS, visible) == count

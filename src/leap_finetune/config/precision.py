@@ -107,11 +107,12 @@ def check_matmul_precision(user: dict, where: str) -> None:
             where=where,
             fix="pip install 'leap-finetune[fp8]' (torchao), or remove precision (bf16)",
         )
-    if user.get("fp16"):
+    if user.get("fp16") or user.get("bf16") is False:
+        key = "fp16 is true" if user.get("fp16") else "bf16 is false"
         raise LeapError(
-            "training_config.precision: fp8 runs under bf16 autocast, and fp16 is true",
+            f"training_config.precision: fp8 runs under bf16 autocast (its matmuls give bf16 outputs), and {key}",
             where=where,
-            fix="remove fp16 (bf16 is used on every GPU with FP8)",
+            fix="remove fp16 / bf16 (bf16 is used on every GPU with FP8)",
         )
 
 

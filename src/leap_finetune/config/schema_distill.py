@@ -60,6 +60,12 @@ class DistillConfig(StrictModel):
         "top `teacher_top_k` log-probs per token from it (docs/distillation.md). 0: the teacher loads beside the "
         "student on the training GPU (its whole distribution).",
     )
+    teacher_port: int = Field(
+        default=8300,
+        ge=1,
+        le=65535,
+        description="teacher_gpus: the port of the teacher server the driver starts on this node (127.0.0.1).",
+    )
     teacher_base_url: str | None = Field(
         default=None,
         min_length=1,
@@ -95,6 +101,10 @@ class DistillConfig(StrictModel):
             raise ValueError(
                 "teacher_gpus serves the teacher on this node's GPUs, and teacher_base_url names a server that "
                 "already serves it: keep one"
+            )
+        if "teacher_port" in self.model_fields_set and not self.teacher_gpus:
+            raise ValueError(
+                "teacher_port is the port of the server teacher_gpus starts; teacher_gpus is 0 (remove it)"
             )
         served = self.teacher_gpus > 0 or self.teacher_base_url is not None
         for key in ("teacher_top_k", "teacher_timeout_s"):

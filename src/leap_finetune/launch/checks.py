@@ -93,6 +93,13 @@ def check_fp8(resolved: ResolvedConfig, devices: DevicePlan, console: Console) -
             fix="keep one: QLoRA for the least memory (peft_config extends DEFAULT_QLORA), or LoRA over the bf16 base "
             "(DEFAULT_LORA) with precision: fp8 for speed",
         )
+    if getattr(resolved, "qat", None):
+        raise LeapError(
+            "training_config.precision: fp8 and qat both replace the linear layers' forward (QAT rounds the weights "
+            "to the export's format, fp8 casts them for the matmul): QAT's would bypass the FP8 layers",
+            where=where,
+            fix="keep one: qat for a model that keeps its scores after quantized export, or precision: fp8 for speed",
+        )
     if not devices.use_gpu:
         console.print(
             "note: training_config.precision fp8 on the CPU: torch emulates the FP8 matmuls (slower than float32, "

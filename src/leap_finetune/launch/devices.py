@@ -90,8 +90,9 @@ def visible_gpus() -> int:
     if shutil.which("nvidia-smi") is None and not glob.glob("/dev/nvidia[0-9]*"):
         return 0
     listed = _nvidia_smi_gpus()
-    if listed is not None:
-        return count_visible(listed, visible)
+    counted = count_visible(listed, visible) if listed is not None else None
+    if counted is not None:
+        return counted
     try:
         import torch
 
@@ -118,21 +119,30 @@ def _nvidia_smi_gpus() -> list[str] | None:
     return gpus
 
 
-def count_visible(gpus: list[str], visible: str | None) -> int:
-    """How many of `gpus` (UUIDs, in index order) CUDA enumerates under CUDA_VISIBLE_DEVICES `visible`: its entries
-    in order - an index or a (prefix of a) UUID - up to the first that names no GPU or one named before."""
+def count_visible(gpus: list[str], visible: str | None) -> int | None:
+    """How many of `gpus` (UUIDs, in index order) CUDA enumerates under CUDA_VISIBLE_DEVICES `visible`, parsed as
+    torch parses it (torch.cuda._parse_visible_devices): UUID prefixes if the first entry starts with GPU-, else
+    leading digits of each entry (`1gpu2` is 1); the list ends at the first entry that names nothing (or a GPU
+    beyond the machine's), and a repeated one makes it empty. None for MIG UUIDs (CUDA's own enumeration)."""
     if visible is None:
         return len(gpus)
-    seen: set[int] = set()
-    for entry in (e.strip() for e in visible.split(",")):
-        if entry.isdigit():
-            index = int(entry)
+    if visible.startswith("MIG-"):
+        return None
+    chosen: list[int] = []
+    for entry in visible.split(","):
+        if visible.startswith("GPU-"):
+            matches = [i for i, uuid in enumerate(gpus) if entry.startswith("GPU-") and uuid.startswith(entry)]
+            index = matches[0] if len(matches) == 1 else -1  # (an ambiguous prefix names nothing)
         else:
-            index = next((i for i, uuid in enumerate(gpus) if entry and uuid.startswith(entry)), -1)
-        if not 0 <= index < len(gpus) or index in seen:
+            digits = entry.strip()
+            digits = digits[: len(digits) - len(digits.lstrip("+0123456789"))] if digits else ""
+            index = int(digits) if digits.lstrip("+").isdigit() else -1
+        if index in chosen:
+            return 0
+        if not 0 <= index < len(gpus):
             break
-        seen.add(index)
-    return len(seen)
+        chosen.append(index)
+    return len(chosen)
 
 
 def plan_devices(
@@ -321,7 +331,7 @@ def device_plan(resolved, *, gpus: int | None = None, nodes: int | None = None) 
     if local_servers and address:
         raise LeapError(
             f"the run trains on the Ray cluster at {address}, and the plan has local servers (rollout "
-            "server or judge) on the driver's machine: the cluster's workers may share their GPUs or not "
+            "server, judge or teacher) on the driver's machine: the cluster's workers may share their GPUs or not "
             "reach them",
             where=where,
             fix="give the servers' URLs (training_config.vllm_server_base_url, rewards.judge.base_url, "

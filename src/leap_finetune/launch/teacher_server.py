@@ -16,8 +16,6 @@ import sys
 from leap_finetune.launch.devices import DevicePlan, physical_ids
 from leap_finetune.runs.processes import NO_MULTICAST, ServerSpec
 
-TEACHER_PORT = 8300
-
 
 def teacher_engine(devices: DevicePlan) -> str:
     """`vllm` where vLLM is installed, else leap-finetune's own server."""
@@ -28,13 +26,17 @@ def teacher_servers(resolved, devices: DevicePlan) -> list[ServerSpec]:
     distill = getattr(resolved, "distill", None)
     if not distill or not devices.teacher:
         return []
-    port, model = TEACHER_PORT, distill["teacher_id"]
+    port, model = distill.get("teacher_port", 8300), distill["teacher_id"]
     if teacher_engine(devices) == "vllm":
         command = [sys.executable, "-m", "vllm.entrypoints.cli.main", "serve", model, "--host", "127.0.0.1"]
         command += ["--port", str(port), "--tensor-parallel-size", str(len(devices.teacher)), "--dtype", "bfloat16"]
         # (vLLM refuses more prompt log-probs per position than --max-logprobs, 20 by default)
         command += ["--max-logprobs", str(max(20, distill["teacher_top_k"]))]
+        # (prefix caching off: with it, vLLM's prompt_logprobs of a cached prefix depend on the order of requests -
+        # vllm-project/vllm#42019 - and distillation's documents share their chat template's prefix)
+        command += ["--no-enable-prefix-caching"]
     else:
+        # (leap-finetune's own server runs on the first of the teacher's GPUs: one model, no tensor parallelism)
         command = [sys.executable, "-m", "leap_finetune.evaluation.serve", model, "--port", str(port)]
     return [
         ServerSpec(
@@ -54,4 +56,4 @@ def teacher_url(resolved, devices: DevicePlan) -> str | None:
         return None
     if distill.get("teacher_base_url"):
         return distill["teacher_base_url"]
-    return f"http://127.0.0.1:{TEACHER_PORT}/v1" if devices.teacher else None
+    return f"http://127.0.0.1:{distill.get('teacher_port', 8300)}/v1" if devices.teacher else None

@@ -44,6 +44,9 @@ def rollout_cache(resolved, shape: ModelShape, longest: int | None, gpu_bytes: i
     from leap_finetune.methods import method_of
 
     t = resolved.training
+    distill = getattr(resolved, "distill", None)
+    if distill and distill.get("mode") == "on_policy":
+        return on_policy_cache(resolved, shape, longest), ""
     if not method_of(resolved).rewards:
         return 0.0, ""
     if t.get("use_vllm"):
@@ -64,6 +67,19 @@ def rollout_cache(resolved, shape: ModelShape, longest: int | None, gpu_bytes: i
         copy = 0 if quantized else 2 * (shape.parameters + lora)  # (the bf16 rollout copy: none of a 4-bit base)
         return copy + CACHES_KEPT * kv_bytes(shape, rows, length), ""
     return kv_bytes(shape, rows, rollout_length(t, longest)), ""  # transformers' generate: one cache per rollout
+
+
+def on_policy_cache(resolved, shape: ModelShape, longest: int | None) -> float:
+    """distill mode on_policy: the student's answers sampled on leap-finetune's sampler - its bf16 copy of the student
+    and static caches for a micro-batch of prompts plus max_new_tokens (recipes/distill_on_policy.py)."""
+    from leap_finetune.rl.sampler import CACHES_KEPT, LENGTH_BUCKET
+
+    t = resolved.training
+    rows = int(t.get("per_device_train_batch_size", 8))
+    prompt = min(int(t.get("max_length") or 2048), longest or int(t.get("max_length") or 2048))
+    length = math.ceil((prompt + int(resolved.distill.get("max_new_tokens", 256))) / LENGTH_BUCKET) * LENGTH_BUCKET
+    lora = shape.lora_parameters(resolved.peft) if resolved.peft else 0
+    return 2 * (shape.parameters + lora) + CACHES_KEPT * kv_bytes(shape, rows, length)
 
 
 def smallest_vllm_share(resolved, shape: ModelShape, longest: int | None, gpu_bytes: int) -> float:

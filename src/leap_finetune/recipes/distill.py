@@ -123,12 +123,21 @@ def on_policy_sampler(student, settings: dict, bf16: bool):
 
 
 def served_loss(trainer, model, forward: dict, spec, trained, targets):
-    """The loss against the served teacher's top-k of this batch (asked before the student's forward runs)."""
+    """The loss against the served teacher's top-k of this batch: asked first, answered while the student's forward
+    runs."""
+    import torch
+
     from leap_finetune.recipes.distill_loss import chunked_top_k_loss
 
-    ids, logprobs = trainer.teacher_server.targets(forward)
+    pending = trainer.teacher_server.submit(forward) if spec.mix < 1 else None  # (mix 1: the divergence weighs 0)
     with trainer.accelerator.autocast():
         student = _decoder(model)(**forward).last_hidden_state
+    if pending is None:
+        shape = (*forward["input_ids"].shape, 1)
+        ids = torch.zeros(shape, dtype=torch.long, device=student.device)
+        logprobs = torch.full(shape, float("-inf"), device=student.device)
+    else:
+        ids, logprobs = pending.result()
     return chunked_top_k_loss(
         spec, student[:, :-1][trained], _head(model), ids[:, :-1][trained], logprobs[:, :-1][trained], targets[trained]
     )

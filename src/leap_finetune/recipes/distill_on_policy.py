@@ -44,8 +44,11 @@ def sampler_for(model, *, max_new_tokens: int, temperature: float, eos: list[int
     if reason is not None:
         return None, reason
     cuda = next(model.parameters()).device.type == "cuda"
-    # (on a GPU: decoding on a bf16 copy, refreshed from the trained weights at each sampling, as GRPO's rollouts)
-    dtype = torch.bfloat16 if cuda and bf16 else None
+    # (on a GPU: decoding on a bf16 copy, refreshed from the trained weights at each sampling, as GRPO's rollouts; the
+    # copy's layers are plain ones - the student's compiled layers are its own - and the sampler compiles its step)
+    if cuda and not bf16:
+        return None, "no bf16 on this GPU: the sampler decodes on a bf16 copy of the student"
+    dtype = torch.bfloat16 if cuda else None
     return Sampler(model, config, list(eos), pad, compile=cuda, rollout_dtype=dtype), None
 
 

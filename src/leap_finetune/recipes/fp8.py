@@ -31,13 +31,17 @@ def fp8_layer(module, name: str) -> bool:
 def use_fp8(model, console=None) -> int:
     """Swap the chosen linear layers for torchao's Float8Linear (before the trainer moves the model, before compile);
     returns how many."""
+    import dataclasses
+
     from torchao.float8 import Float8LinearConfig, convert_to_float8_training
 
     head = model.get_output_embeddings()
     chosen = {name for name, module in model.named_modules() if module is not head and fp8_layer(module, name)}
-    convert_to_float8_training(
-        model, config=Float8LinearConfig.from_recipe_name(RECIPE), module_filter_fn=lambda _, name: name in chosen
-    )
+    # pad_inner_dim: the weight gradient's matmul (grad_out^T @ input) has the batch's token count as its inner
+    # dimension, which FP8 GEMMs on CUDA need as a multiple of 16 - padding-free batches are multiples of 8, padded
+    # and on-policy ones any size. torchao pads it (with zeros: the product is unchanged).
+    config = dataclasses.replace(Float8LinearConfig.from_recipe_name(RECIPE), pad_inner_dim=True)
+    convert_to_float8_training(model, config=config, module_filter_fn=lambda _, name: name in chosen)
     if console is not None:
         console.print(f"precision: fp8 matmuls in {len(chosen)} linear layers (torchao float8, {RECIPE} scales)")
     return len(chosen)
