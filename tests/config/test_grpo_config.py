@@ -330,5 +330,5 @@ def test_local_servers_and_a_ray_cluster_do_not_mix(tmp_path):
     resolved = load_config(write_config(tmp_path, config))
     with pytest.raises(LeapError) as info:
         device_plan(resolved, gpus=2, nodes=1)
-    assert "local servers (rollout server or judge) on the driver's machine" in info.value.format()
+    assert "local servers (rollout server, judge or teacher) on the driver's machine" in info.value.format()
     assert "rewards.judge.base_url" in info.value.format()
