@@ -9,12 +9,13 @@ import it in every process)."""
 from __future__ import annotations
 
 import json
+import sys
 from pathlib import Path
 
 import pytest
 import torch
 
-from tests.conftest import REPO, fact_rows, run_cli, tiny_config, write_config, write_jsonl
+from tests.conftest import REPO, fact_rows, invoke, tiny_config, write_config, write_jsonl
 
 FP8_SITE = REPO / ".venv" / "fp8"
 
@@ -79,11 +80,11 @@ def test_the_fp8_sized_layers_become_float8_and_lora_wraps_them(wide_model, torc
     assert torch.isfinite(loss) and wrapped.lora_B["default"].weight.grad.abs().sum() > 0
 
 
-def test_a_run_trains_through_fp8_layers(wide_model, tmp_path):
-    write_jsonl(tmp_path / "train.jsonl", fact_rows(48))
+def test_a_run_trains_through_fp8_layers(wide_model, tmp_path, torchao_here):
+    write_jsonl(tmp_path / "train.jsonl", fact_rows(32))
     config = tiny_config(model_name=str(wide_model))
-    config["training_config"].update(precision="fp8", max_steps=12, learning_rate=3e-4)
-    summary = run_cli("run", str(write_config(tmp_path, config)), cwd=tmp_path, env={"PYTHONPATH": str(FP8_SITE)})
+    config["training_config"].update(precision="fp8", max_steps=8, learning_rate=3e-4, max_length=64)
+    summary = invoke("run", str(write_config(tmp_path, config)))
     said = summary.stdout + summary.stderr
     assert summary.returncode == 0, said
     assert "note: training_config.precision fp8 on the CPU: torch emulates the FP8 matmuls" in said
@@ -104,14 +105,13 @@ def test_a_run_trains_through_fp8_layers(wide_model, tmp_path):
         ({"precision": "fp4"}, None, "precision"),
     ],
 )
-def test_what_cannot_work_is_refused_before_a_model_loads(tmp_path, training, peft, said):
+def test_what_cannot_work_is_refused_before_a_model_loads(tmp_path, training, peft, said, torchao_here):
     write_jsonl(tmp_path / "train.jsonl", fact_rows(8))
     config = tiny_config()
     config["training_config"].update(training)
     if peft:
         config["peft_config"] = peft
-    path = write_config(tmp_path, config)
-    result = run_cli("validate", str(path), cwd=tmp_path, env={"PYTHONPATH": str(FP8_SITE)})
+    result = invoke("validate", str(write_config(tmp_path, config)))
     assert result.returncode == 2 and said in result.stderr and "Traceback" not in result.stderr, result.stderr
 
 
@@ -129,11 +129,11 @@ def test_fp8_over_a_quantized_base_is_refused():
         check_fp8(resolved, plan_devices(gpus=1), console=None)
 
 
-def test_without_torchao_the_error_gives_the_install_line(tmp_path):
-    # (the CLI's process has no torchao: the suite's .venv keeps it out, in .venv/fp8)
+def test_without_torchao_the_error_gives_the_install_line(tmp_path, monkeypatch):
+    monkeypatch.setitem(sys.modules, "torchao", None)  # (not importable here, as in the suite's .venv itself)
     write_jsonl(tmp_path / "train.jsonl", fact_rows(8))
     config = tiny_config()
     config["training_config"]["precision"] = "fp8"
-    result = run_cli("validate", str(write_config(tmp_path, config)), cwd=tmp_path)
+    result = invoke("validate", str(write_config(tmp_path, config)))
     assert result.returncode == 2, result.stderr
     assert "pip install 'leap-finetune[fp8]'" in result.stderr and "Traceback" not in result.stderr
