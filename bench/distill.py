@@ -189,7 +189,8 @@ def served(student: str, teacher: str, data: Path, work: Path, steps: int, smoke
                     break
                 except OSError:
                     if server.poll() is not None:
-                        raise RuntimeError("the teacher server exited (teacher-server.log)") from None
+                        said = (work / "teacher-server.log").read_text(errors="replace")[-600:]
+                        raise RuntimeError(f"the teacher server exited: {said}") from None
                     time.sleep(1)
             return leap(student, teacher, data, work, steps, smoke, url=f"http://127.0.0.1:{port}/v1")
         finally:

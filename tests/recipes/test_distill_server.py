@@ -102,3 +102,20 @@ def test_documents_are_found_as_the_model_sees_them():
     assert documents(ids, mask, None) == [(0, 0, 4), (1, 0, 6)]  # padded rows: up to the mask's length
     positions = torch.tensor([[0, 1, 2, 0, 1, 0]])  # packed / padding-free: a document starts at position 0
     assert documents(ids[:1], None, positions) == [(0, 0, 3), (0, 3, 5)]  # (the 1-token document has no target)
+
+
+def test_teacher_gpus_without_the_servers_web_stack_is_refused_with_the_install_line(monkeypatch):
+    """(found on the GPU machine: leap-finetune's own server exited at once there without FastAPI)"""
+    import sys
+    from types import SimpleNamespace
+
+    from leap_finetune.errors import LeapError
+    from leap_finetune.launch.checks import check_teacher_server
+    from leap_finetune.launch.devices import plan_devices
+
+    monkeypatch.setitem(sys.modules, "fastapi", None)
+    resolved = SimpleNamespace(config_path="config.yaml", distill={"teacher_gpus": 1})
+    with pytest.raises(LeapError, match="needs fastapi") as info:
+        check_teacher_server(resolved, plan_devices(gpus=2, teacher=1))
+    assert "pip install 'leap-finetune[serve]'" in info.value.format()
+    check_teacher_server(resolved, plan_devices(gpus=1))  # (no teacher GPUs: nothing to start, nothing asked)

@@ -65,6 +65,7 @@ def check_run(resolved: ResolvedConfig, console: Console, outputs_root: str | Pa
         check_custom_rewards(resolved, prepared, tokenizer, console)
     devices = device_plan(resolved)
     check_fp8(resolved, devices, console)
+    check_teacher_server(resolved, devices)
     check_generation_batch(resolved, devices.workers)
     # GRPO: prompts that fill no generation batch; batch_tokens: micro-batches that drop_last would all drop
     prepared_steps(resolved, prepared, devices)
@@ -113,6 +114,25 @@ def check_fp8(resolved: ResolvedConfig, devices: DevicePlan, console: Console) -
             f"training_config.precision: fp8, and the run would train on {problem}",
             where=where,
             fix="remove precision (bf16), or run on a GPU with FP8 matmuls",
+        )
+
+
+def check_teacher_server(resolved: ResolvedConfig, devices: DevicePlan) -> None:
+    """distill.teacher_gpus: the server the driver would start can start (vLLM, or leap-finetune's own server and its
+    web stack) - found on the GPU machine, where the server exited at once without FastAPI (2026-12-06)."""
+    from leap_finetune.launch.teacher_server import teacher_engine
+
+    if not devices.teacher or teacher_engine(devices) == "vllm":
+        return
+    import importlib.util
+
+    missing = [m for m in ("fastapi", "uvicorn") if importlib.util.find_spec(m) is None]
+    if missing:
+        raise LeapError(
+            f"distill.teacher_gpus starts leap-finetune's own teacher server (vLLM is not installed), which needs "
+            f"{', '.join(missing)}",
+            where=f"{resolved.config_path or 'config'}: distill.teacher_gpus",
+            fix="pip install 'leap-finetune[serve]' (or vllm)",
         )
 
 
