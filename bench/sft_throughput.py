@@ -319,8 +319,7 @@ ROUND_ONE = {
 
 
 def fp8_tensorwise():
-    """precision fp8 with torchao's tensorwise scales (one per tensor: fewer scaling kernels, less accurate than the
-    rowwise default). Returns the undo."""
+    """precision fp8 with torchao's tensorwise scales (one per tensor, not per row). Returns the undo."""
     from leap_finetune.recipes import fp8
 
     saved, fp8.RECIPE = fp8.RECIPE, "tensorwise"

@@ -30,25 +30,12 @@ def torchao_here(monkeypatch):
 @pytest.fixture(scope="module")
 def wide_model(tmp_path_factory) -> Path:
     """A 2-layer LFM2 (a convolution layer, an attention layer) whose linear layers are FP8-sized: hidden 1024."""
-    from transformers import Lfm2Config, Lfm2ForCausalLM
-
-    from leap_finetune.models.lfm2_keys import add_original_lfm2_keys
-    from leap_finetune.models.tiny import TINY_ARCH, load_tiny_tokenizer
+    from leap_finetune.models.tiny import build_tiny_model, load_tiny_tokenizer
 
     tokenizer = load_tiny_tokenizer("tiny-lfm2")
-    arch = {**TINY_ARCH, "hidden_size": 1024, "intermediate_size": 2048, "num_hidden_layers": 2}
+    arch = {"hidden_size": 1024, "intermediate_size": 2048, "num_hidden_layers": 2}
     arch.update(layer_types=["conv", "full_attention"], num_attention_heads=8, num_key_value_heads=2)
-    config = Lfm2Config(
-        vocab_size=len(tokenizer),
-        bos_token_id=tokenizer.bos_token_id,
-        eos_token_id=tokenizer.eos_token_id,
-        pad_token_id=tokenizer.pad_token_id,
-        tie_word_embeddings=True,
-        **arch,
-    )
-    torch.manual_seed(0)
-    model = Lfm2ForCausalLM(config)
-    add_original_lfm2_keys(model.config)
+    model = build_tiny_model("tiny-lfm2", tokenizer, arch=arch)
     folder = tmp_path_factory.mktemp("wide") / "model"
     model.save_pretrained(folder)
     tokenizer.save_pretrained(folder)

@@ -101,7 +101,8 @@ def build_tiny_processor(tokenizer):
     )
 
 
-def build_tiny_model(name: str, tokenizer, dtype=None):
+def build_tiny_model(name: str, tokenizer, dtype=None, arch: dict | None = None):
+    """`arch`: TINY_ARCH's values to change (a wider or shallower tiny LFM2 for a test)."""
     import torch
     from transformers import Lfm2Config, Lfm2ForCausalLM
 
@@ -113,7 +114,7 @@ def build_tiny_model(name: str, tokenizer, dtype=None):
         eos_token_id=tokenizer.eos_token_id,
         pad_token_id=tokenizer.pad_token_id,
         tie_word_embeddings=True,
-        **TINY_ARCH,
+        **{**TINY_ARCH, **(arch or {})},
     )
     if name == "tiny-lfm2-moe":
         from transformers import Lfm2MoeConfig, Lfm2MoeForCausalLM
