@@ -33,6 +33,7 @@ import torch  # noqa: E402
 MODELS = {"350m": "LFM2-350M", "1.2b": "LFM2-1.2B", "2.5-1.2b": "LFM2.5-1.2B", "2.6b": "LFM2-2.6B"}
 VL_MODELS = {"450m": "LFM2-VL-450M", "1.6b": "LFM2-VL-1.6B"}
 LORA = {"extends": "DEFAULT_LORA"}
+CHILD_ROW = "UNSLOTH_ROW "  # (--child-unsloth prints its row after this)
 
 
 def build_model(key: str, folder: Path) -> Path:
@@ -242,23 +243,63 @@ def budget_run(key: str, mode: str, budget: int, data: Path, work: Path, steps: 
     return row
 
 
+def peer_run(peer: str, key: str, mode: str, budget: int, out: Path, steps: int, start, **config) -> dict:
+    """A peer's row at the card of `budget` GiB emulated as in budget_run: `start(args)` builds its SFTTrainer from
+    TRL's SFTConfig (batch 8, max_length 2048, `config`); loading the model counts. fits = no out-of-memory; real
+    tokens/s after warm-up from the MetricsLog that `start` gives it (out/metrics.jsonl)."""
+    import statistics
+
+    from trl import SFTConfig
+
+    shutil.rmtree(out, ignore_errors=True)
+    out.mkdir(parents=True)
+    row = {"model": MODELS[key], "method": "sft", "mode": mode, "budget_gib": budget}
+    gc.collect()
+    torch.cuda.empty_cache()
+    torch.cuda.reset_peak_memory_stats()
+    total = torch.cuda.get_device_properties(0).total_memory
+    torch.cuda.set_per_process_memory_fraction(min(1.0, budget * 2**30 / total))
+    try:
+        args = SFTConfig(
+            output_dir=str(out),
+            max_steps=steps,
+            per_device_train_batch_size=8,
+            logging_steps=1,
+            save_strategy="no",
+            report_to="none",
+            max_length=2048,
+            learning_rate=2e-4 if mode in ("lora", "qlora") else 1e-5,
+            include_num_input_tokens_seen="non_padding",
+            disable_tqdm=True,
+            **config,
+        )
+        trainer = start(args)
+        trainer.train()
+        metrics = [json.loads(line) for line in (out / "metrics.jsonl").read_text().splitlines()]
+        speeds = [m["tokens_per_second"] for m in metrics if "tokens_per_second" in m and m["step"] > 3]
+        row.update({f"{peer}_fits": True, f"{peer}_tok_s": round(statistics.median(speeds)) if speeds else None})
+        del trainer
+    except Exception as err:  # noqa: BLE001 - an out-of-memory is the row's answer
+        row.update({f"{peer}_fits": False, f"{peer}_tok_s": None, "why": f"{type(err).__name__}: {str(err)[:200]}"})
+    finally:
+        torch.cuda.set_per_process_memory_fraction(1.0)
+        gc.collect()
+    row[f"{peer}_peak_gib"] = round(torch.cuda.max_memory_allocated() / 2**30, 2)
+    return row
+
+
 def trl_budget_run(key: str, mode: str, budget: int, data: Path, work: Path, steps: int) -> dict:
     """TRL's SFTTrainer with its defaults (batch 8, gradient checkpointing, the model's bf16 weights, padding) on the
     same rows at the same emulated card: full, LoRA (DEFAULT_LORA's targets) or QLoRA (nf4, as TRL's docs set it)."""
-    import statistics
-
     from datasets import load_dataset
     from peft import LoraConfig
-    from trl import SFTConfig, SFTTrainer
+    from trl import SFTTrainer
 
     from leap_finetune.config import profiles
     from leap_finetune.recipes.callbacks import MetricsLog
 
     model = build_model(key, work / "models" / key)
     out = work / f"trl-{key}-{mode}-{budget}"
-    shutil.rmtree(out, ignore_errors=True)
-    out.mkdir(parents=True)
-    row = {"model": MODELS[key], "method": "sft", "mode": mode, "budget_gib": budget}
     init = {}
     peft = None
     if mode in ("lora", "qlora"):
@@ -275,45 +316,81 @@ def trl_budget_run(key: str, mode: str, budget: int, data: Path, work: Path, ste
             bnb_4bit_compute_dtype=torch.bfloat16,
         )
         init["device_map"] = {"": 0}
-    gc.collect()
-    torch.cuda.empty_cache()
-    torch.cuda.reset_peak_memory_stats()
-    total = torch.cuda.get_device_properties(0).total_memory
-    torch.cuda.set_per_process_memory_fraction(min(1.0, budget * 2**30 / total))
-    try:
-        args = SFTConfig(
-            output_dir=str(out),
-            max_steps=steps,
-            per_device_train_batch_size=8,
-            logging_steps=1,
-            save_strategy="no",
-            report_to="none",
-            max_length=2048,
-            learning_rate=2e-4 if peft else 1e-5,
-            include_num_input_tokens_seen="non_padding",
-            disable_tqdm=True,
-            model_init_kwargs=init or None,
-        )
+
+    def start(args):
         dataset = load_dataset("json", data_files=str(data), split="train")
-        trainer = SFTTrainer(
-            model=str(model),
-            args=args,
-            train_dataset=dataset,
-            peft_config=peft,
-            callbacks=[MetricsLog(out / "metrics.jsonl")],
+        callbacks = [MetricsLog(out / "metrics.jsonl")]
+        return SFTTrainer(model=str(model), args=args, train_dataset=dataset, peft_config=peft, callbacks=callbacks)
+
+    return peer_run("trl", key, mode, budget, out, steps, start, model_init_kwargs=init or None)
+
+
+def unsloth_row(key: str, mode: str, budget: int, data: Path, work: Path, steps: int) -> dict:
+    """unsloth_budget_run in a process of its own (`--child-unsloth`): importing unsloth patches transformers, peft
+    and TRL for the rest of the process, and this process's leap and TRL rows must run them as they ship. The child's
+    output goes to work/unsloth-KEY-MODE-BUDGET.log."""
+    import subprocess
+    import sys
+
+    build_model(key, work / "models" / key)  # (built here, unpatched: the child only loads it)
+    spec = json.dumps([key, mode, budget, str(data), str(work), steps])
+    env = {**os.environ, "PYTHONUNBUFFERED": "1", "UNSLOTH_COMPILE_LOCATION": str(work / "unsloth_compiled_cache")}
+    for name in ("HF_HUB_OFFLINE", "TRANSFORMERS_OFFLINE", "HF_DATASETS_OFFLINE", "UNSLOTH_DISABLE_STATISTICS"):
+        env.setdefault(name, "1")  # (local random models: the hub is never needed, and may not be reachable)
+    command = [sys.executable, str(Path(__file__).resolve()), "--child-unsloth", spec]
+    done = subprocess.run(command, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True, env=env)
+    log = work / f"unsloth-{key}-{mode}-{budget}.log"
+    log.write_text(done.stdout)
+    found = [line[len(CHILD_ROW) :] for line in done.stdout.splitlines() if line.startswith(CHILD_ROW)]
+    if found:
+        return json.loads(found[-1])
+    last = (done.stdout.strip().splitlines() or [""])[-1]  # (a traceback's last line)
+    row = {"model": MODELS[key], "method": "sft", "mode": mode, "budget_gib": budget, "unsloth_fits": False}
+    why = f"child exited {done.returncode}: {last[:200]} (see {log})"
+    return {**row, "unsloth_tok_s": None, "why": why, "unsloth_peak_gib": None}
+
+
+def unsloth_budget_run(key: str, mode: str, budget: int, data: Path, work: Path, steps: int) -> dict:
+    """Unsloth's recipe on the same rows at the same emulated card: FastLanguageModel (bf16; nf4 for qlora; full
+    finetuning for full), its LoRA with DEFAULT_LORA's r, alpha and targets and use_gradient_checkpointing="unsloth",
+    then TRL's SFTTrainer as Unsloth patches it. Only in a process of its own (unsloth_row): unsloth is imported
+    before transformers, peft and TRL, and patches them."""
+    from unsloth import FastLanguageModel
+
+    # isort: split
+    from datasets import load_dataset
+    from trl import SFTTrainer
+
+    from leap_finetune.config import profiles
+    from leap_finetune.recipes.callbacks import MetricsLog
+
+    out = work / f"unsloth-{key}-{mode}-{budget}"
+    peft = mode in ("lora", "qlora")
+
+    def start(args):
+        model, tokenizer = FastLanguageModel.from_pretrained(
+            str(work / "models" / key),
+            max_seq_length=2048,
+            load_in_4bit=mode == "qlora",
+            dtype=torch.bfloat16,
+            full_finetuning=not peft,
         )
-        trainer.train()
-        metrics = [json.loads(line) for line in (out / "metrics.jsonl").read_text().splitlines()]
-        speeds = [m["tokens_per_second"] for m in metrics if "tokens_per_second" in m and m["step"] > 3]
-        row.update(trl_fits=True, trl_tok_s=round(statistics.median(speeds)) if speeds else None)
-        del trainer
-    except Exception as err:  # noqa: BLE001 - an out-of-memory is the row's answer
-        row.update(trl_fits=False, trl_tok_s=None, why=f"{type(err).__name__}: {str(err)[:200]}")
-    finally:
-        torch.cuda.set_per_process_memory_fraction(1.0)
-        gc.collect()
-    row["trl_peak_gib"] = round(torch.cuda.max_memory_allocated() / 2**30, 2)
-    return row
+        if peft:
+            lora = profiles.peft_profile("DEFAULT_LORA")
+            model = FastLanguageModel.get_peft_model(
+                model,
+                r=lora["r"],
+                target_modules=lora["target_modules"],
+                lora_alpha=lora["lora_alpha"],
+                use_gradient_checkpointing="unsloth",
+            )
+        dataset = load_dataset("json", data_files=str(data), split="train")
+        callbacks = [MetricsLog(out / "metrics.jsonl")]
+        return SFTTrainer(
+            model=model, processing_class=tokenizer, args=args, train_dataset=dataset, callbacks=callbacks
+        )
+
+    return peer_run("unsloth", key, mode, budget, out, steps, start)
 
 
 def cases(args) -> list[tuple[str, str, str, int]]:
@@ -357,11 +434,19 @@ def main() -> None:
         help="full, lora, checkpointing, qlora, qlora-nocompile (default: full,lora[,checkpointing])",
     )
     parser.add_argument(
-        "--peer", default="leap", help="with --budgets: leap (this project), trl (its defaults), or leap,trl (both)"
+        "--peer",
+        default="leap",
+        help="with --budgets, comma-separated: leap (this project), trl (its defaults), unsloth (its recipe, in a "
+        "process of its own)",
     )
+    parser.add_argument("--child-unsloth", default="", help=argparse.SUPPRESS)  # (unsloth_row's child process)
     parser.add_argument("--vl-models", default="450m,1.6b", help="vl-sft's models (bench/vl_sft_throughput.py)")
     parser.add_argument("--repredict", default="", help="a memory.json: predicted_gib again with today's estimator")
     args = parser.parse_args()
+    if args.child_unsloth:  # (before anything imports transformers: unsloth must come first)
+        key, mode, budget, data, work, steps = json.loads(args.child_unsloth)
+        row = unsloth_budget_run(key, mode, budget, Path(data), Path(work), steps)
+        return print(CHILD_ROW + json.dumps(row), flush=True)
     if args.repredict:
         return repredict(Path(args.repredict))
     work = Path(args.work)
@@ -374,8 +459,8 @@ def main() -> None:
         for key in args.models.split(","):
             for mode in (args.modes or "full,lora").split(","):
                 for budget in map(int, args.budgets.split(",")):
-                    for peer in args.peer.split(","):  # (leap,trl: each pair side by side, in the same run)
-                        run = trl_budget_run if peer == "trl" else budget_run
+                    for peer in args.peer.split(","):  # (leap,trl,unsloth: side by side, in the same run)
+                        run = {"trl": trl_budget_run, "unsloth": unsloth_row}.get(peer, budget_run)
                         row = run(key, mode, budget, data["sft"], work, args.steps)
                         print(json.dumps(row), flush=True)
                         with out.open("a") as handle:

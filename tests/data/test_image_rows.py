@@ -107,6 +107,8 @@ def test_image_tokens_from_the_size_equal_the_processors_own(reader, size, split
     assert list(layout.ids) == made
     pixels = sized.pixels_of([image])
     assert pixels["pixel_values"].shape[0] == layout.tiles  # one encoder picture per tile (+ thumbnail)
+    # the largest picture's real patches (what the encoder is cut to: models/vision.py), as the processor masks them
+    assert layout.patches == int(pixels["pixel_attention_mask"].sum(-1).max())
 
 
 def data_uri(colour=(1, 2, 3), fmt="PNG") -> str:

@@ -139,6 +139,22 @@ def test_a_large_picture_counts_its_tiles_as_the_data_step_cuts_it(workdir):
     assert large.activations > small.activations
 
 
+def test_small_pictures_count_their_own_patches_not_the_processors_padding(workdir):
+    """The encoder gets a batch cut to its largest picture (models/vision.py trim_picture_padding): 256x256 pictures
+    are 256 patches of the 1,024 the processor pads to, and the prediction shrinks with them."""
+    from leap_finetune.models.loading import tokenizer_at_hand
+
+    small_config = grpo_on_pictures(workdir, "LFM2-VL-450M", size=(256, 256))
+    resolved = load_config(write_config(workdir, small_config))
+    tokenizer, _ = tokenizer_at_hand(resolved.model_id)
+    _, _, prepared = prepare(resolved, tokenizer=tokenizer)
+    tiles = row_tiles(resolved, prepared)
+    assert (tiles.most, tiles.patches, tiles.counted) == (1, 256, True)
+    small = predict(resolved, shape_of(resolved), longest_row(prepared), H100, tiles)
+    full, _, _ = predicted(grpo_on_pictures(workdir, "LFM2-VL-450M"), workdir)  # (512x512: 1,024 patches)
+    assert small.activations < full.activations
+
+
 def test_without_the_rows_one_picture_per_row_of_the_most_patches_is_assumed(workdir):
     resolved = load_config(write_config(workdir, grpo_on_pictures(workdir, "LFM2-VL-450M")))
     tiles = row_tiles(resolved)

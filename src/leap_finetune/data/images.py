@@ -37,6 +37,7 @@ class ImageProblem(Exception):
 class ImageLayout:
     tiles: int  # pictures the vision encoder sees: the tiles and the thumbnail, or 1
     ids: tuple[int, ...]  # the tokens that replace the image's `<image>`
+    patches: int = 0  # of its largest picture (the vision encoder's work per picture: models/vision.py)
 
 
 def read_bytes(source: str) -> bytes:
@@ -128,6 +129,19 @@ def tile_grid(image_processor, width: int, height: int) -> tuple[int, int, int]:
     return rows, cols, rows * cols + (1 if ip.use_thumbnail and rows * cols != 1 else 0)
 
 
+def picture_patches(image_processor, width: int, height: int) -> int:
+    """The encoder patches of the largest picture an image of this size becomes: the image resized whole, or when it
+    is split, a tile (tile_size / patch size, squared) or the thumbnail (the image resized whole) if larger."""
+    ip = image_processor
+    new_width, new_height = ip.smart_resize(
+        height, width, ip.downsample_factor, ip.min_image_tokens, ip.max_image_tokens, ip.encoder_patch_size
+    )
+    whole = (new_width // ip.encoder_patch_size) * (new_height // ip.encoder_patch_size)
+    if tile_grid(ip, width, height)[2] == 1:
+        return whole
+    return max((ip.tile_size // ip.encoder_patch_size) ** 2, whole if ip.use_thumbnail else 0)
+
+
 class ImageReader:
     """A vision-language model's images as the model sees them: the processor (with the config's
     `image_processor:` settings applied) turns each into tokens here and into pixels per batch."""
@@ -183,7 +197,7 @@ class ImageReader:
         per_tile, for_image = processor._get_image_num_tokens([new_height, new_width])
         text = processor._build_image_tokens(rows, cols, per_tile, for_image, ip.use_thumbnail, True)
         ids = self.tokenizer(text, add_special_tokens=False)["input_ids"]
-        return ImageLayout(tiles, tuple(ids))
+        return ImageLayout(tiles, tuple(ids), picture_patches(ip, width, height))
 
     def pixels(self, sources: list[str]) -> dict:
         """The batch's pixel inputs (pixel_values, pixel_attention_mask, spatial_shapes), images in order."""
@@ -202,6 +216,7 @@ class ImageRow(CompactRow):
     images: list[str] = field(default_factory=list)
     image_tokens: list[int] = field(default_factory=list)  # per image
     tiles: int = 0
+    patches: int = 0  # of the row's largest picture
 
     def columns(self) -> dict:
         return {
@@ -209,6 +224,7 @@ class ImageRow(CompactRow):
             "image_sources": self.images,
             "image_tokens": self.image_tokens,
             "image_tiles": self.tiles,  # (the batch balance counts the vision encoder's work: recipes/sampling.py)
+            "image_patches": self.patches,  # (the memory estimate: memory/pictures.py)
         }
 
 
@@ -258,6 +274,7 @@ class VisionRenderer(Renderer):
             images=[ref.source for ref in conversation.images],
             image_tokens=[len(layout.ids) for layout in layouts],
             tiles=sum(layout.tiles for layout in layouts),
+            patches=max((layout.patches for layout in layouts), default=0),
         )
         return row, image_row
 

@@ -95,3 +95,34 @@ def open_image(path: str):
     from transformers.image_utils import load_image
 
     return load_image(path).convert("RGB")
+
+
+# The patches a picture is trimmed to come in steps of this many: every LFM2-VL image token is downsample_factor^2
+# (4) patches, so a step of 16 keeps whole tokens, and few distinct shapes reach the encoder's kernels.
+PATCH_STEP = 16
+
+
+def trim_picture_padding(model) -> bool:
+    """LFM2-VL's image processor pads every picture to its most patches (1,024 with LiquidAI's settings: a 256x256
+    image uses 256 of them), and the vision encoder (SigLIP2) runs its layers over the padding too: the attention
+    mask hides it from the result, not from the work or the memory. A forward pre-hook on the encoder cuts the
+    batch's pixels to its longest picture (rounded up to PATCH_STEP) before every call - training, the reference,
+    the sampler's prefill and evaluation alike. The encoder's output for each real patch is unchanged (tested); the
+    projector reads only real patches. True when the hook was added (once per model)."""
+    tower = getattr(getattr(model, "model", None), "vision_tower", None)
+    if tower is None or getattr(tower, "_leap_trim_hook", False):
+        return False
+    tower.register_forward_pre_hook(_trim_padding, with_kwargs=True)
+    tower._leap_trim_hook = True
+    return True
+
+
+def _trim_padding(module, args, kwargs):
+    values, mask = kwargs.get("pixel_values"), kwargs.get("pixel_attention_mask")
+    if args or values is None or mask is None or mask.dim() != 2 or values.dim() != 3 or mask.shape[0] == 0:
+        return None  # (not the keyword call Lfm2VlModel.get_image_features makes: left as it is)
+    longest = int(mask.sum(-1).max())  # (one wait for the device per encoder call; the shapes depend on it)
+    keep = min(mask.shape[1], -(-longest // PATCH_STEP) * PATCH_STEP)
+    if keep >= mask.shape[1]:
+        return None
+    return args, {**kwargs, "pixel_values": values[:, :keep], "pixel_attention_mask": mask[:, :keep]}

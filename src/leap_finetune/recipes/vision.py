@@ -17,7 +17,7 @@ from __future__ import annotations
 from leap_finetune.errors import LeapError
 from leap_finetune.recipes.ranks import is_main_process
 
-IMAGE_COLUMNS = ("image_sources", "image_tokens", "image_tiles")
+IMAGE_COLUMNS = ("image_sources", "image_tokens", "image_tiles", "image_patches")
 VISION_ENCODER, PROJECTOR, LANGUAGE_MODEL = "vision_tower", "multi_modal_projector", "language_model"
 
 
