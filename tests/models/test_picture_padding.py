@@ -1,5 +1,6 @@
-"""The vision encoder runs over the pictures' real patches only (models/vision.py trim_picture_padding): the model's
-output is what it was with the processor's padding, and the encoder is handed fewer patches."""
+"""The vision encoder runs over the pictures' real patches only (models/vision.py real_patches_only): each batch cut
+to its largest picture, the pictures packed into one sequence with attention kept inside each picture. The model's
+output and gradients are what transformers' own encoder gives over the processor's padding."""
 
 from __future__ import annotations
 
@@ -12,77 +13,89 @@ pytest.importorskip("torchvision")
 
 from PIL import Image  # noqa: E402
 
-from leap_finetune.models.loading import load_model  # noqa: E402
+from leap_finetune.models.loading import _load_model, load_model  # noqa: E402
 from leap_finetune.models.tiny import build_tiny_processor, load_tiny_tokenizer  # noqa: E402
-from leap_finetune.models.vision import PATCH_STEP, trim_picture_padding  # noqa: E402
+from leap_finetune.models.vision import PATCH_STEP, real_patches_only  # noqa: E402
 
 NAME = "tiny-lfm2.5-vl"
+SMALL, TALL, LARGE = (32, 32), (40, 70), (300, 200)  # 16, 24 and 48 of the tiny processor's 64 patches
 
 
 @pytest.fixture(scope="module")
-def parts():
+def models():
+    """(ours, transformers' own: the same seeded weights, nothing changed), the processor."""
     tokenizer = load_tiny_tokenizer(NAME)
-    model = load_model(NAME, tokenizer).eval()
-    return model, build_tiny_processor(tokenizer)
+    ours, theirs = load_model(NAME, tokenizer).eval(), _load_model(NAME, tokenizer).eval()
+    return ours, theirs, build_tiny_processor(tokenizer)
 
 
 def _inputs(processor, sizes):
-    images = [[Image.new("RGB", size, color)] for size, color in zip(sizes, ("red", "blue", "green"), strict=False)]
+    colours = ("red", "blue", "green", "white")
+    images = [[Image.new("RGB", size, colour)] for size, colour in zip(sizes, colours, strict=False)]
     text = ["<image>what colour is it?"] * len(images)
     return processor(text=text, images=images, return_tensors="pt", padding=True)
 
 
-def _encoder_patches(model, inputs) -> tuple[torch.Tensor, int]:
-    """The logits, and how many patches per picture the vision encoder was handed."""
-    seen = []
-    hook = model.model.vision_tower.register_forward_hook(
-        lambda module, args, output: seen.append(output.last_hidden_state.shape[1])
-    )
+def _run(model, inputs) -> tuple[torch.Tensor, int, int]:
+    """The logits; the patches per picture the encoder was handed; the patches its first MLP ran over."""
+    handed, ran = [], []
+    tower = model.model.vision_tower
+    hooks = [
+        tower.register_forward_pre_hook(lambda m, a, k: handed.append(k["pixel_values"].shape[1]), with_kwargs=True),
+        tower.encoder.layers[0].mlp.register_forward_hook(lambda m, a, o: ran.append(a[0].shape[:-1].numel())),
+    ]
     try:
         with torch.no_grad():
             logits = model(**inputs).logits
     finally:
-        hook.remove()
-    return logits, seen[0]
+        for hook in hooks:
+            hook.remove()
+    return logits, handed[-1], ran[0]
 
 
-def test_small_pictures_are_cut_to_their_patches_and_the_output_is_unchanged(parts):
-    model, processor = parts
-    inputs = _inputs(processor, [(32, 32), (40, 70)])  # 16 and 24 of the processor's 64 patches
-    padded = inputs["pixel_values"].shape[1]
-    longest = int(inputs["pixel_attention_mask"].sum(-1).max())
-    assert longest < padded == 64
-
-    untrimmed = copy.deepcopy(model)
-    untrimmed.model.vision_tower._forward_pre_hooks.clear()  # (the model as transformers builds it)
-    reference, reference_patches = _encoder_patches(untrimmed, inputs)
-    logits, patches = _encoder_patches(model, inputs)
-
-    assert reference_patches == padded
-    assert patches == -(-longest // PATCH_STEP) * PATCH_STEP < padded
+def test_small_pictures_are_cut_and_packed_and_the_output_is_unchanged(models):
+    ours, theirs, processor = models
+    inputs = _inputs(processor, [SMALL, TALL])
+    real = int(inputs["pixel_attention_mask"].sum())
+    reference, handed, ran = _run(theirs, inputs)
+    assert handed == 64 and ran == 2 * 64  # transformers' encoder: every picture padded to the processor's most
+    logits, handed, ran = _run(ours, inputs)
+    assert handed == -(-24 // PATCH_STEP) * PATCH_STEP  # cut to the largest picture
+    assert ran == real == 16 + 24  # packed: real patches only
     torch.testing.assert_close(logits, reference, rtol=1e-5, atol=1e-5)
 
 
-def test_a_batch_with_a_full_picture_is_left_as_it_is(parts):
-    model, processor = parts
-    inputs = _inputs(processor, [(32, 32), (300, 200), (40, 70)])  # the second fills most of the 64 patches
-    longest = int(inputs["pixel_attention_mask"].sum(-1).max())
-    _, patches = _encoder_patches(model, inputs)
-    assert patches == min(64, -(-longest // PATCH_STEP) * PATCH_STEP)
+def test_a_batch_with_a_large_picture_is_packed_all_the_same(models):
+    ours, theirs, processor = models
+    inputs = _inputs(processor, [SMALL, LARGE, TALL])
+    reference, _, _ = _run(theirs, inputs)
+    logits, _, ran = _run(ours, inputs)
+    assert ran == int(inputs["pixel_attention_mask"].sum()) == 16 + 48 + 24
+    torch.testing.assert_close(logits, reference, rtol=1e-5, atol=1e-5)
 
 
-def test_gradients_reach_the_encoder_through_the_cut(parts):
-    model, processor = parts
-    trained = copy.deepcopy(model).train()
-    inputs = _inputs(processor, [(32, 32)])
-    loss = trained(**inputs, labels=inputs["input_ids"]).loss
-    loss.backward()
-    first = trained.model.vision_tower.embeddings.patch_embedding.weight.grad
-    assert first is not None and float(first.abs().sum()) > 0
+@pytest.mark.parametrize("checkpointing", [False, True])
+def test_the_encoders_gradients_are_transformers_own(models, checkpointing):
+    ours, theirs, processor = models
+    inputs = _inputs(processor, [SMALL, LARGE])
+    grads = []
+    for model in (copy.deepcopy(ours).train(), copy.deepcopy(theirs).train()):
+        if checkpointing:
+            model.gradient_checkpointing_enable()
+        model(**inputs, labels=inputs["input_ids"]).loss.backward()
+        tower = model.model.vision_tower
+        grads.append(
+            [tower.embeddings.patch_embedding.weight.grad, tower.encoder.layers[0].self_attn.q_proj.weight.grad]
+        )
+    for mine, reference in zip(*grads, strict=True):
+        assert float(reference.abs().sum()) > 0
+        torch.testing.assert_close(mine, reference, rtol=1e-4, atol=1e-6)
 
 
-def test_the_hook_is_added_once(parts):
-    model, _ = parts
-    assert model.model.vision_tower._leap_trim_hook
-    assert trim_picture_padding(model) is False
-    assert len(model.model.vision_tower._forward_pre_hooks) == 1
+def test_the_change_is_made_once_and_survives_a_copy(models):
+    ours, _, _ = models
+    assert real_patches_only(ours) is False  # (already done by load_model)
+    assert len(ours.model.vision_tower._forward_pre_hooks) == 1
+    copied = copy.deepcopy(ours)
+    assert type(copied.model.vision_tower) is type(ours.model.vision_tower)
+    assert type(ours.model.vision_tower).__name__.startswith("Packed")

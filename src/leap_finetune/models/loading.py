@@ -76,11 +76,11 @@ def torch_dtype(name):
 
 def load_model(model_id: str, tokenizer, init_kwargs: dict | None = None, *, dtype=None):
     """`dtype` is the default when init_kwargs has none (float32 master weights for training). A vision-language
-    model's encoder runs over its pictures' real patches only (models/vision.py trim_picture_padding)."""
-    from leap_finetune.models.vision import trim_picture_padding
+    model's encoder runs over its pictures' real patches only (models/vision.py real_patches_only)."""
+    from leap_finetune.models.vision import real_patches_only
 
     model = _load_model(model_id, tokenizer, init_kwargs, dtype=dtype)
-    trim_picture_padding(model)
+    real_patches_only(model)
     return model
 
 

@@ -97,6 +97,16 @@ def open_image(path: str):
     return load_image(path).convert("RGB")
 
 
+def real_patches_only(model) -> bool:
+    """A vision-language model's encoder over its pictures' real patches: each batch cut to its largest picture
+    (trim_picture_padding), and the pictures packed into one sequence (models/packed_vision.py). True when the model
+    has a vision encoder this applies to."""
+    from leap_finetune.models.packed_vision import pack_vision_encoder
+
+    trimmed = trim_picture_padding(model)
+    return pack_vision_encoder(model) or trimmed
+
+
 # The patches a picture is trimmed to come in steps of this many: every LFM2-VL image token is downsample_factor^2
 # (4) patches, so a step of 16 keeps whole tokens, and few distinct shapes reach the encoder's kernels.
 PATCH_STEP = 16
