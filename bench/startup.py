@@ -93,6 +93,7 @@ def main() -> None:
         "import leap_finetune": [sys.executable, "-c", "import leap_finetune"],
         "leap-finetune --help": [*cli, "--help"],
         "leap-finetune validate": [*cli, "validate", args.config],
+        "leap-finetune plan": [*cli, "plan", args.config],  # (#48: < 5 s on the GPU machine, as validate)
     }
     rows = []
     for name, command in commands.items():
