@@ -169,8 +169,27 @@ def test_a_teacher_server_that_does_not_answer_stops_the_run_naming_it(task, tmp
     )
     result = invoke("run", str(write_config(tmp_path, config)))
     said = result.stderr + result.stdout
-    assert result.returncode == 2 and f"the teacher server at http://127.0.0.1:{port}/v1 did not answer" in said, said
-    assert "Traceback" not in said
+    assert result.returncode == 2 and f"nothing answers at http://127.0.0.1:{port}/v1" in said, said
+    assert "connection was refused" in said and "Traceback" not in said
+
+
+def test_a_server_of_another_model_than_the_teacher_is_refused(task, tmp_path):
+    """The server answers, but serves another model: its log-probs are not the teacher's (here another tokenizer
+    too), so validate stops before anything loads, naming both."""
+    folder, teacher = task
+    write_jsonl(tmp_path / "train.jsonl", fact_rows(8))
+    with _served("tiny-lfm2.5-vl", tmp_path / "other-server.log") as url:
+        config = tiny_config(
+            training_type="distill",
+            teacher=teacher,
+            distill={"teacher_base_url": url},
+            dataset={"path": "train.jsonl"},
+            training_config={"extends": "DEFAULT_DISTILL", "max_steps": 2},
+        )
+        result = invoke("validate", str(write_config(tmp_path, config)))
+    said = result.stderr + result.stdout
+    assert result.returncode == 2, said
+    assert "serves 'tiny-lfm2.5-vl', and teacher is" in said and "--served-model-name" in said, said
 
 
 def test_plan_serves_a_teacher_on_gpus_of_its_own(task, tmp_path):

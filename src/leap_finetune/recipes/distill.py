@@ -224,7 +224,7 @@ def served_teacher(resolved: ResolvedConfig, tokenizer, console):
     server = TeacherServer(
         settings["server_url"], settings["teacher_top_k"], settings["teacher_timeout_s"], settings["teacher_id"]
     )
-    server.check(tokenizer("a b", add_special_tokens=True)["input_ids"][:4] * 2)
+    server.check(tokenizer("a b", add_special_tokens=True)["input_ids"][:4] * 2, settings["teacher"])
     console.print(
         f"teacher: {settings['teacher']} served at {settings['server_url']} (model {server.model}; its top "
         f"{settings['teacher_top_k']} log-probs per token)"

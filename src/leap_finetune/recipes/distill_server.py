@@ -22,6 +22,7 @@ from concurrent.futures import Future, ThreadPoolExecutor
 import torch
 
 from leap_finetune.errors import LeapError
+from leap_finetune.validate.distill import served_teacher_name
 
 WORKERS = 8
 
@@ -33,11 +34,12 @@ class TeacherServer:
         self.pool = ThreadPoolExecutor(WORKERS, thread_name_prefix="leap-teacher")
         self.ahead = ThreadPoolExecutor(1, thread_name_prefix="leap-teacher-batch")  # (a batch at a time, ahead)
 
-    def check(self, probe: list[int]) -> None:
-        """Before training: the server answers, names its model, and scores a prompt with K log-probs."""
+    def check(self, probe: list[int], written: str | None = None) -> None:
+        """Before training: the server answers, serves the teacher (`written`: the config's `teacher:`), and scores a
+        prompt with K log-probs."""
         models = self._call("GET", "/models", None)
         served = [m.get("id") for m in models.get("data", []) if isinstance(m, dict)]
-        self.model = self.teacher if self.teacher in served or not served else served[0]
+        self.model = served_teacher_name(self.url, served, self.teacher, written or self.teacher)
         self.scores(probe)
 
     def scores(self, tokens: list[int]) -> tuple[torch.Tensor, torch.Tensor]:

@@ -93,37 +93,71 @@ def check_teacher(resolved, student) -> None:
             fix="give a teacher whose vocabulary is the tokenizer's",
         )
     if resolved.distill.get("teacher_base_url"):
-        _check_server(resolved.distill["teacher_base_url"], min(10.0, resolved.distill["teacher_timeout_s"]))
+        settings = resolved.distill
+        config = resolved.config_path or "config"
+        _check_server(settings["teacher_base_url"], min(10.0, settings["teacher_timeout_s"]), settings, config)
 
 
-def _check_server(url: str, timeout_s: float) -> None:
-    """teacher_base_url answers GET /models (the worker then asks it for a first scoring before training; a server
-    the driver starts for teacher_gpus is checked there)."""
+def _check_server(url: str, timeout_s: float, settings: dict, config: str) -> None:
+    """teacher_base_url answers GET /models and serves the teacher (the worker then asks it for a first scoring
+    before training; a server the driver starts for teacher_gpus is checked there)."""
     import json
     import urllib.error
     import urllib.request
 
-    url = url.rstrip("/")
+    url, where = url.rstrip("/"), f"{config}: distill.teacher_base_url"
     fix = (
         "start the server first (vllm serve TEACHER --max-logprobs 20, or python -m leap_finetune.evaluation.serve "
         "TEACHER) and check the URL ends in /v1"
     )
     try:
         with urllib.request.urlopen(f"{url}/models", timeout=timeout_s) as answer:
-            json.loads(answer.read())
+            models = json.loads(answer.read())
     except urllib.error.HTTPError as err:
-        raise LeapError(
-            f"the teacher server at {url} refused /models with HTTP {err.code}",
-            where="distill.teacher_base_url",
-            fix=fix,
-        ) from None
+        message = f"the teacher server at {url} refused /models with HTTP {err.code}"
+        raise LeapError(message, where=where, fix=fix) from None
+    except ConnectionRefusedError:
+        raise LeapError(f"nothing answers at {url}: the connection was refused", where=where, fix=fix) from None
     except (OSError, ValueError) as err:
         reason = getattr(err, "reason", err)
-        raise LeapError(
-            f"the teacher server at {url} did not answer /models within {timeout_s:g} s ({reason})",
-            where="distill.teacher_base_url",
-            fix=fix,
-        ) from None
+        if isinstance(reason, ConnectionRefusedError):
+            raise LeapError(f"nothing answers at {url}: the connection was refused", where=where, fix=fix) from None
+        message = f"the teacher server at {url} did not answer /models within {timeout_s:g} s ({reason})"
+        raise LeapError(message, where=where, fix=fix) from None
+    entries = models.get("data", []) if isinstance(models, dict) else []
+    served = [entry.get("id") for entry in entries if isinstance(entry, dict)]
+    served_teacher_name(url, served, settings["teacher_id"], settings["teacher"], where)
+
+
+def served_teacher_name(url: str, served: list, teacher_id: str, written: str, where: str = "") -> str:
+    """The model name to ask the server for: the one of its /models that is the teacher - the same id, or the same
+    last path part (a folder served by path, a Hub id, `--served-model-name` set to the folder's name). A server that
+    serves another model is refused: its log-probs would be another model's, with perhaps another tokenizer, and the
+    run and its model card would name a teacher it never learnt from."""
+    served = [str(name) for name in served if name]
+    if not served:
+        return teacher_id  # (a server that lists nothing: asked by the teacher's name)
+
+    def short(name: str) -> str:
+        return name.rstrip("/").replace("\\", "/").rsplit("/", 1)[-1].lower()
+
+    for name in served:
+        if name in (teacher_id, written) or short(name) in (short(teacher_id), short(written)):
+            return name
+    listed = ", ".join(repr(name) for name in served[:5])
+    return _raise(
+        LeapError(
+            f"the teacher server at {url} serves {listed}, and teacher is '{written}': the run would learn from "
+            "another model than the one the config and the model card name",
+            where=where or "distill.teacher_base_url",
+            fix=f"serve the teacher there (vllm serve {written} --max-logprobs 20, or give it that name with "
+            "--served-model-name), or set teacher: to the model the server serves",
+        )
+    )
+
+
+def _raise(error: LeapError):
+    raise error
 
 
 def _output_width(model_id: str) -> int | None:
