@@ -124,3 +124,31 @@ def test_without_torchao_the_error_gives_the_install_line(tmp_path, monkeypatch)
     result = invoke("validate", str(write_config(tmp_path, config)))
     assert result.returncode == 2, result.stderr
     assert "pip install 'leap-finetune[fp8]'" in result.stderr and "Traceback" not in result.stderr
+
+
+@pytest.mark.parametrize(
+    ("training", "said"),
+    [
+        ({"fp16": True}, "fp8 runs under bf16 autocast"),
+        ({"model_init_kwargs": {"quantization_config": {"load_in_4bit": True}}}, "quantized to 4 or 8 bits"),
+    ],
+)
+def test_without_torchao_a_conflict_in_the_config_is_said_first(tmp_path, monkeypatch, training, said):
+    """Installing torchao would not make these work: the conflict is the message, not the install line."""
+    monkeypatch.setitem(sys.modules, "torchao", None)
+    from leap_finetune.errors import LeapError
+    from leap_finetune.launch.checks import check_fp8
+    from leap_finetune.launch.devices import plan_devices
+
+    if "fp16" in training:
+        write_jsonl(tmp_path / "train.jsonl", fact_rows(8))
+        config = tiny_config()
+        config["training_config"].update(precision="fp8", **training)
+        result = invoke("validate", str(write_config(tmp_path, config)))
+        assert result.returncode == 2 and said in result.stderr and "pip install" not in result.stderr
+        return
+    from types import SimpleNamespace
+
+    resolved = SimpleNamespace(training={"precision": "fp8", **training}, config_path="config.yaml")
+    with pytest.raises(LeapError, match=said):
+        check_fp8(resolved, plan_devices(gpus=1), console=None)

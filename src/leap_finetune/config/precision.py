@@ -94,25 +94,30 @@ def check_optimizer_precision(user: dict, where: str, lora: bool) -> None:
 
 
 def check_matmul_precision(user: dict, where: str) -> None:
-    """training_config.precision: fp8 needs torchao and bf16 autocast around it (not fp16). QLoRA's base and the GPU
-    itself are checked with the resolved config and the device plan (launch/checks.py `check_fp8`)."""
+    """training_config.precision: fp8 needs bf16 autocast around it (not fp16). QLoRA's base, QAT, torchao installed
+    and the GPU itself are checked with the resolved config and the device plan (launch/checks.py `check_fp8`), in that
+    order: a conflict in the config is said before an install that would not help."""
     value = user["precision"]
     check_choice("precision", value, MATMUL_PRECISIONS, where)
     if value != "fp8":
         return
-    if missing_package("fp8"):
-        raise LeapError(
-            "training_config.precision: fp8 runs the linear layers through torchao's float8 training, and torchao "
-            "is not installed",
-            where=where,
-            fix="pip install 'leap-finetune[fp8]' (torchao), or remove precision (bf16)",
-        )
     if user.get("fp16") or user.get("bf16") is False:
         key = "fp16 is true" if user.get("fp16") else "bf16 is false"
         raise LeapError(
             f"training_config.precision: fp8 runs under bf16 autocast (its matmuls give bf16 outputs), and {key}",
             where=where,
             fix="remove fp16 / bf16 (bf16 is used on every GPU with FP8)",
+        )
+
+
+def require_torchao(where: str) -> None:
+    """precision: fp8's library (after the config's own conflicts: launch/checks.py check_fp8)."""
+    if missing_package("fp8"):
+        raise LeapError(
+            "training_config.precision: fp8 runs the linear layers through torchao's float8 training, and torchao "
+            "is not installed",
+            where=where,
+            fix="pip install 'leap-finetune[fp8]' (torchao), or remove precision (bf16)",
         )
 
 

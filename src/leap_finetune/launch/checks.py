@@ -82,7 +82,7 @@ def check_fp8(resolved: ResolvedConfig, devices: DevicePlan, console: Console) -
     allowed, with a note - the same rounding as on the GPU, to check a config at small scale."""
     if resolved.training.get("precision") != "fp8":
         return
-    from leap_finetune.config.precision import fp8_device_problem
+    from leap_finetune.config.precision import fp8_device_problem, require_torchao
     from leap_finetune.config.quantization import is_quantized
 
     where = f"{resolved.config_path or 'config'}: training_config.precision"
@@ -101,6 +101,7 @@ def check_fp8(resolved: ResolvedConfig, devices: DevicePlan, console: Console) -
             where=where,
             fix="keep one: qat for a model that keeps its scores after quantized export, or precision: fp8 for speed",
         )
+    require_torchao(where)
     if not devices.use_gpu:
         console.print(
             "note: training_config.precision fp8 on the CPU: torch emulates the FP8 matmuls (slower than float32, "
