@@ -128,12 +128,13 @@ def models(args, work: Path) -> tuple[str, str]:
     if args.smoke:
         from leap_finetune.models.tiny import build_tiny_model, load_tiny_tokenizer
 
-        folder = work / "models" / "tiny"
-        if not (folder / "config.json").exists():
-            tokenizer = load_tiny_tokenizer("tiny-lfm2")
-            build_tiny_model("tiny-lfm2", tokenizer).save_pretrained(folder)
-            tokenizer.save_pretrained(folder)
-        return str(folder), str(folder)
+        folders = [work / "models" / "tiny", work / "models" / "tiny-teacher"]  # (a model is not its own teacher)
+        for folder in folders:
+            if not (folder / "config.json").exists():
+                tokenizer = load_tiny_tokenizer("tiny-lfm2")
+                build_tiny_model("tiny-lfm2", tokenizer).save_pretrained(folder)
+                tokenizer.save_pretrained(folder)
+        return str(folders[0]), str(folders[1])
     from sft_throughput import build_model
 
     found = []

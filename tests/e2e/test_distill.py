@@ -222,7 +222,7 @@ def test_plan_counts_the_on_policy_samplers_copy_and_caches(tmp_path):
     from leap_finetune.validate.loader import load_config
 
     write_jsonl(tmp_path / "train.jsonl", fact_rows(8))
-    config = tiny_config(training_type="distill", teacher="tiny-lfm2", dataset={"path": "train.jsonl"})
+    config = tiny_config(training_type="distill", teacher="tiny-lfm2.5", dataset={"path": "train.jsonl"})
     config["distill"] = {"mode": "on_policy", "max_new_tokens": 64}
     config["training_config"]["extends"] = "DEFAULT_DISTILL"
     resolved = load_config(write_config(tmp_path, config))
@@ -266,34 +266,43 @@ def test_plan_counts_the_teacher_and_lora_distils_too(task):
     [
         ({"training_type": "distill"}, "needs a teacher"),
         ({"training_type": "distill", "teacher": "tiny-lfm2.5-vl"}, "another tokenizer than the student"),
-        ({"teacher": "tiny-lfm2"}, "'teacher:' applies to training_type: distill"),
-        ({"training_type": "distill", "teacher": "tiny-lfm2", "distill": {"beta": 0.2}}, "beta weighs loss jsd"),
+        ({"teacher": "tiny-lfm2.5"}, "'teacher:' applies to training_type: distill"),
+        ({"training_type": "distill", "teacher": "tiny-lfm2.5", "distill": {"beta": 0.2}}, "beta weighs loss jsd"),
+        ({"training_type": "distill", "teacher": "tiny-lfm2", "distill": {"mode": "on_policy"}}, "student's own model"),
+        ({"training_type": "distill", "teacher": "tiny-lfm2.5", "distill": {"mix": 1}}, "cross-entropy alone"),
         (
             {
                 "training_type": "distill",
-                "teacher": "tiny-lfm2",
+                "teacher": "tiny-lfm2.5",
                 "distill": {"mode": "on_policy"},
                 "training_config": {"packing": True},
             },
             "one conversation per row",
         ),
-        ({"training_type": "distill", "teacher": "tiny-lfm2", "distill": {"max_new_tokens": 8}}, "mode is offline"),
+        ({"training_type": "distill", "teacher": "tiny-lfm2.5", "distill": {"max_new_tokens": 8}}, "mode is offline"),
         ({"training_type": "distill", "teacher": "./nowhere"}, "teacher"),
         (
             {
                 "training_type": "distill",
-                "teacher": "tiny-lfm2",
+                "teacher": "tiny-lfm2.5",
                 "distill": {"teacher_gpus": 1, "teacher_base_url": "http://h:1/v1"},
             },
             "keep one",
         ),
         (
-            {"training_type": "distill", "teacher": "tiny-lfm2", "distill": {"teacher_gpus": 1, "loss": "reverse_kl"}},
+            {
+                "training_type": "distill",
+                "teacher": "tiny-lfm2.5",
+                "distill": {"teacher_gpus": 1, "loss": "reverse_kl"},
+            },
             "use loss: forward_kl with a served teacher",
         ),
-        ({"training_type": "distill", "teacher": "tiny-lfm2", "distill": {"teacher_top_k": 50}}, "applies to a served"),
-        ({"training_type": "distill", "teacher": "tiny-lfm2", "distill": {"teacher_base_url": "h:1"}}, "http://"),
-        ({"training_type": "distill", "teacher": "tiny-lfm2", "distill": {"teacher_gpus": 1}}, "no GPU is visible"),
+        (
+            {"training_type": "distill", "teacher": "tiny-lfm2.5", "distill": {"teacher_top_k": 50}},
+            "applies to a served",
+        ),
+        ({"training_type": "distill", "teacher": "tiny-lfm2.5", "distill": {"teacher_base_url": "h:1"}}, "http://"),
+        ({"training_type": "distill", "teacher": "tiny-lfm2.5", "distill": {"teacher_gpus": 1}}, "no GPU is visible"),
     ],
 )
 def test_what_cannot_work_is_refused_at_validate(tmp_path, config, said):
@@ -308,7 +317,7 @@ def test_what_cannot_work_is_refused_at_validate(tmp_path, config, said):
 
 def test_sft_rows_are_distill_rows(tmp_path):
     write_jsonl(tmp_path / "train.jsonl", fact_rows(8))
-    config = tiny_config(training_type="distill", teacher="tiny-lfm2", dataset={"path": "train.jsonl", "type": "sft"})
+    config = tiny_config(training_type="distill", teacher="tiny-lfm2.5", dataset={"path": "train.jsonl", "type": "sft"})
     config["training_config"]["extends"] = "DEFAULT_DISTILL"
     result = invoke("validate", str(write_config(tmp_path, config)))
     assert result.returncode == 0, result.stderr

@@ -210,5 +210,8 @@ dataset:
 
 
 def _teacher_for(model: str) -> str:
-    """A larger model of the family for a starter; a built-in tiny model teaches itself (a CPU try that validates)."""
-    return model if model.startswith("tiny-") else "LiquidAI/LFM2-2.6B"
+    """A larger model of the family for a starter; a built-in tiny model gets another built-in one with its tokenizer
+    (a CPU try that validates: a model is refused as its own teacher)."""
+    if model.startswith("tiny-"):
+        return "tiny-lfm2" if model == "tiny-lfm2.5" else "tiny-lfm2.5"
+    return "LiquidAI/LFM2-2.6B"

@@ -36,6 +36,7 @@ def resolve_distill(model: LeapConfigModel, base: Path, where: str) -> dict | No
     except LeapError as err:
         raise LeapError(err.message.replace("model_name", "teacher"), where=f"{where}: teacher", fix=err.fix) from None
     settings = model.distill or DistillConfig()
+    _check_the_teacher_teaches(model, settings, teacher_id, base, where)
     if settings.mode == "on_policy":
         for key in ("packing", "batch_tokens"):
             if (model.training_config or {}).get(key):
@@ -46,6 +47,32 @@ def resolve_distill(model: LeapConfigModel, base: Path, where: str) -> dict | No
                     fix=f"remove {key} (on_policy batches are padded rows), or use mode: offline",
                 )
     return {"teacher": model.teacher, "teacher_id": teacher_id, **settings.model_dump()}
+
+
+def _check_the_teacher_teaches(model: LeapConfigModel, settings: DistillConfig, teacher_id: str, base, where: str):
+    """Two configs that run, and learn nothing from the teacher: mix 1 (the loss is the cross-entropy alone) and the
+    student's own model as its teacher without cross-entropy (the divergence is 0 from the first step, and stays so)."""
+    from leap_finetune.models.registry import resolve_model_id
+
+    if settings.mix >= 1:
+        raise LeapError(
+            "distill.mix is 1: the loss is SFT's cross-entropy alone, and the teacher (loaded or asked every step) "
+            "weighs nothing in it",
+            where=f"{where}: distill.mix",
+            fix="lower mix (0 is the divergence alone, 0.5 both halves), or train with training_type: sft",
+        )
+    try:
+        student_id = resolve_model_id(model.model_name, base)
+    except LeapError:
+        return  # (model_name's own check says what is wrong with it)
+    if student_id == teacher_id and settings.mix == 0:
+        raise LeapError(
+            f"the teacher is the student's own model ({model.teacher}): their distributions are equal at the first "
+            "step, the divergence is 0 and stays 0 - nothing would train",
+            where=f"{where}: teacher",
+            fix="distil from a larger or fine-tuned model of the same family; or keep the model as an anchor with "
+            "mix above 0 (the data's cross-entropy, held near the original model by the divergence)",
+        )
 
 
 def check_teacher(resolved, student) -> None:
