@@ -82,12 +82,26 @@ class _PackedAttentionMixin:
         return self.out_proj(out.reshape(1, total, -1)), None
 
 
+_kernel_failed = False  # (set once the varlen kernel has refused: the per-picture path from then on)
+
+
 def _attend(q, k, v, boundaries, longest: int, scale: float):
     """Each picture's patches attend to that picture's patches (no causal mask: an encoder)."""
     if q.is_cuda and torch.is_autocast_enabled("cuda") and q.dtype == torch.float32:
         q, k, v = (t.to(torch.get_autocast_dtype("cuda")) for t in (q, k, v))  # (as SDPA under autocast)
-    if q.is_cuda and _KERNEL is not None and q.dtype in (torch.bfloat16, torch.float16):
-        return _KERNEL(q, k, v, boundaries, boundaries, longest, longest, scale=scale)
+    global _kernel_failed
+    if q.is_cuda and _KERNEL is not None and q.dtype in (torch.bfloat16, torch.float16) and not _kernel_failed:
+        try:
+            return _KERNEL(q, k, v, boundaries, boundaries, longest, longest, scale=scale)
+        except (RuntimeError, TypeError, ValueError) as err:  # (a torch whose kernel refuses these inputs)
+            import warnings
+
+            _kernel_failed = True
+            warnings.warn(
+                f"vision encoder: the varlen attention kernel failed ({type(err).__name__}: {str(err)[:160]}); "
+                "attending per picture from here on (the same result, slower)",
+                stacklevel=2,
+            )
     outputs = []
     bounds = boundaries.tolist()
     for start, end in zip(bounds[:-1], bounds[1:], strict=True):
