@@ -23,9 +23,21 @@ def test_budgets_are_read_in_the_units_people_write(text, expected):
     assert parse_budget(text) == expected
 
 
-@pytest.mark.parametrize("text", ["lots", "24 parsecs", "-3GiB", "0", ""])
-def test_a_budget_that_is_not_an_amount_of_memory_is_refused(text):
-    with pytest.raises(LeapError, match="expected an amount of memory"):
+@pytest.mark.parametrize(
+    ("text", "said"),
+    [
+        ("lots", "expected an amount of memory"),
+        ("", "expected an amount of memory"),
+        (True, "expected an amount of memory"),
+        ("24 parsecs", "'parsecs' is not a unit leap-finetune reads: GiB, GB, MiB or MB"),
+        ("1TiB", "'TiB' is not a unit"),
+        ("-3GiB", "expected more than 0"),
+        ("0", "expected more than 0"),
+        ("1000000000.0", "more than any GPU holds"),
+    ],
+)
+def test_a_budget_that_is_not_one_gpus_memory_is_refused_saying_why(text, said):
+    with pytest.raises(LeapError, match=said):
         parse_budget(text)
 
 

@@ -37,17 +37,26 @@ def usable_bytes(budget: int) -> float:
     return max(0.0, budget * (1 - ALLOCATOR_SHARE) - CONTEXT_BYTES)
 
 
+LARGEST_GIB = 1024  # (one GPU's memory: the largest cards hold 288 GB; a budget above this is a typo)
+
+
 def parse_budget(text, where: str = "--gpu-memory", key: str = "gpu_memory") -> int:
-    """Bytes of `24GiB`, `24GB`, `24 G`, `24` (GiB), `16384MiB`."""
-    found = re.fullmatch(r"\s*(\d+(?:\.\d+)?)\s*([a-zA-Z]*)\s*", str(text))
+    """Bytes of `24GiB`, `24GB`, `24 G`, `24` (GiB), `16384MiB`: one GPU's memory, enough to train in."""
+    found = re.fullmatch(r"\s*(-?\d+(?:\.\d+)?)\s*([a-zA-Z]*)\s*", str(text))
     unit = found.group(2).lower() if found else None
-    if not found or unit not in UNITS or float(found.group(1)) <= 0:
-        raise LeapError(
-            f"{key} is {text!r}: expected an amount of memory",
-            where=where,
-            fix="e.g. 24GiB, 80GB or 16 (GiB)",
-        )
-    return int(float(found.group(1)) * UNITS[unit])
+    units = "GiB, GB, MiB or MB (a number alone is GiB)"
+    if isinstance(text, bool) or not found:
+        problem = "expected an amount of memory"
+    elif unit not in UNITS:
+        problem = f"'{found.group(2)}' is not a unit leap-finetune reads: {units}"
+    elif float(found.group(1)) <= 0:
+        problem = "expected more than 0"
+    else:
+        value = int(float(found.group(1)) * UNITS[unit])
+        if value <= LARGEST_GIB * GIB:  # (a budget too small to train in is refused by the fit, naming LoRA/QLoRA)
+            return value
+        problem = f"{value / GIB:,.0f} GiB is more than any GPU holds: the budget is one GPU's memory"
+    raise LeapError(f"{key} is {text!r}: {problem}", where=where, fix=f"one GPU's memory in {units}, e.g. 24GiB, 80GB")
 
 
 @dataclass(frozen=True)
