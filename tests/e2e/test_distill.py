@@ -302,6 +302,22 @@ def test_plan_counts_the_teacher_and_lora_distils_too(task):
             "applies to a served",
         ),
         ({"training_type": "distill", "teacher": "tiny-lfm2.5", "distill": {"teacher_base_url": "h:1"}}, "http://"),
+        (
+            {
+                "training_type": "distill",
+                "teacher": "tiny-lfm2.5",
+                "distill": {"teacher_base_url": "http://h:99999/v1"},
+            },
+            "port is not a number from 1 to 65535",
+        ),
+        (
+            {
+                "training_type": "distill",
+                "teacher": "tiny-lfm2.5",
+                "distill": {"teacher_base_url": "http://u:pw@h:1/v1"},
+            },
+            "holds a user name or password",
+        ),
         ({"training_type": "distill", "teacher": "tiny-lfm2.5", "distill": {"teacher_gpus": 1}}, "no GPU is visible"),
     ],
 )
@@ -313,6 +329,7 @@ def test_what_cannot_work_is_refused_at_validate(tmp_path, config, said):
         full["training_config"]["extends"] = "DEFAULT_DISTILL"
     result = invoke("validate", str(write_config(tmp_path, full)))
     assert result.returncode == 2 and said in result.stderr and "Traceback" not in result.stderr, result.stderr
+    assert ":pw@" not in result.stderr  # (a password in a URL is never repeated)
 
 
 def test_sft_rows_are_distill_rows(tmp_path):

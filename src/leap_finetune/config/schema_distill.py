@@ -119,13 +119,32 @@ class DistillConfig(StrictModel):
                 "served teacher sends its top teacher_top_k log-probs only: use loss: forward_kl with a served "
                 "teacher, or load the teacher beside the student (remove teacher_gpus / teacher_base_url)"
             )
-        if self.teacher_base_url is not None and not self.teacher_base_url.startswith(("http://", "https://")):
-            raise ValueError(
-                f"teacher_base_url is {self.teacher_base_url!r}: expected an http:// or https:// URL (e.g. "
-                "http://127.0.0.1:8300/v1)"
-            )
+        if self.teacher_base_url is not None:
+            _check_url(self.teacher_base_url)
         return self
 
     @property
     def served(self) -> bool:
         return self.teacher_gpus > 0 or self.teacher_base_url is not None
+
+
+def _check_url(url: str) -> None:
+    """An http(s) URL with a host and a valid port; credentials in it are refused without repeating them (the
+    requests would not send them, and the message would print the password)."""
+    from urllib.parse import urlsplit
+
+    example = "e.g. http://127.0.0.1:8300/v1"
+    if not url.startswith(("http://", "https://")):
+        raise ValueError(f"teacher_base_url is {url!r}: expected an http:// or https:// URL ({example})")
+    parts = urlsplit(url)
+    if parts.username is not None or parts.password is not None:
+        raise ValueError(
+            "teacher_base_url holds a user name or password (user:password@host): they are not sent with the "
+            f"requests; give the server's URL without them ({example}), on a network you trust"
+        )
+    try:
+        port = parts.port
+    except ValueError:
+        raise ValueError(f"teacher_base_url is {url!r}: its port is not a number from 1 to 65535 ({example})") from None
+    if not parts.hostname or port == 0:
+        raise ValueError(f"teacher_base_url is {url!r}: expected a host and a port ({example})")
