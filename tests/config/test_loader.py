@@ -64,6 +64,13 @@ def test_unknown_profile_is_an_error(folder):
     assert "did you mean 'DEFAULT_SFT'" in _error(folder, tiny_config(training_config={"extends": "DEFAULT_SFTT"}))
 
 
+def test_a_profile_in_the_other_block_says_where_it_belongs(folder):
+    message = _error(folder, tiny_config(training_config={"extends": "DEFAULT_QLORA"}))
+    assert "DEFAULT_QLORA is a profile of peft_config" in message and "peft_config: {extends: DEFAULT_QLORA}" in message
+    message = _error(folder, {**tiny_config(), "peft_config": {"extends": "DEFAULT_SFT"}})
+    assert "DEFAULT_SFT is a profile of training_config" in message and "DEFAULT_LORA" in message
+
+
 def test_scientific_notation_without_a_dot_is_a_float(folder):
     path = folder / "c.yaml"
     path.write_text(

@@ -19,6 +19,13 @@ def resolve_peft(peft_config: dict | None, where: str, vision: bool = False) -> 
         return None, None
     user = dict(peft_config)
     profile_name = user.pop("extends", None) or ("DEFAULT_VLM_LORA" if vision else "DEFAULT_LORA")
+    if profile_name in profiles.TRAINING_PROFILES:
+        raise LeapError(
+            f"{profile_name} is a profile of training_config (the trainer's settings), not of peft_config",
+            where=where,
+            fix=f"move it: training_config: {{extends: {profile_name}}}; peft_config's profiles: "
+            + ", ".join(profiles.PEFT_PROFILES),
+        )
     if profile_name not in profiles.PEFT_PROFILES:
         raise LeapError(
             f"unknown profile '{profile_name}' in peft_config.extends",

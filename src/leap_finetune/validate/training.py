@@ -70,6 +70,13 @@ def check_extends(name: str | None, model: LeapConfigModel, vision: bool, where:
     method = method_of(model)
     own_profile = method.profile
     name = name or (method.vision_profile if vision else own_profile)
+    if name in profiles.PEFT_PROFILES:
+        raise LeapError(
+            f"{name} is a profile of peft_config (the adapters), not of training_config",
+            where=where,
+            fix=f"move it: peft_config: {{extends: {name}}}, and leave training_config.extends out (or "
+            f"{own_profile})",
+        )
     if name not in own_keys.choices("extends"):
         raise LeapError(
             f"unknown profile '{name}' in training_config.extends",
