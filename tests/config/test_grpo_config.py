@@ -332,3 +332,10 @@ def test_local_servers_and_a_ray_cluster_do_not_mix(tmp_path):
         device_plan(resolved, gpus=2, nodes=1)
     assert "local servers (rollout server, judge or teacher) on the driver's machine" in info.value.format()
     assert "rewards.judge.base_url" in info.value.format()
+
+
+def test_an_unknown_reward_lists_the_built_in_ones_or_the_close_name(tmp_path):
+    listed = _error(tmp_path, _config(rewards=["exact_match"]))
+    assert "not a built-in reward" in listed and "accuracy, format, length" in listed
+    close = _error(tmp_path, _config(rewards=["acuracy"]))
+    assert "did you mean 'accuracy'" in close

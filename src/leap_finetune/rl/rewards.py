@@ -308,8 +308,16 @@ def _check_builtin(name: str, key: str, where: str) -> None:
         raise LeapError(
             f"{key} is '{name}', not a built-in reward",
             where=where,
-            fix=unknown_key_fix(name, BUILTIN_REWARDS) + "; or a custom one: ./rewards.py::my_reward",
+            fix=_reward_fix(name, unknown_key_fix),
         )
+
+
+def _reward_fix(name: str, unknown_key_fix) -> str:
+    """The close built-in names, else every one (an answer's correctness is `accuracy`)."""
+    said = unknown_key_fix(name, BUILTIN_REWARDS)
+    if "did you mean" not in said:
+        said = f"the built-in rewards: {', '.join(BUILTIN_REWARDS)} (an answer's correctness: accuracy)"
+    return said + "; or a custom one: ./rewards.py::my_reward"
 
 
 def _check_options(name: str, options: dict, key: str, where: str) -> None:

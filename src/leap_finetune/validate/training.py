@@ -74,8 +74,7 @@ def check_extends(name: str | None, model: LeapConfigModel, vision: bool, where:
         raise LeapError(
             f"{name} is a profile of peft_config (the adapters), not of training_config",
             where=where,
-            fix=f"move it: peft_config: {{extends: {name}}}, and leave training_config.extends out (or "
-            f"{own_profile})",
+            fix=f"move it: peft_config: {{extends: {name}}}, and leave training_config.extends out (or {own_profile})",
         )
     if name not in own_keys.choices("extends"):
         raise LeapError(
