@@ -278,3 +278,13 @@ def test_plan_loads_no_model_and_counts_tokens_only_with_the_tokenizer_at_hand(w
         "plan", str(write_config(workdir, tiny_config(model_name="leap-test/tiny-cached", data=str(bad)), "bad.yaml"))
     )
     assert broken.returncode == 2 and "'usr' is not a role" in broken.stderr  # rows are checked without a tokenizer
+
+
+def test_the_planned_run_command_keeps_the_set_overrides(workdir):
+    """Copying plan's driver line runs the run that was planned: the --set overrides are on it."""
+    write_jsonl(workdir / "train.jsonl", fact_rows(8))
+    path = str(write_config(workdir, tiny_config()))
+    result = invoke("plan", path, "--json", "--set", "training_config.learning_rate=1e-4", cwd=workdir)
+    assert result.returncode == 0, result.stderr
+    [train] = [p for p in json.loads(result.stdout)["processes"] if p["command"][:2] == ["leap-finetune", "run"]]
+    assert train["command"][2:] == [path, "--set", "training_config.learning_rate=1e-4"]

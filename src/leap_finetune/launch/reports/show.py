@@ -38,7 +38,8 @@ def processes(devices: DevicePlan, config_path: str | None, resolved=None) -> li
     """Every process the run would start, with its command and CUDA_VISIBLE_DEVICES (device indices
     as the driver sees them): servers first, then training."""
     servers = server_processes(devices, resolved) if resolved is not None else []
-    return servers + _training_processes(devices, config_path) + _evaluation_processes(devices, resolved)
+    overrides = list(getattr(resolved, "overrides", None) or [])
+    return servers + _training_processes(devices, config_path, overrides) + _evaluation_processes(devices, resolved)
 
 
 def _evaluation_processes(devices: DevicePlan, resolved) -> list[dict]:
@@ -105,8 +106,9 @@ def _evaluation_processes(devices: DevicePlan, resolved) -> list[dict]:
     ]
 
 
-def _training_processes(devices: DevicePlan, config_path: str | None) -> list[dict]:
-    run = ["leap-finetune", "run", config_path or "CONFIG.yaml"]
+def _training_processes(devices: DevicePlan, config_path: str | None, overrides: list[str]) -> list[dict]:
+    # (the command as it would be typed: the --set overrides plan was given too, or the copied line runs another run)
+    run = ["leap-finetune", "run", config_path or "CONFIG.yaml", *(a for o in overrides for a in ("--set", o))]
     if devices.own_process:
         return [
             {"name": "driver (prepares data, starts the servers, waits)", "node": 0, "command": run, "env": {}},
