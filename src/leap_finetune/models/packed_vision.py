@@ -53,7 +53,11 @@ class _PackedEncoderMixin:
         from transformers.modeling_outputs import BaseModelOutputWithPooling
 
         wants = ("output_attentions", "output_hidden_states")
-        if any(kwargs.get(k) for k in wants) or getattr(self.config, "vision_use_head", False):
+        if (
+            pixel_attention_mask is None
+            or any(kwargs.get(k) for k in wants)
+            or getattr(self.config, "vision_use_head", False)
+        ):
             return super().forward(pixel_values, pixel_attention_mask, spatial_shapes, **kwargs)
         hidden = self.embeddings(pixel_values, spatial_shapes)  # (pictures, patches, width)
         real = pixel_attention_mask.bool()
