@@ -181,9 +181,32 @@ def run_config(
         return _run(source, console, callbacks, outputs_root, log)
 
 
+def _claim_run_folder(resolved, prepared, renderer, plan):
+    """The run folder written and locked. A new run named automatically (`sft-<date>-<time>`) whose folder another
+    run took in the meantime - two runs started in the same second, a sweep's - takes the next free name (`-2`,
+    `-3`...); a name the user chose is theirs to change, so that is the error it was."""
+    from leap_finetune.errors import FolderTaken
+    from leap_finetune.launch.run_folder import write_run_folder
+
+    automatic = plan.new_run and not resolved.training.get("run_name") and not resolved.output_dir
+    base, suffix = plan.run_name, 1
+    while True:
+        try:
+            return resolved, write_run_folder(resolved, prepared, renderer, plan)
+        except FolderTaken:
+            if not automatic or suffix >= 50:
+                raise
+        while True:
+            suffix += 1
+            plan.run_dir = plan.run_dir.parent / f"{base}-{suffix}"
+            if not plan.run_dir.exists():
+                break
+        plan.run_name = plan.run_dir.name
+        resolved = resolved.model_copy(update={"run_dir": str(plan.run_dir), "run_name": plan.run_name})
+
+
 def _run(source, console, callbacks, outputs_root, log) -> dict:
     from leap_finetune.launch.rl_servers import judge_url, local_servers
-    from leap_finetune.launch.run_folder import write_run_folder
     from leap_finetune.launch.training import train_run
 
     console = _console(console)
@@ -227,7 +250,7 @@ def _run(source, console, callbacks, outputs_root, log) -> dict:
         resolved = resolved.model_copy(
             update={"distill": {**resolved.distill, "server_url": teacher_url(resolved, devices)}}
         )
-    lock = write_run_folder(resolved, prepared, checked.renderer, plan)  # (the folder is this run's alone from here)
+    resolved, lock = _claim_run_folder(resolved, prepared, checked.renderer, plan)  # (this run's alone from here)
     try:
         return train_run(resolved, prepared, plan, devices, servers, lock, console, callbacks, log)
     finally:

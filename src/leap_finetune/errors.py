@@ -27,6 +27,11 @@ class LeapError(Exception):
         return "\n".join(lines)
 
 
+class FolderTaken(LeapError):
+    """A new run's folder was taken by another run between the plan and the rename into place (two runs started in
+    the same second): an automatically named run takes the next free name (api.py)."""
+
+
 class RunFailed(Exception):
     """A run that started and then failed (a worker died, ran out of memory): not a config mistake, so
     exit code 1, but one message (which process, why, what is intact) instead of a traceback."""

@@ -76,6 +76,37 @@ def _weights(folder: Path) -> dict:
     return load_file(str(folder / "model.safetensors"))
 
 
+def test_twin_runs_started_in_the_same_second_each_get_a_folder(data, monkeypatch):
+    """Two new runs of one project started in the same second plan the same automatic name (`sft-<date>-<time>`).
+    The one that finds the folder taken when it moves its own into place takes the next free name instead of
+    failing - a sweep's runs all train. (Here the twin's folder appears between this run's plan and its write,
+    where the race is.)"""
+    from leap_finetune.launch import run_folder
+
+    real = run_folder.write_run_folder
+    twins = []
+
+    def twin_got_there_first(resolved, prepared, renderer, plan):
+        if not twins:  # (the first write only: the twin's folder, non-empty and locked as a live run's)
+            from leap_finetune.launch.run_lock import RunLock
+
+            plan.run_dir.mkdir(parents=True)
+            (plan.run_dir / "config.yaml").write_text("the twin's\n")
+            twins.append(RunLock.take(plan.run_dir))
+        return real(resolved, prepared, renderer, plan)
+
+    monkeypatch.setattr(run_folder, "write_run_folder", twin_got_there_first)
+    try:
+        summary = run_config(_config(data, "twins", "twin.yaml", max_steps=2))
+    finally:
+        twins[0].release()
+    run_dir = Path(summary["run_dir"])
+    assert run_dir.name == f"{twins[0].path.parent.name}-2" and summary["global_step"] == 2
+    assert (twins[0].path.parent / "config.yaml").read_text() == "the twin's\n"  # (the twin's folder untouched)
+    resolved = (run_dir / "resolved_config.yaml").read_text()
+    assert f"run_dir: {run_dir}" in resolved or str(run_dir) in resolved
+
+
 @pytest.mark.slow
 def test_a_kill_while_saving_the_final_model_resumes_to_the_uninterrupted_weights(data):
     """SIGKILL after the final checkpoint, while the final model is being written (before: the resume trained

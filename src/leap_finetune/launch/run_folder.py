@@ -155,12 +155,15 @@ def stage_run_folder(
             if err.errno not in (errno.ENOTEMPTY, errno.EEXIST, errno.ENOTDIR):
                 raise
             shutil.rmtree(staging, ignore_errors=True)
+            from leap_finetune.errors import FolderTaken
+
             if (run_dir / LOCK_NAME).exists():
                 from leap_finetune.launch.run_lock import is_live
 
                 if is_live(run_dir):
-                    raise busy_error(run_dir, read_holder(run_dir), "output_dir") from None
-            raise LeapError(
+                    busy = busy_error(run_dir, read_holder(run_dir), "output_dir")
+                    raise FolderTaken(busy.message, where=busy.where, fix=busy.fix) from None
+            raise FolderTaken(
                 "the output folder exists and is not empty",
                 where=str(run_dir),
                 fix="choose another output_dir, remove the folder, or resume with resume_from_checkpoint: latest",
