@@ -339,3 +339,12 @@ def test_sft_rows_are_distill_rows(tmp_path):
     result = invoke("validate", str(write_config(tmp_path, config)))
     assert result.returncode == 0, result.stderr
     assert yaml.safe_load((tmp_path / "config.yaml").read_text())["dataset"]["type"] == "sft"
+
+
+def test_a_distill_key_error_carries_its_own_fix_line(tmp_path):
+    write_jsonl(tmp_path / "train.jsonl", fact_rows(8))
+    config = tiny_config(training_type="distill", teacher="tiny-lfm2.5", distill={"beta": 0.2})
+    config["training_config"]["extends"] = "DEFAULT_DISTILL"
+    result = invoke("validate", str(write_config(tmp_path, config)))
+    assert result.returncode == 2 and "fix: remove beta, or set loss: jsd" in result.stderr, result.stderr
+    assert "docs/config.md for every key" not in result.stderr

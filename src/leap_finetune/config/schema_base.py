@@ -26,3 +26,12 @@ def block_model(name: str) -> type[StrictModel] | None:
         found[cls.__name__] = cls
         todo += cls.__subclasses__()
     return found.get(name)
+
+
+FIX_MARK = "\x1f"  # (between a validator's message and its fix: validate/keys.py pydantic_error splits them)
+
+
+def with_fix(message: str, fix: str) -> str:
+    """A schema validator's ValueError text that carries its own fix, shown as the error's `fix:` line instead of
+    the generic pointer to docs/config.md."""
+    return f"{message}{FIX_MARK}{fix}"

@@ -7,7 +7,7 @@ from typing import Literal
 
 from pydantic import Field, model_validator
 
-from leap_finetune.config.schema_base import StrictModel
+from leap_finetune.config.schema_base import StrictModel, with_fix
 
 
 class DistillConfig(StrictModel):
@@ -94,30 +94,46 @@ class DistillConfig(StrictModel):
     @model_validator(mode="after")
     def _beta_with_jsd(self):
         if "beta" in self.model_fields_set and self.loss != "jsd":
-            raise ValueError(f"beta weighs loss jsd's mixture; loss is {self.loss} (remove beta or set loss: jsd)")
+            raise ValueError(
+                with_fix(f"beta weighs loss jsd's mixture; loss is {self.loss}", "remove beta, or set loss: jsd")
+            )
         if "max_new_tokens" in self.model_fields_set and self.mode != "on_policy":
-            raise ValueError("max_new_tokens limits the answers mode on_policy samples; mode is offline")
+            raise ValueError(
+                with_fix("max_new_tokens limits the answers mode on_policy samples; mode is offline", "remove it")
+            )
         if self.teacher_gpus and self.teacher_base_url:
             raise ValueError(
-                "teacher_gpus serves the teacher on this node's GPUs, and teacher_base_url names a server that "
-                "already serves it: keep one"
+                with_fix(
+                    "teacher_gpus serves the teacher on this node's GPUs, and teacher_base_url names a server that "
+                    "already serves it",
+                    "keep one: teacher_gpus to have the run serve it, teacher_base_url for a server you run",
+                )
             )
         if "teacher_port" in self.model_fields_set and not self.teacher_gpus:
             raise ValueError(
-                "teacher_port is the port of the server teacher_gpus starts; teacher_gpus is 0 (remove it)"
+                with_fix(
+                    "teacher_port is the port of the server teacher_gpus starts; teacher_gpus is 0",
+                    "remove teacher_port, or set teacher_gpus",
+                )
             )
         served = self.teacher_gpus > 0 or self.teacher_base_url is not None
         for key in ("teacher_top_k", "teacher_timeout_s"):
             if key in self.model_fields_set and not served:
                 raise ValueError(
-                    f"{key} applies to a served teacher (teacher_gpus or teacher_base_url); this teacher loads beside "
-                    "the student and gives its whole distribution (remove it)"
+                    with_fix(
+                        f"{key} applies to a served teacher (teacher_gpus or teacher_base_url); this teacher loads "
+                        "beside the student and gives its whole distribution",
+                        f"remove {key}, or serve the teacher (teacher_gpus / teacher_base_url)",
+                    )
                 )
         if served and self.loss != "forward_kl":
             raise ValueError(
-                f"loss {self.loss} needs the teacher's probability of every token the student gives mass to, and a "
-                "served teacher sends its top teacher_top_k log-probs only: use loss: forward_kl with a served "
-                "teacher, or load the teacher beside the student (remove teacher_gpus / teacher_base_url)"
+                with_fix(
+                    f"loss {self.loss} needs the teacher's probability of every token the student gives mass to, "
+                    "and a served teacher sends its top teacher_top_k log-probs only",
+                    "use loss: forward_kl with a served teacher, or load the teacher beside the student (remove "
+                    "teacher_gpus / teacher_base_url)",
+                )
             )
         if self.teacher_base_url is not None:
             _check_url(self.teacher_base_url)
@@ -133,18 +149,23 @@ def _check_url(url: str) -> None:
     requests would not send them, and the message would print the password)."""
     from urllib.parse import urlsplit
 
-    example = "e.g. http://127.0.0.1:8300/v1"
+    example = "the server's /v1 URL, e.g. http://127.0.0.1:8300/v1"
     if not url.startswith(("http://", "https://")):
-        raise ValueError(f"teacher_base_url is {url!r}: expected an http:// or https:// URL ({example})")
+        raise ValueError(with_fix(f"teacher_base_url is {url!r}: expected an http:// or https:// URL", example))
     parts = urlsplit(url)
     if parts.username is not None or parts.password is not None:
         raise ValueError(
-            "teacher_base_url holds a user name or password (user:password@host): they are not sent with the "
-            f"requests; give the server's URL without them ({example}), on a network you trust"
+            with_fix(
+                "teacher_base_url holds a user name or password (user:password@host): they are not sent with the "
+                "requests",
+                f"give {example}, without them, on a network you trust",
+            )
         )
     try:
         port = parts.port
     except ValueError:
-        raise ValueError(f"teacher_base_url is {url!r}: its port is not a number from 1 to 65535 ({example})") from None
+        raise ValueError(
+            with_fix(f"teacher_base_url is {url!r}: its port is not a number from 1 to 65535", example)
+        ) from None
     if not parts.hostname or port == 0:
-        raise ValueError(f"teacher_base_url is {url!r}: expected a host and a port ({example})")
+        raise ValueError(with_fix(f"teacher_base_url is {url!r}: expected a host and a port", example))

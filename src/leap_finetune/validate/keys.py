@@ -140,6 +140,10 @@ def pydantic_error(err: ValidationError, where: str, prefix: str = "") -> LeapEr
         # (pydantic names the class: "a valid dictionary or instance of ImageProcessorConfig")
         message = "expected a mapping of its keys"
         fix = f"give {loc or 'it'} a mapping of its keys, e.g. `{loc or 'training_config'}: {{key: value}}` (docs/config.md)"
+    from leap_finetune.config.schema_base import FIX_MARK
+
+    if FIX_MARK in message:  # (the validator said how to fix it)
+        message, _, fix = message.partition(FIX_MARK)
     return LeapError(f"{loc}: {message}{got_text}{more}", where=where, fix=fix)
 
 
