@@ -152,7 +152,8 @@ class RichProgress(TrainerCallback):
         elif "loss" in logs:
             self.progress.update(self.task, loss=f"loss {float(logs['loss']):.4f}")
         if "eval_loss" in logs:
-            self.progress.console.print(f"  step {state.global_step}: eval loss {float(logs['eval_loss']):.4f}")
+            loss = round(float(logs["eval_loss"]), 4) + 0.0  # (no "-0.0000" for a divergence of -1e-7)
+            self.progress.console.print(f"  step {state.global_step}: eval loss {loss:.4f}")
 
     def on_evaluate(self, args, state, control, **kwargs):
         if self.progress is not None and state.global_step == 0:  # the baseline evaluation: not training speed

@@ -338,7 +338,7 @@ def end_report(console: Console, resolved: ResolvedConfig, summary: dict) -> Non
         table.add_row("GPU memory", gpu_memory_text(summary))
     if summary.get("eval_loss") is not None:
         before = summary.get("initial_eval_loss")
-        text = (f"{before:.4f} -> " if before is not None else "") + f"{summary['eval_loss']:.4f}"
+        text = (f"{_four(before)} -> " if before is not None else "") + _four(summary["eval_loss"])
         best = _best_eval(run_dir)
         if best:
             text += f" (best {best[0]:.4f} at step {best[1]})"
@@ -478,3 +478,8 @@ def _done_line(console: Console, summary: dict) -> None:
         f"model: {summary['model_dir']}"
         + (f"  adapter: {summary['adapter_dir']}" if summary.get("adapter_dir") else "")
     )
+
+
+def _four(value: float) -> str:
+    """Four decimals, without a minus on a value that rounds to zero (a divergence of -1e-7 is 0.0000)."""
+    return f"{round(float(value), 4) + 0.0:.4f}"
