@@ -348,3 +348,20 @@ def test_a_distill_key_error_carries_its_own_fix_line(tmp_path):
     result = invoke("validate", str(write_config(tmp_path, config)))
     assert result.returncode == 2 and "fix: remove beta, or set loss: jsd" in result.stderr, result.stderr
     assert "docs/config.md for every key" not in result.stderr
+
+
+def test_a_teacher_port_in_use_is_refused_before_the_server_starts():
+    """(the driver's check itself: teacher_gpus needs GPUs, which this machine has not)"""
+    from types import SimpleNamespace
+
+    from leap_finetune.errors import LeapError
+    from leap_finetune.launch.checks import check_teacher_server
+    from leap_finetune.launch.devices import plan_devices
+
+    with socket.socket() as taken:
+        taken.bind(("127.0.0.1", 0))
+        taken.listen()
+        port = taken.getsockname()[1]
+        resolved = SimpleNamespace(distill={"teacher_port": port}, config_path="config.yaml")
+        with pytest.raises(LeapError, match=f"port {port} is in use by another process: the teacher server"):
+            check_teacher_server(resolved, plan_devices(gpus=2, teacher=1))

@@ -123,7 +123,19 @@ def check_teacher_server(resolved: ResolvedConfig, devices: DevicePlan) -> None:
     web stack) - found on the GPU machine, where the server exited at once without FastAPI (2026-12-06)."""
     from leap_finetune.launch.teacher_server import teacher_engine
 
-    if not devices.teacher or teacher_engine(devices) == "vllm":
+    if not devices.teacher:
+        return
+    from leap_finetune.runs.processes import port_in_use
+
+    port = resolved.distill.get("teacher_port", 8300)
+    if port_in_use("127.0.0.1", port):
+        raise LeapError(
+            f"port {port} is in use by another process: the teacher server could not start there",
+            where=f"{resolved.config_path or 'config'}: distill.teacher_port",
+            fix="stop what listens there, or choose another teacher_port (or give that server as teacher_base_url "
+            "if it serves the teacher)",
+        )
+    if teacher_engine(devices) == "vllm":
         return
     import importlib.util
 
