@@ -15,7 +15,7 @@ from leap_finetune.config.resolved import ResolvedConfig
 from leap_finetune.config.yaml_io import dump_yaml
 from leap_finetune.data.messages import IMAGE_PLACEHOLDER
 from leap_finetune.data.prepared import PreparedData
-from leap_finetune.errors import LeapError
+from leap_finetune.errors import FolderTaken, LeapError
 from leap_finetune.launch.plan import record_changes, rewind
 from leap_finetune.runs.folder import RunFolder
 
@@ -155,8 +155,6 @@ def stage_run_folder(
             if err.errno not in (errno.ENOTEMPTY, errno.EEXIST, errno.ENOTDIR):
                 raise
             shutil.rmtree(staging, ignore_errors=True)
-            from leap_finetune.errors import FolderTaken
-
             if (run_dir / LOCK_NAME).exists():
                 from leap_finetune.launch.run_lock import is_live
 
