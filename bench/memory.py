@@ -288,20 +288,15 @@ def peer_run(peer: str, key: str, mode: str, budget: int, out: Path, steps: int,
     return row
 
 
-def trl_budget_run(key: str, mode: str, budget: int, data: Path, work: Path, steps: int) -> dict:
-    """TRL's SFTTrainer with its defaults (batch 8, gradient checkpointing, the model's bf16 weights, padding) on the
-    same rows at the same emulated card: full, LoRA (DEFAULT_LORA's targets) or QLoRA (nf4, as TRL's docs set it)."""
-    from datasets import load_dataset
+def trl_adapter_options(mode: str) -> tuple:
+    """TRL's side of a LoRA/QLoRA row: (peft LoraConfig or None, model_init_kwargs). LoRA takes DEFAULT_LORA's
+    targets; QLoRA the nf4 weights with double quantization, as TRL's docs set it. Shared by every bench that runs
+    TRL beside us (memory, moe_throughput)."""
     from peft import LoraConfig
-    from trl import SFTTrainer
 
     from leap_finetune.config import profiles
-    from leap_finetune.recipes.callbacks import MetricsLog
 
-    model = build_model(key, work / "models" / key)
-    out = work / f"trl-{key}-{mode}-{budget}"
-    init = {}
-    peft = None
+    init, peft = {}, None
     if mode in ("lora", "qlora"):
         lora = profiles.peft_profile("DEFAULT_LORA")
         lora.pop("use_peft")
@@ -316,6 +311,20 @@ def trl_budget_run(key: str, mode: str, budget: int, data: Path, work: Path, ste
             bnb_4bit_compute_dtype=torch.bfloat16,
         )
         init["device_map"] = {"": 0}
+    return peft, init
+
+
+def trl_budget_run(key: str, mode: str, budget: int, data: Path, work: Path, steps: int) -> dict:
+    """TRL's SFTTrainer with its defaults (batch 8, gradient checkpointing, the model's bf16 weights, padding) on the
+    same rows at the same emulated card: full, LoRA (DEFAULT_LORA's targets) or QLoRA (nf4, as TRL's docs set it)."""
+    from datasets import load_dataset
+    from trl import SFTTrainer
+
+    from leap_finetune.recipes.callbacks import MetricsLog
+
+    model = build_model(key, work / "models" / key)
+    out = work / f"trl-{key}-{mode}-{budget}"
+    peft, init = trl_adapter_options(mode)
 
     def start(args):
         dataset = load_dataset("json", data_files=str(data), split="train")

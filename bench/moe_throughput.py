@@ -89,31 +89,16 @@ def leap_sft(mode: str, model: str, data: Path, work: Path, steps: int) -> dict:
 
 def trl_sft(mode: str, model: str, data: Path, work: Path, steps: int) -> dict:
     from datasets import load_dataset
-    from peft import LoraConfig
+    from memory import trl_adapter_options
     from sft_throughput import tokens_per_second
     from trl import SFTConfig, SFTTrainer
 
-    from leap_finetune.config import profiles
     from leap_finetune.recipes.callbacks import MetricsLog
 
     out = work / f"trl-sft-{mode}"
     shutil.rmtree(out, ignore_errors=True)
     out.mkdir(parents=True)
-    init, peft = {}, None
-    if mode in ("lora", "qlora"):
-        lora = profiles.peft_profile("DEFAULT_LORA")
-        lora.pop("use_peft")
-        peft = LoraConfig(task_type="CAUSAL_LM", **lora)
-    if mode == "qlora":
-        from transformers import BitsAndBytesConfig
-
-        init["quantization_config"] = BitsAndBytesConfig(
-            load_in_4bit=True,
-            bnb_4bit_quant_type="nf4",
-            bnb_4bit_use_double_quant=True,
-            bnb_4bit_compute_dtype=torch.bfloat16,
-        )
-        init["device_map"] = {"": 0}
+    peft, init = trl_adapter_options(mode)
     args = SFTConfig(
         output_dir=str(out),
         max_steps=steps,
