@@ -143,9 +143,12 @@ def case_config(model: str, method: str, mode: str, length: int, data: Path, ste
     }
     if method == "grpo":
         config["rewards"] = ["accuracy"]
-    if mode in ("lora", "qlora", "qlora-nocompile"):
+    adapters = mode.removesuffix("-nodropout")  # (lora-nodropout, qlora-nodropout: lora_dropout 0, as Unsloth's)
+    if adapters in ("lora", "qlora", "qlora-nocompile"):
         vl = "VLM_" if method == "vl-sft" else ""
-        config["peft_config"] = {"extends": f"DEFAULT_{vl}{'LORA' if mode == 'lora' else 'QLORA'}"}
+        config["peft_config"] = {"extends": f"DEFAULT_{vl}{'LORA' if adapters == 'lora' else 'QLORA'}"}
+        if adapters != mode:
+            config["peft_config"]["lora_dropout"] = 0.0
     if mode == "qlora-nocompile":
         training["compile_layers"] = False
     return config
@@ -440,7 +443,8 @@ def main() -> None:
     parser.add_argument(
         "--modes",
         default="",
-        help="full, lora, checkpointing, qlora, qlora-nocompile (default: full,lora[,checkpointing])",
+        help="full, lora, checkpointing, qlora, qlora-nocompile, lora-nodropout, qlora-nodropout (default: "
+        "full,lora[,checkpointing])",
     )
     parser.add_argument(
         "--peer",

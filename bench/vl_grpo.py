@@ -1,7 +1,7 @@
 """GRPO on pictures (issue #55): rollout speed of leap-finetune's sampler (the pixels in the prefill, rl/sampler.py)
 against TRL's GRPOTrainer with its defaults (transformers' generate with the images), each in the same run.
 
-python bench/vl_grpo.py [--models 450m,1.6b] [--steps 6] [--out FILE] [--smoke]
+python bench/vl_grpo.py [--models 450m,1.6b] [--steps 6] [--engines leap,trl[,vllm]] [--out FILE] [--smoke]
 
 - LFM2-VL-450M / LFM2-VL-1.6B architectures with random weights and their real processors (bench/vl_sft_throughput.py
   builds them: no download), bf16.
@@ -10,6 +10,8 @@ python bench/vl_grpo.py [--models 450m,1.6b] [--steps 6] [--out FILE] [--smoke]
 - Each variant in its own process. Rollout tokens/s = completion tokens / seconds inside the trainer's generation
   call (CUDA-synchronised; bench/grpo_rollout.py's Timing), median over the steps after the first two; peak GPU
   memory of the process beside it.
+- `vllm` (needs vLLM installed): leap-finetune's GRPO with `use_vllm: true, vllm_mode: colocate` - TRL's vLLM
+  generation with the pictures as vLLM's multi-modal data - beside the sampler, same rows.
 - --smoke: the tiny LFM2.5-VL on CPU, 8 new tokens (a check of this script, not a measurement).
 
 Writes a JSON list of {model, leap_rollout_tok_s, trl_rollout_tok_s, peak_gib, trl_peak_gib, speedup} to --out.
@@ -108,14 +110,15 @@ def child_trl(model_dir: Path, data: Path, work: Path, steps: int, smoke: bool) 
     return timing.summary()
 
 
-def child_leap(model_dir: Path, data: Path, work: Path, steps: int, smoke: bool) -> dict:
+def child_leap(model_dir: Path, data: Path, work: Path, steps: int, smoke: bool, vllm: bool = False) -> dict:
     from grpo_rollout import Timing, timed_run_config
 
-    training = {"use_vllm": False, "max_steps": steps, "per_device_train_batch_size": PROMPTS * GENERATIONS,
+    engine = {"use_vllm": True, "vllm_mode": "colocate", "vllm_gpu_memory_utilization": 0.3} if vllm else {}
+    training = {"use_vllm": False, **engine, "max_steps": steps, "per_device_train_batch_size": PROMPTS * GENERATIONS,
                 "num_generations": GENERATIONS, "max_completion_length": NEW_TOKENS, "logging_steps": 1,
                 "save_strategy": "no", "learning_rate": 1e-6, **({"use_cpu": True} if smoke else {})}  # fmt: skip
     config = {
-        "project_name": f"bench-vl-grpo-{model_dir.name}",
+        "project_name": f"bench-vl-grpo-{model_dir.name}{'-vllm' if vllm else ''}",
         "model_name": str(model_dir),
         "training_type": "grpo",
         "dataset": {"path": str(data)},
@@ -155,6 +158,7 @@ def main() -> None:
     parser.add_argument("--work", default="/tmp/leap-vl-grpo-bench")
     parser.add_argument("--out", default=None)
     parser.add_argument("--child", default=None)
+    parser.add_argument("--engines", default="leap,trl", help="leap,trl and vllm (leap-finetune's GRPO on vLLM)")
     parser.add_argument("--smoke", action="store_true", help="CPU check of this script: the tiny model, 8 tokens")
     args = parser.parse_args()
     global NEW_TOKENS, PROMPTS, GENERATIONS
@@ -165,8 +169,10 @@ def main() -> None:
         key = args.models
         model_dir, data = work / f"lfm2-vl-{key}", work / "prompts.jsonl"
         try:
-            run = child_trl if args.child == "trl" else child_leap
-            result = run(model_dir, data, work, args.steps, args.smoke)
+            if args.child == "trl":
+                result = child_trl(model_dir, data, work, args.steps, args.smoke)
+            else:
+                result = child_leap(model_dir, data, work, args.steps, args.smoke, vllm=args.child == "vllm")
         except Exception as err:  # noqa: BLE001 - a variant that fails is a row of the table
             result = {"error": f"{type(err).__name__}: {str(err).splitlines()[0] if str(err) else ''}"}
         print("RESULT " + json.dumps(result, default=str), flush=True)
@@ -178,7 +184,8 @@ def main() -> None:
     table = []
     for key in ["tiny"] if args.smoke else args.models.split(","):
         build_model(key, work / f"lfm2-vl-{key}")
-        leap, trl = run_child("leap", key, args), run_child("trl", key, args)
+        engines = args.engines.split(",")
+        leap, trl, vllm = (run_child(e, key, args) if e in engines else {} for e in ("leap", "trl", "vllm"))
         row = {
             "model": f"LFM2-VL-{key}",
             "leap_rollout_tok_s": leap.get("rollout_tokens_per_s"),
@@ -186,8 +193,11 @@ def main() -> None:
             "peak_gib": leap.get("peak_gib"),
             "trl_peak_gib": trl.get("peak_gib"),
             "engine": leap.get("engine"),
-            "errors": {k: v["error"] for k, v in (("leap", leap), ("trl", trl)) if "error" in v} or None,
+            "errors": {k: v["error"] for k, v in (("leap", leap), ("trl", trl), ("vllm", vllm)) if "error" in v}
+            or None,
         }
+        if vllm:
+            row.update(vllm_rollout_tok_s=vllm.get("rollout_tokens_per_s"), vllm_peak_gib=vllm.get("peak_gib"))
         if row["leap_rollout_tok_s"] and row["trl_rollout_tok_s"]:
             row["speedup"] = round(row["leap_rollout_tok_s"] / row["trl_rollout_tok_s"], 2)
         table.append(row)

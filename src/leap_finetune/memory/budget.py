@@ -6,9 +6,16 @@ it, the defaults change, in this order, until it fits - the fastest setting that
 
 1. bf16 weights, which cost no speed: LoRA's frozen base in bf16; a full fine-tune's weights and AdamW states in
    bf16 with Kahan summation (optimizer_precision: bf16_kahan, torch-optimi);
-2. activation checkpointing (~10-30% slower; the activations shrink to each layer's input);
-3. a smaller micro-batch, gradient accumulation raised to keep the global batch (fewer tokens per kernel);
-4. 8-bit AdamW states (bitsandbytes; only where it is installed and the optimizer is the default).
+2. a smaller micro-batch while it still holds CHEAP_MICRO_BATCH_TOKENS (rows x the longest row), gradient
+   accumulation raised to keep the global batch: ~10% per halving (smaller GEMMs);
+3. activation checkpointing (~10-30% slower for a full fine-tune; the activations shrink to each layer's input);
+   with LoRA it also turns compile_layers off (inductor fails on the two together): measured 2.7x slower on
+   LFM2-1.2B (bench/RESULTS.md 2026-12-07), which is why the cheap halvings come first;
+4. smaller micro-batches below that size;
+5. 8-bit AdamW states (bitsandbytes; only where it is installed and the optimizer is the default).
+
+Once it fits, micro-batches halved before checkpointing are grown back while it still fits (checkpointing may have
+made them unneeded).
 
 A key the user set (in training_config or with --set) is never changed. When nothing fits, the error says so
 before a model loads and names what would fit (LoRA and QLoRA, each with its predicted peak).
@@ -17,7 +24,7 @@ before a model loads and names what would fit (LoRA and QLoRA, each with its pre
 from __future__ import annotations
 
 import re
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, replace
 
 from leap_finetune.errors import LeapError
 from leap_finetune.memory.estimate import GIB, Memory
@@ -31,6 +38,10 @@ UNITS = {"gib": GIB, "gb": 10**9, "g": GIB, "mib": 2**20, "mb": 10**6, "": GIB}
 # bench/memory.py's reserved_gib).
 CONTEXT_BYTES = GIB
 ALLOCATOR_SHARE = 0.05
+# Halving the micro-batch down to this many tokens (rows x the longest row) costs less than activation
+# checkpointing: LFM2-1.2B full fine-tune, 13k -> 6.5k tokens per micro-batch ~11% (bench/NOTES.md, #30), where
+# checkpointing recomputes the forward (~25%) and, with LoRA, turns compile_layers off (2.7x, 2026-12-07).
+CHEAP_MICRO_BATCH_TOKENS = 4096
 
 
 def usable_bytes(budget: int) -> float:
@@ -95,7 +106,7 @@ def fit_to_budget(resolved, budget: int, longest: int | None = None, tiles: RowT
     memory, changes = predicted(training), []
     levers = [
         *_rollout_levers(resolved, user, shape, longest, budget),
-        *_levers(training, user, method_of(resolved), lora=resolved.peft is not None),
+        *_levers(training, user, method_of(resolved), lora=resolved.peft is not None, longest=longest),
     ]
     for key, value, reason in levers:
         if memory.peak <= usable:
@@ -105,7 +116,33 @@ def fit_to_budget(resolved, budget: int, longest: int | None = None, tiles: RowT
         if after.peak < memory.peak:
             training, memory = trial, after
             changes.append(Change(key, value, reason, after.peak))
+    if memory.peak <= usable:
+        training, memory, changes = _grow_back(resolved.training, training, memory, changes, predicted, usable)
     return Fitted(budget, memory, changes, training, tiles)
+
+
+def change_text(key: str, value) -> str:
+    """`key -> value`, or for several keys changed together `key -> value, key -> value`."""
+    if not isinstance(value, dict):
+        return f"{key} -> {value}"
+    return ", ".join(f"{k} -> {v}" for k, v in value.items())
+
+
+def _grow_back(original: dict, training: dict, memory: Memory, changes: list[Change], predicted, usable: float):
+    """The fit with as few micro-batch halvings as still fit: a halving tried before checkpointing (cheap, but not
+    free) is undone where checkpointing alone made room."""
+    halvings = [c for c in changes if c.key == "per_device_train_batch_size"]
+    for keep in range(len(halvings)):  # (fewest halvings first)
+        kept = halvings[:keep]
+        batch = kept[-1].value if kept else {k: original.get(k) or 1 for k in halvings[0].value}
+        trial = {**training, **batch}
+        after = predicted(trial)
+        if after.peak <= usable:
+            dropped = {id(c) for c in halvings[keep:]}
+            kept_changes = [c for c in changes if id(c) not in dropped]
+            kept_changes[-1] = replace(kept_changes[-1], peak=after.peak)  # (the fit's peak as it now stands)
+            return trial, after, kept_changes
+    return training, memory, changes
 
 
 def _rollout_levers(resolved, user: set[str], shape, longest: int | None, budget: int):
@@ -128,28 +165,38 @@ def _rollout_levers(resolved, user: set[str], shape, longest: int | None, budget
         )
 
 
-def _levers(training: dict, user: set[str], method, lora: bool = False):
+def _levers(training: dict, user: set[str], method, lora: bool = False, longest: int | None = None):
     """(key, value or {key: value, ...}, reason) in the order they are tried. KTO keeps 2 rows per micro-batch (its
     KL estimate pairs rows); GRPO's batch is its completions (num_generations divides it): left as it is."""
     yield from _precision_levers(training, user, lora, method)
+    halvings = list(_halvings(training, user, method))
+    length = longest or int(training.get("max_length") or 1024)
+    cheap = [h for h in halvings if h[1]["per_device_train_batch_size"] * length >= CHEAP_MICRO_BATCH_TOKENS]
+    yield from cheap
     if "activation_checkpointing" not in user and "gradient_checkpointing" not in user:
         if not training.get("activation_checkpointing"):
             yield "activation_checkpointing", True, "keeps only each layer's input for the backward"
+    yield from halvings[len(cheap) :]
+    if "optim" not in user and "optimizer_precision" not in user and _has_bitsandbytes():
+        yield "optim", "adamw_8bit", "AdamW's two moments in 8 bits (bitsandbytes)"
+
+
+def _halvings(training: dict, user: set[str], method):
+    """The micro-batch halved down to one row (two for KTO), gradient accumulation doubled each time."""
     rows = int(training.get("per_device_train_batch_size") or 1)
     fewest = 2 if method.kl_pairs else 1
     batch_keys = {"per_device_train_batch_size", "gradient_accumulation_steps"}
-    if not training.get("batch_tokens") and not method.rewards and not batch_keys & user:
-        accumulation = int(training.get("gradient_accumulation_steps") or 1)
-        while rows // 2 >= fewest:
-            rows //= 2
-            accumulation *= 2
-            yield (
-                "per_device_train_batch_size",
-                {"per_device_train_batch_size": rows, "gradient_accumulation_steps": accumulation},
-                f"{rows} row(s) per micro-batch, gradient_accumulation_steps {accumulation}: the same global batch",
-            )
-    if "optim" not in user and "optimizer_precision" not in user and _has_bitsandbytes():
-        yield "optim", "adamw_8bit", "AdamW's two moments in 8 bits (bitsandbytes)"
+    if training.get("batch_tokens") or method.rewards or batch_keys & user:
+        return
+    accumulation = int(training.get("gradient_accumulation_steps") or 1)
+    while rows // 2 >= fewest:
+        rows //= 2
+        accumulation *= 2
+        yield (
+            "per_device_train_batch_size",
+            {"per_device_train_batch_size": rows, "gradient_accumulation_steps": accumulation},
+            f"{rows} row(s) per micro-batch, gradient_accumulation_steps {accumulation}: the same global batch",
+        )
 
 
 def _precision_levers(training: dict, user: set[str], lora: bool, method):
@@ -289,7 +336,7 @@ def fit_run(resolved, gpu: str | None, prepared, console, *, resuming: bool = Fa
         return resolved
     for change in fitted.changes:
         console.print(
-            f"memory: {change.key} -> {change.value} ({change.reason}): predicted ~{change.peak / GIB:.1f} GiB "
+            f"memory: {change_text(change.key, change.value)} ({change.reason}): predicted ~{change.peak / GIB:.1f} GiB "
             f"of the {budget / GIB:.1f} GiB budget ({source})",
             markup=False,
         )

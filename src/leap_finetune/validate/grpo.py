@@ -251,15 +251,15 @@ def check_rollout_engine(resolved) -> None:
     a local judge (validate and run; `plan` only plans, so the layout of servers can be shown anywhere)."""
     if not method_of(resolved).rewards:
         return
-    if resolved.training.get("use_vllm") and resolved.vision:
-        # (vLLM's multi-modal prompts need the pictures beside the token ids and their own processor settings:
-        # not built or measured yet; the sampler reads the pixels and is the measured path)
+    if resolved.training.get("use_vllm") and resolved.vision and resolved.training.get("vllm_mode") == "server":
+        # (colocate hands TRL's vLLM engine the pictures as multi-modal data beside the token ids - measured on the
+        # GPU machine; a rollout server must compute the pictures' features itself: not measured)
         raise LeapError(
-            "training_config.use_vllm is true, and GRPO on a vision-language model runs its rollouts on "
-            "leap-finetune's sampler only (vLLM rollouts with pictures are not supported yet)",
-            where=f"{resolved.config_path or 'config'}: training_config.use_vllm",
-            fix="set use_vllm: false (the sampler puts the pixels in the prompt's forward: measured 5.6x TRL's "
-            "generation at LFM2-VL-450M and 3.8x at 1.6B on an H100, docs/vision.md)",
+            "training_config.vllm_mode is server, and GRPO on a vision-language model runs its vLLM rollouts in "
+            "colocate mode only (a rollout server with pictures is not supported yet)",
+            where=f"{resolved.config_path or 'config'}: training_config.vllm_mode",
+            fix="set vllm_mode: colocate, or use_vllm: false (leap-finetune's sampler puts the pixels in the "
+            "prompt's forward: measured 5.6x TRL's generation at LFM2-VL-450M and 3.8x at 1.6B, docs/vision.md)",
         )
     if resolved.training.get("use_vllm") and importlib.util.find_spec("vllm") is None:
         raise LeapError(

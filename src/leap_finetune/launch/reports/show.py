@@ -426,9 +426,13 @@ def _memory_line(memory: dict) -> str:
 def _print_budget(console, budget: dict | None) -> None:
     if budget is None:
         return
+    from leap_finetune.memory.budget import change_text
+
     for change in budget["changes"]:
         console.print(
-            f"memory: {change['key']} -> {change['value']} ({change['reason']}): ~{change['peak_gib']:.1f} GiB"
+            f"memory: {change_text(change['key'], change['value'])} ({change['reason']}): ~{change['peak_gib']:.1f} "
+            "GiB",
+            markup=False,
         )
     console.print(
         f"memory: fits the {budget['budget_gib']:.1f} GiB budget ({budget['usable_gib']:.1f} GiB for training: CUDA's "
