@@ -248,7 +248,7 @@ def budget_run(key: str, mode: str, budget: int, data: Path, work: Path, steps: 
 
 def peer_run(peer: str, key: str, mode: str, budget: int, out: Path, steps: int, start, **config) -> dict:
     """A peer's row at the card of `budget` GiB emulated as in budget_run: `start(args)` builds its SFTTrainer from
-    TRL's SFTConfig (batch 8, max_length 2048, `config`); loading the model counts. fits = no out-of-memory; real
+    TRL's SFTConfig (batch 8 or --peer-rows, max_length 2048, `config`); loading the model counts. fits = no out-of-memory; real
     tokens/s after warm-up from the MetricsLog that `start` gives it (out/metrics.jsonl)."""
     import statistics
 
@@ -256,7 +256,8 @@ def peer_run(peer: str, key: str, mode: str, budget: int, out: Path, steps: int,
 
     shutil.rmtree(out, ignore_errors=True)
     out.mkdir(parents=True)
-    row = {"model": MODELS[key], "method": "sft", "mode": mode, "budget_gib": budget}
+    rows = int(os.environ.get("LEAP_BENCH_PEER_ROWS", "8"))  # (--peer-rows; the child process inherits it)
+    row = {"model": MODELS[key], "method": "sft", "mode": mode, "budget_gib": budget, f"{peer}_rows": rows}
     gc.collect()
     torch.cuda.empty_cache()
     torch.cuda.reset_peak_memory_stats()
@@ -266,7 +267,7 @@ def peer_run(peer: str, key: str, mode: str, budget: int, out: Path, steps: int,
         args = SFTConfig(
             output_dir=str(out),
             max_steps=steps,
-            per_device_train_batch_size=8,
+            per_device_train_batch_size=rows,
             logging_steps=1,
             save_strategy="no",
             report_to="none",
@@ -452,10 +453,12 @@ def main() -> None:
         help="with --budgets, comma-separated: leap (this project), trl (its defaults), unsloth (its recipe, in a "
         "process of its own)",
     )
+    parser.add_argument("--peer-rows", type=int, default=8, help="rows per step of the TRL and Unsloth rows")
     parser.add_argument("--child-unsloth", default="", help=argparse.SUPPRESS)  # (unsloth_row's child process)
     parser.add_argument("--vl-models", default="450m,1.6b", help="vl-sft's models (bench/vl_sft_throughput.py)")
     parser.add_argument("--repredict", default="", help="a memory.json: predicted_gib again with today's estimator")
     args = parser.parse_args()
+    os.environ.setdefault("LEAP_BENCH_PEER_ROWS", str(args.peer_rows))
     if args.child_unsloth:  # (before anything imports transformers: unsloth must come first)
         key, mode, budget, data, work, steps = json.loads(args.child_unsloth)
         row = unsloth_budget_run(key, mode, budget, Path(data), Path(work), steps)

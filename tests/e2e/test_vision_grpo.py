@@ -97,28 +97,24 @@ def test_lfm2s_text_template_is_refused_for_pictures(workdir):
         validate_config(config)
 
 
-def test_vllm_rollouts_with_pictures_are_colocate_only(workdir):
-    """use_vllm: true on pictures runs TRL's colocated vLLM with the pictures as multi-modal data (measured on the GPU
-    machine, bench/vl_grpo.py --engines vllm). Here (no vLLM) validate names what is missing, not the pictures; a
-    rollout server with pictures is refused before any GPU time is spent, naming colocate and the sampler."""
-    import yaml
-
+def test_vllm_rollouts_are_refused_for_pictures(workdir):
+    """vLLM's rollouts do not take the pictures yet: validate says so (not that vLLM is missing) and names the
+    sampler, before any GPU time is spent."""
     from leap_finetune.api import validate_config
 
     config = _grpo(workdir)
+    import yaml
+
     raw = yaml.safe_load(config.read_text())
     raw["training_config"]["use_vllm"] = True
     config.write_text(yaml.safe_dump(raw))
     with pytest.raises(LeapError) as err:
         validate_config(config)
     text = " ".join(err.value.format().split())
-    assert "vLLM is not installed" in text and "vision" not in text, text
-    raw["training_config"].update(vllm_mode="server", vllm_server_base_url="http://127.0.0.1:8000")
-    config.write_text(yaml.safe_dump(raw))
-    with pytest.raises(LeapError) as err:
-        validate_config(config)
-    text = " ".join(err.value.format().split())
-    assert "runs its vLLM rollouts in colocate mode only" in text and "vllm_mode: colocate" in text, text
+    assert (
+        "GRPO on a vision-language model runs its rollouts on leap-finetune's sampler only" in text
+        and "use_vllm: false" in text
+    )
 
 
 def test_grpo_on_pictures_takes_the_sampler_when_use_vllm_is_the_profiles(workdir):

@@ -251,15 +251,17 @@ def check_rollout_engine(resolved) -> None:
     a local judge (validate and run; `plan` only plans, so the layout of servers can be shown anywhere)."""
     if not method_of(resolved).rewards:
         return
-    if resolved.training.get("use_vllm") and resolved.vision and resolved.training.get("vllm_mode") == "server":
-        # (colocate hands TRL's vLLM engine the pictures as multi-modal data beside the token ids - measured on the
-        # GPU machine; a rollout server must compute the pictures' features itself: not measured)
+    if resolved.training.get("use_vllm") and resolved.vision:
+        # (measured 2026-12-07, vLLM 0.26 colocate through TRL 1.16: vLLM's LFM2-VL reads the vision tower's weights
+        # under `vision_tower.vision_model.`, where transformers 5 names and saves them without `vision_model.`,
+        # so the engine fails to load the policy's weights; the sampler reads the pixels and is the measured path)
         raise LeapError(
-            "training_config.vllm_mode is server, and GRPO on a vision-language model runs its vLLM rollouts in "
-            "colocate mode only (a rollout server with pictures is not supported yet)",
-            where=f"{resolved.config_path or 'config'}: training_config.vllm_mode",
-            fix="set vllm_mode: colocate, or use_vllm: false (leap-finetune's sampler puts the pixels in the "
-            "prompt's forward: measured 5.6x TRL's generation at LFM2-VL-450M and 3.8x at 1.6B, docs/vision.md)",
+            "training_config.use_vllm is true, and GRPO on a vision-language model runs its rollouts on "
+            "leap-finetune's sampler only (vLLM rollouts with pictures are not supported yet: vLLM 0.26 cannot "
+            "load LFM2-VL's vision weights as transformers 5 names them)",
+            where=f"{resolved.config_path or 'config'}: training_config.use_vllm",
+            fix="set use_vllm: false (the sampler puts the pixels in the prompt's forward: measured 5.6x TRL's "
+            "generation at LFM2-VL-450M and 3.8x at 1.6B on an H100, docs/vision.md)",
         )
     if resolved.training.get("use_vllm") and importlib.util.find_spec("vllm") is None:
         raise LeapError(
