@@ -145,6 +145,7 @@ def run_child(variant: str, key: str, args) -> dict:
             "PYTHONPATH": os.pathsep.join(filter(None, [str(ROOT / "src"), os.environ.get("PYTHONPATH")])),
         },
     )
+    (Path(args.work) / f"{variant}-{key}.log").write_text(done.stdout + done.stderr, encoding="utf-8")
     found = [line for line in done.stdout.splitlines() if line.startswith("RESULT ")]
     if not found:
         return {"error": (done.stderr or done.stdout)[-1500:]}
@@ -174,7 +175,10 @@ def main() -> None:
             else:
                 result = child_leap(model_dir, data, work, args.steps, args.smoke, vllm=args.child == "vllm")
         except Exception as err:  # noqa: BLE001 - a variant that fails is a row of the table
-            result = {"error": f"{type(err).__name__}: {str(err).splitlines()[0] if str(err) else ''}"}
+            import traceback
+
+            result = {"error": f"{type(err).__name__}: {str(err).splitlines()[0][:500] if str(err) else ''}"}
+            print(traceback.format_exc()[-3000:], file=sys.stderr, flush=True)  # (the child's log: where it failed)
         print("RESULT " + json.dumps(result, default=str), flush=True)
         return
     from vl_sft_throughput import build_model

@@ -28,6 +28,10 @@ def test_a_run_that_never_logged_a_step_shows_the_runs_mean_loss():
     assert "mean loss 1.2500" in text and "loss -" not in text, text
 
 
+def test_a_mean_of_minus_zero_is_shown_as_zero():
+    assert "mean loss 0.0000" in _bar_after([{"train_loss": -1e-9}])
+
+
 def test_a_logged_loss_is_not_replaced_by_the_mean_at_the_end():
     text = _bar_after([{"loss": 2.5}, {"train_loss": 1.25}])
     assert "loss 2.5000" in text and "mean loss" not in text, text

@@ -196,11 +196,10 @@ def _mmproj_names(cls, item):
     """SigLIP2's weights in the layout the converter maps (`vision_tower.vision_model.*`, the published checkpoints'):
     transformers 5 writes that layout for a model loaded from such a checkpoint, and `vision_tower.*` without the
     `vision_model` level for one built from a config (the built-in tiny model)."""
+    from leap_finetune.models.lfm2_keys import published_vision_name
+
     name, gen = item
-    for prefix in ("model.vision_tower.", "vision_tower."):
-        if name.startswith(prefix) and not name.startswith(prefix + "vision_model."):
-            name = prefix + "vision_model." + name[len(prefix) :]
-    return super(cls, cls).filter_tensors((name, gen))
+    return super(cls, cls).filter_tensors((published_vision_name(name), gen))
 
 
 def _gpt2_byte_level(model_dir: Path) -> bool:

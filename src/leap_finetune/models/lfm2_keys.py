@@ -29,10 +29,13 @@ def original_lfm2_keys(config) -> dict:
 
 def add_original_lfm2_keys(config) -> list[str]:
     """Sets the missing original keys on an LFM2 or LFM2-MoE config (or an LFM2-VL config's text config); returns
-    those it set. Other architectures are left as they are (models/architectures.py says which have them)."""
+    those it set. Other architectures are left as they are (models/architectures.py says which have them). For
+    LFM2-VL it also has the vision tower saved in the published layout (`save_vision_in_published_layout`)."""
     from leap_finetune.models.architectures import architecture, supports
 
     found = architecture(getattr(config, "model_type", None))
+    if found is not None and found.vision:
+        save_vision_in_published_layout(config.model_type)
     text = getattr(config, "text_config", None) if found is not None and found.vision else config
     if text is None or not supports(getattr(text, "model_type", None), "original_keys"):
         return []
@@ -42,3 +45,37 @@ def add_original_lfm2_keys(config) -> list[str]:
             setattr(text, key, value)
             added.append(key)
     return added
+
+
+# LFM2-VL's SigLIP2 weights: the published checkpoints (and vLLM's LFM2-VL, llama.cpp's converter) name them under
+# `model.vision_tower.vision_model.`; transformers 5 keeps the module flat (`model.vision_tower.embeddings...`), saves
+# a model loaded from a published checkpoint back in the published layout, and one built from a config flat.
+VISION_TOWER = "model.vision_tower."
+PUBLISHED_VISION = VISION_TOWER + "vision_model."
+
+
+def published_vision_name(name: str) -> str:
+    """A parameter name of LFM2-VL (with or without the leading `model.`) in the published layout."""
+    for prefix in (VISION_TOWER, VISION_TOWER.removeprefix("model.")):
+        if name.startswith(prefix) and not name.startswith(prefix + "vision_model."):
+            return prefix + "vision_model." + name[len(prefix) :]
+    return name
+
+
+def save_vision_in_published_layout(model_type: str) -> None:
+    """Every LFM2-VL saved in this process (checkpoints, `model/`, merged exports, built models) writes the published
+    layout, through transformers' own conversion mapping (renamed on load, reversed on save), so vLLM loads what was
+    built from a config too (measured 2026-12-07: vLLM 0.26 refuses the flat names). A mapping transformers ships for
+    the model type is left as it is."""
+    try:
+        from transformers.conversion_mapping import (
+            get_checkpoint_conversion_mapping,
+            register_checkpoint_conversion_mapping,
+        )
+        from transformers.core_model_loading import WeightRenaming
+    except ImportError:  # (a transformers without conversion mappings saves what it loads)
+        return
+    if get_checkpoint_conversion_mapping(model_type) is not None:
+        return
+    pattern = "^" + PUBLISHED_VISION.replace(".", r"\.")
+    register_checkpoint_conversion_mapping(model_type, [WeightRenaming(pattern, VISION_TOWER)])

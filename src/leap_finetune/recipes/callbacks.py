@@ -153,7 +153,8 @@ class RichProgress(TrainerCallback):
             self.progress.update(self.task, loss=f"loss {float(logs['loss']):.4f}")
             self._loss = float(logs["loss"])
         elif "train_loss" in logs and math.isnan(self._loss):  # (logging_steps past the last step: the run's mean)
-            self.progress.update(self.task, loss=f"mean loss {float(logs['train_loss']):.4f}")
+            mean = round(float(logs["train_loss"]), 4) + 0.0  # (no "-0.0000")
+            self.progress.update(self.task, loss=f"mean loss {mean:.4f}")
         if "eval_loss" in logs:
             loss = round(float(logs["eval_loss"]), 4) + 0.0  # (no "-0.0000" for a divergence of -1e-7)
             self.progress.console.print(f"  step {state.global_step}: eval loss {loss:.4f}")

@@ -298,6 +298,8 @@ def train(resolved_json: dict, callbacks: list | None = None) -> dict:
     )
     watch.judges = judges(trainer)
     common.adapter_reference(trainer, resolved)
+    if resolved.vision:
+        grpo_images.vllm_names_in_published_layout(trainer)
     if resolved.environment is not None:
         from leap_finetune.recipes import grpo_episodes
 

@@ -56,3 +56,20 @@ def processor_for(resolved, tokenizer):
     processor = load_processor(resolved.model_id, tokenizer, settings)
     processor.chat_template = tokenizer.chat_template
     return processor
+
+
+def vllm_names_in_published_layout(trainer) -> None:
+    """TRL sends the policy's weights to vLLM under the names of `named_parameters()`, and transformers 5 names
+    LFM2-VL's vision tower flat, where vLLM's LFM2-VL loads the published layout (models/lfm2_keys.py): each name
+    passes through `published_vision_name` on its way (colocate and server alike)."""
+    generation = getattr(trainer, "vllm_generation", None)
+    if generation is None:
+        return
+    from leap_finetune.models.lfm2_keys import published_vision_name
+
+    fix = generation._fix_param_name_to_vllm  # (TRL 1.16: every synced name goes through it)
+
+    def published(name: str, extra_prefixes: list[str] | None = None) -> str:
+        return published_vision_name(fix(name, extra_prefixes))
+
+    generation._fix_param_name_to_vllm = published
