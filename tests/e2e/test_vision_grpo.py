@@ -54,6 +54,7 @@ def test_grpo_on_pictures_feeds_them_to_the_rewards_and_the_policy(workdir):
     from safetensors.torch import load_file
 
     from leap_finetune.api import run_config
+    from leap_finetune.models.lfm2_keys import published_vision_name
     from leap_finetune.models.tiny import build_tiny_model, load_tiny_tokenizer
 
     summary = run_config(_grpo(workdir))
@@ -64,7 +65,8 @@ def test_grpo_on_pictures_feeds_them_to_the_rewards_and_the_policy(workdir):
     assert logged and all("<image>" in str(entry["prompt"]) for entry in logged)
     assert summary["rollouts"]["engine"] == "leap-finetune sampler"  # (its prefill reads the pixels: test_sampler)
     # the vision encoder was trained: the loss's gradients reached it through the pictures
-    base = build_tiny_model("tiny-lfm2.5-vl", load_tiny_tokenizer("tiny-lfm2.5-vl")).state_dict()
+    built = build_tiny_model("tiny-lfm2.5-vl", load_tiny_tokenizer("tiny-lfm2.5-vl")).state_dict()
+    base = {published_vision_name(k): v for k, v in built.items()}  # (saved in the published layout)
     trained = load_file(run / "model" / "model.safetensors")
     vision = [k for k in trained if "vision_tower" in k and k.endswith("weight") and trained[k].dim() == 2]
     assert vision and any(not torch.equal(trained[k].float(), base[k].float()) for k in vision)

@@ -252,13 +252,14 @@ def check_rollout_engine(resolved) -> None:
     if not method_of(resolved).rewards:
         return
     if resolved.training.get("use_vllm") and resolved.vision:
-        # (measured 2026-12-07, vLLM 0.26 colocate through TRL 1.16: vLLM's LFM2-VL reads the vision tower's weights
-        # under `vision_tower.vision_model.`, where transformers 5 names and saves them without `vision_model.`,
-        # so the engine fails to load the policy's weights; the sampler reads the pixels and is the measured path)
+        # (measured 2026-12-07, vLLM 0.26 colocate through TRL 1.16: the engine refused the vision tower's weights
+        # under transformers 5's flat names. The sync now sends the published names (recipes/grpo_images.py) and
+        # LFM2-VL is saved in the published layout (models/lfm2_keys.py); the refusal stays until a GPU run shows the
+        # rollouts work - bench/vl_grpo.py --engines vllm, bench/NOTES.md)
         raise LeapError(
             "training_config.use_vllm is true, and GRPO on a vision-language model runs its rollouts on "
-            "leap-finetune's sampler only (vLLM rollouts with pictures are not supported yet: vLLM 0.26 cannot "
-            "load LFM2-VL's vision weights as transformers 5 names them)",
+            "leap-finetune's sampler only (vLLM rollouts with pictures are not supported yet: not yet verified on "
+            "a GPU with vLLM 0.26)",
             where=f"{resolved.config_path or 'config'}: training_config.use_vllm",
             fix="set use_vllm: false (the sampler puts the pixels in the prompt's forward: measured 5.6x TRL's "
             "generation at LFM2-VL-450M and 3.8x at 1.6B on an H100, docs/vision.md)",
