@@ -18,6 +18,9 @@ from leap_finetune.recipes.distill import hidden_states
 
 @pytest.fixture
 def bf16_accelerator():
+    # (an earlier test in this process may have left accelerate's process-wide state set up without bf16)
+    AcceleratorState._reset_state(reset_partial_state=True)
+    GradientState._reset_state()
     accelerator = Accelerator(cpu=True, mixed_precision="bf16")
     yield accelerator
     AcceleratorState._reset_state(reset_partial_state=True)

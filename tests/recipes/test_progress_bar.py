@@ -28,6 +28,12 @@ def test_a_run_that_never_logged_a_step_shows_the_runs_mean_loss():
     assert "mean loss 1.2500" in text and "loss -" not in text, text
 
 
+def test_a_logged_reward_is_not_replaced_by_the_mean_loss_at_the_end():
+    """GRPO's bar shows the reward (and the judge's failures); the run's mean policy loss must not replace it."""
+    text = _bar_after([{"reward": 0.5, "judge/failures": 16, "judge/requests": 16}, {"train_loss": -0.0003}])
+    assert "reward 0.500 (judge failed 16/16)" in text and "mean loss" not in text, text
+
+
 def test_a_mean_of_minus_zero_is_shown_as_zero():
     assert "mean loss 0.0000" in _bar_after([{"train_loss": -1e-9}])
 

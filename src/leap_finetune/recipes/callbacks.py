@@ -103,7 +103,7 @@ class RichProgress(TrainerCallback):
         self.task = None
         self._start = None
         self._start_tokens = 0
-        self._loss = math.nan
+        self._loss = math.nan  # (the last loss or reward the bar showed: NaN until one was logged)
 
     def on_train_begin(self, args, state, control, **kwargs):
         if not state.is_world_process_zero:
@@ -149,6 +149,7 @@ class RichProgress(TrainerCallback):
             failed = logs.get("judge/failures")
             judge = f" (judge failed {float(failed):g}/{float(logs.get('judge/requests') or 0):g})" if failed else ""
             self.progress.update(self.task, loss=f"reward {float(logs['reward']):.3f}{judge}")
+            self._loss = float(logs["reward"])
         elif "loss" in logs:
             self.progress.update(self.task, loss=f"loss {float(logs['loss']):.4f}")
             self._loss = float(logs["loss"])
