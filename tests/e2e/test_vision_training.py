@@ -172,3 +172,31 @@ def test_inspect_shows_each_picture_with_its_tokens(examples):
     assert "<image> 1: " in out and "shape_images/train/000.png" in out and "tokens (no loss)" in out
     as_json = json.loads(invoke("inspect", str(examples / "vl_sft_images.yaml"), "-n", "1", "--json").stdout)
     assert as_json[0]["images"][0]["tokens"] > 0 and as_json[0]["tokens"] > as_json[0]["trained_tokens"]
+
+
+@pytest.mark.slow
+def test_a_resumed_full_fine_tune_continues_the_vision_encoder_it_saved(workdir):
+    """Checkpoints keep the vision tower in the published layout (models/lfm2_keys.py), and the Trainer resumes
+    with load_state_dict on the saved file: the encoder's weights must come back, not stay as built (they did,
+    silently, before the model took the published names). 2 steps + 2 resumed = 4 uninterrupted, encoder included."""
+    from safetensors.torch import load_file
+
+    config = (EXAMPLES / "vl_sft_images.yaml").read_text().replace("path: data/", f"path: {EXAMPLES / 'data'}/")
+    config = config.replace("num_train_epochs: 12", "max_steps: 4\n  lr_scheduler_type: constant")
+    config = config.replace("warmup_steps: 0.05", "warmup_steps: 0").replace("save_steps: 72", "save_steps: 2")
+    config = config.split("evals:")[0] + "training_config:" + config.split("training_config:")[1]  # no benchmarks
+    straight = workdir / "straight.yaml"
+    straight.write_text(config.replace("project_name: ", "project_name: straight-"))
+    halted = workdir / "halted.yaml"
+    halted.write_text(config.replace("project_name: ", "project_name: halted-").replace("max_steps: 4", "max_steps: 2"))
+    expected = load_file(f"{run_config(straight)['model_dir']}/model.safetensors")
+    first = run_config(halted)
+    resumed = halted.read_text().replace("max_steps: 2", "max_steps: 4\n  resume_from_checkpoint: latest")
+    halted.write_text(resumed)
+    again = run_config(halted)
+    assert again["run_dir"] == first["run_dir"]
+    got = load_file(f"{again['model_dir']}/model.safetensors")
+    vision = [k for k in expected if k.startswith("model.vision_tower.vision_model.")]
+    assert vision and set(got) == set(expected)
+    for key in vision:
+        assert torch.allclose(got[key].float(), expected[key].float(), atol=1e-6), key

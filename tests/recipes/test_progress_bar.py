@@ -34,6 +34,11 @@ def test_a_logged_reward_is_not_replaced_by_the_mean_loss_at_the_end():
     assert "reward 0.500 (judge failed 16/16)" in text and "mean loss" not in text, text
 
 
+def test_a_nan_reward_still_counts_as_shown():
+    text = _bar_after([{"reward": float("nan"), "judge/failures": 16, "judge/requests": 16}, {"train_loss": 0.25}])
+    assert "(judge failed 16/16)" in text and "mean loss" not in text, text
+
+
 def test_a_mean_of_minus_zero_is_shown_as_zero():
     assert "mean loss 0.0000" in _bar_after([{"train_loss": -1e-9}])
 

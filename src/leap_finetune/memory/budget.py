@@ -134,8 +134,8 @@ def _grow_back(original: dict, training: dict, memory: Memory, changes: list[Cha
     halvings = [c for c in changes if c.key == "per_device_train_batch_size"]
     for keep in range(len(halvings)):  # (fewest halvings first)
         kept = halvings[:keep]
-        batch = kept[-1].value if kept else {k: original.get(k) or 1 for k in halvings[0].value}
-        trial = {**training, **batch}
+        batch = kept[-1].value if kept else {k: original.get(k) for k in halvings[0].value}
+        trial = {k: v for k, v in {**training, **batch}.items() if v is not None}  # (a key the original lacked)
         after = predicted(trial)
         if after.peak <= usable:
             dropped = {id(c) for c in halvings[keep:]}

@@ -30,11 +30,12 @@ def original_lfm2_keys(config) -> dict:
 def add_original_lfm2_keys(config) -> list[str]:
     """Sets the missing original keys on an LFM2 or LFM2-MoE config (or an LFM2-VL config's text config); returns
     those it set. Other architectures are left as they are (models/architectures.py says which have them). For
-    LFM2-VL it also has the vision tower saved in the published layout (`save_vision_in_published_layout`)."""
+    LFM2-VL it also has the vision tower saved in the published layout (`save_vision_in_published_layout`; the model
+    itself takes that layout back through `load_published_vision_names`)."""
     from leap_finetune.models.architectures import architecture, supports
 
     found = architecture(getattr(config, "model_type", None))
-    if found is not None and found.vision:
+    if getattr(config, "model_type", None) == "lfm2_vl":
         save_vision_in_published_layout(config.model_type)
     text = getattr(config, "text_config", None) if found is not None and found.vision else config
     if text is None or not supports(getattr(text, "model_type", None), "original_keys"):
@@ -63,10 +64,10 @@ def published_vision_name(name: str) -> str:
 
 
 def save_vision_in_published_layout(model_type: str) -> None:
-    """Every LFM2-VL saved in this process (checkpoints, `model/`, merged exports, built models) writes the published
-    layout, through transformers' own conversion mapping (renamed on load, reversed on save), so vLLM loads what was
-    built from a config too (measured 2026-12-07: vLLM 0.26 refuses the flat names). A mapping transformers ships for
-    the model type is left as it is."""
+    """LFM2-VL built from a config (the tiny model, the benches' random weights) and saved in this process writes the
+    published layout too - as transformers already does for one loaded from a published checkpoint - through its own
+    conversion mapping (renamed on load, reversed on save), so vLLM loads it (measured 2026-12-07: vLLM 0.26 refuses
+    the flat names). A mapping transformers ships for the model type is left as it is."""
     try:
         from transformers.conversion_mapping import (
             get_checkpoint_conversion_mapping,
@@ -79,3 +80,19 @@ def save_vision_in_published_layout(model_type: str) -> None:
         return
     pattern = "^" + PUBLISHED_VISION.replace(".", r"\.")
     register_checkpoint_conversion_mapping(model_type, [WeightRenaming(pattern, VISION_TOWER)])
+
+
+def load_published_vision_names(model) -> None:
+    """`model.load_state_dict` of an LFM2-VL takes the published layout as well as its own flat names: the Trainer
+    resumes a checkpoint (and loads the best one at the end) with load_state_dict on the saved file, outside
+    transformers' renaming, and the checkpoint holds the published layout (a model loaded from a published checkpoint
+    always saved it). Without this the vision tower's weights were left as they were, silently (strict=False)."""
+    if getattr(getattr(model, "config", None), "model_type", None) != "lfm2_vl":
+        return
+
+    def flat_names(module, state_dict, prefix, *_):
+        published = prefix + PUBLISHED_VISION
+        for key in [k for k in state_dict if k.startswith(published)]:
+            state_dict[prefix + VISION_TOWER + key[len(published) :]] = state_dict.pop(key)
+
+    model.register_load_state_dict_pre_hook(flat_names)

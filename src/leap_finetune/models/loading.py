@@ -11,7 +11,7 @@ import os
 from pathlib import Path
 
 from leap_finetune.errors import LeapError
-from leap_finetune.models.lfm2_keys import add_original_lfm2_keys
+from leap_finetune.models.lfm2_keys import add_original_lfm2_keys, load_published_vision_names
 from leap_finetune.models.tiny import TINY_MODELS, build_tiny_model, load_tiny_tokenizer
 
 
@@ -113,6 +113,7 @@ def _load_model(model_id: str, tokenizer, init_kwargs: dict | None = None, *, dt
     except Exception as err:  # noqa: BLE001
         raise _unavailable(model_id, "model", err, kwargs.get("subfolder")) from None
     add_original_lfm2_keys(model.config)  # (what it saves loads in vLLM too)
+    load_published_vision_names(model)  # (a resumed checkpoint's vision tower)
     return model
 
 

@@ -106,7 +106,7 @@ def build_tiny_model(name: str, tokenizer, dtype=None, arch: dict | None = None)
     import torch
     from transformers import Lfm2Config, Lfm2ForCausalLM
 
-    from leap_finetune.models.lfm2_keys import add_original_lfm2_keys
+    from leap_finetune.models.lfm2_keys import add_original_lfm2_keys, load_published_vision_names
 
     config = Lfm2Config(
         vocab_size=len(tokenizer),
@@ -150,5 +150,6 @@ def build_tiny_model(name: str, tokenizer, dtype=None, arch: dict | None = None)
     if dtype is not None:
         model = model.to(dtype)
     add_original_lfm2_keys(model.config)  # vLLM's LFM2 reads them
+    load_published_vision_names(model)
     model.config.name_or_path = name
     return model

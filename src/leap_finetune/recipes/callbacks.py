@@ -4,7 +4,6 @@
 from __future__ import annotations
 
 import json
-import math
 import os
 import time
 from pathlib import Path
@@ -103,7 +102,7 @@ class RichProgress(TrainerCallback):
         self.task = None
         self._start = None
         self._start_tokens = 0
-        self._loss = math.nan  # (the last loss or reward the bar showed: NaN until one was logged)
+        self._shown = False  # (a loss or a reward was shown: the run's mean loss at the end would replace it)
 
     def on_train_begin(self, args, state, control, **kwargs):
         if not state.is_world_process_zero:
@@ -149,11 +148,11 @@ class RichProgress(TrainerCallback):
             failed = logs.get("judge/failures")
             judge = f" (judge failed {float(failed):g}/{float(logs.get('judge/requests') or 0):g})" if failed else ""
             self.progress.update(self.task, loss=f"reward {float(logs['reward']):.3f}{judge}")
-            self._loss = float(logs["reward"])
+            self._shown = True
         elif "loss" in logs:
             self.progress.update(self.task, loss=f"loss {float(logs['loss']):.4f}")
-            self._loss = float(logs["loss"])
-        elif "train_loss" in logs and math.isnan(self._loss):  # (logging_steps past the last step: the run's mean)
+            self._shown = True
+        elif "train_loss" in logs and not self._shown:  # (logging_steps past the last step: the run's mean)
             mean = round(float(logs["train_loss"]), 4) + 0.0  # (no "-0.0000")
             self.progress.update(self.task, loss=f"mean loss {mean:.4f}")
         if "eval_loss" in logs:
