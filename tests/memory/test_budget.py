@@ -109,6 +109,24 @@ def test_checkpointing_makes_the_halved_micro_batches_unneeded_and_they_grow_bac
     assert [c.key for c in fitted.changes] == ["optimizer_precision", "activation_checkpointing"] and fitted.fits
     assert fitted.training["per_device_train_batch_size"] == 4 and fitted.training["activation_checkpointing"] is True
     assert fitted.changes[-1].peak == fitted.memory.peak == checkpointed.peak
+    # each printed peak is that of its change applied in order, not one computed with a halving since undone
+    assert fitted.changes[0].peak == _with(resolved, **bf16).peak
+
+
+def test_the_cheap_halvings_count_a_preference_pair_twice():
+    """DPO runs each row's chosen and rejected answers: its 4 rows of 1,024 tokens are 8,192 tokens, so the halving to
+    2 rows (4,096) comes before checkpointing; SFT's 4 rows are 4,096 tokens: checkpointing before any halving."""
+    from leap_finetune.memory.budget import _levers
+    from leap_finetune.methods import METHODS
+
+    training = {"per_device_train_batch_size": 4, "gradient_accumulation_steps": 1, "max_length": 1024}
+
+    def order(kind: str) -> list:
+        levers = _levers(training, {"optimizer_precision"}, METHODS[kind], longest=1024)
+        return [v["per_device_train_batch_size"] if isinstance(v, dict) else k for k, v, _ in levers]
+
+    assert order("dpo")[:3] == [2, "activation_checkpointing", 1]
+    assert order("sft")[:3] == ["activation_checkpointing", 2, 1]
 
 
 def test_smaller_micro_batches_keep_the_global_batch(workdir):

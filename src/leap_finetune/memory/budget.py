@@ -6,7 +6,7 @@ it, the defaults change, in this order, until it fits - the fastest setting that
 
 1. bf16 weights, which cost no speed: LoRA's frozen base in bf16; a full fine-tune's weights and AdamW states in
    bf16 with Kahan summation (optimizer_precision: bf16_kahan, torch-optimi);
-2. a smaller micro-batch while it still holds CHEAP_MICRO_BATCH_TOKENS (rows x the longest row), gradient
+2. a smaller micro-batch while it still holds CHEAP_MICRO_BATCH_TOKENS (plan.py's count: a pair twice), gradient
    accumulation raised to keep the global batch: ~10% per halving (smaller GEMMs);
 3. activation checkpointing (~10-30% slower for a full fine-tune; the activations shrink to each layer's input);
    with LoRA it also turns compile_layers off (inductor fails on the two together): measured 2.7x slower on
@@ -29,7 +29,7 @@ from dataclasses import dataclass, field, replace
 from leap_finetune.errors import LeapError
 from leap_finetune.memory.estimate import GIB, Memory
 from leap_finetune.memory.pictures import RowTiles, row_tiles
-from leap_finetune.memory.plan import longest_row, predict, predicted_for, shape_of
+from leap_finetune.memory.plan import longest_row, micro_batch_tokens, predict, predicted_for, shape_of
 from leap_finetune.methods import method_of
 
 UNITS = {"gib": GIB, "gb": 10**9, "g": GIB, "mib": 2**20, "mb": 10**6, "": GIB}
@@ -128,6 +128,17 @@ def change_text(key: str, value) -> str:
     return ", ".join(f"{k} -> {v}" for k, v in value.items())
 
 
+def _replayed(changes: list[Change], original: dict, predicted) -> list[Change]:
+    """The kept changes with the peak each gives when applied in order to the original settings (what plan prints
+    beside each change: a peak computed with a halving since undone would be too low)."""
+    training, replayed = dict(original), []
+    for change in changes:
+        value = change.value if isinstance(change.value, dict) else {change.key: change.value}
+        training = {**training, **value}
+        replayed.append(replace(change, peak=predicted(training).peak))
+    return replayed
+
+
 def _grow_back(original: dict, training: dict, memory: Memory, changes: list[Change], predicted, usable: float):
     """The fit with as few micro-batch halvings as still fit: a halving tried before checkpointing (cheap, but not
     free) is undone where checkpointing alone made room."""
@@ -139,9 +150,7 @@ def _grow_back(original: dict, training: dict, memory: Memory, changes: list[Cha
         after = predicted(trial)
         if after.peak <= usable:
             dropped = {id(c) for c in halvings[keep:]}
-            kept_changes = [c for c in changes if id(c) not in dropped]
-            kept_changes[-1] = replace(kept_changes[-1], peak=after.peak)  # (the fit's peak as it now stands)
-            return trial, after, kept_changes
+            return trial, after, _replayed([c for c in changes if id(c) not in dropped], original, predicted)
     return training, memory, changes
 
 
@@ -170,8 +179,9 @@ def _levers(training: dict, user: set[str], method, lora: bool = False, longest:
     KL estimate pairs rows); GRPO's batch is its completions (num_generations divides it): left as it is."""
     yield from _precision_levers(training, user, lora, method)
     halvings = list(_halvings(training, user, method))
-    length = longest or int(training.get("max_length") or 1024)
-    cheap = [h for h in halvings if h[1]["per_device_train_batch_size"] * length >= CHEAP_MICRO_BATCH_TOKENS]
+    cheap = [
+        h for h in halvings if micro_batch_tokens({**training, **h[1]}, method, longest) >= CHEAP_MICRO_BATCH_TOKENS
+    ]
     yield from cheap
     if "activation_checkpointing" not in user and "gradient_checkpointing" not in user:
         if not training.get("activation_checkpointing"):

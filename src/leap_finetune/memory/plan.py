@@ -106,6 +106,12 @@ def _batch(t: dict, method, longest: int | None) -> tuple[int, int]:
     return rows * (2 if method.family == "preference" else 1), per_row  # (KTO: each row's KL row runs too)
 
 
+def micro_batch_tokens(t: dict, method, longest: int | None) -> int:
+    """Tokens of the largest micro-batch as the estimate counts them (rows x tokens per row, DPO's pairs twice)."""
+    rows, per_row = _batch(t, method, longest)
+    return rows * per_row
+
+
 def _reference(resolved, method) -> bool:
     """A frozen second copy: DPO/KTO full fine-tunes (unless their log-probs are computed first), GRPO with a KL
     term; with LoRA the reference is the base with the adapter off, or (adapter_path) with a frozen copy of the
