@@ -88,8 +88,8 @@ def leap_sft(mode: str, model: str, data: Path, work: Path, steps: int) -> dict:
 
 
 def trl_sft(mode: str, model: str, data: Path, work: Path, steps: int) -> dict:
+    from budget_peers import trl_adapter_options
     from datasets import load_dataset
-    from memory import trl_adapter_options
     from sft_throughput import tokens_per_second
     from trl import SFTConfig, SFTTrainer
 
