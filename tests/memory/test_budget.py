@@ -158,6 +158,22 @@ def test_lora_takes_a_bf16_frozen_base_first(workdir):
     assert "optimizer_precision" not in fitted.training  # (refused with LoRA: config/precision.py)
 
 
+def test_lora_dropout_is_off_by_default_and_counted_where_the_user_sets_it(workdir):
+    """DEFAULT_LORA's dropout is 0 (measured: 0.05 cost LFM2-1.2B 2.9 GiB and 7% of its tokens/s); a user's 0.05 adds a
+    dropped copy of each adapted layer's input to the prediction (FIT.lora_dropout_layer_bytes)."""
+    from leap_finetune.memory.calibration import FIT
+    from leap_finetune.memory.plan import setup_of, shape_of
+
+    default = load_config({**_long_config(workdir), "peft_config": {"extends": "DEFAULT_LORA"}})
+    dropped = load_config({**_long_config(workdir), "peft_config": {"extends": "DEFAULT_LORA", "lora_dropout": 0.05}})
+    assert default.peft["lora_dropout"] == 0.0 and dropped.peft["lora_dropout"] == 0.05
+    shape = shape_of(default)
+    setup = setup_of(dropped, shape)
+    assert not setup_of(default, shape).lora_dropout and setup.lora_dropout
+    added = training_process_memory(dropped, None).activations - training_process_memory(default, None).activations
+    assert added == pytest.approx(FIT.lora_dropout_layer_bytes * shape.hidden * shape.layers * setup.tokens, rel=1e-6)
+
+
 def test_a_4_bit_base_is_predicted_at_a_quarter_of_the_bf16_weights(workdir):
     """QLoRA's prediction (no bitsandbytes needed to plan): the linear layers at NF4's ~0.52 bytes a weight."""
     from leap_finetune.config.quantization import QUANTIZATIONS

@@ -24,8 +24,8 @@ def measured_config(row: dict, data) -> dict:
         "dataset": {"path": str(data)},
         "training_config": training,
     }
-    if row["mode"] in ("lora", "qlora"):
-        config["peft_config"] = {"extends": "DEFAULT_LORA"}
+    if row["mode"] in ("lora", "qlora"):  # (rows measured before 2026-12-08 ran DEFAULT_LORA's lora_dropout 0.05)
+        config["peft_config"] = {"extends": "DEFAULT_LORA", "lora_dropout": row.get("lora_dropout", 0.05)}
     return config
 
 

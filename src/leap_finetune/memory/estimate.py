@@ -56,6 +56,7 @@ class Setup:
     logit_tokens: int  # of those, the tokens whose logits the loss needs at once
     weight_bytes: float  # bytes per weight as loaded: 4 (float32 master), 2 (bf16), NF4_BYTES (QLoRA's linears)
     lora_parameters: int  # 0: a full fine-tune
+    lora_dropout: bool = False  # LoRA's dropout keeps a dropped copy of each adapted layer's input and its mask
     optim: str = "adamw_torch_fused"
     optimizer_precision: str | None = None  # "bf16_kahan": bf16 weights and states with a Kahan buffer
     checkpointing: bool = False
@@ -117,13 +118,15 @@ def _optimizer_bytes(setup: Setup, trained_bytes: int) -> float:
 
 def activation_bytes(shape: ModelShape, setup: Setup) -> float:
     """What the forward keeps for the backward at the largest micro-batch: bytes per token, layer and hidden unit
-    (LFM2's MLP is 4-5x the hidden size, so one constant holds both; LoRA adds its adapters' inputs); with
+    (LFM2's MLP is 4-5x the hidden size, so one constant holds both; LoRA's own constant: a frozen
+    layer keeps no input for a weight gradient, and with lora_dropout each adapted layer keeps a dropped copy of it); with
     checkpointing each layer's input and one layer recomputed at a time; the logits over the vocabulary (SFT: TRL
     computes the loss in chunks; DPO's pairs: measured inside the per-layer constant); and the vision encoder's."""
     if setup.checkpointing:
         kept = shape.hidden * (FIT.checkpoint_layer_bytes * shape.layers + FIT.checkpoint_extra_bytes)
     else:
-        kept = (FIT.layer_bytes + (FIT.lora_layer_bytes if setup.lora_parameters else 0)) * shape.hidden * shape.layers
+        lora = FIT.lora_layer_bytes + FIT.lora_dropout_layer_bytes * setup.lora_dropout
+        kept = (lora if setup.lora_parameters else FIT.layer_bytes) * shape.hidden * shape.layers
     logits = (0 if setup.pairs else FIT.logit_bytes) * shape.vocab * setup.logit_tokens
     return _with_vision(kept * setup.tokens + logits, shape, setup)
 

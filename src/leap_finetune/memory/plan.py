@@ -56,6 +56,7 @@ def setup_of(resolved, shape: ModelShape, longest: int | None = None, tiles: Row
         logit_tokens=rows * (completions or per_row),
         weight_bytes=weight_bytes,
         lora_parameters=shape.lora_parameters(resolved.peft) if resolved.peft else 0,
+        lora_dropout=bool(resolved.peft and resolved.peft.get("lora_dropout")),
         optim=str(t.get("optim", "adamw_torch_fused")),
         optimizer_precision=t.get("optimizer_precision"),
         checkpointing=bool(t.get("activation_checkpointing") or t.get("gradient_checkpointing")),

@@ -147,13 +147,7 @@ def router_notes(user_training: set[str], peft_user: dict | None, model_id: str,
     kind = model_type(model_id)
     found = architecture(kind)
     if found is not None and found.moe:
-        peft = peft_user or {}
         notes = []
-        if peft.get("lora_experts") and "lora_dropout" not in peft:
-            notes.append(
-                "peft_config: lora_dropout is 0 with lora_experts: true (peft's adapters on expert weights take no "
-                "dropout; the profile's 0.05 does not apply)"
-            )
         if quantized:
             notes.append(
                 "peft_config.quantization: bitsandbytes quantizes linear layers only; the experts of a mixture of "

@@ -75,8 +75,8 @@ def resolve_peft(peft_config: dict | None, where: str, vision: bool = False) -> 
 
 def _check_expert_options(user: dict, merged: dict, where: str) -> None:
     """peft's adapters on 3-D expert weights (ParamWrapper) take no dropout, DoRA, LoRA bias or fan_in_fan_out: one
-    the user set is refused now (peft would refuse it once the model is loaded); the profile's dropout becomes 0
-    (said as a note: validate/no_effect.py router_notes)."""
+    the user set is refused now (peft would refuse it once the model is loaded); a profile's dropout becomes 0
+    (DEFAULT_LORA's is 0 already)."""
     for key, off in (("lora_dropout", 0), ("use_dora", False), ("lora_bias", False), ("fan_in_fan_out", False)):
         if user.get(key) not in (None, off, 0.0):
             raise LeapError(
