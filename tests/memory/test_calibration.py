@@ -24,7 +24,10 @@ def measured_config(row: dict, data) -> dict:
         "dataset": {"path": str(data)},
         "training_config": training,
     }
-    if row["mode"] in ("lora", "qlora"):  # (rows without their own lora_dropout ran 0.05, DEFAULT_LORA's until 2026-12-07)
+    if row["mode"] in (
+        "lora",
+        "qlora",
+    ):  # (rows without their own lora_dropout ran 0.05, DEFAULT_LORA's until 2026-12-07)
         config["peft_config"] = {"extends": "DEFAULT_LORA", "lora_dropout": row.get("lora_dropout", 0.05)}
     return config
 
