@@ -112,8 +112,9 @@ def test_the_qlora_example_loads_and_the_planner_fits_lfm2_2_6b_into_its_16_gib(
     assert done.returncode == 0, done.stderr[-3000:]
     found = json.loads(done.stdout.strip().splitlines()[-1])
     assert found["model"].endswith("LFM2-2.6B") and found["quant"] == "nf4" and found["budget"] == 16 * 2**30
-    assert found["fits"] and found["changes"] == ["activation_checkpointing"]
-    assert found["peak"] < 6 * 2**30  # (the 4-bit base: LoRA over a bf16 base is predicted at 7.8 GiB there)
+    # (a halved micro-batch, not checkpointing: the 4-bit base leaves room; LoRA over a bf16 base checkpoints there)
+    assert found["fits"] and found["changes"] == ["per_device_train_batch_size"]
+    assert 10 * 2**30 < found["peak"] < 14.2 * 2**30  # (14.2 GiB: what a 16 GiB card leaves for the process)
 
 
 def test_qlora_on_an_lfm2_moe_quantizes_its_linear_layers_and_trains_with_its_routers(workdir):

@@ -283,13 +283,29 @@ def test_kto_keeps_two_rows_per_micro_batch_and_grpo_keeps_its_batch(workdir):
 
 
 def test_lfm2_vl_parts_trained_beside_lora_keep_float32_weights():
-    from leap_finetune.memory.budget import _levers
-    from leap_finetune.methods import method_of
+    from leap_finetune.memory.budget import _free_levers
 
-    sft = method_of("sft")
-    trained = [key for key, _, _ in _levers({"train_vision_encoder": True}, set(), sft, lora=True)]
-    assert "model_init_kwargs" not in trained and "activation_checkpointing" in trained
-    assert [key for key, _, _ in _levers({}, set(), sft, lora=True)][0] == "model_init_kwargs"
+    assert not list(_free_levers({"train_vision_encoder": True}, set(), lora=True))
+    assert not list(_free_levers({"train_projector": True}, set(), lora=True))
+    assert [key for key, _, _ in _free_levers({}, set(), lora=True)] == ["model_init_kwargs"]
+
+
+def test_lora_takes_the_bf16_base_on_any_gpu_even_where_the_float32_one_fits(workdir):
+    """The frozen base in bf16 costs neither speed nor accuracy: taken at 80 GiB too, said, and never over a dtype
+    the user wrote; a full fine-tune that fits keeps its float32 master weights."""
+    lora = load_config({**_long_config(workdir), "peft_config": {"extends": "DEFAULT_LORA"}})
+    fitted = fit_to_budget(lora, 80 * GIB)
+    assert [c.key for c in fitted.changes] == ["model_init_kwargs"] and fitted.fits
+    assert fitted.training["model_init_kwargs"]["dtype"] == "bfloat16"
+    assert fitted.memory.peak < training_process_memory(lora).peak
+    own = load_config(
+        {
+            **_long_config(workdir, model_init_kwargs={"dtype": "float32"}),
+            "peft_config": {"extends": "DEFAULT_LORA"},
+        }
+    )
+    assert fit_to_budget(own, 80 * GIB).changes == []
+    assert fit_to_budget(load_config(_long_config(workdir)), 80 * GIB).changes == []
 
 
 def test_grpo_and_the_encoders_get_no_optimizer_precision_and_encoders_no_prediction(workdir):

@@ -4,8 +4,9 @@ The budget is the memory one GPU has for a training process: `--gpu-memory 24GiB
 you are not on), else the free memory of the GPU a run trains on. When the predicted peak (memory/plan.py) is over
 it, the defaults change, in this order, until it fits - the fastest setting that fits, since each step costs speed:
 
-1. bf16 weights, which cost no speed: LoRA's frozen base in bf16; a full fine-tune's weights and AdamW states in
-   bf16 with Kahan summation (optimizer_precision: bf16_kahan, torch-optimi);
+0. on every GPU run, fitting or not: LoRA's frozen base in bf16 (it costs neither speed nor accuracy);
+1. bf16 weights, which cost no speed: a full fine-tune's weights and AdamW states in bf16 with Kahan summation
+   (optimizer_precision: bf16_kahan, torch-optimi);
 2. a smaller micro-batch while it still holds CHEAP_MICRO_BATCH_TOKENS (plan.py's count: a pair twice), gradient
    accumulation raised to keep the global batch: ~10% per halving (smaller GEMMs);
 3. activation checkpointing (~10-30% slower for a full fine-tune; the activations shrink to each layer's input);
@@ -104,6 +105,10 @@ def fit_to_budget(resolved, budget: int, longest: int | None = None, tiles: RowT
         return predict(resolved.model_copy(update={"training": t}), shape, longest, budget, tiles)
 
     memory, changes = predicted(training), []
+    for key, value, reason in _free_levers(training, user, resolved.peft is not None):  # (taken at any budget)
+        training = {**training, **value}
+        memory = predicted(training)
+        changes.append(Change(key, value, reason, memory.peak))
     levers = [
         *_rollout_levers(resolved, user, shape, longest, budget),
         *_levers(training, user, method_of(resolved), lora=resolved.peft is not None, longest=longest),
@@ -209,20 +214,29 @@ def _halvings(training: dict, user: set[str], method):
         )
 
 
+def _free_levers(training: dict, user: set[str], lora: bool):
+    """What costs neither speed nor accuracy, so it is taken on every GPU run, fitting or not: a LoRA run's frozen
+    base in bf16 (model_init_kwargs dtype bfloat16). Under bf16 autocast its matmuls read bf16 copies of float32
+    weights anyway (LFM2's published weights are bf16: the float32 copy holds the same values), so the copy only costs
+    memory and the casts' time (LFM2-8B-A1B LoRA over a float32 base on an H100: 6.0k tokens/s at 65 GiB, where QLoRA
+    over its bf16 experts ran 28.9k at 28.5 GiB; bench/RESULTS.md 2026-12-07). The adapters stay float32."""
+    from leap_finetune.config.precision import init_dtype
+
+    if not lora or init_dtype(training) is not None or "model_init_kwargs" in user or training.get("fp16"):
+        return
+    if training.get("train_vision_encoder") or training.get("train_projector"):
+        return  # (LFM2-VL parts trained in full beside the adapters: their weights stay float32)
+    init = {**(training.get("model_init_kwargs") or {}), "dtype": "bfloat16"}
+    yield "model_init_kwargs", {"model_init_kwargs": init}, "the frozen base in bf16 (the adapters stay float32)"
+
+
 def _precision_levers(training: dict, user: set[str], lora: bool, method):
-    """Weights in bf16, which cost no speed (docs/speed.md), before anything that does: a LoRA run's frozen base
-    (model_init_kwargs dtype bfloat16: no float32 copy, no autocast copies), a full fine-tune's weights and AdamW
-    states with Kahan summation (optimizer_precision: bf16_kahan, the float32 loss curve: needs torch-optimi)."""
+    """A full fine-tune's weights and AdamW states in bf16 with Kahan summation (optimizer_precision: bf16_kahan, the
+    float32 loss curve: needs torch-optimi), which costs no speed (docs/speed.md), before anything that does."""
     from leap_finetune.config.precision import COMPATIBLE_OPTIM, init_dtype, missing_package
 
-    if init_dtype(training) is not None or "model_init_kwargs" in user or training.get("fp16"):
-        return
-    if lora:
-        if training.get("train_vision_encoder") or training.get("train_projector"):
-            return  # (LFM2-VL parts trained in full beside the adapters: their weights stay float32)
-        init = {**(training.get("model_init_kwargs") or {}), "dtype": "bfloat16"}
-        yield "model_init_kwargs", {"model_init_kwargs": init}, "the frozen base in bf16 (the adapters stay float32)"
-        return
+    if init_dtype(training) is not None or "model_init_kwargs" in user or training.get("fp16") or lora:
+        return  # (LoRA's frozen base: _free_levers)
     from leap_finetune.config.own_keys import keys_of
 
     if "optimizer_precision" not in keys_of(method):  # (sft, dpo, kto: GRPO's and the encoders' trainers refuse it)
