@@ -1,8 +1,9 @@
-"""SFT on a CPU scores only the trained positions in TRL's fused output layer (recipes/host_syncs.py), as TRL does on
+"""SFT, DPO, KTO and GRPO on a CPU score only the trained positions in TRL's fused output layer (recipes/host_syncs.py), as TRL does on
 GPUs: the same losses, log-probabilities and gradients as scoring every position."""
 
 from __future__ import annotations
 
+import pytest
 import torch
 
 from leap_finetune.models.tiny import build_tiny_model, load_tiny_tokenizer
@@ -39,3 +40,15 @@ def test_scoring_the_trained_positions_only_gives_the_values_of_scoring_all(monk
     trained = _scored(model, ids, labels)
     for a, b in zip(every, trained, strict=True):
         torch.testing.assert_close(a, b)
+
+
+@pytest.mark.parametrize("recipe", ["sft", "dpo", "kto", "grpo"])
+def test_every_trainer_with_the_fused_output_layer_scores_the_trained_positions_only(recipe, monkeypatch):
+    import importlib
+
+    import trl.trainer.utils as trl_utils
+
+    monkeypatch.setattr(trl_utils, "_use_triton", getattr(trl_utils._use_triton, "original", trl_utils._use_triton))
+    assert not trl_utils._use_triton(torch.device("cpu"))
+    importlib.import_module(f"leap_finetune.recipes.{recipe}").trainer_class()
+    assert trl_utils._use_triton(torch.device("cpu"))

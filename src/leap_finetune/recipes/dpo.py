@@ -21,6 +21,10 @@ def config_class():
 def trainer_class():
     from trl import DPOTrainer
 
+    from leap_finetune.recipes.host_syncs import score_trained_tokens_only_on_cpu
+
+    score_trained_tokens_only_on_cpu()  # (the prompt's positions: no log-prob needed)
+
     class LeapDPOTrainer(vision.VisionRate, DPOTrainer):
         """TRL re-tokenizes every dataset from text; ours arrive as prompt_ids / chosen_ids /
         rejected_ids, rendered with the official template and checked by the driver (which also

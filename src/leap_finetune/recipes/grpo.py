@@ -61,6 +61,10 @@ def reward_functions(resolved: ResolvedConfig, judge_url: str | None = None, tok
 def trainer_class():
     from trl import GRPOTrainer
 
+    from leap_finetune.recipes.host_syncs import score_trained_tokens_only_on_cpu
+
+    score_trained_tokens_only_on_cpu()  # (the prompt's positions: no log-prob needed)
+
     from leap_finetune.recipes.vision import VisionRate
 
     class LeapGRPOTrainer(VisionRate, GRPOTrainer):

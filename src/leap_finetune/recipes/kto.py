@@ -18,6 +18,10 @@ def config_class():
 def trainer_class():
     from trl import KTOTrainer
 
+    from leap_finetune.recipes.host_syncs import score_trained_tokens_only_on_cpu
+
+    score_trained_tokens_only_on_cpu()  # (the prompt's positions: no log-prob needed)
+
     class LeapKTOTrainer(KTOTrainer):
         """TRL re-tokenizes every dataset from text; ours arrive tokenized (see recipes/dpo.py).
         What TRL does after tokenizing is kept: the KL completions, built by rotating the
