@@ -53,6 +53,33 @@ def command_words(args: list[str]) -> list[str]:
     return args
 
 
+# Commands people bring from other tools (or expect): what does it here. Matched before the commands themselves, so
+# that `resum` is not offered `slurm`.
+OTHER_TOOLS_WORDS = {
+    "resume": "a run resumes with `leap-finetune run CONFIG --set training_config.resume_from_checkpoint=latest`",
+    "train": "did you mean 'run'?",
+    "finetune": "did you mean 'run'?",
+    "evaluate": "did you mean 'eval'?",
+    "convert": "did you mean 'export'? (`export RUN --gguf q4_k_m` writes a GGUF file)",
+    "merge": "did you mean 'export'? (`export RUN --merge` merges a LoRA adapter)",
+}
+
+
+def _other_tools_word(word: str) -> str | None:
+    """What to say for a word of another tool's: typed as it is, or closer to it than to any command here."""
+    from difflib import SequenceMatcher
+
+    word = word.lower()
+    if word in OTHER_TOOLS_WORDS:
+        return OTHER_TOOLS_WORDS[word]
+
+    def closest(words) -> tuple[float, str]:
+        return max((SequenceMatcher(None, word, w).ratio(), w) for w in words)
+
+    ratio, other = closest(OTHER_TOOLS_WORDS)
+    return OTHER_TOOLS_WORDS[other] if ratio >= 0.8 and ratio > closest(SUBCOMMANDS)[0] else None
+
+
 def _refuse_unknown_command(word: str, args: list[str]) -> None:
     """`leap-finetune valdate x.yaml` is a misspelt command, not `run valdate x.yaml`: a first word that is no file
     here and does not read as a config's name (.yaml, .yml, .json, or a path), with more words after it or close to
@@ -62,7 +89,7 @@ def _refuse_unknown_command(word: str, args: list[str]) -> None:
     looks_like_a_config = word.endswith((".yaml", ".yml", ".json")) or "/" in word or Path(word).exists()
     if looks_like_a_config:
         return
-    hint = did_you_mean(word, sorted(SUBCOMMANDS))
+    hint = _other_tools_word(word) or did_you_mean(word, sorted(SUBCOMMANDS))
     if not hint and args.index(word) == len(args) - 1:
         return  # (a lone word far from every command is run's config: run says it is not found)
     print(

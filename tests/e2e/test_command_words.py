@@ -16,6 +16,12 @@ from tests.e2e.test_mistakes import cli
         (["plna"], "unknown command 'plna' (did you mean 'plan'?)"),
         (["--debug", "inpsect", "x.yaml", "--rows", "2"], "unknown command 'inpsect' (did you mean 'inspect'?)"),
         (["frobnicate", "x.yaml"], "unknown command 'frobnicate'"),
+        # other tools' words (and near them, closer than to any command here: `resum` was offered 'slurm')
+        (["resume", "x.yaml"], "unknown command 'resume' (a run resumes with `leap-finetune run CONFIG --set"),
+        (["resum", "x.yaml"], "training_config.resume_from_checkpoint=latest`)"),
+        (["train", "x.yaml"], "unknown command 'train' (did you mean 'run'?)"),
+        (["evalute", "x.yaml"], "unknown command 'evalute' (did you mean 'eval'?)"),
+        (["convert", "x.yaml"], "(did you mean 'export'? (`export RUN --gguf q4_k_m` writes a GGUF file))"),
     ],
 )
 def test_a_misspelt_command_is_named_not_run_as_a_config(argv, expected, workdir, capsys):
