@@ -155,6 +155,10 @@ CONFIG_CASES = {
         {"slurm": {"time": 43200}},
         ["slurm.time: expected text (got the number 43200", "12:00:00 is 43200", "put the text in quotes"],
     ),
+    "yaml_no_as_a_list_item": (
+        {"slurm": {"setup": [False]}},
+        ["slurm.setup.0: expected text (got the boolean false", "put the text in quotes, e.g. setup: ['...']"],
+    ),
     "yaml_date_as_text": (
         {"slurm": {"job_name": __import__("datetime").date(2026, 1, 1)}},
         ["slurm.job_name: expected text (got a date (2026-01-01))"],

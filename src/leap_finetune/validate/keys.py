@@ -135,7 +135,10 @@ def pydantic_error(err: ValidationError, where: str, prefix: str = "") -> LeapEr
     yaml_read = yaml_read_as(got) if first["type"] == "string_type" else None
     if yaml_read:  # (YAML 1.1: no/yes/on/off are booleans, 12:00:00 a base-60 number, 2026-01-01 a date)
         message, got_text = "expected text", f" (got {yaml_read})"
-        fix = f"put the text in quotes, e.g. {loc.rsplit('.', 1)[-1]}: '...' (YAML reads it unquoted as a value)"
+        parts = loc.split(".")
+        item = len(parts) > 1 and parts[-1].isdigit()  # (a list item: `setup: ['...']`, not `0: '...'`)
+        example = f"{parts[-2]}: ['...']" if item else f"{parts[-1]}: '...'"
+        fix = f"put the text in quotes, e.g. {example} (YAML reads it unquoted as a value)"
     if first["type"] in ("dict_type", "model_type", "model_attributes_type"):
         # (pydantic names the class: "a valid dictionary or instance of ImageProcessorConfig")
         message = "expected a mapping of its keys"
