@@ -222,6 +222,12 @@ BROKEN = [
         "is larger than Pillow opens",
     ),
     (
+        "an image between Pillow's warning and its refusal (12,000 x 12,000 pixels)",
+        lambda d: image_row(bomb_png(d, 12000)),
+        "messages[0].content[0]",
+        "is over Pillow's safe size (89,478,485 pixels)",
+    ),
+    (
         "an image path that is a folder",
         lambda d: image_row(a_folder(d)),
         "messages[0].content[0]",
@@ -241,15 +247,16 @@ BROKEN = [
 ]
 
 
-def bomb_png(folder):
-    """A PNG whose header says 30,000 x 30,000 pixels (over twice Pillow's MAX_IMAGE_PIXELS: its
-    DecompressionBombError), made from a 1 x 1 picture: the header's size rewritten and its checksum made anew."""
+def bomb_png(folder, side: int = 30000):
+    """A PNG whose header says side x side pixels (30,000: over twice Pillow's MAX_IMAGE_PIXELS, its
+    DecompressionBombError; 12,000: between the two, where Pillow only warns), made from a 1 x 1 picture: the
+    header's size rewritten and its checksum made anew."""
     import struct
     import zlib
 
     data = bytearray(picture(folder / "one.png", (1, 1)).read_bytes())
     start = data.index(b"IHDR")
-    data[start + 4 : start + 12] = struct.pack(">II", 30000, 30000)
+    data[start + 4 : start + 12] = struct.pack(">II", side, side)
     data[start + 17 : start + 21] = struct.pack(">I", zlib.crc32(bytes(data[start : start + 17])))
     (folder / "bomb.png").write_bytes(bytes(data))
     return "bomb.png"

@@ -17,6 +17,7 @@ from __future__ import annotations
 
 import binascii
 import io
+import warnings
 from dataclasses import dataclass, field
 
 import numpy as np
@@ -71,7 +72,11 @@ def open_image(source: str, *, decode: bool = True):
     where = _shown(source)
     data = read_bytes(source)
     try:
-        image = Image.open(io.BytesIO(data))
+        with warnings.catch_warnings():
+            # (Pillow only warns between MAX_IMAGE_PIXELS and twice it: a warning with no row named, then a slow
+            # decode of hundreds of MB; an invalid row like the larger ones instead)
+            warnings.simplefilter("error", Image.DecompressionBombWarning)
+            image = Image.open(io.BytesIO(data))
         if image.format not in FORMATS:
             raise ImageProblem(f"{where} is a {image.format} image; supported: {', '.join(FORMATS)}")
         if decode:
@@ -83,6 +88,11 @@ def open_image(source: str, *, decode: bool = True):
         ) from None
     except ImageProblem:
         raise
+    except Image.DecompressionBombWarning:
+        raise ImageProblem(
+            f"{where} is over Pillow's safe size ({Image.MAX_IMAGE_PIXELS:,} pixels); resize it (the vision encoder "
+            "sees at most a few 512x512 tiles of it anyway)"
+        ) from None
     except Image.DecompressionBombError as err:  # (an Exception of its own, not an OSError)
         raise ImageProblem(
             f"{where} is larger than Pillow opens ({err}); resize it (the vision encoder sees at most a few 512x512 "
