@@ -58,6 +58,11 @@ def test_a_hub_layout_folder_trains_on_train_and_holds_out_test(workdir):
     assert (len(prepared.train), len(prepared.eval)) == (10, 2)
     said = " ".join(invoke("validate", str(write_config(workdir, sized)), cwd=workdir).stderr.split())
     assert "test (test.jsonl) not read: test_size holds out training rows instead" in said
+    # `split: test` trains on the test files: the train files are not read, and the note says why (was: "None")
+    tested = tiny_config(dataset={"path": "d", "split": "test"})
+    said = " ".join(invoke("validate", str(write_config(workdir, tested)), cwd=workdir).stderr.split())
+    assert "train (train.jsonl) not read: split: test names the training files, and no test or validation" in said
+    assert "the evaluation split is None" not in said
 
 
 def test_sub_folders_and_the_hubs_data_folder_are_splits_too(workdir):

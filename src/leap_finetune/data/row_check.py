@@ -109,7 +109,12 @@ def _split_notice(item: DatasetConfig, source: Source, held: str | None) -> str:
     why = "val_path is the evaluation data" if item.val_path else "test_size holds out training rows instead"
     for split in source.splits:
         if split not in (source.split, held):
-            reason = why if (item.val_path or item.test_size) else "the evaluation split is " + str(held)
+            if item.val_path or item.test_size:
+                reason = why
+            elif held:
+                reason = f"the evaluation split is {held}"
+            else:  # (`split: test` trains on the test files: nothing named test or validation is left to hold out)
+                reason = f"split: {source.split} names the training files, and no test or validation split is left"
             said.append(f"{split} ({files(split)}) not read: {reason}")
     return f"{item.path}: files named by split, read as datasets reads a folder: " + "; ".join(said)
 
