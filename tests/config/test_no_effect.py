@@ -56,6 +56,17 @@ CASES = {
         _grpo(grpo_rollout={"gpu_memory_utilization": 0.5}),
         "grpo_rollout.gpu_memory_utilization: no effect without a local server",
     ),
+    "sampling_keys_without_do_sample": (
+        tiny_config(
+            evals={
+                "temperature": 0.7,
+                "top_p": 0.9,
+                "benchmarks": [{"name": "b", "path": "train.jsonl", "metric": "exact_match"}],
+            }
+        ),
+        "evals.temperature, evals.top_p: no effect with evals.do_sample: false (benchmarks decode greedily, the "
+        "default); set evals.do_sample: true",
+    ),
     "vllm_keys_with_use_vllm_false": (
         _grpo(training_config={"use_vllm": False, "vllm_gpu_memory_utilization": 0.2}),
         "training_config.vllm_gpu_memory_utilization: no effect with use_vllm: false",
@@ -86,6 +97,13 @@ def test_the_profiles_own_defaults_and_settings_that_act_are_not_named(workdir):
         tiny_config(dataset={"path": "train.jsonl", "test_size": 2}, training_config={"eval_steps": 2}),
         tiny_config(training_config={"lr_scheduler_type": "constant_with_warmup", "warmup_steps": 2}),
         tiny_config(peft_config={"use_peft": True, "r": 4}),
+        tiny_config(
+            evals={
+                "do_sample": True,
+                "temperature": 0.7,
+                "benchmarks": [{"name": "b", "path": "train.jsonl", "metric": "exact_match"}],
+            }
+        ),
     ]
     # (an external vLLM server's start timeout is TRL's wait for it: it acts; vLLM need not be installed to load)
     from leap_finetune.validate.loader import load_config

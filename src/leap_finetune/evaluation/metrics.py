@@ -21,7 +21,12 @@ def normalise(text: str) -> str:
 
 
 def exact_match(prediction: str, reference: str, item=None) -> tuple[float, bool]:
-    return float(normalise(prediction) == normalise(reference)), True
+    """The normalised texts are equal. A reference with nothing left once normalised ("...", "The") scores 0: an
+    empty answer is not a right one (validate refuses such rows: `scored_reference`)."""
+    ref = normalise(reference)
+    if not ref:
+        return 0.0, False
+    return float(normalise(prediction) == ref), True
 
 
 def short_answer(prediction: str, reference: str, item=None) -> tuple[float, bool]:
@@ -49,10 +54,16 @@ def mcq_letter(text: str) -> str | None:
     return None
 
 
+def _reference_letter(reference: str) -> str | None:
+    """The option letter a reference names ('B', '(b)', 'The answer is C'), None for option text."""
+    single = reference.strip().upper()
+    return mcq_letter(reference) or (single if len(single) == 1 and single in string.ascii_uppercase else None)
+
+
 def mcq_gen(prediction: str, reference: str, item=None) -> tuple[float, bool]:
     """Multiple choice answered in free text: compare the chosen letter (or option text) with the
     reference letter (or option text)."""
-    ref_letter = mcq_letter(reference) or (reference.strip().upper() if len(reference.strip()) == 1 else None)
+    ref_letter = _reference_letter(reference)
     chosen = mcq_letter(prediction)
     if ref_letter is None:  # the reference is option text
         if not prediction.strip():
@@ -86,6 +97,32 @@ def rouge_l(prediction: str, reference: str, item=None) -> tuple[float, bool]:
         return 0.0, True
     precision, recall = lcs / len(pred), lcs / len(ref)
     return 2 * precision * recall / (precision + recall), True
+
+
+def scored_reference(metric: str, reference: str) -> str | None:
+    """What a built-in text metric compares answers with, from a row's reference turn: its answer (a <think> block
+    taken out, as the runner does) normalised the metric's way. Empty: no answer can be scored against it (for
+    exact_match an empty answer would match it). None for metrics that do not compare text this way."""
+    from leap_finetune.data.render import split_thinking
+
+    answer = split_thinking(reference)[0]
+    if metric in ("exact_match", "short_answer", "rouge_l"):
+        return normalise(answer)
+    if metric == "mcq_gen":
+        return _reference_letter(answer) or normalise(answer)
+    if metric == "bleu":
+        return answer.strip()
+    return None
+
+
+# what each text metric keeps of a reference (said when a row's reference has nothing left)
+NORMALISATION = {
+    "exact_match": "lower case, without punctuation and the articles a/an/the",
+    "short_answer": "lower case, without punctuation and the articles a/an/the",
+    "rouge_l": "lower case, without punctuation and the articles a/an/the",
+    "mcq_gen": "an option letter A-Z, else the option text lower case, without punctuation and articles",
+    "bleu": "the answer after any <think> block",
+}
 
 
 def tool_call(prediction: str, reference: str, item=None) -> tuple[float, bool]:

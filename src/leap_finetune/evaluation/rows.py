@@ -17,6 +17,7 @@ from leap_finetune.data.readers import SourceRow, read_dataset
 from leap_finetune.data.tool_calls import find_tool_calls
 from leap_finetune.data.tool_use import convert_structured
 from leap_finetune.errors import DataError, LeapError, RowProblem
+from leap_finetune.evaluation.metrics import NORMALISATION, scored_reference
 
 
 @dataclass
@@ -176,6 +177,9 @@ def _generation(row: SourceRow, data: dict, turns, images, problem, bench) -> Be
     if not turns[-1]["content"].strip():
         problem(f"{last}.content", "the reference answer (the last assistant turn) is empty")
         return None
+    if scored_reference(bench.metric, turns[-1]["content"]) == "":  # ("..." or "The": an empty answer would match)
+        problem(f"{last}.content", _nothing_to_score(bench.metric, turns[-1]["content"]))
+        return None
     tools = _tools(data, row, problem)
     reference_calls = None
     if bench.metric == "tool_call":
@@ -197,6 +201,20 @@ def _generation(row: SourceRow, data: dict, turns, images, problem, bench) -> Be
         images=images,
         tools=tools,
         reference_calls=reference_calls,
+    )
+
+
+def _nothing_to_score(metric: str, reference: str) -> str:
+    consequence = (
+        "an empty answer would score 1.0 on it"
+        if metric == "exact_match"
+        else "no answer can be scored against it (every answer would score 0)"
+    )
+    return (
+        f"the reference answer {reference[:80]!r} is nothing once metric {metric} normalises it "
+        f"({NORMALISATION[metric]}), so {consequence}; write the answer the model should give (a word, a number"
+        + (", an option letter" if metric == "mcq_gen" else "; for option letters use metric mcq_gen")
+        + "), or remove the row"
     )
 
 

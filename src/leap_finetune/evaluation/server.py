@@ -15,7 +15,6 @@ import json
 import mimetypes
 import os
 import re
-from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass
 from pathlib import Path
 
@@ -199,31 +198,58 @@ class ServerGenerator:
 
     def _answer_all(self, one, items, bench_name: str, parallel: int) -> list:
         """Each item's answer, in order, several requests at a time, with a progress line every PROGRESS_EVERY_S
-        seconds (a slow server is seen to be slow, not silent)."""
+        seconds (a slow server is seen to be slow, not silent). The first failure is raised at once: the requests
+        still running are left to daemon threads, which nothing waits for (a ThreadPoolExecutor's workers are
+        joined when its `with` block ends and again when the interpreter exits, so a failure against a silent
+        server came one whole timeout late, after the last progress line)."""
+        import queue
         import sys
+        import threading
         import time
-        from concurrent.futures import FIRST_COMPLETED, wait
 
-        start = last = time.monotonic()
-        with ThreadPoolExecutor(max_workers=max(1, parallel)) as pool:
-            futures = [pool.submit(one, item) for item in items]
-            pending = set(futures)
-            while pending:
-                done, pending = wait(pending, timeout=PROGRESS_EVERY_S, return_when=FIRST_COMPLETED)
-                for future in done:
-                    if future.exception() is not None:
-                        for other in pending:
-                            other.cancel()
-                        raise future.exception()
-                if time.monotonic() - last >= PROGRESS_EVERY_S and pending:
+        todo: queue.SimpleQueue = queue.SimpleQueue()
+        for index, item in enumerate(items):
+            todo.put((index, item))
+        outcomes: queue.SimpleQueue = queue.SimpleQueue()
+        stop = threading.Event()
+
+        def work() -> None:
+            while not stop.is_set():
+                try:
+                    index, item = todo.get_nowait()
+                except queue.Empty:
+                    return
+                try:
+                    outcomes.put((index, one(item), None))
+                except BaseException as err:  # noqa: BLE001 - raised in the caller's thread
+                    outcomes.put((index, None, err))
+
+        for _ in range(min(max(1, parallel), len(items))):
+            threading.Thread(target=work, name=f"eval-server-{bench_name}", daemon=True).start()
+        answers: list = [None] * len(items)
+        answered, start = 0, time.monotonic()
+        last = start
+        try:
+            while answered < len(items):
+                try:
+                    index, answer, err = outcomes.get(timeout=max(0.01, last + PROGRESS_EVERY_S - time.monotonic()))
+                except queue.Empty:
+                    pass
+                else:
+                    if err is not None:
+                        raise err
+                    answers[index], answered = answer, answered + 1
+                if time.monotonic() - last >= PROGRESS_EVERY_S and answered < len(items):
                     last = time.monotonic()
                     print(
-                        f"benchmark '{bench_name}': {len(futures) - len(pending)}/{len(futures)} answered by "
-                        f"{self.base_url} ({last - start:.0f} s)",
+                        f"benchmark '{bench_name}': {answered}/{len(items)} answered by {self.base_url} "
+                        f"({last - start:.0f} s)",
                         file=sys.stderr,
                         flush=True,
                     )
-        return [future.result() for future in futures]
+        finally:
+            stop.set()  # (the threads take no new row; a request under way ends with its timeout, unwaited)
+        return answers
 
 
 def _timed_out(err: Exception) -> bool:

@@ -5,8 +5,8 @@ it count), never dropped in silence. Only keys the user wrote are named: a profi
 The pairs, walked block by block: async_eval's keys of the modes it is not in; grpo_rollout's server keys with no
 local server; vLLM's training keys with use_vllm off; a dataset's test_size beside its val_path; peft_config's LoRA
 keys with use_peft: false; warm-up under a constant schedule; save_* with save_strategy: no; logging_steps with
-logging_strategy: no; evaluation keys with nothing to evaluate (no eval split, no benchmark); the router losses
-and lora_experts on a model without experts.
+logging_strategy: no; evaluation keys with nothing to evaluate (no eval split, no benchmark); evals' sampling keys
+(temperature, top_p) without evals.do_sample; the router losses and lora_experts on a model without experts.
 """
 
 from __future__ import annotations
@@ -29,6 +29,7 @@ def config_notes(model, resolved_training: dict, user_training: set[str], peft_u
     """The notes the config alone decides (at load: `model` is the parsed config)."""
     notes = []
     notes += _async_eval(model.async_eval)
+    notes += _evals(model.evals)
     notes += _grpo_rollout(model, resolved_training)
     notes += _dataset(model.dataset)
     notes += _peft(peft_user)
@@ -51,6 +52,22 @@ def _async_eval(settings) -> list[str]:
         f"async_eval.{key} has no effect: async_eval.mode is {settings.mode} (it acts in mode "
         f"{' or '.join(ASYNC_EVAL_MODES[key])}); remove it, or set that mode"
         for key in said
+    ]
+
+
+# the evals keys that only act when benchmarks sample (evaluation/generation.py, server.py, episodes_benchmark.py)
+SAMPLING_KEYS = ("temperature", "top_p")
+
+
+def _evals(evals) -> list[str]:
+    if evals is None or evals.do_sample:
+        return []
+    said = [k for k in SAMPLING_KEYS if k in evals.model_fields_set]
+    if not said:
+        return []
+    return [
+        f"evals.{', evals.'.join(said)}: no effect with evals.do_sample: false (benchmarks decode greedily, "
+        "the default); set evals.do_sample: true to sample with them, or remove them"
     ]
 
 
