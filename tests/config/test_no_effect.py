@@ -115,3 +115,16 @@ def test_the_profiles_own_defaults_and_settings_that_act_are_not_named(workdir):
     for index, config in enumerate(quiet):
         result = invoke("validate", str(write_config(workdir, config, f"c{index}.yaml")), cwd=workdir)
         assert result.returncode == 0 and "no effect" not in result.stderr, (index, result.stderr)
+
+
+def test_evaluation_data_that_gives_no_rows_is_said_not_evaluated_over_nothing(workdir):
+    """val_path whose every row is invalid and skipped: the run would log no eval loss without a word."""
+    write_jsonl(workdir / "train.jsonl", fact_rows(12))
+    write_jsonl(workdir / "held.jsonl", [{"messages": [{"role": "user", "content": "no answer"}]}] * 3)
+    config = tiny_config(dataset={"path": "train.jsonl", "val_path": "held.jsonl", "on_invalid": "skip"})
+    checked = invoke("validate", str(write_config(workdir, config)), cwd=workdir)
+    said = " ".join(checked.stderr.split())
+    assert checked.returncode == 0, checked.stderr
+    asked = f"({workdir / 'train.jsonl'}: val_path {workdir / 'held.jsonl'})"
+    assert f"note: no evaluation rows: the evaluation data asked for {asked} gave none" in said
+    assert "so no eval loss is computed" in said

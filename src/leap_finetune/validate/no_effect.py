@@ -139,9 +139,13 @@ def _training(training: dict, user: set[str]) -> list[str]:
 
 
 def data_notes(resolved, prepared) -> list[str]:
-    """The notes that need the prepared rows: evaluation keys with nothing to evaluate."""
-    if prepared is None or len(prepared.eval) or resolved.evals is not None:
+    """The notes that need the prepared rows: evaluation keys with nothing to evaluate, and evaluation data asked
+    for (val_path, test_size) that gave no rows."""
+    if prepared is None or len(prepared.eval):
         return []
+    emptied = _eval_data_that_gave_nothing(resolved)
+    if emptied or resolved.evals is not None:
+        return emptied
     user = set(resolved.user_training_keys)
     asked = sorted(k for k in ("eval_strategy", "eval_steps", "per_device_eval_batch_size") if k in user)
     if "eval_strategy" in asked and resolved.training.get("eval_strategy") == "no":
@@ -152,6 +156,24 @@ def data_notes(resolved, prepared) -> list[str]:
         f"training_config.{', training_config.'.join(asked)}: no effect: the run has no evaluation rows (no "
         "dataset.test_size, val_path or test file) and no benchmarks; set dataset.test_size: 0.05 (or val_path) "
         "to evaluate"
+    ]
+
+
+def _eval_data_that_gave_nothing(resolved) -> list[str]:
+    """val_path or test_size set, and no evaluation row left (every val_path row invalid and skipped, or a
+    test_size that rounds to nothing): no eval loss will be computed - a metric over nothing, said."""
+    from leap_finetune.data.prepared import dataset_items
+
+    asked = [i for i in dataset_items(resolved) if i is not None and (i.val_path or i.test_size)]
+    if not asked:
+        return []
+    named = ", ".join(
+        f"{i.path}: val_path {i.val_path}" if i.val_path else f"{i.path}: test_size {i.test_size}" for i in asked
+    )
+    return [
+        f"no evaluation rows: the evaluation data asked for ({named}) gave none (its rows invalid and skipped, or "
+        "too few rows to hold any out), so no eval loss is computed; fix or replace the evaluation rows "
+        "(dataset.on_invalid: error lists every problem)"
     ]
 
 
