@@ -67,6 +67,10 @@ CASES = {
         "evals.temperature, evals.top_p: no effect with evals.do_sample: false (benchmarks decode greedily, the "
         "default); set evals.do_sample: true",
     ),
+    "checkpointing_kwargs_without_checkpointing": (
+        tiny_config(training_config={"gradient_checkpointing_kwargs": {"use_reentrant": False}}),
+        "training_config.gradient_checkpointing_kwargs has no effect with activation checkpointing off",
+    ),
     "vllm_keys_with_use_vllm_false": (
         _grpo(training_config={"use_vllm": False, "vllm_gpu_memory_utilization": 0.2}),
         "training_config.vllm_gpu_memory_utilization: no effect with use_vllm: false",

@@ -135,6 +135,13 @@ def _training(training: dict, user: set[str]) -> list[str]:
             )
     if training.get("logging_strategy") == "no" and "logging_steps" in user:
         notes.append("training_config.logging_steps has no effect with logging_strategy: no")
+    checkpointing = training.get("activation_checkpointing") or training.get("gradient_checkpointing")
+    for key in ("gradient_checkpointing_kwargs", "activation_checkpointing_kwargs"):
+        if key in user and not checkpointing:
+            notes.append(
+                f"training_config.{key} has no effect with activation checkpointing off; set activation_checkpointing:"
+                " true (the memory planner turns it on by itself only where a GPU's memory needs it)"
+            )
     return notes
 
 
