@@ -90,9 +90,7 @@ def yaml_read_as(got) -> str | None:
         return f"the boolean {str(got).lower()} (yes, no, on, off, true and false are booleans in YAML)"
     if isinstance(got, int | float):
         # (the YAML text is gone by now: whether colons were written cannot be told, so the trap is said as an if)
-        return (
-            f"the number {got!r}; if you wrote it with colons, YAML read it as a base-60 number: 12:00:00 is 43200"
-        )
+        return f"the number {got!r}; if you wrote it with colons, YAML read it as a base-60 number: 12:00:00 is 43200"
     if isinstance(got, datetime.date | datetime.datetime):
         return f"a date ({got.isoformat()})"
     return None

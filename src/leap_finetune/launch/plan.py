@@ -20,15 +20,14 @@ from leap_finetune.config.resume import (
 )
 from leap_finetune.errors import LeapError
 from leap_finetune.files import check_writable
+from leap_finetune.launch.resume_latest import afresh_fix, latest_to_resume, startup_leftover
 from leap_finetune.launch.steps import accumulation, per_device_rows
 from leap_finetune.runs.checkpoints import (
     checkpoints,
     latest_checkpoint,
     newest_intact,
-    newest_run,
     read_marker,
     step_of,
-    stopped_before_checkpoint,
     verify,
 )
 from leap_finetune.runs.folder import RunFolder
@@ -83,6 +82,13 @@ def plan_run(resolved: ResolvedConfig, *, outputs_root: Path | None = None) -> R
 
             if is_live(run_dir):
                 raise busy_error(run_dir, read_holder(run_dir), "output_dir")
+            if startup_leftover(run_dir):  # (a run killed during start-up: resuming it is impossible)
+                left = ", ".join(sorted(p.name for p in run_dir.iterdir() if p.name != LOCK_NAME))
+                said = (
+                    f"output_dir {run_dir} holds what a run stopped before its first checkpoint left ({left}): "
+                    "nothing in it can be resumed, so this run starts afresh there and replaces it"
+                )
+                return RunPlan(run_dir, run_dir.name, None, new_run=True, notes=[said])
             if RunFolder(run_dir).is_run() and latest_checkpoint(run_dir) is None:
                 raise LeapError(
                     "the output folder holds a run that stopped before its first complete checkpoint: "
@@ -120,34 +126,14 @@ def _resume_key(resolved: ResolvedConfig) -> str:
 
 
 def _plan_resume(resolved: ResolvedConfig, root: Path) -> RunPlan:
-    """The checkpoint to continue from: `latest` (the newest intact checkpoint of the newest run) or a
-    given folder, verified file by file; what the resume will clean up; or "already finished"."""
+    """The checkpoint to continue from: `latest` (the newest intact checkpoint of the newest run, never an older
+    run's: launch/resume_latest.py) or a given folder, verified file by file; what the resume will clean up; or
+    "already finished"."""
     key = _resume_key(resolved)
     notes: list[str] = []
     damaged: list = []
     if resolved.resume_from_checkpoint == "latest":
-        searched = Path(resolved.output_dir) if resolved.output_dir else root
-        run_dir = newest_run(searched)
-        checkpoint = None
-        if run_dir is not None:
-            checkpoint, damaged = newest_intact(run_dir)
-            notes += [f"{folder.name} is damaged ({problem}); not resumed from" for folder, problem in damaged]
-        if checkpoint is None:
-            stopped = stopped_before_checkpoint(searched) if run_dir is None else None
-            if stopped is not None:
-                raise LeapError(
-                    f"resume_from_checkpoint: latest, but the run in {stopped} stopped before its first complete "
-                    "checkpoint: there is nothing to resume" + (f" ({'; '.join(notes)})" if notes else ""),
-                    where=key,
-                    fix="remove resume_from_checkpoint: the run then starts afresh, in a new run folder (that "
-                    f"folder can go: rm -r {stopped})",
-                )
-            raise LeapError(
-                f"resume_from_checkpoint: latest, but no complete checkpoint exists under {searched}"
-                + (f" ({'; '.join(notes)})" if notes else ""),
-                where=key,
-                fix="remove resume_from_checkpoint to start a new run, or point it at a checkpoint folder",
-            )
+        run_dir, checkpoint, notes, damaged = latest_to_resume(resolved, root, key)
     else:
         checkpoint = _given_checkpoint(resolved, key, notes)
         run_dir = checkpoint.parent
@@ -201,7 +187,7 @@ def _given_checkpoint(resolved: ResolvedConfig, key: str, notes: list[str]) -> P
                 "this run folder has no complete checkpoint to resume from"
                 + (f" ({'; '.join(notes)})" if notes else ""),
                 where=f"{key}: {checkpoint}",
-                fix="remove resume_from_checkpoint: the run then starts afresh, in a new run folder",
+                fix=afresh_fix(resolved, checkpoint),
             )
         notes.append(f"{checkpoint} is a run folder: resuming from its newest complete checkpoint, {found.name}")
         checkpoint = found
@@ -209,7 +195,7 @@ def _given_checkpoint(resolved: ResolvedConfig, key: str, notes: list[str]) -> P
         raise LeapError(
             "this run folder has no complete checkpoint to resume from (it stopped before its first one)",
             where=f"{key}: {checkpoint}",
-            fix="remove resume_from_checkpoint: the run then starts afresh, in a new run folder",
+            fix=afresh_fix(resolved, checkpoint),
         )
     _check_is_checkpoint(checkpoint, key)
     verdict = verify(checkpoint)

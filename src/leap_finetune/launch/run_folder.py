@@ -104,13 +104,6 @@ def disk_error(err: OSError, path: Path) -> LeapError:
 def stage_run_folder(
     resolved: ResolvedConfig, prepared: PreparedData, renderer, new_run: bool, run_dir: Path, staging: Path, lock=None
 ):
-    from leap_finetune.launch.run_lock import (
-        LOCK_NAME,
-        RunLock,
-        busy_error,
-        read_holder,
-    )
-
     staging.mkdir(parents=True, exist_ok=True)
     RunFolder(staging).resolved_config.write_text(dump_yaml(resolved.to_json_dict()), encoding="utf-8")
     if resolved.config_path:
@@ -139,35 +132,7 @@ def stage_run_folder(
             for row in prepared.dropped:
                 handle.write(json.dumps(row.to_json()) + "\n")
     if new_run:
-        # The folder arrives locked: the lock is taken in the staging folder, and rename() puts it in place
-        # whole, or fails when another run got there first (a non-empty folder is never replaced).
-        lock = RunLock.take(staging)
-        try:
-            left = run_dir / LOCK_NAME  # the lock file of a run that used the folder and ended before a checkpoint
-            if left.exists() and not any(p.name != LOCK_NAME for p in run_dir.iterdir()):
-                from leap_finetune.launch.run_lock import is_live
-
-                if not is_live(run_dir):
-                    left.unlink(missing_ok=True)
-            os.rename(staging, run_dir)
-        except OSError as err:
-            lock.release()
-            if err.errno not in (errno.ENOTEMPTY, errno.EEXIST, errno.ENOTDIR):
-                raise
-            shutil.rmtree(staging, ignore_errors=True)
-            if (run_dir / LOCK_NAME).exists():
-                from leap_finetune.launch.run_lock import is_live
-
-                if is_live(run_dir):
-                    busy = busy_error(run_dir, read_holder(run_dir), "output_dir")
-                    raise FolderTaken(busy.message, where=busy.where, fix=busy.fix) from None
-            raise FolderTaken(
-                "the output folder exists and is not empty",
-                where=str(run_dir),
-                fix="choose another output_dir, remove the folder, or resume with resume_from_checkpoint: latest",
-            ) from None
-        lock.moved_to(run_dir)
-        return lock
+        return _put_in_place(staging, run_dir)
     # resuming: refresh the driver's files, keep checkpoints and metrics. Each is swapped by renames (the
     # old one moved aside, the new one moved in): a kill between them leaves the old or the new, never half.
     for item in staging.iterdir():
@@ -180,6 +145,62 @@ def stage_run_folder(
             os.replace(item, target)
     shutil.rmtree(staging)
     return lock
+
+
+def _put_in_place(staging: Path, run_dir: Path):
+    """A new run's staged folder renamed into place, locked: the lock is taken in the staging folder, and rename()
+    puts it in place whole, or fails when another run got there first (a non-empty folder is never replaced, but
+    for what a run stopped during start-up left there: nothing in it can be resumed)."""
+    from leap_finetune.launch.run_lock import LOCK_NAME, RunLock, busy_error, is_live, read_holder
+
+    replaced = _set_aside(run_dir)  # (first: when a live run holds the folder, it raises holding nothing)
+    lock = None
+    try:
+        lock = RunLock.take(staging)
+        left = run_dir / LOCK_NAME  # the lock file of a run that used the folder and ended before a checkpoint
+        if left.exists() and not any(p.name != LOCK_NAME for p in run_dir.iterdir()):
+            if not is_live(run_dir):
+                left.unlink(missing_ok=True)
+        os.rename(staging, run_dir)
+    except OSError as err:
+        if lock is not None:
+            lock.release()
+        if err.errno not in (errno.ENOTEMPTY, errno.EEXIST, errno.ENOTDIR):
+            raise
+        shutil.rmtree(staging, ignore_errors=True)
+        if (run_dir / LOCK_NAME).exists() and is_live(run_dir):
+            busy = busy_error(run_dir, read_holder(run_dir), "output_dir")
+            raise FolderTaken(busy.message, where=busy.where, fix=busy.fix) from None
+        raise FolderTaken(
+            "the output folder exists and is not empty",
+            where=str(run_dir),
+            fix="choose another output_dir, remove the folder, or resume with resume_from_checkpoint: latest",
+        ) from None
+    finally:
+        if replaced is not None:
+            replaced[1].release()
+            shutil.rmtree(replaced[0], ignore_errors=True)
+    lock.moved_to(run_dir)
+    return lock
+
+
+def _set_aside(run_dir: Path):
+    """What a run stopped during start-up left in `run_dir` (launch/resume_latest.py: no checkpoint, no model),
+    moved into a staging folder of this process, under that run's lock (a live run's folder is never touched):
+    (the folder, the lock) for the caller to remove and release once the new run is in place, or None. A kill
+    before that leaves a staging folder, which the next run of this host removes."""
+    from leap_finetune.launch.resume_latest import startup_leftover
+    from leap_finetune.launch.run_lock import RunLock
+
+    if not startup_leftover(run_dir):
+        return None
+    old = RunLock.take(run_dir, where="output_dir")  # (the error naming the run, if one is live there)
+    if not startup_leftover(run_dir):  # (changed before the lock was ours)
+        old.release()
+        return None
+    aside = Path(tempfile_folder(run_dir))
+    os.rename(run_dir, aside / run_dir.name)
+    return aside, old
 
 
 def fingerprint(prepared: PreparedData) -> dict:

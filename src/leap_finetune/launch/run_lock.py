@@ -111,6 +111,7 @@ class RunLock:
                     "host": socket.gethostname(),
                     "token": token,
                     "started": time.strftime("%Y-%m-%d %H:%M:%S"),
+                    "started_at": time.time(),  # (`latest` orders runs by it: launch/resume_latest.py)
                     "command": " ".join(sys.argv),
                 }
             )

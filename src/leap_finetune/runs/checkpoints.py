@@ -25,7 +25,7 @@ from dataclasses import dataclass
 from pathlib import Path
 
 from leap_finetune import faults
-from leap_finetune.runs.folder import CHECKPOINT_PREFIX, RunFolder
+from leap_finetune.runs.folder import CHECKPOINT_PREFIX
 
 MARKER = "leap_checkpoint_complete.json"
 # What a resumable checkpoint must hold besides the model weights (transformers silently starts a
@@ -159,20 +159,6 @@ def _saved_at(checkpoint: Path) -> float:
         return (checkpoint / MARKER).stat().st_mtime
     except OSError:
         return 0.0
-
-
-def stopped_before_checkpoint(folder: Path) -> Path | None:
-    """A run folder (`folder` or the newest one under it) that a run started in and left without any complete
-    checkpoint (a driver killed before its first save: nothing could clean it up)."""
-    if not folder.is_dir():
-        return None
-    candidates = (
-        [folder]
-        if RunFolder(folder).is_run()
-        else [p for p in folder.iterdir() if p.is_dir() and RunFolder(p).is_run()]
-    )
-    left = [p for p in candidates if newest_intact(p)[0] is None]
-    return max(left, key=lambda p: p.stat().st_mtime) if left else None
 
 
 def newest_intact(run_dir: Path) -> tuple[Path | None, list[tuple[Path, str]]]:
