@@ -43,5 +43,23 @@ def test_batch_tokens_on_image_rows_says_what_it_does_and_advice_that_works(work
             assert result.returncode == 0 and words in said, (command, said)
             assert "each image tile counted as 256" in said and "raise batch_tokens to >= " in said
             assert "max_length cannot shorten them" in said and "set max_length to cut" not in said
+            # (each image is one picture already: fewer tiles cannot shorten the rows, and max_tiles: 1 is refused)
+            assert "tiles (" not in said and "max_tiles" not in said, said
     grouped = write_config(workdir, vl_config(batch_tokens=4096), "grouped.yaml")
     assert "every micro-batch holds one row" not in invoke("validate", str(grouped), cwd=workdir).stderr
+
+
+def test_batch_tokens_advises_fewer_tiles_only_for_images_cut_into_tiles(workdir):
+    """A large picture cut into tiles (do_image_splitting): fewer tiles shorten its rows, with min_tiles named (the
+    default min_tiles 2 refuses max_tiles: 1 alone)."""
+    picture(workdir / "large.png", size=(400, 300))
+    write_jsonl(workdir / "train.jsonl", [image_row("large.png", answer=f"red {i}") for i in range(4)])
+    config = {
+        **vl_config(batch_tokens=2048, max_length=2048),
+        "image_processor": {"do_image_splitting": True},
+    }
+    result = invoke("validate", str(write_config(workdir, config)), cwd=workdir)
+    said = " ".join(result.stderr.split())
+    assert result.returncode == 0 and "4 row(s) cost more than batch_tokens 2048" in said, said
+    assert "or cut images into fewer tiles (a lower image_processor.max_tiles, with min_tiles at most it, or " \
+           "do_image_splitting: false)" in said  # fmt: skip

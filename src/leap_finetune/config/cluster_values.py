@@ -98,6 +98,22 @@ FORMATS = {
     "partition": (rf"{NAME}(,{NAME})*", "a partition name (letters, digits, _ . -), or several separated by commas"),
     "account": (NAME, "an account name (letters, digits, _ . -)"),
     "mem": (r"\d+[KMGTkmgt]?", "a whole amount with K, M, G or T (megabytes without one), e.g. 200G; 0 = all of it"),
+    "gres": (
+        r"[A-Za-z0-9_\-/]+(:[A-Za-z0-9_.\-]+)?(:\d+[KMGTkmgt]?)?(,[A-Za-z0-9_\-/]+(:[A-Za-z0-9_.\-]+)?(:\d+[KMGTkmgt]?)?)*",
+        "generic resources as name[:type][:count], several separated by commas, e.g. gpu:4 or gpu:a100:2",
+    ),
+}
+EXAMPLES = {"time": "04:00:00", "partition": "gpu", "account": "my-lab", "mem": "200G", "gres": "gpu:4"}
+# extra_sbatch options whose values have a format checked here as the slurm: keys' are (the key whose format it is)
+CHECKED_OPTIONS = {
+    "--time": "time",
+    "-t": "time",
+    "--mem": "mem",
+    "--mem-per-cpu": "mem",
+    "--mem-per-gpu": "mem",
+    "--partition": "partition",
+    "-p": "partition",
+    "--gres": "gres",
 }
 
 
@@ -126,7 +142,8 @@ def check_eval_sbatch_values(sbatch: dict, where: str) -> None:
             _slurm_format(key, sbatch[key], f"async_eval.sbatch.{key}", where)
 
 
-def _slurm_format(key: str, value: str, name: str, where: str) -> None:
+def _slurm_format(key: str, value: str, name: str, where: str, option: str | None = None) -> None:
+    """`value` of slurm.KEY (or of the extra_sbatch `option` in SLURM's format of KEY), in that format."""
     import re
 
     from leap_finetune.config.schema_cluster import slurm_seconds
@@ -135,11 +152,18 @@ def _slurm_format(key: str, value: str, name: str, where: str) -> None:
         if value.strip().upper() in ("UNLIMITED", "INFINITE") or slurm_seconds(value) is not None:
             return
         expected = "a SLURM time limit: MM, MM:SS, HH:MM:SS, D-HH, D-HH:MM or D-HH:MM:SS (or UNLIMITED)"
-        raise LeapError(f"{name} is {value!r}: expected {expected}", where=where, fix=f"e.g. {name}: '04:00:00'")
-    if key in FORMATS and not re.fullmatch(FORMATS[key][0], value.strip()):
-        pattern, expected = FORMATS[key]
-        example = {"partition": "gpu", "account": "my-lab", "mem": "200G"}[key]
-        raise LeapError(f"{name} is {value!r}: expected {expected}", where=where, fix=f"e.g. {name}: {example}")
+    elif key in FORMATS and not re.fullmatch(FORMATS[key][0], value.strip()):
+        expected = FORMATS[key][1]
+    else:
+        return
+    example = EXAMPLES[key] if option or key != "time" else f"'{EXAMPLES[key]}'"
+    raise LeapError(
+        f"{name} is {value!r}: expected {expected}",
+        where=where,
+        fix=(
+            f"e.g. {option}{'=' if option.startswith('--') else ' '}{example}" if option else f"e.g. {name}: {example}"
+        ),
+    )
 
 
 def _one_line(value: str, key: str, where: str) -> None:
@@ -187,6 +211,24 @@ def _check_extra(entry: str, key: str, where: str) -> None:
                 fix=f"quote the value that holds spaces, e.g. "
                 f'{before.split("=", 1)[0]}="{before.split("=", 1)[-1]} {word}"',
             )
+    # (where sbatch is installed, `sbatch --test-only` checks them too; where not, the job would fail in the queue)
+    for option, value in _option_values(words):
+        _slurm_format(CHECKED_OPTIONS[option], value, f"{key} {option}", where, option)
+
+
+def _option_values(words: list[str]):
+    """(option, value) of each option in CHECKED_OPTIONS: --time=V, --time V, -t V and -tV, as sbatch reads them."""
+    for index, word in enumerate(words):
+        following = words[index + 1] if index + 1 < len(words) and not words[index + 1].startswith("-") else None
+        if word.startswith("--"):
+            option, equals, value = word.partition("=")
+            value = value if equals else following
+        elif word.startswith("-") and len(word) > 1:
+            option, value = word[:2], word[2:] or following
+        else:
+            continue
+        if option in CHECKED_OPTIONS and value is not None:
+            yield option, value
 
 
 def sbatch_words(line: str) -> tuple[list[str], str]:

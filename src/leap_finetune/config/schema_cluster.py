@@ -55,7 +55,8 @@ class SlurmConfig(StrictModel):
         default_factory=list,
         description='More #SBATCH options, e.g. ["--qos=high"], '
         "one line each, as sbatch reads them (a value with spaces or `#` in double quotes: "
-        '--comment="run #2").',
+        '--comment="run #2"); the values of --time/-t, --mem, --mem-per-cpu, --mem-per-gpu, --partition/-p and '
+        "--gres are checked in SLURM's formats, as slurm.time and slurm.mem are (also where sbatch is not installed).",
     )
     setup: list[str] = Field(
         default_factory=list,

@@ -33,7 +33,10 @@ class DatasetConfig(StrictModel):
         description="Hold out this fraction (0-1) or this many rows (>= 1) for evaluation. Ignored when `val_path` is set.",
     )
     split: str = Field(default="train", description="Split to read from a Hub dataset.")
-    subset: str | None = Field(default=None, description="Configuration (subset) of a Hub dataset.")
+    subset: str | None = Field(
+        default=None,
+        description="Configuration (subset) of a Hub dataset; refused for a local file or folder (it has none).",
+    )
     val_path: str | None = Field(
         default=None, min_length=1, description="A separate evaluation dataset (same formats as `path`)."
     )

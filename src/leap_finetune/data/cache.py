@@ -172,6 +172,9 @@ def load(entry: Entry, console):
             unseen_tool_rows=report["unseen_tool_rows"],
             tool_held_rows=report["tool_held_rows"],
             from_cache=str(entry.folder),
+            train_turns=np.load(entry.folder / "train_turns.npy")
+            if (entry.folder / "train_turns.npy").exists()
+            else None,
         )
     except (OSError, ValueError, KeyError, TypeError, pa.ArrowInvalid) as err:
         if console is not None:
@@ -265,6 +268,8 @@ def store(entry: Entry, prepared, staging: Path, console) -> None:
                     with pa.ipc.new_file(sink, split.table.schema) as writer:
                         writer.write_table(split.table)
             np.save(staging / f"{name}_counts.npy", np.stack([split.tokens_per_row, split.trained_per_row]))
+        if prepared.train_turns is not None:  # (benchmark rows that are training rows: evaluation/trained_rows.py)
+            np.save(staging / "train_turns.npy", prepared.train_turns)
         report = {
             "rows_read": prepared.rows_read,
             "dropped": [d.to_json() for d in prepared.dropped],

@@ -19,6 +19,7 @@ from leap_finetune.data.held_out_tools import benchmark_rows, held_out_names, to
 from leap_finetune.data.images import ImageProblem, VisionRenderer, open_image
 from leap_finetune.data.prepared import dataset_items
 from leap_finetune.data.readers import SourceRow, parse_row
+from leap_finetune.data.row_digests import trained_digest, turn_digests
 from leap_finetune.data.row_kinds import contract, row_kind_of
 from leap_finetune.data.sft_rows import Conversation, RowWarning
 from leap_finetune.data.table import RowTable, columns_to_table
@@ -168,7 +169,9 @@ class TokenizedChunk:
     samples: dict = field(default_factory=dict)  # position -> Conversation
     error: LeapError | None = None
     expected: int = -1
-    hashes: np.ndarray | None = None  # per valid row: a 64-bit digest of the row as written (eval rows also trained)
+    # per valid row: a 64-bit digest of what it trains on (data/row_digests.py: eval rows that are training rows too)
+    hashes: np.ndarray | None = None
+    turns: list[list[int]] = field(default_factory=list)  # per valid row: its turns' digests (row_digests.turn_digests)
     disguised: int = 0  # dataset.augment_tools: rows shown disguised tools
     not_disguised: int = 0  # rows with tool calls but no definitions to disguise
 
@@ -185,11 +188,13 @@ def tokenize_chunk(request: TokenizeRequest) -> TokenizedChunk:
         if not problems:
             valid.append((row, parsed))
     result = TokenizedChunk(table=RowTable.empty(), kept=np.zeros(len(valid), dtype=bool), expected=request.expected)
-    result.hashes = np.fromiter((row_digest(row.data) for row, _ in valid), dtype=np.uint64, count=len(valid))
+    kind = row_kind_of(resolved)
+    # (before augment_tools disguises a training row: its copy among the evaluation rows is the same row)
+    result.hashes = np.fromiter((trained_digest(parsed) for _, parsed in valid), dtype=np.uint64, count=len(valid))
+    result.turns = [turn_digests(kind.conversation(parsed)) for _, parsed in valid]
     if request.disguise:
         valid = _disguised(valid, request, result, resolved.training.get("seed", 42))
     try:
-        kind = row_kind_of(resolved)
         if kind.tokenize_batch is not None:  # (the rows of `inspect` tokenized again, in full)
             compact = kind.tokenize_batch(renderer, [parsed for _, parsed in valid])
         else:
@@ -254,16 +259,6 @@ def _disguised(valid: list, request: TokenizeRequest, result: TokenizedChunk, se
         elif any(m["role"] == "assistant" and CALL_START in str(m.get("content")) for m in parsed.messages):
             result.not_disguised += 1
     return out
-
-
-def row_digest(data) -> int:
-    """The same row (its fields as written, key order aside) gives the same 64 bits in every worker process
-    (Python's own hash of text differs per process)."""
-    import hashlib
-    import json
-
-    text = json.dumps(data, sort_keys=True, ensure_ascii=False, default=str)
-    return int.from_bytes(hashlib.blake2b(text.encode(), digest_size=8).digest(), "little")
 
 
 def _columns(row) -> dict:

@@ -210,6 +210,7 @@ def _prepare_now(
         tool_split=tool_split,
         unseen_tool_rows=unseen,
         tool_held_rows=sum(s.tool_held for s in streams),
+        train_turns=np.unique(np.asarray(splits.train_turns, dtype=np.uint64)),
     )
     first_rows = [row for _, row in sorted(splits.example_rows.items()) if row.trained_tokens > 0]
     _check_left(prepared, items)
@@ -230,8 +231,9 @@ class _Splits:
         self.train = SplitWriter(folder / "train-sources.arrow", spill)
         self.eval = SplitWriter(folder / "eval.arrow", spill)
         self.train_rows, self.eval_rows = [0] * sources, [0] * sources  # per source
-        self.train_digests: list[np.ndarray] = []  # (data/chunks.row_digest of each row of the split)
+        self.train_digests: list[np.ndarray] = []  # (data/row_digests.trained_digest of each row of the split)
         self.eval_digests: list[np.ndarray] = []
+        self.train_turns: list[int] = []  # (data/row_digests.turn_digests of each training row: benchmark rows)
         self.truncated_train: list[DroppedRow] = []
         self.truncated_eval: list[DroppedRow] = []
         self.negatives_train: list[np.ndarray] = []
@@ -254,6 +256,8 @@ class _Splits:
             kept_hashes = result.hashes[kept_positions]
             self.train_digests.append(kept_hashes[~to_eval])
             self.eval_digests.append(kept_hashes[to_eval])
+        for position in kept_positions[~to_eval]:
+            self.train_turns.extend(result.turns[position] if result.turns else ())
         self.train.add(result.table.take(np.flatnonzero(~to_eval)))
         self.eval.add(result.table.take(np.flatnonzero(to_eval)))
         self.train_rows[stream.item] += int((~to_eval).sum())

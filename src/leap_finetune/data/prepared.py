@@ -5,6 +5,8 @@ from __future__ import annotations
 
 from dataclasses import dataclass, field
 
+import numpy as np
+
 from leap_finetune.config.resolved import ResolvedConfig
 from leap_finetune.config.schema_dataset import DatasetConfig
 from leap_finetune.data.sft_rows import Conversation, RowWarning
@@ -67,6 +69,9 @@ class PreparedData:
     from_cache: str | None = None  # the cache entry these were read from (None: prepared now)
     seconds: float = 0.0  # preparation time (0 when read from the cache)
     tokenized: bool = True  # False: counted without a tokenizer (count_rows): no tokens, no max_length cuts
+    # the training rows' conversations (data/row_digests.turn_digests, sorted): benchmark rows that are training rows
+    # are found by them (evaluation/trained_rows.py); None where not known (count_rows)
+    train_turns: np.ndarray | None = None
 
     @property
     def train_tokens(self) -> int:

@@ -58,6 +58,9 @@ class RowKind:
     data_warnings: Callable = _nothing  # (prepared, resolved) -> warnings about the rows as a whole
     # (eval metrics after, before, the last training log) -> the run report's (name, value) rows of its own
     results: Callable = _nothing
+    # (parsed) -> the row's turns as one conversation (messages with a role and content), its answer last: benchmark
+    # rows that are training rows are found by them (evaluation/trained_rows.py); [] for rows that have none
+    conversation: Callable = _nothing
 
 
 # ---- checkers ------------------------------------------------------------------------------------------
@@ -126,6 +129,25 @@ def _pair(renderer, parsed):
 
 def _text_pair(renderer, parsed):
     return renderer.encode(parsed)  # a RetrievalEncoder (data/retrieval_tokens.py)
+
+
+# ---- the turns a row trains on (compared with benchmark rows) ------------------------------------------
+
+
+def _messages(parsed) -> list:
+    return parsed.messages
+
+
+def _prompt_and_chosen(parsed) -> list:
+    return parsed.prompt + parsed.chosen
+
+
+def _prompt_and_completion(parsed) -> list:
+    return parsed.prompt + parsed.completion
+
+
+def _prompt_and_solution(parsed) -> list:
+    return parsed.prompt + ([{"role": "assistant", "content": parsed.solution}] if parsed.solution else [])
 
 
 # ---- what the reports say ------------------------------------------------------------------------------
@@ -203,6 +225,7 @@ ROW_KINDS: dict[str, RowKind] = {
             spills=True,
             tool_calls=True,
             disguises_tools=True,
+            conversation=_messages,
         ),
         RowKind(
             PAIR,
@@ -212,6 +235,7 @@ ROW_KINDS: dict[str, RowKind] = {
             spills=True,
             pairs=True,
             results=_pair_results,
+            conversation=_prompt_and_chosen,
         ),
         RowKind(
             LABELLED,
@@ -221,6 +245,7 @@ ROW_KINDS: dict[str, RowKind] = {
             spills=True,
             data_warnings=_label_balance,
             results=_labelled_results,
+            conversation=_prompt_and_completion,
         ),
         RowKind(
             PROMPT,
@@ -229,6 +254,7 @@ ROW_KINDS: dict[str, RowKind] = {
             tokenize=prepare_prompt,
             tool_calls=True,  # (a solution may be a tool call)
             data_line=_prompts_line,
+            conversation=_prompt_and_solution,
         ),
         RowKind(
             TEXT_PAIR,

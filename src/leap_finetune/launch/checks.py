@@ -19,6 +19,7 @@ from leap_finetune.data.prepare import prepare_data
 from leap_finetune.data.prepared import PreparedData
 from leap_finetune.errors import LeapError
 from leap_finetune.evaluation.standalone import check_benchmarks
+from leap_finetune.evaluation.trained_rows import trained_benchmark_notes
 from leap_finetune.launch.devices import DevicePlan, device_plan, visible_gpus
 from leap_finetune.launch.plan import RunPlan, check_resume_matches, plan_run
 from leap_finetune.launch.run_folder import fingerprint
@@ -245,7 +246,7 @@ def prepare(resolved: ResolvedConfig, console: Console | None = None, examples: 
     """(tokenizer, renderer, prepared rows): every row checked, rendered, masked and tokenized; the benchmarks'
     rows and LoRA's target modules checked too."""
     require_dataset(resolved)
-    check_benchmarks(resolved)
+    benchmarks = check_benchmarks(resolved)
     from leap_finetune.data.chat_templates import load_chat_template
     from leap_finetune.data.render import Renderer
     from leap_finetune.models.loading import load_tokenizer
@@ -280,7 +281,9 @@ def prepare(resolved: ResolvedConfig, console: Console | None = None, examples: 
     else:
         renderer = Renderer(*options)
     renderer.loss_on_thinking = resolved.training.get("loss_on_thinking", True) is not False
-    return tokenizer, renderer, prepare_data(resolved, tokenizer, renderer, console=console, examples=examples)
+    prepared = prepare_data(resolved, tokenizer, renderer, console=console, examples=examples)
+    prepared.notices = prepared.notices + trained_benchmark_notes(resolved, benchmarks, prepared)
+    return tokenizer, renderer, prepared
 
 
 def check_lora_targets(resolved: ResolvedConfig, tokenizer, console: Console | None = None) -> None:
@@ -315,6 +318,7 @@ def check_training_arguments(resolved: ResolvedConfig, has_eval: bool, cuda: boo
     module = recipe(resolved.training_type)
     where = resolved.config_path or "config"
     arguments = module.training_arguments(resolved, run_dir=os.devnull, has_eval=has_eval, cuda=cuda)
+    _check_best_without_eval(arguments, resolved.training, where)
 
     def accepted() -> bool:  # (memo.py: asked of TRL again only when these arguments or the libraries change)
         config_cls = module.config_class()
@@ -337,6 +341,22 @@ def check_training_arguments(resolved: ResolvedConfig, has_eval: bool, cuda: boo
         accepted()
         return
     remembered("arguments", [resolved.training_type, arguments, resolved.training], accepted)
+
+
+def _check_best_without_eval(arguments: dict, training: dict, where: str) -> None:
+    """load_best_model_at_end compares evaluations; without evaluation rows nothing is evaluated (eval_strategy is
+    `no` whatever the config says), and TRL's own words would blame an eval_strategy the user did not write."""
+    if not arguments.get("load_best_model_at_end") or arguments.get("eval_strategy") != "no":
+        return
+    if training.get("eval_strategy") == "no":
+        return  # (the user's own choice: TRL's words say it)
+    raise LeapError(
+        "training_config.load_best_model_at_end keeps the checkpoint of the best evaluation, and there are no "
+        "evaluation rows (the data holds none out), so nothing is evaluated, whatever eval_strategy says",
+        where=f"{where}: training_config.load_best_model_at_end",
+        fix="hold rows out for evaluation with dataset.test_size (e.g. 0.1) or give them as dataset.val_path, or "
+        "remove load_best_model_at_end",
+    )
 
 
 def check_async_eval(resolved: ResolvedConfig, devices: DevicePlan) -> None:

@@ -50,16 +50,19 @@ class EpochSteps:
         return math.ceil(training.get("num_train_epochs", 1) * self.steps_per_epoch)
 
 
-def epoch_steps(resolved, rows: int, workers: int, lengths: list[int] | None = None, gpu: bool = False) -> EpochSteps:
+def epoch_steps(
+    resolved, rows: int, workers: int, lengths: list[int] | None = None, gpu: bool = False, tiled: bool = False
+) -> EpochSteps:
     """The steps of one epoch of `rows` training rows (GRPO: prompts) on `workers` workers. GRPO prompts that
     fill no generation batch at all are an error: TRL would train nothing (a ValueError without max_steps, a run
     that stops at step 0 with it). `lengths`: each row's cost (data/token_batches.row_costs), which `batch_tokens`
-    needs to count its micro-batches, and `gpu` (padding-free or padded batches group differently)."""
+    needs to count its micro-batches, and `gpu` (padding-free or padded batches group differently). `tiled`: some
+    image of the rows is cut into tiles (fewer tiles would shorten it)."""
     t = resolved.training
     if method_of(resolved).rewards:
         return _grpo_steps(t, rows, workers, resolved.config_path or "config")
     if t.get("batch_tokens"):
-        return _token_budget_steps(resolved, rows, workers, lengths, gpu)
+        return _token_budget_steps(resolved, rows, workers, lengths, gpu, tiled)
     per_step = per_device_rows(t) * accumulation(t) * workers
     return EpochSteps(per_step, "rows", math.ceil(rows / per_step), last_batch_note(t, rows, per_step, workers))
 
@@ -77,10 +80,11 @@ def prepared_steps(resolved, prepared, devices) -> EpochSteps:
     ):
         return counted  # (the objects themselves are kept: an id is not reused while they live)
     table = prepared.train.table
-    lengths = None
+    lengths, tiled = None, False
     if resolved.training.get("batch_tokens") and prepared.tokenized and "input_ids" in table.column_names:
         lengths = row_costs(table)
-    counted = epoch_steps(resolved, len(prepared.train), devices.workers, lengths, gpu=devices.use_gpu)
+        tiled = _tiled(table)
+    counted = epoch_steps(resolved, len(prepared.train), devices.workers, lengths, gpu=devices.use_gpu, tiled=tiled)
     _last_counted[:] = [(prepared, resolved, devices.workers, devices.use_gpu), counted]
     return counted
 
@@ -88,9 +92,22 @@ def prepared_steps(resolved, prepared, devices) -> EpochSteps:
 _last_counted: list = [None, None]  # (the objects asked about, their EpochSteps): see prepared_steps
 
 
-def _one_row_note(lengths: list[int], budget: int, images: bool) -> str:
+def _tiled(table) -> bool:
+    """Whether an image of the prepared rows is cut into tiles (a row has more encoder pictures than images)."""
+    if "image_tiles" not in table.column_names or "image_sources" not in table.column_names:
+        return False
+    import pyarrow.compute as pc
+
+    tiles = pc.fill_null(table["image_tiles"], 0)
+    images = pc.fill_null(pc.list_value_length(table["image_sources"]), 0)
+    return bool(pc.any(pc.greater(tiles, images)).as_py())
+
+
+def _one_row_note(lengths: list[int], budget: int, images: bool, tiled: bool = False) -> str:
     """What batch_tokens does when rows do not share micro-batches (rows over the budget, or every micro-batch one
-    row), and the advice that works: rows with images are never cut, so max_length cannot shorten them."""
+    row), and the advice that works: rows with images are never cut, so max_length cannot shorten them; fewer tiles
+    only where an image is cut into several (one picture per image is the least; max_tiles: 1 alone is refused, as
+    the default min_tiles 2 is larger)."""
     import statistics
 
     over = sum(length > budget for length in lengths)
@@ -106,17 +123,23 @@ def _one_row_note(lengths: list[int], budget: int, images: bool) -> str:
             "so batch_tokens does no grouping"
         )
     two = 2 * int(statistics.median(lengths))
-    advice = (
-        f"raise batch_tokens to >= {two} for two typical rows per micro-batch, or give rows fewer tiles "
-        "(image_processor.max_tiles, do_image_splitting: false); max_length cannot shorten them (a row with images "
-        "is never cut)"
-        if images
-        else f"raise batch_tokens to >= {two} for two typical rows per micro-batch, or set max_length to cut rows"
-    )
+    raise_it = f"raise batch_tokens to >= {two} for two typical rows per micro-batch"
+    if not images:
+        advice = f"{raise_it}, or set max_length to cut rows"
+    elif tiled:
+        advice = (
+            f"{raise_it}, or cut images into fewer tiles (a lower image_processor.max_tiles, with min_tiles at most "
+            "it, or do_image_splitting: false); max_length cannot shorten them (a row with images is never cut)"
+        )
+    else:  # (each image is one picture already: fewer tiles cannot shorten the rows)
+        advice = f"{raise_it}; max_length cannot shorten them (a row with images is never cut)"
+    return f"{said}: {advice}"
     return f"{said}: {advice}"
 
 
-def _token_budget_steps(resolved, rows: int, workers: int, lengths: list[int] | None, gpu: bool) -> EpochSteps:
+def _token_budget_steps(
+    resolved, rows: int, workers: int, lengths: list[int] | None, gpu: bool, tiled: bool = False
+) -> EpochSteps:
     """`batch_tokens`: the micro-batches are counted by grouping the rows exactly as the trainer's sampler will
     (the count depends on the lengths only). Without the lengths (rows counted without a tokenizer) the steps are
     bounded by one row per micro-batch."""
@@ -152,7 +175,7 @@ def _token_budget_steps(resolved, rows: int, workers: int, lengths: list[int] | 
             "one row per micro-batch; `run` groups them by batch_tokens and prints the exact count"
         )
     elif any(length > budget for length in lengths) or (groups == rows > 1):
-        note = _one_row_note(lengths, budget, images=resolved.vision)
+        note = _one_row_note(lengths, budget, images=resolved.vision, tiled=tiled)
     elif left > 0:
         note = (
             f"last batch: {groups} micro-batches of <= {budget} tokens per epoch on {workers} workers: the last "

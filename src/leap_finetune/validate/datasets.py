@@ -91,6 +91,7 @@ def resolve_dataset(model, base: Path, where: str):
         if dataset.val_path:
             dataset.val_path = resolve_data_path(dataset.val_path, base)
         _check_split_and_val_path(dataset, name, where)
+        _check_subset(dataset, name, where)
         if dataset.image_root:
             root = local_path(dataset.image_root, base)
             if not root.is_dir():
@@ -133,6 +134,23 @@ def _check_split_and_val_path(dataset, name: str, where: str) -> None:
             where=f"{where}: {name}.val_path",
             fix="give a file of rows kept out of training as val_path, or hold rows out with test_size instead",
         )
+
+
+def _check_subset(dataset, name: str, where: str) -> None:
+    """`subset` chooses a configuration of a Hub dataset (datasets.load_dataset(name, subset)); a local file or folder
+    has none, and the key was read past in silence."""
+    if dataset.subset is None:
+        return
+    if not all(Path(p).is_absolute() for p in (dataset.path, dataset.val_path) if p):
+        return  # (a Hub dataset among them: subset selects its configuration)
+    what = "folder" if Path(dataset.path).is_dir() else "file"
+    raise LeapError(
+        f"{name}.subset is {dataset.subset!r}, but {dataset.path} is a local {what}: subset selects a configuration "
+        f"of a Hugging Face Hub dataset and has no meaning for a local {what}",
+        where=f"{where}: {name}.subset",
+        fix=f"remove {name}.subset (to train on part of the rows, use {name}.limit; to read a Hub dataset's "
+        "configuration, give its id as path)",
+    )
 
 
 def check_distinct_sources(items: list, where: str) -> None:
