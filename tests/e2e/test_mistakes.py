@@ -648,7 +648,7 @@ def test_yaml_merge_keys_and_empty_blocks(workdir, capsys):
 
 
 def test_eval_output_is_checked_before_evaluating(workdir, capsys):
-    (workdir / "bench.jsonl").write_text(json.dumps(chat("q", "a")) + "\n")
+    (workdir / "bench.jsonl").write_text(json.dumps(chat("q", "b")) + "\n")
     config = write_config(
         workdir,
         {
