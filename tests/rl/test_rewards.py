@@ -234,3 +234,28 @@ def test_while_training_a_custom_reward_is_checked_at_every_call(tmp_path):
         "value 2, for the completion '' of the prompt 'Name a color.', is 'low' (a string)"
     )
     assert run("nan_when_empty").message.endswith("is NaN")
+
+
+def test_accuracy_never_rewards_an_answer_against_a_solution_with_nothing_left(tmp_path):
+    """A solution of "..." or "?!" normalises to nothing: an empty answer matched it (reward 1.0, a reward over
+    nothing). validate refuses such rows naming them, and the reward gives them no credit."""
+    from leap_finetune.rl.rewards import accuracy
+    from tests.conftest import invoke, tiny_config, write_config, write_jsonl
+
+    assert accuracy(["", "...", "Paris"], ["...", "?!", "paris."]) == [0.0, 0.0, 1.0]
+    rows = [{"prompt": "Capital of France?", "solution": "Paris"}] * 3 + [{"prompt": "And?", "solution": "..."}]
+    write_jsonl(tmp_path / "g.jsonl", rows)
+    config = tiny_config(
+        data="g.jsonl", training_type="grpo", rewards=["accuracy"],
+        training_config={"extends": "DEFAULT_GRPO", "use_vllm": False, "num_generations": 2,
+                         "per_device_train_batch_size": 2},
+    )  # fmt: skip
+    del config["training_config"]["max_length"]
+    result = invoke("validate", str(write_config(tmp_path, config)))
+    said = " ".join(result.stderr.split())
+    assert result.returncode == 2, result.stderr
+    assert "g.jsonl, line 4" in said and "solution" in said and "'...' is nothing once the accuracy reward" in said
+    assert "line 1" not in said
+    # the same rows under a reward that does not read the solution are fine
+    config["rewards"] = [{"name": "length", "target_tokens": 8}]
+    assert invoke("validate", str(write_config(tmp_path, config))).returncode == 0

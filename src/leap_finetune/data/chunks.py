@@ -56,12 +56,31 @@ def set_job(job: Job, parent: int | None = None) -> None:
         die_with_parent(signal.SIGKILL, parent)  # measured before: a SIGKILLed driver left ~550 MB workers behind
 
 
+def uses_reward(resolved: ResolvedConfig, name: str) -> bool:
+    rewards = resolved.rewards
+    return rewards is not None and any((f["name"] if isinstance(f, dict) else f) == name for f in rewards.funcs)
+
+
 def matches_calls(resolved: ResolvedConfig) -> bool:
     """GRPO with the tool_call_match reward: each row's solution must be a turn it can read."""
-    rewards = resolved.rewards
-    return rewards is not None and any(
-        (f["name"] if isinstance(f, dict) else f) == "tool_call_match" for f in rewards.funcs
-    )
+    return uses_reward(resolved, "tool_call_match")
+
+
+def _solution_problem(resolved: ResolvedConfig, parsed) -> str | None:
+    """What the row's solution cannot be for the rewards that read it: a turn tool_call_match cannot read, or for
+    accuracy an answer with nothing left once normalised (an empty answer would match it: a reward over nothing)."""
+    solution = getattr(parsed, "solution", None)
+    if not solution:
+        return None
+    if matches_calls(resolved):
+        _, why = reference_calls(solution)
+        if why is not None:
+            return f"tool_call_match cannot read it: {why}"
+    if uses_reward(resolved, "accuracy"):
+        from leap_finetune.rl.rewards import nothing_to_match
+
+        return nothing_to_match(solution)
+    return None
 
 
 # ---- pass 1: check every row ---------------------------------------------------------------------------
@@ -102,11 +121,10 @@ def check_chunk(rows: list[SourceRow]) -> CheckedChunk:
             problems = check_images(row, parsed, _JOB.renderer)
             if problems:
                 result.image_invalid.append((row.file, row.location))
-        if not problems and matches_calls(resolved) and getattr(parsed, "solution", None):
-            _, why = reference_calls(parsed.solution)
-            if why is not None:  # (pass 2's own check does not know the rewards: it is told to skip the row)
-                problems = [RowProblem(row.file, row.location, "solution", f"tool_call_match cannot read it: {why}")]
-                result.image_invalid.append((row.file, row.location))
+        why = None if problems else _solution_problem(resolved, parsed)
+        if why is not None:  # (pass 2's own check does not know the rewards: it is told to skip the row)
+            problems = [RowProblem(row.file, row.location, "solution", why)]
+            result.image_invalid.append((row.file, row.location))
         if problems:
             result.problems.extend(problems)
             continue

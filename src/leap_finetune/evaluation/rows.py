@@ -66,7 +66,7 @@ def load_benchmark(bench: BenchmarkConfig, *, vision: bool, model_name: str) -> 
             where=bench.path,
             fix="give the rows' reference turns the calls the model should make (<|tool_call_start|>[name(key=value)]"
             "<|tool_call_end|>, or tool_calls: [...]); rows without a call still count, as the cases where no call "
-            "is right; for answers without calls use metric exact_match or contains",
+            "is right; for answers without calls use metric exact_match or short_answer",
         )
     if bench.metric in ("grounding_iou", "iou@0.5"):
         from leap_finetune.rl.grounding import boxes_in

@@ -67,6 +67,17 @@ def _math_equal(solution: str, answer: str) -> bool | None:
     return bool(verify(gold, parse(answer, parsing_timeout=5 if main else None), timeout_seconds=5 if main else None))
 
 
+def nothing_to_match(solution: str) -> str | None:
+    """Why the accuracy reward cannot use a solution: nothing is left of it once normalised ("...", "?!"), so an
+    empty answer would match it and earn the reward. None for a solution it can use."""
+    if _normalise(_final_answer(str(solution))):
+        return None
+    return (
+        f"{str(solution)!r} is nothing once the accuracy reward normalises it (lower case, punctuation dropped): an "
+        "empty answer would match it and be rewarded; write the answer itself (text, a number, or a \\boxed{} value)"
+    )
+
+
 def accuracy(completions, solution, **_) -> list[float | None]:
     """1 when the completion's answer matches `solution`: math-aware with math-verify installed (so
     `\\frac{1}{2}` equals `0.5`), else the normalised final answer (a \\boxed{} value or the text, lower
@@ -80,7 +91,7 @@ def accuracy(completions, solution, **_) -> list[float | None]:
         verdict = _math_equal(str(gold), answer)
         if verdict is None:
             want, got = _normalise(_final_answer(str(gold))), _normalise(answer)
-            verdict = got == want or got.startswith(want + " ")
+            verdict = bool(want) and (got == want or got.startswith(want + " "))  # (no credit against nothing)
         rewards.append(1.0 if verdict else 0.0)
     return rewards
 
