@@ -77,7 +77,7 @@ def _solution_problem(resolved: ResolvedConfig, parsed) -> str | None:
         if why is not None:
             return f"tool_call_match cannot read it: {why}"
     if uses_reward(resolved, "accuracy"):
-        from leap_finetune.rl.rewards import nothing_to_match
+        from leap_finetune.data.solutions import nothing_to_match
 
         return nothing_to_match(solution)
     return None

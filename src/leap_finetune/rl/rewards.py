@@ -21,6 +21,7 @@ import json
 import re
 from collections.abc import Callable
 
+from leap_finetune.data.solutions import final_answer, normalise
 from leap_finetune.data.tool_calls import tool_call_is_valid
 from leap_finetune.errors import LeapError
 from leap_finetune.rl.custom_rewards import checked_reward, label, load_custom_reward
@@ -33,19 +34,6 @@ def _text(completion) -> str:
     if isinstance(completion, list):
         return "".join(m.get("content") or "" for m in completion if isinstance(m, dict))
     return completion or ""
-
-
-_BOXED = re.compile(r"\\boxed\{((?:[^{}]|\{[^{}]*\})*)\}")
-
-
-def _final_answer(text: str) -> str:
-    """What an answer says in the end: a \\boxed{...} value, else the text itself."""
-    boxed = _BOXED.findall(text)
-    return boxed[-1] if boxed else text
-
-
-def _normalise(text: str) -> str:
-    return " ".join(re.sub(r"[^\w.\-/]+", " ", text.casefold()).split()).strip(" .")
 
 
 def _math_equal(solution: str, answer: str) -> bool | None:
@@ -67,17 +55,6 @@ def _math_equal(solution: str, answer: str) -> bool | None:
     return bool(verify(gold, parse(answer, parsing_timeout=5 if main else None), timeout_seconds=5 if main else None))
 
 
-def nothing_to_match(solution: str) -> str | None:
-    """Why the accuracy reward cannot use a solution: nothing is left of it once normalised ("...", "?!"), so an
-    empty answer would match it and earn the reward. None for a solution it can use."""
-    if _normalise(_final_answer(str(solution))):
-        return None
-    return (
-        f"{str(solution)!r} is nothing once the accuracy reward normalises it (lower case, punctuation dropped): an "
-        "empty answer would match it and be rewarded; write the answer itself (text, a number, or a \\boxed{} value)"
-    )
-
-
 def accuracy(completions, solution, **_) -> list[float | None]:
     """1 when the completion's answer matches `solution`: math-aware with math-verify installed (so
     `\\frac{1}{2}` equals `0.5`), else the normalised final answer (a \\boxed{} value or the text, lower
@@ -87,10 +64,10 @@ def accuracy(completions, solution, **_) -> list[float | None]:
         if gold is None or str(gold).strip() == "":
             rewards.append(None)
             continue
-        answer = _final_answer(_text(completion))
+        answer = final_answer(_text(completion))
         verdict = _math_equal(str(gold), answer)
         if verdict is None:
-            want, got = _normalise(_final_answer(str(gold))), _normalise(answer)
+            want, got = normalise(final_answer(str(gold))), normalise(answer)
             verdict = bool(want) and (got == want or got.startswith(want + " "))  # (no credit against nothing)
         rewards.append(1.0 if verdict else 0.0)
     return rewards
