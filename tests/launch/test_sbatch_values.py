@@ -56,8 +56,8 @@ def test_extra_sbatch_values_in_no_slurm_format_are_refused_without_sbatch(no_sb
 
 
 def test_extra_sbatch_values_in_slurm_formats_are_written_without_sbatch(no_sbatch):
-    extra = ["--time=1-00:00:00", "-t 90", "--mem-per-gpu=80G", "--mem=0", "-p gpu,debug", "--gres=gpu:a100:2",
-             "--qos=high"]  # fmt: skip
+    extra = ["--mem-per-gpu=80G", "--mem=0", "-p gpu,debug", "--gres=gpu:a100:2", "--qos=high", "-c 8",
+             "--gpus-per-task=a100:1"]  # fmt: skip
     config = write_config(no_sbatch, {**QUICK, "slurm": {"extra_sbatch": extra}})
     result = invoke("slurm", str(config), cwd=no_sbatch)
     assert result.returncode == 0, result.stderr
@@ -65,3 +65,28 @@ def test_extra_sbatch_values_in_slurm_formats_are_written_without_sbatch(no_sbat
     [script] = (no_sbatch / "outputs" / "audit" / "slurm").glob("*.sbatch")
     text = script.read_text()
     assert all(f"#SBATCH {entry}\n" in text for entry in extra), text
+
+
+@pytest.mark.parametrize(
+    ("slurm", "expected", "fix"),
+    [
+        ({"extra_sbatch": ["--nodes=many"]}, "slurm.extra_sbatch[0] sets --nodes, which the job script already "
+         "writes from slurm.nodes", "set slurm.nodes instead"),
+        ({"extra_sbatch": ["--time=1-00:00:00"]}, "sets --time, which the job script already writes from slurm.time",
+         "set slurm.time instead"),
+        ({"extra_sbatch": ["-o x.log"]}, "sets -o, which the job script already writes", "remove it"),
+        ({"partition": "gpu", "extra_sbatch": ["-p debug"]}, "sets -p, which the job script already writes from "
+         "slurm.partition", "set slurm.partition instead"),
+        ({"extra_sbatch": ["--cpus-per-task=x"]}, "slurm.extra_sbatch[0] --cpus-per-task is 'x': expected a whole "
+         "number", "e.g. --cpus-per-task=8"),
+        ({"extra_sbatch": ["--gpus-per-node=lots"]}, "--gpus-per-node is 'lots': expected a number of GPUs",
+         "e.g. --gpus-per-node=4"),
+    ],
+)  # fmt: skip
+def test_extra_sbatch_options_the_script_writes_or_counts_that_are_not_numbers_are_refused(no_sbatch, slurm, expected,
+                                                                                           fix):  # fmt: skip
+    """The script writes --nodes, --time, the log ... from the slurm: keys: the same option in extra_sbatch would
+    override them without a word (sbatch takes the last) - `--nodes=many` sat under the script's `--nodes=1`."""
+    result = invoke("validate", str(write_config(no_sbatch, {**QUICK, "slurm": slurm})), cwd=no_sbatch)
+    said = " ".join(result.stderr.split())
+    assert result.returncode == 2 and expected in said and f"fix: {fix}" in said, said

@@ -103,7 +103,17 @@ FORMATS = {
         "generic resources as name[:type][:count], several separated by commas, e.g. gpu:4 or gpu:a100:2",
     ),
 }
-EXAMPLES = {"time": "04:00:00", "partition": "gpu", "account": "my-lab", "mem": "200G", "gres": "gpu:4"}
+FORMATS["count"] = (r"\d+", "a whole number")
+FORMATS["gpus"] = (r"([A-Za-z0-9_\-]+:)?\d+", "a number of GPUs, or type:number, e.g. 4 or a100:4")
+EXAMPLES = {
+    "time": "04:00:00",
+    "partition": "gpu",
+    "account": "my-lab",
+    "mem": "200G",
+    "gres": "gpu:4",
+    "count": "8",
+    "gpus": "4",
+}
 # extra_sbatch options whose values have a format checked here as the slurm: keys' are (the key whose format it is)
 CHECKED_OPTIONS = {
     "--time": "time",
@@ -114,7 +124,31 @@ CHECKED_OPTIONS = {
     "--partition": "partition",
     "-p": "partition",
     "--gres": "gres",
+    "--cpus-per-task": "count",
+    "-c": "count",
+    "--ntasks": "count",
+    "-n": "count",
+    "--gpus": "gpus",
+    "-G": "gpus",
+    "--gpus-per-task": "gpus",
+    "--gpus-per-node": "gpus",
 }
+# The #SBATCH lines the script writes from the slurm: keys (launch/slurm.py _directives): the same option again in
+# extra_sbatch would override the key without a word (sbatch takes the last), or contradict the Ray set-up the
+# script makes (one task per node, the log it points to). (option spellings, the key that owns it or None: always)
+OWNED_OPTIONS = [
+    (("--job-name", "-J"), "job_name", True),
+    (("--nodes", "-N"), "nodes", True),
+    (("--ntasks-per-node",), None, True),
+    (("--time", "-t"), "time", True),
+    (("--output", "-o"), None, True),
+    (("--gpus-per-node",), "gpus_per_node", False),
+    (("--partition", "-p"), "partition", False),
+    (("--account", "-A"), "account", False),
+    (("--mem",), "mem", False),
+    (("--cpus-per-task", "-c"), "cpus_per_task", False),
+    (("--signal",), "stop_before_time_limit_s", False),
+]
 
 
 def check_slurm_values(slurm: dict, where: str) -> None:
@@ -131,6 +165,25 @@ def check_slurm_values(slurm: dict, where: str) -> None:
     for index, entry in enumerate(entries):
         if isinstance(entry, str):
             _check_extra(entry, f"slurm.extra_sbatch[{index}]", where)
+            _not_owned(entry, slurm, f"slurm.extra_sbatch[{index}]", where)
+
+
+def _not_owned(entry: str, slurm: dict, key: str, where: str) -> None:
+    """An option the script already writes from a slurm: key (or always, for its own set-up) is refused."""
+    words, _ = sbatch_words(entry.strip().removeprefix("#SBATCH").strip())
+    given = {w.split("=", 1)[0] if w.startswith("--") else w[:2] for w in words if w.startswith("-")}
+    for spellings, owner, always in OWNED_OPTIONS:
+        found = next((o for o in spellings if o in given), None)
+        if found is None or not (always or slurm.get(owner)):
+            continue
+        fix = f"set slurm.{owner} instead" if owner else "remove it: the script's Ray set-up needs its own"
+        raise LeapError(
+            f"{key} sets {found}, which the job script already writes"
+            + (f" from slurm.{owner}" if owner else "")
+            + " (sbatch would take the last one)",
+            where=where,
+            fix=f"{fix} (docs/distributed.md)",
+        )
 
 
 def check_eval_sbatch_values(sbatch: dict, where: str) -> None:

@@ -55,8 +55,10 @@ class SlurmConfig(StrictModel):
         default_factory=list,
         description='More #SBATCH options, e.g. ["--qos=high"], '
         "one line each, as sbatch reads them (a value with spaces or `#` in double quotes: "
-        '--comment="run #2"); the values of --time/-t, --mem, --mem-per-cpu, --mem-per-gpu, --partition/-p and '
-        "--gres are checked in SLURM's formats, as slurm.time and slurm.mem are (also where sbatch is not installed).",
+        '--comment="run #2"); the values of --mem-per-cpu, --mem-per-gpu, --gres, --cpus-per-task, --ntasks and '
+        "--gpus* are checked in SLURM's formats, as slurm.time and slurm.mem are (also where sbatch is not "
+        "installed); an option the script writes from a slurm: key (--nodes, --time, --job-name, --output, and "
+        "--partition, --account, --mem, --cpus-per-task, --gpus-per-node where that key is set) is refused.",
     )
     setup: list[str] = Field(
         default_factory=list,
