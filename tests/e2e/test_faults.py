@@ -184,6 +184,14 @@ def test_a_run_killed_during_start_up_in_output_dir_is_replaced_by_a_plain_rerun
     assert resume.returncode == 2 and "stopped before its first complete checkpoint" in said, said[-3000:]
     assert f"a plain re-run then starts afresh in output_dir {output}" in said and "new run folder" not in said
 
+    (output / "notes.txt").write_text("mine")  # a file of the user's beside the leftovers: nothing is replaced
+    kept = invoke("run", str(config), cwd=data)
+    said = " ".join(kept.stderr.split())
+    assert kept.returncode == 2 and "it also holds files no run wrote (notes.txt)" in said, said[-3000:]
+    assert "fix: move your files out and run again" in said and "rm -r" not in said
+    assert (output / "notes.txt").read_text() == "mine"
+    (output / "notes.txt").unlink()
+
     again = invoke("run", str(config), cwd=data)
     said = " ".join((again.stdout + again.stderr).split())
     assert again.returncode == 0, said[-3000:]

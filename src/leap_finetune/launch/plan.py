@@ -20,7 +20,7 @@ from leap_finetune.config.resume import (
 )
 from leap_finetune.errors import LeapError
 from leap_finetune.files import check_writable
-from leap_finetune.launch.resume_latest import afresh_fix, latest_to_resume, startup_leftover
+from leap_finetune.launch.resume_latest import afresh_fix, latest_to_resume, startup_leftover, stopped_run_error
 from leap_finetune.launch.steps import accumulation, per_device_rows
 from leap_finetune.runs.checkpoints import (
     checkpoints,
@@ -90,17 +90,13 @@ def plan_run(resolved: ResolvedConfig, *, outputs_root: Path | None = None) -> R
                 )
                 return RunPlan(run_dir, run_dir.name, None, new_run=True, notes=[said])
             if RunFolder(run_dir).is_run() and latest_checkpoint(run_dir) is None:
-                raise LeapError(
-                    "the output folder holds a run that stopped before its first complete checkpoint: "
-                    "there is nothing in it to resume",
-                    where=f"output_dir: {run_dir}",
-                    fix=f"remove the folder (rm -r {run_dir}) and run again, or choose another output_dir",
-                )
+                raise stopped_run_error(run_dir)
+            resumable = RunFolder(run_dir).is_run()  # (a folder of the user's own files has no run to resume)
             raise LeapError(
                 "the output folder exists and is not empty",
                 where=f"output_dir: {run_dir}",
-                fix="choose another output_dir, remove the folder, or resume with "
-                "training_config.resume_from_checkpoint: latest",
+                fix="choose another output_dir, or move what is in it elsewhere"
+                + (", or resume with training_config.resume_from_checkpoint: latest" if resumable else ""),
             )
         return RunPlan(run_dir, run_dir.name, None, new_run=True)
     check_writable(root, "output_dir (default: outputs/ beside the config)")

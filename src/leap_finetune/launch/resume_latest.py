@@ -24,7 +24,26 @@ def startup_leftover(folder: Path) -> bool:
         run.is_run()
         and not any((p / MARKER).exists() for p in checkpoints(run.path))
         and not any(p.exists() for p in (run.model, run.adapter, run.summary))
+        and not users_files(run.path)
     )
+
+
+def users_files(folder: Path) -> list[str]:
+    """The names in a run folder that no run writes (sorted)."""
+    return sorted(p.name for p in folder.iterdir() if not _written_by_a_run(p))
+
+
+def _written_by_a_run(entry: Path) -> bool:
+    """A name a run writes at start-up (runs/folder.py), its lock, or an unfinished checkpoint: anything else in the
+    folder is the user's, and a folder holding it is never replaced (a re-run is refused as 'not empty')."""
+    from leap_finetune.launch.run_lock import LOCK_NAME
+    from leap_finetune.runs import folder as names
+
+    written = {
+        names.CONFIG_COPY, names.RESOLVED_CONFIG, names.PREPARED, names.DROPPED_ROWS, names.TRAIN_LOG, names.METRICS,
+        names.COMPLETIONS, names.RESUME_CHANGES, names.BENCHMARKS, names.SERVERS, names.PLOTS, LOCK_NAME,
+    }  # fmt: skip
+    return entry.name in written or entry.name.startswith(names.CHECKPOINT_PREFIX)
 
 
 def runs_newest_first(folder: Path) -> list[Path]:
@@ -119,4 +138,22 @@ def latest_to_resume(resolved: ResolvedConfig, root: Path, key: str) -> tuple[Pa
         + (" (`latest` is the newest run, never an older one past it)" if older else ""),
         where=key,
         fix=afresh_fix(resolved, run_dir) + other,
+    )
+
+
+def stopped_run_error(run_dir: Path):
+    """output_dir holds a run stopped before its first checkpoint that a re-run does not replace (files of the
+    user's are in it): what to do, without advice that would delete them."""
+    from leap_finetune.errors import LeapError
+
+    yours = users_files(run_dir)
+    message = "the output folder holds a run that stopped before its first complete checkpoint: nothing in it to resume"
+    if not yours:
+        return LeapError(
+            message, where=f"output_dir: {run_dir}", fix=f"remove the folder (rm -r {run_dir}) and run again"
+        )
+    return LeapError(
+        f"{message}; it also holds files no run wrote ({', '.join(yours[:5])}), so a re-run does not replace it",
+        where=f"output_dir: {run_dir}",
+        fix="move your files out and run again (the run then starts afresh there), or choose another output_dir",
     )
