@@ -62,3 +62,9 @@ def test_load_best_model_at_end_without_evaluation_rows_says_so(workdir):
     # with evaluation rows the same keys are accepted
     config["dataset"]["test_size"] = 0.15
     assert invoke("validate", str(write_config(workdir, config)), cwd=workdir).returncode == 0
+    # eval_strategy: no written by the user, eval rows or not: our words too (was TRL's 'IntervalStrategy.NO')
+    config["training_config"]["eval_strategy"] = "no"
+    result = invoke("validate", str(write_config(workdir, config)), cwd=workdir)
+    said = " ".join(result.stderr.split())
+    assert result.returncode == 2 and "IntervalStrategy" not in said, said
+    assert "and eval_strategy is no: nothing is evaluated, so there is no best checkpoint to keep" in said

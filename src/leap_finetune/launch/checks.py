@@ -348,8 +348,14 @@ def _check_best_without_eval(arguments: dict, training: dict, where: str) -> Non
     `no` whatever the config says), and TRL's own words would blame an eval_strategy the user did not write."""
     if not arguments.get("load_best_model_at_end") or arguments.get("eval_strategy") != "no":
         return
-    if training.get("eval_strategy") == "no":
-        return  # (the user's own choice: TRL's words say it)
+    if training.get("eval_strategy") == "no":  # (the user's own choice, said in our words rather than TRL's)
+        raise LeapError(
+            "training_config.load_best_model_at_end keeps the checkpoint of the best evaluation, and "
+            "eval_strategy is no: nothing is evaluated, so there is no best checkpoint to keep",
+            where=f"{where}: training_config.load_best_model_at_end",
+            fix="set eval_strategy: steps (with eval_steps equal to save_steps, or a divisor of them) and "
+            "metric_for_best_model, or remove load_best_model_at_end",
+        )
     raise LeapError(
         "training_config.load_best_model_at_end keeps the checkpoint of the best evaluation, and there are no "
         "evaluation rows (the data holds none out), so nothing is evaluated, whatever eval_strategy says",
