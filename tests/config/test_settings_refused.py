@@ -57,8 +57,8 @@ def test_load_best_model_at_end_without_evaluation_rows_says_so(workdir):
     assert result.returncode == 2 and "IntervalStrategy" not in said, said
     assert "training_config.load_best_model_at_end keeps the checkpoint of the best evaluation, and there are no " \
            "evaluation rows" in said  # fmt: skip
-    assert "fix: hold rows out for evaluation with dataset.test_size (e.g. 0.1) or give them as dataset.val_path, " \
-           "or remove load_best_model_at_end" in said  # fmt: skip
+    assert "fix: hold rows out for evaluation with dataset.test_size (e.g. 0.1) or give them as dataset.val_path " \
+           "(valid rows" in said and "or remove load_best_model_at_end" in said  # fmt: skip
     # with evaluation rows the same keys are accepted
     config["dataset"]["test_size"] = 0.15
     assert invoke("validate", str(write_config(workdir, config)), cwd=workdir).returncode == 0

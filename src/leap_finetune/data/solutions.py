@@ -22,8 +22,8 @@ def normalise(text: str) -> str:
 def nothing_to_match(solution: str) -> str | None:
     """Why the accuracy reward cannot use a solution: nothing is left of it once normalised ("...", "?!"), so an
     empty answer would match it and earn the reward. None for a solution it can use."""
-    if normalise(final_answer(str(solution))):
-        return None
+    if normalise(final_answer(str(solution))) or not str(solution).strip():
+        return None  # (a blank solution is no solution: the reward gives the row None, as for a missing one)
     return (
         f"{str(solution)!r} is nothing once the accuracy reward normalises it (lower case, punctuation dropped): an "
         "empty answer would match it and be rewarded; write the answer itself (text, a number, or a \\boxed{} value)"

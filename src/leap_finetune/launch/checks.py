@@ -358,10 +358,11 @@ def _check_best_without_eval(arguments: dict, training: dict, where: str) -> Non
         )
     raise LeapError(
         "training_config.load_best_model_at_end keeps the checkpoint of the best evaluation, and there are no "
-        "evaluation rows (the data holds none out), so nothing is evaluated, whatever eval_strategy says",
+        "evaluation rows (none held out, or every evaluation row invalid and skipped), so nothing is evaluated, "
+        "whatever eval_strategy says",
         where=f"{where}: training_config.load_best_model_at_end",
-        fix="hold rows out for evaluation with dataset.test_size (e.g. 0.1) or give them as dataset.val_path, or "
-        "remove load_best_model_at_end",
+        fix="hold rows out for evaluation with dataset.test_size (e.g. 0.1) or give them as dataset.val_path (valid "
+        "rows: dataset.on_invalid: error lists each problem), or remove load_best_model_at_end",
     )
 
 
