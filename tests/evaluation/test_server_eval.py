@@ -111,8 +111,9 @@ def test_a_server_that_does_not_answer_is_a_clear_error(workdir, tiny_model):
     )
     with pytest.raises(LeapError) as info:
         evaluate_config(config, server=f"http://127.0.0.1:{_free_port()}/v1")
-    message = info.value.format()
-    assert "did not list its models" in message and "vllm serve" in message
+    message = " ".join(info.value.format().split())
+    assert "the connection was refused (no server listens there)" in message and "vllm serve" in message
+    assert "fix: start the server, or check the host and port" in message
 
 
 class _Broken:

@@ -102,6 +102,12 @@ class ServerGenerator:
                     where="--server",
                     fix="look at the server's log: is it still loading the model, or stuck? " + FIX,
                 ) from None
+            if _refused(err):
+                raise LeapError(
+                    f"nothing answers at {self.base_url}: the connection was refused (no server listens there)",
+                    where="--server",
+                    fix="start the server, or check the host and port of the URL; " + FIX,
+                ) from None
             hint = ""
             if not self.base_url.startswith(("http://", "https://")):
                 hint = f"give the URL with its scheme: http://{self.base_url}; or "
@@ -410,3 +416,14 @@ def _mime_type(path: str, data: bytes) -> str | None:
             return Image.MIME.get(image.format or "")
     except (UnidentifiedImageError, OSError):
         return None
+
+
+def _refused(err: BaseException) -> bool:
+    """A connection refused, however deep the client library wrapped it (openai -> httpx -> OSError)."""
+    seen = set()
+    while err is not None and id(err) not in seen:
+        seen.add(id(err))
+        if isinstance(err, ConnectionRefusedError):
+            return True
+        err = err.__cause__ or err.__context__
+    return False
