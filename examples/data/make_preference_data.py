@@ -14,9 +14,12 @@ REFUSALS = ["I refuse.", "No.", "I cannot help with that.", "Ask someone else."]
 def main() -> None:
     rng = random.Random(0)
     dpo, kto = [], []
-    for i in range(120):
-        word = WORDS[i % len(WORDS)]
-        question, answer, refusal = f"Say {word} twice.", f"{word} {word}", rng.choice(REFUSALS)
+    # each row a request of its own (two words of 12: 132 pairs, 120 used), so that the rows held out for evaluation
+    # are requests never trained on - the preference (answer, don't refuse) is what carries over to them
+    pairs = [(a, b) for a in WORDS for b in WORDS if a != b]
+    rng.shuffle(pairs)
+    for i, (word, other) in enumerate(pairs[:120]):
+        question, answer, refusal = f"Say {word} then {other}.", f"{word} {other}", rng.choice(REFUSALS)
         shape = i % 3
         if shape == 0:  # plain strings
             dpo.append({"prompt": question, "chosen": answer, "rejected": refusal})
