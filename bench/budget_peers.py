@@ -16,6 +16,15 @@ import torch
 CHILD_ROW = "UNSLOTH_ROW "  # (--child-unsloth prints its row after this)
 
 
+def emulate_card(budget: float) -> None:
+    """This process held to `budget` GiB of the GPU (a card of that size), its peak statistics reset."""
+    gc.collect()
+    torch.cuda.empty_cache()
+    torch.cuda.reset_peak_memory_stats()
+    total = torch.cuda.get_device_properties(0).total_memory
+    torch.cuda.set_per_process_memory_fraction(min(1.0, budget * 2**30 / total))
+
+
 def peer_run(peer: str, key: str, mode: str, budget: int, out: Path, steps: int, start, **config) -> dict:
     """A peer's row at the card of `budget` GiB emulated as in budget_run: `start(args)` builds its SFTTrainer from
     TRL's SFTConfig (batch 8 or --peer-rows, max_length 2048, `config`); loading the model counts. fits = no out-of-memory; real
@@ -28,11 +37,7 @@ def peer_run(peer: str, key: str, mode: str, budget: int, out: Path, steps: int,
     out.mkdir(parents=True)
     rows = int(os.environ.get("LEAP_BENCH_PEER_ROWS", "8"))  # (--peer-rows; the child process inherits it)
     row = {"model": _models()[key], "method": "sft", "mode": mode, "budget_gib": budget, f"{peer}_rows": rows}
-    gc.collect()
-    torch.cuda.empty_cache()
-    torch.cuda.reset_peak_memory_stats()
-    total = torch.cuda.get_device_properties(0).total_memory
-    torch.cuda.set_per_process_memory_fraction(min(1.0, budget * 2**30 / total))
+    emulate_card(budget)
     try:
         args = SFTConfig(
             output_dir=str(out),

@@ -227,11 +227,7 @@ def budget_run(key: str, mode: str, budget: int, data: Path, work: Path, steps: 
     config = case_config(model, "sft", mode, 2048, data, steps)
     config["gpu_memory"] = f"{budget}GiB"
     row = {"model": MODELS[key], "method": "sft", "mode": mode, "budget_gib": budget}
-    gc.collect()
-    torch.cuda.empty_cache()
-    torch.cuda.reset_peak_memory_stats()
-    total = torch.cuda.get_device_properties(0).total_memory
-    torch.cuda.set_per_process_memory_fraction(min(1.0, budget * 2**30 / total))
+    budget_peers.emulate_card(budget)
     try:
         summary = run_config(config, outputs_root=work / "outputs")
         metrics = [json.loads(line) for line in (Path(summary["run_dir"]) / "metrics.jsonl").read_text().splitlines()]
