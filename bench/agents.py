@@ -226,9 +226,12 @@ def main() -> None:
     row.update(episodes=PROMPTS * GENERATIONS, max_turns=TURNS)
     for side in ("leap", "trl"):
         command = [sys.executable, __file__, "--child", side, "--model-dir", str(model), "--work", str(work)]
-        done = subprocess.run([*command, "--steps", str(args.steps)], capture_output=True, text=True)
-        found = [line[7:] for line in done.stdout.splitlines() if line.startswith("RESULT ")]
-        row.update(json.loads(found[-1]) if found else {f"{side}_error": done.stderr[-2000:]})
+        log = Path(args.out).with_name(f"agents-{side}.log")  # kept beside --out: a child cut off still tells
+        with log.open("w") as sink:
+            subprocess.run([*command, "--steps", str(args.steps)], stdout=sink, stderr=subprocess.STDOUT)
+        text = log.read_text()
+        found = [line[7:] for line in text.splitlines() if line.startswith("RESULT ")]
+        row.update(json.loads(found[-1]) if found else {f"{side}_error": text[-2000:]})
     if "rollout_tok_s" in row and "trl_rollout_tok_s" in row:
         row["speedup"] = row["rollout_tok_s"] / row["trl_rollout_tok_s"]
     Path(args.out).write_text(json.dumps([row], indent=1))
