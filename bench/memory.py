@@ -31,7 +31,13 @@ for key in ("NCCL_NVLS_ENABLE", "TORCH_SYMM_MEM_DISABLE_MULTICAST", "NVSHMEM_DIS
 import budget_peers  # noqa: E402  (bench/: TRL's and Unsloth's rows beside budget_run's)
 import torch  # noqa: E402
 
-MODELS = {"350m": "LFM2-350M", "1.2b": "LFM2-1.2B", "2.5-1.2b": "LFM2.5-1.2B", "2.6b": "LFM2-2.6B"}
+MODELS = {
+    "350m": "LFM2-350M",
+    "1.2b": "LFM2-1.2B",
+    "2.5-1.2b": "LFM2.5-1.2B",
+    "2.6b": "LFM2-2.6B",
+    "8b-a1b": "LFM2-8B-A1B",  # (a mixture of experts: issue #49's 24 GiB row)
+}
 VL_MODELS = {"450m": "LFM2-VL-450M", "1.6b": "LFM2-VL-1.6B"}
 LORA = {"extends": "DEFAULT_LORA"}
 
