@@ -168,6 +168,10 @@ def test_the_grpo_defaults(tmp_path):
             ["grpo_rollout.judge_port is true: expected a whole number from 1 to 65535"],
         ),
         (dict(training_config={"cache_implementation": "statc"}), ["cache_implementation is 'statc'", "use static"]),
+        (
+            dict(training_config={"max_completion_length": 0}),  # (was a traceback from generate after loading)
+            ["training_config.max_completion_length is 0: expected a whole number of tokens >= 1"],
+        ),
     ],
 )
 def test_grpo_mistakes_are_caught_at_validate(tmp_path, overrides, expected):

@@ -183,6 +183,13 @@ def test_model_names_and_families(folder, name, model_id, family, template):
     assert (resolved.model_id, resolved.model_family, resolved.chat_template) == (model_id, family, template)
 
 
+def test_a_model_name_that_is_a_file_says_so(folder):
+    """Its tokenizer's loading error advised `hf download` of the file's path."""
+    message = _error(folder, tiny_config(model_name="./train.jsonl"))
+    assert "./train.jsonl is a file" in message and "not a model" in message and "hf download" not in message
+    assert "a model folder (config.json, weights and tokenizer)" in message
+
+
 def test_chat_template_override_by_name_and_file(folder):
     resolved = load_config(write_config(folder, tiny_config(chat_template="lfm2.5")))
     assert resolved.chat_template == "lfm2.5"

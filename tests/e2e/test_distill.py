@@ -281,6 +281,16 @@ def test_plan_counts_the_teacher_and_lora_distils_too(task):
         ),
         ({"training_type": "distill", "teacher": "tiny-lfm2.5", "distill": {"max_new_tokens": 8}}, "mode is offline"),
         ({"training_type": "distill", "teacher": "./nowhere"}, "teacher"),
+        ({"training_type": "distill", "teacher": "./train.jsonl"}, "train.jsonl is a file"),  # (not `hf download`)
+        (
+            {
+                "training_type": "distill",
+                "teacher": "tiny-lfm2.5",
+                "distill": {"mode": "on_policy", "max_new_tokens": 100000},
+                "training_config": {"max_length": 128},
+            },
+            "distill.max_new_tokens is 100000, but training_config.max_length is 128",
+        ),
         (
             {
                 "training_type": "distill",

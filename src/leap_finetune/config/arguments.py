@@ -57,6 +57,8 @@ RANGES: dict[str, tuple[Callable[[float], bool], str]] = {
     ),
     "save_total_limit": (lambda v: v >= 1, "a whole number >= 1 (or null to keep every checkpoint)"),
     "max_length": (lambda v: v >= 1, "a whole number of tokens >= 1 (or null for no limit)"),
+    # GRPO (0 reaches transformers' generate as max_new_tokens 0: a traceback after the model loaded)
+    "max_completion_length": (lambda v: v >= 1, "a whole number of tokens >= 1"),
     "seed": (lambda v: v >= 0, "a whole number >= 0"),
     "data_seed": (lambda v: v >= 0, "a whole number >= 0"),
     "dataloader_num_workers": (lambda v: v >= 0, "a whole number >= 0"),

@@ -24,6 +24,15 @@ def resolve_model_id(model_name: str, base: Path) -> str:
     from leap_finetune.config.paths import local_path
 
     local = local_path(model_name, base)
+    if local.is_file():  # (its loading error would advise `hf download` of the file's path)
+        from leap_finetune.errors import LeapError
+
+        raise LeapError(
+            f"{model_name} is a file ({local}), not a model",
+            where="model_name",
+            fix="give a model folder (config.json, weights and tokenizer), a Hub id such as LiquidAI/LFM2-1.2B, "
+            "or a run of this project",
+        )
     # A Hub id has one "/" (org/name): more, or a leading . / ~, is a folder path
     if local.is_dir() or model_name.startswith((".", "/", "~")) or model_name.count("/") > 1:
         found = finished_model(local)

@@ -46,7 +46,22 @@ def resolve_distill(model: LeapConfigModel, base: Path, where: str) -> dict | No
                     where=f"{where}: training_config.{key}",
                     fix=f"remove {key} (on_policy batches are padded rows), or use mode: offline",
                 )
+        _check_answer_fits(model, settings, where)
     return {"teacher": model.teacher, "teacher_id": teacher_id, **settings.model_dump()}
+
+
+def _check_answer_fits(model: LeapConfigModel, settings: DistillConfig, where: str) -> None:
+    """An answer of max_new_tokens must fit a row of max_length beside its prompt: one that cannot is sampled in
+    full at every step (the longest part of the step) and then cut off unseen."""
+    length = (model.training_config or {}).get("max_length")
+    if isinstance(length, int) and not isinstance(length, bool) and settings.max_new_tokens >= length:
+        raise LeapError(
+            f"distill.max_new_tokens is {settings.max_new_tokens}, but training_config.max_length is {length}: the "
+            "sampled answer and its prompt must fit in max_length tokens, so most of every answer would be sampled "
+            "and then cut off",
+            where=f"{where}: distill.max_new_tokens",
+            fix=f"set max_new_tokens below max_length (e.g. {max(1, length // 2)}), or raise max_length",
+        )
 
 
 def _check_the_teacher_teaches(model: LeapConfigModel, settings: DistillConfig, teacher_id: str, base, where: str):
