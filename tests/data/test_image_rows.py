@@ -316,7 +316,7 @@ def test_on_invalid_skip_drops_each_kind_of_broken_image_row_and_says_so(workdir
     "config_change,words",
     [
         ({"model_name": "tiny-lfm2"}, "applies to vision-language models, and 'tiny-lfm2' is a text model"),
-        ({"training_type": "kto"}, "applies to image training (sft or dpo with a vision-language model)"),
+        ({"training_type": "kto"}, "applies to image training (sft, dpo or grpo with a vision-language model)"),
     ],
 )
 def test_vision_keys_on_a_text_model_or_type_say_where_they_belong(workdir, config_change, words):

@@ -59,7 +59,7 @@ TEXT_ONLY = [
     (
         {"type": "image", "image": "x.jpg"},
         "m[0].content[0]",
-        "an image part needs a vision-language model (model_name: an LFM2-VL model such as LiquidAI/LFM2-VL-450M) and training_type sft or dpo; this run reads text only",
+        "an image part needs a vision-language model (model_name: an LFM2-VL model such as LiquidAI/LFM2-VL-450M) and training_type sft, dpo or grpo; this run reads text only",
     ),
     (
         {"type": "audio"},
@@ -142,7 +142,7 @@ def test_check_tools_reads_json_text_from_csv():
 
 
 IMAGE = [{"type": "image", "image": "img.jpg"}, {"type": "text", "text": "What is it?"}]
-REFUSED = "an image part needs a vision-language model (model_name: an LFM2-VL model such as LiquidAI/LFM2-VL-450M) and training_type sft or dpo; this run reads text only"
+REFUSED = "an image part needs a vision-language model (model_name: an LFM2-VL model such as LiquidAI/LFM2-VL-450M) and training_type sft, dpo or grpo; this run reads text only"
 
 
 def test_every_training_row_type_refuses_image_parts_in_the_same_words():

@@ -45,3 +45,18 @@ def test_image_benchmarks_rise_during_training_and_evaluate_standalone(workdir, 
             assert (
                 results["benchmark/fruit_images_mcq/score"] == summary["benchmarks"]["benchmark/fruit_images_mcq/score"]
             )
+
+
+def test_a_model_folder_another_run_makes_is_named_not_called_text_only(tmp_path):
+    """grounding_grpo.yaml before its warm-up has run: its image benchmark rows were refused as for a text-only model
+    ("model './outputs/grounding-warmup' is text-only; use a vision-language model"), where the mistake is the
+    folder that is not there yet."""
+    import shutil
+
+    shutil.copytree(EXAMPLES / "data", tmp_path / "data")
+    shutil.copy(EXAMPLES / "grounding_grpo.yaml", tmp_path / "grounding_grpo.yaml")
+    result = invoke("validate", str(tmp_path / "grounding_grpo.yaml"), cwd=tmp_path)
+    said = " ".join(result.stderr.split())
+    assert result.returncode == 2 and "Traceback" not in said, said
+    assert "outputs/grounding-warmup does not exist" in said and "another config trains exists only once" in said
+    assert "text-only" not in said

@@ -259,3 +259,29 @@ def test_accuracy_never_rewards_an_answer_against_a_solution_with_nothing_left(t
     # the same rows under a reward that does not read the solution are fine
     config["rewards"] = [{"name": "length", "target_tokens": 8}]
     assert invoke("validate", str(write_config(tmp_path, config))).returncode == 0
+
+
+def test_a_prompt_without_a_solution_is_refused_where_every_reward_needs_one(tmp_path):
+    """Every reward scoring against `solution` (accuracy here) gave such a row None: TRL warned at every step
+    ("All reward functions returned None") and the prompt trained nothing. validate names the row; beside a reward
+    that needs no solution the row is scored by that one, and is fine."""
+    from tests.conftest import invoke, tiny_config, write_config, write_jsonl
+
+    rows = [{"prompt": "Capital of France?", "solution": "Paris"}] * 3 + [
+        {"prompt": "hi"},
+        {"prompt": "yo", "solution": " "},
+    ]
+    write_jsonl(tmp_path / "g.jsonl", rows)
+    config = tiny_config(
+        data="g.jsonl", training_type="grpo", rewards=["accuracy"],
+        training_config={"extends": "DEFAULT_GRPO", "use_vllm": False, "num_generations": 2,
+                         "per_device_train_batch_size": 2},
+    )  # fmt: skip
+    del config["training_config"]["max_length"]
+    result = invoke("validate", str(write_config(tmp_path, config)))
+    said = " ".join(result.stderr.split())
+    assert result.returncode == 2 and "Traceback" not in said, result.stderr
+    assert "g.jsonl, line 4, line 5" in said and "field 'solution'" in said and "line 1" not in said, said
+    assert "every reward of this run (accuracy) scores a completion against it" in said
+    config["rewards"] = ["accuracy", {"name": "length", "target_tokens": 8}]
+    assert invoke("validate", str(write_config(tmp_path, config))).returncode == 0

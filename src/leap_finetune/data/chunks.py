@@ -66,12 +66,35 @@ def matches_calls(resolved: ResolvedConfig) -> bool:
     return uses_reward(resolved, "tool_call_match")
 
 
+# built-in rewards that score a completion against the row's `solution` (a row without one: None, not scored)
+SOLUTION_REWARDS = ("accuracy", "tool_call_match", "iou", "giou", "ciou")
+
+
+def _only_solution_rewards(resolved: ResolvedConfig) -> list[str]:
+    """The run's rewards when every one of them needs a solution (no judge, no custom or other built-in reward)."""
+    rewards = resolved.rewards
+    if rewards is None or getattr(rewards, "judge", None) is not None:
+        return []
+    names = [f["name"] if isinstance(f, dict) else f for f in rewards.funcs]
+    return names if names and all(name in SOLUTION_REWARDS for name in names) else []
+
+
 def _solution_problem(resolved: ResolvedConfig, parsed) -> str | None:
-    """What the row's solution cannot be for the rewards that read it: a turn tool_call_match cannot read, or for
-    accuracy an answer with nothing left once normalised (an empty answer would match it: a reward over nothing)."""
-    solution = getattr(parsed, "solution", None)
-    if not solution:
+    """What the row's solution cannot be for the rewards that read it: missing where every reward needs it (the
+    prompt would get no reward: TRL's warning at every step, and nothing trained), a turn tool_call_match cannot read,
+    or for accuracy an answer with nothing left once normalised (an empty answer would match it)."""
+    if not hasattr(parsed, "solution"):
         return None
+    solution = parsed.solution
+    if not solution or not str(solution).strip():
+        needing = _only_solution_rewards(resolved)
+        if not needing:
+            return None
+        return (
+            f"the row has no solution, and every reward of this run ({', '.join(needing)}) scores a completion "
+            "against it: this prompt would get no reward and train nothing; add the row's solution, remove the row, "
+            "or add a reward that needs none (format, length, a judge)"
+        )
     if matches_calls(resolved):
         _, why = reference_calls(solution)
         if why is not None:

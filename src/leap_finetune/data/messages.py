@@ -373,7 +373,7 @@ def _refusal(part: Any, field: str, *, takes_images: bool) -> tuple[str, str]:
         if part["type"] in ("image", "image_url"):
             return field, (
                 "an image part needs a vision-language model (model_name: an LFM2-VL model such as "
-                "LiquidAI/LFM2-VL-450M) and training_type sft or dpo; this run reads text only"
+                "LiquidAI/LFM2-VL-450M) and training_type sft, dpo or grpo; this run reads text only"
             )
         return field, f"a '{part['type']}' part needs an audio/video model; leap-finetune trains on text and images"
     return field, f"unknown part type '{part['type']}'; expected 'text'"

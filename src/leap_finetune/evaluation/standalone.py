@@ -225,12 +225,18 @@ def check_benchmarks(resolved: ResolvedConfig, model_id: str | None = None):
     from leap_finetune.models.vision import is_vision_model, require_torchvision
 
     model_id = model_id or resolved.model_id
-    vision = is_vision_model(model_id)
+    from leap_finetune.models.loading import missing_folder
+
+    # a folder another config's run makes is not there yet: whether it takes images is not known, so its image rows
+    # are read (they were refused as for a text-only model); validate then names the missing folder, plan plans
+    unknown = missing_folder(model_id) is not None
+    vision = unknown or is_vision_model(model_id)
     benchmarks = load_benchmarks(
         resolved.evals, vision=vision, model_name=resolved.model_name, environment=resolved.environment
     )
     if vision and has_images(benchmarks):
-        require_torchvision(model_id)
+        if not unknown:
+            require_torchvision(model_id)
         _decode_images(benchmarks)
     return benchmarks
 

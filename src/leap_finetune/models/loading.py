@@ -163,9 +163,8 @@ FOLDER_FILES = {
 }
 
 
-def _unavailable(model_id: str, what: str, err: Exception, subfolder: str | None = None) -> LeapError:
-    said = " ".join(str(err).split()) or type(err).__name__  # (transformers' messages run over several lines)
-    said = said if len(said) <= 300 else said[:297] + "..."
+def missing_folder(model_id: str) -> LeapError | None:
+    """The error for a model folder that is not there (yet: another config's run may make it), else None."""
     if os.path.isabs(model_id) and not os.path.exists(model_id):
         return LeapError(
             f"model_name: the folder {model_id} does not exist",
@@ -173,6 +172,15 @@ def _unavailable(model_id: str, what: str, err: Exception, subfolder: str | None
             fix="check model_name (a relative path starts at the config file's folder); a model another "
             "config trains exists only once that run finished",
         )
+    return None
+
+
+def _unavailable(model_id: str, what: str, err: Exception, subfolder: str | None = None) -> LeapError:
+    said = " ".join(str(err).split()) or type(err).__name__  # (transformers' messages run over several lines)
+    said = said if len(said) <= 300 else said[:297] + "..."
+    missing = missing_folder(model_id)
+    if missing is not None:
+        return missing
     if os.path.isdir(model_id):
         return _folder_error(Path(model_id) / (subfolder or ""), what, said)
     from leap_finetune.models.hub import hub_unreachable, is_hub_id

@@ -39,7 +39,7 @@ def check_vision_keys(model, vision: bool, where: str) -> None:
         return
     if not method_of(training_type).images:
         raise LeapError(
-            f"{given[0]} applies to image training (sft or dpo with a vision-language model); "
+            f"{given[0]} applies to image training (sft, dpo or grpo with a vision-language model); "
             f"training_type is {training_type}",
             where=where,
             fix=f"remove {given[0]}",
