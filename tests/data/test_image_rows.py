@@ -437,6 +437,30 @@ def test_the_cache_is_used_only_while_the_pictures_are_unchanged(workdir, monkey
     assert changed.train.images()[2] + changed.eval.images()[2] != cached.train.images()[2] + cached.eval.images()[2]
 
 
+def test_image_grpo_prompts_are_prepared_again_when_a_picture_changes(workdir, monkeypatch):
+    """GRPO keeps its prompts' pictures in another column than SFT's: the cache did not see them, so a picture
+    replaced by a truncated one (or deleted) was read from the cache as valid, and trained on."""
+    monkeypatch.setenv("LEAP_FINETUNE_CACHE", str(workdir / "cache"))
+    picture(workdir / "a.png", (48, 48))
+    prompt = [{"role": "user", "content": [{"type": "image", "image": "a.png"}, QUESTION]}]
+    write_jsonl(workdir / "train.jsonl", [{"prompt": prompt, "solution": "red"}] * 4)
+    config = {
+        "model_name": "tiny-lfm2.5-vl",
+        "training_type": "grpo",
+        "dataset": {"path": "train.jsonl"},
+        "rewards": ["accuracy"],
+        "training_config": {"use_vllm": False, "max_steps": 1, "max_completion_length": 8},
+    }
+    path = write_config(workdir, config)
+    first = prepare(load_config(path))[2]
+    assert first.from_cache is None
+    assert prepare(load_config(path))[2].from_cache is not None  # (unchanged: read from the cache)
+    (workdir / "a.png").write_bytes((workdir / "a.png").read_bytes()[:40])  # truncated
+    result = invoke("validate", str(path), cwd=workdir)
+    said = " ".join(result.stderr.split())
+    assert result.returncode == 2 and "a.png" in said and "Traceback" not in said, said
+
+
 def test_url_safe_base64_reads_and_a_range_the_config_half_sets_is_checked(workdir):
     raw = data_uri().partition(",")[2]
     urlsafe = raw.replace("+", "-").replace("/", "_").rstrip("=")

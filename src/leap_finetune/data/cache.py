@@ -188,6 +188,14 @@ def load(entry: Entry, console):
     return prepared
 
 
+def _image_column(names: list[str]) -> str | None:
+    """The column of a prepared table that names its rows' pictures: SFT/DPO rows' image_sources, image GRPO's prompt
+    images (beside its prompt_messages: a text run's own column called images is not pictures)."""
+    if "image_sources" in names:
+        return "image_sources"
+    return "images" if "images" in names and "prompt_messages" in names else None
+
+
 def _image_files(prepared) -> dict:
     """(size, mtime_ns) of every image file the prepared rows read (a vision-language run): the cache key holds the
     data files, not the pictures they name, so a cached entry is used only while these are unchanged."""
@@ -195,13 +203,14 @@ def _image_files(prepared) -> dict:
 
     from leap_finetune.data.messages import looks_base64
 
-    if not any("image_sources" in split.table.column_names for split in (prepared.train, prepared.eval)):
+    columns = [_image_column(split.table.column_names) for split in (prepared.train, prepared.eval)]
+    if not any(columns):
         return None  # (a text run)
     files = {}
-    for split in (prepared.train, prepared.eval):
-        if "image_sources" not in split.table.column_names:
+    for split, column in zip((prepared.train, prepared.eval), columns, strict=True):
+        if column is None:
             continue
-        for source in pc.unique(pc.list_flatten(split.table.column("image_sources"))).to_pylist():
+        for source in pc.unique(pc.list_flatten(split.table.column(column))).to_pylist():
             if source and not source.startswith(("data:", "http://", "https://")) and not looks_base64(source):
                 try:
                     stat = os.stat(source)
