@@ -99,13 +99,14 @@ def _refuse_set(sets: list[str] | None, command: str, instead: str) -> None:
 
 def _source(config: Path, sets: list[str] | None, gpu_memory: str | None = None):
     """The config path, or with --set (and --gpu-memory) the config loaded with the overrides (the API takes both)."""
-    if gpu_memory and any(item.partition("=")[0].strip() == "gpu_memory" for item in sets or []):
+    if gpu_memory is not None and any(item.partition("=")[0].strip() == "gpu_memory" for item in sets or []):
         raise LeapError(  # (one would silently win over the other)
             "--gpu-memory and --set gpu_memory=... both give the GPU's memory",
             where="--gpu-memory",
             fix="give it once: --gpu-memory 24GiB (or --set gpu_memory=24GiB)",
         )
-    sets = [*(sets or []), f"gpu_memory={gpu_memory}"] if gpu_memory else sets
+    # (an empty --gpu-memory "" is checked as --set gpu_memory= is, not dropped: it was read as no budget at all)
+    sets = [*(sets or []), f"gpu_memory={gpu_memory}"] if gpu_memory is not None else sets
     if not sets:
         return config
     from leap_finetune.validate.loader import load_config

@@ -207,6 +207,9 @@ def test_an_impossible_budget_is_exit_2_before_any_model_loads_and_names_lora(wo
     # both on the command line: refused, not one silently winning over the other
     both = invoke("validate", str(path), "--gpu-memory", "80GiB", "--set", "gpu_memory=1MiB")
     assert both.returncode == 2 and "--gpu-memory and --set gpu_memory=... both give" in both.stderr, both.stderr
+    # an empty --gpu-memory is refused as --set gpu_memory= is (it was dropped: a run planned for no budget)
+    empty = invoke("validate", str(path), "--gpu-memory", "")
+    assert empty.returncode == 2 and "gpu_memory is '': expected an amount of memory" in empty.stderr, empty.stderr
     # plan's refusal names the same choices, each predicted from the config as written (not with the fitting's
     # bf16_kahan, which LoRA refuses and which would price QLoRA's 4-bit base as bf16): QLoRA below LoRA
     big = ("--set", "model_name=LiquidAI/LFM2-350M")  # (its published shape: the tiny model's GiB round to 0.0)
