@@ -96,7 +96,7 @@ def test_solutions_are_read_in_every_form_and_unreadable_ones_named(tmp_path):
     write_jsonl(tmp_path / "g.jsonl", rows)
     write_jsonl(tmp_path / "none.jsonl", [{"prompt": "weather?"}] * 4)
     for data, expected in (("g.jsonl", ["g.jsonl, line 4", "solution", "tool_call_match cannot read it"]),
-                           ("none.jsonl", ["no training row has one"])):  # fmt: skip
+                           ("none.jsonl", ["none.jsonl, line 1", "every reward of this run (tool_call_match)"])):  # fmt: skip
         config = tiny_config(
             data=data, training_type="grpo", rewards=["tool_call_match"],
             training_config={"extends": "DEFAULT_GRPO", "use_vllm": False, "num_generations": 2,
