@@ -78,8 +78,40 @@ def test_a_grounding_benchmark_whose_references_hold_no_box_is_refused(tmp_path)
     config = {"model_name": "tiny-lfm2", "evals": {"benchmarks": [
         {"name": "boxes", "path": "bench.jsonl", "metric": "grounding_iou"}]}}  # fmt: skip
     resolved = load_config(config, base_dir=tmp_path)
-    with pytest.raises(LeapError, match=r"1 of its 2 row\(s\) have no box in their reference answer.*line 2"):
+    with pytest.raises(
+        LeapError, match=r"1 of its 2 row\(s\) have no box to score against in their reference answer.*line 2"
+    ):
         load_benchmarks(resolved.evals, vision=False, model_name="tiny-lfm2")
+    # a box without area (x2 < x1) scores every answer 0 too
+    rows[1]["messages"][1]["content"] = "[10, 10, 5, 5]"
+    (tmp_path / "bench.jsonl").write_text("".join(json.dumps(r) + "\n" for r in rows))
+    with pytest.raises(LeapError, match=r"line 2: box \[10, 10, 5, 5\] has no area \(x2 <= x1 or y2 <= y1\)"):
+        load_benchmarks(resolved.evals, vision=False, model_name="tiny-lfm2")
+
+
+def test_grpo_solutions_the_box_rewards_cannot_score_are_named(tmp_path):
+    """A solution with no box, too few numbers or no area gave the row reward 0 for every answer (iou: a reward over
+    nothing); validate names the row; under a reward that does not read boxes the same rows are fine."""
+    from tests.conftest import invoke, tiny_config, write_config, write_jsonl
+
+    rows = [{"prompt": "Where?", "solution": "[1, 2, 30, 40]"}] * 3 + [
+        {"prompt": "Where?", "solution": bad} for bad in ("the red box", "[1, 2, 3]", "[500, 500, 100, 100]")
+    ]
+    write_jsonl(tmp_path / "g.jsonl", rows)
+    config = tiny_config(
+        data="g.jsonl", training_type="grpo", rewards=["iou", "box_format"],
+        training_config={"extends": "DEFAULT_GRPO", "use_vllm": False, "num_generations": 2,
+                         "per_device_train_batch_size": 2},
+    )  # fmt: skip
+    del config["training_config"]["max_length"]
+    result = invoke("validate", str(write_config(tmp_path, config)))
+    said = " ".join(result.stderr.split())
+    assert result.returncode == 2 and "Traceback" not in said, said
+    assert "g.jsonl, line 4" in said and "line 5" in said and "line 6" in said and "line 1," not in said, said
+    assert "reward iou scores the answer's boxes against it" in said and "holds no box" in said
+    assert "box [500, 500, 100, 100] has no area" in said
+    config["rewards"] = [{"name": "length", "target_tokens": 8}]
+    assert invoke("validate", str(write_config(tmp_path, config))).returncode == 0
 
 
 def test_boxes_that_miss_are_paired_by_the_kinds_own_score_whatever_their_order():

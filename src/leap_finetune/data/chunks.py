@@ -99,6 +99,13 @@ def _solution_problem(resolved: ResolvedConfig, parsed) -> str | None:
         _, why = reference_calls(solution)
         if why is not None:
             return f"tool_call_match cannot read it: {why}"
+    boxes = [name for name in ("iou", "giou", "ciou") if uses_reward(resolved, name)]
+    if boxes:
+        from leap_finetune.data.boxes import box_problem
+
+        why = box_problem(solution)
+        if why is not None:
+            return f"reward {boxes[0]} scores the answer's boxes against it, and {why}"
     if uses_reward(resolved, "accuracy"):
         from leap_finetune.data.solutions import nothing_to_match
 

@@ -69,17 +69,18 @@ def load_benchmark(bench: BenchmarkConfig, *, vision: bool, model_name: str) -> 
             "is right; for answers without calls use metric exact_match or short_answer",
         )
     if bench.metric in ("grounding_iou", "iou@0.5"):
-        from leap_finetune.rl.grounding import boxes_in
+        from leap_finetune.data.boxes import box_problem
 
-        without = [item for item in items if not boxes_in(item.reference)]
-        if without:  # (an answer can only be scored against a box: a row without one would score 0 whatever)
+        # (an answer can only be scored against a box with area: a row without one would score 0 whatever)
+        without = [(item, why) for item in items if (why := box_problem(item.reference)) is not None]
+        if without:
+            (first, why) = without[0]
             raise LeapError(
                 f"benchmark '{bench.name}' (metric {bench.metric}): {len(without)} of its {len(items)} row(s) have no "
-                f"box in their reference answer, e.g. {without[0].file}, {without[0].location}: "
-                f"{str(without[0].reference)[:80]!r}",
+                f"box to score against in their reference answer, e.g. {first.file}, {first.location}: {why}",
                 where=bench.path,
-                fix="give each row's reference turn (the last assistant message) its box as [x1, y1, x2, y2] (or a "
-                "JSON list of boxes), or use another metric for those rows",
+                fix="give each row's reference turn (the last assistant message) its box as [x1, y1, x2, y2] with "
+                "x2 > x1 and y2 > y1 (or a JSON list of boxes), or use another metric for those rows",
             )
     return items
 

@@ -9,70 +9,14 @@ boxes are matched one to one, best overlap first; boxes left without a partner (
 so the score is the sum of the matched overlaps over the larger count.
 
 Written here because no library of the field scores free-text answers this way (torchvision's box ops take
-tensors of parsed boxes: the matching and the parsing are the work).
+tensors of parsed boxes: the matching and the parsing are the work). The parsing is data/boxes.py's.
 """
 
 from __future__ import annotations
 
-import json
 import math
-import re
 
-Box = tuple[float, float, float, float]
-_NUMBER = r"-?\d+(?:\.\d+)?"
-_BRACKETED = re.compile(rf"\[\s*({_NUMBER})\s*,\s*({_NUMBER})\s*,\s*({_NUMBER})\s*,\s*({_NUMBER})\s*\]")
-_KEYS = ("bbox", "box", "bbox_2d", "bounding_box")
-
-
-def boxes_in(text) -> list[Box]:
-    """Every box of an answer, in order (none for text without one)."""
-    if not isinstance(text, str) or not text.strip():
-        return []
-    found: list[Box] = []
-    for candidate in _json_values(text):
-        _collect(candidate, found)
-    if found:
-        return found
-    return [tuple(float(v) for v in m.groups()) for m in _BRACKETED.finditer(text)]
-
-
-def _json_values(text: str):
-    """The JSON values that start at each `[` or `{` of the text and parse (the outermost ones)."""
-    decoder = json.JSONDecoder()
-    position = 0
-    while True:
-        starts = [i for i in (text.find("[", position), text.find("{", position)) if i >= 0]
-        if not starts:
-            return
-        start = min(starts)
-        try:
-            value, end = decoder.raw_decode(text, start)
-        except ValueError:
-            position = start + 1
-            continue
-        yield value
-        position = end
-
-
-def _collect(value, found: list[Box]) -> None:
-    if _is_box(value):
-        found.append(tuple(float(v) for v in value))
-    elif isinstance(value, list):
-        for item in value:
-            _collect(item, found)
-    elif isinstance(value, dict):
-        for key in _KEYS:
-            if key in value:
-                _collect(value[key], found)
-                return
-
-
-def _is_box(value) -> bool:
-    return (
-        isinstance(value, list)
-        and len(value) == 4
-        and all(isinstance(v, (int, float)) and not isinstance(v, bool) and math.isfinite(v) for v in value)
-    )
+from leap_finetune.data.boxes import Box, boxes_in  # noqa: F401  (the rewards' and metrics' names)
 
 
 def _area(box: Box) -> float:
