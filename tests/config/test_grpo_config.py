@@ -169,6 +169,10 @@ def test_the_grpo_defaults(tmp_path):
         ),
         (dict(training_config={"cache_implementation": "statc"}), ["cache_implementation is 'statc'", "use static"]),
         (
+            dict(rewards=["accuracy", "tool_call_valid", "accuracy"]),
+            ["rewards.funcs[2] repeats rewards.funcs[0] (accuracy)", "set rewards.weights"],
+        ),
+        (
             dict(training_config={"max_completion_length": 0}),  # (was a traceback from generate after loading)
             ["training_config.max_completion_length is 0: expected a whole number of tokens >= 1"],
         ),

@@ -189,7 +189,7 @@ def _unavailable(model_id: str, what: str, err: Exception, subfolder: str | None
     fix = (
         "check the model id and your network; offline, download it once with `hf download "
         f"{model_id}` where the Hub is reachable, or point model_name at a local folder "
-        "(built-in offline models: tiny-lfm2, tiny-lfm2.5)"
+        f"(built-in offline models: {', '.join(TINY_MODELS)})"
     )
     if unreachable is not None and _not_in_cache(err):  # (its files were looked for in the cache only)
         return LeapError(

@@ -60,7 +60,16 @@ def _resolve_rewards(rewards: RewardsConfig | None, base: Path, where: str) -> R
         elif isinstance(spec, dict) and isinstance(spec.get("name"), str) and "::" in spec["name"]:
             file, _, name = spec["name"].partition("::")
             spec = {**spec, "name": f"{_absolute(file, base)}::{name}"}
-        funcs.append(check_reward_spec(spec, index, where))
+        checked = check_reward_spec(spec, index, where)
+        if checked in funcs:  # (the same function twice: its weight doubled, and its metrics logged under one name)
+            raise LeapError(
+                f"rewards.funcs[{index}] repeats rewards.funcs[{funcs.index(checked)}] "
+                f"({checked['name'] if isinstance(checked, dict) else checked})",
+                where=where,
+                fix="list each reward once; to weigh one more than the others, set rewards.weights "
+                "(e.g. weights: [2, 1])",
+            )
+        funcs.append(checked)
     _check_weights(rewards, where)
     if rewards.judge is not None:
         _check_judge(rewards.judge, where)
