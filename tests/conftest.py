@@ -63,6 +63,19 @@ def write_config(folder: Path, config: dict, name: str = "config.yaml") -> Path:
     return path
 
 
+def grpo_rows_config(folder, rows: list[dict], rewards: list) -> dict:
+    """GRPO on tiny-lfm2 over `rows` (written to folder/g.jsonl) scored by `rewards`: the config the tests of rows'
+    solutions validate (own sampler, 2 generations of 2 prompts, GRPO's profile without max_length)."""
+    write_jsonl(folder / "g.jsonl", rows)
+    config = tiny_config(
+        data="g.jsonl", training_type="grpo", rewards=rewards,
+        training_config={"extends": "DEFAULT_GRPO", "use_vllm": False, "num_generations": 2,
+                         "per_device_train_batch_size": 2},
+    )  # fmt: skip
+    del config["training_config"]["max_length"]
+    return config
+
+
 def tiny_config(data: str = "train.jsonl", **overrides) -> dict:
     """A config that trains tiny-lfm2 for a few steps on CPU."""
     config = {

@@ -92,18 +92,12 @@ def test_a_grounding_benchmark_whose_references_hold_no_box_is_refused(tmp_path)
 def test_grpo_solutions_the_box_rewards_cannot_score_are_named(tmp_path):
     """A solution with no box, too few numbers or no area gave the row reward 0 for every answer (iou: a reward over
     nothing); validate names the row; under a reward that does not read boxes the same rows are fine."""
-    from tests.conftest import invoke, tiny_config, write_config, write_jsonl
+    from tests.conftest import grpo_rows_config, invoke, write_config
 
     rows = [{"prompt": "Where?", "solution": "[1, 2, 30, 40]"}] * 3 + [
         {"prompt": "Where?", "solution": bad} for bad in ("the red box", "[1, 2, 3]", "[500, 500, 100, 100]")
     ]
-    write_jsonl(tmp_path / "g.jsonl", rows)
-    config = tiny_config(
-        data="g.jsonl", training_type="grpo", rewards=["iou", "box_format"],
-        training_config={"extends": "DEFAULT_GRPO", "use_vllm": False, "num_generations": 2,
-                         "per_device_train_batch_size": 2},
-    )  # fmt: skip
-    del config["training_config"]["max_length"]
+    config = grpo_rows_config(tmp_path, rows, ["iou", "box_format"])
     result = invoke("validate", str(write_config(tmp_path, config)))
     said = " ".join(result.stderr.split())
     assert result.returncode == 2 and "Traceback" not in said, said

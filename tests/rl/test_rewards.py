@@ -240,17 +240,11 @@ def test_accuracy_never_rewards_an_answer_against_a_solution_with_nothing_left(t
     """A solution of "..." or "?!" normalises to nothing: an empty answer matched it (reward 1.0, a reward over
     nothing). validate refuses such rows naming them, and the reward gives them no credit."""
     from leap_finetune.rl.rewards import accuracy
-    from tests.conftest import invoke, tiny_config, write_config, write_jsonl
+    from tests.conftest import grpo_rows_config, invoke, write_config
 
     assert accuracy(["", "...", "Paris"], ["...", "?!", "paris."]) == [0.0, 0.0, 1.0]
     rows = [{"prompt": "Capital of France?", "solution": "Paris"}] * 3 + [{"prompt": "And?", "solution": "..."}]
-    write_jsonl(tmp_path / "g.jsonl", rows)
-    config = tiny_config(
-        data="g.jsonl", training_type="grpo", rewards=["accuracy"],
-        training_config={"extends": "DEFAULT_GRPO", "use_vllm": False, "num_generations": 2,
-                         "per_device_train_batch_size": 2},
-    )  # fmt: skip
-    del config["training_config"]["max_length"]
+    config = grpo_rows_config(tmp_path, rows, ["accuracy"])
     result = invoke("validate", str(write_config(tmp_path, config)))
     said = " ".join(result.stderr.split())
     assert result.returncode == 2, result.stderr
@@ -265,19 +259,13 @@ def test_a_prompt_without_a_solution_is_refused_where_every_reward_needs_one(tmp
     """Every reward scoring against `solution` (accuracy here) gave such a row None: TRL warned at every step
     ("All reward functions returned None") and the prompt trained nothing. validate names the row; beside a reward
     that needs no solution the row is scored by that one, and is fine."""
-    from tests.conftest import invoke, tiny_config, write_config, write_jsonl
+    from tests.conftest import grpo_rows_config, invoke, write_config
 
     rows = [{"prompt": "Capital of France?", "solution": "Paris"}] * 3 + [
         {"prompt": "hi"},
         {"prompt": "yo", "solution": " "},
     ]
-    write_jsonl(tmp_path / "g.jsonl", rows)
-    config = tiny_config(
-        data="g.jsonl", training_type="grpo", rewards=["accuracy"],
-        training_config={"extends": "DEFAULT_GRPO", "use_vllm": False, "num_generations": 2,
-                         "per_device_train_batch_size": 2},
-    )  # fmt: skip
-    del config["training_config"]["max_length"]
+    config = grpo_rows_config(tmp_path, rows, ["accuracy"])
     result = invoke("validate", str(write_config(tmp_path, config)))
     said = " ".join(result.stderr.split())
     assert result.returncode == 2 and "Traceback" not in said, result.stderr
