@@ -204,10 +204,11 @@ def test_a_second_ctrl_c_does_not_wait_for_a_hanging_judge(workdir, judge_server
     import os
     import signal
 
+    from leap_finetune import signals
     from leap_finetune.signals import Stopped
 
-    judge_server.mode, judge_server.hang_s = "hang", 8.0
-    config = _config(workdir, {"base_url": judge_server.url, "timeout_s": 8, "max_failed_steps": 0}, max_steps=3)
+    judge_server.mode, judge_server.hang_s = "hang", 12.0
+    config = _config(workdir, {"base_url": judge_server.url, "timeout_s": 12, "max_failed_steps": 0}, max_steps=3)
     second, errors = [], []
 
     def interrupt():
@@ -217,7 +218,14 @@ def test_a_second_ctrl_c_does_not_wait_for_a_hanging_judge(workdir, judge_server
             errors.append(err)
             return
         os.kill(os.getpid(), signal.SIGINT)  # (run_config's handlers, in this process's main thread)
-        time.sleep(2.5)  # (within 2 s the same signal counts as one event delivered twice)
+        # Within 2 s of the first signal's *handling* the same signal counts as one event delivered twice; the
+        # main thread runs the handler only between bytecodes, late on a loaded machine: wait for it to have run.
+        try:
+            wait_until(lambda: signals._state.received is not None, Watchdog(os.getpid(), what="the run"))
+        except AssertionError as err:
+            errors.append(err)
+            return
+        time.sleep(signals.SAME_EVENT_S + 0.5)
         second.append(time.time())
         os.kill(os.getpid(), signal.SIGINT)
 
