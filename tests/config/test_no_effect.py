@@ -71,6 +71,15 @@ CASES = {
         tiny_config(training_config={"gradient_checkpointing_kwargs": {"use_reentrant": False}}),
         "training_config.gradient_checkpointing_kwargs has no effect with activation checkpointing off",
     ),
+    "vision_encoder_rate_with_the_encoder_frozen": (
+        tiny_config(
+            model_name="tiny-lfm2.5-vl",
+            peft_config={"use_peft": True, "r": 4},
+            training_config={"vision_encoder_lr_multiplier": 0.5},
+        ),
+        "training_config.vision_encoder_lr_multiplier has no effect: the vision encoder is frozen "
+        "(train_vision_encoder: false, LoRA's default",
+    ),
     "vllm_keys_with_use_vllm_false": (
         _grpo(training_config={"use_vllm": False, "vllm_gpu_memory_utilization": 0.2}),
         "training_config.vllm_gpu_memory_utilization: no effect with use_vllm: false",
@@ -101,6 +110,7 @@ def test_the_profiles_own_defaults_and_settings_that_act_are_not_named(workdir):
         tiny_config(dataset={"path": "train.jsonl", "test_size": 2}, training_config={"eval_steps": 2}),
         tiny_config(training_config={"lr_scheduler_type": "constant_with_warmup", "warmup_steps": 2}),
         tiny_config(peft_config={"use_peft": True, "r": 4}),
+        tiny_config(model_name="tiny-lfm2.5-vl", training_config={"vision_encoder_lr_multiplier": 0.5}),
         tiny_config(
             evals={
                 "do_sample": True,

@@ -108,10 +108,26 @@ def test_image_parts_without_a_source_or_file(tmp_path):
     needs = "an image part needs 'image': a file path, a data URI or base64 text"
     assert parse([{"type": "image"}], tmp_path) == (None, [("m[0].content[0]", needs)])
     assert parse([{"type": "image_url"}], tmp_path) == (None, [("m[0].content[0]", needs)])
+    where = f"relative image paths start at {tmp_path}: the data file's folder, or dataset.image_root"
     assert parse([{"type": "image", "path": "nope.jpg"}], tmp_path) == (
         None,
-        [("m[0].content[0]", f"image file not found: {tmp_path / 'nope.jpg'}")],
+        [("m[0].content[0]", f"image file not found: {tmp_path / 'nope.jpg'} ({where})")],
     )
+
+
+def test_a_relative_image_path_found_in_the_current_folder_names_dataset_image_root(tmp_path, monkeypatch):
+    """Paths written relative to where the command runs: every row fails alike, and the error names the key."""
+    (tmp_path / "pics").mkdir()
+    (tmp_path / "pics" / "cat.png").write_bytes(b"not read here")
+    (tmp_path / "data").mkdir()
+    monkeypatch.chdir(tmp_path)
+    _, problems = parse([{"type": "image", "path": "pics/cat.png"}], tmp_path / "data")
+    [(field, text)] = problems
+    assert text.startswith(f"image file not found: {tmp_path / 'data' / 'pics' / 'cat.png'}; relative image paths")
+    assert f"{tmp_path / 'pics' / 'cat.png'} exists: set dataset.image_root: {tmp_path}" in text
+    assert parse([{"type": "image", "path": str(tmp_path / "gone.png")}], tmp_path)[1] == [
+        ("m[0].content[0]", f"image file not found: {tmp_path / 'gone.png'}")  # (an absolute path: no hint)
+    ]
 
 
 def test_check_message_normalises_sharegpt_and_null_content_of_a_tool_call():

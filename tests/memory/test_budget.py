@@ -17,7 +17,7 @@ from tests.conftest import fact_rows, invoke, tiny_config, write_config, write_j
 
 @pytest.mark.parametrize(
     ("text", "expected"),
-    [("24GiB", 24 * GIB), ("80GB", 80 * 10**9), ("16", 16 * GIB), ("0.5 GiB", GIB // 2), ("512MiB", 512 * 2**20)],
+    [("24GiB", 24 * GIB), ("80GB", 80 * 10**9), ("16", 16 * GIB), ("1.5 GiB", 3 * GIB // 2), ("1536MiB", 1536 * 2**20)],
 )
 def test_budgets_are_read_in_the_units_people_write(text, expected):
     assert parse_budget(text) == expected
@@ -34,6 +34,9 @@ def test_budgets_are_read_in_the_units_people_write(text, expected):
         ("-3GiB", "expected more than 0"),
         ("0", "expected more than 0"),
         ("1000000000.0", "more than any GPU holds"),
+        ("24MB", "23 MiB is less than any GPU that trains holds .* did you mean 24GB"),
+        ("512MiB", "512 MiB is less than any GPU .*at least 1 GiB - did you mean 512GiB"),
+        ("0.5", "512 MiB is less than any GPU .*at least 1 GiB"),
     ],
 )
 def test_a_budget_that_is_not_one_gpus_memory_is_refused_saying_why(text, said):
@@ -193,19 +196,19 @@ def test_a_4_bit_base_is_predicted_at_a_quarter_of_the_bf16_weights(workdir):
 
 def test_an_impossible_budget_is_exit_2_before_any_model_loads_and_names_lora(workdir):
     path = write_config(workdir, _long_config(workdir))
-    result = invoke("validate", str(path), "--gpu-memory", "1MiB")
+    result = invoke("validate", str(path), "--gpu-memory", "1GiB")
     assert result.returncode == 2
     text = " ".join(result.stderr.split())
-    assert "GiB a 0.0 GiB budget leaves for it (CUDA's context and the allocator's slack kept aside)" in text
+    assert "GiB a 1.0 GiB budget leaves for it (CUDA's context and the allocator's slack kept aside)" in text
     assert "LoRA (peft_config: {extends: DEFAULT_LORA}) is predicted at" in text
     assert "QLoRA (peft_config: {extends: DEFAULT_QLORA}) is predicted at" in text
     assert "gpu_memory" in text and "Traceback" not in result.stderr
     # gpu_memory: in the YAML is the same budget; --gpu-memory wins over it
-    config = {**_long_config(workdir), "gpu_memory": "1MiB"}
+    config = {**_long_config(workdir), "gpu_memory": "1GiB"}
     assert invoke("validate", str(write_config(workdir, config, "yaml_budget.yaml"))).returncode == 2
     assert invoke("validate", str(path), "--gpu-memory", "80GiB").returncode == 0
     # both on the command line: refused, not one silently winning over the other
-    both = invoke("validate", str(path), "--gpu-memory", "80GiB", "--set", "gpu_memory=1MiB")
+    both = invoke("validate", str(path), "--gpu-memory", "80GiB", "--set", "gpu_memory=1GiB")
     assert both.returncode == 2 and "--gpu-memory and --set gpu_memory=... both give" in both.stderr, both.stderr
     # an empty --gpu-memory is refused as --set gpu_memory= is (it was dropped: a run planned for no budget)
     empty = invoke("validate", str(path), "--gpu-memory", "")
@@ -213,7 +216,7 @@ def test_an_impossible_budget_is_exit_2_before_any_model_loads_and_names_lora(wo
     # plan's refusal names the same choices, each predicted from the config as written (not with the fitting's
     # bf16_kahan, which LoRA refuses and which would price QLoRA's 4-bit base as bf16): QLoRA below LoRA
     big = ("--set", "model_name=LiquidAI/LFM2-350M")  # (its published shape: the tiny model's GiB round to 0.0)
-    plan = json.loads(invoke("plan", str(path), "--gpus", "1", "--json", "--gpu-memory", "1MiB", *big).stdout)
+    plan = json.loads(invoke("plan", str(path), "--gpus", "1", "--json", "--gpu-memory", "1GiB", *big).stdout)
     refusal = plan["memory_budget"]["refusal"]
     import re
 

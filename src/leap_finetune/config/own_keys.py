@@ -119,13 +119,13 @@ class OwnTrainingKeys(BaseModel):
         "load-balancing loss, added to every training step's loss (models/moe_router.py); default: the model's own "
         "`router_aux_loss_coef` where its config has one, else 0.001 (LFM2-MoE balances with an expert bias and has "
         "none); `0` turns it off. A note on any other model (it has no routers)",
-        json_schema_extra=_values("a number >= 0"),
+        json_schema_extra=_values("a number from 0 to 1"),
     )
     router_z_loss_coef: float | None = Field(
         default=None,
         description="the same models: the weight of the routers' z-loss (the squared log-sum-exp of the router "
         "logits, which keeps them small); default 0 (off); 0.001 is ST-MoE's",
-        json_schema_extra=_values("a number >= 0"),
+        json_schema_extra=_values("a number from 0 to 1"),
     )
     train_vision_encoder: bool | None = Field(
         default=None,

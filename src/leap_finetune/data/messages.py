@@ -300,11 +300,25 @@ def _image(part: dict, field: str, images: ImageParts, problem: Problem) -> Imag
                 " (nor base64 of a PNG, JPEG, GIF, WebP, BMP or TIFF file: give it as a data URI, "
                 "data:image/png;base64,...)"
                 if len(source) > 200
-                else ""
+                else _relative_hint(source, images.folder)
             ),
         )
         return None
     return ImageRef(str(path), field)
+
+
+def _relative_hint(source: str, folder: Path) -> str:
+    """Where a relative path was looked for, and the current folder's file of that name (paths written relative to
+    where the user ran the command: every row fails alike, so the way out is one key)."""
+    if Path(source).expanduser().is_absolute():
+        return ""
+    here = Path.cwd() / source
+    if here.is_file() and here.resolve() != (folder / source).resolve():
+        return (
+            f"; relative image paths start at {folder} (the data file's folder, or dataset.image_root), and "
+            f"{here} exists: set dataset.image_root: {Path.cwd()}"
+        )
+    return f" (relative image paths start at {folder}: the data file's folder, or dataset.image_root)"
 
 
 def image_source(value: Any) -> Any:

@@ -50,6 +50,7 @@ def usable_bytes(budget: int) -> float:
 
 
 LARGEST_GIB = 1024  # (one GPU's memory: the largest cards hold 288 GB; a budget above this is a typo)
+SMALLEST_GIB = 1  # (below this no GPU trains: CUDA's context alone takes ~0.5 GiB)
 
 
 def parse_budget(text, where: str = "--gpu-memory", key: str = "gpu_memory") -> int:
@@ -65,9 +66,18 @@ def parse_budget(text, where: str = "--gpu-memory", key: str = "gpu_memory") -> 
         problem = "expected more than 0"
     else:
         value = int(float(found.group(1)) * UNITS[unit])
-        if value <= LARGEST_GIB * GIB:  # (a budget too small to train in is refused by the fit, naming LoRA/QLoRA)
+        # (a budget too small for this model is refused by the fit, naming LoRA/QLoRA; one below any GPU's memory
+        # is a unit slip, `24MB` for `24GB`, and every figure the fit printed for it read 0.0 GiB)
+        if SMALLEST_GIB * GIB <= value <= LARGEST_GIB * GIB:
             return value
-        problem = f"{value / GIB:,.0f} GiB is more than any GPU holds: the budget is one GPU's memory"
+        if value > LARGEST_GIB * GIB:
+            problem = f"{value / GIB:,.0f} GiB is more than any GPU holds: the budget is one GPU's memory"
+        else:
+            problem = (
+                f"{value / 2**20:,.0f} MiB is less than any GPU that trains holds (CUDA's context alone takes about "
+                f"0.5 GiB); the budget is one GPU's memory, at least {SMALLEST_GIB} GiB"
+                + (f" - did you mean {found.group(1)}G{found.group(2)[1:]}?" if unit in ("mb", "mib") else "")
+            )
     raise LeapError(f"{key} is {text!r}: {problem}", where=where, fix=f"one GPU's memory in {units}, e.g. 24GiB, 80GB")
 
 

@@ -6,7 +6,7 @@ The pairs, walked block by block: async_eval's keys of the modes it is not in; g
 local server; vLLM's training keys with use_vllm off; a dataset's test_size beside its val_path; peft_config's LoRA
 keys with use_peft: false; warm-up under a constant schedule; save_* with save_strategy: no; logging_steps with
 logging_strategy: no; evaluation keys with nothing to evaluate (no eval split, no benchmark); evals' sampling keys
-(temperature, top_p) without evals.do_sample; the router losses and lora_experts on a model without experts.
+(temperature, top_p) without evals.do_sample; the vision encoder's learning rate with the encoder frozen; the router losses and lora_experts on a model without experts.
 """
 
 from __future__ import annotations
@@ -135,6 +135,12 @@ def _training(training: dict, user: set[str]) -> list[str]:
             )
     if training.get("logging_strategy") == "no" and "logging_steps" in user:
         notes.append("training_config.logging_steps has no effect with logging_strategy: no")
+    if "vision_encoder_lr_multiplier" in user and training.get("train_vision_encoder") is False:
+        why = "you set it" if "train_vision_encoder" in user else "LoRA's default: adapters on the language model only"
+        notes.append(
+            f"training_config.vision_encoder_lr_multiplier has no effect: the vision encoder is frozen "
+            f"(train_vision_encoder: false, {why}); set train_vision_encoder: true to train it at that rate"
+        )
     checkpointing = training.get("activation_checkpointing") or training.get("gradient_checkpointing")
     for key in ("gradient_checkpointing_kwargs", "activation_checkpointing_kwargs"):
         if key in user and not checkpointing:
