@@ -288,3 +288,16 @@ def test_the_planned_run_command_keeps_the_set_overrides(workdir):
     assert result.returncode == 0, result.stderr
     [train] = [p for p in json.loads(result.stdout)["processes"] if p["command"][:2] == ["leap-finetune", "run"]]
     assert train["command"][2:] == [path, "--set", "training_config.learning_rate=1e-4"]
+
+
+def test_ray_workers_keep_multicast_off_and_the_unused_preemption_watcher_is_not_started(monkeypatch):
+    """Every process of a Ray run gets the job's env: NVLink multicast off, and Ray Train's preemption watcher (an
+    extra actor process per run, observability only: our workers stop on our own request) off unless the user
+    turned it on."""
+    from leap_finetune.launch.distributed import PREEMPTION_WATCHER, worker_env
+
+    monkeypatch.delenv(PREEMPTION_WATCHER, raising=False)
+    env = worker_env()
+    assert env["NCCL_NVLS_ENABLE"] == "0" and env[PREEMPTION_WATCHER] == "0"
+    monkeypatch.setenv(PREEMPTION_WATCHER, "1")
+    assert worker_env()[PREEMPTION_WATCHER] == "1"

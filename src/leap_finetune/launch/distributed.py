@@ -34,12 +34,17 @@ PASSED_ON = (
     "WANDB_MODE",
     "LEAP_FINETUNE_FAULT",
 )
+PREEMPTION_WATCHER = "RAY_TRAIN_ENABLE_PREEMPTION_WATCHER"
 
 
 def worker_env() -> dict[str, str]:
     env = dict(NO_MULTICAST)
     env.update({k: os.environ[k] for k in PASSED_ON if k in os.environ})
     env["RAY_USAGE_STATS_ENABLED"] = "0"
+    # Ray Train 2.60's preemption watcher is one more actor process per run (~1.2 s of a CPU to start, measured)
+    # that only tells the workers a node is going away: ours stop on leap-finetune's own request, and a run never
+    # restarts (max_failures 0), so it watches for nobody. A user's own setting is kept.
+    env[PREEMPTION_WATCHER] = os.environ.get(PREEMPTION_WATCHER, "0")
     return env
 
 
