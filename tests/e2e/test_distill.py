@@ -375,3 +375,26 @@ def test_a_teacher_port_in_use_is_refused_before_the_server_starts():
         resolved = SimpleNamespace(distill={"teacher_port": port}, config_path="config.yaml")
         with pytest.raises(LeapError, match=f"port {port} is in use by another process: the teacher server"):
             check_teacher_server(resolved, plan_devices(gpus=2, teacher=1))
+
+
+def test_a_teacher_with_the_students_weights_under_another_name_is_refused(task, tmp_path):
+    """A copy of the student's folder as its teacher (mix 0): the divergence is 0 from the first step - refused as
+    the same name is; a teacher whose weights differ (the fine-tuned teacher against its copy with one byte changed
+    at the end) is taken."""
+    import shutil
+
+    folder, teacher = task
+    write_jsonl(tmp_path / "train.jsonl", fact_rows(8))
+    student, copy = tmp_path / "student", tmp_path / "copy"
+    shutil.copytree(teacher, student)
+    shutil.copytree(teacher, copy)
+    config = tiny_config(model_name=str(student), training_type="distill", teacher=str(copy), distill={"mix": 0})
+    config["training_config"]["extends"] = "DEFAULT_DISTILL"
+    result = invoke("validate", str(write_config(tmp_path, config)))
+    said = " ".join(result.stderr.split())
+    assert result.returncode == 2 and f"the same weights as {student}" in said and "nothing would train" in said, said
+    [weights] = copy.glob("*.safetensors")
+    data = bytearray(weights.read_bytes())
+    data[-1] ^= 1  # (the last byte: the comparison reads to the end before it differs)
+    weights.write_bytes(bytes(data))
+    assert invoke("validate", str(write_config(tmp_path, config))).returncode == 0

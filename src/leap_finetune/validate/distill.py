@@ -80,9 +80,11 @@ def _check_the_teacher_teaches(model: LeapConfigModel, settings: DistillConfig, 
         student_id = resolve_model_id(model.model_name, base)
     except LeapError:
         return  # (model_name's own check says what is wrong with it)
-    if student_id == teacher_id and settings.mix == 0:
+    if settings.mix == 0 and (student_id == teacher_id or _same_weights(student_id, teacher_id)):
         raise LeapError(
-            f"the teacher is the student's own model ({model.teacher}): their distributions are equal at the first "
+            f"the teacher is the student's own model ({model.teacher}"
+            + (f", the same weights as {model.model_name}" if student_id != teacher_id else "")
+            + "): their distributions are equal at the first "
             "step, the divergence is 0 and stays 0 - nothing would train",
             where=f"{where}: teacher",
             fix="distil from a larger or fine-tuned model of the same family; or keep the model as an anchor with "
@@ -209,3 +211,32 @@ def _output_width(model_id: str) -> int | None:
     config = config_json(model_id) or {}
     width = (config.get("text_config") or config).get("vocab_size")
     return width if isinstance(width, int) else None
+
+
+def _same_weights(student: str, teacher: str) -> bool:
+    """Two local folders with byte-equal weights (a copy of the student, a link to it): compared file by file, up to
+    the first chunk that differs - a teacher of another size is told apart by the sizes alone, and a fine-tune within
+    its first changed tensor (hashing would read every byte of both every time)."""
+    from pathlib import Path
+
+    folders = [Path(student), Path(teacher)]
+    if not all(folder.is_dir() for folder in folders):
+        return False
+    files = [sorted(folder.glob("*.safetensors")) or sorted(folder.glob("*.bin")) for folder in folders]
+    if not files[0] or [p.name for p in files[0]] != [p.name for p in files[1]]:
+        return False
+    if any(a.stat().st_size != b.stat().st_size for a, b in zip(*files)):
+        return False
+    return all(_same_bytes(a, b) for a, b in zip(*files))
+
+
+def _same_bytes(a, b, chunk: int = 1 << 22) -> bool:
+    if a.resolve() == b.resolve():
+        return True
+    with open(a, "rb") as left, open(b, "rb") as right:
+        while True:
+            x, y = left.read(chunk), right.read(chunk)
+            if x != y:
+                return False
+            if not x:
+                return True
