@@ -30,6 +30,7 @@ def _uv() -> str:
 
 
 PYTHONS = ["3.11", "3.12"]
+pytestmark = pytest.mark.network  # (scheduled beside the Ray tests, whose processes use the CPU it leaves idle)
 
 
 @pytest.fixture(scope="module")
