@@ -252,7 +252,7 @@ def _group_for_two_processes(config, items) -> None:
             waiting.add(group)
     # A file that mostly waits (on PyPI) goes second, to the other process while the heaviest file (the Ray runs,
     # several processes each) runs: they use the CPU it leaves idle. At the end it left a core idle (~12 s).
-    top = max(weights.values(), default=0)
+    top = max((weight for group, weight in weights.items() if group not in waiting), default=0)
     for group in waiting:
         weights[group] = top - 0.5
     items.sort(key=lambda item: -weights[_group_of(config.rootpath, item.path)])  # (stable: a file's order kept)

@@ -30,7 +30,6 @@ def _uv() -> str:
 
 
 PYTHONS = ["3.11", "3.12"]
-pytestmark = pytest.mark.network  # (scheduled beside the Ray tests, whose processes use the CPU it leaves idle)
 
 
 @pytest.fixture(scope="module")
@@ -69,6 +68,7 @@ def resolutions(tmp_path_factory) -> dict[str, subprocess.CompletedProcess]:
     return done
 
 
+@pytest.mark.network  # (its file is scheduled beside the Ray tests, whose processes use the CPU it leaves idle)
 @pytest.mark.parametrize("python", PYTHONS)
 def test_all_extras_resolve_together_with_the_core_pins(python, resolutions):
     """Adding requirements can only remove solutions, so when all of them resolve together, each extra alone does

@@ -108,10 +108,16 @@ def test_image_parts_without_a_source_or_file(tmp_path):
     needs = "an image part needs 'image': a file path, a data URI or base64 text"
     assert parse([{"type": "image"}], tmp_path) == (None, [("m[0].content[0]", needs)])
     assert parse([{"type": "image_url"}], tmp_path) == (None, [("m[0].content[0]", needs)])
-    where = f"relative image paths start at {tmp_path}: the data file's folder, or dataset.image_root"
+    where = f"relative image paths start at {tmp_path}: the data file's folder, or the image_root key - dataset."
     assert parse([{"type": "image", "path": "nope.jpg"}], tmp_path) == (
         None,
-        [("m[0].content[0]", f"image file not found: {tmp_path / 'nope.jpg'} ({where})")],
+        [
+            (
+                "m[0].content[0]",
+                f"image file not found: {tmp_path / 'nope.jpg'} ({where}image_root; a benchmark's "
+                "image_root or evals.image_root)",
+            )
+        ],
     )
 
 
@@ -124,10 +130,16 @@ def test_a_relative_image_path_found_in_the_current_folder_names_dataset_image_r
     _, problems = parse([{"type": "image", "path": "pics/cat.png"}], tmp_path / "data")
     [(field, text)] = problems
     assert text.startswith(f"image file not found: {tmp_path / 'data' / 'pics' / 'cat.png'}; relative image paths")
-    assert f"{tmp_path / 'pics' / 'cat.png'} exists: set dataset.image_root: {tmp_path}" in text
+    assert f"{tmp_path / 'pics' / 'cat.png'} exists: set image_root: {tmp_path} (dataset.image_root;" in text
     assert parse([{"type": "image", "path": str(tmp_path / "gone.png")}], tmp_path)[1] == [
         ("m[0].content[0]", f"image file not found: {tmp_path / 'gone.png'}")  # (an absolute path: no hint)
     ]
+    long = "\u00e9" * 150 + ".png"  # (200 characters or fewer, over the file system's 255 bytes: no traceback)
+    [(_, text)] = parse([{"type": "image", "path": long}], tmp_path)[1]
+    assert text.startswith("image file not found") and "relative image paths start at" in text
+    for address in ("s3://bucket/cat.png", "file:///tmp/cat.png", "gs://b/c.jpg"):
+        [(_, text)] = parse([{"type": "image", "path": address}], tmp_path)[1]
+        assert f"({address})" in text and "reads image files, data URIs and http(s) URLs" in text, text
 
 
 def test_check_message_normalises_sharegpt_and_null_content_of_a_tool_call():

@@ -353,6 +353,9 @@ def test_ctrl_c_checkpoints_a_ray_run_and_a_killed_driver_takes_its_workers_with
             return bool(marked) and max(marked) > after
 
         wait_until(saved_after, watchdog, proc=proc)
+        # (Ray Train's preemption watcher, an actor process per run that nothing of ours reads, is left off)
+        running = [" ".join(p.info["cmdline"] or []) for p in psutil.process_iter(["cmdline"])]
+        assert any("RayTrainWorker" in c for c in running) and not any("PreemptionWatcher" in c for c in running)
         return proc, next(p for p in project.iterdir() if p.name.startswith("sft-"))
 
     proc, run_dir = start(config, 0)

@@ -34,9 +34,14 @@ def test_budgets_are_read_in_the_units_people_write(text, expected):
         ("-3GiB", "expected more than 0"),
         ("0", "expected more than 0"),
         ("1000000000.0", "more than any GPU holds"),
-        ("24MB", "23 MiB is less than any GPU that trains holds .* did you mean 24GB"),
-        ("512MiB", "512 MiB is less than any GPU .*at least 1 GiB - did you mean 512GiB"),
-        ("0.5", "512 MiB is less than any GPU .*at least 1 GiB"),
+        ("24MB", "22.88 MiB is less than any GPU that trains holds .* did you mean 24GB"),
+        ("512MiB", "512.00 MiB is less than any GPU .*at least 1 GiB - did you mean 512GiB"),
+        ("0.5", "512.00 MiB is less than any GPU .*at least 1 GiB(?! - did you mean)"),
+        (
+            "0.5MiB",
+            "0.50 MiB is less than any GPU .*at least 1 GiB(?! - did you mean)",
+        ),  # (0.5GiB would be refused too: no hint)
+        ("1023.9999MiB", "1,023.99 MiB is less than"),
     ],
 )
 def test_a_budget_that_is_not_one_gpus_memory_is_refused_saying_why(text, said):

@@ -117,7 +117,7 @@ def _config(workdir: Path, model: str, training: dict, peft: dict | None = None)
     [
         ({"router_aux_loss_coef": -0.1}, None, "router_aux_loss_coef is -0.1: expected a number >= 0"),
         ({"router_z_loss_coef": "lots"}, None, "router_z_loss_coef is 'lots': expected a number >= 0"),
-        ({"router_aux_loss_coef": "1e6"}, None, "router_aux_loss_coef is 1e+06: expected at most 1 - a weight"),
+        ({"router_aux_loss_coef": "1e6"}, None, "router_aux_loss_coef is 1000000.0: expected at most 1 - a weight"),
         ({}, {"lora_experts": "yes"}, "peft_config.lora_experts is 'yes': expected true or false"),
         ({}, {"lora_experts": True, "use_dora": True}, "use_dora is True with lora_experts: true"),
     ],

@@ -204,7 +204,7 @@ ROUTER_COEF_MAX = 1.0
 
 
 def check_router_coefs(training: dict, where: str) -> None:
-    """router_aux_loss_coef / router_z_loss_coef (models/moe_router.py): a number >= 0 (YAML 1.1 reads `1e-3`
+    """router_aux_loss_coef / router_z_loss_coef (models/moe_router.py): a number from 0 to 1 (YAML 1.1 reads `1e-3`
     as text: taken as the number it spells)."""
     for key in ("router_aux_loss_coef", "router_z_loss_coef"):
         value = training.get(key)
@@ -222,11 +222,12 @@ def check_router_coefs(training: dict, where: str) -> None:
                 fix=f"set {key} to a small weight such as 0.001, or 0 to turn the loss off",
             )
         if value > ROUTER_COEF_MAX:  # (published MoE recipes use 0.001-0.02: above 1 the router loss is the loss)
+            usual = "Mixtral's 0.02, Switch's 0.01" if key == "router_aux_loss_coef" else "ST-MoE's"
             raise LeapError(
-                f"training_config.{key} is {value:g}: expected at most {ROUTER_COEF_MAX:g} - a weight this large "
-                "outweighs the language loss, and the run would train the router's balance instead of the answers",
+                f"training_config.{key} is {value!r}: expected at most {ROUTER_COEF_MAX:g} - a weight this large "
+                "outweighs the language loss, and the run would train the routers instead of the answers",
                 where=where,
-                fix=f"set {key} to a small weight such as 0.001 (Mixtral's 0.02, Switch's 0.01), or 0 to turn it off",
+                fix=f"set {key} to a small weight such as 0.001 ({usual}), or 0 to turn it off",
             )
         training[key] = float(value)
 

@@ -180,8 +180,8 @@ class LeapConfigModel(StrictModel):
     gpu_memory: str | int | float | None = Field(
         default=None,
         description="The GPU memory a training process may use, to plan for a card you are not on (`24GiB`, "
-        "`80GB`, `16` in GiB; 1 to 1,024 GiB; `--gpu-memory` on plan, validate and run wins); default: the free memory of the GPU "
-        "a run trains on. Defaults you did not set change to fit it (docs/memory.md).",
+        "`80GB`, `16` in GiB; 1 to 1,024 GiB; `--gpu-memory` on plan, validate and run wins); default: the free "
+        "memory of the GPU a run trains on. Defaults you did not set change to fit it (docs/memory.md).",
     )
     qat: QatConfig | None = Field(
         default=None,

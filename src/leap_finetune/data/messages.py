@@ -14,6 +14,7 @@ from __future__ import annotations
 
 import dataclasses
 import json
+import re
 from collections.abc import Callable
 from dataclasses import dataclass
 from pathlib import Path
@@ -283,6 +284,14 @@ def _image(part: dict, field: str, images: ImageParts, problem: Problem) -> Imag
         return None
     if source.startswith(("http://", "https://", "data:")) or looks_base64(source):
         return ImageRef(source, field)  # decoded (URLs fetched) when checked: a row is parsed without the network
+    scheme = re.match(r"([A-Za-z][A-Za-z0-9+.-]*)://", source)
+    if scheme:  # (s3://, gs://, file://: read as a relative path, it was "not found" in the data file's folder)
+        problem(
+            field,
+            f"an image given as a {scheme.group(1)}:// address ({source[:80]}): leap-finetune reads image files, "
+            "data URIs and http(s) URLs",
+        )
+        return None
     path = images.folder / Path(source).expanduser()  # (~/x.jpg: the home folder's; an absolute path stays itself)
     try:
         found = path.is_file()
@@ -310,15 +319,20 @@ def _image(part: dict, field: str, images: ImageParts, problem: Problem) -> Imag
 def _relative_hint(source: str, folder: Path) -> str:
     """Where a relative path was looked for, and the current folder's file of that name (paths written relative to
     where the user ran the command: every row fails alike, so the way out is one key)."""
+    keys = "dataset.image_root; a benchmark's image_root or evals.image_root"
     if Path(source).expanduser().is_absolute():
         return ""
     here = Path.cwd() / source
-    if here.is_file() and here.resolve() != (folder / source).resolve():
+    try:
+        elsewhere = here.is_file() and here.resolve() != (folder / source).resolve()
+    except OSError:  # (a name longer than the file system takes)
+        elsewhere = False
+    if elsewhere:
         return (
-            f"; relative image paths start at {folder} (the data file's folder, or dataset.image_root), and "
-            f"{here} exists: set dataset.image_root: {Path.cwd()}"
+            f"; relative image paths start at {folder} (the data file's folder, or the image_root key), and "
+            f"{here} exists: set image_root: {Path.cwd()} ({keys})"
         )
-    return f" (relative image paths start at {folder}: the data file's folder, or dataset.image_root)"
+    return f" (relative image paths start at {folder}: the data file's folder, or the image_root key - {keys})"
 
 
 def image_source(value: Any) -> Any:

@@ -73,10 +73,16 @@ def parse_budget(text, where: str = "--gpu-memory", key: str = "gpu_memory") -> 
         if value > LARGEST_GIB * GIB:
             problem = f"{value / GIB:,.0f} GiB is more than any GPU holds: the budget is one GPU's memory"
         else:
+            meant = float(found.group(1)) * UNITS[unit.replace("m", "g")] if unit in ("mb", "mib") else 0
+            mib = int(value / 2**20 * 100) / 100  # (rounded down: 1023.999 MiB is not "1,024 MiB, less than 1 GiB")
             problem = (
-                f"{value / 2**20:,.0f} MiB is less than any GPU that trains holds (CUDA's context alone takes about "
-                f"0.5 GiB); the budget is one GPU's memory, at least {SMALLEST_GIB} GiB"
-                + (f" - did you mean {found.group(1)}G{found.group(2)[1:]}?" if unit in ("mb", "mib") else "")
+                f"{mib:,.2f} MiB is less than any GPU that trains holds (CUDA's context and the allocator's slack "
+                f"alone take about 1 GiB); the budget is one GPU's memory, at least {SMALLEST_GIB} GiB"
+                + (
+                    f" - did you mean {found.group(1)}G{found.group(2)[1:]}?"
+                    if SMALLEST_GIB * GIB <= meant <= LARGEST_GIB * GIB
+                    else ""
+                )
             )
     raise LeapError(f"{key} is {text!r}: {problem}", where=where, fix=f"one GPU's memory in {units}, e.g. 24GiB, 80GB")
 

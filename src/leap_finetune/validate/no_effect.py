@@ -6,7 +6,8 @@ The pairs, walked block by block: async_eval's keys of the modes it is not in; g
 local server; vLLM's training keys with use_vllm off; a dataset's test_size beside its val_path; peft_config's LoRA
 keys with use_peft: false; warm-up under a constant schedule; save_* with save_strategy: no; logging_steps with
 logging_strategy: no; evaluation keys with nothing to evaluate (no eval split, no benchmark); evals' sampling keys
-(temperature, top_p) without evals.do_sample; the vision encoder's learning rate with the encoder frozen; the router losses and lora_experts on a model without experts.
+(temperature, top_p) without evals.do_sample; the vision encoder's learning rate with the encoder frozen; the router
+losses and lora_experts on a model without experts.
 """
 
 from __future__ import annotations
