@@ -67,7 +67,8 @@ def matches_calls(resolved: ResolvedConfig) -> bool:
 
 
 # built-in rewards that score a completion against the row's `solution` (a row without one: None, not scored)
-SOLUTION_REWARDS = ("accuracy", "tool_call_match", "iou", "giou", "ciou")
+BOX_REWARDS = ("iou", "giou", "ciou")  # (rl/grounding.py's SCORES: data/ does not import rl/)
+SOLUTION_REWARDS = ("accuracy", "tool_call_match", *BOX_REWARDS)
 
 
 def _only_solution_rewards(resolved: ResolvedConfig) -> list[str]:
@@ -99,7 +100,7 @@ def _solution_problem(resolved: ResolvedConfig, parsed) -> str | None:
         _, why = reference_calls(solution)
         if why is not None:
             return f"tool_call_match cannot read it: {why}"
-    boxes = [name for name in ("iou", "giou", "ciou") if uses_reward(resolved, name)]
+    boxes = [name for name in BOX_REWARDS if uses_reward(resolved, name)]
     if boxes:
         from leap_finetune.data.boxes import box_problem
 

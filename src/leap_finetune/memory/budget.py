@@ -50,7 +50,7 @@ def usable_bytes(budget: int) -> float:
 
 
 LARGEST_GIB = 1024  # (one GPU's memory: the largest cards hold 288 GB; a budget above this is a typo)
-SMALLEST_GIB = 1  # (below this no GPU trains: CUDA's context alone takes ~0.5 GiB)
+SMALLEST_GIB = 1  # (below this no GPU trains: CONTEXT_BYTES and the allocator's share are kept aside first)
 
 
 def parse_budget(text, where: str = "--gpu-memory", key: str = "gpu_memory") -> int:

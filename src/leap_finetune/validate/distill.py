@@ -217,6 +217,7 @@ def _same_weights(student: str, teacher: str) -> bool:
     """Two local folders with byte-equal weights (a copy of the student, a link to it): a teacher of another size is
     told apart by the sizes alone, a fine-tune by sampled chunks, and a copy is read to the end (hashing would read
     every byte of both every time)."""
+    import filecmp
     from pathlib import Path
 
     folders = [Path(student), Path(teacher)]
@@ -231,12 +232,12 @@ def _same_weights(student: str, teacher: str) -> bool:
         pairs = [(a, b) for a, b in zip(*files) if a.resolve() != b.resolve()]
         # a few chunks spread over each file first: a fine-tune whose first tensors did not change (frozen
         # embeddings) differs further in, and is told apart without reading gigabytes on every validate
-        return all(_same_samples(a, b) for a, b in pairs) and all(_same_bytes(a, b) for a, b in pairs)
+        return all(_same_samples(a, b) for a, b in pairs) and all(filecmp.cmp(a, b, shallow=False) for a, b in pairs)
     except OSError:  # (a dangling link, a file that cannot be read: loading says what is wrong with it)
         return False
 
 
-CHUNK = 1 << 22
+SAMPLE_BYTES = 1 << 18  # (per sampled chunk: 8 of them per file)
 
 
 def _same_samples(a, b, samples: int = 8) -> bool:
@@ -246,16 +247,6 @@ def _same_samples(a, b, samples: int = 8) -> bool:
             offset = size * index // samples
             left.seek(offset)
             right.seek(offset)
-            if left.read(CHUNK // 16) != right.read(CHUNK // 16):
+            if left.read(SAMPLE_BYTES) != right.read(SAMPLE_BYTES):
                 return False
     return True
-
-
-def _same_bytes(a, b) -> bool:
-    with open(a, "rb") as left, open(b, "rb") as right:
-        while True:
-            x, y = left.read(CHUNK), right.read(CHUNK)
-            if x != y:
-                return False
-            if not x:
-                return True
